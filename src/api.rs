@@ -1,0 +1,454 @@
+//! The `metacontroller.k8s.io/v1alpha1` resources that users write: field for field what Metacontroller
+//! accepts, so existing controller YAML applies unchanged.
+//!
+//! These are data: defaults and derived facts (hook URL, timeout, update method) live in small methods here;
+//! what the engine does with them lives in [`crate::composite`].
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// API group of every metahook/Metacontroller resource.
+pub const GROUP: &str = "metacontroller.k8s.io";
+/// The only version Metacontroller serves.
+pub const VERSION: &str = "v1alpha1";
+
+/// A controller whose parent type is `parentResource` and whose children are computed by the `sync` hook.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "metacontroller.k8s.io",
+    version = "v1alpha1",
+    kind = "CompositeController",
+    plural = "compositecontrollers",
+    shortname = "cc",
+    shortname = "cctl",
+    status = "ControllerStatus",
+    printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status"),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+)]
+#[serde(rename_all = "camelCase")]
+pub struct CompositeControllerSpec {
+    pub parent_resource: ParentResourceRule,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub child_resources: Vec<ChildResourceRule>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hooks: Option<CompositeControllerHooks>,
+    /// Per-host TLS/auth defaults for hooks (Metacontroller 4.16). Accepted for compatibility; metahook
+    /// currently calls hooks without them and says so in the controller's `Ready` condition.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "preserve_unknown_list")]
+    pub endpoint_configs: Vec<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resync_period_seconds: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generate_selector: Option<bool>,
+}
+
+/// Which objects are parents.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ParentResourceRule {
+    /// `group/version`, or `v1` for the core group.
+    pub api_version: String,
+    /// Lowercase plural resource name, e.g. `deployments`.
+    pub resource: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revision_history: Option<RevisionHistory>,
+    /// Only parents whose labels match are synced; a non-matching parent still carrying our finalizer is finalized.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub label_selector: Option<LabelSelector>,
+    /// When true, parent updates that change only `.status` do not trigger a sync.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ignore_status_changes: Option<bool>,
+}
+
+/// Which parent fields roll out gradually (rolling update strategies).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RevisionHistory {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub field_paths: Vec<String>,
+}
+
+/// One child type of a CompositeController.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ChildResourceRule {
+    pub api_version: String,
+    pub resource: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub update_strategy: Option<ChildUpdateStrategy>,
+}
+
+impl ChildResourceRule {
+    /// The update method, `OnDelete` when unspecified (as in Metacontroller).
+    #[must_use]
+    pub fn method(&self) -> UpdateMethod {
+        self.update_strategy.as_ref().and_then(|s| s.method).unwrap_or_default()
+    }
+}
+
+/// How a child that differs from the desired state is brought in line.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ChildUpdateStrategy {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub method: Option<UpdateMethod>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status_checks: Option<StatusChecks>,
+}
+
+/// Child update methods (Metacontroller names).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash, JsonSchema)]
+pub enum UpdateMethod {
+    /// Never update an existing child; it is recreated only after someone else deletes it.
+    #[default]
+    OnDelete,
+    /// Delete a differing child; the next sync creates it anew.
+    Recreate,
+    /// Update a differing child in place.
+    InPlace,
+    /// Like `Recreate`, one child at a time, gated by status checks.
+    RollingRecreate,
+    /// Like `InPlace`, one child at a time, gated by status checks.
+    RollingInPlace,
+}
+
+impl UpdateMethod {
+    /// Whether the method moves children between parent revisions one at a time.
+    #[must_use]
+    pub fn is_rolling(self) -> bool {
+        matches!(self, Self::RollingRecreate | Self::RollingInPlace)
+    }
+}
+
+/// Conditions an updated child must report before a rolling update moves on.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct StatusChecks {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<StatusConditionCheck>,
+}
+
+/// One required condition of a child.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct StatusConditionCheck {
+    #[serde(rename = "type")]
+    pub type_: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// The hooks of a CompositeController.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CompositeControllerHooks {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sync: Option<Hook>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finalize: Option<Hook>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub customize: Option<Hook>,
+    /// Declared by Metacontroller but never called there either; accepted so existing YAML applies.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pre_update_child: Option<Hook>,
+    /// Declared by Metacontroller but never called there either; accepted so existing YAML applies.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub post_update_child: Option<Hook>,
+}
+
+/// One hook: a webhook and the wire protocol version it speaks.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Hook {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<HookVersion>,
+    pub webhook: Webhook,
+}
+
+impl Hook {
+    /// The protocol version; unspecified means `v1`.
+    #[must_use]
+    pub fn version(&self) -> HookVersion {
+        self.version.unwrap_or_default()
+    }
+
+    /// How strictly responses are decoded: explicit mode, else `loose` for v1 and `strict` for v2.
+    #[must_use]
+    pub fn unmarshal_mode(&self) -> UnmarshalMode {
+        self.webhook.response_unmarshall_mode.unwrap_or(match self.version() {
+            HookVersion::V1 => UnmarshalMode::Loose,
+            HookVersion::V2 => UnmarshalMode::Strict,
+        })
+    }
+}
+
+/// Hook wire protocol version: decides how `children`/`related` maps are keyed.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash, JsonSchema)]
+pub enum HookVersion {
+    /// Keys are `name`, or `namespace/name` under a cluster-scoped parent.
+    #[default]
+    #[serde(rename = "v1")]
+    V1,
+    /// Keys are always `namespace/name` for namespaced objects and `name` for cluster-scoped ones.
+    #[serde(rename = "v2")]
+    V2,
+}
+
+/// Whether unknown fields in a hook response are an error.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum UnmarshalMode {
+    Loose,
+    Strict,
+}
+
+/// Where a hook lives: a full `url`, or an in-cluster `service` plus `path`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("has(self.url) || (has(self.service) && has(self.path))").message("must specify either a full 'url', or both 'service' and 'path'"))]
+pub struct Webhook {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service: Option<ServiceReference>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    /// Go duration (`10s`, `1m30s`, `500ms`); default 10s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("format" = "duration"))]
+    pub timeout: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub etag: Option<EtagConfig>,
+    #[serde(default, rename = "responseUnMarshallMode", skip_serializing_if = "Option::is_none")]
+    pub response_unmarshall_mode: Option<UnmarshalMode>,
+    /// TLS and auth settings of Metacontroller 4.16; accepted for compatibility, not yet used.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "preserve_unknown_object")]
+    pub ca_bundle: Option<serde_json::Value>,
+    #[serde(default, rename = "clientTLS", skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "preserve_unknown_object")]
+    pub client_tls: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "preserve_unknown_object")]
+    pub authorization: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "preserve_unknown_object")]
+    pub basic_auth: Option<serde_json::Value>,
+}
+
+/// Default hook timeout, as in Metacontroller.
+pub const DEFAULT_HOOK_TIMEOUT: Duration = Duration::from_secs(10);
+
+impl Webhook {
+    /// The URL to POST to: `url` if set, else `<protocol>://<name>.<namespace>:<port><path>`.
+    #[must_use]
+    pub fn resolved_url(&self) -> Option<String> {
+        if let Some(url) = &self.url {
+            return Some(url.clone());
+        }
+        let (service, path) = (self.service.as_ref()?, self.path.as_ref()?);
+        let protocol = service.protocol.as_deref().unwrap_or("http");
+        let port = service.port.unwrap_or(80);
+        Some(format!("{protocol}://{}.{}:{port}{path}", service.name, service.namespace))
+    }
+
+    /// The call timeout; missing, unparsable or non-positive values mean 10s (as in Metacontroller).
+    #[must_use]
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+            .as_deref()
+            .and_then(parse_go_duration)
+            .filter(|d| !d.is_zero())
+            .unwrap_or(DEFAULT_HOOK_TIMEOUT)
+    }
+}
+
+/// An in-cluster Service that serves a hook.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ServiceReference {
+    pub name: String,
+    pub namespace: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub protocol: Option<String>,
+}
+
+/// Response caching by ETag (Metacontroller's `webhook.etag`).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EtagConfig {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_timeout_seconds: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_cleanup_seconds: Option<i32>,
+}
+
+/// What metahook reports about a controller object. Metacontroller's status is empty, so these fields
+/// are additions that old clients ignore.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ControllerStatus {
+    /// `metadata.generation` of the spec the running controller was built from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// `Ready`: whether the controller runs, and if not, why.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+}
+
+/// Parses a Go `time.Duration` string such as `10s`, `1m30s`, `1.5h` or `250ms`.
+#[must_use]
+pub fn parse_go_duration(text: &str) -> Option<Duration> {
+    const UNITS: [(&str, f64); 7] = [
+        ("ns", 1e-9),
+        ("us", 1e-6),
+        ("µs", 1e-6),
+        ("ms", 1e-3),
+        ("s", 1.0),
+        ("m", 60.0),
+        ("h", 3600.0),
+    ];
+    let mut rest = text.trim();
+    if rest == "0" {
+        return Some(Duration::ZERO);
+    }
+    let mut total = 0.0_f64;
+    if rest.is_empty() {
+        return None;
+    }
+    while !rest.is_empty() {
+        let number_len = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(rest.len());
+        let number: f64 = rest[..number_len].parse().ok()?;
+        rest = &rest[number_len..];
+        let (unit, scale) = UNITS
+            .iter()
+            .filter(|(unit, _)| rest.starts_with(unit))
+            .max_by_key(|(unit, _)| unit.len())?;
+        rest = &rest[unit.len()..];
+        total += number * scale;
+    }
+    Duration::try_from_secs_f64(total).ok()
+}
+
+fn preserve_unknown_object(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({ "type": "object", "x-kubernetes-preserve-unknown-fields": true })
+}
+
+fn preserve_unknown_list(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "array",
+        "items": { "type": "object", "x-kubernetes-preserve-unknown-fields": true }
+    })
+}
+
+/// Labels of an object as a map (empty when unset).
+#[must_use]
+pub fn labels_of(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> BTreeMap<String, String> {
+    meta.labels.clone().unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn go_durations_parse_like_go() {
+        assert_eq!(parse_go_duration("10s"), Some(Duration::from_secs(10)));
+        assert_eq!(parse_go_duration("1m30s"), Some(Duration::from_secs(90)));
+        assert_eq!(parse_go_duration("250ms"), Some(Duration::from_millis(250)));
+        assert_eq!(parse_go_duration("1.5h"), Some(Duration::from_secs(5400)));
+        assert_eq!(parse_go_duration("0"), Some(Duration::ZERO));
+        assert_eq!(parse_go_duration("10"), None);
+        assert_eq!(parse_go_duration("ten seconds"), None);
+    }
+
+    #[test]
+    fn webhook_timeout_defaults_to_ten_seconds_when_missing_or_not_positive() {
+        let mut hook: Webhook = serde_json::from_value(serde_json::json!({"url": "http://x"})).unwrap();
+        assert_eq!(hook.timeout(), DEFAULT_HOOK_TIMEOUT);
+        hook.timeout = Some("0s".into());
+        assert_eq!(hook.timeout(), DEFAULT_HOOK_TIMEOUT);
+        hook.timeout = Some("3s".into());
+        assert_eq!(hook.timeout(), Duration::from_secs(3));
+    }
+
+    #[test]
+    fn service_webhook_resolves_to_cluster_dns_url() {
+        let hook: Webhook = serde_json::from_value(serde_json::json!({
+            "service": {"name": "hooks", "namespace": "ops"}, "path": "/sync"
+        }))
+        .unwrap();
+        assert_eq!(hook.resolved_url().as_deref(), Some("http://hooks.ops:80/sync"));
+    }
+
+    #[test]
+    fn unmarshal_mode_follows_version_unless_explicit() {
+        let v2: Hook = serde_json::from_value(serde_json::json!({"version": "v2", "webhook": {"url": "u"}})).unwrap();
+        assert_eq!(v2.unmarshal_mode(), UnmarshalMode::Strict);
+        let v1: Hook = serde_json::from_value(serde_json::json!({"webhook": {"url": "u"}})).unwrap();
+        assert_eq!(v1.unmarshal_mode(), UnmarshalMode::Loose);
+        let explicit: Hook = serde_json::from_value(
+            serde_json::json!({"version": "v2", "webhook": {"url": "u", "responseUnMarshallMode": "loose"}}),
+        )
+        .unwrap();
+        assert_eq!(explicit.unmarshal_mode(), UnmarshalMode::Loose);
+    }
+
+    #[test]
+    fn metacontroller_yaml_round_trips_without_loss() {
+        let yaml = r#"
+apiVersion: metacontroller.k8s.io/v1alpha1
+kind: CompositeController
+metadata:
+  name: catset-controller
+spec:
+  parentResource:
+    apiVersion: ctl.enisoc.com/v1
+    resource: catsets
+    revisionHistory:
+      fieldPaths: [spec.template]
+  childResources:
+  - apiVersion: v1
+    resource: pods
+    updateStrategy:
+      method: RollingRecreate
+      statusChecks:
+        conditions:
+        - type: Ready
+          status: "True"
+  - apiVersion: v1
+    resource: persistentvolumeclaims
+  generateSelector: true
+  resyncPeriodSeconds: 5
+  hooks:
+    sync:
+      webhook:
+        url: http://catset-controller.metacontroller/sync
+        timeout: 20s
+    finalize:
+      version: v2
+      webhook:
+        service: {name: catset-controller, namespace: metacontroller, port: 8080}
+        path: /finalize
+"#;
+        let cc: CompositeController = serde_yaml::from_str(yaml).unwrap();
+        assert_eq!(cc.spec.child_resources[0].method(), UpdateMethod::RollingRecreate);
+        assert_eq!(cc.spec.child_resources[1].method(), UpdateMethod::OnDelete);
+        let original: serde_json::Value = serde_yaml::from_str(yaml).unwrap();
+        let mut back = serde_json::to_value(&cc).unwrap();
+        back.as_object_mut().unwrap().remove("status");
+        assert_eq!(back["spec"], original["spec"]);
+    }
+}

@@ -1,0 +1,278 @@
+//! The hook wire protocol (Metacontroller v1 and v2) and the HTTP client that speaks it.
+//!
+//! Wire types mirror the JSON exactly; what the engine does with a response (validation, applying)
+//! lives in [`crate::composite`]. Objects travel as `serde_json::Value` because hooks may return any
+//! kind, including kinds this binary has never heard of.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::api::{Hook, HookVersion, UnmarshalMode};
+
+/// `children`, `attachments` and `related` maps: `"Kind.group/version"` → object key → object.
+pub type ObjectMaps = BTreeMap<String, BTreeMap<String, Value>>;
+
+/// Request body of a CompositeController `sync` or `finalize` hook.
+#[derive(Debug, Serialize)]
+pub struct CompositeRequest<'a> {
+    pub controller: &'a Value,
+    pub parent: &'a Value,
+    pub children: &'a ObjectMaps,
+    pub related: &'a ObjectMaps,
+    pub finalizing: bool,
+}
+
+/// Response body of a CompositeController `sync` or `finalize` hook.
+#[derive(Debug, Default, Clone, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CompositeResponse {
+    /// Replaces the parent's `.status`; `null` means "no status" (only `observedGeneration` is kept).
+    #[serde(default)]
+    pub status: Option<Value>,
+    /// Every child that should exist; a child missing here is deleted.
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub children: Vec<Value>,
+    /// Sync this parent again after this many seconds (fractions allowed); `0` or absent = no resync.
+    #[serde(default)]
+    pub resync_after_seconds: Option<f64>,
+    /// With `finalizing: true`: the parent may now be let go (the finalizer is removed).
+    #[serde(default)]
+    pub finalized: bool,
+    /// metahook extension: Events to record on the parent (Metacontroller hooks never send it).
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub events: Vec<HookEvent>,
+}
+
+const COMPOSITE_RESPONSE_FIELDS: &[&str] = &["status", "children", "resyncAfterSeconds", "finalized", "events"];
+
+/// An Event a hook asks the hub to record on the object it was called for (metahook extension).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+pub struct HookEvent {
+    /// `Normal` or `Warning`.
+    #[serde(rename = "type", default = "normal")]
+    pub type_: String,
+    pub reason: String,
+    #[serde(default)]
+    pub message: String,
+}
+
+fn normal() -> String {
+    "Normal".to_owned()
+}
+
+fn null_as_default<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Default + Deserialize<'de>,
+{
+    Option::<T>::deserialize(d).map(Option::unwrap_or_default)
+}
+
+/// Outer key of an object map: `Kind.version` for the core group, else `Kind.group/version`.
+#[must_use]
+pub fn group_version_kind_key(api_version: &str, kind: &str) -> String {
+    format!("{kind}.{api_version}")
+}
+
+/// Inner key of an object map for an object, given the hook version and the parent's namespace
+/// (`None` for a cluster-scoped parent). Returns `None` when the v1 protocol cannot express the object
+/// (another namespace, or cluster-scoped, under a namespaced parent): Metacontroller drops those.
+#[must_use]
+pub fn object_key(version: HookVersion, parent_namespace: Option<&str>, namespace: Option<&str>, name: &str) -> Option<String> {
+    let qualified = || match namespace {
+        Some(ns) => format!("{ns}/{name}"),
+        None => name.to_owned(),
+    };
+    match version {
+        HookVersion::V2 => Some(qualified()),
+        HookVersion::V1 => match (parent_namespace, namespace) {
+            (None, _) => Some(qualified()),
+            (Some(p), Some(ns)) if p == ns => Some(name.to_owned()),
+            (Some(_), _) => None,
+        },
+    }
+}
+
+/// Why a hook call produced no usable response.
+#[derive(Debug, thiserror::Error)]
+pub enum HookError {
+    #[error("hook has no URL: must specify either a full 'url', or both 'service' and 'path'")]
+    NoUrl,
+    #[error("http error calling {url}: {source}")]
+    Http { url: String, source: reqwest::Error },
+    #[error("hook {url} timed out after {timeout:?}")]
+    Timeout { url: String, timeout: Duration },
+    #[error("hook {url} answered unsupported status code {code}, body: {body}")]
+    Status { url: String, code: u16, body: String },
+    /// HTTP 429: not a failure, the hook asks to be called again later.
+    #[error("hook {url} asked to retry after {retry_after:?}")]
+    TooManyRequests { url: String, retry_after: Duration },
+    #[error("hook {url} response is not valid JSON of the expected shape: {source}")]
+    Decode { url: String, source: serde_json::Error },
+    #[error("hook {url} response has unknown fields {fields:?} (strict mode)")]
+    UnknownFields { url: String, fields: Vec<String> },
+}
+
+/// Posts hook requests. Cheap to clone; one connection pool for the whole hub.
+#[derive(Clone, Debug)]
+pub struct HookClient {
+    http: reqwest::Client,
+}
+
+impl Default for HookClient {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl HookClient {
+    #[must_use]
+    pub fn new() -> Self {
+        let http = reqwest::Client::builder()
+            .user_agent(concat!("metahook/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .expect("the TLS backend is compiled in");
+        Self { http }
+    }
+
+    /// Calls a composite `sync`/`finalize` hook.
+    pub async fn composite(&self, hook: &Hook, request: &CompositeRequest<'_>) -> Result<CompositeResponse, HookError> {
+        let (url, value) = self.post(hook, request).await?;
+        decode(&url, value, hook.unmarshal_mode(), COMPOSITE_RESPONSE_FIELDS)
+    }
+
+    /// POSTs `body` as JSON; returns the URL called and the decoded JSON body of a 200 answer.
+    async fn post(&self, hook: &Hook, body: &impl Serialize) -> Result<(String, Value), HookError> {
+        let url = hook.webhook.resolved_url().ok_or(HookError::NoUrl)?;
+        let timeout = hook.webhook.timeout();
+        let sent = self.http.post(&url).timeout(timeout).json(body).send().await;
+        let response = sent.map_err(|source| classify(&url, timeout, source))?;
+        let code = response.status().as_u16();
+        if code == 429 {
+            let retry_after = retry_after(response.headers()).unwrap_or(Duration::from_secs(1));
+            return Err(HookError::TooManyRequests { url, retry_after });
+        }
+        let bytes = response.bytes().await.map_err(|source| classify(&url, timeout, source))?;
+        if code != 200 {
+            let body = String::from_utf8_lossy(&bytes).chars().take(1024).collect();
+            return Err(HookError::Status { url, code, body });
+        }
+        let value = serde_json::from_slice(&bytes).map_err(|source| HookError::Decode { url: url.clone(), source })?;
+        Ok((url, value))
+    }
+}
+
+fn classify(url: &str, timeout: Duration, source: reqwest::Error) -> HookError {
+    if source.is_timeout() {
+        HookError::Timeout { url: url.to_owned(), timeout }
+    } else {
+        HookError::Http { url: url.to_owned(), source }
+    }
+}
+
+/// Decodes a response; in strict mode, unknown top-level fields are an error (as `UnmarshalStrict` does).
+fn decode<T: serde::de::DeserializeOwned>(url: &str, value: Value, mode: UnmarshalMode, known: &[&str]) -> Result<T, HookError> {
+    if mode == UnmarshalMode::Strict {
+        if let Value::Object(map) = &value {
+            let fields: Vec<String> = map.keys().filter(|k| !known.contains(&k.as_str())).cloned().collect();
+            if !fields.is_empty() {
+                return Err(HookError::UnknownFields { url: url.to_owned(), fields });
+            }
+        }
+    }
+    serde_json::from_value(value).map_err(|source| HookError::Decode { url: url.to_owned(), source })
+}
+
+/// `Retry-After` as integer seconds or an HTTP date.
+fn retry_after(headers: &http::HeaderMap) -> Option<Duration> {
+    let text = headers.get(http::header::RETRY_AFTER)?.to_str().ok()?.trim();
+    if let Ok(secs) = text.parse::<u64>() {
+        return Some(Duration::from_secs(secs));
+    }
+    let when = httpdate::parse_http_date(text).ok()?;
+    Some(when.duration_since(std::time::SystemTime::now()).unwrap_or(Duration::ZERO))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn outer_keys_follow_metacontroller() {
+        assert_eq!(group_version_kind_key("v1", "Pod"), "Pod.v1");
+        assert_eq!(group_version_kind_key("apps/v1", "ReplicaSet"), "ReplicaSet.apps/v1");
+    }
+
+    #[test]
+    fn v1_keys_are_relative_to_the_parent() {
+        let v1 = HookVersion::V1;
+        assert_eq!(object_key(v1, Some("default"), Some("default"), "web-0").as_deref(), Some("web-0"));
+        assert_eq!(object_key(v1, None, Some("team-a"), "cm").as_deref(), Some("team-a/cm"));
+        assert_eq!(object_key(v1, None, None, "node-1").as_deref(), Some("node-1"));
+        assert_eq!(object_key(v1, Some("default"), Some("other"), "x"), None);
+        assert_eq!(object_key(v1, Some("default"), None, "x"), None);
+    }
+
+    #[test]
+    fn v2_keys_are_uniform() {
+        let v2 = HookVersion::V2;
+        assert_eq!(object_key(v2, Some("default"), Some("default"), "web-0").as_deref(), Some("default/web-0"));
+        assert_eq!(object_key(v2, Some("default"), None, "node-1").as_deref(), Some("node-1"));
+    }
+
+    #[test]
+    fn response_decodes_metacontroller_sample() {
+        let body = serde_json::json!({
+            "status": {"replicas": 1, "readyReplicas": 1},
+            "children": [{"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "nginx-backend-1"}}],
+            "resyncAfterSeconds": 0.5, "finalized": false
+        });
+        let r: CompositeResponse = decode("u", body, UnmarshalMode::Strict, COMPOSITE_RESPONSE_FIELDS).unwrap();
+        assert_eq!(r.children.len(), 1);
+        assert_eq!(r.resync_after_seconds, Some(0.5));
+        assert_eq!(r.status.unwrap()["readyReplicas"], 1);
+    }
+
+    #[test]
+    fn null_children_and_missing_fields_mean_empty() {
+        let r: CompositeResponse =
+            decode("u", serde_json::json!({"children": null}), UnmarshalMode::Loose, COMPOSITE_RESPONSE_FIELDS).unwrap();
+        assert!(r.children.is_empty() && r.status.is_none() && !r.finalized);
+    }
+
+    #[test]
+    fn strict_mode_rejects_unknown_fields_and_loose_ignores_them() {
+        let body = serde_json::json!({"children": [], "attachments": []});
+        let err = decode::<CompositeResponse>("u", body.clone(), UnmarshalMode::Strict, COMPOSITE_RESPONSE_FIELDS).unwrap_err();
+        assert!(matches!(err, HookError::UnknownFields { ref fields, .. } if fields == &["attachments"]));
+        assert!(decode::<CompositeResponse>("u", body, UnmarshalMode::Loose, COMPOSITE_RESPONSE_FIELDS).is_ok());
+    }
+
+    #[test]
+    fn keys_are_case_sensitive() {
+        let body = serde_json::json!({"Children": [{"kind": "Pod"}]});
+        let r: CompositeResponse = decode("u", body, UnmarshalMode::Loose, COMPOSITE_RESPONSE_FIELDS).unwrap();
+        assert!(r.children.is_empty());
+    }
+
+    #[test]
+    fn wrong_shape_is_a_decode_error() {
+        let err = decode::<CompositeResponse>("u", serde_json::json!({"children": {"a": 1}}), UnmarshalMode::Loose, COMPOSITE_RESPONSE_FIELDS)
+            .unwrap_err();
+        assert!(matches!(err, HookError::Decode { .. }));
+    }
+
+    #[test]
+    fn retry_after_accepts_seconds_and_dates() {
+        let mut headers = http::HeaderMap::new();
+        headers.insert(http::header::RETRY_AFTER, "7".parse().unwrap());
+        assert_eq!(retry_after(&headers), Some(Duration::from_secs(7)));
+        let later = std::time::SystemTime::now() + Duration::from_secs(120);
+        headers.insert(http::header::RETRY_AFTER, httpdate::fmt_http_date(later).parse().unwrap());
+        let d = retry_after(&headers).unwrap();
+        assert!(d > Duration::from_secs(100) && d <= Duration::from_secs(120), "{d:?}");
+    }
+}

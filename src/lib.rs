@@ -1,0 +1,16 @@
+//! metahook: a Kubernetes controller hub that runs Metacontroller-compatible controllers whose logic lives
+//! in small HTTP hooks.
+//!
+//! Data flows one way: watch → cache ([`informers`]) → [`queue`] → sync (observe → [`hooks`] → [`apply`] →
+//! status), with [`composite`] as the consumer of the shared pieces.
+#![deny(clippy::all)]
+#![warn(clippy::pedantic)]
+#![allow(clippy::module_name_repetitions, clippy::missing_errors_doc, clippy::missing_panics_doc)]
+
+pub mod cli;
+pub mod api;
+pub mod config;
+pub mod crds;
+pub mod selector;
+pub mod hub;
+pub mod hooks;
