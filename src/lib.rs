@@ -14,3 +14,6 @@ pub mod crds;
 pub mod selector;
 pub mod hub;
 pub mod hooks;
+pub mod queue;
+pub mod discovery;
+pub mod informers;

@@ -1,0 +1,92 @@
+//! Resolves `apiVersion` + plural resource names (as written in controller specs) to API resources.
+//!
+//! Results are cached for the discovery interval, so a CRD installed after the hub started becomes
+//! usable within that interval, while a busy hub does not ask the API server on every sync.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use kube::Client;
+use kube::core::{ApiResource, GroupVersion};
+use kube::discovery::Scope;
+
+/// A resource type the API server serves.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResolvedResource {
+    /// Group, version, kind and plural.
+    pub api_resource: ApiResource,
+    pub namespaced: bool,
+    /// Whether `.status` is a subresource (written through `/status`).
+    pub has_status: bool,
+}
+
+impl ResolvedResource {
+    /// `group/version` or `v1`: what objects of this type carry as `apiVersion`.
+    #[must_use]
+    pub fn api_version(&self) -> &str {
+        &self.api_resource.api_version
+    }
+
+    #[must_use]
+    pub fn kind(&self) -> &str {
+        &self.api_resource.kind
+    }
+}
+
+/// Why a resource could not be resolved.
+#[derive(Debug, thiserror::Error)]
+pub enum DiscoveryError {
+    #[error("invalid apiVersion {api_version:?}: {reason}")]
+    BadApiVersion { api_version: String, reason: String },
+    #[error("discovery: can't find resource {resource:?} in apiVersion {api_version:?}")]
+    NotFound { api_version: String, resource: String },
+    #[error("discovery of {api_version} failed: {source}")]
+    Api { api_version: String, source: kube::Error },
+}
+
+/// Cached discovery.
+#[derive(Clone)]
+pub struct Discovery {
+    client: Client,
+    ttl: Duration,
+    cache: Arc<Mutex<HashMap<(String, String), (Arc<ResolvedResource>, Instant)>>>,
+}
+
+impl Discovery {
+    #[must_use]
+    pub fn new(client: Client, ttl: Duration) -> Self {
+        Self { client, ttl, cache: Arc::default() }
+    }
+
+    /// Resolves `resource` (lowercase plural) in `api_version` (`group/version` or `v1`).
+    pub async fn resolve(&self, api_version: &str, resource: &str) -> Result<Arc<ResolvedResource>, DiscoveryError> {
+        let key = (api_version.to_owned(), resource.to_owned());
+        if let Some((hit, at)) = self.cache.lock().expect("discovery lock").get(&key) {
+            if at.elapsed() < self.ttl {
+                return Ok(Arc::clone(hit));
+            }
+        }
+        let gv: GroupVersion = api_version.parse().map_err(|e: kube::core::gvk::ParseGroupVersionError| {
+            DiscoveryError::BadApiVersion { api_version: api_version.to_owned(), reason: e.to_string() }
+        })?;
+        let group = kube::discovery::oneshot::pinned_group(&self.client, &gv).await.map_err(|source| match source {
+            kube::Error::Api(ref status) if status.code == 404 => {
+                DiscoveryError::NotFound { api_version: api_version.to_owned(), resource: resource.to_owned() }
+            }
+            source => DiscoveryError::Api { api_version: api_version.to_owned(), source },
+        })?;
+        let (api_resource, caps) = group
+            .versioned_resources(&gv.version)
+            .into_iter()
+            .find(|(ar, _)| ar.plural == resource)
+            .ok_or_else(|| DiscoveryError::NotFound { api_version: api_version.to_owned(), resource: resource.to_owned() })?;
+        let resolved = Arc::new(ResolvedResource {
+            api_resource,
+            namespaced: caps.scope == Scope::Namespaced,
+            has_status: caps.subresources.iter().any(|(sub, _)| sub.plural == "status"),
+        });
+        self.cache.lock().expect("discovery lock").insert(key, (Arc::clone(&resolved), Instant::now()));
+        Ok(resolved)
+    }
+}

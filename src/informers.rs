@@ -1,0 +1,394 @@
+//! Shared, indexed caches of any resource type: one watch per type for the whole hub.
+//!
+//! kube-runtime's `reflector::Store` has no secondary indexes; claiming a parent's children needs
+//! "objects controlled by UID x" and "orphans in namespace n" without scanning every object of the
+//! type (Metacontroller #1085), so the store here keeps those indexes. The watch itself is
+//! kube-runtime's `watcher`.
+//!
+//! An [`Informer`] is a handle: controllers that use the same type share one watch and one store, and
+//! the watch stops when the last handle is dropped. Cached objects are `Arc`s that are never mutated;
+//! callers clone before changing anything.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex, RwLock, Weak};
+
+use futures::StreamExt as _;
+use kube::Client;
+use kube::api::{Api, DynamicObject};
+use kube::core::TypeMeta;
+use kube::runtime::{WatchStreamExt as _, watcher};
+use tokio::sync::{mpsc, watch};
+use tracing::{debug, warn};
+
+use crate::discovery::ResolvedResource;
+
+/// Namespace (None for cluster-scoped objects) and name.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ObjectKey {
+    pub namespace: Option<String>,
+    pub name: String,
+}
+
+impl ObjectKey {
+    #[must_use]
+    pub fn of(obj: &DynamicObject) -> Self {
+        Self { namespace: obj.metadata.namespace.clone(), name: obj.metadata.name.clone().unwrap_or_default() }
+    }
+}
+
+impl std::fmt::Display for ObjectKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.namespace {
+            Some(ns) => write!(f, "{ns}/{}", self.name),
+            None => f.write_str(&self.name),
+        }
+    }
+}
+
+/// A change seen by the watch. A subscriber first receives `Applied { old: None }` for every cached object.
+#[derive(Clone, Debug)]
+pub enum Change {
+    Applied { old: Option<Arc<DynamicObject>>, new: Arc<DynamicObject> },
+    Deleted(Arc<DynamicObject>),
+}
+
+impl Change {
+    /// The object as it is now (or was last seen, for a deletion).
+    #[must_use]
+    pub fn object(&self) -> &Arc<DynamicObject> {
+        match self {
+            Self::Applied { new, .. } => new,
+            Self::Deleted(obj) => obj,
+        }
+    }
+}
+
+/// The UID of the controller owner of `obj`, if any.
+#[must_use]
+pub fn controller_uid(obj: &DynamicObject) -> Option<&str> {
+    obj.metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|r| r.controller == Some(true))
+        .map(|r| r.uid.as_str())
+}
+
+#[derive(Default)]
+struct Store {
+    objects: HashMap<ObjectKey, Arc<DynamicObject>>,
+    /// Keys of objects whose controller ownerRef has this UID.
+    by_controller: HashMap<String, BTreeSet<ObjectKey>>,
+    /// Keys of objects without a controller ownerRef, by namespace.
+    orphans: HashMap<Option<String>, BTreeSet<ObjectKey>>,
+    /// Keys of all objects, by namespace.
+    by_namespace: HashMap<Option<String>, BTreeSet<ObjectKey>>,
+}
+
+impl Store {
+    fn insert(&mut self, obj: Arc<DynamicObject>) -> Option<Arc<DynamicObject>> {
+        let key = ObjectKey::of(&obj);
+        let old = self.remove(&key);
+        match controller_uid(&obj) {
+            Some(uid) => self.by_controller.entry(uid.to_owned()).or_default().insert(key.clone()),
+            None => self.orphans.entry(key.namespace.clone()).or_default().insert(key.clone()),
+        };
+        self.by_namespace.entry(key.namespace.clone()).or_default().insert(key.clone());
+        self.objects.insert(key, obj);
+        old
+    }
+
+    fn remove(&mut self, key: &ObjectKey) -> Option<Arc<DynamicObject>> {
+        let old = self.objects.remove(key)?;
+        fn unindex<I: Eq + std::hash::Hash>(map: &mut HashMap<I, BTreeSet<ObjectKey>>, index: I, key: &ObjectKey) {
+            if let Some(set) = map.get_mut(&index) {
+                set.remove(key);
+                if set.is_empty() {
+                    map.remove(&index);
+                }
+            }
+        }
+        match controller_uid(&old) {
+            Some(uid) => unindex(&mut self.by_controller, uid.to_owned(), key),
+            None => unindex(&mut self.orphans, key.namespace.clone(), key),
+        }
+        unindex(&mut self.by_namespace, key.namespace.clone(), key);
+        Some(old)
+    }
+
+    fn resolve<'a>(&self, keys: impl IntoIterator<Item = &'a ObjectKey>) -> Vec<Arc<DynamicObject>> {
+        keys.into_iter().filter_map(|k| self.objects.get(k).cloned()).collect()
+    }
+}
+
+struct Shared {
+    resource: Arc<ResolvedResource>,
+    store: RwLock<Store>,
+    subscribers: Mutex<Vec<mpsc::UnboundedSender<Change>>>,
+    synced: watch::Sender<bool>,
+    task: Mutex<Option<tokio::task::AbortHandle>>,
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        if let Some(task) = self.task.get_mut().ok().and_then(Option::take) {
+            task.abort();
+        }
+    }
+}
+
+impl Shared {
+    /// Applies changes to the store and tells subscribers, under the store lock so that a subscriber
+    /// joining concurrently sees each change exactly once (in its snapshot or as an event).
+    fn publish(&self, apply: impl FnOnce(&mut Store) -> Vec<Change>) {
+        let mut store = self.store.write().expect("store lock");
+        let changes = apply(&mut store);
+        if changes.is_empty() {
+            return;
+        }
+        let mut subscribers = self.subscribers.lock().expect("subscribers lock");
+        subscribers.retain(|tx| changes.iter().all(|c| tx.send(c.clone()).is_ok()));
+    }
+}
+
+/// Handle to the shared cache of one resource type.
+#[derive(Clone)]
+pub struct Informer {
+    shared: Arc<Shared>,
+}
+
+impl Informer {
+    #[must_use]
+    pub fn resource(&self) -> &Arc<ResolvedResource> {
+        &self.shared.resource
+    }
+
+    /// Waits until the initial list is in the cache.
+    pub async fn wait_synced(&self) {
+        let mut synced = self.shared.synced.subscribe();
+        // The sender lives in `shared`, which we hold, so this cannot fail.
+        let _ = synced.wait_for(|s| *s).await;
+    }
+
+    #[must_use]
+    pub fn is_synced(&self) -> bool {
+        *self.shared.synced.borrow()
+    }
+
+    #[must_use]
+    pub fn get(&self, key: &ObjectKey) -> Option<Arc<DynamicObject>> {
+        self.shared.store.read().expect("store lock").objects.get(key).cloned()
+    }
+
+    /// Objects whose controller ownerRef points at `uid`.
+    #[must_use]
+    pub fn controlled_by(&self, uid: &str) -> Vec<Arc<DynamicObject>> {
+        let store = self.shared.store.read().expect("store lock");
+        store.by_controller.get(uid).map(|keys| store.resolve(keys)).unwrap_or_default()
+    }
+
+    /// Objects without a controller, in `namespace` (`Some(None)` = cluster-scoped), or everywhere (`None`).
+    #[must_use]
+    pub fn orphans(&self, namespace: Option<Option<&str>>) -> Vec<Arc<DynamicObject>> {
+        let store = self.shared.store.read().expect("store lock");
+        match namespace {
+            Some(ns) => store.orphans.get(&ns.map(str::to_owned)).map(|k| store.resolve(k)).unwrap_or_default(),
+            None => store.orphans.values().flat_map(|keys| store.resolve(keys)).collect(),
+        }
+    }
+
+    /// Objects in `namespace` (`Some(None)` = cluster-scoped), or everywhere (`None`).
+    #[must_use]
+    pub fn list(&self, namespace: Option<Option<&str>>) -> Vec<Arc<DynamicObject>> {
+        let store = self.shared.store.read().expect("store lock");
+        match namespace {
+            Some(ns) => store.by_namespace.get(&ns.map(str::to_owned)).map(|k| store.resolve(k)).unwrap_or_default(),
+            None => store.objects.values().cloned().collect(),
+        }
+    }
+
+    /// A stream of changes, starting with every object already cached.
+    #[must_use]
+    pub fn subscribe(&self) -> mpsc::UnboundedReceiver<Change> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let store = self.shared.store.read().expect("store lock");
+        for obj in store.objects.values() {
+            let _ = tx.send(Change::Applied { old: None, new: Arc::clone(obj) });
+        }
+        self.shared.subscribers.lock().expect("subscribers lock").push(tx);
+        rx
+    }
+}
+
+/// Hands out shared informers, starting a watch on first use of a type.
+#[derive(Clone)]
+pub struct Informers {
+    client: Client,
+    live: Arc<Mutex<HashMap<String, Weak<Shared>>>>,
+}
+
+impl Informers {
+    #[must_use]
+    pub fn new(client: Client) -> Self {
+        Self { client, live: Arc::default() }
+    }
+
+    /// The informer for `resource`, shared with every other user of the same type.
+    #[must_use]
+    pub fn get(&self, resource: &Arc<ResolvedResource>) -> Informer {
+        let id = format!("{}/{}", resource.api_version(), resource.api_resource.plural);
+        let mut live = self.live.lock().expect("informers lock");
+        if let Some(shared) = live.get(&id).and_then(Weak::upgrade) {
+            return Informer { shared };
+        }
+        let (synced, _) = watch::channel(false);
+        let shared = Arc::new(Shared {
+            resource: Arc::clone(resource),
+            store: RwLock::default(),
+            subscribers: Mutex::default(),
+            synced,
+            task: Mutex::default(),
+        });
+        let task = tokio::spawn(run_watch(self.client.clone(), Arc::downgrade(&shared)));
+        *shared.task.lock().expect("task lock") = Some(task.abort_handle());
+        live.retain(|_, weak| weak.strong_count() > 0);
+        live.insert(id, Arc::downgrade(&shared));
+        Informer { shared }
+    }
+
+    /// Number of resource types currently watched.
+    #[must_use]
+    pub fn watched_types(&self) -> usize {
+        self.live.lock().expect("informers lock").values().filter(|w| w.strong_count() > 0).count()
+    }
+}
+
+/// Prepares an object for the cache: full type information (list items lack it) and no managedFields
+/// (large, and never needed by hooks).
+fn prepare(mut obj: DynamicObject, resource: &ResolvedResource) -> Arc<DynamicObject> {
+    obj.types = Some(TypeMeta {
+        api_version: resource.api_resource.api_version.clone(),
+        kind: resource.api_resource.kind.clone(),
+    });
+    obj.metadata.managed_fields = None;
+    Arc::new(obj)
+}
+
+async fn run_watch(client: Client, shared: Weak<Shared>) {
+    let resource = match shared.upgrade() {
+        Some(s) => Arc::clone(&s.resource),
+        None => return,
+    };
+    let api: Api<DynamicObject> = Api::all_with(client, &resource.api_resource);
+    let mut events = watcher(api, watcher::Config::default()).default_backoff().boxed();
+    // Objects of a relist in progress; swapped into the store at InitDone.
+    let mut relist: Option<HashMap<ObjectKey, Arc<DynamicObject>>> = None;
+    while let Some(event) = events.next().await {
+        let Some(shared) = shared.upgrade() else { return };
+        match event {
+            Err(err) => warn!(resource = %resource.api_resource.plural, "watch error (retrying): {err}"),
+            Ok(watcher::Event::Init) => relist = Some(HashMap::new()),
+            Ok(watcher::Event::InitApply(obj)) => {
+                let obj = prepare(obj, &resource);
+                relist.get_or_insert_with(HashMap::new).insert(ObjectKey::of(&obj), obj);
+            }
+            Ok(watcher::Event::InitDone) => {
+                let fresh = relist.take().unwrap_or_default();
+                shared.publish(|store| replace_all(store, fresh));
+                shared.synced.send_replace(true);
+                debug!(resource = %resource.api_resource.plural, "cache synced");
+            }
+            Ok(watcher::Event::Apply(obj)) => {
+                let obj = prepare(obj, &resource);
+                shared.publish(|store| {
+                    let old = store.insert(Arc::clone(&obj));
+                    vec![Change::Applied { old, new: obj }]
+                });
+            }
+            Ok(watcher::Event::Delete(obj)) => {
+                let key = ObjectKey::of(&obj);
+                shared.publish(|store| store.remove(&key).map(Change::Deleted).into_iter().collect());
+            }
+        }
+    }
+}
+
+/// Replaces the store's contents with a fresh list; reports what changed.
+fn replace_all(store: &mut Store, fresh: HashMap<ObjectKey, Arc<DynamicObject>>) -> Vec<Change> {
+    let gone: Vec<ObjectKey> = store.objects.keys().filter(|k| !fresh.contains_key(*k)).cloned().collect();
+    let mut changes: Vec<Change> = gone.iter().filter_map(|k| store.remove(k)).map(Change::Deleted).collect();
+    for (key, obj) in fresh {
+        let unchanged = store
+            .objects
+            .get(&key)
+            .is_some_and(|old| old.metadata.resource_version == obj.metadata.resource_version);
+        if !unchanged {
+            let old = store.insert(Arc::clone(&obj));
+            changes.push(Change::Applied { old, new: obj });
+        }
+    }
+    changes
+}
+
+#[cfg(test)]
+mod tests {
+    use kube::api::ObjectMeta;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+
+    use super::*;
+
+    fn object(ns: &str, name: &str, rv: &str, controller: Option<&str>) -> Arc<DynamicObject> {
+        Arc::new(DynamicObject {
+            types: None,
+            metadata: ObjectMeta {
+                namespace: Some(ns.to_owned()),
+                name: Some(name.to_owned()),
+                resource_version: Some(rv.to_owned()),
+                owner_references: controller.map(|uid| {
+                    vec![OwnerReference { uid: uid.to_owned(), controller: Some(true), ..OwnerReference::default() }]
+                }),
+                ..ObjectMeta::default()
+            },
+            data: serde_json::Value::Null,
+        })
+    }
+
+    #[test]
+    fn indexes_follow_ownership_changes() {
+        let mut store = Store::default();
+        store.insert(object("a", "x", "1", None));
+        store.insert(object("a", "y", "1", Some("p1")));
+        assert_eq!(store.orphans[&Some("a".into())].len(), 1);
+        assert_eq!(store.by_controller["p1"].len(), 1);
+        // x gets adopted: it leaves the orphan index and joins its controller's.
+        store.insert(object("a", "x", "2", Some("p1")));
+        assert!(!store.orphans.contains_key(&Some("a".into())));
+        assert_eq!(store.by_controller["p1"].len(), 2);
+        store.remove(&ObjectKey { namespace: Some("a".into()), name: "y".into() });
+        assert_eq!(store.by_controller["p1"].len(), 1);
+        assert_eq!(store.by_namespace[&Some("a".into())].len(), 1);
+    }
+
+    #[test]
+    fn relist_reports_deletions_and_changed_objects_only() {
+        let mut store = Store::default();
+        store.insert(object("a", "same", "1", None));
+        store.insert(object("a", "changed", "1", None));
+        store.insert(object("a", "gone", "1", None));
+        let fresh: HashMap<_, _> = [object("a", "same", "1", None), object("a", "changed", "2", None), object("a", "new", "1", None)]
+            .into_iter()
+            .map(|o| (ObjectKey::of(&o), o))
+            .collect();
+        let changes = replace_all(&mut store, fresh);
+        let mut names: Vec<String> = changes
+            .iter()
+            .map(|c| match c {
+                Change::Applied { new, .. } => format!("applied {}", new.metadata.name.as_deref().unwrap()),
+                Change::Deleted(o) => format!("deleted {}", o.metadata.name.as_deref().unwrap()),
+            })
+            .collect();
+        names.sort();
+        assert_eq!(names, ["applied changed", "applied new", "deleted gone"]);
+        assert_eq!(store.objects.len(), 3);
+    }
+}

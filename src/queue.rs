@@ -1,0 +1,322 @@
+//! A work queue of keys: de-duplicated, one worker per key at a time, delayed and rate-limited requeues.
+//!
+//! This is client-go's workqueue contract, which Metacontroller users' expectations are built on.
+//! kube-runtime's `Controller` has a scheduler but couples it to its own watches and gives no
+//! per-item exponential backoff or queue depth to export, so metahook keeps its own queue here.
+//!
+//! Invariants (all under one lock, held only for O(1) work):
+//! - a key is in `queue` at most once, and iff it is in `dirty` and not in `processing`;
+//! - a key added while being processed is parked in `dirty` and queued again by [`WorkQueue::done`].
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::hash::Hash;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use futures::StreamExt as _;
+use tokio::sync::{Notify, mpsc};
+use tokio::time::Instant;
+use tokio_util::time::DelayQueue;
+
+/// Per-key exponential backoff: `base * 2^failures`, capped at `max`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Backoff {
+    pub base: Duration,
+    pub max: Duration,
+}
+
+impl Default for Backoff {
+    /// client-go's default controller rate limiter: 5 ms doubling to 1000 s.
+    fn default() -> Self {
+        Self { base: Duration::from_millis(5), max: Duration::from_secs(1000) }
+    }
+}
+
+impl Backoff {
+    /// Delay before retry number `failures + 1`.
+    #[must_use]
+    pub fn delay(&self, failures: u32) -> Duration {
+        let factor = 2_u32.checked_pow(failures).unwrap_or(u32::MAX);
+        self.base.checked_mul(factor).map_or(self.max, |d| d.min(self.max))
+    }
+}
+
+/// Counters exported as metrics.
+#[derive(Debug, Default)]
+pub struct QueueStats {
+    pub adds: AtomicU64,
+    pub retries: AtomicU64,
+}
+
+struct State<K> {
+    queue: VecDeque<K>,
+    dirty: HashSet<K>,
+    processing: HashSet<K>,
+    failures: HashMap<K, u32>,
+    shutting_down: bool,
+}
+
+struct Inner<K> {
+    state: Mutex<State<K>>,
+    ready: Notify,
+    timer: mpsc::UnboundedSender<(K, Instant)>,
+    backoff: Backoff,
+    stats: QueueStats,
+}
+
+/// Handle to a queue; clones share it. Must be created inside a Tokio runtime (it spawns its timer).
+pub struct WorkQueue<K> {
+    inner: Arc<Inner<K>>,
+}
+
+impl<K> Clone for WorkQueue<K> {
+    fn clone(&self) -> Self {
+        Self { inner: Arc::clone(&self.inner) }
+    }
+}
+
+impl<K> WorkQueue<K>
+where
+    K: Clone + Eq + Hash + Send + Sync + 'static,
+{
+    #[must_use]
+    pub fn new(backoff: Backoff) -> Self {
+        let (timer, requests) = mpsc::unbounded_channel();
+        let inner = Arc::new(Inner {
+            state: Mutex::new(State {
+                queue: VecDeque::new(),
+                dirty: HashSet::new(),
+                processing: HashSet::new(),
+                failures: HashMap::new(),
+                shutting_down: false,
+            }),
+            ready: Notify::new(),
+            timer,
+            backoff,
+            stats: QueueStats::default(),
+        });
+        tokio::spawn(run_timer(Arc::downgrade(&inner), requests));
+        Self { inner }
+    }
+
+    /// Queues `key` now, unless it is already waiting.
+    pub fn add(&self, key: K) {
+        add(&self.inner, key);
+    }
+
+    /// Queues `key` after `delay`. Of several pending delays for one key the earliest wins.
+    pub fn add_after(&self, key: K, delay: Duration) {
+        if delay.is_zero() {
+            self.add(key);
+        } else {
+            // The timer task lives as long as `inner`, so the send cannot fail while we hold it.
+            let _ = self.inner.timer.send((key, Instant::now() + delay));
+        }
+    }
+
+    /// Queues `key` after its backoff delay, and counts one more failure for it.
+    pub fn add_rate_limited(&self, key: K) {
+        let failures = {
+            let mut state = self.inner.state.lock().expect("queue lock");
+            let failures = state.failures.entry(key.clone()).or_insert(0);
+            *failures += 1;
+            *failures - 1
+        };
+        self.inner.stats.retries.fetch_add(1, Ordering::Relaxed);
+        self.add_after(key, self.inner.backoff.delay(failures));
+    }
+
+    /// Clears the failure count of `key` (after a successful sync).
+    pub fn forget(&self, key: &K) {
+        self.inner.state.lock().expect("queue lock").failures.remove(key);
+    }
+
+    /// Failures counted for `key` since it was last forgotten.
+    #[must_use]
+    pub fn failures(&self, key: &K) -> u32 {
+        self.inner.state.lock().expect("queue lock").failures.get(key).copied().unwrap_or(0)
+    }
+
+    /// Waits for the next key; `None` once the queue is shut down. The caller owns the key until
+    /// [`WorkQueue::done`]: no other worker receives it meanwhile.
+    pub async fn next(&self) -> Option<K> {
+        loop {
+            let notified = self.inner.ready.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            {
+                let mut state = self.inner.state.lock().expect("queue lock");
+                if state.shutting_down {
+                    return None;
+                }
+                if let Some(key) = state.queue.pop_front() {
+                    state.dirty.remove(&key);
+                    state.processing.insert(key.clone());
+                    return Some(key);
+                }
+            }
+            notified.await;
+        }
+    }
+
+    /// Marks `key` as no longer being processed; queues it again if it was added meanwhile.
+    pub fn done(&self, key: &K) {
+        let mut state = self.inner.state.lock().expect("queue lock");
+        state.processing.remove(key);
+        if state.dirty.contains(key) {
+            state.queue.push_back(key.clone());
+            drop(state);
+            self.inner.ready.notify_one();
+        }
+    }
+
+    /// Wakes every waiting worker with `None`; later adds are ignored.
+    pub fn shut_down(&self) {
+        self.inner.state.lock().expect("queue lock").shutting_down = true;
+        self.inner.ready.notify_waiters();
+    }
+
+    /// Keys waiting to be processed.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.inner.state.lock().expect("queue lock").queue.len()
+    }
+
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Counters for metrics.
+    #[must_use]
+    pub fn stats(&self) -> &QueueStats {
+        &self.inner.stats
+    }
+}
+
+fn add<K: Clone + Eq + Hash>(inner: &Inner<K>, key: K) {
+    let mut state = inner.state.lock().expect("queue lock");
+    if state.shutting_down || state.dirty.contains(&key) {
+        return;
+    }
+    inner.stats.adds.fetch_add(1, Ordering::Relaxed);
+    state.dirty.insert(key.clone());
+    if state.processing.contains(&key) {
+        return;
+    }
+    state.queue.push_back(key);
+    drop(state);
+    inner.ready.notify_one();
+}
+
+/// Owns the delayed keys; ends when the queue is dropped.
+async fn run_timer<K>(inner: Weak<Inner<K>>, mut requests: mpsc::UnboundedReceiver<(K, Instant)>)
+where
+    K: Clone + Eq + Hash + Send + Sync + 'static,
+{
+    let mut delays: DelayQueue<K> = DelayQueue::new();
+    let mut pending: HashMap<K, (tokio_util::time::delay_queue::Key, Instant)> = HashMap::new();
+    loop {
+        tokio::select! {
+            request = requests.recv() => {
+                let Some((key, at)) = request else { return };
+                match pending.get(&key) {
+                    Some((_, existing)) if *existing <= at => {}
+                    Some((slot, _)) => {
+                        let slot = *slot;
+                        delays.reset_at(&slot, at);
+                        pending.insert(key, (slot, at));
+                    }
+                    None => {
+                        let slot = delays.insert_at(key.clone(), at);
+                        pending.insert(key, (slot, at));
+                    }
+                }
+            }
+            Some(expired) = delays.next(), if !delays.is_empty() => {
+                let key = expired.into_inner();
+                pending.remove(&key);
+                let Some(inner) = inner.upgrade() else { return };
+                add(&inner, key);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn duplicate_adds_are_delivered_once() {
+        let q = WorkQueue::new(Backoff::default());
+        q.add("a");
+        q.add("a");
+        q.add("b");
+        assert_eq!(q.len(), 2);
+        assert_eq!(q.next().await, Some("a"));
+        assert_eq!(q.next().await, Some("b"));
+        assert!(q.is_empty());
+    }
+
+    #[tokio::test]
+    async fn key_added_while_processing_waits_for_done() {
+        let q = WorkQueue::new(Backoff::default());
+        q.add("a");
+        let key = q.next().await.unwrap();
+        q.add("a");
+        assert!(q.is_empty(), "a key in flight must not be handed to a second worker");
+        q.done(&key);
+        assert_eq!(q.len(), 1);
+        assert_eq!(q.next().await, Some("a"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn delayed_add_arrives_after_delay_and_earliest_delay_wins() {
+        let q = WorkQueue::new(Backoff::default());
+        let started = Instant::now();
+        q.add_after("a", Duration::from_secs(10));
+        q.add_after("a", Duration::from_secs(2));
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        assert!(q.is_empty());
+        assert_eq!(q.next().await, Some("a"));
+        assert_eq!(started.elapsed().as_secs(), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn rate_limited_adds_back_off_exponentially_until_forgotten() {
+        let q = WorkQueue::new(Backoff { base: Duration::from_millis(100), max: Duration::from_secs(1) });
+        for expected_ms in [100, 200, 400, 800, 1000, 1000] {
+            let started = Instant::now();
+            q.add_rate_limited("a");
+            let key = q.next().await.unwrap();
+            assert_eq!(started.elapsed().as_millis(), expected_ms);
+            q.done(&key);
+        }
+        assert_eq!(q.failures(&"a"), 6);
+        q.forget(&"a");
+        assert_eq!(q.failures(&"a"), 0);
+    }
+
+    #[tokio::test]
+    async fn shut_down_wakes_waiting_workers() {
+        let q: WorkQueue<&str> = WorkQueue::new(Backoff::default());
+        let worker = tokio::spawn({
+            let q = q.clone();
+            async move { q.next().await }
+        });
+        tokio::task::yield_now().await;
+        q.shut_down();
+        assert_eq!(worker.await.unwrap(), None);
+    }
+
+    #[test]
+    fn backoff_caps_and_never_overflows() {
+        let b = Backoff::default();
+        assert_eq!(b.delay(0), Duration::from_millis(5));
+        assert_eq!(b.delay(3), Duration::from_millis(40));
+        assert_eq!(b.delay(40), Duration::from_secs(1000));
+        assert_eq!(b.delay(u32::MAX), Duration::from_secs(1000));
+    }
+}
