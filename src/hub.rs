@@ -1,6 +1,67 @@
-//! The running hub (placeholder filled by the engine).
+//! The hub: the pieces every controller shares (one client, discovery, one watch per type, one hook
+//! client, one applier, one event recorder), and the top-level run loop.
+
 use kube::Client;
+use tokio_util::sync::CancellationToken;
+use tracing::info;
+
+use crate::apply::Applier;
 use crate::config::Config;
-pub async fn run(_client: Client, _config: Config) -> Result<(), std::io::Error> {
-    tokio::signal::ctrl_c().await
+use crate::discovery::Discovery;
+use crate::events::Events;
+use crate::hooks::HookClient;
+use crate::informers::Informers;
+
+/// Shared services handed to every controller. Cheap to clone.
+#[derive(Clone)]
+pub struct Hub {
+    pub client: Client,
+    pub config: Config,
+    pub discovery: Discovery,
+    pub informers: Informers,
+    pub hooks: HookClient,
+    pub applier: Applier,
+    pub events: Events,
+}
+
+impl Hub {
+    #[must_use]
+    pub fn new(client: Client, config: Config) -> Self {
+        Self {
+            discovery: Discovery::new(client.clone(), config.discovery_interval),
+            informers: Informers::new(client.clone()),
+            hooks: HookClient::new(),
+            applier: Applier::new(client.clone(), config.field_manager.clone()),
+            events: Events::new(client.clone()),
+            client,
+            config,
+        }
+    }
+}
+
+/// Errors that stop the hub.
+#[derive(Debug, thiserror::Error)]
+pub enum HubError {
+    #[error("waiting for shutdown signal: {0}")]
+    Signal(#[from] std::io::Error),
+}
+
+/// Runs every CompositeController until Ctrl-C / SIGTERM.
+pub async fn run(client: Client, config: Config) -> Result<(), HubError> {
+    let hub = Hub::new(client, config);
+    let cancel = CancellationToken::new();
+    let manager = tokio::spawn(crate::manager::run(hub, cancel.clone()));
+    shutdown_signal().await?;
+    info!("shutting down");
+    cancel.cancel();
+    let _ = manager.await;
+    Ok(())
+}
+
+async fn shutdown_signal() -> std::io::Result<()> {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        r = tokio::signal::ctrl_c() => r,
+        _ = term.recv() => Ok(()),
+    }
 }

@@ -17,3 +17,8 @@ pub mod hooks;
 pub mod queue;
 pub mod discovery;
 pub mod informers;
+pub mod apply;
+pub mod children;
+pub mod composite;
+pub mod events;
+pub mod manager;

@@ -1,0 +1,192 @@
+//! Children of one parent: claiming them (adopt matching orphans, release non-matching ones) and
+//! making them match the desired set (delete what is no longer wanted, apply the rest).
+//!
+//! Claiming follows Kubernetes' `ControllerRefManager`: an adoption is preceded by a live read of
+//! the parent, so a parent that was deleted and recreated under the same name never adopts its
+//! predecessor's children; every ownerRef patch carries UID and resourceVersion tests.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::Client;
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use serde_json::{Value, json};
+
+use crate::api::{UpdateMethod, labels_of};
+use crate::apply::{Applied, ApplyError, Applier};
+use crate::discovery::ResolvedResource;
+use crate::informers::{Informer, ObjectKey, controller_uid};
+use crate::selector::Selector;
+
+/// One declared child type, resolved and cached.
+#[derive(Clone)]
+pub struct ChildType {
+    pub method: UpdateMethod,
+    pub informer: Informer,
+}
+
+impl ChildType {
+    #[must_use]
+    pub fn resource(&self) -> &Arc<ResolvedResource> {
+        self.informer.resource()
+    }
+}
+
+/// Children of one type, by namespace/name.
+pub type ChildMap<T> = BTreeMap<ObjectKey, T>;
+
+/// Why children could not be claimed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClaimError {
+    #[error("checking parent {parent} before adopting: {source}")]
+    ParentCheck { parent: ObjectKey, source: kube::Error },
+    #[error("{action} {kind} {key}: {source}")]
+    Patch { action: &'static str, kind: String, key: ObjectKey, source: kube::Error },
+}
+
+/// The controller ownerRef that marks an object as a child of `parent`.
+#[must_use]
+pub fn owner_reference(parent: &DynamicObject, parent_resource: &ResolvedResource) -> OwnerReference {
+    OwnerReference {
+        api_version: parent_resource.api_version().to_owned(),
+        kind: parent_resource.kind().to_owned(),
+        name: parent.metadata.name.clone().unwrap_or_default(),
+        uid: parent.metadata.uid.clone().unwrap_or_default(),
+        controller: Some(true),
+        block_owner_deletion: Some(true),
+    }
+}
+
+/// Claims the children of `parent` for each type: owned-and-matching objects, plus adopted orphans.
+/// Owned objects that no longer match `selector` are released.
+pub async fn claim(
+    client: &Client,
+    parent: &DynamicObject,
+    parent_resource: &ResolvedResource,
+    selector: &Selector,
+    types: &[ChildType],
+) -> Result<Vec<ChildMap<Arc<DynamicObject>>>, ClaimError> {
+    let parent_uid = parent.metadata.uid.as_deref().unwrap_or_default();
+    let parent_ns = parent_resource.namespaced.then(|| parent.metadata.namespace.as_deref()).flatten();
+    let parent_deleting = parent.metadata.deletion_timestamp.is_some();
+    let mut parent_checked = false;
+    let mut claimed = Vec::with_capacity(types.len());
+    for child_type in types {
+        let mut children = ChildMap::new();
+        let in_scope = |obj: &DynamicObject| parent_ns.is_none() || obj.metadata.namespace.as_deref() == parent_ns;
+        for obj in child_type.informer.controlled_by(parent_uid).into_iter().filter(|o| in_scope(o)) {
+            if selector.matches(&labels_of(&obj.metadata)) {
+                children.insert(ObjectKey::of(&obj), obj);
+            } else if !parent_deleting && obj.metadata.deletion_timestamp.is_none() {
+                release(client, child_type.resource(), &obj, parent_uid).await?;
+            }
+        }
+        if !parent_deleting {
+            let orphan_scope = parent_ns.map(Some);
+            for obj in child_type.informer.orphans(orphan_scope) {
+                if obj.metadata.deletion_timestamp.is_some() || !selector.matches(&labels_of(&obj.metadata)) {
+                    continue;
+                }
+                if !parent_checked {
+                    if !parent_still_current(client, parent, parent_resource).await? {
+                        return Ok(Vec::new());
+                    }
+                    parent_checked = true;
+                }
+                let owner = owner_reference(parent, parent_resource);
+                let adopted = adopt(client, child_type.resource(), &obj, owner).await?;
+                children.insert(ObjectKey::of(&adopted), Arc::new(adopted));
+            }
+        }
+        claimed.push(children);
+    }
+    Ok(claimed)
+}
+
+/// Uncached read: is the parent still the same object (UID) and not being deleted?
+async fn parent_still_current(client: &Client, parent: &DynamicObject, resource: &ResolvedResource) -> Result<bool, ClaimError> {
+    let key = ObjectKey::of(parent);
+    let api: Api<DynamicObject> = match &key.namespace {
+        Some(ns) if resource.namespaced => Api::namespaced_with(client.clone(), ns, &resource.api_resource),
+        _ => Api::all_with(client.clone(), &resource.api_resource),
+    };
+    let live = api.get_opt(&key.name).await.map_err(|source| ClaimError::ParentCheck { parent: key, source })?;
+    Ok(live.is_some_and(|p| p.metadata.uid == parent.metadata.uid && p.metadata.deletion_timestamp.is_none()))
+}
+
+async fn adopt(client: &Client, resource: &ResolvedResource, obj: &DynamicObject, owner: OwnerReference) -> Result<DynamicObject, ClaimError> {
+    let mut refs: Vec<OwnerReference> =
+        obj.metadata.owner_references.iter().flatten().filter(|r| r.uid != owner.uid).cloned().collect();
+    refs.push(owner);
+    patch_owner_references(client, resource, obj, &refs, "adopting").await
+}
+
+async fn release(client: &Client, resource: &ResolvedResource, obj: &DynamicObject, parent_uid: &str) -> Result<(), ClaimError> {
+    if controller_uid(obj) != Some(parent_uid) {
+        return Ok(());
+    }
+    let refs: Vec<OwnerReference> =
+        obj.metadata.owner_references.iter().flatten().filter(|r| r.uid != parent_uid).cloned().collect();
+    patch_owner_references(client, resource, obj, &refs, "releasing").await.map(drop)
+}
+
+/// Replaces `ownerReferences` if the object is still the one we looked at (UID and resourceVersion tests).
+async fn patch_owner_references(
+    client: &Client,
+    resource: &ResolvedResource,
+    obj: &DynamicObject,
+    refs: &[OwnerReference],
+    action: &'static str,
+) -> Result<DynamicObject, ClaimError> {
+    let key = ObjectKey::of(obj);
+    let api: Api<DynamicObject> = match &key.namespace {
+        Some(ns) => Api::namespaced_with(client.clone(), ns, &resource.api_resource),
+        None => Api::all_with(client.clone(), &resource.api_resource),
+    };
+    let patch: json_patch::Patch = serde_json::from_value(json!([
+        {"op": "test", "path": "/metadata/uid", "value": obj.metadata.uid},
+        {"op": "test", "path": "/metadata/resourceVersion", "value": obj.metadata.resource_version},
+        {"op": "add", "path": "/metadata/ownerReferences", "value": refs},
+    ]))
+    .expect("a well-formed JSON patch");
+    api.patch(&key.name, &PatchParams::default(), &Patch::<()>::Json(patch)).await.map_err(|source| ClaimError::Patch {
+        action,
+        kind: resource.kind().to_owned(),
+        key,
+        source,
+    })
+}
+
+/// Deletes observed children that are not desired, then applies every desired child.
+/// Continues past individual failures and returns them all, so one bad child does not stall the rest.
+pub async fn manage(
+    applier: &Applier,
+    types: &[ChildType],
+    observed: &[ChildMap<Arc<DynamicObject>>],
+    desired: &[ChildMap<Value>],
+) -> Vec<ApplyError> {
+    let mut errors = Vec::new();
+    for ((child_type, observed), desired) in types.iter().zip(observed).zip(desired) {
+        for (key, obj) in observed {
+            if !desired.contains_key(key) && obj.metadata.deletion_timestamp.is_none() {
+                if let Err(e) = applier.delete(child_type.resource(), obj).await {
+                    errors.push(e);
+                }
+            }
+        }
+    }
+    for ((child_type, observed), desired) in types.iter().zip(observed).zip(desired) {
+        for (key, obj) in desired {
+            let current = observed.get(key).map(AsRef::as_ref);
+            match applier.apply(child_type.resource(), obj, current, child_type.method).await {
+                Ok(outcome @ (Applied::Created | Applied::Updated | Applied::Deleted)) => {
+                    tracing::info!(kind = child_type.resource().kind(), child = %key, ?outcome, "child changed");
+                }
+                Ok(Applied::Unchanged) => {}
+                Err(e) => errors.push(e),
+            }
+        }
+    }
+    errors
+}
