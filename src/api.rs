@@ -263,11 +263,7 @@ impl Webhook {
     /// The call timeout; missing, unparsable or non-positive values mean 10s (as in Metacontroller).
     #[must_use]
     pub fn timeout(&self) -> Duration {
-        self.timeout
-            .as_deref()
-            .and_then(parse_go_duration)
-            .filter(|d| !d.is_zero())
-            .unwrap_or(DEFAULT_HOOK_TIMEOUT)
+        self.timeout.as_deref().and_then(parse_go_duration).filter(|d| !d.is_zero()).unwrap_or(DEFAULT_HOOK_TIMEOUT)
     }
 }
 
@@ -311,15 +307,8 @@ pub struct ControllerStatus {
 /// Parses a Go `time.Duration` string such as `10s`, `1m30s`, `1.5h` or `250ms`.
 #[must_use]
 pub fn parse_go_duration(text: &str) -> Option<Duration> {
-    const UNITS: [(&str, f64); 7] = [
-        ("ns", 1e-9),
-        ("us", 1e-6),
-        ("µs", 1e-6),
-        ("ms", 1e-3),
-        ("s", 1.0),
-        ("m", 60.0),
-        ("h", 3600.0),
-    ];
+    const UNITS: [(&str, f64); 7] =
+        [("ns", 1e-9), ("us", 1e-6), ("µs", 1e-6), ("ms", 1e-3), ("s", 1.0), ("m", 60.0), ("h", 3600.0)];
     let mut rest = text.trim();
     if rest == "0" {
         return Some(Duration::ZERO);
@@ -332,10 +321,8 @@ pub fn parse_go_duration(text: &str) -> Option<Duration> {
         let number_len = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(rest.len());
         let number: f64 = rest[..number_len].parse().ok()?;
         rest = &rest[number_len..];
-        let (unit, scale) = UNITS
-            .iter()
-            .filter(|(unit, _)| rest.starts_with(unit))
-            .max_by_key(|(unit, _)| unit.len())?;
+        let (unit, scale) =
+            UNITS.iter().filter(|(unit, _)| rest.starts_with(unit)).max_by_key(|(unit, _)| unit.len())?;
         rest = &rest[unit.len()..];
         total += number * scale;
     }

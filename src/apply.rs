@@ -37,6 +37,9 @@ pub enum ApplyError {
     Delete { kind: String, key: ObjectKey, source: kube::Error },
 }
 
+/// Last applied fingerprint by (apiVersion, kind, namespace/name).
+type AppliedCache = HashMap<(String, String, ObjectKey), Fingerprint>;
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Fingerprint {
     desired: u64,
@@ -49,7 +52,7 @@ struct Fingerprint {
 pub struct Applier {
     client: Client,
     field_manager: String,
-    applied: Arc<Mutex<HashMap<(String, String, ObjectKey), Fingerprint>>>,
+    applied: Arc<Mutex<AppliedCache>>,
 }
 
 impl Applier {
@@ -206,7 +209,10 @@ mod tests {
             "data": {"k": "v"}, "status": {"phase": "x"}
         });
         let clean = strip_server_fields(desired);
-        assert_eq!(clean["metadata"], serde_json::json!({"name": "a", "labels": {"x": "y"}, "annotations": {"keep": "me"}}));
+        assert_eq!(
+            clean["metadata"],
+            serde_json::json!({"name": "a", "labels": {"x": "y"}, "annotations": {"keep": "me"}})
+        );
         assert!(clean.get("status").is_none());
         assert_eq!(clean["data"]["k"], "v");
     }

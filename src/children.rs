@@ -14,7 +14,7 @@ use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use serde_json::{Value, json};
 
 use crate::api::{UpdateMethod, labels_of};
-use crate::apply::{Applied, ApplyError, Applier};
+use crate::apply::{Applied, Applier, ApplyError};
 use crate::discovery::ResolvedResource;
 use crate::informers::{Informer, ObjectKey, controller_uid};
 use crate::selector::Selector;
@@ -68,7 +68,7 @@ pub async fn claim(
     types: &[ChildType],
 ) -> Result<Vec<ChildMap<Arc<DynamicObject>>>, ClaimError> {
     let parent_uid = parent.metadata.uid.as_deref().unwrap_or_default();
-    let parent_ns = parent_resource.namespaced.then(|| parent.metadata.namespace.as_deref()).flatten();
+    let parent_ns = parent_resource.namespaced.then_some(parent.metadata.namespace.as_deref()).flatten();
     let parent_deleting = parent.metadata.deletion_timestamp.is_some();
     let mut parent_checked = false;
     let mut claimed = Vec::with_capacity(types.len());
@@ -105,7 +105,11 @@ pub async fn claim(
 }
 
 /// Uncached read: is the parent still the same object (UID) and not being deleted?
-async fn parent_still_current(client: &Client, parent: &DynamicObject, resource: &ResolvedResource) -> Result<bool, ClaimError> {
+async fn parent_still_current(
+    client: &Client,
+    parent: &DynamicObject,
+    resource: &ResolvedResource,
+) -> Result<bool, ClaimError> {
     let key = ObjectKey::of(parent);
     let api: Api<DynamicObject> = match &key.namespace {
         Some(ns) if resource.namespaced => Api::namespaced_with(client.clone(), ns, &resource.api_resource),
@@ -115,14 +119,24 @@ async fn parent_still_current(client: &Client, parent: &DynamicObject, resource:
     Ok(live.is_some_and(|p| p.metadata.uid == parent.metadata.uid && p.metadata.deletion_timestamp.is_none()))
 }
 
-async fn adopt(client: &Client, resource: &ResolvedResource, obj: &DynamicObject, owner: OwnerReference) -> Result<DynamicObject, ClaimError> {
+async fn adopt(
+    client: &Client,
+    resource: &ResolvedResource,
+    obj: &DynamicObject,
+    owner: OwnerReference,
+) -> Result<DynamicObject, ClaimError> {
     let mut refs: Vec<OwnerReference> =
         obj.metadata.owner_references.iter().flatten().filter(|r| r.uid != owner.uid).cloned().collect();
     refs.push(owner);
     patch_owner_references(client, resource, obj, &refs, "adopting").await
 }
 
-async fn release(client: &Client, resource: &ResolvedResource, obj: &DynamicObject, parent_uid: &str) -> Result<(), ClaimError> {
+async fn release(
+    client: &Client,
+    resource: &ResolvedResource,
+    obj: &DynamicObject,
+    parent_uid: &str,
+) -> Result<(), ClaimError> {
     if controller_uid(obj) != Some(parent_uid) {
         return Ok(());
     }
@@ -169,10 +183,11 @@ pub async fn manage(
     let mut errors = Vec::new();
     for ((child_type, observed), desired) in types.iter().zip(observed).zip(desired) {
         for (key, obj) in observed {
-            if !desired.contains_key(key) && obj.metadata.deletion_timestamp.is_none() {
-                if let Err(e) = applier.delete(child_type.resource(), obj).await {
-                    errors.push(e);
-                }
+            if !desired.contains_key(key)
+                && obj.metadata.deletion_timestamp.is_none()
+                && let Err(e) = applier.delete(child_type.resource(), obj).await
+            {
+                errors.push(e);
             }
         }
     }

@@ -59,9 +59,7 @@ pub fn main() -> ExitCode {
         Command::Run(args) => {
             init_tracing();
             let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build();
-            let result = runtime
-                .context("starting the async runtime")
-                .and_then(|rt| rt.block_on(run(args)));
+            let result = runtime.context("starting the async runtime").and_then(|rt| rt.block_on(run(args)));
             match result {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(err) => {
@@ -83,8 +81,7 @@ fn init_tracing() {
 pub async fn client_for(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<Client> {
     let config = match kubeconfig {
         Some(path) => {
-            let kc = Kubeconfig::read_from(path)
-                .with_context(|| format!("reading kubeconfig {}", path.display()))?;
+            let kc = Kubeconfig::read_from(path).with_context(|| format!("reading kubeconfig {}", path.display()))?;
             kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
                 .await
                 .with_context(|| format!("loading kubeconfig {}", path.display()))?

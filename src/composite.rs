@@ -40,7 +40,9 @@ pub enum StartError {
     Child(#[source] DiscoveryError),
     #[error("parent resource {resource} has no status subresource; metahook writes parent status through /status")]
     NoStatusSubresource { resource: String },
-    #[error("child resource {resource} uses update method {method:?}, which this version of metahook does not support yet")]
+    #[error(
+        "child resource {resource} uses update method {method:?}, which this version of metahook does not support yet"
+    )]
     UnsupportedMethod { resource: String, method: crate::api::UpdateMethod },
     #[error("parentResource.labelSelector: {0}")]
     Selector(#[from] SelectorError),
@@ -70,7 +72,7 @@ pub enum SyncError {
     #[error("invalid hook response: {0}")]
     InvalidResponse(String),
     #[error("{0}")]
-    Claim(#[from] ClaimError),
+    Claim(Box<ClaimError>),
     #[error("parent .spec.selector: {0}")]
     ParentSelector(String),
     #[error("sync hook not defined")]
@@ -83,12 +85,18 @@ pub enum SyncError {
     Finalizer(#[source] kube::Error),
 }
 
+impl From<ClaimError> for SyncError {
+    fn from(e: ClaimError) -> Self {
+        Self::Claim(Box::new(e))
+    }
+}
+
 /// A CompositeController whose types are resolved and whose caches are synced.
 pub struct Controller {
     hub: Hub,
     name: String,
     /// The controller object as hooks receive it (`request.controller`).
-    controller_json: Value,
+    cc_json: Value,
     cc: Arc<CompositeController>,
     parent: Informer,
     parent_selector: Selector,
@@ -136,7 +144,7 @@ impl Controller {
         let name = cc.metadata.name.clone().unwrap_or_default();
         Ok(Arc::new(Self {
             hub: hub.clone(),
-            controller_json: serde_json::to_value(&*cc).unwrap_or(Value::Null),
+            cc_json: serde_json::to_value(&*cc).unwrap_or(Value::Null),
             finalizer: format!("metacontroller.io/compositecontroller-{name}"),
             name,
             parent,
@@ -312,12 +320,13 @@ impl Controller {
         if observed.len() != self.children.len() {
             return Ok(None); // the parent went away while adopting
         }
-        let hook = if finalizing { hooks.finalize.as_ref() } else { hooks.sync.as_ref() }.ok_or(SyncError::NoSyncHook)?;
+        let hook =
+            if finalizing { hooks.finalize.as_ref() } else { hooks.sync.as_ref() }.ok_or(SyncError::NoSyncHook)?;
         let parent_json = serde_json::to_value(&*parent).unwrap_or(Value::Null);
         let children_maps = self.request_children(hook.version(), &parent, &observed);
         let related = ObjectMaps::new();
         let request = CompositeRequest {
-            controller: &self.controller_json,
+            controller: &self.cc_json,
             parent: &parent_json,
             children: &children_maps,
             related: &related,
@@ -347,8 +356,13 @@ impl Controller {
     }
 
     /// `children` of the request: an entry per declared type, keyed per the hook version.
-    fn request_children(&self, version: HookVersion, parent: &DynamicObject, observed: &[ChildMap<Arc<DynamicObject>>]) -> ObjectMaps {
-        let parent_ns = self.parent.resource().namespaced.then(|| parent.metadata.namespace.as_deref()).flatten();
+    fn request_children(
+        &self,
+        version: HookVersion,
+        parent: &DynamicObject,
+        observed: &[ChildMap<Arc<DynamicObject>>],
+    ) -> ObjectMaps {
+        let parent_ns = self.parent.resource().namespaced.then_some(parent.metadata.namespace.as_deref()).flatten();
         let mut maps = ObjectMaps::new();
         for (child_type, objects) in self.children.iter().zip(observed) {
             let resource = child_type.resource();
@@ -364,7 +378,12 @@ impl Controller {
 
     /// Checks every desired child and turns it into a complete object to apply. Any problem rejects the
     /// whole response: a partial apply could delete children the hook meant to keep.
-    fn validate(&self, parent: &DynamicObject, response: &CompositeResponse, selector: &Selector) -> Result<Vec<ChildMap<Value>>, SyncError> {
+    fn validate(
+        &self,
+        parent: &DynamicObject,
+        response: &CompositeResponse,
+        selector: &Selector,
+    ) -> Result<Vec<ChildMap<Value>>, SyncError> {
         let invalid = |msg: String| SyncError::InvalidResponse(msg);
         let parent_resource = self.parent.resource();
         let parent_ns = parent_resource.namespaced.then(|| parent.metadata.namespace.clone()).flatten();
@@ -384,12 +403,18 @@ impl Controller {
                 .children
                 .iter()
                 .position(|t| t.resource().api_version() == api_version && t.resource().kind() == kind)
-                .ok_or_else(|| invalid(format!("child {kind} {name}: {api_version}/{kind} is not a declared child resource")))?;
+                .ok_or_else(|| {
+                    invalid(format!("child {kind} {name}: {api_version}/{kind} is not a declared child resource"))
+                })?;
             let resource = self.children[index].resource();
             let mut obj = strip_server_fields(child.clone());
-            let meta = obj.get_mut("metadata").and_then(Value::as_object_mut).ok_or_else(|| invalid(format!("child {kind} {name}: metadata is not an object")))?;
-            let namespace = resolve_namespace(resource, parent_ns.as_deref(), meta.get("namespace").and_then(Value::as_str))
-                .map_err(|reason| invalid(format!("child {kind} {name}: {reason}")))?;
+            let meta = obj
+                .get_mut("metadata")
+                .and_then(Value::as_object_mut)
+                .ok_or_else(|| invalid(format!("child {kind} {name}: metadata is not an object")))?;
+            let namespace =
+                resolve_namespace(resource, parent_ns.as_deref(), meta.get("namespace").and_then(Value::as_str))
+                    .map_err(|reason| invalid(format!("child {kind} {name}: {reason}")))?;
             match &namespace {
                 Some(ns) => meta.insert("namespace".into(), Value::String(ns.clone())),
                 None => meta.remove("namespace"),
@@ -397,11 +422,14 @@ impl Controller {
             if self.cc.spec.generate_selector == Some(true) {
                 let labels = meta.entry("labels").or_insert_with(|| json!({}));
                 if let Some(labels) = labels.as_object_mut() {
-                    labels.entry(CONTROLLER_UID_LABEL).or_insert_with(|| Value::String(parent.metadata.uid.clone().unwrap_or_default()));
+                    labels
+                        .entry(CONTROLLER_UID_LABEL)
+                        .or_insert_with(|| Value::String(parent.metadata.uid.clone().unwrap_or_default()));
                 }
             }
-            let labels: BTreeMap<String, String> = serde_json::from_value(meta.get("labels").cloned().unwrap_or(json!({})))
-                .map_err(|e| invalid(format!("child {kind} {name}: labels: {e}")))?;
+            let labels: BTreeMap<String, String> =
+                serde_json::from_value(meta.get("labels").cloned().unwrap_or(json!({})))
+                    .map_err(|e| invalid(format!("child {kind} {name}: labels: {e}")))?;
             if !selector.matches(&labels) {
                 return Err(invalid(format!("labels on desired child {kind} {name} don't match parent selector")));
             }
@@ -450,7 +478,8 @@ impl Controller {
         if present {
             finalizers.push(self.finalizer.clone());
         }
-        let patch = json!({"metadata": {"finalizers": finalizers, "resourceVersion": parent.metadata.resource_version}});
+        let patch =
+            json!({"metadata": {"finalizers": finalizers, "resourceVersion": parent.metadata.resource_version}});
         let name = parent.metadata.name.as_deref().unwrap_or_default();
         match self.parent_api(parent).patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await {
             Ok(_) => Ok(()),
@@ -462,7 +491,9 @@ impl Controller {
     fn parent_api(&self, parent: &DynamicObject) -> Api<DynamicObject> {
         let resource = self.parent.resource();
         match parent.metadata.namespace.as_deref() {
-            Some(ns) if resource.namespaced => Api::namespaced_with(self.hub.client.clone(), ns, &resource.api_resource),
+            Some(ns) if resource.namespaced => {
+                Api::namespaced_with(self.hub.client.clone(), ns, &resource.api_resource)
+            }
             _ => Api::all_with(self.hub.client.clone(), &resource.api_resource),
         }
     }
@@ -483,7 +514,11 @@ fn meaningful_parent_change(old: &DynamicObject, new: &DynamicObject) -> bool {
 
 /// Namespace a desired child lands in. Namespaced children default to the parent's namespace and must
 /// stay in it; under a cluster-scoped parent they must name one.
-fn resolve_namespace(resource: &ResolvedResource, parent_ns: Option<&str>, requested: Option<&str>) -> Result<Option<String>, String> {
+fn resolve_namespace(
+    resource: &ResolvedResource,
+    parent_ns: Option<&str>,
+    requested: Option<&str>,
+) -> Result<Option<String>, String> {
     match (resource.namespaced, parent_ns, requested) {
         (false, None, _) => Ok(None),
         (false, Some(_), _) => Err("cluster-scoped children of a namespaced parent are not supported".into()),
@@ -544,10 +579,15 @@ mod tests {
 
     #[test]
     fn status_gets_observed_generation_and_must_be_an_object() {
-        let parent: DynamicObject =
-            serde_json::from_value(json!({"apiVersion": "x/v1", "kind": "P", "metadata": {"name": "p", "generation": 4}})).unwrap();
+        let parent: DynamicObject = serde_json::from_value(
+            json!({"apiVersion": "x/v1", "kind": "P", "metadata": {"name": "p", "generation": 4}}),
+        )
+        .unwrap();
         assert_eq!(desired_status(&parent, None).unwrap(), json!({"observedGeneration": 4}));
-        assert_eq!(desired_status(&parent, Some(&json!({"ready": 2}))).unwrap(), json!({"ready": 2, "observedGeneration": 4}));
+        assert_eq!(
+            desired_status(&parent, Some(&json!({"ready": 2}))).unwrap(),
+            json!({"ready": 2, "observedGeneration": 4})
+        );
         assert!(desired_status(&parent, Some(&json!("ok"))).is_err());
     }
 

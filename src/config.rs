@@ -95,8 +95,8 @@ impl Config {
     }
 
     fn from_file(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
+        let text =
+            std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
         serde_yaml::from_str(&text).map_err(|source| ConfigError::Parse { path: path.to_owned(), source })
     }
 
@@ -113,9 +113,8 @@ impl Config {
                 reason: "must not exceed backoffMaxSeconds".into(),
             });
         }
-        crate::selector::parse_selector_string(&self.target_label_selector).map_err(|e| {
-            ConfigError::Invalid { field: "targetLabelSelector", reason: e.to_string() }
-        })?;
+        crate::selector::parse_selector_string(&self.target_label_selector)
+            .map_err(|e| ConfigError::Invalid { field: "targetLabelSelector", reason: e.to_string() })?;
         Ok(())
     }
 }

@@ -53,11 +53,7 @@ mod tests {
                 std::fs::write(&path, &expected).unwrap();
             }
             let actual = std::fs::read_to_string(&path).unwrap_or_default();
-            assert!(
-                actual == expected,
-                "{} drifted from src/api.rs; regenerate with `make crds`",
-                path.display()
-            );
+            assert!(actual == expected, "{} drifted from src/api.rs; regenerate with `make crds`", path.display());
         }
     }
 

@@ -45,12 +45,15 @@ pub enum DiscoveryError {
     Api { api_version: String, source: kube::Error },
 }
 
+/// Resolved resources by (apiVersion, plural), with when they were resolved.
+type ResolvedCache = HashMap<(String, String), (Arc<ResolvedResource>, Instant)>;
+
 /// Cached discovery.
 #[derive(Clone)]
 pub struct Discovery {
     client: Client,
     ttl: Duration,
-    cache: Arc<Mutex<HashMap<(String, String), (Arc<ResolvedResource>, Instant)>>>,
+    cache: Arc<Mutex<ResolvedCache>>,
 }
 
 impl Discovery {
@@ -62,10 +65,10 @@ impl Discovery {
     /// Resolves `resource` (lowercase plural) in `api_version` (`group/version` or `v1`).
     pub async fn resolve(&self, api_version: &str, resource: &str) -> Result<Arc<ResolvedResource>, DiscoveryError> {
         let key = (api_version.to_owned(), resource.to_owned());
-        if let Some((hit, at)) = self.cache.lock().expect("discovery lock").get(&key) {
-            if at.elapsed() < self.ttl {
-                return Ok(Arc::clone(hit));
-            }
+        if let Some((hit, at)) = self.cache.lock().expect("discovery lock").get(&key)
+            && at.elapsed() < self.ttl
+        {
+            return Ok(Arc::clone(hit));
         }
         let gv: GroupVersion = api_version.parse().map_err(|e: kube::core::gvk::ParseGroupVersionError| {
             DiscoveryError::BadApiVersion { api_version: api_version.to_owned(), reason: e.to_string() }
@@ -76,11 +79,10 @@ impl Discovery {
             }
             source => DiscoveryError::Api { api_version: api_version.to_owned(), source },
         })?;
-        let (api_resource, caps) = group
-            .versioned_resources(&gv.version)
-            .into_iter()
-            .find(|(ar, _)| ar.plural == resource)
-            .ok_or_else(|| DiscoveryError::NotFound { api_version: api_version.to_owned(), resource: resource.to_owned() })?;
+        let (api_resource, caps) =
+            group.versioned_resources(&gv.version).into_iter().find(|(ar, _)| ar.plural == resource).ok_or_else(
+                || DiscoveryError::NotFound { api_version: api_version.to_owned(), resource: resource.to_owned() },
+            )?;
         let resolved = Arc::new(ResolvedResource {
             api_resource,
             namespaced: caps.scope == Scope::Namespaced,

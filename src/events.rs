@@ -34,7 +34,8 @@ impl Events {
     async fn publish(&self, obj: &ObjectReference, type_: EventType, reason: &str, note: String) {
         // The API limits notes to 1 kB; hook error bodies can be longer.
         let note: String = note.chars().take(1000).collect();
-        let event = Event { type_, reason: reason.to_owned(), note: Some(note), action: reason.to_owned(), secondary: None };
+        let event =
+            Event { type_, reason: reason.to_owned(), note: Some(note), action: reason.to_owned(), secondary: None };
         if let Err(err) = self.recorder.publish(&event, obj).await {
             warn!(object = ?obj.name, reason, "could not record event: {err}");
         }

@@ -81,7 +81,12 @@ pub fn group_version_kind_key(api_version: &str, kind: &str) -> String {
 /// (`None` for a cluster-scoped parent). Returns `None` when the v1 protocol cannot express the object
 /// (another namespace, or cluster-scoped, under a namespaced parent): Metacontroller drops those.
 #[must_use]
-pub fn object_key(version: HookVersion, parent_namespace: Option<&str>, namespace: Option<&str>, name: &str) -> Option<String> {
+pub fn object_key(
+    version: HookVersion,
+    parent_namespace: Option<&str>,
+    namespace: Option<&str>,
+    name: &str,
+) -> Option<String> {
     let qualified = || match namespace {
         Some(ns) => format!("{ns}/{name}"),
         None => name.to_owned(),
@@ -174,13 +179,18 @@ fn classify(url: &str, timeout: Duration, source: reqwest::Error) -> HookError {
 }
 
 /// Decodes a response; in strict mode, unknown top-level fields are an error (as `UnmarshalStrict` does).
-fn decode<T: serde::de::DeserializeOwned>(url: &str, value: Value, mode: UnmarshalMode, known: &[&str]) -> Result<T, HookError> {
-    if mode == UnmarshalMode::Strict {
-        if let Value::Object(map) = &value {
-            let fields: Vec<String> = map.keys().filter(|k| !known.contains(&k.as_str())).cloned().collect();
-            if !fields.is_empty() {
-                return Err(HookError::UnknownFields { url: url.to_owned(), fields });
-            }
+fn decode<T: serde::de::DeserializeOwned>(
+    url: &str,
+    value: Value,
+    mode: UnmarshalMode,
+    known: &[&str],
+) -> Result<T, HookError> {
+    if mode == UnmarshalMode::Strict
+        && let Value::Object(map) = &value
+    {
+        let fields: Vec<String> = map.keys().filter(|k| !known.contains(&k.as_str())).cloned().collect();
+        if !fields.is_empty() {
+            return Err(HookError::UnknownFields { url: url.to_owned(), fields });
         }
     }
     serde_json::from_value(value).map_err(|source| HookError::Decode { url: url.to_owned(), source })
@@ -239,14 +249,16 @@ mod tests {
     #[test]
     fn null_children_and_missing_fields_mean_empty() {
         let r: CompositeResponse =
-            decode("u", serde_json::json!({"children": null}), UnmarshalMode::Loose, COMPOSITE_RESPONSE_FIELDS).unwrap();
+            decode("u", serde_json::json!({"children": null}), UnmarshalMode::Loose, COMPOSITE_RESPONSE_FIELDS)
+                .unwrap();
         assert!(r.children.is_empty() && r.status.is_none() && !r.finalized);
     }
 
     #[test]
     fn strict_mode_rejects_unknown_fields_and_loose_ignores_them() {
         let body = serde_json::json!({"children": [], "attachments": []});
-        let err = decode::<CompositeResponse>("u", body.clone(), UnmarshalMode::Strict, COMPOSITE_RESPONSE_FIELDS).unwrap_err();
+        let err = decode::<CompositeResponse>("u", body.clone(), UnmarshalMode::Strict, COMPOSITE_RESPONSE_FIELDS)
+            .unwrap_err();
         assert!(matches!(err, HookError::UnknownFields { ref fields, .. } if fields == &["attachments"]));
         assert!(decode::<CompositeResponse>("u", body, UnmarshalMode::Loose, COMPOSITE_RESPONSE_FIELDS).is_ok());
     }
@@ -260,8 +272,13 @@ mod tests {
 
     #[test]
     fn wrong_shape_is_a_decode_error() {
-        let err = decode::<CompositeResponse>("u", serde_json::json!({"children": {"a": 1}}), UnmarshalMode::Loose, COMPOSITE_RESPONSE_FIELDS)
-            .unwrap_err();
+        let err = decode::<CompositeResponse>(
+            "u",
+            serde_json::json!({"children": {"a": 1}}),
+            UnmarshalMode::Loose,
+            COMPOSITE_RESPONSE_FIELDS,
+        )
+        .unwrap_err();
         assert!(matches!(err, HookError::Decode { .. }));
     }
 

@@ -48,14 +48,18 @@ pub enum HubError {
 
 /// Runs every CompositeController until Ctrl-C / SIGTERM.
 pub async fn run(client: Client, config: Config) -> Result<(), HubError> {
-    let hub = Hub::new(client, config);
     let cancel = CancellationToken::new();
-    let manager = tokio::spawn(crate::manager::run(hub, cancel.clone()));
+    let hub = tokio::spawn(run_until(client, config, cancel.clone()));
     shutdown_signal().await?;
     info!("shutting down");
     cancel.cancel();
-    let _ = manager.await;
+    let _ = hub.await;
     Ok(())
+}
+
+/// Runs every CompositeController until `cancel` fires (how tests and embedders run a hub).
+pub async fn run_until(client: Client, config: Config, cancel: CancellationToken) {
+    Box::pin(crate::manager::run(Hub::new(client, config), cancel)).await;
 }
 
 async fn shutdown_signal() -> std::io::Result<()> {

@@ -66,12 +66,7 @@ impl Change {
 /// The UID of the controller owner of `obj`, if any.
 #[must_use]
 pub fn controller_uid(obj: &DynamicObject) -> Option<&str> {
-    obj.metadata
-        .owner_references
-        .iter()
-        .flatten()
-        .find(|r| r.controller == Some(true))
-        .map(|r| r.uid.as_str())
+    obj.metadata.owner_references.iter().flatten().find(|r| r.controller == Some(true)).map(|r| r.uid.as_str())
 }
 
 #[derive(Default)]
@@ -100,24 +95,25 @@ impl Store {
 
     fn remove(&mut self, key: &ObjectKey) -> Option<Arc<DynamicObject>> {
         let old = self.objects.remove(key)?;
-        fn unindex<I: Eq + std::hash::Hash>(map: &mut HashMap<I, BTreeSet<ObjectKey>>, index: I, key: &ObjectKey) {
-            if let Some(set) = map.get_mut(&index) {
-                set.remove(key);
-                if set.is_empty() {
-                    map.remove(&index);
-                }
-            }
-        }
         match controller_uid(&old) {
-            Some(uid) => unindex(&mut self.by_controller, uid.to_owned(), key),
-            None => unindex(&mut self.orphans, key.namespace.clone(), key),
+            Some(uid) => unindex(&mut self.by_controller, &uid.to_owned(), key),
+            None => unindex(&mut self.orphans, &key.namespace, key),
         }
-        unindex(&mut self.by_namespace, key.namespace.clone(), key);
+        unindex(&mut self.by_namespace, &key.namespace, key);
         Some(old)
     }
 
     fn resolve<'a>(&self, keys: impl IntoIterator<Item = &'a ObjectKey>) -> Vec<Arc<DynamicObject>> {
         keys.into_iter().filter_map(|k| self.objects.get(k).cloned()).collect()
+    }
+}
+
+fn unindex<I: Eq + std::hash::Hash>(map: &mut HashMap<I, BTreeSet<ObjectKey>>, index: &I, key: &ObjectKey) {
+    if let Some(set) = map.get_mut(index) {
+        set.remove(key);
+        if set.is_empty() {
+            map.remove(index);
+        }
     }
 }
 
@@ -318,10 +314,8 @@ fn replace_all(store: &mut Store, fresh: HashMap<ObjectKey, Arc<DynamicObject>>)
     let gone: Vec<ObjectKey> = store.objects.keys().filter(|k| !fresh.contains_key(*k)).cloned().collect();
     let mut changes: Vec<Change> = gone.iter().filter_map(|k| store.remove(k)).map(Change::Deleted).collect();
     for (key, obj) in fresh {
-        let unchanged = store
-            .objects
-            .get(&key)
-            .is_some_and(|old| old.metadata.resource_version == obj.metadata.resource_version);
+        let unchanged =
+            store.objects.get(&key).is_some_and(|old| old.metadata.resource_version == obj.metadata.resource_version);
         if !unchanged {
             let old = store.insert(Arc::clone(&obj));
             changes.push(Change::Applied { old, new: obj });
@@ -332,8 +326,8 @@ fn replace_all(store: &mut Store, fresh: HashMap<ObjectKey, Arc<DynamicObject>>)
 
 #[cfg(test)]
 mod tests {
-    use kube::api::ObjectMeta;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+    use kube::api::ObjectMeta;
 
     use super::*;
 
@@ -375,10 +369,11 @@ mod tests {
         store.insert(object("a", "same", "1", None));
         store.insert(object("a", "changed", "1", None));
         store.insert(object("a", "gone", "1", None));
-        let fresh: HashMap<_, _> = [object("a", "same", "1", None), object("a", "changed", "2", None), object("a", "new", "1", None)]
-            .into_iter()
-            .map(|o| (ObjectKey::of(&o), o))
-            .collect();
+        let fresh: HashMap<_, _> =
+            [object("a", "same", "1", None), object("a", "changed", "2", None), object("a", "new", "1", None)]
+                .into_iter()
+                .map(|o| (ObjectKey::of(&o), o))
+                .collect();
         let changes = replace_all(&mut store, fresh);
         let mut names: Vec<String> = changes
             .iter()

@@ -7,18 +7,18 @@
 #![warn(clippy::pedantic)]
 #![allow(clippy::module_name_repetitions, clippy::missing_errors_doc, clippy::missing_panics_doc)]
 
-pub mod cli;
 pub mod api;
-pub mod config;
-pub mod crds;
-pub mod selector;
-pub mod hub;
-pub mod hooks;
-pub mod queue;
-pub mod discovery;
-pub mod informers;
 pub mod apply;
 pub mod children;
+pub mod cli;
 pub mod composite;
+pub mod config;
+pub mod crds;
+pub mod discovery;
 pub mod events;
+pub mod hooks;
+pub mod hub;
+pub mod informers;
 pub mod manager;
+pub mod queue;
+pub mod selector;

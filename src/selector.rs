@@ -68,12 +68,8 @@ impl Selector {
 
     /// Builds from the structured API form. `matchLabels` and `matchExpressions` are ANDed.
     pub fn from_label_selector(selector: &LabelSelector) -> Result<Self, SelectorError> {
-        let mut requirements: Vec<Requirement> = selector
-            .match_labels
-            .iter()
-            .flatten()
-            .map(|(k, v)| Requirement::Equals(k.clone(), v.clone()))
-            .collect();
+        let mut requirements: Vec<Requirement> =
+            selector.match_labels.iter().flatten().map(|(k, v)| Requirement::Equals(k.clone(), v.clone())).collect();
         for expr in selector.match_expressions.iter().flatten() {
             requirements.push(requirement_from_expression(expr)?);
         }
@@ -83,9 +79,7 @@ impl Selector {
     /// Builds a selector that requires each `key=value` pair.
     #[must_use]
     pub fn from_labels(labels: &BTreeMap<String, String>) -> Self {
-        Self {
-            requirements: labels.iter().map(|(k, v)| Requirement::Equals(k.clone(), v.clone())).collect(),
-        }
+        Self { requirements: labels.iter().map(|(k, v)| Requirement::Equals(k.clone(), v.clone())).collect() }
     }
 }
 
@@ -94,8 +88,7 @@ fn requirement_from_expression(expr: &LabelSelectorRequirement) -> Result<Requir
     let values = expr.values.clone().unwrap_or_default();
     let bad = |needs| SelectorError::BadValues { key: key.clone(), operator: expr.operator.clone(), needs };
     match expr.operator.as_str() {
-        "In" if values.is_empty() => Err(bad("at least one value")),
-        "NotIn" if values.is_empty() => Err(bad("at least one value")),
+        "In" | "NotIn" if values.is_empty() => Err(bad("at least one value")),
         "In" => Ok(Requirement::In(key, values)),
         "NotIn" => Ok(Requirement::NotIn(key, values)),
         "Exists" | "DoesNotExist" if !values.is_empty() => Err(bad("no values")),
@@ -129,8 +122,12 @@ pub fn parse_selector_string(text: &str) -> Result<Selector, SelectorError> {
             Requirement::Exists(term.to_owned())
         };
         match &requirement {
-            Requirement::Equals(k, _) | Requirement::NotEquals(k, _) | Requirement::Exists(k)
-            | Requirement::DoesNotExist(k) | Requirement::In(k, _) | Requirement::NotIn(k, _)
+            Requirement::Equals(k, _)
+            | Requirement::NotEquals(k, _)
+            | Requirement::Exists(k)
+            | Requirement::DoesNotExist(k)
+            | Requirement::In(k, _)
+            | Requirement::NotIn(k, _)
                 if k.is_empty() || k.contains(char::is_whitespace) =>
             {
                 return Err(syntax("empty or malformed key"));

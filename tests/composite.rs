@@ -1,0 +1,666 @@
+//! CompositeController engine against the real control plane, with hooks as real Python processes.
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use kube::Client;
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
+use serde_json::{Value, json};
+use support::{
+    HookServer, Hub, TestNamespace, api, apply_value, eventually, install_crds, install_metahook_crds, warnings_for,
+};
+
+const WAIT: Duration = Duration::from_secs(60);
+
+/// One test's world: a namespace, a hook process, and a hub that runs only this test's controllers.
+struct World {
+    client: Client,
+    ns: TestNamespace,
+    hook: HookServer,
+    hub: Option<Hub>,
+    label: String,
+}
+
+impl World {
+    async fn new(test: &str, handlers: &str) -> Self {
+        let client = support::client().await;
+        install_metahook_crds(&client).await;
+        install_crds(&client, include_str!("fixtures/test-crds.yaml")).await;
+        let ns = TestNamespace::create(&client, test).await;
+        let hook = HookServer::start(handlers).await;
+        let label = ns.name.clone();
+        let hub = Some(Hub::start(&client, &label));
+        Self { client, ns, hook, hub, label }
+    }
+
+    /// Applies a CompositeController named after the test, labelled for this test's hub. Unless the spec
+    /// says otherwise, it selects only this test's parents: tests share the parent CRDs.
+    async fn controller(&self, mut spec: Value) -> DynamicObject {
+        if spec["parentResource"].get("labelSelector").is_none() {
+            spec["parentResource"]["labelSelector"] = json!({"matchLabels": {"metahook-test": self.label}});
+        }
+        apply_value(
+            &self.client,
+            &json!({
+                "apiVersion": "metacontroller.k8s.io/v1alpha1", "kind": "CompositeController",
+                "metadata": {"name": self.label, "labels": {"metahook-test": self.label}},
+                "spec": spec,
+            }),
+        )
+        .await
+    }
+
+    async fn thing(&self, name: &str, spec: Value) -> DynamicObject {
+        apply_value(
+            &self.client,
+            &json!({"apiVersion": "test.metahook.dev/v1", "kind": "Thing",
+                    "metadata": {"name": name, "namespace": self.ns.name, "labels": {"metahook-test": self.label}},
+                    "spec": spec}),
+        )
+        .await
+    }
+
+    async fn things(&self) -> Api<DynamicObject> {
+        api(&self.client, "test.metahook.dev/v1", "Thing", Some(&self.ns.name)).await
+    }
+
+    async fn config_maps(&self) -> Api<DynamicObject> {
+        api(&self.client, "v1", "ConfigMap", Some(&self.ns.name)).await
+    }
+
+    async fn config_map(&self, name: &str) -> Option<DynamicObject> {
+        self.config_maps().await.get_opt(name).await.unwrap()
+    }
+
+    /// Names of ConfigMaps in the namespace controlled by something (ignores kube-root-ca.crt).
+    async fn owned_config_maps(&self) -> BTreeSet<String> {
+        self.config_maps()
+            .await
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|cm| cm.metadata.owner_references.as_ref().is_some_and(|r| !r.is_empty()))
+            .filter_map(|cm| cm.metadata.name)
+            .collect()
+    }
+
+    async fn restart_hub(&mut self) {
+        if let Some(hub) = self.hub.take() {
+            hub.stop().await;
+        }
+        self.hub = Some(Hub::start(&self.client, &self.label));
+    }
+
+    async fn finish(mut self) {
+        if let Some(hub) = self.hub.take() {
+            hub.stop().await;
+        }
+        let ccs: Api<DynamicObject> =
+            api(&self.client, "metacontroller.k8s.io/v1alpha1", "CompositeController", None).await;
+        let _ = ccs.delete(&self.label, &DeleteParams::default()).await;
+        self.ns.delete().await;
+    }
+}
+
+fn sync_spec(hook: &HookServer, child_method: &str) -> Value {
+    json!({
+        "generateSelector": true,
+        "parentResource": {"apiVersion": "test.metahook.dev/v1", "resource": "things"},
+        "childResources": [{"apiVersion": "v1", "resource": "configmaps", "updateStrategy": {"method": child_method}}],
+        "hooks": {"sync": {"webhook": {"url": hook.url("/sync")}}},
+    })
+}
+
+/// One ConfigMap per parent carrying `spec.greeting`; status counts observed ConfigMaps.
+const GREETER: &str = r#"
+def sync(req):
+    parent = req["parent"]
+    cms = req["children"]["ConfigMap.v1"]
+    return {
+        "status": {"configMaps": len(cms), "keys": sorted(cms)},
+        "children": [{"apiVersion": "v1", "kind": "ConfigMap",
+                      "metadata": {"name": parent["metadata"]["name"] + "-cm"},
+                      "data": {"greeting": parent["spec"].get("greeting", "hi")}}],
+    }
+"#;
+
+fn data(obj: &DynamicObject, key: &str) -> Option<String> {
+    obj.data.pointer(&format!("/data/{key}")).and_then(Value::as_str).map(str::to_owned)
+}
+
+#[tokio::test]
+async fn sync_creates_children_and_status_with_observed_generation() {
+    let w = World::new("sync-creates", GREETER).await;
+    w.controller(sync_spec(&w.hook, "InPlace")).await;
+    let parent = w.thing("one", json!({"greeting": "hello"})).await;
+
+    let cm = eventually(WAIT, || async { w.config_map("one-cm").await }).await;
+    assert_eq!(data(&cm, "greeting").as_deref(), Some("hello"));
+    let owner = &cm.metadata.owner_references.as_ref().unwrap()[0];
+    assert_eq!(Some(owner.uid.clone()), parent.metadata.uid);
+    assert_eq!((owner.controller, owner.block_owner_deletion), (Some(true), Some(true)));
+    assert_eq!(cm.metadata.labels.as_ref().unwrap()["controller-uid"], owner.uid, "generateSelector label");
+
+    let status = eventually(WAIT, || async {
+        let p = w.things().await.get("one").await.unwrap();
+        (p.data["status"]["configMaps"] == 1).then(|| p.data["status"].clone())
+    })
+    .await;
+    assert_eq!(status["observedGeneration"], 1);
+
+    w.thing("one", json!({"greeting": "bonjour"})).await;
+    eventually(WAIT, || async {
+        w.config_map("one-cm").await.filter(|c| data(c, "greeting").as_deref() == Some("bonjour"))
+    })
+    .await;
+    eventually(WAIT, || async {
+        (w.things().await.get("one").await.unwrap().data["status"]["observedGeneration"] == 2).then_some(())
+    })
+    .await;
+    w.finish().await;
+}
+
+/// Echoes the children keys it receives into status, so the test can see the wire format.
+const KEY_ECHO: &str = r#"
+def sync(req):
+    parent = req["parent"]
+    ns = parent["metadata"].get("namespace") or parent["spec"]["childNamespace"]
+    child = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": parent["metadata"]["name"] + "-cm"}}
+    if not parent["metadata"].get("namespace"):
+        child["metadata"]["namespace"] = ns
+    return {"status": {"keys": sorted(req["children"]["ConfigMap.v1"]),
+                       "types": sorted(req["children"])},
+            "children": [child]}
+"#;
+
+#[tokio::test]
+async fn children_are_keyed_by_name_in_v1_and_namespace_slash_name_in_v2() {
+    let w = World::new("keys-v1-v2", KEY_ECHO).await;
+    let ns = w.ns.name.clone();
+    for (version, parent_kind, resource) in
+        [("v1", "Thing", "things"), ("v2", "Thing", "things"), ("v1", "ClusterThing", "clusterthings")]
+    {
+        let cc_name = format!("{}-{version}-{resource}", w.label);
+        apply_value(
+            &w.client,
+            &json!({
+                "apiVersion": "metacontroller.k8s.io/v1alpha1", "kind": "CompositeController",
+                "metadata": {"name": cc_name, "labels": {"metahook-test": w.label}},
+                "spec": {
+                    "generateSelector": true,
+                    "parentResource": {"apiVersion": "test.metahook.dev/v1", "resource": resource,
+                                       "labelSelector": {"matchLabels": {"proto": version, "test": w.label}}},
+                    "childResources": [{"apiVersion": "v1", "resource": "configmaps"}, {"apiVersion": "v1", "resource": "secrets"}],
+                    "hooks": {"sync": {"version": version, "webhook": {"url": w.hook.url("/sync")}}},
+                },
+            }),
+        )
+        .await;
+        let mut parent = json!({"apiVersion": "test.metahook.dev/v1", "kind": parent_kind,
+            "metadata": {"name": format!("p-{version}-{}", &cc_name[cc_name.len() - 6..]), "labels": {"proto": version, "test": w.label}},
+            "spec": {"childNamespace": ns}});
+        if parent_kind == "Thing" {
+            parent["metadata"]["namespace"] = json!(ns);
+        }
+        let created = apply_value(&w.client, &parent).await;
+        let name = created.metadata.name.clone().unwrap();
+        let parents = api(&w.client, "test.metahook.dev/v1", parent_kind, created.metadata.namespace.as_deref()).await;
+        let status = eventually(WAIT, || async {
+            let p = parents.get(&name).await.unwrap();
+            (p.data["status"]["keys"].as_array().is_some_and(|k| !k.is_empty())).then(|| p.data["status"].clone())
+        })
+        .await;
+        let expected_key = match (version, parent_kind) {
+            ("v1", "Thing") => format!("{name}-cm"),
+            _ => format!("{ns}/{name}-cm"),
+        };
+        assert_eq!(status["keys"], json!([expected_key]), "{version} keys for a {parent_kind} parent");
+        assert_eq!(status["types"], json!(["ConfigMap.v1", "Secret.v1"]), "an entry per declared child type");
+        if parent_kind == "ClusterThing" {
+            parents.delete(&name, &DeleteParams::default()).await.unwrap();
+        }
+        let ccs: Api<DynamicObject> =
+            api(&w.client, "metacontroller.k8s.io/v1alpha1", "CompositeController", None).await;
+        ccs.delete(&cc_name, &DeleteParams::default()).await.unwrap();
+    }
+    w.finish().await;
+}
+
+/// One child per declared type, each carrying `spec.version`.
+const VERSIONED: &str = r#"
+def sync(req):
+    p = req["parent"]
+    name, v = p["metadata"]["name"], p["spec"]["version"]
+    return {"children": [
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}, "data": {"v": v}},
+        {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}, "stringData": {"v": v}},
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name, "annotations": {"v": v}}},
+    ]}
+"#;
+
+#[tokio::test]
+async fn update_strategies_update_in_place_recreate_or_wait_for_deletion() {
+    let w = World::new("strategies", VERSIONED).await;
+    w.controller(json!({
+        "generateSelector": true,
+        "parentResource": {"apiVersion": "test.metahook.dev/v1", "resource": "things"},
+        "childResources": [
+            {"apiVersion": "v1", "resource": "configmaps", "updateStrategy": {"method": "InPlace"}},
+            {"apiVersion": "v1", "resource": "secrets", "updateStrategy": {"method": "Recreate"}},
+            {"apiVersion": "v1", "resource": "serviceaccounts"},
+        ],
+        "hooks": {"sync": {"webhook": {"url": w.hook.url("/sync")}}},
+    }))
+    .await;
+    w.thing("s", json!({"version": "1"})).await;
+    let cms = w.config_maps().await;
+    let secrets = api(&w.client, "v1", "Secret", Some(&w.ns.name)).await;
+    let sas = api(&w.client, "v1", "ServiceAccount", Some(&w.ns.name)).await;
+    let cm1 = eventually(WAIT, || async { cms.get_opt("s").await.unwrap() }).await;
+    let secret1 = eventually(WAIT, || async { secrets.get_opt("s").await.unwrap() }).await;
+    let sa1 = eventually(WAIT, || async { sas.get_opt("s").await.unwrap() }).await;
+
+    w.thing("s", json!({"version": "2"})).await;
+    let cm2 =
+        eventually(WAIT, || async { cms.get_opt("s").await.unwrap().filter(|c| data(c, "v").as_deref() == Some("2")) })
+            .await;
+    assert_eq!(cm2.metadata.uid, cm1.metadata.uid, "InPlace keeps the object");
+    let secret2 = eventually(WAIT, || async {
+        secrets
+            .get_opt("s")
+            .await
+            .unwrap()
+            .filter(|s| s.metadata.uid != secret1.metadata.uid && s.metadata.deletion_timestamp.is_none())
+    })
+    .await;
+    assert_eq!(secret2.data["data"]["v"], "Mg==", "Recreate makes a new object with the new data");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let sa_still = sas.get("s").await.unwrap();
+    assert_eq!(sa_still.metadata.uid, sa1.metadata.uid, "OnDelete leaves the child alone");
+    assert_eq!(sa_still.metadata.annotations.as_ref().unwrap()["v"], "1");
+
+    sas.delete("s", &DeleteParams::default()).await.unwrap();
+    let sa2 =
+        eventually(WAIT, || async { sas.get_opt("s").await.unwrap().filter(|s| s.metadata.uid != sa1.metadata.uid) })
+            .await;
+    assert_eq!(sa2.metadata.annotations.as_ref().unwrap()["v"], "2", "OnDelete recreates with the new state");
+    w.finish().await;
+}
+
+/// `spec.count` ConfigMaps.
+const COUNTER: &str = r#"
+def sync(req):
+    p = req["parent"]
+    n = p["spec"]["count"]
+    return {"children": [{"apiVersion": "v1", "kind": "ConfigMap",
+                          "metadata": {"name": "%s-%d" % (p["metadata"]["name"], i)}, "data": {"k": "v"}}
+                         for i in range(n)]}
+"#;
+
+#[tokio::test]
+async fn children_missing_from_the_response_are_deleted() {
+    let w = World::new("removed-children", COUNTER).await;
+    w.controller(sync_spec(&w.hook, "InPlace")).await;
+    w.thing("c", json!({"count": 3})).await;
+    let all = BTreeSet::from(["c-0".to_owned(), "c-1".to_owned(), "c-2".to_owned()]);
+    eventually(WAIT, || async { (w.owned_config_maps().await == all).then_some(()) }).await;
+    w.thing("c", json!({"count": 1})).await;
+    eventually(WAIT, || async { (w.owned_config_maps().await == BTreeSet::from(["c-0".to_owned()])).then_some(()) })
+        .await;
+    w.finish().await;
+}
+
+#[tokio::test]
+async fn out_of_band_edits_are_reverted_under_in_place() {
+    let w = World::new("revert-drift", GREETER).await;
+    w.controller(sync_spec(&w.hook, "InPlace")).await;
+    w.thing("d", json!({"greeting": "hello"})).await;
+    let cms = w.config_maps().await;
+    eventually(WAIT, || async { cms.get_opt("d-cm").await.unwrap() }).await;
+    cms.patch("d-cm", &PatchParams::default(), &Patch::Merge(json!({"data": {"greeting": "tampered"}}))).await.unwrap();
+    eventually(WAIT, || async {
+        cms.get_opt("d-cm").await.unwrap().filter(|c| data(c, "greeting").as_deref() == Some("hello"))
+    })
+    .await;
+    w.finish().await;
+}
+
+/// Desires exactly the ConfigMap named in `spec.want`, labelled to match `spec.selector`.
+const SELECTOR_HOOK: &str = r#"
+def sync(req):
+    p = req["parent"]
+    return {"status": {"observed": sorted(req["children"]["ConfigMap.v1"])},
+            "children": [{"apiVersion": "v1", "kind": "ConfigMap",
+                          "metadata": {"name": p["spec"]["want"], "labels": {"app": p["spec"]["app"]}},
+                          "data": {"by": "hook"}}]}
+"#;
+
+#[tokio::test]
+async fn matching_orphans_are_adopted_and_non_matching_children_released() {
+    let w = World::new("adopt-release", SELECTOR_HOOK).await;
+    let app = w.label.clone();
+    let cms = w.config_maps().await;
+    let orphan = apply_value(
+        &w.client,
+        &json!({"apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "orphan", "namespace": w.ns.name, "labels": {"app": app}}, "data": {"by": "someone"}}),
+    )
+    .await;
+    let parent = w.thing("a", json!({"want": "orphan", "app": app, "selector": {"matchLabels": {"app": app}}})).await;
+    let stray = apply_value(
+        &w.client,
+        &json!({"apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "stray", "namespace": w.ns.name, "labels": {"app": "other"},
+                     "ownerReferences": [{"apiVersion": "test.metahook.dev/v1", "kind": "Thing", "name": "a",
+                                          "uid": parent.metadata.uid, "controller": true}]}}),
+    )
+    .await;
+    w.controller(json!({
+        "parentResource": {"apiVersion": "test.metahook.dev/v1", "resource": "things"},
+        "childResources": [{"apiVersion": "v1", "resource": "configmaps", "updateStrategy": {"method": "InPlace"}}],
+        "hooks": {"sync": {"webhook": {"url": w.hook.url("/sync")}}},
+    }))
+    .await;
+    let adopted = eventually(WAIT, || async {
+        cms.get("orphan").await.ok().filter(|c| {
+            c.metadata
+                .owner_references
+                .as_ref()
+                .is_some_and(|r| r.iter().any(|o| Some(&o.uid) == parent.metadata.uid.as_ref()))
+        })
+    })
+    .await;
+    assert_eq!(adopted.metadata.uid, orphan.metadata.uid, "adopted, not recreated");
+    let released = eventually(WAIT, || async {
+        cms.get("stray").await.ok().filter(|c| c.metadata.owner_references.as_ref().is_none_or(Vec::is_empty))
+    })
+    .await;
+    assert_eq!(released.metadata.uid, stray.metadata.uid, "released, not deleted");
+    eventually(WAIT, || async {
+        (w.things().await.get("a").await.unwrap().data["status"]["observed"] == json!(["orphan"])).then_some(())
+    })
+    .await;
+    w.finish().await;
+}
+
+/// Sync makes one ConfigMap; finalize deletes children and finishes once the parent is annotated `done`.
+const FINALIZER_HOOK: &str = r#"
+def sync(req):
+    p = req["parent"]
+    if req["finalizing"]:
+        done = (p["metadata"].get("annotations") or {}).get("done") == "yes"
+        return {"children": [], "finalized": done}
+    return {"children": [{"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": p["metadata"]["name"] + "-cm"}}]}
+"#;
+
+#[tokio::test]
+async fn finalize_hook_runs_until_it_reports_finalized() {
+    let w = World::new("finalize", FINALIZER_HOOK).await;
+    let mut spec = sync_spec(&w.hook, "InPlace");
+    spec["hooks"]["finalize"] = json!({"webhook": {"url": w.hook.url("/sync")}});
+    w.controller(spec).await;
+    w.thing("f", json!({})).await;
+    let things = w.things().await;
+    let finalizer = format!("metacontroller.io/compositecontroller-{}", w.label);
+    eventually(WAIT, || async {
+        things.get("f").await.unwrap().metadata.finalizers.filter(|f| f.contains(&finalizer))
+    })
+    .await;
+    eventually(WAIT, || async { w.config_map("f-cm").await }).await;
+
+    things.delete("f", &DeleteParams::default()).await.unwrap();
+    eventually(WAIT, || async { w.config_map("f-cm").await.is_none().then_some(()) }).await;
+    assert!(w.hook.requests("/sync").iter().any(|r| r["finalizing"] == true));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(things.get_opt("f").await.unwrap().is_some(), "finalized: false keeps the parent");
+
+    things
+        .patch("f", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"annotations": {"done": "yes"}}})))
+        .await
+        .unwrap();
+    eventually(WAIT, || async { things.get_opt("f").await.unwrap().is_none().then_some(()) }).await;
+    w.finish().await;
+}
+
+const RESYNC_AFTER: &str = r#"
+def sync(req):
+    return {"children": [], "resyncAfterSeconds": 0.5}
+"#;
+
+#[tokio::test]
+async fn resync_after_seconds_calls_the_hook_again() {
+    let w = World::new("resync-after", RESYNC_AFTER).await;
+    w.controller(sync_spec(&w.hook, "InPlace")).await;
+    w.thing("r", json!({})).await;
+    eventually(WAIT, || async { (w.hook.requests("/sync").len() >= 5).then_some(()) }).await;
+    w.finish().await;
+}
+
+const QUIET: &str = r#"
+def sync(req):
+    return {"children": []}
+"#;
+
+#[tokio::test]
+async fn resync_period_seconds_resyncs_every_parent() {
+    let w = World::new("resync-period", QUIET).await;
+    let mut spec = sync_spec(&w.hook, "InPlace");
+    spec["resyncPeriodSeconds"] = json!(1);
+    w.controller(spec).await;
+    w.thing("r1", json!({})).await;
+    w.thing("r2", json!({})).await;
+    eventually(WAIT, || async {
+        let requests = w.hook.requests("/sync");
+        let per_parent = |n: &str| requests.iter().filter(|r| r["parent"]["metadata"]["name"] == n).count();
+        (per_parent("r1") >= 4 && per_parent("r2") >= 4).then_some(())
+    })
+    .await;
+    w.finish().await;
+}
+
+/// Behaves according to the parent's `spec.mode`; "ok" desires one ConfigMap.
+const MISBEHAVING: &str = r#"
+import time
+def sync(req):
+    p = req["parent"]
+    mode = p["spec"]["mode"]
+    good = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "keep"}, "data": {"v": "1"}}
+    if mode == "500":
+        return (500, "boom")
+    if mode == "timeout":
+        time.sleep(3)
+    if mode == "garbage":
+        return (200, "this is not json")
+    if mode == "undeclared":
+        return {"children": [good, {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "nope"}}]}
+    if mode == "mismatch":
+        return {"children": [{"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "keep", "labels": {"controller-uid": "someone-else"}}}]}
+    if mode == "badstatus":
+        return {"status": "fine", "children": []}
+    return {"status": {"mode": mode}, "children": [good]}
+"#;
+
+#[tokio::test]
+async fn failing_or_invalid_hooks_leave_children_and_status_untouched() {
+    let w = World::new("bad-hooks", MISBEHAVING).await;
+    let mut spec = sync_spec(&w.hook, "InPlace");
+    spec["hooks"]["sync"]["webhook"]["timeout"] = json!("1s");
+    w.controller(spec).await;
+    w.thing("b", json!({"mode": "ok"})).await;
+    let before = eventually(WAIT, || async { w.config_map("keep").await }).await;
+    let things = w.things().await;
+    eventually(WAIT, || async { (things.get("b").await.unwrap().data["status"]["mode"] == "ok").then_some(()) }).await;
+
+    for (mode, expected) in [
+        ("500", "unsupported status code 500"),
+        ("timeout", "timed out"),
+        ("garbage", "not valid JSON"),
+        ("undeclared", "not a declared child resource"),
+        ("mismatch", "don't match parent selector"),
+        ("badstatus", "status must be an object"),
+    ] {
+        w.thing("b", json!({"mode": mode})).await;
+        eventually(WAIT, || async {
+            warnings_for(&w.client, &w.ns.name, "b")
+                .await
+                .into_iter()
+                .find(|e| e.starts_with("SyncError") && e.contains(expected))
+        })
+        .await;
+        let after = w.config_map("keep").await.expect("child must survive a bad hook response");
+        assert_eq!(after.metadata.uid, before.metadata.uid, "{mode}: child recreated");
+        assert_eq!(data(&after, "v").as_deref(), Some("1"), "{mode}: child changed");
+        let status = things.get("b").await.unwrap().data["status"].clone();
+        assert_eq!(status["mode"], "ok", "{mode}: status must not change");
+    }
+    w.finish().await;
+}
+
+const SLOW: &str = r#"
+import time
+def sync(req):
+    time.sleep(1.5)
+    return {"children": [{"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "slow-%d" % i}} for i in range(3)]}
+"#;
+
+#[tokio::test]
+async fn hub_restart_mid_sync_creates_no_duplicates() {
+    let mut w = World::new("restart", SLOW).await;
+    w.controller(sync_spec(&w.hook, "InPlace")).await;
+    w.thing("x", json!({})).await;
+    eventually(WAIT, || async { (!w.hook.requests("/sync").is_empty()).then_some(()) }).await;
+    w.restart_hub().await; // the first sync was still waiting for the hook
+    let want = BTreeSet::from(["slow-0".to_owned(), "slow-1".to_owned(), "slow-2".to_owned()]);
+    eventually(WAIT, || async { (w.owned_config_maps().await == want).then_some(()) }).await;
+    let uids = |items: Vec<DynamicObject>| items.into_iter().filter_map(|c| c.metadata.uid).collect::<BTreeSet<_>>();
+    let first = uids(w.config_maps().await.list(&ListParams::default()).await.unwrap().items);
+    w.restart_hub().await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(w.owned_config_maps().await, want);
+    let second = uids(w.config_maps().await.list(&ListParams::default()).await.unwrap().items);
+    assert_eq!(first, second, "a restarted hub must not recreate existing children");
+    w.finish().await;
+}
+
+const LABELLER: &str = r#"
+def a(req):
+    return {"children": [{"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": req["parent"]["metadata"]["name"]}, "data": {"hook": "a"}}]}
+def b(req):
+    return {"children": [{"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": req["parent"]["metadata"]["name"]}, "data": {"hook": "b"}}]}
+"#;
+
+#[tokio::test]
+async fn spec_change_restarts_the_controller_and_deletion_stops_it() {
+    let w = World::new("restart-on-spec", LABELLER).await;
+    let mut spec = sync_spec(&w.hook, "InPlace");
+    spec["hooks"]["sync"]["webhook"]["url"] = json!(w.hook.url("/a"));
+    w.controller(spec.clone()).await;
+    w.thing("one", json!({})).await;
+    eventually(WAIT, || async { w.config_map("one").await.filter(|c| data(c, "hook").as_deref() == Some("a")) }).await;
+    let ccs: Api<DynamicObject> = api(&w.client, "metacontroller.k8s.io/v1alpha1", "CompositeController", None).await;
+    let cc = ccs.get(&w.label).await.unwrap();
+    assert_eq!(cc.data["status"]["conditions"][0]["status"], "True", "Ready condition");
+
+    spec["hooks"]["sync"]["webhook"]["url"] = json!(w.hook.url("/b"));
+    w.controller(spec).await;
+    eventually(WAIT, || async { w.config_map("one").await.filter(|c| data(c, "hook").as_deref() == Some("b")) }).await;
+
+    ccs.delete(&w.label, &DeleteParams::default()).await.unwrap();
+    eventually(WAIT, || async { ccs.get_opt(&w.label).await.unwrap().is_none().then_some(()) }).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let calls = w.hook.requests("/b").len();
+    w.thing("two", json!({})).await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert!(w.config_map("two").await.is_none(), "a deleted controller must not sync");
+    assert_eq!(w.hook.requests("/b").len(), calls, "a deleted controller must not call its hook");
+    w.finish().await;
+}
+
+#[tokio::test]
+async fn controllers_that_cannot_run_say_why_in_their_ready_condition() {
+    let w = World::new("not-ready", QUIET).await;
+    let ccs: Api<DynamicObject> = api(&w.client, "metacontroller.k8s.io/v1alpha1", "CompositeController", None).await;
+    for (suffix, parent, child, reason) in [
+        (
+            "nostatus",
+            json!({"apiVersion": "test.metahook.dev/v1", "resource": "statuslessthings"}),
+            "configmaps",
+            "NoStatusSubresource",
+        ),
+        (
+            "missing",
+            json!({"apiVersion": "nope.example.com/v1", "resource": "widgets"}),
+            "configmaps",
+            "ParentResourceNotFound",
+        ),
+        (
+            "badchild",
+            json!({"apiVersion": "test.metahook.dev/v1", "resource": "things"}),
+            "gizmos",
+            "ChildResourceNotFound",
+        ),
+    ] {
+        let name = format!("{}-{suffix}", w.label);
+        apply_value(
+            &w.client,
+            &json!({
+                "apiVersion": "metacontroller.k8s.io/v1alpha1", "kind": "CompositeController",
+                "metadata": {"name": name, "labels": {"metahook-test": w.label}},
+                "spec": {"parentResource": parent, "childResources": [{"apiVersion": "v1", "resource": child}],
+                         "hooks": {"sync": {"webhook": {"url": w.hook.url("/sync")}}}},
+            }),
+        )
+        .await;
+        let condition = eventually(WAIT, || async {
+            let cc = ccs.get(&name).await.unwrap();
+            let c = cc.data["status"]["conditions"][0].clone();
+            (c["reason"] == reason).then_some(c)
+        })
+        .await;
+        assert_eq!(condition["status"], "False");
+        assert!(!condition["message"].as_str().unwrap().is_empty());
+        ccs.delete(&name, &DeleteParams::default()).await.unwrap();
+    }
+    w.finish().await;
+}
+
+/// A controller whose parents are Namespaces (a built-in type Metacontroller refuses, #714).
+const NAMESPACE_HOOK: &str = r#"
+def sync(req):
+    ns = req["parent"]
+    # Built-in types keep only the status fields their schema has: a Namespace keeps phase and conditions.
+    status = {"phase": ns["status"]["phase"],
+              "conditions": [{"type": "MetahookGreeted", "status": "True", "reason": "Greeted", "message": "hello"}]}
+    return {"status": status,
+            "children": [{"apiVersion": "v1", "kind": "ConfigMap",
+                          "metadata": {"name": "welcome", "namespace": ns["metadata"]["name"]}, "data": {"hello": "ns"}}]}
+"#;
+
+#[tokio::test]
+async fn built_in_types_can_be_parents() {
+    let w = World::new("builtin-parent", NAMESPACE_HOOK).await;
+    w.controller(json!({
+        "generateSelector": true,
+        "parentResource": {"apiVersion": "v1", "resource": "namespaces",
+                           "labelSelector": {"matchLabels": {"greet": w.label}}},
+        "childResources": [{"apiVersion": "v1", "resource": "configmaps"}],
+        "hooks": {"sync": {"webhook": {"url": w.hook.url("/sync")}}},
+    }))
+    .await;
+    let namespaces = api(&w.client, "v1", "Namespace", None).await;
+    namespaces
+        .patch(&w.ns.name, &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {"greet": w.label}}})))
+        .await
+        .unwrap();
+    eventually(WAIT, || async { w.config_map("welcome").await }).await;
+    let ns = eventually(WAIT, || async {
+        namespaces.get(&w.ns.name).await.ok().filter(|n| n.data["status"]["conditions"][0]["type"] == "MetahookGreeted")
+    })
+    .await;
+    assert_eq!(ns.data["status"]["phase"], "Active");
+    w.finish().await;
+}

@@ -1,0 +1,256 @@
+//! Shared by every integration test: the real local control plane, a namespace per test, real Python
+//! hook processes, and an in-process hub.
+//!
+//! The cluster is the one `make cluster-up` starts (reused from `.cluster/kubeconfig`, started when
+//! absent). Tests isolate themselves by namespace and by a `metahook-test` label on the controllers
+//! they create, which their own hub is told to run (target label selector).
+#![allow(dead_code)]
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::Once;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::core::ApiResource;
+use kube::{Client, ResourceExt as _};
+use tokio::io::AsyncBufReadExt as _;
+use tokio_util::sync::CancellationToken;
+
+pub fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn kubeconfig_path() -> PathBuf {
+    std::env::var_os("METAHOOK_TEST_KUBECONFIG").map_or_else(|| repo_root().join(".cluster/kubeconfig"), PathBuf::from)
+}
+
+static CLUSTER: Once = Once::new();
+
+/// A client for the local control plane, starting it if needed (once per test binary).
+pub async fn client() -> Client {
+    CLUSTER.call_once(|| {
+        // Hub logs go to the test's captured output, shown when it fails.
+        let filter = std::env::var("METAHOOK_TEST_LOG").unwrap_or_else(|_| "info".into());
+        let _ = tracing_subscriber::fmt().with_env_filter(filter).with_test_writer().try_init();
+        if !kubeconfig_path().exists() {
+            let status = std::process::Command::new("bash")
+                .arg(repo_root().join("tests/cluster/up.sh"))
+                .stdout(Stdio::null())
+                .status()
+                .expect("running tests/cluster/up.sh");
+            assert!(status.success(), "tests/cluster/up.sh failed; see .cluster/logs/");
+        }
+    });
+    let kubeconfig = Kubeconfig::read_from(kubeconfig_path()).expect("reading .cluster/kubeconfig");
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .expect("loading .cluster/kubeconfig");
+    Client::try_from(config).expect("building client")
+}
+
+/// A fresh namespace, named after the test. Deleted by [`TestNamespace::delete`].
+pub struct TestNamespace {
+    pub name: String,
+    client: Client,
+}
+
+impl TestNamespace {
+    pub async fn create(client: &Client, test: &str) -> Self {
+        let name = format!("{}-{}", test.replace('_', "-").chars().take(40).collect::<String>(), unique_suffix());
+        let ns: Namespace = serde_json::from_value(serde_json::json!({"metadata": {"name": name}})).unwrap();
+        Api::<Namespace>::all(client.clone()).create(&PostParams::default(), &ns).await.expect("creating namespace");
+        Self { name, client: client.clone() }
+    }
+
+    pub async fn delete(self) {
+        let _ = Api::<Namespace>::all(self.client.clone()).delete(&self.name, &DeleteParams::default()).await;
+    }
+}
+
+pub fn unique_suffix() -> String {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos();
+    format!("{:x}{:04x}", nanos, std::process::id() & 0xffff)
+}
+
+/// Creates or updates objects from YAML (server-side apply, field manager `metahook-tests`).
+pub async fn apply_yaml(client: &Client, yaml: &str) -> Vec<DynamicObject> {
+    let mut applied = Vec::new();
+    for doc in serde_yaml::Deserializer::from_str(yaml) {
+        let value: serde_json::Value = serde::Deserialize::deserialize(doc).expect("valid YAML");
+        if value.is_null() {
+            continue;
+        }
+        applied.push(apply_value(client, &value).await);
+    }
+    applied
+}
+
+pub async fn apply_value(client: &Client, value: &serde_json::Value) -> DynamicObject {
+    let obj: DynamicObject = serde_json::from_value(value.clone()).expect("a Kubernetes object");
+    let api = api_for(client, &obj).await;
+    api.patch(&obj.name_any(), &PatchParams::apply("metahook-tests").force(), &Patch::Apply(value))
+        .await
+        .unwrap_or_else(|e| panic!("applying {}: {e}", obj.name_any()))
+}
+
+/// An `Api` for the object's type (resolved by discovery) and namespace.
+pub async fn api_for(client: &Client, obj: &DynamicObject) -> Api<DynamicObject> {
+    let types = obj.types.clone().expect("apiVersion and kind");
+    let (ar, namespaced) = resolve_kind(client, &types.api_version, &types.kind).await;
+    match (&obj.metadata.namespace, namespaced) {
+        (Some(ns), true) => Api::namespaced_with(client.clone(), ns, &ar),
+        _ => Api::all_with(client.clone(), &ar),
+    }
+}
+
+/// Resolves apiVersion + kind to an ApiResource, retrying while a fresh CRD is not yet served.
+pub async fn resolve_kind(client: &Client, api_version: &str, kind: &str) -> (ApiResource, bool) {
+    let gv: kube::core::GroupVersion = api_version.parse().unwrap();
+    eventually(Duration::from_secs(30), || async {
+        let group = kube::discovery::oneshot::pinned_group(client, &gv).await.ok()?;
+        group
+            .versioned_resources(&gv.version)
+            .into_iter()
+            .find(|(ar, _)| ar.kind == kind)
+            .map(|(ar, caps)| (ar, caps.scope == kube::discovery::Scope::Namespaced))
+    })
+    .await
+}
+
+/// A namespaced `Api` for `apiVersion`/`kind` in `namespace` (or cluster-wide when `None`).
+pub async fn api(client: &Client, api_version: &str, kind: &str, namespace: Option<&str>) -> Api<DynamicObject> {
+    let (ar, namespaced) = resolve_kind(client, api_version, kind).await;
+    match namespace {
+        Some(ns) if namespaced => Api::namespaced_with(client.clone(), ns, &ar),
+        _ => Api::all_with(client.clone(), &ar),
+    }
+}
+
+/// Installs CRDs (idempotent) and waits until each is Established and served.
+pub async fn install_crds(client: &Client, yaml: &str) {
+    for doc in serde_yaml::Deserializer::from_str(yaml) {
+        let crd: CustomResourceDefinition = serde::Deserialize::deserialize(doc).expect("a CRD");
+        let api = Api::<CustomResourceDefinition>::all(client.clone());
+        api.patch(&crd.name_any(), &PatchParams::apply("metahook-tests").force(), &Patch::Apply(&crd))
+            .await
+            .expect("applying CRD");
+        let version = &crd.spec.versions[0].name;
+        resolve_kind(client, &format!("{}/{version}", crd.spec.group), &crd.spec.names.kind).await;
+    }
+}
+
+/// The metahook CRDs from `crds/`.
+pub async fn install_metahook_crds(client: &Client) {
+    for entry in std::fs::read_dir(repo_root().join("crds")).unwrap() {
+        install_crds(client, &std::fs::read_to_string(entry.unwrap().path()).unwrap()).await;
+    }
+}
+
+/// Polls `check` until it returns `Some`, or panics after `timeout`.
+pub async fn eventually<T, F, Fut>(timeout: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "condition not met within {timeout:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// A real Python hook process serving the functions in `handlers` (see tests/hooks/hookserver.py).
+pub struct HookServer {
+    pub port: u16,
+    pub log: PathBuf,
+    _dir: tempfile::TempDir,
+    _child: tokio::process::Child,
+}
+
+impl HookServer {
+    pub async fn start(handlers: &str) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let script = dir.path().join("handlers.py");
+        std::fs::write(&script, handlers).unwrap();
+        let log = dir.path().join("requests.jsonl");
+        let mut child = tokio::process::Command::new("python3")
+            .arg(repo_root().join("tests/hooks/hookserver.py"))
+            .arg(&script)
+            .env("HOOK_LOG", &log)
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("starting python3 hook server");
+        let stdout = child.stdout.take().unwrap();
+        let mut lines = tokio::io::BufReader::new(stdout).lines();
+        let line = tokio::time::timeout(Duration::from_secs(20), lines.next_line())
+            .await
+            .expect("hook server did not start in time")
+            .unwrap()
+            .expect("hook server exited before printing its port");
+        let port = line.strip_prefix("PORT ").and_then(|p| p.trim().parse().ok()).expect("PORT line");
+        Self { port, log, _dir: dir, _child: child }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.port)
+    }
+
+    /// Requests received so far on `path`.
+    pub fn requests(&self, path: &str) -> Vec<serde_json::Value> {
+        std::fs::read_to_string(&self.log)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|r| r["path"] == path)
+            .map(|r| r["request"].clone())
+            .collect()
+    }
+}
+
+/// An in-process hub that runs only controllers labelled `metahook-test=<label>`.
+pub struct Hub {
+    cancel: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Hub {
+    pub fn start(client: &Client, label: &str) -> Self {
+        let config = metahook::config::Config {
+            target_label_selector: format!("metahook-test={label}"),
+            discovery_interval: Duration::from_secs(2),
+            ..metahook::config::Config::default()
+        };
+        let cancel = CancellationToken::new();
+        let task = tokio::spawn(metahook::hub::run_until(client.clone(), config, cancel.clone()));
+        Self { cancel, task }
+    }
+
+    pub async fn stop(self) {
+        self.cancel.cancel();
+        let _ = self.task.await;
+    }
+}
+
+/// Warning events recorded on an object with this name in `namespace`, as "reason: note".
+pub async fn warnings_for(client: &Client, namespace: &str, name: &str) -> Vec<String> {
+    let api: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), namespace);
+    api.list(&Default::default())
+        .await
+        .map(|list| list.items)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|e| {
+            e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name) && e.type_.as_deref() == Some("Warning")
+        })
+        .map(|e| format!("{}: {}", e.reason.unwrap_or_default(), e.note.unwrap_or_default()))
+        .collect()
+}
