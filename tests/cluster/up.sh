@@ -1,0 +1,305 @@
+#!/usr/bin/env bash
+# Starts (or reuses) the local control plane that integration tests run against:
+#   etcd -> kube-apiserver -> kube-controller-manager + kube-scheduler -> kwok (fake nodes)
+# Everything listens on 127.0.0.1, on ports picked at start. State lives in <repo>/.cluster/:
+#   kubeconfig  admin kubeconfig (system:masters, embedded certs)      <- what tests use
+#   env         shell-sourceable KUBECONFIG / ports / paths
+#   pki/ logs/<name>.log pids/<name>.pid etcd/
+# Progress goes to stderr; stdout gets exactly one line, the kubeconfig path, so
+#   export KUBECONFIG=$(bash tests/cluster/up.sh)
+# works. Idempotent: a healthy running cluster is reused; a half-dead one is torn down first.
+#
+# Env: FAKE_NODES (default 2), CLUSTER_TIMEOUT (seconds per wait, default 120),
+#      CLUSTER_FIXED_API_PORT (use this apiserver port instead of a free one).
+set -euo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+ROOT=$(cd "$HERE/../.." && pwd)
+BIN=$HERE/bin
+CL=$ROOT/.cluster
+PKI=$CL/pki
+LOGS=$CL/logs
+PIDS=$CL/pids
+KUBECONFIG_OUT=$CL/kubeconfig
+FAKE_NODES=${FAKE_NODES:-2}
+TIMEOUT=${CLUSTER_TIMEOUT:-120}
+COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok)
+
+log() { printf '[cluster-up] %s\n' "$*" >&2; }
+
+# ---------------------------------------------------------------------------------------------
+# Helpers
+
+# pid of a component if its pid file exists and the process is alive *and* is our binary
+# (guards against pid reuse after a reboot or a crash).
+alive_pid() { # <name>
+  local f=$PIDS/$1.pid pid
+  [ -s "$f" ] || return 1
+  pid=$(cat "$f")
+  kill -0 "$pid" 2>/dev/null || return 1
+  [[ "$(readlink "/proc/$pid/exe" 2>/dev/null || true)" == "$BIN/"* ]] || return 1
+  echo "$pid"
+}
+
+# curl against the apiserver as admin. Needs API_PORT.
+api() { # <method> <path> [json-body]
+  local args=(-sS --fail-with-body --max-time 10 --cacert "$PKI/ca.crt" --cert "$PKI/admin.crt"
+    --key "$PKI/admin.key" -X "$1" "https://127.0.0.1:$API_PORT$2")
+  [ $# -lt 3 ] || args+=(-H 'Content-Type: application/json' --data-binary "$3")
+  curl "${args[@]}"
+}
+
+# Short timeout: a port squatter that accepts but never answers must not stall the poll loop.
+readyz() {
+  [ -n "${API_PORT:-}" ] && [ "$(curl -sS --max-time 3 --cacert "$PKI/ca.crt" --cert "$PKI/admin.crt" \
+    --key "$PKI/admin.key" "https://127.0.0.1:$API_PORT/readyz" 2>/dev/null)" = ok ]
+}
+
+fail() { # <component> <message>
+  log "FAILED: $1: $2"
+  if [ -f "$LOGS/$1.log" ]; then
+    log "last 30 lines of $LOGS/$1.log:"
+    tail -n 30 "$LOGS/$1.log" >&2 || true
+  fi
+  log "stopping everything that was started"
+  bash "$HERE/down.sh" --keep-logs >&2 || true
+  log "logs kept in $LOGS"
+  exit 1
+}
+
+# Polls <check> (a shell function or command) every 0.5 s until it succeeds; on timeout or when
+# <component>'s process dies, fails with its log.
+wait_for() { # <component> <what> <check...>
+  local comp=$1 what=$2 deadline=$((SECONDS + TIMEOUT))
+  shift 2
+  until "$@"; do
+    if [ "$comp" != - ] && ! alive_pid "$comp" >/dev/null; then fail "$comp" "process exited while waiting for $what"; fi
+    [ $SECONDS -lt $deadline ] || fail "$comp" "timed out after ${TIMEOUT}s waiting for $what"
+    sleep 0.5
+  done
+}
+
+# Starts a component detached from this shell (own session, stdin/stdout/stderr away from the
+# caller, so `$(up.sh)` returns and make/CI do not hang), recording pid and log.
+start() { # <name> <binary> args...
+  local name=$1 bin=$2
+  shift 2
+  [ -x "$bin" ] || fail "$name" "binary missing: $bin (run tests/cluster/build.sh)"
+  log "starting $name"
+  CURRENT=$name
+  # 9>&-: the process must not inherit (and so hold) the up/down lock.
+  setsid "$bin" "$@" </dev/null >"$LOGS/$name.log" 2>&1 9>&- &
+  echo $! >"$PIDS/$name.pid"
+}
+
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
+}
+
+# ---------------------------------------------------------------------------------------------
+# Reuse or clean up
+
+# One up/down at a time (lock lives in the ignored bin/ dir because down.sh removes .cluster/).
+mkdir -p "$BIN"
+exec 9>"$BIN/.cluster.lock"
+flock -w 600 9 || { log "FAILED: another up.sh/down.sh holds $BIN/.cluster.lock"; exit 1; }
+export CLUSTER_LOCK_HELD=1 # down.sh, called from here, must not try to take it again
+
+if [ -d "$CL" ]; then
+  all_alive=1
+  for c in "${COMPONENTS[@]}"; do alive_pid "$c" >/dev/null || { all_alive=0; break; }; done
+  API_PORT=$(sed -n 's/^CLUSTER_API_PORT=//p' "$CL/env" 2>/dev/null || true)
+  if [ $all_alive = 1 ] && [ -s "$KUBECONFIG_OUT" ] && readyz; then
+    log "reusing running cluster (apiserver https://127.0.0.1:$API_PORT)"
+    echo "$KUBECONFIG_OUT"
+    exit 0
+  fi
+  log "found a stale or half-dead cluster in $CL; tearing it down"
+  bash "$HERE/down.sh" >&2
+fi
+
+# ---------------------------------------------------------------------------------------------
+# Build, ports
+
+# Ctrl-C / TERM mid-start: clean up like any other failure instead of leaving strays.
+trap 'fail "${CURRENT:-up.sh}" "interrupted"' INT TERM
+
+t0=$SECONDS
+for t in curl openssl python3 setsid base64; do
+  command -v "$t" >/dev/null || { log "FAILED: $t not found in PATH"; exit 1; }
+done
+bash "$HERE/build.sh" || { log "FAILED: tests/cluster/build.sh"; exit 1; }
+
+mkdir -p "$PKI" "$LOGS" "$PIDS" "$CL/etcd"
+chmod 700 "$CL/etcd" # etcd warns otherwise
+chmod 700 "$CL"
+tstart=$SECONDS
+
+ETCD_PORT=$(free_port)
+ETCD_PEER_PORT=$(free_port)
+API_PORT=${CLUSTER_FIXED_API_PORT:-$(free_port)}
+while [ "$ETCD_PEER_PORT" = "$ETCD_PORT" ]; do ETCD_PEER_PORT=$(free_port); done
+while [ "$API_PORT" = "$ETCD_PORT" ] || [ "$API_PORT" = "$ETCD_PEER_PORT" ]; do API_PORT=$(free_port); done
+
+# ---------------------------------------------------------------------------------------------
+# etcd (+ PKI and kubeconfig while it boots)
+
+start etcd "$BIN/etcd" \
+  --name=metahook --data-dir="$CL/etcd" \
+  --listen-client-urls="http://127.0.0.1:$ETCD_PORT" --advertise-client-urls="http://127.0.0.1:$ETCD_PORT" \
+  --listen-peer-urls="http://127.0.0.1:$ETCD_PEER_PORT" --initial-advertise-peer-urls="http://127.0.0.1:$ETCD_PEER_PORT" \
+  --initial-cluster="metahook=http://127.0.0.1:$ETCD_PEER_PORT" \
+  --unsafe-no-fsync --log-level=warn
+# The PKI is generated while etcd boots (etcd does not need it).
+log "generating PKI in $PKI"
+(
+  cd "$PKI"
+  exec 2>"$LOGS/pki.log"
+  set -e
+  openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.crt -days 3650 -subj /CN=metahook-testenv-ca \
+    -addext basicConstraints=critical,CA:TRUE -addext keyUsage=critical,digitalSignature,keyCertSign,cRLSign
+  sign() { # <name> <subject> <extensions>
+    openssl req -newkey rsa:2048 -nodes -keyout "$1.key" -out "$1.csr" -subj "$2"
+    openssl x509 -req -in "$1.csr" -CA ca.crt -CAkey ca.key -CAcreateserial -days 3650 -out "$1.crt" \
+      -extfile <(printf '%b' "$3")
+    rm -f "$1.csr"
+  }
+  sign apiserver /CN=kube-apiserver \
+    'subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\nbasicConstraints=CA:FALSE'
+  sign admin '/O=system:masters/CN=metahook-admin' \
+    'keyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=clientAuth\nbasicConstraints=CA:FALSE'
+  openssl genrsa -out sa.key 2048
+  openssl rsa -in sa.key -pubout -out sa.pub
+) >/dev/null || fail pki "openssl failed"
+b64() { base64 -w0 <"$1"; }
+# Components use admin.kubeconfig; tests get a copy at .cluster/kubeconfig, written only once the
+# cluster is ready (its presence is part of the reuse check).
+ADMIN_KC=$CL/admin.kubeconfig
+cat >"$ADMIN_KC" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: metahook-testenv
+  cluster:
+    server: https://127.0.0.1:$API_PORT
+    certificate-authority-data: $(b64 "$PKI/ca.crt")
+users:
+- name: metahook-admin
+  user:
+    client-certificate-data: $(b64 "$PKI/admin.crt")
+    client-key-data: $(b64 "$PKI/admin.key")
+contexts:
+- name: metahook-testenv
+  context:
+    cluster: metahook-testenv
+    user: metahook-admin
+    namespace: default
+current-context: metahook-testenv
+EOF
+chmod 600 "$ADMIN_KC"
+
+cat >"$CL/env" <<EOF
+KUBECONFIG=$KUBECONFIG_OUT
+CLUSTER_API_PORT=$API_PORT
+CLUSTER_API_SERVER=https://127.0.0.1:$API_PORT
+CLUSTER_ETCD_PORT=$ETCD_PORT
+CLUSTER_CA=$PKI/ca.crt
+CLUSTER_ADMIN_CERT=$PKI/admin.crt
+CLUSTER_ADMIN_KEY=$PKI/admin.key
+CLUSTER_BIN=$BIN
+CLUSTER_LOGS=$LOGS
+EOF
+
+etcd_healthy() { curl -sf --max-time 2 "http://127.0.0.1:$ETCD_PORT/health" 2>/dev/null | grep -q '"health":"true"'; }
+wait_for etcd "etcd /health" etcd_healthy
+
+# ---------------------------------------------------------------------------------------------
+# kube-apiserver
+
+SVC_CIDR=10.96.0.0/16
+start kube-apiserver "$BIN/kube-apiserver" \
+  --etcd-servers="http://127.0.0.1:$ETCD_PORT" \
+  --bind-address=127.0.0.1 --secure-port="$API_PORT" \
+  --advertise-address=127.0.0.1 --endpoint-reconciler-type=none \
+  --tls-cert-file="$PKI/apiserver.crt" --tls-private-key-file="$PKI/apiserver.key" \
+  --client-ca-file="$PKI/ca.crt" \
+  --authorization-mode=Node,RBAC \
+  --service-account-issuer=https://kubernetes.default.svc.cluster.local \
+  --service-account-key-file="$PKI/sa.pub" --service-account-signing-key-file="$PKI/sa.key" \
+  --service-cluster-ip-range="$SVC_CIDR" \
+  --allow-privileged=true \
+  --enable-priority-and-fairness=false \
+  --profiling=false
+wait_for kube-apiserver "kube-apiserver /readyz on port $API_PORT" readyz
+
+# ---------------------------------------------------------------------------------------------
+# Controllers, scheduler, fake nodes (all with the admin kubeconfig)
+
+start kube-controller-manager "$BIN/kube-controller-manager" \
+  --kubeconfig="$ADMIN_KC" \
+  --controllers='*' \
+  --leader-elect=false \
+  --secure-port=0 \
+  --use-service-account-credentials=false \
+  --service-account-private-key-file="$PKI/sa.key" \
+  --root-ca-file="$PKI/ca.crt" \
+  --cluster-signing-cert-file="$PKI/ca.crt" --cluster-signing-key-file="$PKI/ca.key" \
+  --service-cluster-ip-range="$SVC_CIDR" \
+  --profiling=false
+
+start kube-scheduler "$BIN/kube-scheduler" \
+  --kubeconfig="$ADMIN_KC" \
+  --leader-elect=false \
+  --secure-port=0 \
+  --profiling=false
+
+# kwok manages only Nodes annotated kwok.x-k8s.io/node=fake (we create them below). Its Stages
+# (bin/kwok-stages.yaml) make them Ready with Lease heartbeats, and make their Pods Running/Ready.
+start kwok "$BIN/kwok" \
+  --kubeconfig="$ADMIN_KC" \
+  --config="$BIN/kwok-stages.yaml" \
+  --manage-all-nodes=false \
+  --manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake \
+  --node-lease-duration-seconds=40 \
+  --cidr=10.244.0.1/16 \
+  --node-ip=127.0.0.1
+
+for i in $(seq 1 "$FAKE_NODES"); do
+  node=fake-node-$i
+  body=$(
+    cat <<EOF
+{"apiVersion":"v1","kind":"Node","metadata":{"name":"$node",
+ "annotations":{"kwok.x-k8s.io/node":"fake"},
+ "labels":{"kubernetes.io/hostname":"$node","kubernetes.io/os":"linux","kubernetes.io/arch":"amd64","type":"kwok"}},
+ "spec":{},
+ "status":{"capacity":{"cpu":"32","memory":"256Gi","pods":"110"},
+           "allocatable":{"cpu":"32","memory":"256Gi","pods":"110"}}}
+EOF
+  )
+  out=$(api POST /api/v1/nodes "$body" 2>&1) || fail kube-apiserver "could not create Node $node: $out"
+done
+
+nodes_ready() {
+  local out
+  out=$(api GET /api/v1/nodes 2>/dev/null) || return 1
+  python3 -c '
+import json, sys
+want = int(sys.argv[1])
+items = json.load(sys.stdin)["items"]
+def ready(n):
+    conds = n.get("status", {}).get("conditions", [])
+    untainted = not any(t.get("key") == "node.kubernetes.io/not-ready" for t in n.get("spec", {}).get("taints", []))
+    return untainted and any(c["type"] == "Ready" and c["status"] == "True" for c in conds)
+sys.exit(0 if sum(map(ready, items)) >= want else 1)' "$FAKE_NODES" <<<"$out"
+}
+wait_for kwok "$FAKE_NODES fake nodes Ready (and untainted by the node lifecycle controller)" nodes_ready
+
+for c in kube-controller-manager kube-scheduler; do
+  alive_pid "$c" >/dev/null || fail "$c" "process exited"
+done
+
+cp "$ADMIN_KC" "$KUBECONFIG_OUT.tmp" && mv -f "$KUBECONFIG_OUT.tmp" "$KUBECONFIG_OUT"
+
+log "cluster ready in $((SECONDS - tstart)) s (total $((SECONDS - t0)) s incl. build check): apiserver https://127.0.0.1:$API_PORT, $FAKE_NODES fake nodes"
+log "logs: $LOGS   env: $CL/env"
+echo "$KUBECONFIG_OUT"
