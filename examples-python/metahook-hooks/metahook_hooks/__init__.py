@@ -1,0 +1,64 @@
+"""metahook-hooks: write metahook (or Metacontroller) hooks as plain functions of dicts.
+
+    from metahook_hooks import children_of, composite_response
+
+    def sync(request):
+        pods = children_of(request, "Pod.v1")
+        return composite_response(children=[...], status={"pods": len(pods)})
+
+Standard library only. See README.md for the whole API.
+"""
+
+from .objects import (
+    attachment,
+    attachments_of,
+    child,
+    children_of,
+    object_key,
+    parent_of,
+    related,
+    related_of,
+    type_key,
+)
+from .responses import composite_response, customize_response, decorator_response, event, related_rule
+from .wire import (
+    CompositeRequest,
+    CompositeResponse,
+    CustomizeRequest,
+    CustomizeResponse,
+    DecoratorRequest,
+    DecoratorResponse,
+    HookEvent,
+    KubeObject,
+    LabelSelector,
+    ObjectMap,
+    RelatedResourceRule,
+)
+
+__all__ = [
+    "CompositeRequest",
+    "CompositeResponse",
+    "CustomizeRequest",
+    "CustomizeResponse",
+    "DecoratorRequest",
+    "DecoratorResponse",
+    "HookEvent",
+    "KubeObject",
+    "LabelSelector",
+    "ObjectMap",
+    "RelatedResourceRule",
+    "attachment",
+    "attachments_of",
+    "child",
+    "children_of",
+    "composite_response",
+    "customize_response",
+    "decorator_response",
+    "event",
+    "object_key",
+    "parent_of",
+    "related",
+    "related_of",
+    "related_rule",
+    "type_key",
+]
