@@ -1,10 +1,12 @@
 """metahook-hooks: write metahook (or Metacontroller) hooks as plain functions of dicts.
 
-    from metahook_hooks import children_of, composite_response
+    from metahook_hooks import children_of, composite_response, serve
 
     def sync(request):
         pods = children_of(request, "Pod.v1")
         return composite_response(children=[...], status={"pods": len(pods)})
+
+    serve({"/sync": sync})
 
 Standard library only. See README.md for the whole API.
 """
@@ -21,6 +23,7 @@ from .objects import (
     type_key,
 )
 from .responses import composite_response, customize_response, decorator_response, event, related_rule
+from .server import Handler, RetryLater, make_server, serve, start_server
 from .wire import (
     CompositeRequest,
     CompositeResponse,
@@ -42,11 +45,13 @@ __all__ = [
     "CustomizeResponse",
     "DecoratorRequest",
     "DecoratorResponse",
+    "Handler",
     "HookEvent",
     "KubeObject",
     "LabelSelector",
     "ObjectMap",
     "RelatedResourceRule",
+    "RetryLater",
     "attachment",
     "attachments_of",
     "child",
@@ -55,10 +60,13 @@ __all__ = [
     "customize_response",
     "decorator_response",
     "event",
+    "make_server",
     "object_key",
     "parent_of",
     "related",
     "related_of",
     "related_rule",
+    "serve",
+    "start_server",
     "type_key",
 ]
