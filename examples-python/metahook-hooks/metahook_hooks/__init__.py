@@ -11,6 +11,7 @@
 Standard library only. See README.md for the whole API.
 """
 
+from .fixtures import fixture_request, load_objects, run_hook_on_fixtures
 from .objects import (
     attachment,
     attachments_of,
@@ -60,12 +61,15 @@ __all__ = [
     "customize_response",
     "decorator_response",
     "event",
+    "fixture_request",
+    "load_objects",
     "make_server",
     "object_key",
     "parent_of",
     "related",
     "related_of",
     "related_rule",
+    "run_hook_on_fixtures",
     "serve",
     "start_server",
     "type_key",
