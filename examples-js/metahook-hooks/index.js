@@ -3,6 +3,7 @@
  *
  *   import { childrenOf, compositeResponse, serve } from "metahook-hooks";
  *   const sync = (request) => compositeResponse({ children: [], status: { pods: childrenOf(request, "Pod.v1").length } });
+ *   await serve({ "/sync": sync }, { port: 8080 });
  *
  * No dependencies. Types are in index.d.ts; see README.md for the whole API.
  */
@@ -19,3 +20,4 @@ export {
   typeKey,
 } from "./src/objects.js";
 export { compositeResponse, customizeResponse, decoratorResponse, event, relatedRule } from "./src/responses.js";
+export { RetryLater, createHookServer, serve } from "./src/server.js";
