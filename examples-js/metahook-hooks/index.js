@@ -21,3 +21,4 @@ export {
 } from "./src/objects.js";
 export { compositeResponse, customizeResponse, decoratorResponse, event, relatedRule } from "./src/responses.js";
 export { RetryLater, createHookServer, serve } from "./src/server.js";
+export { fixtureRequest, loadObjects, runHookOnFixtures } from "./src/fixtures.js";
