@@ -12,3 +12,31 @@ cluster-up: ## start (or reuse) the control plane; last stdout line is the kubec
 
 cluster-down: ## stop it and remove .cluster/
 	@bash tests/cluster/down.sh
+
+# ---- the two commands of the README -------------------------------------------------------------
+
+.PHONY: demo test fmt-check clippy unit integration crds hook-libs
+
+demo: ## the hello-world controller end to end on the local control plane
+	@bash examples-python/hello-world/demo.sh
+
+test: fmt-check clippy unit hook-libs integration ## everything CI runs
+
+fmt-check:
+	cargo fmt --check
+
+clippy:
+	cargo clippy --all-targets --locked -- -D warnings
+
+unit: ## Rust unit tests (no cluster)
+	cargo test --locked --lib --bins
+
+hook-libs: ## unit tests of the Python and Node hook helper libraries
+	@if [ -d examples-python/metahook-hooks/tests ]; then python3 -m pytest -q examples-python/metahook-hooks; fi
+	@if [ -d examples-js/metahook-hooks/test ]; then node --test examples-js/metahook-hooks/test/; fi
+
+integration: cluster-up ## integration and end-to-end tests against the real control plane
+	cargo test --locked --test '*' -- --test-threads=4
+
+crds: ## regenerate crds/ from src/api.rs
+	METAHOOK_UPDATE_CRDS=1 cargo test --lib crds::tests::checked_in_crds_match_the_rust_types

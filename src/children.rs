@@ -13,9 +13,10 @@ use kube::Client;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use serde_json::{Value, json};
 
-use crate::api::{UpdateMethod, labels_of};
-use crate::apply::{Applied, Applier, ApplyError};
+use crate::api::{HookVersion, UpdateMethod, labels_of};
+use crate::apply::{Applied, Applier, ApplyError, strip_server_fields};
 use crate::discovery::ResolvedResource;
+use crate::hooks::{ObjectMaps, group_version_kind_key, object_key};
 use crate::informers::{Informer, ObjectKey, controller_uid};
 use crate::selector::Selector;
 
@@ -204,4 +205,140 @@ pub async fn manage(
         }
     }
     errors
+}
+
+/// The request map of observed objects (`children`, `attachments`): an entry per declared type, even
+/// when empty, keyed per the hook version. `parent_ns` is `None` for a cluster-scoped parent.
+#[must_use]
+pub fn request_map(
+    types: &[ChildType],
+    version: HookVersion,
+    parent_ns: Option<&str>,
+    observed: &[ChildMap<Arc<DynamicObject>>],
+) -> ObjectMaps {
+    let mut maps = ObjectMaps::new();
+    for (child_type, objects) in types.iter().zip(observed) {
+        let resource = child_type.resource();
+        let entry = maps.entry(group_version_kind_key(resource.api_version(), resource.kind())).or_default();
+        for (key, obj) in objects {
+            if let Some(k) = object_key(version, parent_ns, key.namespace.as_deref(), &key.name) {
+                entry.insert(k, serde_json::to_value(&**obj).unwrap_or(Value::Null));
+            }
+        }
+    }
+    maps
+}
+
+/// Turns a hook's desired objects into complete objects to apply, by declared type. Each must have
+/// apiVersion, kind and name, be of a declared type, and land in a namespace the parent may own;
+/// `decorate` adds what the controller kind requires (labels, annotations) or rejects the object.
+/// Any problem rejects the whole list: a partial apply could delete children the hook meant to keep.
+pub fn desired_children(
+    types: &[ChildType],
+    parent: &DynamicObject,
+    parent_resource: &ResolvedResource,
+    items: &[Value],
+    mut decorate: impl FnMut(&mut serde_json::Map<String, Value>) -> Result<(), String>,
+) -> Result<Vec<ChildMap<Value>>, String> {
+    let parent_ns = parent_resource.namespaced.then(|| parent.metadata.namespace.clone()).flatten();
+    let parent_uid = parent.metadata.uid.as_deref().unwrap_or_default();
+    let owner = serde_json::to_value(owner_reference(parent, parent_resource)).unwrap_or(Value::Null);
+    let mut desired: Vec<ChildMap<Value>> = vec![ChildMap::new(); types.len()];
+    for (position, item) in items.iter().enumerate() {
+        let text = |field: &str| item.pointer(field).and_then(Value::as_str).unwrap_or_default();
+        let (api_version, kind, name) = (text("/apiVersion"), text("/kind"), text("/metadata/name"));
+        if !item.is_object() || api_version.is_empty() || kind.is_empty() {
+            return Err(format!("item [{position}] must be an object with apiVersion and kind"));
+        }
+        if name.is_empty() {
+            return Err(format!("item [{position}] ({kind}) has no metadata.name"));
+        }
+        let index = types
+            .iter()
+            .position(|t| t.resource().api_version() == api_version && t.resource().kind() == kind)
+            .ok_or_else(|| format!("{kind} {name}: {api_version}/{kind} is not a declared child resource"))?;
+        let mut obj = strip_server_fields(item.clone());
+        let meta = obj
+            .get_mut("metadata")
+            .and_then(Value::as_object_mut)
+            .ok_or_else(|| format!("{kind} {name}: metadata is not an object"))?;
+        let requested = meta.get("namespace").and_then(Value::as_str);
+        let namespace = resolve_namespace(types[index].resource(), parent_ns.as_deref(), requested)
+            .map_err(|reason| format!("{kind} {name}: {reason}"))?;
+        match &namespace {
+            Some(ns) => meta.insert("namespace".into(), Value::String(ns.clone())),
+            None => meta.remove("namespace"),
+        };
+        decorate(meta).map_err(|reason| format!("{kind} {name}: {reason}"))?;
+        let mut refs: Vec<Value> = meta
+            .get("ownerReferences")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter(|r| r.get("uid").and_then(Value::as_str) != Some(parent_uid))
+            .cloned()
+            .collect();
+        refs.push(owner.clone());
+        meta.insert("ownerReferences".into(), Value::Array(refs));
+        let key = ObjectKey { namespace, name: name.to_owned() };
+        if desired[index].insert(key.clone(), obj).is_some() {
+            return Err(format!("{kind} {key} appears more than once"));
+        }
+    }
+    Ok(desired)
+}
+
+/// Namespace a desired child lands in. Namespaced children default to the parent's namespace and must
+/// stay in it; under a cluster-scoped parent they must name one.
+fn resolve_namespace(
+    resource: &ResolvedResource,
+    parent_ns: Option<&str>,
+    requested: Option<&str>,
+) -> Result<Option<String>, String> {
+    match (resource.namespaced, parent_ns, requested) {
+        (false, None, _) => Ok(None),
+        (false, Some(_), _) => Err("cluster-scoped children of a namespaced parent are not supported".into()),
+        (true, Some(p), None) => Ok(Some(p.to_owned())),
+        (true, Some(p), Some(r)) if r == p || r.is_empty() => Ok(Some(p.to_owned())),
+        (true, Some(p), Some(r)) => Err(format!("namespace {r} differs from the parent's namespace {p}")),
+        (true, None, Some(r)) if !r.is_empty() => Ok(Some(r.to_owned())),
+        (true, None, _) => Err("a namespaced child of a cluster-scoped parent must set metadata.namespace".into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use kube::core::ApiResource;
+
+    use super::*;
+
+    fn resource(namespaced: bool) -> ResolvedResource {
+        ResolvedResource {
+            api_resource: ApiResource {
+                group: String::new(),
+                version: "v1".into(),
+                api_version: "v1".into(),
+                kind: "ConfigMap".into(),
+                plural: "configmaps".into(),
+            },
+            namespaced,
+            has_status: false,
+        }
+    }
+
+    #[test]
+    fn namespaced_children_default_to_and_stay_in_the_parent_namespace() {
+        let r = resource(true);
+        assert_eq!(resolve_namespace(&r, Some("a"), None).unwrap().as_deref(), Some("a"));
+        assert_eq!(resolve_namespace(&r, Some("a"), Some("a")).unwrap().as_deref(), Some("a"));
+        assert!(resolve_namespace(&r, Some("a"), Some("b")).unwrap_err().contains("differs"));
+    }
+
+    #[test]
+    fn cluster_parents_need_explicit_child_namespaces() {
+        assert_eq!(resolve_namespace(&resource(true), None, Some("b")).unwrap().as_deref(), Some("b"));
+        assert!(resolve_namespace(&resource(true), None, None).is_err());
+        assert_eq!(resolve_namespace(&resource(false), None, None).unwrap(), None);
+        assert!(resolve_namespace(&resource(false), Some("a"), None).is_err());
+    }
 }

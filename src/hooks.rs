@@ -48,6 +48,76 @@ pub struct CompositeResponse {
 
 const COMPOSITE_RESPONSE_FIELDS: &[&str] = &["status", "children", "resyncAfterSeconds", "finalized", "events"];
 
+/// Request body of a `customize` hook (both controller kinds send `parent`).
+#[derive(Debug, Serialize)]
+pub struct CustomizeRequest<'a> {
+    pub controller: &'a Value,
+    pub parent: &'a Value,
+}
+
+/// Response body of a `customize` hook.
+#[derive(Debug, Default, Clone, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CustomizeResponse {
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub related_resources: Vec<RelatedResourceRule>,
+}
+
+const CUSTOMIZE_RESPONSE_FIELDS: &[&str] = &["relatedResources"];
+
+/// Which objects a parent wants to see as `related`.
+#[derive(Debug, Default, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RelatedResourceRule {
+    pub api_version: String,
+    pub resource: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub label_selector: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace_selector: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub names: Vec<String>,
+}
+
+/// Request body of a DecoratorController `sync` or `finalize` hook.
+#[derive(Debug, Serialize)]
+pub struct DecoratorRequest<'a> {
+    pub controller: &'a Value,
+    pub object: &'a Value,
+    pub attachments: &'a ObjectMaps,
+    pub related: &'a ObjectMaps,
+    pub finalizing: bool,
+}
+
+/// Response body of a DecoratorController `sync` or `finalize` hook.
+#[derive(Debug, Default, Clone, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DecoratorResponse {
+    /// Merged into the target's labels; `null` deletes a key, unspecified keys are untouched.
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub labels: BTreeMap<String, Option<String>>,
+    /// Merged into the target's annotations, like `labels`.
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub annotations: BTreeMap<String, Option<String>>,
+    /// Replaces `.status` when present; `null` or absent leaves it alone.
+    #[serde(default)]
+    pub status: Option<Value>,
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub attachments: Vec<Value>,
+    #[serde(default)]
+    pub resync_after_seconds: Option<f64>,
+    #[serde(default)]
+    pub finalized: bool,
+    /// metahook extension, as in [`CompositeResponse::events`].
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub events: Vec<HookEvent>,
+}
+
+const DECORATOR_RESPONSE_FIELDS: &[&str] =
+    &["labels", "annotations", "status", "attachments", "resyncAfterSeconds", "finalized", "events"];
+
 /// An Event a hook asks the hub to record on the object it was called for (metahook extension).
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 pub struct HookEvent {
@@ -147,6 +217,18 @@ impl HookClient {
     pub async fn composite(&self, hook: &Hook, request: &CompositeRequest<'_>) -> Result<CompositeResponse, HookError> {
         let (url, value) = self.post(hook, request).await?;
         decode(&url, value, hook.unmarshal_mode(), COMPOSITE_RESPONSE_FIELDS)
+    }
+
+    /// Calls a decorator `sync`/`finalize` hook.
+    pub async fn decorator(&self, hook: &Hook, request: &DecoratorRequest<'_>) -> Result<DecoratorResponse, HookError> {
+        let (url, value) = self.post(hook, request).await?;
+        decode(&url, value, hook.unmarshal_mode(), DECORATOR_RESPONSE_FIELDS)
+    }
+
+    /// Calls a `customize` hook.
+    pub async fn customize(&self, hook: &Hook, request: &CustomizeRequest<'_>) -> Result<CustomizeResponse, HookError> {
+        let (url, value) = self.post(hook, request).await?;
+        decode(&url, value, hook.unmarshal_mode(), CUSTOMIZE_RESPONSE_FIELDS)
     }
 
     /// POSTs `body` as JSON; returns the URL called and the decoded JSON body of a 200 answer.
@@ -280,6 +362,25 @@ mod tests {
         )
         .unwrap_err();
         assert!(matches!(err, HookError::Decode { .. }));
+    }
+
+    #[test]
+    fn decorator_response_keeps_null_labels_as_deletions() {
+        let body = serde_json::json!({"labels": {"keep": "v", "drop": null}, "annotations": null, "status": null});
+        let r: DecoratorResponse = decode("u", body, UnmarshalMode::Strict, DECORATOR_RESPONSE_FIELDS).unwrap();
+        assert_eq!(r.labels["keep"].as_deref(), Some("v"));
+        assert_eq!(r.labels["drop"], None);
+        assert!(r.annotations.is_empty() && r.status.is_none());
+    }
+
+    #[test]
+    fn customize_response_decodes_related_rules() {
+        let body = serde_json::json!({"relatedResources": [
+            {"apiVersion": "v1", "resource": "configmaps", "namespace": "src", "names": ["a"]},
+            {"apiVersion": "v1", "resource": "secrets", "labelSelector": {"matchLabels": {"x": "y"}}}]});
+        let r: CustomizeResponse = decode("u", body, UnmarshalMode::Strict, CUSTOMIZE_RESPONSE_FIELDS).unwrap();
+        assert_eq!(r.related_resources.len(), 2);
+        assert_eq!(r.related_resources[0].names, ["a"]);
     }
 
     #[test]

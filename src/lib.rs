@@ -21,4 +21,6 @@ pub mod hub;
 pub mod informers;
 pub mod manager;
 pub mod queue;
+pub mod related;
 pub mod selector;
+pub mod sync;

@@ -1,0 +1,310 @@
+//! The customize hook and the `related` objects it selects (both controller kinds).
+//!
+//! A parent's rules are cached per (UID, generation), so the hook is called again only when the
+//! parent's spec changes. When a related object changes, only parents that have rules for its type are
+//! looked at (an index by type), and only those whose rules select the object are queued.
+
+use std::collections::{HashMap, HashSet};
+use std::hash::Hash;
+use std::sync::{Arc, Mutex};
+
+use kube::api::DynamicObject;
+use serde_json::Value;
+
+use crate::api::{Hook, HookVersion, labels_of};
+use crate::discovery::ResolvedResource;
+use crate::hooks::{CustomizeRequest, ObjectMaps, RelatedResourceRule, group_version_kind_key, object_key};
+use crate::hub::Hub;
+use crate::informers::{Change, Informer, ObjectKey};
+use crate::selector::Selector;
+use crate::sync::SyncError;
+
+/// A rule with its selectors parsed and its type resolved.
+struct Rule {
+    informer: Informer,
+    names: Vec<String>,
+    namespace: Option<String>,
+    labels: Option<Selector>,
+    namespaces: Option<Selector>,
+}
+
+/// Rules of one parent, for the parent generation they were computed for.
+struct Cached {
+    uid: String,
+    generation: i64,
+    rules: Arc<Vec<Rule>>,
+}
+
+/// Where a parent lives, for rule defaults.
+#[derive(Clone, Copy)]
+pub struct ParentScope<'a> {
+    /// `None` for cluster-scoped parents.
+    pub namespace: Option<&'a str>,
+    pub version: HookVersion,
+}
+
+/// The related-objects machinery of one controller. `K` is the controller's queue key.
+pub struct Related<K> {
+    hub: Hub,
+    hook: Option<Hook>,
+    controller: Value,
+    enqueue: Arc<dyn Fn(K) + Send + Sync>,
+    rules: Mutex<HashMap<K, Cached>>,
+    /// Parents with at least one rule on a type, by `apiVersion/resource`.
+    interest: Mutex<HashMap<String, HashSet<K>>>,
+    /// Related informers in use, with the task that maps their changes to parents.
+    informers: Mutex<HashMap<String, (Informer, tokio::task::AbortHandle)>>,
+}
+
+impl<K> Drop for Related<K> {
+    fn drop(&mut self) {
+        if let Ok(informers) = self.informers.get_mut() {
+            for (_, task) in informers.values() {
+                task.abort();
+            }
+        }
+    }
+}
+
+/// Type id of Namespaces, whose labels `namespaceSelector` rules read.
+const NAMESPACES: &str = "v1/namespaces";
+
+fn type_id(resource: &ResolvedResource) -> String {
+    format!("{}/{}", resource.api_version(), resource.api_resource.plural)
+}
+
+impl<K: Clone + Eq + Hash + Send + Sync + 'static> Related<K> {
+    /// `enqueue` is how a related change reaches the controller's queue.
+    pub fn new(hub: Hub, hook: Option<Hook>, controller: Value, enqueue: Arc<dyn Fn(K) + Send + Sync>) -> Arc<Self> {
+        Arc::new(Self {
+            hub,
+            hook,
+            controller,
+            enqueue,
+            rules: Mutex::default(),
+            interest: Mutex::default(),
+            informers: Mutex::default(),
+        })
+    }
+
+    /// The `related` map for `parent`: calls the customize hook if its cached answer is stale, and
+    /// selects objects from (lazily started, shared) caches.
+    pub async fn gather(
+        self: &Arc<Self>,
+        key: &K,
+        parent: &DynamicObject,
+        scope: ParentScope<'_>,
+    ) -> Result<ObjectMaps, SyncError> {
+        let Some(hook) = &self.hook else { return Ok(ObjectMaps::new()) };
+        let rules = self.rules_for(key, parent, hook, scope).await?;
+        let mut maps = ObjectMaps::new();
+        for rule in rules.iter() {
+            let resource = rule.informer.resource();
+            if !rule.informer.is_synced() {
+                return Err(SyncError::RelatedNotSynced(type_id(resource)));
+            }
+            let entry = maps.entry(group_version_kind_key(resource.api_version(), resource.kind())).or_default();
+            for obj in self.select(rule) {
+                let k = ObjectKey::of(&obj);
+                if let Some(k) = object_key(scope.version, scope.namespace, k.namespace.as_deref(), &k.name) {
+                    entry.insert(k, serde_json::to_value(&*obj).unwrap_or(Value::Null));
+                }
+            }
+        }
+        Ok(maps)
+    }
+
+    /// Forgets a parent that is gone.
+    pub fn forget(&self, key: &K) {
+        self.rules.lock().expect("rules lock").remove(key);
+        for parents in self.interest.lock().expect("interest lock").values_mut() {
+            parents.remove(key);
+        }
+    }
+
+    async fn rules_for(
+        self: &Arc<Self>,
+        key: &K,
+        parent: &DynamicObject,
+        hook: &Hook,
+        scope: ParentScope<'_>,
+    ) -> Result<Arc<Vec<Rule>>, SyncError> {
+        let uid = parent.metadata.uid.clone().unwrap_or_default();
+        let generation = parent.metadata.generation.unwrap_or(0);
+        if let Some(cached) = self.rules.lock().expect("rules lock").get(key)
+            && cached.uid == uid
+            && cached.generation == generation
+        {
+            return Ok(Arc::clone(&cached.rules));
+        }
+        let parent_json = serde_json::to_value(parent).unwrap_or(Value::Null);
+        let request = CustomizeRequest { controller: &self.controller, parent: &parent_json };
+        let response = self.hub.hooks.customize(hook, &request).await?;
+        let mut rules = Vec::with_capacity(response.related_resources.len());
+        for raw in &response.related_resources {
+            rules.push(self.compile(raw, scope).await?);
+        }
+        let rules = Arc::new(rules);
+        {
+            let mut interest = self.interest.lock().expect("interest lock");
+            for parents in interest.values_mut() {
+                parents.remove(key);
+            }
+            for rule in rules.iter() {
+                interest.entry(type_id(rule.informer.resource())).or_default().insert(key.clone());
+                if rule.namespaces.is_some() {
+                    interest.entry(NAMESPACES.into()).or_default().insert(key.clone());
+                }
+            }
+        }
+        self.rules
+            .lock()
+            .expect("rules lock")
+            .insert(key.clone(), Cached { uid, generation, rules: Arc::clone(&rules) });
+        Ok(rules)
+    }
+
+    /// Validates one rule (Metacontroller's selection rules) and resolves its type.
+    async fn compile(self: &Arc<Self>, raw: &RelatedResourceRule, scope: ParentScope<'_>) -> Result<Rule, SyncError> {
+        let invalid = |msg: String| SyncError::Related(format!("{}.{}: {msg}", raw.resource, raw.api_version));
+        let has_selector = raw.label_selector.is_some() || raw.namespace_selector.is_some();
+        if !raw.names.is_empty() && has_selector {
+            return Err(invalid("names cannot be combined with labelSelector or namespaceSelector".into()));
+        }
+        if raw.namespace.is_some() && raw.namespace_selector.is_some() {
+            return Err(invalid("namespace cannot be combined with namespaceSelector".into()));
+        }
+        let resource = self
+            .hub
+            .discovery
+            .resolve(&raw.api_version, &raw.resource)
+            .await
+            .map_err(|e| SyncError::Related(e.to_string()))?;
+        if raw.namespace_selector.is_some() && !resource.namespaced {
+            return Err(invalid("namespaceSelector applies only to namespaced resources".into()));
+        }
+        let mut namespace = raw.namespace.clone().filter(|n| !n.is_empty());
+        if scope.version == HookVersion::V1
+            && let Some(parent_ns) = scope.namespace
+        {
+            // v1 can only express objects in the parent's own namespace (Metacontroller's rule).
+            if raw.namespace_selector.is_some() {
+                return Err(invalid("namespaceSelector needs hook version v2 for a namespaced parent".into()));
+            }
+            match &namespace {
+                Some(ns) if ns != parent_ns => {
+                    return Err(invalid(format!(
+                        "requested related object namespace {ns} differs from parent object namespace {parent_ns}"
+                    )));
+                }
+                _ => namespace = Some(parent_ns.to_owned()),
+            }
+        }
+        if raw.namespace_selector.is_some() {
+            let namespaces =
+                self.hub.discovery.resolve("v1", "namespaces").await.map_err(|e| SyncError::Related(e.to_string()))?;
+            let namespaces = self.informer(&namespaces);
+            if !namespaces.is_synced() {
+                return Err(SyncError::RelatedNotSynced(NAMESPACES.into()));
+            }
+        }
+        let parse = |s: &Option<_>| s.as_ref().map(Selector::from_label_selector).transpose();
+        let labels = parse(&raw.label_selector).map_err(|e| invalid(e.to_string()))?;
+        let namespaces = parse(&raw.namespace_selector).map_err(|e| invalid(e.to_string()))?;
+        Ok(Rule { informer: self.informer(&resource), names: raw.names.clone(), namespace, labels, namespaces })
+    }
+
+    /// The shared informer for a related type; the first use starts mapping its changes to parents.
+    fn informer(self: &Arc<Self>, resource: &Arc<ResolvedResource>) -> Informer {
+        let id = type_id(resource);
+        let mut informers = self.informers.lock().expect("informers lock");
+        if let Some((informer, _)) = informers.get(&id) {
+            return informer.clone();
+        }
+        let informer = self.hub.informers.get(resource);
+        let mut changes = informer.subscribe();
+        let this = Arc::downgrade(self);
+        let task = tokio::spawn(async move {
+            while let Some(change) = changes.recv().await {
+                let Some(this) = this.upgrade() else { return };
+                if let Change::Applied { old: Some(old), new } = &change
+                    && old.metadata.resource_version == new.metadata.resource_version
+                {
+                    continue;
+                }
+                this.on_change(&id, change.object());
+            }
+        });
+        informers.insert(type_id(resource), (informer.clone(), task.abort_handle()));
+        informer
+    }
+
+    /// Queues every parent whose rules select `obj`.
+    fn on_change(&self, type_id: &str, obj: &DynamicObject) {
+        let interested: Vec<K> = self
+            .interest
+            .lock()
+            .expect("interest lock")
+            .get(type_id)
+            .map(|s| s.iter().cloned().collect())
+            .unwrap_or_default();
+        for key in interested {
+            let rules = self.rules.lock().expect("rules lock").get(&key).map(|c| Arc::clone(&c.rules));
+            // A namespace's labels decide what namespaceSelector rules select: any change may matter.
+            let selects = rules.is_some_and(|rules| {
+                rules.iter().any(|r| {
+                    (type_id == NAMESPACES && r.namespaces.is_some())
+                        || (crate::related::type_id(r.informer.resource()) == type_id && self.matches(r, obj))
+                })
+            });
+            if selects {
+                (self.enqueue)(key);
+            }
+        }
+    }
+
+    /// Objects of `rule`'s type that it selects.
+    fn select(&self, rule: &Rule) -> Vec<Arc<DynamicObject>> {
+        let candidates = match (&rule.namespace, rule.informer.resource().namespaced) {
+            (Some(ns), true) => rule.informer.list(Some(Some(ns))),
+            (_, false) => rule.informer.list(Some(None)),
+            (None, true) => rule.informer.list(None),
+        };
+        candidates.into_iter().filter(|obj| self.matches(rule, obj)).collect()
+    }
+
+    /// Whether `rule` selects `obj` (type already known to match).
+    fn matches(&self, rule: &Rule, obj: &DynamicObject) -> bool {
+        let namespaced = rule.informer.resource().namespaced;
+        if namespaced
+            && let Some(ns) = &rule.namespace
+            && obj.metadata.namespace.as_deref() != Some(ns.as_str())
+        {
+            return false;
+        }
+        if !rule.names.is_empty() {
+            return obj.metadata.name.as_ref().is_some_and(|n| rule.names.contains(n));
+        }
+        if let Some(labels) = &rule.labels
+            && !labels.matches(&labels_of(&obj.metadata))
+        {
+            return false;
+        }
+        match &rule.namespaces {
+            Some(selector) => obj.metadata.namespace.as_deref().is_some_and(|ns| self.namespace_selected(selector, ns)),
+            None => true,
+        }
+    }
+
+    fn namespace_selected(&self, selector: &Selector, namespace: &str) -> bool {
+        let Some(namespaces) = self.namespaces() else { return false };
+        namespaces
+            .get(&ObjectKey { namespace: None, name: namespace.to_owned() })
+            .is_some_and(|ns| selector.matches(&labels_of(&ns.metadata)))
+    }
+
+    /// The namespaces cache, shared with every other user of `v1/namespaces`.
+    fn namespaces(&self) -> Option<Informer> {
+        self.informers.lock().expect("informers lock").get(NAMESPACES).map(|(i, _)| i.clone())
+    }
+}
