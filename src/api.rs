@@ -48,6 +48,81 @@ pub struct CompositeControllerSpec {
     pub generate_selector: Option<bool>,
 }
 
+/// A controller that adds labels, annotations, status and attachments to existing objects of any type.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "metacontroller.k8s.io",
+    version = "v1alpha1",
+    kind = "DecoratorController",
+    plural = "decoratorcontrollers",
+    shortname = "dec",
+    shortname = "decorators",
+    status = "ControllerStatus",
+    printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status"),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+)]
+#[serde(rename_all = "camelCase")]
+pub struct DecoratorControllerSpec {
+    /// The types to decorate; an object is a target if it matches any rule.
+    pub resources: Vec<DecoratorResourceRule>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub attachments: Vec<ChildResourceRule>,
+    pub hooks: DecoratorControllerHooks,
+    /// Accepted for compatibility, as in [`CompositeControllerSpec::endpoint_configs`].
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "preserve_unknown_list")]
+    pub endpoint_configs: Vec<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resync_period_seconds: Option<i32>,
+}
+
+/// One target type of a DecoratorController; both selectors must match (absent = everything).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DecoratorResourceRule {
+    pub api_version: String,
+    pub resource: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub label_selector: Option<LabelSelector>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub annotation_selector: Option<AnnotationSelector>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ignore_status_changes: Option<bool>,
+}
+
+/// A label selector evaluated against annotations.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AnnotationSelector {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub match_annotations: Option<BTreeMap<String, String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub match_expressions: Option<Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement>>,
+}
+
+impl AnnotationSelector {
+    /// The same requirements as a `LabelSelector`, to evaluate with [`crate::selector::Selector`].
+    #[must_use]
+    pub fn as_label_selector(&self) -> LabelSelector {
+        LabelSelector {
+            match_labels: self.match_annotations.clone(),
+            match_expressions: self.match_expressions.clone(),
+        }
+    }
+}
+
+/// The hooks of a DecoratorController.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DecoratorControllerHooks {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sync: Option<Hook>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finalize: Option<Hook>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub customize: Option<Hook>,
+}
+
 /// Which objects are parents.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]

@@ -6,14 +6,19 @@
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
 
-use crate::api::CompositeController;
+use crate::api::{CompositeController, DecoratorController};
 
 /// Every CRD, with the file name it is kept under in `crds/`.
 #[must_use]
 pub fn all() -> Vec<(&'static str, CustomResourceDefinition)> {
-    let mut cc = CompositeController::crd();
-    annotate(&mut cc);
-    vec![("compositecontrollers.yaml", cc)]
+    let mut all = vec![
+        ("compositecontrollers.yaml", CompositeController::crd()),
+        ("decoratorcontrollers.yaml", DecoratorController::crd()),
+    ];
+    for (_, crd) in &mut all {
+        annotate(crd);
+    }
+    all
 }
 
 /// Marks the CRDs the way Metacontroller's are, so an install over Metacontroller's CRDs is accepted.

@@ -5,6 +5,7 @@ use kube::Client;
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
+use crate::api::{CompositeController, DecoratorController};
 use crate::apply::Applier;
 use crate::config::Config;
 use crate::discovery::Discovery;
@@ -46,7 +47,7 @@ pub enum HubError {
     Signal(#[from] std::io::Error),
 }
 
-/// Runs every CompositeController until Ctrl-C / SIGTERM.
+/// Runs every CompositeController and DecoratorController until Ctrl-C / SIGTERM.
 pub async fn run(client: Client, config: Config) -> Result<(), HubError> {
     let cancel = CancellationToken::new();
     let hub = tokio::spawn(run_until(client, config, cancel.clone()));
@@ -57,9 +58,12 @@ pub async fn run(client: Client, config: Config) -> Result<(), HubError> {
     Ok(())
 }
 
-/// Runs every CompositeController until `cancel` fires (how tests and embedders run a hub).
+/// Runs every CompositeController and DecoratorController until `cancel` fires (how tests and embedders run a hub).
 pub async fn run_until(client: Client, config: Config, cancel: CancellationToken) {
-    Box::pin(crate::manager::run(Hub::new(client, config), cancel)).await;
+    let hub = Hub::new(client, config);
+    let composites = Box::pin(crate::manager::run::<CompositeController>(hub.clone(), cancel.clone()));
+    let decorators = Box::pin(crate::manager::run::<DecoratorController>(hub, cancel));
+    tokio::join!(composites, decorators);
 }
 
 async fn shutdown_signal() -> std::io::Result<()> {

@@ -14,6 +14,7 @@ pub mod cli;
 pub mod composite;
 pub mod config;
 pub mod crds;
+pub mod decorator;
 pub mod discovery;
 pub mod events;
 pub mod hooks;

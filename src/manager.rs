@@ -1,9 +1,13 @@
-//! Runs one [`composite::Controller`] per CompositeController object: starts it, restarts it when its
-//! `spec` changes, stops it when the object goes away, and reports on the object's status.
+//! Runs one controller per CompositeController / DecoratorController object: starts it, restarts it
+//! when its `spec` changes, stops it when the object goes away, and reports on the object's status.
 //!
-//! Metadata-only edits (labels, annotations) do not restart a controller, as in Metacontroller.
+//! Metadata-only edits (labels, annotations) do not restart a controller, as in Metacontroller. When a
+//! controller object is deleted, the finalizers it put on parents/targets are removed (Metacontroller
+//! leaves them behind, #1062, and those objects can then never be deleted).
 
 use std::collections::HashMap;
+use std::fmt::Debug;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,39 +15,103 @@ use futures::StreamExt as _;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams};
+use kube::core::ClusterResourceScope;
 use kube::runtime::{WatchStreamExt as _, watcher};
+use kube::{Resource, ResourceExt as _};
+use serde::de::DeserializeOwned;
 use serde_json::json;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::api::{CompositeController, CompositeControllerSpec};
-use crate::composite::Controller;
+use crate::api::{CompositeController, ControllerStatus, DecoratorController};
 use crate::hub::Hub;
+use crate::sync::{StartError, api_for};
 
-struct Running {
-    spec: CompositeControllerSpec,
+/// A kind of controller object the manager runs.
+pub trait Managed:
+    Resource<DynamicType = (), Scope = ClusterResourceScope> + Clone + DeserializeOwned + Debug + Send + Sync + 'static
+{
+    type Spec: PartialEq + Clone + Send + Sync + 'static;
+    type Running: Send + Sync + 'static;
+    fn spec(&self) -> &Self::Spec;
+    fn status(&self) -> Option<&ControllerStatus>;
+    /// Resolves types and waits for caches.
+    fn start(hub: &Hub, obj: Arc<Self>) -> impl Future<Output = Result<Arc<Self::Running>, StartError>> + Send;
+    /// Runs until `cancel` fires.
+    fn run(running: Arc<Self::Running>, cancel: CancellationToken) -> impl Future<Output = ()> + Send;
+    /// The finalizer this controller puts on the objects it syncs, and the types it may be on.
+    fn finalizer(&self) -> (String, Vec<(String, String)>);
+}
+
+impl Managed for CompositeController {
+    type Spec = crate::api::CompositeControllerSpec;
+    type Running = crate::composite::Controller;
+    fn spec(&self) -> &Self::Spec {
+        &self.spec
+    }
+    fn status(&self) -> Option<&ControllerStatus> {
+        self.status.as_ref()
+    }
+    async fn start(hub: &Hub, obj: Arc<Self>) -> Result<Arc<Self::Running>, StartError> {
+        crate::composite::Controller::start(hub, obj).await
+    }
+    async fn run(running: Arc<Self::Running>, cancel: CancellationToken) {
+        running.run(cancel).await;
+    }
+    fn finalizer(&self) -> (String, Vec<(String, String)>) {
+        let parent = &self.spec.parent_resource;
+        (
+            format!("metacontroller.io/compositecontroller-{}", self.name_any()),
+            vec![(parent.api_version.clone(), parent.resource.clone())],
+        )
+    }
+}
+
+impl Managed for DecoratorController {
+    type Spec = crate::api::DecoratorControllerSpec;
+    type Running = crate::decorator::Controller;
+    fn spec(&self) -> &Self::Spec {
+        &self.spec
+    }
+    fn status(&self) -> Option<&ControllerStatus> {
+        self.status.as_ref()
+    }
+    async fn start(hub: &Hub, obj: Arc<Self>) -> Result<Arc<Self::Running>, StartError> {
+        crate::decorator::Controller::start(hub, obj).await
+    }
+    async fn run(running: Arc<Self::Running>, cancel: CancellationToken) {
+        running.run(cancel).await;
+    }
+    fn finalizer(&self) -> (String, Vec<(String, String)>) {
+        let types = self.spec.resources.iter().map(|r| (r.api_version.clone(), r.resource.clone())).collect();
+        (crate::decorator::finalizer_name(&self.name_any()), types)
+    }
+}
+
+struct Running<K: Managed> {
+    spec: K::Spec,
     uid: Option<String>,
     cancel: CancellationToken,
     task: JoinHandle<()>,
 }
 
-impl Running {
+impl<K: Managed> Running<K> {
     async fn stop(self) {
         self.cancel.cancel();
         let _ = self.task.await;
     }
 }
 
-/// Watches CompositeControllers (those matching the target label selector) until `cancel` fires.
-pub async fn run(hub: Hub, cancel: CancellationToken) {
-    let api: Api<CompositeController> = Api::all(hub.client.clone());
+/// Watches controller objects of kind `K` (those matching the target label selector) until `cancel` fires.
+pub async fn run<K: Managed>(hub: Hub, cancel: CancellationToken) {
+    let api: Api<K> = Api::all(hub.client.clone());
     let mut config = watcher::Config::default();
     if !hub.config.target_label_selector.is_empty() {
         config = config.labels(&hub.config.target_label_selector);
     }
     let mut events = watcher(api, config).default_backoff().boxed();
-    let mut running: HashMap<String, Running> = HashMap::new();
+    let mut running: HashMap<String, Running<K>> = HashMap::new();
     let mut relisted: Option<Vec<String>> = None;
     loop {
         let event = tokio::select! {
@@ -52,11 +120,11 @@ pub async fn run(hub: Hub, cancel: CancellationToken) {
         };
         let Some(event) = event else { break };
         match event {
-            Err(err) => warn!("watching CompositeControllers (retrying): {err}"),
+            Err(err) => warn!("watching {}s (retrying): {err}", K::kind(&())),
             Ok(watcher::Event::Init) => relisted = Some(Vec::new()),
-            Ok(watcher::Event::InitApply(cc)) => {
-                relisted.get_or_insert_with(Vec::new).push(cc.metadata.name.clone().unwrap_or_default());
-                reconcile(&hub, &mut running, cc).await;
+            Ok(watcher::Event::InitApply(obj)) => {
+                relisted.get_or_insert_with(Vec::new).push(obj.name_any());
+                reconcile(&hub, &mut running, obj).await;
             }
             Ok(watcher::Event::InitDone) => {
                 let seen = relisted.take().unwrap_or_default();
@@ -65,8 +133,11 @@ pub async fn run(hub: Hub, cancel: CancellationToken) {
                     stop(&mut running, &name).await;
                 }
             }
-            Ok(watcher::Event::Apply(cc)) => reconcile(&hub, &mut running, cc).await,
-            Ok(watcher::Event::Delete(cc)) => stop(&mut running, cc.metadata.name.as_deref().unwrap_or_default()).await,
+            Ok(watcher::Event::Apply(obj)) => reconcile(&hub, &mut running, obj).await,
+            Ok(watcher::Event::Delete(obj)) => {
+                stop(&mut running, &obj.name_any()).await;
+                release_finalizers(&hub, &obj).await;
+            }
         }
     }
     for (_, controller) in running.drain() {
@@ -74,51 +145,51 @@ pub async fn run(hub: Hub, cancel: CancellationToken) {
     }
 }
 
-async fn stop(running: &mut HashMap<String, Running>, name: &str) {
+async fn stop<K: Managed>(running: &mut HashMap<String, Running<K>>, name: &str) {
     if let Some(controller) = running.remove(name) {
-        info!(controller = name, "stopping CompositeController");
+        info!(controller = name, kind = %K::kind(&()), "stopping controller");
         controller.stop().await;
     }
 }
 
-async fn reconcile(hub: &Hub, running: &mut HashMap<String, Running>, cc: CompositeController) {
-    let name = cc.metadata.name.clone().unwrap_or_default();
+async fn reconcile<K: Managed>(hub: &Hub, running: &mut HashMap<String, Running<K>>, obj: K) {
+    let name = obj.name_any();
     if let Some(current) = running.get(&name) {
-        if current.spec == cc.spec && current.uid == cc.metadata.uid {
+        if &current.spec == obj.spec() && current.uid == obj.meta().uid {
             return;
         }
-        info!(controller = %name, "spec changed; restarting CompositeController");
+        info!(controller = %name, kind = %K::kind(&()), "spec changed; restarting controller");
         stop(running, &name).await;
     }
     let cancel = CancellationToken::new();
     let entry = Running {
-        spec: cc.spec.clone(),
-        uid: cc.metadata.uid.clone(),
+        spec: obj.spec().clone(),
+        uid: obj.meta().uid.clone(),
         cancel: cancel.clone(),
-        task: tokio::spawn(supervise(hub.clone(), Arc::new(cc), cancel)),
+        task: tokio::spawn(supervise(hub.clone(), Arc::new(obj), cancel)),
     };
     running.insert(name, entry);
 }
 
 /// Starts the controller, retrying with backoff while it cannot start, then runs it until cancelled.
-async fn supervise(hub: Hub, cc: Arc<CompositeController>, cancel: CancellationToken) {
-    let name = cc.metadata.name.clone().unwrap_or_default();
+async fn supervise<K: Managed>(hub: Hub, obj: Arc<K>, cancel: CancellationToken) {
+    let name = obj.name_any();
     let mut delay = Duration::from_secs(1);
     loop {
         let started = tokio::select! {
             () = cancel.cancelled() => return,
-            started = Controller::start(&hub, Arc::clone(&cc)) => started,
+            started = K::start(&hub, Arc::clone(&obj)) => started,
         };
         match started {
             Ok(controller) => {
-                info!(controller = %name, "CompositeController started");
-                report(&hub, &cc, true, "Running", "controller is running".into()).await;
-                controller.run(cancel).await;
+                info!(controller = %name, kind = %K::kind(&()), "controller started");
+                report(&hub, &*obj, true, "Running", "controller is running".into()).await;
+                K::run(controller, cancel).await;
                 return;
             }
             Err(err) => {
-                warn!(controller = %name, "cannot start CompositeController (retrying in {delay:?}): {err}");
-                report(&hub, &cc, false, err.reason(), err.to_string()).await;
+                warn!(controller = %name, kind = %K::kind(&()), "cannot start controller (retrying in {delay:?}): {err}");
+                report(&hub, &*obj, false, err.reason(), err.to_string()).await;
                 tokio::select! {
                     () = cancel.cancelled() => return,
                     () = tokio::time::sleep(delay) => {}
@@ -130,12 +201,12 @@ async fn supervise(hub: Hub, cc: Arc<CompositeController>, cancel: CancellationT
 }
 
 /// Writes the `Ready` condition and `observedGeneration` when they change.
-async fn report(hub: &Hub, cc: &CompositeController, ready: bool, reason: &str, message: String) {
+async fn report<K: Managed>(hub: &Hub, obj: &K, ready: bool, reason: &str, message: String) {
     let status = if ready { "True" } else { "False" };
-    let current = cc.status.as_ref().and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"));
-    let generation = cc.metadata.generation;
+    let current = obj.status().and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"));
+    let generation = obj.meta().generation;
     let unchanged = current.is_some_and(|c| c.status == status && c.reason == reason && c.message == message)
-        && cc.status.as_ref().and_then(|s| s.observed_generation) == generation;
+        && obj.status().and_then(|s| s.observed_generation) == generation;
     if unchanged {
         return;
     }
@@ -148,9 +219,28 @@ async fn report(hub: &Hub, cc: &CompositeController, ready: bool, reason: &str, 
         last_transition_time: Time(Timestamp::now()),
     };
     let patch = json!({"status": {"observedGeneration": generation, "conditions": [condition]}});
-    let api: Api<CompositeController> = Api::all(hub.client.clone());
-    let name = cc.metadata.name.as_deref().unwrap_or_default();
-    if let Err(err) = api.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch)).await {
-        warn!(controller = name, "could not update CompositeController status: {err}");
+    let api: Api<K> = Api::all(hub.client.clone());
+    if let Err(err) = api.patch_status(&obj.name_any(), &PatchParams::default(), &Patch::Merge(&patch)).await {
+        warn!(controller = %obj.name_any(), "could not update controller status: {err}");
+    }
+}
+
+/// Removes a deleted controller's finalizer from every object that still carries it.
+async fn release_finalizers<K: Managed>(hub: &Hub, obj: &K) {
+    let (finalizer, types) = obj.finalizer();
+    for (api_version, resource) in types {
+        let Ok(resolved) = hub.discovery.resolve(&api_version, &resource).await else { continue };
+        let list = Api::<kube::api::DynamicObject>::all_with(hub.client.clone(), &resolved.api_resource)
+            .list(&kube::api::ListParams::default())
+            .await;
+        let Ok(list) = list else { continue };
+        for item in list.items.iter().filter(|o| crate::sync::has_finalizer(o, &finalizer)) {
+            let api = api_for(&hub.client, &resolved, item);
+            if let Err(err) = crate::sync::set_finalizer(&api, item, &finalizer, false).await {
+                warn!(object = %item.name_any(), "could not remove finalizer {finalizer}: {err}");
+            } else {
+                info!(object = %item.name_any(), finalizer, "removed finalizer of deleted controller");
+            }
+        }
     }
 }

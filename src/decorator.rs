@@ -1,0 +1,424 @@
+//! One running DecoratorController: for every object of its target types that matches its selectors,
+//! calls the hook and merges labels and annotations, replaces status, and manages attachments.
+//!
+//! Attachments are owned by their target (controller ownerRef) and marked with the
+//! `metacontroller.k8s.io/decorator-controller` annotation; only objects carrying both count as observed,
+//! so two decorators of one target never see (or delete) each other's attachments.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kube::api::{DynamicObject, Patch, PatchParams};
+use serde_json::{Map, Value, json};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use crate::api::{DecoratorController, labels_of};
+use crate::children::{ChildMap, ChildType, desired_children, manage, request_map};
+use crate::composite::meaningful_parent_change;
+use crate::events::Events;
+use crate::hooks::DecoratorRequest;
+use crate::hub::Hub;
+use crate::informers::{Change, Informer, ObjectKey};
+use crate::queue::{Backoff, WorkQueue};
+use crate::related::{ParentScope, Related};
+use crate::selector::Selector;
+use crate::sync::{
+    Facts, StartError, Step, SyncError, Syncer, api_for, every, has_finalizer, plan, record_hook_events,
+    replace_status, resync_after, resync_period, set_finalizer, work,
+};
+
+/// Annotation naming the DecoratorController that manages an attachment.
+pub const DECORATOR_ANNOTATION: &str = "metacontroller.k8s.io/decorator-controller";
+
+/// Finalizer a DecoratorController puts on its targets when it has a finalize hook.
+#[must_use]
+pub fn finalizer_name(controller: &str) -> String {
+    format!("metacontroller.io/decoratorcontroller-{controller}")
+}
+
+/// A target: which rule it came through, and its namespace/name.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct TargetKey {
+    pub rule: usize,
+    pub key: ObjectKey,
+}
+
+impl fmt::Display for TargetKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} (rule {})", self.key, self.rule)
+    }
+}
+
+/// One `resources[]` rule, resolved.
+struct Target {
+    informer: Informer,
+    labels: Selector,
+    annotations: Selector,
+    ignore_status_changes: bool,
+}
+
+impl Target {
+    fn selects(&self, obj: &DynamicObject) -> bool {
+        self.labels.matches(&labels_of(&obj.metadata))
+            && self.annotations.matches(&obj.metadata.annotations.clone().unwrap_or_default())
+    }
+}
+
+/// A DecoratorController whose types are resolved and whose caches are synced.
+pub struct Controller {
+    hub: Hub,
+    name: String,
+    dc_json: Value,
+    dc: Arc<DecoratorController>,
+    targets: Vec<Target>,
+    attachments: Vec<ChildType>,
+    related: Arc<Related<TargetKey>>,
+    finalizer: String,
+    queue: WorkQueue<TargetKey>,
+}
+
+impl Controller {
+    /// Resolves target and attachment types and waits for their caches.
+    pub async fn start(hub: &Hub, dc: Arc<DecoratorController>) -> Result<Arc<Self>, StartError> {
+        let spec = &dc.spec;
+        if spec.hooks.sync.is_none() && spec.hooks.finalize.is_none() {
+            return Err(StartError::NoHooks);
+        }
+        let mut targets = Vec::with_capacity(spec.resources.len());
+        for rule in &spec.resources {
+            let resource = hub
+                .discovery
+                .resolve(&rule.api_version, &rule.resource)
+                .await
+                .map_err(|source| StartError::NotFound { role: "target", source })?;
+            targets.push(Target {
+                informer: hub.informers.get(&resource),
+                labels: rule
+                    .label_selector
+                    .as_ref()
+                    .map(Selector::from_label_selector)
+                    .transpose()?
+                    .unwrap_or_default(),
+                annotations: rule
+                    .annotation_selector
+                    .as_ref()
+                    .map(|a| Selector::from_label_selector(&a.as_label_selector()))
+                    .transpose()?
+                    .unwrap_or_default(),
+                ignore_status_changes: rule.ignore_status_changes == Some(true),
+            });
+        }
+        let mut attachments = Vec::with_capacity(spec.attachments.len());
+        for rule in &spec.attachments {
+            let resource = hub
+                .discovery
+                .resolve(&rule.api_version, &rule.resource)
+                .await
+                .map_err(|source| StartError::NotFound { role: "attachment", source })?;
+            // Decorators have no revisions: rolling methods act like their non-rolling forms (as in Metacontroller).
+            let method = match rule.method() {
+                crate::api::UpdateMethod::RollingRecreate => crate::api::UpdateMethod::Recreate,
+                crate::api::UpdateMethod::RollingInPlace => crate::api::UpdateMethod::InPlace,
+                other => other,
+            };
+            attachments.push(ChildType { method, informer: hub.informers.get(&resource) });
+        }
+        for informer in targets.iter().map(|t| &t.informer).chain(attachments.iter().map(|a| &a.informer)) {
+            informer.wait_synced().await;
+        }
+        let name = dc.metadata.name.clone().unwrap_or_default();
+        let dc_json = serde_json::to_value(&*dc).unwrap_or(Value::Null);
+        let queue = WorkQueue::new(Backoff { base: hub.config.backoff_base, max: hub.config.backoff_max });
+        let enqueue = {
+            let queue = queue.clone();
+            Arc::new(move |key| queue.add(key))
+        };
+        Ok(Arc::new(Self {
+            related: Related::new(hub.clone(), spec.hooks.customize.clone(), dc_json.clone(), enqueue),
+            hub: hub.clone(),
+            dc_json,
+            finalizer: finalizer_name(&name),
+            name,
+            targets,
+            attachments,
+            queue,
+            dc,
+        }))
+    }
+
+    /// Runs watches-to-queue mapping and the workers until `cancel` fires.
+    pub async fn run(self: Arc<Self>, cancel: CancellationToken) {
+        let mut tasks = JoinSet::new();
+        for rule in 0..self.targets.len() {
+            tasks.spawn(Arc::clone(&self).map_target_events(rule));
+        }
+        for index in 0..self.attachments.len() {
+            tasks.spawn(Arc::clone(&self).map_attachment_events(index));
+        }
+        if let Some(period) = resync_period(self.dc.spec.resync_period_seconds) {
+            let this = Arc::clone(&self);
+            tasks.spawn(every(period, move || {
+                for (rule, target) in this.targets.iter().enumerate() {
+                    for obj in target.informer.list(None) {
+                        this.queue.add(TargetKey { rule, key: ObjectKey::of(&obj) });
+                    }
+                }
+            }));
+        }
+        for _ in 0..self.hub.config.workers {
+            tasks.spawn(work(Arc::clone(&self)));
+        }
+        cancel.cancelled().await;
+        self.queue.shut_down();
+        tasks.shutdown().await;
+    }
+
+    async fn map_target_events(self: Arc<Self>, rule: usize) {
+        let target = &self.targets[rule];
+        let mut changes = target.informer.subscribe();
+        while let Some(change) = changes.recv().await {
+            let key = TargetKey { rule, key: ObjectKey::of(change.object()) };
+            match &change {
+                Change::Applied { old: Some(old), new }
+                    if old.metadata.resource_version == new.metadata.resource_version
+                        || (target.ignore_status_changes && !meaningful_parent_change(old, new)) =>
+                {
+                    continue;
+                }
+                Change::Deleted(_) => {
+                    self.related.forget(&key);
+                    continue;
+                }
+                // Objects neither selected nor carrying our finalizer are none of our business.
+                Change::Applied { new, .. } if !target.selects(new) && !has_finalizer(new, &self.finalizer) => continue,
+                Change::Applied { .. } => {}
+            }
+            self.queue.add(key);
+        }
+    }
+
+    async fn map_attachment_events(self: Arc<Self>, index: usize) {
+        let mut changes = self.attachments[index].informer.subscribe();
+        while let Some(change) = changes.recv().await {
+            if let Change::Applied { old: Some(old), new } = &change
+                && old.metadata.resource_version == new.metadata.resource_version
+            {
+                continue;
+            }
+            if let Some(key) = self.owner_of(change.object()) {
+                self.queue.add(key);
+            }
+        }
+    }
+
+    /// The target an attachment of ours belongs to, if it is still there with the same UID.
+    fn owner_of(&self, attachment: &DynamicObject) -> Option<TargetKey> {
+        let ours = attachment.metadata.annotations.as_ref()?.get(DECORATOR_ANNOTATION)? == &self.name;
+        let owner = attachment.metadata.owner_references.iter().flatten().find(|r| r.controller == Some(true))?;
+        if !ours {
+            return None;
+        }
+        self.targets.iter().enumerate().find_map(|(rule, target)| {
+            let resource = target.informer.resource();
+            if resource.kind() != owner.kind || resource.api_version() != owner.api_version {
+                return None;
+            }
+            let namespace = if resource.namespaced { attachment.metadata.namespace.clone() } else { None };
+            let key = ObjectKey { namespace, name: owner.name.clone() };
+            target
+                .informer
+                .get(&key)
+                .filter(|t| t.metadata.uid.as_deref() == Some(owner.uid.as_str()))
+                .map(|_| TargetKey { rule, key })
+        })
+    }
+
+    /// Attachments of `target` that are ours: controlled by it and carrying our annotation.
+    fn observed_attachments(&self, target: &DynamicObject, namespaced: bool) -> Vec<ChildMap<Arc<DynamicObject>>> {
+        let uid = target.metadata.uid.as_deref().unwrap_or_default();
+        self.attachments
+            .iter()
+            .map(|attachment| {
+                attachment
+                    .informer
+                    .controlled_by(uid)
+                    .into_iter()
+                    .filter(|obj| !namespaced || obj.metadata.namespace == target.metadata.namespace)
+                    .filter(|obj| {
+                        obj.metadata.annotations.as_ref().and_then(|a| a.get(DECORATOR_ANNOTATION)) == Some(&self.name)
+                    })
+                    .map(|obj| (ObjectKey::of(&obj), obj))
+                    .collect()
+            })
+            .collect()
+    }
+
+    async fn sync_target(&self, key: &TargetKey) -> Result<Option<Duration>, SyncError> {
+        let target_rule = &self.targets[key.rule];
+        let Some(target) = target_rule.informer.get(&key.key) else { return Ok(None) };
+        let hooks = &self.dc.spec.hooks;
+        let resource = target_rule.informer.resource();
+        let api = api_for(&self.hub.client, resource, &target);
+        let facts = Facts {
+            finalize_hook: hooks.finalize.is_some(),
+            selected: target_rule.selects(&target),
+            has_finalizer: has_finalizer(&target, &self.finalizer),
+            deleting: target.metadata.deletion_timestamp.is_some(),
+        };
+        let finalizing = match plan(facts) {
+            Step::Skip => return Ok(None),
+            Step::DropFinalizer => return set_finalizer(&api, &target, &self.finalizer, false).await.map(|()| None),
+            Step::Sync { finalizing, add_finalizer } => {
+                if add_finalizer {
+                    set_finalizer(&api, &target, &self.finalizer, true).await?;
+                }
+                finalizing
+            }
+        };
+        let hook =
+            if finalizing { hooks.finalize.as_ref() } else { hooks.sync.as_ref() }.ok_or(SyncError::NoSyncHook)?;
+        let scope = ParentScope {
+            namespace: resource.namespaced.then_some(target.metadata.namespace.as_deref()).flatten(),
+            version: hook.version(),
+        };
+        let observed = self.observed_attachments(&target, resource.namespaced);
+        let related = self.related.gather(key, &target, scope).await?;
+        let object = serde_json::to_value(&*target).unwrap_or(Value::Null);
+        let attachments = request_map(&self.attachments, scope.version, scope.namespace, &observed);
+        let request = DecoratorRequest {
+            controller: &self.dc_json,
+            object: &object,
+            attachments: &attachments,
+            related: &related,
+            finalizing,
+        };
+        let response = self.hub.hooks.decorator(hook, &request).await?;
+
+        let name = self.name.clone();
+        let desired = desired_children(&self.attachments, &target, resource, &response.attachments, |meta| {
+            let annotations = meta.entry("annotations").or_insert_with(|| json!({}));
+            let annotations = annotations.as_object_mut().ok_or("metadata.annotations is not an object")?;
+            annotations.insert(DECORATOR_ANNOTATION.into(), Value::String(name.clone()));
+            Ok(())
+        })
+        .map_err(SyncError::InvalidResponse)?;
+        let status = match response.status {
+            None | Some(Value::Null) => None,
+            Some(Value::Object(map)) => Some(Value::Object(map)),
+            Some(other) => return Err(SyncError::InvalidResponse(format!("status must be an object, got {other}"))),
+        };
+        let metadata_patch = metadata_patch(&target, &response.labels, &response.annotations);
+        record_hook_events(&self.hub.events, &target, &response.events).await;
+
+        let errors = manage(&self.hub.applier, &self.attachments, &observed, &desired).await;
+        if let Some(status) = status {
+            replace_status(&api, &target, status, resource.has_status).await?;
+        }
+        if let Some(patch) = metadata_patch {
+            let name = target.metadata.name.as_deref().unwrap_or_default();
+            match api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(e) => return Err(SyncError::Write { what: "labels and annotations", source: Box::new(e) }),
+            }
+        }
+        if !errors.is_empty() {
+            return Err(SyncError::Apply(errors));
+        }
+        if finalizing && response.finalized {
+            set_finalizer(&api, &target, &self.finalizer, false).await?;
+        }
+        Ok(resync_after(response.resync_after_seconds))
+    }
+}
+
+/// A merge patch for the labels and annotations the hook wants changed (`None` = delete), or `None`
+/// when the object already has them: no write for a no-op.
+fn metadata_patch(
+    obj: &DynamicObject,
+    labels: &BTreeMap<String, Option<String>>,
+    annotations: &BTreeMap<String, Option<String>>,
+) -> Option<Value> {
+    fn changes(
+        current: Option<&BTreeMap<String, String>>,
+        wanted: &BTreeMap<String, Option<String>>,
+    ) -> Map<String, Value> {
+        wanted
+            .iter()
+            .filter(|(k, v)| current.and_then(|c| c.get(*k)) != v.as_ref())
+            .map(|(k, v)| (k.clone(), v.clone().map_or(Value::Null, Value::String)))
+            .collect()
+    }
+    let labels = changes(obj.metadata.labels.as_ref(), labels);
+    let annotations = changes(obj.metadata.annotations.as_ref(), annotations);
+    if labels.is_empty() && annotations.is_empty() {
+        return None;
+    }
+    let mut meta = Map::new();
+    if !labels.is_empty() {
+        meta.insert("labels".into(), Value::Object(labels));
+    }
+    if !annotations.is_empty() {
+        meta.insert("annotations".into(), Value::Object(annotations));
+    }
+    Some(json!({ "metadata": meta }))
+}
+
+impl Syncer for Controller {
+    type Key = TargetKey;
+
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn queue(&self) -> &WorkQueue<TargetKey> {
+        &self.queue
+    }
+
+    fn events(&self) -> &Events {
+        &self.hub.events
+    }
+
+    fn object(&self, key: &TargetKey) -> Option<Arc<DynamicObject>> {
+        self.targets.get(key.rule)?.informer.get(&key.key)
+    }
+
+    async fn sync(&self, key: &TargetKey) -> Result<Option<Duration>, SyncError> {
+        self.sync_target(key).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn object(labels: &Value, annotations: &Value) -> DynamicObject {
+        serde_json::from_value(json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "x", "labels": labels, "annotations": annotations}}))
+        .unwrap()
+    }
+
+    #[test]
+    fn metadata_patch_sets_changes_deletes_with_null_and_skips_no_ops() {
+        let obj = object(&json!({"keep": "1", "same": "v", "gone": "x"}), &json!({}));
+        let labels = BTreeMap::from([
+            ("same".to_owned(), Some("v".to_owned())),
+            ("new".to_owned(), Some("n".to_owned())),
+            ("gone".to_owned(), None),
+            ("never-there".to_owned(), None),
+        ]);
+        let patch = metadata_patch(&obj, &labels, &BTreeMap::new()).unwrap();
+        assert_eq!(patch, json!({"metadata": {"labels": {"new": "n", "gone": null}}}));
+    }
+
+    #[test]
+    fn metadata_patch_is_none_when_nothing_changes() {
+        let obj = object(&json!({"a": "1"}), &json!({"b": "2"}));
+        let labels = BTreeMap::from([("a".to_owned(), Some("1".to_owned()))]);
+        let annotations = BTreeMap::from([("b".to_owned(), Some("2".to_owned())), ("c".to_owned(), None)]);
+        assert_eq!(metadata_patch(&obj, &labels, &annotations), None);
+    }
+}

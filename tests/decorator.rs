@@ -1,0 +1,226 @@
+//! DecoratorController against the real control plane, with hooks as real Python processes.
+
+mod support;
+
+use std::time::Duration;
+
+use kube::Client;
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams};
+use serde_json::{Value, json};
+use support::{HookServer, Hub, TestNamespace, api, apply_value, eventually, install_crds, install_metahook_crds};
+
+const WAIT: Duration = Duration::from_secs(60);
+
+struct World {
+    client: Client,
+    ns: TestNamespace,
+    hook: HookServer,
+    hub: Hub,
+    label: String,
+}
+
+impl World {
+    async fn new(test: &str, handlers: &str) -> Self {
+        let client = support::client().await;
+        install_metahook_crds(&client).await;
+        install_crds(&client, include_str!("fixtures/test-crds.yaml")).await;
+        let ns = TestNamespace::create(&client, test).await;
+        let hook = HookServer::start(handlers).await;
+        let label = ns.name.clone();
+        let hub = Hub::start(&client, &label);
+        Self { client, ns, hook, hub, label }
+    }
+
+    async fn decorator(&self, spec: Value) {
+        apply_value(
+            &self.client,
+            &json!({"apiVersion": "metacontroller.k8s.io/v1alpha1", "kind": "DecoratorController",
+                    "metadata": {"name": self.label, "labels": {"metahook-test": self.label}}, "spec": spec}),
+        )
+        .await;
+    }
+
+    async fn decorators(&self) -> Api<DynamicObject> {
+        api(&self.client, "metacontroller.k8s.io/v1alpha1", "DecoratorController", None).await
+    }
+
+    async fn things(&self) -> Api<DynamicObject> {
+        api(&self.client, "test.metahook.dev/v1", "Thing", Some(&self.ns.name)).await
+    }
+
+    async fn config_maps(&self) -> Api<DynamicObject> {
+        api(&self.client, "v1", "ConfigMap", Some(&self.ns.name)).await
+    }
+
+    async fn finish(self) {
+        let decorators = self.decorators().await;
+        self.hub.stop().await;
+        let _ = decorators.delete(&self.label, &DeleteParams::default()).await;
+        self.ns.delete().await;
+    }
+}
+
+fn label(obj: &DynamicObject, key: &str) -> Option<String> {
+    obj.metadata.labels.as_ref()?.get(key).cloned()
+}
+
+fn annotation(obj: &DynamicObject, key: &str) -> Option<String> {
+    obj.metadata.annotations.as_ref()?.get(key).cloned()
+}
+
+const DECORATE: &str = r#"
+def sync(req):
+    obj = req["object"]
+    note = obj.get("spec", {}).get("note", "n")
+    name = obj["metadata"]["name"]
+    return {
+        "labels": {"decorated": "yes", "remove-me": None},
+        "annotations": {"note": note},
+        "status": {"decorated": True, "attachments": sorted(req["attachments"]["ConfigMap.v1"])},
+        "attachments": [{"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name + "-att"}, "data": {"note": note}}],
+    }
+"#;
+
+#[tokio::test]
+async fn decorator_merges_labels_writes_status_and_keeps_attachments_as_desired() {
+    let w = World::new("dec-merge", DECORATE).await;
+    w.decorator(json!({
+        "resources": [{"apiVersion": "test.metahook.dev/v1", "resource": "things",
+                       "labelSelector": {"matchLabels": {"metahook-test": w.label}}}],
+        "attachments": [{"apiVersion": "v1", "resource": "configmaps", "updateStrategy": {"method": "InPlace"}}],
+        "hooks": {"sync": {"webhook": {"url": w.hook.url("/sync")}}},
+    }))
+    .await;
+    apply_value(&w.client, &json!({"apiVersion": "test.metahook.dev/v1", "kind": "Thing",
+        "metadata": {"name": "t", "namespace": w.ns.name, "labels": {"metahook-test": w.label, "remove-me": "x", "keep": "k"}},
+        "spec": {"note": "first"}}))
+    .await;
+    let things = w.things().await;
+    let thing = eventually(WAIT, || async {
+        things
+            .get("t")
+            .await
+            .ok()
+            .filter(|t| label(t, "decorated").is_some() && t.data["status"]["attachments"] == json!(["t-att"]))
+    })
+    .await;
+    assert_eq!(label(&thing, "remove-me"), None, "null deletes a label");
+    assert_eq!(label(&thing, "keep").as_deref(), Some("k"), "labels the hook does not name are untouched");
+    assert_eq!(annotation(&thing, "note").as_deref(), Some("first"));
+    assert_eq!(thing.data["status"]["decorated"], true);
+    assert!(thing.data["status"].get("observedGeneration").is_none(), "decorators do not inject observedGeneration");
+
+    let cms = w.config_maps().await;
+    let att = cms.get("t-att").await.unwrap();
+    assert_eq!(annotation(&att, "metacontroller.k8s.io/decorator-controller").as_deref(), Some(w.label.as_str()));
+    assert_eq!(att.metadata.owner_references.as_ref().unwrap()[0].uid, thing.metadata.uid.clone().unwrap());
+
+    cms.patch("t-att", &PatchParams::default(), &Patch::Merge(json!({"data": {"note": "tampered"}}))).await.unwrap();
+    eventually(WAIT, || async { cms.get("t-att").await.ok().filter(|c| c.data["data"]["note"] == "first") }).await;
+
+    cms.delete("t-att", &DeleteParams::default()).await.unwrap();
+    let again = eventually(WAIT, || async {
+        cms.get_opt("t-att").await.unwrap().filter(|c| c.metadata.uid != att.metadata.uid)
+    })
+    .await;
+    assert_eq!(again.data["data"]["note"], "first");
+    w.finish().await;
+}
+
+const FINALIZING: &str = r#"
+def sync(req):
+    name = req["object"]["metadata"]["name"]
+    if req["finalizing"]:
+        return {"labels": {"decorated": None}, "attachments": [], "finalized": True}
+    return {"labels": {"decorated": "yes"},
+            "attachments": [{"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name + "-att"}}]}
+"#;
+
+#[tokio::test]
+async fn opting_out_finalizes_and_deleting_the_decorator_releases_its_finalizers() {
+    let w = World::new("dec-finalize", FINALIZING).await;
+    w.decorator(json!({
+        "resources": [{"apiVersion": "test.metahook.dev/v1", "resource": "things",
+                       "labelSelector": {"matchLabels": {"metahook-test": w.label, "decorate": "yes"}}}],
+        "attachments": [{"apiVersion": "v1", "resource": "configmaps"}],
+        "hooks": {"sync": {"webhook": {"url": w.hook.url("/sync")}}, "finalize": {"webhook": {"url": w.hook.url("/sync")}}},
+    }))
+    .await;
+    let finalizer = format!("metacontroller.io/decoratorcontroller-{}", w.label);
+    for name in ["leaves", "stays"] {
+        apply_value(&w.client, &json!({"apiVersion": "test.metahook.dev/v1", "kind": "Thing",
+            "metadata": {"name": name, "namespace": w.ns.name, "labels": {"metahook-test": w.label, "decorate": "yes"}}}))
+        .await;
+    }
+    let things = w.things().await;
+    let cms = w.config_maps().await;
+    for name in ["leaves", "stays"] {
+        eventually(WAIT, || async {
+            things.get(name).await.unwrap().metadata.finalizers.filter(|f| f.contains(&finalizer))
+        })
+        .await;
+        eventually(WAIT, || async { cms.get_opt(&format!("{name}-att")).await.unwrap() }).await;
+    }
+
+    things
+        .patch("leaves", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {"decorate": "no"}}})))
+        .await
+        .unwrap();
+    let left = eventually(WAIT, || async {
+        things
+            .get("leaves")
+            .await
+            .ok()
+            .filter(|t| !t.metadata.finalizers.as_ref().is_some_and(|f| f.contains(&finalizer)))
+    })
+    .await;
+    assert_eq!(label(&left, "decorated"), None, "the finalize hook's labels were applied");
+    assert!(
+        w.hook.requests("/sync").iter().any(|r| r["finalizing"] == true && r["object"]["metadata"]["name"] == "leaves")
+    );
+    eventually(WAIT, || async { cms.get_opt("leaves-att").await.unwrap().is_none().then_some(()) }).await;
+
+    w.decorators().await.delete(&w.label, &DeleteParams::default()).await.unwrap();
+    eventually(WAIT, || async {
+        things
+            .get("stays")
+            .await
+            .ok()
+            .filter(|t| !t.metadata.finalizers.as_ref().is_some_and(|f| f.contains(&finalizer)))
+    })
+    .await;
+    w.finish().await;
+}
+
+const CLUSTER_TARGET: &str = r#"
+def sync(req):
+    obj = req["object"]
+    return {"attachments": [{"apiVersion": "v1", "kind": "ConfigMap",
+                             "metadata": {"name": obj["metadata"]["name"], "namespace": obj["spec"]["ns"]}}]}
+"#;
+
+#[tokio::test]
+async fn cluster_scoped_targets_get_namespaced_attachments() {
+    let w = World::new("dec-cluster", CLUSTER_TARGET).await;
+    w.decorator(json!({
+        "resources": [{"apiVersion": "test.metahook.dev/v1", "resource": "clusterthings",
+                       "labelSelector": {"matchLabels": {"metahook-test": w.label}}}],
+        "attachments": [{"apiVersion": "v1", "resource": "configmaps"}],
+        "hooks": {"sync": {"webhook": {"url": w.hook.url("/sync")}}},
+    }))
+    .await;
+    let name = format!("ct-{}", w.label);
+    let target = apply_value(
+        &w.client,
+        &json!({"apiVersion": "test.metahook.dev/v1", "kind": "ClusterThing",
+        "metadata": {"name": name, "labels": {"metahook-test": w.label}}, "spec": {"ns": w.ns.name}}),
+    )
+    .await;
+    let cms = w.config_maps().await;
+    let att = eventually(WAIT, || async { cms.get_opt(&name).await.unwrap() }).await;
+    let owner = &att.metadata.owner_references.as_ref().unwrap()[0];
+    assert_eq!((owner.kind.as_str(), Some(&owner.uid)), ("ClusterThing", target.metadata.uid.as_ref()));
+    let cluster_things = api(&w.client, "test.metahook.dev/v1", "ClusterThing", None).await;
+    cluster_things.delete(&name, &DeleteParams::default()).await.unwrap();
+    w.finish().await;
+}

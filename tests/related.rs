@@ -1,0 +1,249 @@
+//! The customize hook and related objects, for both controller kinds, on the real control plane.
+
+mod support;
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Namespace;
+use kube::Client;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+use support::{
+    HookServer, Hub, TestNamespace, api, apply_value, eventually, install_crds, install_metahook_crds, warnings_for,
+};
+
+const WAIT: Duration = Duration::from_secs(60);
+
+struct World {
+    client: Client,
+    ns: TestNamespace,
+    hook: HookServer,
+    hub: Hub,
+    label: String,
+}
+
+impl World {
+    async fn new(test: &str, handlers: &str) -> Self {
+        let client = support::client().await;
+        install_metahook_crds(&client).await;
+        install_crds(&client, include_str!("fixtures/test-crds.yaml")).await;
+        let ns = TestNamespace::create(&client, test).await;
+        let hook = HookServer::start(handlers).await;
+        let label = ns.name.clone();
+        let hub = Hub::start(&client, &label);
+        Self { client, ns, hook, hub, label }
+    }
+
+    async fn composite(&self, parent_resource: &str, version: &str, children: Value) {
+        apply_value(
+            &self.client,
+            &json!({
+                "apiVersion": "metacontroller.k8s.io/v1alpha1", "kind": "CompositeController",
+                "metadata": {"name": self.label, "labels": {"metahook-test": self.label}},
+                "spec": {
+                    "generateSelector": true,
+                    "parentResource": {"apiVersion": "test.metahook.dev/v1", "resource": parent_resource,
+                                       "labelSelector": {"matchLabels": {"metahook-test": self.label}}},
+                    "childResources": children,
+                    "hooks": {"sync": {"version": version, "webhook": {"url": self.hook.url("/sync")}},
+                              "customize": {"version": version, "webhook": {"url": self.hook.url("/customize")}}},
+                },
+            }),
+        )
+        .await;
+    }
+
+    async fn namespace(&self, suffix: &str, labels: Value) -> String {
+        let name = format!("{}-{suffix}", self.ns.name);
+        let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name, "labels": labels}})).unwrap();
+        Api::<Namespace>::all(self.client.clone()).create(&PostParams::default(), &ns).await.unwrap();
+        name
+    }
+
+    async fn finish(self, extra_namespaces: &[String]) {
+        self.hub.stop().await;
+        let ccs = api(&self.client, "metacontroller.k8s.io/v1alpha1", "CompositeController", None).await;
+        let _ = ccs.delete(&self.label, &DeleteParams::default()).await;
+        for ns in extra_namespaces {
+            let _ = Api::<Namespace>::all(self.client.clone()).delete(ns, &DeleteParams::default()).await;
+        }
+        self.ns.delete().await;
+    }
+}
+
+/// Copies the source ConfigMap named by the parent into every namespace labelled `copy-to=<test>`.
+const PROPAGATE: &str = r#"
+def customize(req):
+    spec = req["parent"]["spec"]
+    return {"relatedResources": [
+        {"apiVersion": "v1", "resource": "configmaps", "namespace": spec["sourceNamespace"], "names": [spec["source"]]},
+        {"apiVersion": "v1", "resource": "namespaces", "labelSelector": {"matchLabels": {"copy-to": spec["label"]}}},
+    ]}
+
+def sync(req):
+    spec = req["parent"]["spec"]
+    sources = list(req["related"]["ConfigMap.v1"].values())
+    namespaces = sorted(ns["metadata"]["name"] for ns in req["related"]["Namespace.v1"].values())
+    if not sources:
+        return {"status": {"copies": 0}, "children": []}
+    data = sources[0].get("data", {})
+    copies = [{"apiVersion": "v1", "kind": "ConfigMap",
+               "metadata": {"name": spec["source"], "namespace": ns}, "data": data} for ns in namespaces]
+    return {"status": {"copies": len(copies)}, "children": copies}
+"#;
+
+#[tokio::test]
+async fn configmap_propagation_follows_the_source_and_namespace_labels() {
+    let w = World::new("propagate", PROPAGATE).await;
+    apply_value(
+        &w.client,
+        &json!({"apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "shared", "namespace": w.ns.name}, "data": {"k": "1"}}),
+    )
+    .await;
+    let a = w.namespace("a", json!({"copy-to": w.label})).await;
+    let b = w.namespace("b", json!({})).await;
+    w.composite(
+        "clusterthings",
+        "v1",
+        json!([{"apiVersion": "v1", "resource": "configmaps", "updateStrategy": {"method": "InPlace"}}]),
+    )
+    .await;
+    let parent = format!("p-{}", w.label);
+    apply_value(
+        &w.client,
+        &json!({"apiVersion": "test.metahook.dev/v1", "kind": "ClusterThing",
+        "metadata": {"name": parent, "labels": {"metahook-test": w.label}},
+        "spec": {"source": "shared", "sourceNamespace": w.ns.name, "label": w.label}}),
+    )
+    .await;
+    let in_a = api(&w.client, "v1", "ConfigMap", Some(&a)).await;
+    let in_b = api(&w.client, "v1", "ConfigMap", Some(&b)).await;
+    eventually(WAIT, || async { in_a.get_opt("shared").await.unwrap().filter(|c| c.data["data"]["k"] == "1") }).await;
+    let parents = api(&w.client, "test.metahook.dev/v1", "ClusterThing", None).await;
+    eventually(WAIT, || async { (parents.get(&parent).await.unwrap().data["status"]["copies"] == 1).then_some(()) })
+        .await;
+
+    // A change to the related source re-syncs the parent.
+    let source = api(&w.client, "v1", "ConfigMap", Some(&w.ns.name)).await;
+    source.patch("shared", &PatchParams::default(), &Patch::Merge(json!({"data": {"k": "2"}}))).await.unwrap();
+    eventually(WAIT, || async { in_a.get_opt("shared").await.unwrap().filter(|c| c.data["data"]["k"] == "2") }).await;
+
+    // Labelling another namespace (a related object) brings a copy there.
+    Api::<Namespace>::all(w.client.clone())
+        .patch(&b, &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {"copy-to": w.label}}})))
+        .await
+        .unwrap();
+    eventually(WAIT, || async { in_b.get_opt("shared").await.unwrap().filter(|c| c.data["data"]["k"] == "2") }).await;
+    eventually(WAIT, || async { (parents.get(&parent).await.unwrap().data["status"]["copies"] == 2).then_some(()) })
+        .await;
+    parents.delete(&parent, &DeleteParams::default()).await.unwrap();
+    w.finish(&[a, b]).await;
+}
+
+/// Asks for a ConfigMap in the namespace `spec.relatedNamespace` and a Namespace; echoes related keys.
+const CROSS_NAMESPACE: &str = r#"
+def customize(req):
+    spec = req["parent"]["spec"]
+    return {"relatedResources": [
+        {"apiVersion": "v1", "resource": "configmaps", "namespace": spec["relatedNamespace"], "names": ["wanted"]},
+        {"apiVersion": "v1", "resource": "namespaces", "names": [spec["relatedNamespace"]]},
+    ]}
+
+def sync(req):
+    return {"status": {"related": {t: sorted(objs) for t, objs in req["related"].items()}}, "children": []}
+"#;
+
+#[tokio::test]
+async fn v1_hooks_cannot_ask_for_another_namespace() {
+    let w = World::new("related-v1", CROSS_NAMESPACE).await;
+    let other = w.namespace("other", json!({})).await;
+    w.composite("things", "v1", json!([{"apiVersion": "v1", "resource": "configmaps"}])).await;
+    apply_value(
+        &w.client,
+        &json!({"apiVersion": "test.metahook.dev/v1", "kind": "Thing",
+        "metadata": {"name": "p", "namespace": w.ns.name, "labels": {"metahook-test": w.label}},
+        "spec": {"relatedNamespace": other}}),
+    )
+    .await;
+    let expected =
+        format!("requested related object namespace {other} differs from parent object namespace {}", w.ns.name);
+    eventually(WAIT, || async {
+        warnings_for(&w.client, &w.ns.name, "p").await.into_iter().find(|e| e.contains(&expected))
+    })
+    .await;
+    w.finish(&[other]).await;
+}
+
+#[tokio::test]
+async fn v2_hooks_see_related_objects_in_other_namespaces_and_cluster_scoped_ones() {
+    let w = World::new("related-v2", CROSS_NAMESPACE).await;
+    let other = w.namespace("other", json!({})).await;
+    apply_value(
+        &w.client,
+        &json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "wanted", "namespace": other}}),
+    )
+    .await;
+    w.composite("things", "v2", json!([{"apiVersion": "v1", "resource": "configmaps"}])).await;
+    apply_value(
+        &w.client,
+        &json!({"apiVersion": "test.metahook.dev/v1", "kind": "Thing",
+        "metadata": {"name": "p", "namespace": w.ns.name, "labels": {"metahook-test": w.label}},
+        "spec": {"relatedNamespace": other}}),
+    )
+    .await;
+    let things = api(&w.client, "test.metahook.dev/v1", "Thing", Some(&w.ns.name)).await;
+    let related = eventually(WAIT, || async {
+        let p = things.get("p").await.unwrap();
+        p.data["status"].get("related").cloned()
+    })
+    .await;
+    assert_eq!(related, json!({"ConfigMap.v1": [format!("{other}/wanted")], "Namespace.v1": [other]}));
+    w.finish(&[other]).await;
+}
+
+/// Each parent relates to the ConfigMap named in its spec; counts how often each parent is synced.
+const BY_NAME: &str = r#"
+def customize(req):
+    return {"relatedResources": [{"apiVersion": "v1", "resource": "configmaps", "names": [req["parent"]["spec"]["watch"]]}]}
+
+def sync(req):
+    return {"children": []}
+"#;
+
+#[tokio::test]
+async fn a_related_change_resyncs_only_the_parents_that_select_it() {
+    let w = World::new("related-targeted", BY_NAME).await;
+    for cm in ["watched-a", "watched-b"] {
+        apply_value(
+            &w.client,
+            &json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": cm, "namespace": w.ns.name}, "data": {"v": "0"}}),
+        )
+        .await;
+    }
+    w.composite("things", "v1", json!([{"apiVersion": "v1", "resource": "secrets"}])).await;
+    for (parent, cm) in [("pa", "watched-a"), ("pb", "watched-b")] {
+        apply_value(
+            &w.client,
+            &json!({"apiVersion": "test.metahook.dev/v1", "kind": "Thing",
+            "metadata": {"name": parent, "namespace": w.ns.name, "labels": {"metahook-test": w.label}},
+            "spec": {"watch": cm}}),
+        )
+        .await;
+    }
+    let syncs =
+        |parent: &str| w.hook.requests("/sync").iter().filter(|r| r["parent"]["metadata"]["name"] == parent).count();
+    eventually(WAIT, || async { (syncs("pa") >= 1 && syncs("pb") >= 1).then_some(()) }).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (before_a, before_b) = (syncs("pa"), syncs("pb"));
+    let customizes = w.hook.requests("/customize").len();
+
+    let cms = api(&w.client, "v1", "ConfigMap", Some(&w.ns.name)).await;
+    cms.patch("watched-a", &PatchParams::default(), &Patch::Merge(json!({"data": {"v": "1"}}))).await.unwrap();
+    eventually(WAIT, || async { (syncs("pa") > before_a).then_some(()) }).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(syncs("pb"), before_b, "a parent whose rules do not select the object is not re-synced");
+    assert_eq!(w.hook.requests("/customize").len(), customizes, "customize is cached per parent generation");
+    w.finish(&[]).await;
+}
