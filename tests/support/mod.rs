@@ -255,3 +255,73 @@ pub async fn warnings_for(client: &Client, namespace: &str, name: &str) -> Vec<S
         .map(|e| format!("{}: {}", e.reason.unwrap_or_default(), e.note.unwrap_or_default()))
         .collect()
 }
+
+/// An example's own hook server (`python3 hook.py`, `node hook.mjs`, ...), started in its directory with
+/// `PORT` set to a free port, and the helper libraries importable (`PYTHONPATH`). Killed on drop.
+pub struct ExampleHook {
+    pub port: u16,
+    _child: tokio::process::Child,
+}
+
+impl ExampleHook {
+    /// Starts `program args...` in `dir` (relative to the repo root) and waits until it accepts connections.
+    pub async fn start(dir: &str, program: &str, args: &[&str]) -> Self {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let child = tokio::process::Command::new(program)
+            .args(args)
+            .current_dir(repo_root().join(dir))
+            .env("PORT", port.to_string())
+            .env("PYTHONPATH", repo_root().join("examples-python/metahook-hooks"))
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {program} in {dir}: {e}"));
+        eventually(Duration::from_secs(20), || async {
+            tokio::net::TcpStream::connect(("127.0.0.1", port)).await.ok().map(drop)
+        })
+        .await;
+        Self { port, _child: child }
+    }
+}
+
+/// The YAML documents of an example file, ready for a test: hook URLs point at `port` (examples use
+/// `127.0.0.1:18080`), controllers carry the `metahook-test=<label>` label their test hub selects, and
+/// namespaced objects without a namespace go to `namespace`.
+pub fn example_docs(path: &str, port: u16, label: &str, namespace: &str) -> Vec<serde_json::Value> {
+    let text = std::fs::read_to_string(repo_root().join(path)).unwrap_or_else(|e| panic!("reading {path}: {e}"));
+    let text = text.replace("127.0.0.1:18080", &format!("127.0.0.1:{port}"));
+    let mut docs = Vec::new();
+    for doc in serde_yaml::Deserializer::from_str(&text) {
+        let mut value: serde_json::Value = serde::Deserialize::deserialize(doc).expect("valid YAML");
+        if value.is_null() {
+            continue;
+        }
+        let kind = value["kind"].as_str().unwrap_or_default().to_owned();
+        if kind == "CompositeController" || kind == "DecoratorController" {
+            value["metadata"]["labels"]["metahook-test"] = serde_json::json!(label);
+        } else if !CLUSTER_KINDS.contains(&kind.as_str()) && value["metadata"].get("namespace").is_none() {
+            value["metadata"]["namespace"] = serde_json::json!(namespace);
+        }
+        docs.push(value);
+    }
+    docs
+}
+
+/// Kinds the examples use that are cluster-scoped (never given a namespace by [`example_docs`]).
+const CLUSTER_KINDS: &[&str] = &[
+    "CustomResourceDefinition",
+    "Namespace",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "CompositeController",
+    "DecoratorController",
+];
+
+/// Applies documents in order, installing CRDs first and waiting for them to be served.
+pub async fn apply_docs(client: &Client, docs: &[serde_json::Value]) {
+    for doc in docs.iter().filter(|d| d["kind"] == "CustomResourceDefinition") {
+        install_crds(client, &serde_json::to_string(doc).unwrap()).await;
+    }
+    for doc in docs.iter().filter(|d| d["kind"] != "CustomResourceDefinition") {
+        apply_value(client, doc).await;
+    }
+}
