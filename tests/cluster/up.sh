@@ -254,10 +254,12 @@ start kube-scheduler "$BIN/kube-scheduler" \
   --profiling=false
 
 # kwok manages only Nodes annotated kwok.x-k8s.io/node=fake (we create them below). Its Stages
-# (bin/kwok-stages.yaml) make them Ready with Lease heartbeats, and make their Pods Running/Ready.
+# (bin/kwok-stages.yaml) make them Ready with Lease heartbeats, and make their Pods Running/Ready;
+# kwok-extra-stages.yaml adds our own (Pods labelled examples.metahook.dev/fake-complete succeed).
 start kwok "$BIN/kwok" \
   --kubeconfig="$ADMIN_KC" \
   --config="$BIN/kwok-stages.yaml" \
+  --config="$HERE/kwok-extra-stages.yaml" \
   --manage-all-nodes=false \
   --manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake \
   --node-lease-duration-seconds=40 \
