@@ -1,0 +1,198 @@
+//! End-to-end tests of the Node examples in `examples-js/`: each example's own `hook.mjs`, its YAML as
+//! shipped, an in-process hub, and the real local control plane doing the rest (ReplicaSets, Pods,
+//! Services, RBAC).
+//!
+//! Tests share the cluster with other tests: controllers are renamed per run, decorators of built-in
+//! types are narrowed to objects labelled for this test, and everything else lives in the test's
+//! namespace or has a name made from it.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use kube::Client;
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams};
+use serde_json::{Value, json};
+use support::{
+    ExampleHook, Hub, TestNamespace, api, apply_docs, eventually, example_docs, install_metahook_crds, unique_suffix,
+    warnings_for,
+};
+
+const WAIT: Duration = Duration::from_secs(60);
+
+/// One example under test: its hook process, a namespace, and a hub that runs only its controllers.
+struct Example {
+    client: Client,
+    ns: TestNamespace,
+    dir: &'static str,
+    label: String,
+    hook: ExampleHook,
+    hub: Hub,
+    /// (kind, name) of the controllers applied, deleted by [`Example::finish`].
+    controllers: Vec<(String, String)>,
+}
+
+impl Example {
+    async fn start(name: &str) -> Self {
+        let client = support::client().await;
+        install_metahook_crds(&client).await;
+        let ns = TestNamespace::create(&client, &format!("js-{name}")).await;
+        let dir: &'static str = Box::leak(format!("examples-js/{name}").into_boxed_str());
+        let hook = ExampleHook::start(dir, "node", &["hook.mjs"]).await;
+        let label = ns.name.clone();
+        let hub = Hub::start(&client, &label);
+        Self { client, ns, dir, label, hook, hub, controllers: Vec::new() }
+    }
+
+    /// The documents of one of the example's files, prepared for this test (see [`example_docs`]).
+    fn docs(&self, file: &str) -> Vec<Value> {
+        example_docs(&format!("{}/{file}", self.dir), self.hook.port, &self.label, &self.ns.name)
+    }
+
+    /// Applies the example's `crd.yaml`, if it has one.
+    async fn install_crd(&self) {
+        apply_docs(&self.client, &self.docs("crd.yaml")).await;
+    }
+
+    /// Applies the example's `controller.yaml` with each controller renamed for this run, after `narrow`
+    /// has had a chance to restrict it to this test's objects. Returns the new names by the old ones.
+    async fn apply_controllers(&mut self, narrow: impl Fn(&mut Value)) -> BTreeMap<String, String> {
+        let mut names = BTreeMap::new();
+        let mut docs = self.docs("controller.yaml");
+        for doc in &mut docs {
+            let old = doc["metadata"]["name"].as_str().unwrap().to_owned();
+            let new = format!("{old}-{}", unique_suffix());
+            doc["metadata"]["name"] = json!(new);
+            narrow(doc);
+            self.controllers.push((doc["kind"].as_str().unwrap().to_owned(), new.clone()));
+            names.insert(old, new);
+        }
+        apply_docs(&self.client, &docs).await;
+        names
+    }
+
+    /// Fails the test if anything recorded a Warning Event (e.g. a `SyncError`) on the object `name`.
+    async fn assert_no_warnings(&self, name: &str) {
+        let warnings = warnings_for(&self.client, &self.ns.name, name).await;
+        assert!(warnings.is_empty(), "warnings on {name}: {warnings:?}");
+    }
+
+    async fn api(&self, api_version: &str, kind: &str) -> Api<DynamicObject> {
+        api(&self.client, api_version, kind, Some(&self.ns.name)).await
+    }
+
+    /// Stops the hub, then deletes the controllers and the namespace. The examples' CRDs stay installed,
+    /// as the shared test CRDs do: a quick re-run would otherwise race with their deletion.
+    async fn finish(self) {
+        self.hub.stop().await;
+        for (kind, name) in &self.controllers {
+            let controllers = api(&self.client, "metacontroller.k8s.io/v1alpha1", kind, None).await;
+            let _ = controllers.delete(name, &DeleteParams::default()).await;
+        }
+        self.ns.delete().await;
+    }
+}
+
+/// Reasons of the Events recorded on the object `name` in `namespace`.
+async fn event_reasons(client: &Client, namespace: &str, name: &str) -> Vec<String> {
+    let api: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), namespace);
+    api.list(&ListParams::default())
+        .await
+        .map(|list| list.items)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+        .filter_map(|e| e.reason)
+        .collect()
+}
+
+fn label<'a>(obj: &'a DynamicObject, key: &str) -> Option<&'a str> {
+    obj.metadata.labels.as_ref()?.get(key).map(String::as_str)
+}
+
+/// The object's `metadata.uid` (objects read back from the API server always have one).
+fn uid(obj: &DynamicObject) -> &str {
+    obj.metadata.uid.as_deref().unwrap()
+}
+
+// ---- blue-green ---------------------------------------------------------------------------------
+
+const COLOR: &str = "js.examples.metahook.dev/color";
+
+/// The ReplicaSet has `n` Pods, all Ready, for its latest spec.
+fn replica_set_ready(rs: &DynamicObject, n: i64) -> bool {
+    let status = &rs.data["status"];
+    rs.data["spec"]["replicas"] == n
+        && status["replicas"].as_i64().unwrap_or(0) == n
+        && status["readyReplicas"].as_i64().unwrap_or(0) == n
+        && status["observedGeneration"].as_i64() >= rs.metadata.generation
+}
+
+#[tokio::test]
+async fn blue_green_switches_the_service_only_once_the_new_color_is_ready() {
+    let mut ex = Example::start("blue-green").await;
+    ex.install_crd().await;
+    ex.apply_controllers(|_| {}).await;
+    let mut sample = ex.docs("bluegreen.yaml");
+    apply_docs(&ex.client, &sample).await;
+    let bgds = ex.api("js.examples.metahook.dev/v1", "BlueGreenDeployment").await;
+    let replica_sets = ex.api("apps/v1", "ReplicaSet").await;
+    let services = ex.api("v1", "Service").await;
+    let status = |wanted: &'static str| {
+        let bgds = bgds.clone();
+        move || {
+            let bgds = bgds.clone();
+            async move {
+                let status = bgds.get("web").await.ok()?.data["status"].clone();
+                (status["activeColor"] == wanted && status["phase"] == "Stable" && status["readyReplicas"] == 2)
+                    .then_some(status)
+            }
+        }
+    };
+
+    // First rollout: straight to blue, two Ready Pods behind the Service.
+    let first = eventually(WAIT, status("blue")).await;
+    assert_eq!(first["green"], Value::Null, "no second color before the first template change");
+    let blue = replica_sets.get("web-blue").await.unwrap();
+    assert!(replica_set_ready(&blue, 2));
+    assert_eq!(label(&blue, "app"), Some("web"), "children carry the parent's selector labels");
+    let service = services.get("web").await.unwrap();
+    assert_eq!(service.data["spec"]["selector"], json!({"app": "web", COLOR: "blue"}));
+    assert_eq!(service.data["spec"]["ports"][0]["port"], 80);
+
+    // A template change rolls out to green; the Service switches only when green is all Ready.
+    sample[0]["spec"]["template"]["spec"]["containers"][0]["image"] = json!("nginx:1.28");
+    apply_docs(&ex.client, &sample).await;
+    eventually(WAIT, || async {
+        let service = services.get("web").await.ok()?;
+        (service.data["spec"]["selector"][COLOR] == "green").then_some(())
+    })
+    .await;
+    let green = replica_sets.get("web-green").await.unwrap();
+    assert!(replica_set_ready(&green, 2), "the Service switched to a color that was not Ready: {:?}", green.data);
+    assert_eq!(green.data["spec"]["template"]["spec"]["containers"][0]["image"], "nginx:1.28");
+
+    // Then blue scales to 0 but stays, keeping its template for a quick rollback.
+    let second = eventually(WAIT, status("green")).await;
+    let blue_after =
+        eventually(WAIT, || async { replica_sets.get("web-blue").await.ok().filter(|rs| replica_set_ready(rs, 0)) })
+            .await;
+    assert_eq!(uid(&blue_after), uid(&blue));
+    assert_eq!(blue_after.data["spec"]["template"]["spec"]["containers"][0]["image"], "nginx:1.27");
+    assert_eq!(second["blue"]["templateHash"], first["templateHash"]);
+    assert_ne!(second["templateHash"], first["templateHash"]);
+    let pods = ex.api("v1", "Pod").await;
+    let green_pods = pods.list(&ListParams::default().labels(&format!("app=web,{COLOR}=green"))).await.unwrap();
+    assert_eq!(green_pods.items.len(), 2);
+    assert!(event_reasons(&ex.client, &ex.ns.name, "web").await.iter().any(|r| r == "Switched"));
+
+    // Rolling back to the first template scales blue up again and switches back.
+    sample[0]["spec"]["template"]["spec"]["containers"][0]["image"] = json!("nginx:1.27");
+    apply_docs(&ex.client, &sample).await;
+    eventually(WAIT, status("blue")).await;
+    assert_eq!(uid(&replica_sets.get("web-blue").await.unwrap()), uid(&blue), "the old ReplicaSet was reused");
+    eventually(WAIT, || async { replica_sets.get("web-green").await.ok().filter(|rs| replica_set_ready(rs, 0)) }).await;
+    ex.assert_no_warnings("web").await;
+    ex.finish().await;
+}
