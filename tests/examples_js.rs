@@ -111,6 +111,10 @@ fn label<'a>(obj: &'a DynamicObject, key: &str) -> Option<&'a str> {
     obj.metadata.labels.as_ref()?.get(key).map(String::as_str)
 }
 
+fn annotation<'a>(obj: &'a DynamicObject, key: &str) -> Option<&'a str> {
+    obj.metadata.annotations.as_ref()?.get(key).map(String::as_str)
+}
+
 /// The object's `metadata.uid` (objects read back from the API server always have one).
 fn uid(obj: &DynamicObject) -> &str {
     obj.metadata.uid.as_deref().unwrap()
@@ -193,6 +197,93 @@ async fn blue_green_switches_the_service_only_once_the_new_color_is_ready() {
     eventually(WAIT, status("blue")).await;
     assert_eq!(uid(&replica_sets.get("web-blue").await.unwrap()), uid(&blue), "the old ReplicaSet was reused");
     eventually(WAIT, || async { replica_sets.get("web-green").await.ok().filter(|rs| replica_set_ready(rs, 0)) }).await;
+    ex.assert_no_warnings("web").await;
+    ex.finish().await;
+}
+
+// ---- service-per-pod ----------------------------------------------------------------------------
+
+/// Restricts every target rule of a DecoratorController to objects labelled for this test: decorators of
+/// built-in types (StatefulSets, Pods, CRDs) would otherwise act on other tests' objects too.
+fn only_this_test(label: &str) -> impl Fn(&mut Value) + use<> {
+    let label = label.to_owned();
+    move |controller| {
+        for rule in controller["spec"]["resources"].as_array_mut().unwrap() {
+            rule["labelSelector"] = json!({"matchLabels": {"metahook-test": label}});
+        }
+    }
+}
+
+#[tokio::test]
+async fn service_per_pod_gives_each_pod_a_label_and_a_service_that_follow_the_scale() {
+    let mut ex = Example::start("service-per-pod").await;
+    let names = ex.apply_controllers(only_this_test(&ex.label)).await;
+    let mut sample = ex.docs("statefulset.yaml");
+    let set = sample.iter_mut().find(|d| d["kind"] == "StatefulSet").unwrap();
+    set["metadata"]["labels"]["metahook-test"] = json!(ex.label);
+    set["spec"]["template"]["metadata"]["labels"]["metahook-test"] = json!(ex.label);
+    apply_docs(&ex.client, &sample).await;
+    let pods = ex.api("v1", "Pod").await;
+    let services = ex.api("v1", "Service").await;
+    let slices = ex.api("discovery.k8s.io/v1", "EndpointSlice").await;
+    let stateful_sets = ex.api("apps/v1", "StatefulSet").await;
+    let owner = stateful_sets.get("web").await.unwrap();
+
+    // Each Pod is labelled with its own name, and its Service routes to it alone.
+    let check_pod = |pod_name: String| {
+        let (pods, services, slices) = (pods.clone(), services.clone(), slices.clone());
+        let (owner_uid, decorator) = (uid(&owner).to_owned(), names["js-service-per-pod"].clone());
+        async move {
+            eventually(WAIT, || async {
+                pods.get(&pod_name).await.ok().filter(|p| label(p, "pod-name") == Some(pod_name.as_str()))
+            })
+            .await;
+            let service = eventually(WAIT, || async { services.get_opt(&pod_name).await.unwrap() }).await;
+            assert_eq!(service.data["spec"]["selector"], json!({"pod-name": pod_name}));
+            assert_eq!(
+                service.data["spec"]["ports"],
+                json!([{"name": "port-80", "port": 80, "targetPort": 8080, "protocol": "TCP"}])
+            );
+            let owners = service.metadata.owner_references.clone().unwrap_or_default();
+            assert_eq!(owners.iter().map(|o| o.uid.as_str()).collect::<Vec<_>>(), [owner_uid.as_str()]);
+            assert_eq!(annotation(&service, "metacontroller.k8s.io/decorator-controller"), Some(decorator.as_str()));
+            // The endpoints controller agrees: the Service has exactly this Pod behind it.
+            let by_service = ListParams::default().labels(&format!("kubernetes.io/service-name={pod_name}"));
+            eventually(WAIT, || async {
+                let targets: Vec<Value> = slices
+                    .list(&by_service)
+                    .await
+                    .ok()?
+                    .items
+                    .iter()
+                    .flat_map(|s| s.data["endpoints"].as_array().cloned().unwrap_or_default())
+                    .map(|e| e["targetRef"]["name"].clone())
+                    .collect();
+                (targets == [json!(pod_name)]).then_some(())
+            })
+            .await;
+        }
+    };
+    for pod in ["web-0", "web-1"] {
+        check_pod(pod.to_owned()).await;
+    }
+
+    // Scaling up adds a Service; scaling down removes the extra ones.
+    let set = sample.iter_mut().find(|d| d["kind"] == "StatefulSet").unwrap();
+    set["spec"]["replicas"] = json!(3);
+    apply_docs(&ex.client, &sample).await;
+    check_pod("web-2".to_owned()).await;
+    let set = sample.iter_mut().find(|d| d["kind"] == "StatefulSet").unwrap();
+    set["spec"]["replicas"] = json!(1);
+    apply_docs(&ex.client, &sample).await;
+    eventually(WAIT, || async {
+        let gone =
+            services.get_opt("web-1").await.unwrap().is_none() && services.get_opt("web-2").await.unwrap().is_none();
+        gone.then_some(())
+    })
+    .await;
+    assert!(services.get_opt("web-0").await.unwrap().is_some());
+    assert!(services.get_opt("web").await.unwrap().is_some(), "the headless Service is not the decorator's");
     ex.assert_no_warnings("web").await;
     ex.finish().await;
 }
