@@ -12,6 +12,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use k8s_openapi::api::authorization::v1::SubjectAccessReview;
+use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::Client;
@@ -400,5 +401,97 @@ async fn crd_roles_attach_a_reader_cluster_role_that_grants_exactly_read_access(
         .collect();
     assert!(warnings.is_empty(), "{warnings:?}");
     let _ = Api::<ClusterRoleBinding>::all(client.clone()).delete(&binding, &DeleteParams::default()).await;
+    ex.finish().await;
+}
+
+// ---- cross-namespace-config ---------------------------------------------------------------------
+
+#[tokio::test]
+async fn cross_namespace_config_merges_sources_from_another_namespace_and_its_namespace_labels() {
+    let mut ex = Example::start("cross-namespace-config").await;
+    ex.install_crd().await;
+    ex.apply_controllers(|_| {}).await;
+    let client = ex.client.clone();
+    let namespaces = Api::<Namespace>::all(client.clone());
+    let label_namespace = |team: &str| {
+        let patch = Patch::Merge(json!({"metadata": {"labels": {"team": team}}}));
+        let (namespaces, ns) = (namespaces.clone(), ex.ns.name.clone());
+        async move { namespaces.patch(&ns, &PatchParams::default(), &patch).await.unwrap() }
+    };
+    label_namespace("payments").await;
+    // The sample's source namespace, renamed for this test.
+    let shared = format!("{}-shared", ex.ns.name);
+    let text = serde_json::to_string(&ex.docs("mergedconfig.yaml"))
+        .unwrap()
+        .replace("\"shared-config\"", &format!("\"{shared}\""));
+    let sample: Vec<Value> = serde_json::from_str(&text).unwrap();
+    apply_docs(&client, &sample).await;
+    let merged_configs = ex.api("js.examples.metahook.dev/v1", "MergedConfig").await;
+    let config_maps = ex.api("v1", "ConfigMap").await;
+    let sources = api(&client, "v1", "ConfigMap", Some(&shared)).await;
+    let merged_data = |wanted: Value| {
+        let config_maps = config_maps.clone();
+        async move {
+            eventually(WAIT, || async {
+                config_maps.get_opt("app-config").await.unwrap().filter(|c| c.data["data"] == wanted)
+            })
+            .await
+        }
+    };
+
+    // Labelled sources merge in name order ("overrides" wins), then the Namespace's `team` label.
+    let merged = merged_data(json!({"log-level": "debug", "timeout": "30s", "team": "payments"})).await;
+    let parent = merged_configs.get("app-config").await.unwrap();
+    assert_eq!(merged.metadata.owner_references.as_ref().unwrap()[0].uid, uid(&parent));
+    let (defaults, overrides) = (format!("{shared}/defaults"), format!("{shared}/overrides"));
+    assert_eq!(
+        annotation(&merged, "js.examples.metahook.dev/sources"),
+        Some(format!("{defaults},{overrides}").as_str())
+    );
+    let status = eventually(WAIT, || async {
+        let status = merged_configs.get("app-config").await.unwrap().data["status"].clone();
+        (status["keyCount"] == 3).then_some(status)
+    })
+    .await;
+    // v2 keys: namespace/name for the ConfigMaps of another namespace, the bare name for the Namespace.
+    assert_eq!(status["read"], json!({"ConfigMap.v1": [defaults, overrides], "Namespace.v1": [ex.ns.name]}));
+    assert_eq!(status["conflicts"], json!(["log-level"]));
+    assert_eq!(status["setBy"]["team"], json!(ex.ns.name));
+    assert_eq!(status["observedGeneration"], json!(parent.metadata.generation));
+
+    // Changes to the related objects, in the other namespace or cluster-scoped, flow through.
+    sources
+        .patch("defaults", &PatchParams::default(), &Patch::Merge(json!({"data": {"timeout": "60s"}})))
+        .await
+        .unwrap();
+    merged_data(json!({"log-level": "debug", "timeout": "60s", "team": "payments"})).await;
+    sources
+        .patch(
+            "unrelated",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"merge-into": "app-config"}}})),
+        )
+        .await
+        .unwrap();
+    sources
+        .patch(
+            "overrides",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"merge-into": null}}})),
+        )
+        .await
+        .unwrap();
+    merged_data(json!({"log-level": "info", "timeout": "60s", "not-for-app-config": "true", "team": "payments"})).await;
+    label_namespace("checkout").await;
+    merged_data(json!({"log-level": "info", "timeout": "60s", "not-for-app-config": "true", "team": "checkout"})).await;
+    let status = eventually(WAIT, || async {
+        let status = merged_configs.get("app-config").await.unwrap().data["status"].clone();
+        (status["keyCount"] == 4).then_some(status)
+    })
+    .await;
+    assert_eq!(status["read"]["ConfigMap.v1"], json!([defaults, format!("{shared}/unrelated")]));
+    assert_eq!(status["conflicts"], json!([]));
+    ex.assert_no_warnings("app-config").await;
+    let _ = namespaces.delete(&shared, &DeleteParams::default()).await;
     ex.finish().await;
 }
