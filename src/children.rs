@@ -20,6 +20,12 @@ use crate::hooks::{ObjectMaps, group_version_kind_key, object_key};
 use crate::informers::{Informer, ObjectKey, controller_uid};
 use crate::selector::Selector;
 
+/// The resolved types of `types`, in order.
+#[must_use]
+pub fn resources(types: &[ChildType]) -> Vec<Arc<ResolvedResource>> {
+    types.iter().map(|t| Arc::clone(t.resource())).collect()
+}
+
 /// One declared child type, resolved and cached.
 #[derive(Clone)]
 pub struct ChildType {
@@ -211,14 +217,13 @@ pub async fn manage(
 /// when empty, keyed per the hook version. `parent_ns` is `None` for a cluster-scoped parent.
 #[must_use]
 pub fn request_map(
-    types: &[ChildType],
+    types: &[Arc<ResolvedResource>],
     version: HookVersion,
     parent_ns: Option<&str>,
     observed: &[ChildMap<Arc<DynamicObject>>],
 ) -> ObjectMaps {
     let mut maps = ObjectMaps::new();
-    for (child_type, objects) in types.iter().zip(observed) {
-        let resource = child_type.resource();
+    for (resource, objects) in types.iter().zip(observed) {
         let entry = maps.entry(group_version_kind_key(resource.api_version(), resource.kind())).or_default();
         for (key, obj) in objects {
             if let Some(k) = object_key(version, parent_ns, key.namespace.as_deref(), &key.name) {
@@ -234,7 +239,7 @@ pub fn request_map(
 /// `decorate` adds what the controller kind requires (labels, annotations) or rejects the object.
 /// Any problem rejects the whole list: a partial apply could delete children the hook meant to keep.
 pub fn desired_children(
-    types: &[ChildType],
+    types: &[Arc<ResolvedResource>],
     parent: &DynamicObject,
     parent_resource: &ResolvedResource,
     items: &[Value],
@@ -255,7 +260,7 @@ pub fn desired_children(
         }
         let index = types
             .iter()
-            .position(|t| t.resource().api_version() == api_version && t.resource().kind() == kind)
+            .position(|t| t.api_version() == api_version && t.kind() == kind)
             .ok_or_else(|| format!("{kind} {name}: {api_version}/{kind} is not a declared child resource"))?;
         let mut obj = strip_server_fields(item.clone());
         let meta = obj
@@ -263,7 +268,7 @@ pub fn desired_children(
             .and_then(Value::as_object_mut)
             .ok_or_else(|| format!("{kind} {name}: metadata is not an object"))?;
         let requested = meta.get("namespace").and_then(Value::as_str);
-        let namespace = resolve_namespace(types[index].resource(), parent_ns.as_deref(), requested)
+        let namespace = resolve_namespace(&types[index], parent_ns.as_deref(), requested)
             .map_err(|reason| format!("{kind} {name}: {reason}"))?;
         match &namespace {
             Some(ns) => meta.insert("namespace".into(), Value::String(ns.clone())),

@@ -29,6 +29,8 @@ enum Command {
     Version,
     /// Print the CustomResourceDefinitions metahook serves, as YAML.
     Crds,
+    /// Run a CompositeController's hook on YAML fixtures, without a cluster, and show what the hub would do.
+    Render(crate::render::RenderArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -55,6 +57,27 @@ pub fn main() -> ExitCode {
         Command::Crds => {
             print!("{}", crate::crds::all_yaml());
             ExitCode::SUCCESS
+        }
+        Command::Render(args) => {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build();
+            let result = match runtime {
+                Ok(rt) => rt.block_on(crate::render::render(&args)),
+                Err(e) => Err(crate::render::RenderError::Setup(e.to_string())),
+            };
+            match result {
+                Ok(report) => {
+                    print!("{report}");
+                    ExitCode::SUCCESS
+                }
+                Err(err @ crate::render::RenderError::Invalid(_)) => {
+                    eprintln!("metahook render: {err}");
+                    ExitCode::from(1)
+                }
+                Err(err) => {
+                    eprintln!("metahook render: {err}");
+                    ExitCode::from(2)
+                }
+            }
         }
         Command::Run(args) => {
             init_tracing();

@@ -15,7 +15,8 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::api::{CompositeController, labels_of};
-use crate::children::{ChildType, claim, desired_children, manage, request_map};
+use crate::children::{ChildMap, ChildType, claim, desired_children, manage, request_map, resources};
+use crate::discovery::ResolvedResource;
 use crate::events::Events;
 use crate::hooks::{CompositeRequest, CompositeResponse};
 use crate::hub::Hub;
@@ -199,23 +200,8 @@ impl Controller {
         }
     }
 
-    /// Selector that decides which objects are this parent's children.
     fn child_selector(&self, parent: &DynamicObject) -> Result<Selector, SyncError> {
-        if self.cc.spec.generate_selector == Some(true) {
-            let uid = parent.metadata.uid.clone().unwrap_or_default();
-            return Ok(Selector::from_labels(&BTreeMap::from([(CONTROLLER_UID_LABEL.to_owned(), uid)])));
-        }
-        let raw = parent.data.pointer("/spec/selector").cloned().unwrap_or(Value::Null);
-        let selector: LabelSelector =
-            serde_json::from_value(raw).map_err(|e| SyncError::ParentSelector(e.to_string()))?;
-        if selector.match_labels.as_ref().is_none_or(BTreeMap::is_empty)
-            && selector.match_expressions.as_ref().is_none_or(Vec::is_empty)
-        {
-            return Err(SyncError::ParentSelector(
-                ".spec.selector must have either matchLabels, matchExpressions, or both".into(),
-            ));
-        }
-        Selector::from_label_selector(&selector).map_err(|e| SyncError::ParentSelector(e.to_string()))
+        child_selector(&self.cc, parent)
     }
 
     async fn sync_parent(&self, key: &ObjectKey) -> Result<Option<Duration>, SyncError> {
@@ -253,7 +239,7 @@ impl Controller {
         };
         let related = self.related.gather(key, &parent, scope).await?;
         let parent_json = serde_json::to_value(&*parent).unwrap_or(Value::Null);
-        let children = request_map(&self.children, scope.version, scope.namespace, &observed);
+        let children = request_map(&resources(&self.children), scope.version, scope.namespace, &observed);
         let request = CompositeRequest {
             controller: &self.cc_json,
             parent: &parent_json,
@@ -262,8 +248,8 @@ impl Controller {
             finalizing,
         };
         let response = self.hub.hooks.composite(hook, &request).await?;
-        let desired = self.validate(&parent, &response, &selector)?;
-        let status = desired_status(&parent, response.status.as_ref())?;
+        let (desired, status) =
+            validate_response(&self.cc, &parent, parent_resource, &resources(&self.children), &response, &selector)?;
         record_hook_events(&self.hub.events, &parent, &response.events).await;
 
         let errors = manage(&self.hub.applier, &self.children, &observed, &desired).await;
@@ -275,34 +261,6 @@ impl Controller {
             set_finalizer(&api, &parent, &self.finalizer, false).await?;
         }
         Ok(resync_after(response.resync_after_seconds))
-    }
-
-    /// Desired children by type; every child must also match the parent's selector.
-    fn validate(
-        &self,
-        parent: &DynamicObject,
-        response: &CompositeResponse,
-        selector: &Selector,
-    ) -> Result<Vec<crate::children::ChildMap<Value>>, SyncError> {
-        let generate = self.cc.spec.generate_selector == Some(true);
-        let uid = parent.metadata.uid.clone().unwrap_or_default();
-        desired_children(&self.children, parent, self.parent.resource(), &response.children, |meta| {
-            if generate {
-                let labels = meta.entry("labels").or_insert_with(|| json!({}));
-                if let Some(labels) = labels.as_object_mut() {
-                    labels.entry(CONTROLLER_UID_LABEL).or_insert_with(|| Value::String(uid.clone()));
-                }
-            }
-            let labels: BTreeMap<String, String> =
-                serde_json::from_value(meta.get("labels").cloned().unwrap_or(json!({})))
-                    .map_err(|e| format!("labels: {e}"))?;
-            if selector.matches(&labels) {
-                Ok(())
-            } else {
-                Err("labels on desired child don't match parent selector".into())
-            }
-        })
-        .map_err(SyncError::InvalidResponse)
     }
 }
 
@@ -328,6 +286,57 @@ impl Syncer for Controller {
     async fn sync(&self, key: &ObjectKey) -> Result<Option<Duration>, SyncError> {
         self.sync_parent(key).await
     }
+}
+
+/// Selector that decides which objects are `parent`'s children: `controller-uid=<uid>` with
+/// `generateSelector`, else the parent's `spec.selector`.
+pub fn child_selector(cc: &CompositeController, parent: &DynamicObject) -> Result<Selector, SyncError> {
+    if cc.spec.generate_selector == Some(true) {
+        let uid = parent.metadata.uid.clone().unwrap_or_default();
+        return Ok(Selector::from_labels(&BTreeMap::from([(CONTROLLER_UID_LABEL.to_owned(), uid)])));
+    }
+    let raw = parent.data.pointer("/spec/selector").cloned().unwrap_or(Value::Null);
+    let selector: LabelSelector = serde_json::from_value(raw).map_err(|e| SyncError::ParentSelector(e.to_string()))?;
+    if selector.match_labels.as_ref().is_none_or(BTreeMap::is_empty)
+        && selector.match_expressions.as_ref().is_none_or(Vec::is_empty)
+    {
+        return Err(SyncError::ParentSelector(
+            ".spec.selector must have either matchLabels, matchExpressions, or both".into(),
+        ));
+    }
+    Selector::from_label_selector(&selector).map_err(|e| SyncError::ParentSelector(e.to_string()))
+}
+
+/// Validates a sync/finalize response whole: the desired children by declared type (each must match
+/// the parent's selector; `controller-uid` is added under `generateSelector`) and the status to write.
+/// The engine and `metahook render` both use this, so a hook tested offline is judged the same way.
+pub fn validate_response(
+    cc: &CompositeController,
+    parent: &DynamicObject,
+    parent_resource: &ResolvedResource,
+    child_resources: &[Arc<ResolvedResource>],
+    response: &CompositeResponse,
+    selector: &Selector,
+) -> Result<(Vec<ChildMap<Value>>, Value), SyncError> {
+    let generate = cc.spec.generate_selector == Some(true);
+    let uid = parent.metadata.uid.clone().unwrap_or_default();
+    let desired = desired_children(child_resources, parent, parent_resource, &response.children, |meta| {
+        if generate {
+            let labels = meta.entry("labels").or_insert_with(|| json!({}));
+            if let Some(labels) = labels.as_object_mut() {
+                labels.entry(CONTROLLER_UID_LABEL).or_insert_with(|| Value::String(uid.clone()));
+            }
+        }
+        let labels: BTreeMap<String, String> = serde_json::from_value(meta.get("labels").cloned().unwrap_or(json!({})))
+            .map_err(|e| format!("labels: {e}"))?;
+        if selector.matches(&labels) {
+            Ok(())
+        } else {
+            Err("labels on desired child don't match parent selector".into())
+        }
+    })
+    .map_err(SyncError::InvalidResponse)?;
+    Ok((desired, desired_status(parent, response.status.as_ref())?))
 }
 
 /// The group part of an apiVersion (`""` for the core group).

@@ -16,7 +16,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::api::{DecoratorController, labels_of};
-use crate::children::{ChildMap, ChildType, desired_children, manage, request_map};
+use crate::children::{ChildMap, ChildType, desired_children, manage, request_map, resources};
 use crate::composite::meaningful_parent_change;
 use crate::events::Events;
 use crate::hooks::DecoratorRequest;
@@ -287,7 +287,7 @@ impl Controller {
         let observed = self.observed_attachments(&target, resource.namespaced);
         let related = self.related.gather(key, &target, scope).await?;
         let object = serde_json::to_value(&*target).unwrap_or(Value::Null);
-        let attachments = request_map(&self.attachments, scope.version, scope.namespace, &observed);
+        let attachments = request_map(&resources(&self.attachments), scope.version, scope.namespace, &observed);
         let request = DecoratorRequest {
             controller: &self.dc_json,
             object: &object,
@@ -298,13 +298,14 @@ impl Controller {
         let response = self.hub.hooks.decorator(hook, &request).await?;
 
         let name = self.name.clone();
-        let desired = desired_children(&self.attachments, &target, resource, &response.attachments, |meta| {
-            let annotations = meta.entry("annotations").or_insert_with(|| json!({}));
-            let annotations = annotations.as_object_mut().ok_or("metadata.annotations is not an object")?;
-            annotations.insert(DECORATOR_ANNOTATION.into(), Value::String(name.clone()));
-            Ok(())
-        })
-        .map_err(SyncError::InvalidResponse)?;
+        let desired =
+            desired_children(&resources(&self.attachments), &target, resource, &response.attachments, |meta| {
+                let annotations = meta.entry("annotations").or_insert_with(|| json!({}));
+                let annotations = annotations.as_object_mut().ok_or("metadata.annotations is not an object")?;
+                annotations.insert(DECORATOR_ANNOTATION.into(), Value::String(name.clone()));
+                Ok(())
+            })
+            .map_err(SyncError::InvalidResponse)?;
         let status = match response.status {
             None | Some(Value::Null) => None,
             Some(Value::Object(map)) => Some(Value::Object(map)),

@@ -23,5 +23,6 @@ pub mod informers;
 pub mod manager;
 pub mod queue;
 pub mod related;
+pub mod render;
 pub mod selector;
 pub mod sync;
