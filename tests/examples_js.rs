@@ -201,6 +201,36 @@ async fn blue_green_switches_the_service_only_once_the_new_color_is_ready() {
     eventually(WAIT, status("blue")).await;
     assert_eq!(uid(&replica_sets.get("web-blue").await.unwrap()), uid(&blue), "the old ReplicaSet was reused");
     eventually(WAIT, || async { replica_sets.get("web-green").await.ok().filter(|rs| replica_set_ready(rs, 0)) }).await;
+
+    // A template whose Pods cannot be scheduled never gets traffic...
+    let containers = sample[0]["spec"]["template"]["spec"]["containers"].clone();
+    sample[0]["spec"]["template"]["spec"] =
+        json!({"containers": containers, "nodeSelector": {"js.examples.metahook.dev/no-such-node": "true"}});
+    apply_docs(&ex.client, &sample).await;
+    eventually(WAIT, || async {
+        let status = bgds.get("web").await.ok()?.data["status"].clone();
+        (status["phase"] == "RollingOut" && status["green"]["replicas"] == 2).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let stuck = bgds.get("web").await.unwrap().data["status"].clone();
+    assert_eq!((&stuck["activeColor"], &stuck["phase"]), (&json!("blue"), &json!("RollingOut")), "{stuck}");
+    assert_eq!(services.get("web").await.unwrap().data["spec"]["selector"][COLOR], "blue");
+
+    // ...and fixing it replaces those Pending Pods before green is switched to (Preparing, then RollingOut).
+    sample[0]["spec"]["template"]["spec"] = json!({"containers": containers});
+    sample[0]["spec"]["template"]["spec"]["containers"][0]["image"] = json!("nginx:1.29");
+    apply_docs(&ex.client, &sample).await;
+    eventually(WAIT, status("green")).await;
+    let green_pods = pods.list(&ListParams::default().labels(&format!("app=web,{COLOR}=green"))).await.unwrap();
+    let images: Vec<&Value> = green_pods
+        .items
+        .iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .map(|p| &p.data["spec"]["containers"][0]["image"])
+        .collect();
+    assert_eq!(images, [&json!("nginx:1.29"), &json!("nginx:1.29")], "no Pod of the broken template is left");
+    eventually(WAIT, || async { replica_sets.get("web-blue").await.ok().filter(|rs| replica_set_ready(rs, 0)) }).await;
     ex.assert_no_warnings("web").await;
     ex.finish().await;
 }
