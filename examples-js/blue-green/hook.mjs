@@ -145,7 +145,7 @@ export function sync(request) {
   return compositeResponse({ children, status, events });
 }
 
-if (import.meta.url === pathToFileURL(process.argv[1]).href) {
+if (process.argv[1] && import.meta.url === pathToFileURL(process.argv[1]).href) {
   const port = Number(process.env.PORT ?? 18080);
   await serve({ "/sync": sync }, { port, host: "127.0.0.1" });
   console.log(`blue-green hook listening on 127.0.0.1:${port}`);

@@ -88,7 +88,7 @@ export function syncPod(request) {
   return decoratorResponse({ labels: { [label]: pod.metadata.name } });
 }
 
-if (import.meta.url === pathToFileURL(process.argv[1]).href) {
+if (process.argv[1] && import.meta.url === pathToFileURL(process.argv[1]).href) {
   const port = Number(process.env.PORT ?? 18080);
   await serve({ "/sync-statefulset": syncStatefulSet, "/sync-pod": syncPod }, { port, host: "127.0.0.1" });
   console.log(`service-per-pod hooks listening on 127.0.0.1:${port}`);
