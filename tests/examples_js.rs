@@ -29,7 +29,7 @@ const WAIT: Duration = Duration::from_secs(60);
 struct Example {
     client: Client,
     ns: TestNamespace,
-    dir: &'static str,
+    dir: String,
     label: String,
     hook: ExampleHook,
     hub: Hub,
@@ -42,8 +42,8 @@ impl Example {
         let client = support::client().await;
         install_metahook_crds(&client).await;
         let ns = TestNamespace::create(&client, &format!("js-{name}")).await;
-        let dir: &'static str = Box::leak(format!("examples-js/{name}").into_boxed_str());
-        let hook = ExampleHook::start(dir, "node", &["hook.mjs"]).await;
+        let dir = format!("examples-js/{name}");
+        let hook = ExampleHook::start(&dir, "node", &["hook.mjs"]).await;
         let label = ns.name.clone();
         let hub = Hub::start(&client, &label);
         Self { client, ns, dir, label, hook, hub, controllers: Vec::new() }
