@@ -16,6 +16,8 @@ use serde::{Deserialize, Serialize};
 pub const GROUP: &str = "metacontroller.k8s.io";
 /// The only version Metacontroller serves.
 pub const VERSION: &str = "v1alpha1";
+/// `apiVersion` of every metahook/Metacontroller resource.
+pub const GROUP_VERSION: &str = "metacontroller.k8s.io/v1alpha1";
 
 /// A controller whose parent type is `parentResource` and whose children are computed by the `sync` hook.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]

@@ -95,10 +95,16 @@ impl Applier {
                 // Only recreate when applying would really change the object: a dry run shows the result
                 // including defaults, so fields set by others or by defaulting don't trigger a delete.
                 let params = self.params().dry_run();
-                let result = api.patch(&key.name, &params, &Patch::Apply(desired)).await.map_err(err)?;
-                if sanitized(&result) == sanitized(observed) {
-                    self.applied.lock().expect("applied lock").insert(cache_key, current);
-                    return Ok(Applied::Unchanged);
+                match api.patch(&key.name, &params, &Patch::Apply(desired)).await {
+                    Ok(result) if sanitized(&result) == sanitized(observed) => {
+                        self.applied.lock().expect("applied lock").insert(cache_key, current);
+                        return Ok(Applied::Unchanged);
+                    }
+                    Ok(_) => {}
+                    // The change touches immutable fields (e.g. most of a Pod's spec): it can only be
+                    // had by recreating, which is exactly what this method is for.
+                    Err(kube::Error::Api(status)) if status.code == 422 => {}
+                    Err(e) => return Err(err(e)),
                 }
                 self.delete(resource, observed).await?;
                 return Ok(Applied::Deleted);

@@ -24,5 +24,6 @@ pub mod manager;
 pub mod queue;
 pub mod related;
 pub mod render;
+pub mod revisions;
 pub mod selector;
 pub mod sync;

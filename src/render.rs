@@ -400,12 +400,12 @@ fn diff(old: &str, new: &str) -> String {
         if i < a.len() && j < b.len() && a[i] == b[j] {
             let _ = writeln!(out, "  {}", a[i]);
             (i, j) = (i + 1, j + 1);
-        } else if j < b.len() && (i == a.len() || lcs[i][j + 1] >= lcs[i + 1][j]) {
-            let _ = writeln!(out, "+ {}", b[j]);
-            j += 1;
-        } else {
+        } else if i < a.len() && (j == b.len() || lcs[i + 1][j] >= lcs[i][j + 1]) {
             let _ = writeln!(out, "- {}", a[i]);
             i += 1;
+        } else {
+            let _ = writeln!(out, "+ {}", b[j]);
+            j += 1;
         }
     }
     out

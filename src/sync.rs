@@ -31,10 +31,8 @@ pub enum StartError {
     NotFound { role: &'static str, source: DiscoveryError },
     #[error("parent resource {resource} has no status subresource; metahook writes parent status through /status")]
     NoStatusSubresource { resource: String },
-    #[error(
-        "child resource {resource} uses update method {method:?}, which this version of metahook does not support yet"
-    )]
-    UnsupportedMethod { resource: String, method: crate::api::UpdateMethod },
+    #[error("rolling update methods need a namespaced parent (ControllerRevisions live in its namespace)")]
+    RollingNeedsNamespacedParent,
     #[error("label selector: {0}")]
     Selector(#[from] SelectorError),
 }
@@ -48,9 +46,10 @@ impl StartError {
             Self::NotFound { role: "parent", .. } => "ParentResourceNotFound",
             Self::NotFound { role: "child", .. } => "ChildResourceNotFound",
             Self::NotFound { role: "attachment", .. } => "AttachmentResourceNotFound",
+            Self::NotFound { role: "controllerrevision", .. } => "ControllerRevisionCRDNotInstalled",
             Self::NotFound { .. } => "ResourceNotFound",
             Self::NoStatusSubresource { .. } => "NoStatusSubresource",
-            Self::UnsupportedMethod { .. } => "UnsupportedUpdateMethod",
+            Self::RollingNeedsNamespacedParent => "UnsupportedUpdateMethod",
             Self::Selector(_) => "InvalidSelector",
         }
     }
@@ -79,6 +78,10 @@ pub enum SyncError {
     Apply(Vec<ApplyError>),
     #[error("updating {what}: {source}")]
     Write { what: &'static str, source: Box<kube::Error> },
+    /// Someone else wrote the object since we read it; retried quietly with the fresh copy, as
+    /// client-go's retry-on-conflict would.
+    #[error("conflict updating {0}")]
+    Conflict(&'static str),
 }
 
 impl From<ClaimError> for SyncError {
@@ -118,6 +121,10 @@ pub(crate) async fn work<S: Syncer>(syncer: Arc<S>) {
             }
             Err(SyncError::RelatedNotSynced(resource)) => {
                 debug!(controller = syncer.name(), object = %key, resource, "related cache not synced yet");
+                queue.add_rate_limited(key.clone());
+            }
+            Err(SyncError::Conflict(what)) => {
+                debug!(controller = syncer.name(), object = %key, what, "conflict; retrying with a fresh copy");
                 queue.add_rate_limited(key.clone());
             }
             Err(err) => {
@@ -196,6 +203,7 @@ pub(crate) async fn set_finalizer(
     match api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 409 => Err(SyncError::Conflict("finalizers")),
         Err(e) => Err(SyncError::Write { what: "finalizers", source: Box::new(e) }),
     }
 }
