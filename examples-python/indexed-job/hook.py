@@ -1,0 +1,78 @@
+#!/usr/bin/env python3
+"""indexed-job sync hook: one Pod per index, at most `parallelism` running, status counts them.
+
+The desired children are: every Pod that already exists (so finished Pods stay, like a Job's), plus
+Pods for indexes that never succeeded, as long as fewer than `parallelism` are active. A succeeded
+index is remembered in the status, so it is not run again if its Pod is deleted. A failed Pod is not
+retried (delete it to retry its index).
+
+Uses metahook_hooks (standard library only). Listens on 127.0.0.1:$PORT.
+"""
+import copy
+import os
+
+from metahook_hooks import children_of, composite_response, event, parent_of, serve
+
+JOB_LABEL = "python.examples.metahook.dev/indexed-job"
+INDEX_LABEL = "python.examples.metahook.dev/completion-index"
+ACTIVE = ("Pending", "Running")
+
+
+def pod_for(job, index):
+    """The Pod for one index: the job's template, named `<job>-<index>`, with INDEX set."""
+    template = copy.deepcopy(job["spec"]["template"])
+    name = job["metadata"]["name"]
+    metadata = template.get("metadata", {})
+    labels = {**metadata.get("labels", {}), JOB_LABEL: name, INDEX_LABEL: str(index)}
+    spec = template["spec"]
+    spec.setdefault("restartPolicy", "Never")
+    for container in spec["containers"]:
+        env = [e for e in container.get("env", []) if e["name"] != "INDEX"]
+        container["env"] = [*env, {"name": "INDEX", "value": str(index)}]
+    pod_metadata = {"name": f"{name}-{index}", "labels": labels}
+    if metadata.get("annotations"):
+        pod_metadata["annotations"] = metadata["annotations"]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": pod_metadata, "spec": spec}
+
+
+def sync(request):
+    job = parent_of(request)
+    completions = job["spec"]["completions"]
+    parallelism = job["spec"].get("parallelism", completions)
+    previous = job.get("status", {})
+
+    pods = {}
+    for pod in children_of(request, "Pod.v1"):
+        index = pod["metadata"].get("labels", {}).get(INDEX_LABEL, "")
+        if index.isdigit() and int(index) < completions:
+            pods[int(index)] = pod
+    phase = {i: pod.get("status", {}).get("phase", "Pending") for i, pod in pods.items()}
+    succeeded = {i for i, p in phase.items() if p == "Succeeded"} | set(previous.get("completedIndexes", []))
+    failed = {i for i, p in phase.items() if p == "Failed"} - succeeded
+    active = {i for i, p in phase.items() if p in ACTIVE and pods[i]["metadata"].get("deletionTimestamp") is None}
+
+    # Keep every Pod we have; start missing indexes while there is room.
+    wanted = set(pods)
+    for index in range(completions):
+        if len(active) >= parallelism:
+            break
+        if index not in pods and index not in succeeded:
+            wanted.add(index)
+            active.add(index)
+    children = [pod_for(job, i) for i in sorted(wanted)]
+
+    complete = len(succeeded) == completions
+    status = {
+        "active": len(active),
+        "succeeded": len(succeeded),
+        "failed": len(failed),
+        "completedIndexes": sorted(succeeded),
+        "conditions": [{"type": "Complete", "status": "True" if complete else "False"}],
+    }
+    was_complete = any(c.get("type") == "Complete" and c.get("status") == "True" for c in previous.get("conditions", []))
+    events = [event("Normal", "Completed", f"all {completions} indexes succeeded")] if complete and not was_complete else []
+    return composite_response(children=children, status=status, events=events)
+
+
+if __name__ == "__main__":
+    serve({"/sync": sync}, port=int(os.environ["PORT"]), host="127.0.0.1")
