@@ -1,0 +1,472 @@
+//! End-to-end tests of the Python examples (`examples-python/*`): each example's own `hook.py`, CRD,
+//! controller and sample objects, on the real control plane with an in-process hub.
+//!
+//! Tests share the cluster (and the examples' CRDs) with every other test, so each one scopes the
+//! example to itself: its controller is named after the test and selects only objects carrying the
+//! test's `metahook-test` label, and cluster-scoped objects get names that start with the test's.
+
+mod support;
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Namespace, Secret};
+use k8s_openapi::api::events::v1::Event;
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt as _};
+use serde_json::{Value, json};
+use support::{ExampleHook, Hub, TestNamespace, api, apply_docs, eventually, example_docs, install_metahook_crds};
+
+const WAIT: Duration = Duration::from_secs(60);
+
+/// One example under test: its hook process, a hub that runs only this test's controllers, and a namespace.
+struct Example {
+    client: Client,
+    dir: &'static str,
+    ns: TestNamespace,
+    /// The test's `metahook-test` label value and its controller's name (the namespace's name).
+    label: String,
+    hook: ExampleHook,
+    hub: Hub,
+    /// Namespaces the test made besides `ns`, deleted by [`Example::finish`].
+    namespaces: Vec<String>,
+}
+
+impl Example {
+    async fn start(test: &str, dir: &'static str) -> Self {
+        let client = support::client().await;
+        install_metahook_crds(&client).await;
+        let ns = TestNamespace::create(&client, test).await;
+        let label = ns.name.clone();
+        let hook = ExampleHook::start(dir, "python3", &["hook.py"]).await;
+        let hub = Hub::start(&client, &label);
+        Self { client, dir, ns, label, hook, hub, namespaces: Vec::new() }
+    }
+
+    /// The documents of one of the example's files, scoped to this test (see [`Example::scope`]).
+    fn docs(&self, file: &str) -> Vec<Value> {
+        let mut docs = example_docs(&format!("{}/{file}", self.dir), self.hook.port, &self.label, &self.ns.name);
+        for doc in &mut docs {
+            self.scope(doc);
+        }
+        docs
+    }
+
+    /// Controllers get the test's name and select only objects labelled for the test; every other
+    /// object (but CRDs) gets that label.
+    fn scope(&self, doc: &mut Value) {
+        let label = json!(self.label);
+        match doc["kind"].as_str().unwrap_or_default() {
+            "CustomResourceDefinition" => {}
+            "CompositeController" => {
+                doc["metadata"]["name"] = label.clone();
+                doc["spec"]["parentResource"]["labelSelector"]["matchLabels"]["metahook-test"] = label;
+            }
+            "DecoratorController" => {
+                doc["metadata"]["name"] = label.clone();
+                for rule in doc["spec"]["resources"].as_array_mut().into_iter().flatten() {
+                    rule["labelSelector"]["matchLabels"]["metahook-test"] = label.clone();
+                }
+            }
+            _ => doc["metadata"]["labels"]["metahook-test"] = label,
+        }
+    }
+
+    async fn apply(&self, docs: &[Value]) {
+        apply_docs(&self.client, docs).await;
+    }
+
+    /// A namespace for this test, `<test namespace>-<suffix>`, with `labels` (plus the test's label).
+    async fn namespace(&mut self, suffix: &str, labels: &Value) -> String {
+        let name = format!("{}-{suffix}", self.ns.name);
+        let mut labels = labels.clone();
+        labels["metahook-test"] = json!(self.label);
+        let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name, "labels": labels}})).unwrap();
+        Api::<Namespace>::all(self.client.clone()).create(&PostParams::default(), &ns).await.unwrap();
+        self.namespaces.push(name.clone());
+        name
+    }
+
+    async fn api(&self, api_version: &str, kind: &str, namespace: Option<&str>) -> Api<DynamicObject> {
+        api(&self.client, api_version, kind, namespace).await
+    }
+
+    /// Stops the hub, then deletes the test's controllers and namespaces (and with them what the
+    /// controllers made there). Cluster-scoped objects are the test's to delete before.
+    async fn finish(self) {
+        self.hub.stop().await;
+        for kind in ["CompositeController", "DecoratorController"] {
+            let controllers = api(&self.client, "metacontroller.k8s.io/v1alpha1", kind, None).await;
+            let _ = controllers.delete(&self.label, &DeleteParams::default()).await;
+        }
+        let namespaces = Api::<Namespace>::all(self.client.clone());
+        for ns in &self.namespaces {
+            let _ = namespaces.delete(ns, &DeleteParams::default()).await;
+        }
+        self.ns.delete().await;
+    }
+}
+
+/// Merge-patches an object.
+async fn merge(api: &Api<DynamicObject>, name: &str, patch: &Value) -> DynamicObject {
+    api.patch(name, &PatchParams::default(), &Patch::Merge(patch))
+        .await
+        .unwrap_or_else(|e| panic!("patching {name}: {e}"))
+}
+
+fn uid(obj: &DynamicObject) -> String {
+    obj.metadata.uid.clone().unwrap_or_default()
+}
+
+/// The status of `name` once `check` accepts it.
+async fn status_where(objects: &Api<DynamicObject>, name: &str, check: impl Fn(&Value) -> bool) -> Option<Value> {
+    let obj = objects.get_opt(name).await.unwrap()?;
+    check(&obj.data["status"]).then(|| obj.data["status"].clone())
+}
+
+#[tokio::test]
+async fn hello_world_runs_ready_greeting_pods_and_scales_them() {
+    let ex = Example::start("py-hello-world", "examples-python/hello-world").await;
+    ex.apply(&[ex.docs("crd.yaml"), ex.docs("controller.yaml"), ex.docs("hello.yaml")].concat()).await;
+    let worlds = ex.api("example.metahook.dev/v1", "HelloWorld", Some(&ex.ns.name)).await;
+    let pods = ex.api("v1", "Pod", Some(&ex.ns.name)).await;
+
+    let status = eventually(WAIT, || status_where(&worlds, "world", |s| s["readyPods"] == 2)).await;
+    assert_eq!(status["message"], "Hello, World!");
+    assert_eq!(status["pods"], 2);
+    let mut first = Vec::new();
+    for name in ["world-0", "world-1"] {
+        let pod = pods.get(name).await.unwrap();
+        assert_eq!(pod.data["spec"]["containers"][0]["command"], json!(["echo", "Hello, World!"]));
+        assert_eq!(pod.labels().get("app").map(String::as_str), Some("hello-world"));
+        first.push(uid(&pod));
+    }
+
+    // Fewer replicas: the Pods no longer desired are deleted, and the status follows.
+    merge(&worlds, "world", &json!({"spec": {"replicas": 1}})).await;
+    eventually(WAIT, || async { pods.get_opt("world-1").await.unwrap().is_none().then_some(()) }).await;
+    eventually(WAIT, || status_where(&worlds, "world", |s| s["pods"] == 1 && s["readyPods"] == 1)).await;
+    assert_eq!(uid(&pods.get("world-0").await.unwrap()), first[0], "the remaining Pod is left alone");
+    ex.finish().await;
+}
+
+#[tokio::test]
+async fn configmap_propagation_copies_the_source_into_selected_namespaces_and_follows_it() {
+    let mut ex = Example::start("py-cm-propagation", "examples-python/configmap-propagation").await;
+    ex.apply(&[ex.docs("crd.yaml"), ex.docs("controller.yaml")].concat()).await;
+    // The sample's source moves to the test namespace; its selector picks namespaces labelled for this test.
+    let team = ex.label.clone();
+    let blue = ex.namespace("blue", &json!({"team": team})).await;
+    let other = ex.namespace("other", &json!({})).await;
+    let parent = format!("{}-settings", ex.label);
+    let mut docs = ex.docs("propagation.yaml");
+    for doc in &mut docs {
+        if doc["kind"] == "ConfigMap" {
+            doc["metadata"]["namespace"] = json!(ex.ns.name);
+        } else {
+            doc["metadata"].as_object_mut().unwrap().remove("namespace");
+            doc["metadata"]["name"] = json!(parent);
+            doc["spec"]["source"]["namespace"] = json!(ex.ns.name);
+            doc["spec"]["namespaceSelector"] = json!({"matchLabels": {"team": team}});
+        }
+    }
+    ex.apply(&docs).await;
+
+    let propagations = ex.api("python.examples.metahook.dev/v1", "ConfigMapPropagation", None).await;
+    let in_blue = ex.api("v1", "ConfigMap", Some(&blue)).await;
+    let in_other = ex.api("v1", "ConfigMap", Some(&other)).await;
+    let copy = eventually(WAIT, || copy_with_log_level(&in_blue, "info")).await;
+    assert_eq!(copy.data["data"], json!({"log-level": "info", "region": "eu-west-1"}));
+    assert_eq!(
+        copy.annotations().get("python.examples.metahook.dev/copied-from"),
+        Some(&format!("{}/team-settings", ex.ns.name))
+    );
+    let status = eventually(WAIT, || status_where(&propagations, &parent, |s| s["copies"] == 1)).await;
+    assert_eq!(status["namespaces"], 1);
+    assert_eq!(status["sourceFound"], true);
+    assert!(in_other.get_opt("team-settings").await.unwrap().is_none(), "unselected namespaces get no copy");
+
+    // Changing the source updates the copy in place.
+    let sources = ex.api("v1", "ConfigMap", Some(&ex.ns.name)).await;
+    merge(&sources, "team-settings", &json!({"data": {"log-level": "debug"}})).await;
+    let updated = eventually(WAIT, || copy_with_log_level(&in_blue, "debug")).await;
+    assert_eq!(uid(&updated), uid(&copy), "InPlace keeps the same object");
+
+    // Labelling a namespace brings a copy there; the status counts both.
+    let namespaces = Api::<Namespace>::all(ex.client.clone());
+    namespaces
+        .patch(&other, &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {"team": team}}})))
+        .await
+        .unwrap();
+    eventually(WAIT, || copy_with_log_level(&in_other, "debug")).await;
+    eventually(WAIT, || status_where(&propagations, &parent, |s| s["copies"] == 2 && s["namespaces"] == 2)).await;
+
+    propagations.delete(&parent, &DeleteParams::default()).await.unwrap();
+    ex.finish().await;
+}
+
+/// The copy of `team-settings` in that namespace, once it has this log level.
+async fn copy_with_log_level(configmaps: &Api<DynamicObject>, log_level: &str) -> Option<DynamicObject> {
+    configmaps.get_opt("team-settings").await.unwrap().filter(|c| c.data["data"]["log-level"] == log_level)
+}
+
+/// `(type, reason, note)` of the Events recorded on the object with this UID (Events of cluster-scoped
+/// objects are in `default`).
+async fn events_for(client: &Client, namespace: &str, uid: &str) -> Vec<(String, String, String)> {
+    let events: Api<Event> = Api::namespaced(client.clone(), namespace);
+    events
+        .list(&ListParams::default())
+        .await
+        .map(|list| list.items)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.uid.as_deref()) == Some(uid))
+        .map(|e| (e.type_.unwrap_or_default(), e.reason.unwrap_or_default(), e.note.unwrap_or_default()))
+        .collect()
+}
+
+#[tokio::test]
+async fn secret_propagation_follows_a_namespace_selector_with_v2_hooks() {
+    let mut ex = Example::start("py-secret-propagation", "examples-python/secret-propagation").await;
+    ex.apply(&[ex.docs("crd.yaml"), ex.docs("controller.yaml")].concat()).await;
+    let prod = ex.namespace("prod", &json!({"environment": "production"})).await;
+    let dev = ex.namespace("dev", &json!({"environment": "dev"})).await;
+    let parent = format!("{}-registry", ex.label);
+    let docs = ex.docs("propagation.yaml");
+    let (mut source, mut propagation) = (docs[0].clone(), docs[1].clone());
+    source["metadata"]["namespace"] = json!(ex.ns.name);
+    propagation["metadata"].as_object_mut().unwrap().remove("namespace");
+    propagation["metadata"]["name"] = json!(parent);
+    propagation["spec"]["source"]["namespace"] = json!(ex.ns.name);
+    // The sample's selector, narrowed to this test's namespaces.
+    propagation["spec"]["namespaceSelector"]["matchLabels"] = json!({"metahook-test": ex.label});
+
+    // Without its source, the propagation says so: status and a Warning Event from the hook.
+    ex.apply(std::slice::from_ref(&propagation)).await;
+    let propagations = ex.api("python.examples.metahook.dev/v1", "SecretPropagation", None).await;
+    let status = eventually(WAIT, || status_where(&propagations, &parent, |s| s["sourceFound"] == false)).await;
+    assert_eq!(status["copies"], 0);
+    let parent_uid = uid(&propagations.get(&parent).await.unwrap());
+    eventually(WAIT, || async {
+        let events = events_for(&ex.client, "default", &parent_uid).await;
+        events.iter().any(|(t, reason, _)| t == "Warning" && reason == "SourceNotFound").then_some(())
+    })
+    .await;
+
+    // With it, a copy in the selected namespace only (matchExpressions: staging or production).
+    ex.apply(&[source]).await;
+    let in_prod = Api::<Secret>::namespaced(ex.client.clone(), &prod);
+    let in_dev = Api::<Secret>::namespaced(ex.client.clone(), &dev);
+    let copy = eventually(WAIT, || secret_with_password(&in_prod, "s3cr3t")).await;
+    assert_eq!(copy.data.as_ref().unwrap()["username"].0, b"robot");
+    assert_eq!(copy.type_.as_deref(), Some("Opaque"));
+    assert_eq!(
+        copy.annotations().get("python.examples.metahook.dev/copied-from"),
+        Some(&format!("{}/registry-credentials", ex.ns.name))
+    );
+    let status = eventually(WAIT, || status_where(&propagations, &parent, |s| s["copies"] == 1)).await;
+    assert_eq!(status["namespaces"], json!([prod]));
+    assert!(in_dev.get_opt("registry-credentials").await.unwrap().is_none(), "environment=dev is not selected");
+    let events = events_for(&ex.client, "default", &parent_uid).await;
+    assert!(
+        events.iter().any(|(t, reason, note)| t == "Normal" && reason == "Propagating" && note.contains(&prod)),
+        "{events:?}"
+    );
+
+    // A new password reaches the copy in place.
+    let sources = ex.api("v1", "Secret", Some(&ex.ns.name)).await;
+    merge(&sources, "registry-credentials", &json!({"stringData": {"password": "rotated"}})).await;
+    let rotated = eventually(WAIT, || secret_with_password(&in_prod, "rotated")).await;
+    assert_eq!(rotated.metadata.uid, copy.metadata.uid);
+
+    // Namespaces that start or stop matching gain or lose their copy.
+    let namespaces = Api::<Namespace>::all(ex.client.clone());
+    let relabel = |ns: String, environment: &'static str| {
+        let namespaces = namespaces.clone();
+        async move {
+            let patch = json!({"metadata": {"labels": {"environment": environment}}});
+            namespaces.patch(&ns, &PatchParams::default(), &Patch::Merge(patch)).await.unwrap();
+        }
+    };
+    relabel(dev.clone(), "staging").await;
+    eventually(WAIT, || secret_with_password(&in_dev, "rotated")).await;
+    relabel(prod.clone(), "retired").await;
+    eventually(WAIT, || async { in_prod.get_opt("registry-credentials").await.unwrap().is_none().then_some(()) }).await;
+    let status = eventually(WAIT, || status_where(&propagations, &parent, |s| s["namespaces"] == json!([dev]))).await;
+    assert_eq!(status["copies"], 1);
+
+    // No source, no copies.
+    sources.delete("registry-credentials", &DeleteParams::default()).await.unwrap();
+    eventually(WAIT, || async { in_dev.get_opt("registry-credentials").await.unwrap().is_none().then_some(()) }).await;
+    eventually(WAIT, || status_where(&propagations, &parent, |s| s["sourceFound"] == false)).await;
+
+    propagations.delete(&parent, &DeleteParams::default()).await.unwrap();
+    ex.finish().await;
+}
+
+/// The copy of `registry-credentials` behind this API, once its password is `password`.
+async fn secret_with_password(secrets: &Api<Secret>, password: &str) -> Option<Secret> {
+    let secret = secrets.get_opt("registry-credentials").await.unwrap()?;
+    let data = secret.data.as_ref()?;
+    (data.get("password")?.0 == password.as_bytes()).then_some(secret)
+}
+
+#[tokio::test]
+async fn indexed_job_runs_one_pod_per_index_within_parallelism_until_all_succeed() {
+    let ex = Example::start("py-indexed-job", "examples-python/indexed-job").await;
+    ex.apply(&[ex.docs("crd.yaml"), ex.docs("controller.yaml"), ex.docs("job.yaml")].concat()).await;
+    let jobs = ex.api("python.examples.metahook.dev/v1", "IndexedJob", Some(&ex.ns.name)).await;
+    let pods = ex.api("v1", "Pod", Some(&ex.ns.name)).await;
+
+    // Pods complete on the fake nodes thanks to the template's examples.metahook.dev/fake-complete label.
+    let most_running = std::cell::Cell::new(0);
+    let status = eventually(WAIT, || async {
+        let listed = pods.list(&ListParams::default()).await.ok()?;
+        let running = listed
+            .items
+            .iter()
+            .filter(|p| matches!(p.data["status"]["phase"].as_str(), Some("Pending" | "Running") | None))
+            .count();
+        most_running.set(most_running.get().max(running));
+        status_where(&jobs, "squares", |s| s["succeeded"] == 5 && s["active"] == 0).await
+    })
+    .await;
+    let most_running = most_running.get();
+    assert!(most_running <= 2, "parallelism 2, but {most_running} Pods ran at once");
+    assert_eq!(status["completedIndexes"], json!([0, 1, 2, 3, 4]));
+    assert_eq!(status["failed"], 0);
+    assert_eq!(status["conditions"], json!([{"type": "Complete", "status": "True"}]));
+    for index in 0..5 {
+        let pod = pods.get(&format!("squares-{index}")).await.unwrap();
+        assert_eq!(pod.data["status"]["phase"], "Succeeded");
+        assert_eq!(pod.data["spec"]["restartPolicy"], "Never");
+        let env = &pod.data["spec"]["containers"][0]["env"];
+        assert_eq!(env, &json!([{"name": "INDEX", "value": index.to_string()}]));
+    }
+    let job_uid = uid(&jobs.get("squares").await.unwrap());
+    eventually(WAIT, || async {
+        let events = events_for(&ex.client, &ex.ns.name, &job_uid).await;
+        events.iter().any(|(t, reason, _)| t == "Normal" && reason == "Completed").then_some(())
+    })
+    .await;
+    ex.finish().await;
+}
+
+#[tokio::test]
+async fn namespace_defaults_decorates_opted_in_namespaces_with_a_quota_a_configmap_and_an_annotation() {
+    let mut ex = Example::start("py-namespace-defaults", "examples-python/namespace-defaults").await;
+    ex.apply(&ex.docs("controller.yaml")).await;
+    let bystander = ex.namespace("bystander", &json!({"defaults.examples.metahook.dev/tier": "large"})).await;
+    let mut team = ex.docs("namespace.yaml").remove(0);
+    let name = format!("{}-team-a", ex.label);
+    team["metadata"]["name"] = json!(name);
+    ex.apply(std::slice::from_ref(&team)).await;
+    ex.namespaces.push(name.clone());
+
+    let namespaces = Api::<Namespace>::all(ex.client.clone());
+    let quotas = ex.api("v1", "ResourceQuota", Some(&name)).await;
+    let settings = ex.api("v1", "ConfigMap", Some(&name)).await;
+    let quota = eventually(WAIT, || quota_with_pods(&quotas, "10")).await;
+    assert_eq!(quota.data["spec"]["hard"]["requests.memory"], "4Gi");
+    let ns_uid = namespaces.get(&name).await.unwrap().metadata.uid.unwrap();
+    let owner = &quota.metadata.owner_references.as_ref().unwrap()[0];
+    assert_eq!((owner.kind.as_str(), owner.uid.as_str()), ("Namespace", ns_uid.as_str()));
+    let cm = eventually(WAIT, || async { settings.get_opt("namespace-defaults").await.unwrap() }).await;
+    assert_eq!(cm.data["data"], json!({"namespace": name, "tier": "small"}));
+    eventually(WAIT, || applied_tier(&namespaces, &name, "small")).await;
+
+    // A new tier resizes the quota in place.
+    let set_tier = |tier: &'static str| {
+        let (namespaces, name) = (namespaces.clone(), name.clone());
+        async move {
+            let patch = json!({"metadata": {"labels": {"defaults.examples.metahook.dev/tier": tier}}});
+            namespaces.patch(&name, &PatchParams::default(), &Patch::Merge(patch)).await.unwrap();
+        }
+    };
+    set_tier("large").await;
+    let resized = eventually(WAIT, || quota_with_pods(&quotas, "50")).await;
+    assert_eq!(uid(&resized), uid(&quota), "InPlace keeps the same ResourceQuota");
+    eventually(WAIT, || applied_tier(&namespaces, &name, "large")).await;
+
+    // An unknown tier falls back to the default one, with a Warning Event on the Namespace.
+    set_tier("huge").await;
+    eventually(WAIT, || applied_tier(&namespaces, &name, "small")).await;
+    eventually(WAIT, || async {
+        let events = events_for(&ex.client, "default", &ns_uid).await;
+        events.iter().any(|(t, reason, _)| t == "Warning" && reason == "UnknownTier").then_some(())
+    })
+    .await;
+
+    // A namespace that has not opted in is left alone until it does.
+    let bystander_quotas = ex.api("v1", "ResourceQuota", Some(&bystander)).await;
+    assert!(bystander_quotas.get_opt("defaults").await.unwrap().is_none());
+    assert!(namespaces.get(&bystander).await.unwrap().annotations().is_empty());
+    let patch = json!({"metadata": {"labels": {"defaults.examples.metahook.dev/enabled": "true"}}});
+    namespaces.patch(&bystander, &PatchParams::default(), &Patch::Merge(patch)).await.unwrap();
+    eventually(WAIT, || quota_with_pods(&bystander_quotas, "50")).await;
+    ex.finish().await;
+}
+
+/// The `defaults` quota behind this API, once it allows this many Pods.
+async fn quota_with_pods(quotas: &Api<DynamicObject>, pods: &str) -> Option<DynamicObject> {
+    quotas.get_opt("defaults").await.unwrap().filter(|q| q.data["spec"]["hard"]["pods"] == pods)
+}
+
+async fn applied_tier(namespaces: &Api<Namespace>, name: &str, tier: &str) -> Option<()> {
+    let ns = namespaces.get(name).await.ok()?;
+    (ns.annotations().get("defaults.examples.metahook.dev/applied-tier").map(String::as_str) == Some(tier))
+        .then_some(())
+}
+
+#[tokio::test]
+async fn update_strategies_show_in_place_recreate_and_on_delete_side_by_side() {
+    let ex = Example::start("py-update-strategies", "examples-python/update-strategies").await;
+    ex.apply(&[ex.docs("crd.yaml"), ex.docs("controller.yaml"), ex.docs("demo.yaml")].concat()).await;
+    let demos = ex.api("python.examples.metahook.dev/v1", "UpdateStrategyDemo", Some(&ex.ns.name)).await;
+    let pods = ex.api("v1", "Pod", Some(&ex.ns.name)).await;
+    let configmaps = ex.api("v1", "ConfigMap", Some(&ex.ns.name)).await;
+
+    let all_say = |message: &'static str| {
+        move |s: &Value| ["inPlace", "recreate", "onDelete"].iter().all(|k| s[k]["message"] == message)
+    };
+    let before = eventually(WAIT, || status_where(&demos, "demo", all_say("first"))).await;
+    merge(&demos, "demo", &json!({"spec": {"message": "second"}})).await;
+
+    // InPlace: same object, new content. Recreate: a new object with the new content.
+    let after = eventually(WAIT, || {
+        status_where(&demos, "demo", |s| s["inPlace"]["message"] == "second" && s["recreate"]["message"] == "second")
+    })
+    .await;
+    assert_eq!(after["inPlace"]["uid"], before["inPlace"]["uid"]);
+    assert_ne!(after["recreate"]["uid"], before["recreate"]["uid"]);
+    // OnDelete: the Pod still says "first", and the status says it is behind.
+    assert_eq!(after["onDelete"]["uid"], before["onDelete"]["uid"]);
+    assert_eq!(after["onDelete"]["message"], "first");
+    assert_eq!(after["onDelete"]["upToDate"], false);
+    let pod = pods.get("demo-ondelete").await.unwrap();
+    assert_eq!(pod.data["spec"]["containers"][0]["env"], json!([{"name": "MESSAGE", "value": "first"}]));
+
+    // Hand edits: InPlace puts the content back, Recreate replaces the object, OnDelete keeps the edit.
+    let secrets = ex.api("v1", "Secret", Some(&ex.ns.name)).await;
+    let edit = json!({"metadata": {"annotations": {"python.examples.metahook.dev/message": "edited by hand"}}});
+    merge(&pods, "demo-ondelete", &edit).await;
+    merge(&secrets, "demo-recreate", &json!({"stringData": {"message": "edited by hand"}})).await;
+    merge(&configmaps, "demo-inplace", &json!({"data": {"message": "edited by hand"}})).await;
+    eventually(WAIT, || async {
+        let cm = configmaps.get("demo-inplace").await.ok()?;
+        let status = status_where(&demos, "demo", |s| {
+            s["recreate"]["uid"] != after["recreate"]["uid"]
+                && s["recreate"]["message"] == "second"
+                && s["onDelete"]["message"] == "edited by hand"
+        })
+        .await?;
+        (cm.data["data"]["message"] == "second" && uid(&cm) == after["inPlace"]["uid"]).then_some(status)
+    })
+    .await;
+
+    // OnDelete: once someone deletes the Pod, it comes back with the new message.
+    pods.delete("demo-ondelete", &DeleteParams::default()).await.unwrap();
+    let replaced = eventually(WAIT, || status_where(&demos, "demo", all_say("second"))).await;
+    assert_ne!(replaced["onDelete"]["uid"], before["onDelete"]["uid"]);
+    assert_eq!(replaced["onDelete"]["upToDate"], true);
+    ex.finish().await;
+}
