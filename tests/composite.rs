@@ -5,36 +5,13 @@ mod support;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use kube::Client;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
 use serde_json::{Value, json};
-use support::{
-    HookServer, Hub, TestNamespace, api, apply_value, eventually, install_crds, install_metahook_crds, warnings_for,
-};
+use support::{HookServer, World, api, apply_value, eventually, warnings_for};
 
 const WAIT: Duration = Duration::from_secs(60);
 
-/// One test's world: a namespace, a hook process, and a hub that runs only this test's controllers.
-struct World {
-    client: Client,
-    ns: TestNamespace,
-    hook: HookServer,
-    hub: Option<Hub>,
-    label: String,
-}
-
 impl World {
-    async fn new(test: &str, handlers: &str) -> Self {
-        let client = support::client().await;
-        install_metahook_crds(&client).await;
-        install_crds(&client, include_str!("fixtures/test-crds.yaml")).await;
-        let ns = TestNamespace::create(&client, test).await;
-        let hook = HookServer::start(handlers).await;
-        let label = ns.name.clone();
-        let hub = Some(Hub::start(&client, &label));
-        Self { client, ns, hook, hub, label }
-    }
-
     /// Applies a CompositeController named after the test, labelled for this test's hub. Unless the spec
     /// says otherwise, it selects only this test's parents: tests share the parent CRDs.
     async fn controller(&self, mut spec: Value) -> DynamicObject {
@@ -88,17 +65,8 @@ impl World {
             .collect()
     }
 
-    async fn restart_hub(&mut self) {
-        if let Some(hub) = self.hub.take() {
-            hub.stop().await;
-        }
-        self.hub = Some(Hub::start(&self.client, &self.label));
-    }
-
     async fn finish(mut self) {
-        if let Some(hub) = self.hub.take() {
-            hub.stop().await;
-        }
+        self.stop_hub().await;
         let ccs: Api<DynamicObject> =
             api(&self.client, "metacontroller.k8s.io/v1alpha1", "CompositeController", None).await;
         let _ = ccs.delete(&self.label, &DeleteParams::default()).await;

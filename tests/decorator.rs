@@ -4,33 +4,13 @@ mod support;
 
 use std::time::Duration;
 
-use kube::Client;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams};
 use serde_json::{Value, json};
-use support::{HookServer, Hub, TestNamespace, api, apply_value, eventually, install_crds, install_metahook_crds};
+use support::{World, api, apply_value, eventually};
 
 const WAIT: Duration = Duration::from_secs(60);
 
-struct World {
-    client: Client,
-    ns: TestNamespace,
-    hook: HookServer,
-    hub: Hub,
-    label: String,
-}
-
 impl World {
-    async fn new(test: &str, handlers: &str) -> Self {
-        let client = support::client().await;
-        install_metahook_crds(&client).await;
-        install_crds(&client, include_str!("fixtures/test-crds.yaml")).await;
-        let ns = TestNamespace::create(&client, test).await;
-        let hook = HookServer::start(handlers).await;
-        let label = ns.name.clone();
-        let hub = Hub::start(&client, &label);
-        Self { client, ns, hook, hub, label }
-    }
-
     async fn decorator(&self, spec: Value) {
         apply_value(
             &self.client,
@@ -52,9 +32,9 @@ impl World {
         api(&self.client, "v1", "ConfigMap", Some(&self.ns.name)).await
     }
 
-    async fn finish(self) {
+    async fn finish(mut self) {
         let decorators = self.decorators().await;
-        self.hub.stop().await;
+        self.stop_hub().await;
         let _ = decorators.delete(&self.label, &DeleteParams::default()).await;
         self.ns.delete().await;
     }

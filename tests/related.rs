@@ -5,35 +5,13 @@ mod support;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Namespace;
-use kube::Client;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
-use support::{
-    HookServer, Hub, TestNamespace, api, apply_value, eventually, install_crds, install_metahook_crds, warnings_for,
-};
+use support::{World, api, apply_value, eventually, warnings_for};
 
 const WAIT: Duration = Duration::from_secs(60);
 
-struct World {
-    client: Client,
-    ns: TestNamespace,
-    hook: HookServer,
-    hub: Hub,
-    label: String,
-}
-
 impl World {
-    async fn new(test: &str, handlers: &str) -> Self {
-        let client = support::client().await;
-        install_metahook_crds(&client).await;
-        install_crds(&client, include_str!("fixtures/test-crds.yaml")).await;
-        let ns = TestNamespace::create(&client, test).await;
-        let hook = HookServer::start(handlers).await;
-        let label = ns.name.clone();
-        let hub = Hub::start(&client, &label);
-        Self { client, ns, hook, hub, label }
-    }
-
     async fn composite(&self, parent_resource: &str, version: &str, children: Value) {
         apply_value(
             &self.client,
@@ -60,8 +38,8 @@ impl World {
         name
     }
 
-    async fn finish(self, extra_namespaces: &[String]) {
-        self.hub.stop().await;
+    async fn finish(mut self, extra_namespaces: &[String]) {
+        self.stop_hub().await;
         let ccs = api(&self.client, "metacontroller.k8s.io/v1alpha1", "CompositeController", None).await;
         let _ = ccs.delete(&self.label, &DeleteParams::default()).await;
         for ns in extra_namespaces {

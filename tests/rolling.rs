@@ -7,10 +7,9 @@ mod support;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use kube::Client;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams};
 use serde_json::{Value, json};
-use support::{HookServer, Hub, TestNamespace, api, apply_value, eventually, install_crds, install_metahook_crds};
+use support::{World, api, apply_value, eventually};
 
 const WAIT: Duration = Duration::from_secs(90);
 
@@ -42,26 +41,7 @@ def sync(req):
     return {"status": {"replicas": len(observed), "readyReplicas": ready}, "children": pods + pvcs + [service]}
 "#;
 
-struct World {
-    client: Client,
-    ns: TestNamespace,
-    hook: HookServer,
-    hub: Option<Hub>,
-    label: String,
-}
-
 impl World {
-    async fn new(test: &str) -> Self {
-        let client = support::client().await;
-        install_metahook_crds(&client).await;
-        install_crds(&client, include_str!("fixtures/test-crds.yaml")).await;
-        let ns = TestNamespace::create(&client, test).await;
-        let hook = HookServer::start(CATSET).await;
-        let label = ns.name.clone();
-        let hub = Some(Hub::start(&client, &label));
-        Self { client, ns, hook, hub, label }
-    }
-
     async fn controller(&self, pod_method: &str) {
         apply_value(&self.client, &json!({
             "apiVersion": "metacontroller.k8s.io/v1alpha1", "kind": "CompositeController",
@@ -117,17 +97,8 @@ impl World {
         api.list(&ListParams::default()).await.unwrap().items
     }
 
-    async fn restart_hub(&mut self) {
-        if let Some(hub) = self.hub.take() {
-            hub.stop().await;
-        }
-        self.hub = Some(Hub::start(&self.client, &self.label));
-    }
-
     async fn finish(mut self) {
-        if let Some(hub) = self.hub.take() {
-            hub.stop().await;
-        }
+        self.stop_hub().await;
         let ccs: Api<DynamicObject> =
             api(&self.client, "metacontroller.k8s.io/v1alpha1", "CompositeController", None).await;
         let _ = ccs.delete(&self.label, &DeleteParams::default()).await;
@@ -183,7 +154,7 @@ async fn settle(w: &World, names: &[&str], version: &str) {
 
 #[tokio::test]
 async fn catset_scales_and_rolls_pods_one_at_a_time_waiting_for_ready() {
-    let w = World::new("catset-roll").await;
+    let w = World::new("catset-roll", CATSET).await;
     w.controller("RollingRecreate").await;
     w.catset(3, "v1", json!({})).await;
     eventually(WAIT, || async {
@@ -226,7 +197,7 @@ async fn catset_scales_and_rolls_pods_one_at_a_time_waiting_for_ready() {
 
 #[tokio::test]
 async fn a_pod_that_never_becomes_ready_halts_the_rollout_across_hub_restarts() {
-    let mut w = World::new("catset-halt").await;
+    let mut w = World::new("catset-halt", CATSET).await;
     w.controller("RollingRecreate").await;
     w.catset(2, "v1", json!({})).await;
     settle(&w, &["cats-0", "cats-1"], "v1").await;
@@ -259,7 +230,7 @@ async fn a_pod_that_never_becomes_ready_halts_the_rollout_across_hub_restarts() 
 
 #[tokio::test]
 async fn rolling_in_place_updates_pods_without_recreating_them() {
-    let w = World::new("catset-inplace").await;
+    let w = World::new("catset-inplace", CATSET).await;
     w.controller("RollingInPlace").await;
     w.catset(2, "v1", json!({})).await;
     settle(&w, &["cats-0", "cats-1"], "v1").await;

@@ -325,3 +325,37 @@ pub async fn apply_docs(client: &Client, docs: &[serde_json::Value]) {
         apply_value(client, doc).await;
     }
 }
+
+/// One test's world: the metahook and test CRDs installed, a namespace of its own, a real Python hook
+/// process, and a hub that runs only the controllers labelled `metahook-test=<label>` (the namespace name).
+pub struct World {
+    pub client: Client,
+    pub ns: TestNamespace,
+    pub hook: HookServer,
+    pub hub: Option<Hub>,
+    pub label: String,
+}
+
+impl World {
+    pub async fn new(test: &str, handlers: &str) -> Self {
+        let client = client().await;
+        install_metahook_crds(&client).await;
+        install_crds(&client, include_str!("../fixtures/test-crds.yaml")).await;
+        let ns = TestNamespace::create(&client, test).await;
+        let hook = HookServer::start(handlers).await;
+        let label = ns.name.clone();
+        let hub = Some(Hub::start(&client, &label));
+        Self { client, ns, hook, hub, label }
+    }
+
+    pub async fn stop_hub(&mut self) {
+        if let Some(hub) = self.hub.take() {
+            hub.stop().await;
+        }
+    }
+
+    pub async fn restart_hub(&mut self) {
+        self.stop_hub().await;
+        self.hub = Some(Hub::start(&self.client, &self.label));
+    }
+}
