@@ -227,10 +227,12 @@ impl<K: Clone + Eq + Hash + Send + Sync + 'static> Related<K> {
         let task = tokio::spawn(async move {
             while let Some(change) = changes.recv().await {
                 let Some(this) = this.upgrade() else { return };
-                if let Change::Applied { old: Some(old), new } = &change
-                    && old.metadata.resource_version == new.metadata.resource_version
-                {
-                    continue;
+                if let Change::Applied { old: Some(old), new } = &change {
+                    if old.metadata.resource_version == new.metadata.resource_version {
+                        continue;
+                    }
+                    // An object that stops matching a rule matters to that rule's parents too.
+                    this.on_change(&id, old);
                 }
                 this.on_change(&id, change.object());
             }

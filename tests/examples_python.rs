@@ -470,3 +470,60 @@ async fn update_strategies_show_in_place_recreate_and_on_delete_side_by_side() {
     assert_eq!(replaced["onDelete"]["upToDate"], true);
     ex.finish().await;
 }
+
+#[tokio::test]
+async fn hello_world_recreates_its_pods_for_a_new_greeting() {
+    let ex = Example::start("py-hello-recreate", "examples-python/hello-world").await;
+    ex.apply(&[ex.docs("crd.yaml"), ex.docs("controller.yaml"), ex.docs("hello.yaml")].concat()).await;
+    let worlds = ex.api("example.metahook.dev/v1", "HelloWorld", Some(&ex.ns.name)).await;
+    let pods = ex.api("v1", "Pod", Some(&ex.ns.name)).await;
+    eventually(WAIT, || status_where(&worlds, "world", |s| s["readyPods"] == 2)).await;
+    let mut first = Vec::new();
+    for name in ["world-0", "world-1"] {
+        first.push(uid(&pods.get(name).await.unwrap()));
+    }
+
+    // Recreate: a new greeting replaces each Pod (a Pod's command cannot change in place).
+    merge(&worlds, "world", &json!({"spec": {"greeting": "Howdy"}})).await;
+    for (name, old_uid) in ["world-0", "world-1"].into_iter().zip(&first) {
+        eventually(WAIT, || async {
+            let pod = pods.get_opt(name).await.unwrap()?;
+            (uid(&pod) != *old_uid && pod.data["spec"]["containers"][0]["command"][1] == "Howdy, World!").then_some(())
+        })
+        .await;
+    }
+    eventually(WAIT, || status_where(&worlds, "world", |s| s["message"] == "Howdy, World!" && s["readyPods"] == 2))
+        .await;
+    ex.finish().await;
+}
+
+#[tokio::test]
+async fn configmap_propagation_removes_the_copy_from_a_namespace_that_stops_matching() {
+    let mut ex = Example::start("py-cm-unlabel", "examples-python/configmap-propagation").await;
+    ex.apply(&[ex.docs("crd.yaml"), ex.docs("controller.yaml")].concat()).await;
+    let team = ex.label.clone();
+    let blue = ex.namespace("blue", &json!({"team": team})).await;
+    let parent = format!("{}-settings", ex.label);
+    let mut docs = ex.docs("propagation.yaml");
+    docs[0]["metadata"]["namespace"] = json!(ex.ns.name);
+    docs[1]["metadata"].as_object_mut().unwrap().remove("namespace");
+    docs[1]["metadata"]["name"] = json!(parent);
+    docs[1]["spec"]["source"]["namespace"] = json!(ex.ns.name);
+    docs[1]["spec"]["namespaceSelector"] = json!({"matchLabels": {"team": team}});
+    ex.apply(&docs).await;
+    let propagations = ex.api("python.examples.metahook.dev/v1", "ConfigMapPropagation", None).await;
+    let in_blue = ex.api("v1", "ConfigMap", Some(&blue)).await;
+    eventually(WAIT, || copy_with_log_level(&in_blue, "info")).await;
+    eventually(WAIT, || status_where(&propagations, &parent, |s| s["copies"] == 1)).await;
+    tokio::time::sleep(Duration::from_secs(2)).await; // let the syncs that status change caused settle
+
+    // The Namespace no longer matches the related rule: the parent must be synced again.
+    Api::<Namespace>::all(ex.client.clone())
+        .patch(&blue, &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {"team": null}}})))
+        .await
+        .unwrap();
+    eventually(WAIT, || async { in_blue.get_opt("team-settings").await.unwrap().is_none().then_some(()) }).await;
+    eventually(WAIT, || status_where(&propagations, &parent, |s| s["copies"] == 0 && s["namespaces"] == 0)).await;
+    propagations.delete(&parent, &DeleteParams::default()).await.unwrap();
+    ex.finish().await;
+}
