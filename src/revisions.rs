@@ -299,9 +299,23 @@ fn not_ready(obj: &DynamicObject, info: &TypeInfo<'_>) -> Option<String> {
 #[must_use]
 pub fn is_subset(desired: &Value, observed: &Value) -> bool {
     match (desired, observed) {
-        (Value::Object(d), Value::Object(o)) => d.iter().all(|(k, v)| o.get(k).is_some_and(|ov| is_subset(v, ov))),
+        (Value::Object(d), Value::Object(o)) => {
+            d.iter().all(|(k, v)| o.get(k).map_or_else(|| is_zero(v), |ov| is_subset(v, ov)))
+        }
         (Value::Array(d), Value::Array(o)) => d.len() == o.len() && d.iter().zip(o).all(|(a, b)| is_subset(a, b)),
         (d, o) => d == o,
+    }
+}
+
+/// Values the API server drops when stored (`omitempty`), so their absence is no difference.
+fn is_zero(value: &Value) -> bool {
+    match value {
+        Value::Null => true,
+        Value::Bool(b) => !b,
+        Value::Number(n) => n.as_f64() == Some(0.0),
+        Value::String(s) => s.is_empty(),
+        Value::Array(a) => a.is_empty(),
+        Value::Object(o) => o.is_empty(),
     }
 }
 
@@ -478,6 +492,12 @@ mod tests {
         let observed = json!({"spec": {"containers": [{"name": "c", "image": "v1", "imagePullPolicy": "Always"}]}});
         assert!(is_subset(&json!({"spec": {"containers": [{"name": "c", "image": "v1"}]}}), &observed));
         assert!(!is_subset(&json!({"spec": {"containers": [{"name": "c", "image": "v2"}]}}), &observed));
+        let pod = json!({"metadata": {"name": "p"}, "spec": {"hostNetwork": true}});
+        assert!(is_subset(&json!({"metadata": {"name": "p", "annotations": {}}, "spec": {"hostNetwork": true}}), &pod));
+        assert!(
+            !is_subset(&json!({"metadata": {"annotations": {"a": "b"}}}), &pod),
+            "a missing non-empty field differs"
+        );
     }
 
     #[test]

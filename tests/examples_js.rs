@@ -525,3 +525,73 @@ async fn cross_namespace_config_merges_sources_from_another_namespace_and_its_na
     let _ = namespaces.delete(&shared, &DeleteParams::default()).await;
     ex.finish().await;
 }
+
+// ---- catset -------------------------------------------------------------------------------------
+
+fn pod_ready(pod: &DynamicObject) -> bool {
+    pod.metadata.deletion_timestamp.is_none()
+        && pod.data["status"]["conditions"]
+            .as_array()
+            .is_some_and(|c| c.iter().any(|c| c["type"] == "Ready" && c["status"] == "True"))
+}
+
+fn image(pod: &DynamicObject) -> &str {
+    pod.data["spec"]["containers"][0]["image"].as_str().unwrap_or_default()
+}
+
+#[tokio::test]
+async fn catset_rolls_the_pod_template_one_pod_at_a_time() {
+    let mut ex = Example::start("catset").await;
+    ex.install_crd().await;
+    let label = ex.label.clone();
+    ex.apply_controllers(move |cc| {
+        cc["spec"]["parentResource"]["labelSelector"] = json!({"matchLabels": {"metahook-test": label}});
+    })
+    .await;
+    let mut sample = ex.docs("catset.yaml");
+    sample[0]["metadata"]["labels"] = json!({"metahook-test": ex.label});
+    sample[0]["spec"]["mountClaims"] = json!(false); // the test cluster has no storage provisioner
+    apply_docs(&ex.client, &sample).await;
+    let pods = ex.api("v1", "Pod").await;
+    let catsets = ex.api("js.examples.metahook.dev/v1", "CatSet").await;
+    let names = ["nginx-0", "nginx-1", "nginx-2"];
+    let snapshot = || async {
+        let list = pods.list(&ListParams::default().labels("app=nginx")).await.unwrap().items;
+        list.into_iter().map(|p| (p.metadata.name.clone().unwrap(), p)).collect::<BTreeMap<_, _>>()
+    };
+    let all_ready_on = |pods: &BTreeMap<String, DynamicObject>, want: &str| {
+        pods.len() == 3 && names.iter().all(|n| pods.get(*n).is_some_and(|p| pod_ready(p) && image(p) == want))
+    };
+    eventually(WAIT, || async { all_ready_on(&snapshot().await, "nginx:1.27").then_some(()) }).await;
+    let claims = ex.api("v1", "PersistentVolumeClaim").await;
+    let claim_uids: Vec<String> =
+        claims.list(&ListParams::default()).await.unwrap().items.iter().map(|c| uid(c).to_owned()).collect();
+    assert_eq!(claim_uids.len(), 3, "a PVC per Pod");
+
+    // Change the template: Pods are replaced one at a time, never more than one unavailable.
+    sample[0]["spec"]["template"]["spec"]["containers"][0]["image"] = json!("nginx:1.28");
+    apply_docs(&ex.client, &sample).await;
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let now = snapshot().await;
+        let unavailable = names.iter().filter(|n| !now.get(**n).is_some_and(pod_ready)).count();
+        assert!(unavailable <= 1, "{unavailable} Pods unavailable at once");
+        if all_ready_on(&now, "nginx:1.28") {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the rollout did not finish");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let status = eventually(WAIT, || async {
+        let status = catsets.get("nginx").await.ok()?.data["status"].clone();
+        let updated = status["conditions"].as_array()?.iter().find(|c| c["type"] == "Updated")?.clone();
+        (updated["reason"] == "OnLatestRevision" && status["readyReplicas"] == 3).then_some(status)
+    })
+    .await;
+    assert_eq!(status["replicas"], 3);
+    let after: Vec<String> =
+        claims.list(&ListParams::default()).await.unwrap().items.iter().map(|c| uid(c).to_owned()).collect();
+    assert_eq!(after, claim_uids, "PVCs (OnDelete) survive the rollout");
+    ex.assert_no_warnings("nginx").await;
+    ex.finish().await;
+}
