@@ -632,3 +632,74 @@ async fn built_in_types_can_be_parents() {
     assert_eq!(ns.data["status"]["phase"], "Active");
     w.finish().await;
 }
+
+#[tokio::test]
+async fn resyncs_write_nothing_when_nothing_changed() {
+    let w = World::new("no-write-resync", GREETER).await;
+    let mut spec = sync_spec(&w.hook, "InPlace");
+    spec["resyncPeriodSeconds"] = json!(1);
+    w.controller(spec).await;
+    w.thing("q", json!({"greeting": "hello"})).await;
+    let things = w.things().await;
+    eventually(WAIT, || async { (things.get("q").await.unwrap().data["status"]["configMaps"] == 1).then_some(()) })
+        .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let cm_version = w.config_map("q-cm").await.unwrap().metadata.resource_version;
+    let parent_version = things.get("q").await.unwrap().metadata.resource_version;
+    let calls = w.hook.requests("/sync").len();
+    eventually(WAIT, || async { (w.hook.requests("/sync").len() >= calls + 3).then_some(()) }).await;
+    assert_eq!(w.config_map("q-cm").await.unwrap().metadata.resource_version, cm_version, "child rewritten on resync");
+    assert_eq!(things.get("q").await.unwrap().metadata.resource_version, parent_version, "status rewritten on resync");
+    w.finish().await;
+}
+
+/// Answers 429 with Retry-After on the first call, then desires one ConfigMap.
+const BUSY_ONCE: &str = r#"
+calls = {"n": 0}
+def sync(req):
+    calls["n"] += 1
+    if calls["n"] == 1:
+        return (429, "busy", {"Retry-After": "1"})
+    return {"children": [{"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "after-429"}}]}
+"#;
+
+#[tokio::test]
+async fn too_many_requests_is_retried_after_the_delay_without_an_error_event() {
+    let w = World::new("retry-after", BUSY_ONCE).await;
+    w.controller(sync_spec(&w.hook, "InPlace")).await;
+    w.thing("r", json!({})).await;
+    eventually(WAIT, || async { w.config_map("after-429").await }).await;
+    assert!(w.hook.requests("/sync").len() >= 2);
+    let warnings = warnings_for(&w.client, &w.ns.name, "r").await;
+    assert!(warnings.is_empty(), "429 is not an error: {warnings:?}");
+    w.finish().await;
+}
+
+#[tokio::test]
+async fn malformed_controllers_are_rejected_at_admission() {
+    let w = World::new("admission", QUIET).await;
+    let ccs = api(&w.client, "metacontroller.k8s.io/v1alpha1", "CompositeController", None).await;
+    let base = json!({
+        "apiVersion": "metacontroller.k8s.io/v1alpha1", "kind": "CompositeController",
+        "metadata": {"name": format!("{}-bad", w.label)},
+        "spec": {"parentResource": {"apiVersion": "test.metahook.dev/v1", "resource": "things"},
+                 "childResources": [{"apiVersion": "v1", "resource": "configmaps"}],
+                 "hooks": {"sync": {"webhook": {"url": "http://127.0.0.1:1/sync"}}}},
+    });
+    let mut no_url = base.clone();
+    no_url["spec"]["hooks"]["sync"]["webhook"] = json!({"path": "/sync"});
+    let mut bad_method = base.clone();
+    bad_method["spec"]["childResources"][0]["updateStrategy"] = json!({"method": "Sideways"});
+    let mut no_parent = base.clone();
+    no_parent["spec"].as_object_mut().unwrap().remove("parentResource");
+    for (case, expected) in [
+        (no_url, "must specify either a full 'url', or both 'service' and 'path'"),
+        (bad_method, "Sideways"),
+        (no_parent, "parentResource"),
+    ] {
+        let obj: DynamicObject = serde_json::from_value(case).unwrap();
+        let err = ccs.create(&kube::api::PostParams::default(), &obj).await.expect_err("admission must refuse it");
+        assert!(err.to_string().contains(expected), "{err}");
+    }
+    w.finish().await;
+}
