@@ -36,7 +36,8 @@ hook-libs: ## unit tests of the Python and Node hook helper libraries
 	@if [ -d examples-js/metahook-hooks/test ]; then node --test examples-js/metahook-hooks/test/; fi
 
 integration: cluster-up ## integration and end-to-end tests against the real control plane
-	cargo test --locked --test '*' -- --test-threads=4
+	cargo test --locked --no-fail-fast --test '*' -- --test-threads=4
 
-crds: ## regenerate crds/ from src/api.rs
+crds: ## regenerate crds/ from src/api.rs, and deploy/'s copies of them
 	METAHOOK_UPDATE_CRDS=1 cargo test --lib crds::tests::checked_in_crds_match_the_rust_types
+	bash deploy/sync.sh
