@@ -47,6 +47,7 @@ pub struct Controller {
     revisions: Option<Informer>,
     related: Arc<Related<ObjectKey>>,
     finalizer: String,
+    metrics: Arc<crate::metrics::ControllerMetrics>,
     queue: WorkQueue<ObjectKey>,
 }
 
@@ -109,7 +110,13 @@ impl Controller {
             let queue = queue.clone();
             Arc::new(move |key| queue.add(key))
         };
+        let metrics = hub.metrics.controller("CompositeController", &name);
+        metrics.set_depth({
+            let queue = queue.clone();
+            move || queue.len()
+        });
         Ok(Arc::new(Self {
+            metrics,
             related: Related::new(hub.clone(), hooks.customize.clone(), cc_json.clone(), enqueue),
             hub: hub.clone(),
             cc_json,
@@ -545,6 +552,10 @@ impl Syncer for Controller {
 
     fn events(&self) -> &Events {
         &self.hub.events
+    }
+
+    fn metrics(&self) -> &crate::metrics::ControllerMetrics {
+        &self.metrics
     }
 
     fn object(&self, key: &ObjectKey) -> Option<Arc<DynamicObject>> {

@@ -39,6 +39,8 @@ pub struct Config {
     /// Cap of the per-parent exponential backoff.
     #[serde(with = "secs")]
     pub backoff_max: Duration,
+    /// Where `/metrics`, `/healthz` and `/readyz` are served (`host:port`); empty disables them.
+    pub metrics_address: String,
 }
 
 impl Default for Config {
@@ -50,6 +52,7 @@ impl Default for Config {
             target_label_selector: String::new(),
             backoff_base: Duration::from_millis(5),
             backoff_max: Duration::from_secs(1000),
+            metrics_address: "0.0.0.0:9999".to_owned(),
         }
     }
 }
@@ -69,6 +72,9 @@ pub struct ConfigOverrides {
     /// Only run controllers whose labels match this selector.
     #[arg(long, env = "METAHOOK_TARGET_LABEL_SELECTOR")]
     pub target_label_selector: Option<String>,
+    /// Address of the metrics and health endpoints; empty disables them.
+    #[arg(long, env = "METAHOOK_METRICS_ADDRESS")]
+    pub metrics_address: Option<String>,
 }
 
 impl Config {
@@ -89,6 +95,9 @@ impl Config {
         }
         if let Some(selector) = &overrides.target_label_selector {
             config.target_label_selector.clone_from(selector);
+        }
+        if let Some(address) = &overrides.metrics_address {
+            config.metrics_address.clone_from(address);
         }
         config.validate()?;
         Ok(config)

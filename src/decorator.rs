@@ -77,6 +77,7 @@ pub struct Controller {
     attachments: Vec<ChildType>,
     related: Arc<Related<TargetKey>>,
     finalizer: String,
+    metrics: Arc<crate::metrics::ControllerMetrics>,
     queue: WorkQueue<TargetKey>,
 }
 
@@ -136,7 +137,13 @@ impl Controller {
             let queue = queue.clone();
             Arc::new(move |key| queue.add(key))
         };
+        let metrics = hub.metrics.controller("DecoratorController", &name);
+        metrics.set_depth({
+            let queue = queue.clone();
+            move || queue.len()
+        });
         Ok(Arc::new(Self {
+            metrics,
             related: Related::new(hub.clone(), spec.hooks.customize.clone(), dc_json.clone(), enqueue),
             hub: hub.clone(),
             dc_json,
@@ -381,6 +388,10 @@ impl Syncer for Controller {
 
     fn events(&self) -> &Events {
         &self.hub.events
+    }
+
+    fn metrics(&self) -> &crate::metrics::ControllerMetrics {
+        &self.metrics
     }
 
     fn object(&self, key: &TargetKey) -> Option<Arc<DynamicObject>> {

@@ -23,6 +23,7 @@ pub struct Hub {
     pub hooks: HookClient,
     pub applier: Applier,
     pub events: Events,
+    pub metrics: crate::metrics::Metrics,
 }
 
 impl Hub {
@@ -34,6 +35,7 @@ impl Hub {
             hooks: HookClient::new(),
             applier: Applier::new(client.clone(), config.field_manager.clone()),
             events: Events::new(client.clone()),
+            metrics: crate::metrics::Metrics::default(),
             client,
             config,
         }
@@ -61,9 +63,13 @@ pub async fn run(client: Client, config: Config) -> Result<(), HubError> {
 /// Runs every CompositeController and DecoratorController until `cancel` fires (how tests and embedders run a hub).
 pub async fn run_until(client: Client, config: Config, cancel: CancellationToken) {
     let hub = Hub::new(client, config);
+    let server = crate::metrics::start(&hub.config.metrics_address, hub.metrics.clone(), hub.informers.clone()).await;
     let composites = Box::pin(crate::manager::run::<CompositeController>(hub.clone(), cancel.clone()));
     let decorators = Box::pin(crate::manager::run::<DecoratorController>(hub, cancel));
     tokio::join!(composites, decorators);
+    if let Some(server) = server {
+        server.abort();
+    }
 }
 
 async fn shutdown_signal() -> std::io::Result<()> {

@@ -21,6 +21,7 @@ pub mod hooks;
 pub mod hub;
 pub mod informers;
 pub mod manager;
+pub mod metrics;
 pub mod queue;
 pub mod related;
 pub mod render;

@@ -136,6 +136,7 @@ pub async fn run<K: Managed>(hub: Hub, cancel: CancellationToken) {
             Ok(watcher::Event::Apply(obj)) => reconcile(&hub, &mut running, obj).await,
             Ok(watcher::Event::Delete(obj)) => {
                 stop(&mut running, &obj.name_any()).await;
+                hub.metrics.remove(&K::kind(&()), &obj.name_any());
                 release_finalizers(&hub, &obj).await;
             }
         }

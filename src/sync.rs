@@ -97,6 +97,8 @@ pub(crate) trait Syncer: Send + Sync + 'static {
     fn name(&self) -> &str;
     fn queue(&self) -> &WorkQueue<Self::Key>;
     fn events(&self) -> &Events;
+    /// Where sync counts and durations go.
+    fn metrics(&self) -> &crate::metrics::ControllerMetrics;
     /// The cached object a key stands for (where failure Events go).
     fn object(&self, key: &Self::Key) -> Option<Arc<DynamicObject>>;
     /// Syncs one object; returns when to sync it again, if its hook asked.
@@ -108,7 +110,10 @@ pub(crate) trait Syncer: Send + Sync + 'static {
 pub(crate) async fn work<S: Syncer>(syncer: Arc<S>) {
     let queue = syncer.queue().clone();
     while let Some(key) = queue.next().await {
-        match syncer.sync(&key).await {
+        let started = std::time::Instant::now();
+        let result = syncer.sync(&key).await;
+        syncer.metrics().record(started.elapsed(), result.is_err());
+        match result {
             Ok(resync) => {
                 queue.forget(&key);
                 if let Some(after) = resync {

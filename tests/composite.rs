@@ -703,3 +703,30 @@ async fn malformed_controllers_are_rejected_at_admission() {
     }
     w.finish().await;
 }
+
+#[tokio::test]
+async fn hub_serves_health_and_per_controller_metrics() {
+    let mut w = World::new("metrics", GREETER).await;
+    w.stop_hub().await;
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    w.hub = Some(support::Hub::start_with(&w.client, &w.label, format!("127.0.0.1:{port}")));
+    w.controller(sync_spec(&w.hook, "InPlace")).await;
+    w.thing("m", json!({"greeting": "hi"})).await;
+    eventually(WAIT, || async { w.config_map("m-cm").await }).await;
+
+    let get = |path: &'static str| async move {
+        let response = reqwest::get(format!("http://127.0.0.1:{port}{path}")).await.ok()?;
+        Some((response.status().as_u16(), response.text().await.ok()?))
+    };
+    assert_eq!(eventually(WAIT, || get("/healthz")).await, (200, "ok\n".to_owned()));
+    assert_eq!(get("/readyz").await.unwrap().0, 200);
+    let series = format!("metahook_syncs_total{{kind=\"CompositeController\",controller=\"{}\"}} ", w.label);
+    let text =
+        eventually(WAIT, || async { get("/metrics").await.map(|(_, body)| body).filter(|b| b.contains(&series)) })
+            .await;
+    let syncs: u64 = text.lines().find_map(|l| l.strip_prefix(&series)).unwrap().parse().unwrap();
+    assert!(syncs >= 1, "{text}");
+    assert!(text.contains("metahook_queue_depth{kind=\"CompositeController\""), "{text}");
+    assert!(text.contains("metahook_watched_types "), "{text}");
+    w.finish().await;
+}

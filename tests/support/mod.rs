@@ -225,9 +225,16 @@ pub struct Hub {
 
 impl Hub {
     pub fn start(client: &Client, label: &str) -> Self {
+        Self::start_with(client, label, String::new())
+    }
+
+    /// Like [`Hub::start`], serving metrics and health on `metrics_address` (tests run many hubs at
+    /// once, so by default they serve none).
+    pub fn start_with(client: &Client, label: &str, metrics_address: String) -> Self {
         let config = metahook::config::Config {
             target_label_selector: format!("metahook-test={label}"),
             discovery_interval: Duration::from_secs(2),
+            metrics_address,
             ..metahook::config::Config::default()
         };
         let cancel = CancellationToken::new();
