@@ -39,8 +39,9 @@ pub struct CompositeControllerSpec {
     pub child_resources: Vec<ChildResourceRule>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hooks: Option<CompositeControllerHooks>,
-    /// Per-host TLS/auth defaults for hooks (Metacontroller 4.16). Accepted for compatibility; metahook
-    /// currently calls hooks without them and says so in the controller's `Ready` condition.
+    /// Per-host TLS/auth defaults for hooks (Metacontroller 4.16). Part of the schema so existing YAML
+    /// applies; not implemented yet, so a controller that sets them reports `Ready=False` and does not run
+    /// (calling its hooks without the credentials it asked for would be worse).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "preserve_unknown_list")]
     pub endpoint_configs: Vec<serde_json::Value>,
@@ -70,7 +71,7 @@ pub struct DecoratorControllerSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub attachments: Vec<ChildResourceRule>,
     pub hooks: DecoratorControllerHooks,
-    /// Accepted for compatibility, as in [`CompositeControllerSpec::endpoint_configs`].
+    /// As [`CompositeControllerSpec::endpoint_configs`]: not implemented yet, refused with a condition.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "preserve_unknown_list")]
     pub endpoint_configs: Vec<serde_json::Value>,
@@ -306,7 +307,9 @@ pub struct Webhook {
     pub etag: Option<EtagConfig>,
     #[serde(default, rename = "responseUnMarshallMode", skip_serializing_if = "Option::is_none")]
     pub response_unmarshall_mode: Option<UnmarshalMode>,
-    /// TLS and auth settings of Metacontroller 4.16; accepted for compatibility, not yet used.
+    /// TLS and auth settings of Metacontroller 4.16: in the schema so existing YAML applies, not implemented
+    /// yet; a controller using them reports `Ready=False/UnsupportedHookSetting` instead of calling
+    /// its hooks without them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "preserve_unknown_object")]
     pub ca_bundle: Option<serde_json::Value>,
@@ -325,6 +328,20 @@ pub struct Webhook {
 pub const DEFAULT_HOOK_TIMEOUT: Duration = Duration::from_secs(10);
 
 impl Webhook {
+    /// The TLS/auth settings this hook asks for, which metahook does not implement yet.
+    #[must_use]
+    pub fn unsupported_settings(&self) -> Vec<&'static str> {
+        [
+            ("caBundle", self.ca_bundle.is_some()),
+            ("clientTLS", self.client_tls.is_some()),
+            ("authorization", self.authorization.is_some()),
+            ("basicAuth", self.basic_auth.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(name, set)| set.then_some(name))
+        .collect()
+    }
+
     /// The URL to POST to: `url` if set, else `<protocol>://<name>.<namespace>:<port><path>`.
     #[must_use]
     pub fn resolved_url(&self) -> Option<String> {

@@ -26,8 +26,8 @@ use crate::related::{ParentScope, Related};
 use crate::revisions::{self, Claims, Revision, Rollout, TypeInfo};
 use crate::selector::Selector;
 use crate::sync::{
-    Facts, StartError, Step, SyncError, Syncer, api_for, every, has_finalizer, plan, record_hook_events,
-    replace_status, resync_after, resync_period, set_finalizer, work,
+    Facts, StartError, Step, SyncError, Syncer, api_for, check_hook_settings, every, has_finalizer, plan,
+    record_hook_events, replace_status, resync_after, resync_period, set_finalizer, work,
 };
 
 /// Label that ties children to their parent when `generateSelector` is on.
@@ -59,6 +59,14 @@ impl Controller {
         if hooks.sync.is_none() && hooks.finalize.is_none() {
             return Err(StartError::NoHooks);
         }
+        check_hook_settings(
+            [
+                ("sync", hooks.sync.as_ref()),
+                ("finalize", hooks.finalize.as_ref()),
+                ("customize", hooks.customize.as_ref()),
+            ],
+            &spec.endpoint_configs,
+        )?;
         let parent_rule = &spec.parent_resource;
         let parent_resource = hub
             .discovery

@@ -26,8 +26,8 @@ use crate::queue::{Backoff, WorkQueue};
 use crate::related::{ParentScope, Related};
 use crate::selector::Selector;
 use crate::sync::{
-    Facts, StartError, Step, SyncError, Syncer, api_for, every, has_finalizer, plan, record_hook_events,
-    replace_status, resync_after, resync_period, set_finalizer, work,
+    Facts, StartError, Step, SyncError, Syncer, api_for, check_hook_settings, every, has_finalizer, plan,
+    record_hook_events, replace_status, resync_after, resync_period, set_finalizer, work,
 };
 
 /// Annotation naming the DecoratorController that manages an attachment.
@@ -88,6 +88,15 @@ impl Controller {
         if spec.hooks.sync.is_none() && spec.hooks.finalize.is_none() {
             return Err(StartError::NoHooks);
         }
+        let hooks = &spec.hooks;
+        check_hook_settings(
+            [
+                ("sync", hooks.sync.as_ref()),
+                ("finalize", hooks.finalize.as_ref()),
+                ("customize", hooks.customize.as_ref()),
+            ],
+            &spec.endpoint_configs,
+        )?;
         let mut targets = Vec::with_capacity(spec.resources.len());
         for rule in &spec.resources {
             let resource = hub

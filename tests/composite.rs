@@ -571,15 +571,26 @@ async fn controllers_that_cannot_run_say_why_in_their_ready_condition() {
             "gizmos",
             "ChildResourceNotFound",
         ),
+        (
+            "auth",
+            json!({"apiVersion": "test.metahook.dev/v1", "resource": "things"}),
+            "configmaps",
+            "UnsupportedHookSetting",
+        ),
     ] {
         let name = format!("{}-{suffix}", w.label);
+        let mut webhook = json!({"url": w.hook.url("/sync")});
+        if suffix == "auth" {
+            // Calling the hook without the credentials it asked for would be worse than not running.
+            webhook["basicAuth"] = json!({"secretRef": {"name": "creds", "namespace": "default"}});
+        }
         apply_value(
             &w.client,
             &json!({
                 "apiVersion": "metacontroller.k8s.io/v1alpha1", "kind": "CompositeController",
                 "metadata": {"name": name, "labels": {"metahook-test": w.label}},
                 "spec": {"parentResource": parent, "childResources": [{"apiVersion": "v1", "resource": child}],
-                         "hooks": {"sync": {"webhook": {"url": w.hook.url("/sync")}}}},
+                         "hooks": {"sync": {"webhook": webhook}}},
             }),
         )
         .await;
