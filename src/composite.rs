@@ -21,13 +21,13 @@ use crate::events::Events;
 use crate::hooks::{CompositeRequest, CompositeResponse};
 use crate::hub::Hub;
 use crate::informers::{Change, Informer, ObjectKey, controller_uid};
-use crate::queue::{Backoff, WorkQueue};
+use crate::queue::WorkQueue;
 use crate::related::{ParentScope, Related};
 use crate::revisions::{self, Claims, Revision, Rollout, TypeInfo};
 use crate::selector::Selector;
 use crate::sync::{
-    Facts, StartError, Step, SyncError, Syncer, api_for, check_hook_settings, every, has_finalizer, plan,
-    record_hook_events, replace_status, resync_after, resync_period, set_finalizer, work,
+    Facts, StartError, SyncError, Syncer, api_for, check_hook_settings, controller_queue, every, follow_plan,
+    has_finalizer, record_hook_events, replace_status, resync_after, resync_period, run_workers, set_finalizer,
 };
 
 /// Label that ties children to their parent when `generateSelector` is on.
@@ -43,6 +43,8 @@ pub struct Controller {
     parent: Informer,
     parent_selector: Selector,
     children: Vec<ChildType>,
+    /// The resolved types of `children`, computed once (every sync needs them).
+    child_resources: Vec<Arc<ResolvedResource>>,
     /// `ControllerRevision` cache, when a child type rolls.
     revisions: Option<Informer>,
     related: Arc<Related<ObjectKey>>,
@@ -113,16 +115,7 @@ impl Controller {
         }
         let name = cc.metadata.name.clone().unwrap_or_default();
         let cc_json = serde_json::to_value(&*cc).unwrap_or(Value::Null);
-        let queue = WorkQueue::new(Backoff { base: hub.config.backoff_base, max: hub.config.backoff_max });
-        let enqueue = {
-            let queue = queue.clone();
-            Arc::new(move |key| queue.add(key))
-        };
-        let metrics = hub.metrics.controller("CompositeController", &name);
-        metrics.set_depth({
-            let queue = queue.clone();
-            move || queue.len()
-        });
+        let (queue, metrics, enqueue) = controller_queue(hub, "CompositeController", &name);
         Ok(Arc::new(Self {
             metrics,
             related: Related::new(hub.clone(), hooks.customize.clone(), cc_json.clone(), enqueue),
@@ -132,6 +125,7 @@ impl Controller {
             name,
             parent,
             parent_selector,
+            child_resources: resources(&children),
             children,
             revisions,
             queue,
@@ -154,12 +148,8 @@ impl Controller {
                 }
             }));
         }
-        for _ in 0..self.hub.config.workers {
-            tasks.spawn(work(Arc::clone(&self)));
-        }
-        cancel.cancelled().await;
-        self.queue.shut_down();
-        tasks.shutdown().await;
+        let workers = self.hub.config.workers;
+        run_workers(self, workers, tasks, cancel).await;
     }
 
     async fn map_parent_events(self: Arc<Self>) {
@@ -243,16 +233,7 @@ impl Controller {
             has_finalizer: has_finalizer(&parent, &self.finalizer),
             deleting: parent.metadata.deletion_timestamp.is_some(),
         };
-        let finalizing = match plan(facts) {
-            Step::Skip => return Ok(None),
-            Step::DropFinalizer => return set_finalizer(&api, &parent, &self.finalizer, false).await.map(|()| None),
-            Step::Sync { finalizing, add_finalizer } => {
-                if add_finalizer {
-                    set_finalizer(&api, &parent, &self.finalizer, true).await?;
-                }
-                finalizing
-            }
-        };
+        let Some(finalizing) = follow_plan(&api, &parent, &self.finalizer, facts).await? else { return Ok(None) };
 
         let selector = self.child_selector(&parent)?;
         let observed = claim(&self.hub.client, &parent, parent_resource, &selector, &self.children).await?;
@@ -267,7 +248,7 @@ impl Controller {
         };
         let related = self.related.gather(key, &parent, scope).await?;
         let parent_json = serde_json::to_value(&*parent).unwrap_or(Value::Null);
-        let children = request_map(&resources(&self.children), scope.version, scope.namespace, &observed);
+        let children = request_map(&self.child_resources, scope.version, scope.namespace, &observed);
         let call = HookCall { hook, children: &children, related: &related, finalizing, selector: &selector };
         let outcome = match &self.revisions {
             None => self.call(&parent, &parent_json, &call).await?,
@@ -304,7 +285,7 @@ impl Controller {
         let response = self.hub.hooks.composite(call.hook, &request).await?;
         let parent_resource = self.parent.resource();
         let (desired, status) =
-            validate_response(&self.cc, parent, parent_resource, &resources(&self.children), &response, call.selector)?;
+            validate_response(&self.cc, parent, parent_resource, &self.child_resources, &response, call.selector)?;
         Ok(Outcome {
             desired,
             status,
@@ -353,7 +334,7 @@ impl Controller {
             async move { self.hub.hooks.composite(call.hook, &request).await }
         });
         let responses = futures::future::try_join_all(calls).await?;
-        let child_resources = resources(&self.children);
+        let child_resources = &self.child_resources;
         let mut desired_by_revision = Vec::with_capacity(all.len());
         let mut latest_status = Value::Null;
         for (i, (response, revision_parent)) in responses.iter().zip(&parents).enumerate() {
@@ -363,7 +344,7 @@ impl Controller {
                 &self.cc,
                 &revision_parent,
                 parent_resource,
-                &child_resources,
+                child_resources,
                 response,
                 call.selector,
             )?;
@@ -373,11 +354,11 @@ impl Controller {
             desired_by_revision.push(desired);
         }
 
-        let claims = stored_claims(&all, &child_resources, &namespace);
+        let claims = stored_claims(&all, child_resources, &namespace);
         let latest_desired = &desired_by_revision[0];
         let wanted: BTreeSet<(usize, ObjectKey)> =
             latest_desired.iter().enumerate().flat_map(|(t, m)| m.keys().map(move |k| (t, k.clone()))).collect();
-        let order = response_order(&responses[0].children, &child_resources, &namespace);
+        let order = response_order(&responses[0].children, child_resources, &namespace);
         let observed_by_key: BTreeMap<(usize, ObjectKey), Arc<DynamicObject>> = observed
             .iter()
             .enumerate()
@@ -389,7 +370,7 @@ impl Controller {
             matches!((want, have), (Some(w), Some(h)) if revisions::is_subset(&revisions::comparable(w), &serde_json::to_value(&**h).unwrap_or(Value::Null)))
         };
         let rules = &self.cc.spec.child_resources;
-        let types = type_infos(rules, &child_resources);
+        let types = type_infos(rules, child_resources);
         let (claims, rollout) = revisions::roll(claims, &types, &wanted, &order, &observed_by_key, up_to_date);
 
         // Persist who owns what before any child changes.

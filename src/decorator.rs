@@ -22,12 +22,12 @@ use crate::events::Events;
 use crate::hooks::DecoratorRequest;
 use crate::hub::Hub;
 use crate::informers::{Change, Informer, ObjectKey};
-use crate::queue::{Backoff, WorkQueue};
+use crate::queue::WorkQueue;
 use crate::related::{ParentScope, Related};
 use crate::selector::Selector;
 use crate::sync::{
-    Facts, StartError, Step, SyncError, Syncer, api_for, check_hook_settings, every, has_finalizer, plan,
-    record_hook_events, replace_status, resync_after, resync_period, set_finalizer, work,
+    Facts, StartError, SyncError, Syncer, api_for, check_hook_settings, controller_queue, every, follow_plan,
+    has_finalizer, record_hook_events, replace_status, resync_after, resync_period, run_workers, set_finalizer,
 };
 
 /// Annotation naming the DecoratorController that manages an attachment.
@@ -75,6 +75,8 @@ pub struct Controller {
     dc: Arc<DecoratorController>,
     targets: Vec<Target>,
     attachments: Vec<ChildType>,
+    /// The resolved types of `attachments`, computed once (every sync needs them).
+    attachment_resources: Vec<Arc<crate::discovery::ResolvedResource>>,
     related: Arc<Related<TargetKey>>,
     finalizer: String,
     metrics: Arc<crate::metrics::ControllerMetrics>,
@@ -141,16 +143,7 @@ impl Controller {
         }
         let name = dc.metadata.name.clone().unwrap_or_default();
         let dc_json = serde_json::to_value(&*dc).unwrap_or(Value::Null);
-        let queue = WorkQueue::new(Backoff { base: hub.config.backoff_base, max: hub.config.backoff_max });
-        let enqueue = {
-            let queue = queue.clone();
-            Arc::new(move |key| queue.add(key))
-        };
-        let metrics = hub.metrics.controller("DecoratorController", &name);
-        metrics.set_depth({
-            let queue = queue.clone();
-            move || queue.len()
-        });
+        let (queue, metrics, enqueue) = controller_queue(hub, "DecoratorController", &name);
         Ok(Arc::new(Self {
             metrics,
             related: Related::new(hub.clone(), spec.hooks.customize.clone(), dc_json.clone(), enqueue),
@@ -159,6 +152,7 @@ impl Controller {
             finalizer: finalizer_name(&name),
             name,
             targets,
+            attachment_resources: resources(&attachments),
             attachments,
             queue,
             dc,
@@ -184,12 +178,8 @@ impl Controller {
                 }
             }));
         }
-        for _ in 0..self.hub.config.workers {
-            tasks.spawn(work(Arc::clone(&self)));
-        }
-        cancel.cancelled().await;
-        self.queue.shut_down();
-        tasks.shutdown().await;
+        let workers = self.hub.config.workers;
+        run_workers(self, workers, tasks, cancel).await;
     }
 
     async fn map_target_events(self: Arc<Self>, rule: usize) {
@@ -284,16 +274,7 @@ impl Controller {
             has_finalizer: has_finalizer(&target, &self.finalizer),
             deleting: target.metadata.deletion_timestamp.is_some(),
         };
-        let finalizing = match plan(facts) {
-            Step::Skip => return Ok(None),
-            Step::DropFinalizer => return set_finalizer(&api, &target, &self.finalizer, false).await.map(|()| None),
-            Step::Sync { finalizing, add_finalizer } => {
-                if add_finalizer {
-                    set_finalizer(&api, &target, &self.finalizer, true).await?;
-                }
-                finalizing
-            }
-        };
+        let Some(finalizing) = follow_plan(&api, &target, &self.finalizer, facts).await? else { return Ok(None) };
         let hook =
             if finalizing { hooks.finalize.as_ref() } else { hooks.sync.as_ref() }.ok_or(SyncError::NoSyncHook)?;
         let scope = ParentScope {
@@ -303,7 +284,7 @@ impl Controller {
         let observed = self.observed_attachments(&target, resource.namespaced);
         let related = self.related.gather(key, &target, scope).await?;
         let object = serde_json::to_value(&*target).unwrap_or(Value::Null);
-        let attachments = request_map(&resources(&self.attachments), scope.version, scope.namespace, &observed);
+        let attachments = request_map(&self.attachment_resources, scope.version, scope.namespace, &observed);
         let request = DecoratorRequest {
             controller: &self.dc_json,
             object: &object,
@@ -314,14 +295,13 @@ impl Controller {
         let response = self.hub.hooks.decorator(hook, &request).await?;
 
         let name = self.name.clone();
-        let desired =
-            desired_children(&resources(&self.attachments), &target, resource, &response.attachments, |meta| {
-                let annotations = meta.entry("annotations").or_insert_with(|| json!({}));
-                let annotations = annotations.as_object_mut().ok_or("metadata.annotations is not an object")?;
-                annotations.insert(DECORATOR_ANNOTATION.into(), Value::String(name.clone()));
-                Ok(())
-            })
-            .map_err(SyncError::InvalidResponse)?;
+        let desired = desired_children(&self.attachment_resources, &target, resource, &response.attachments, |meta| {
+            let annotations = meta.entry("annotations").or_insert_with(|| json!({}));
+            let annotations = annotations.as_object_mut().ok_or("metadata.annotations is not an object")?;
+            annotations.insert(DECORATOR_ANNOTATION.into(), Value::String(name.clone()));
+            Ok(())
+        })
+        .map_err(SyncError::InvalidResponse)?;
         let status = match response.status {
             None | Some(Value::Null) => None,
             Some(Value::Object(map)) => Some(Value::Object(map)),

@@ -198,6 +198,65 @@ pub(crate) fn plan(facts: Facts) -> Step {
     }
 }
 
+/// Carries out [`plan`] for `obj`: adds or drops our finalizer as needed. Returns `None` when there is
+/// nothing more to do, else whether the hook is called to finalize.
+pub(crate) async fn follow_plan(
+    api: &Api<DynamicObject>,
+    obj: &DynamicObject,
+    finalizer: &str,
+    facts: Facts,
+) -> Result<Option<bool>, SyncError> {
+    match plan(facts) {
+        Step::Skip => Ok(None),
+        Step::DropFinalizer => set_finalizer(api, obj, finalizer, false).await.map(|()| None),
+        Step::Sync { finalizing, add_finalizer } => {
+            if add_finalizer {
+                set_finalizer(api, obj, finalizer, true).await?;
+            }
+            Ok(Some(finalizing))
+        }
+    }
+}
+
+/// Adds a key to a controller's queue.
+pub(crate) type Enqueue<K> = Arc<dyn Fn(K) + Send + Sync>;
+
+/// A controller's queue, with its metrics reading the queue's depth and a handle that adds to it
+/// (what [`crate::related::Related`] calls when a related object changes).
+pub(crate) fn controller_queue<K: Clone + Eq + Hash + Send + Sync + 'static>(
+    hub: &crate::hub::Hub,
+    kind: &str,
+    name: &str,
+) -> (WorkQueue<K>, Arc<crate::metrics::ControllerMetrics>, Enqueue<K>) {
+    let queue = WorkQueue::new(crate::queue::Backoff { base: hub.config.backoff_base, max: hub.config.backoff_max });
+    let metrics = hub.metrics.controller(kind, name);
+    metrics.set_depth({
+        let queue = queue.clone();
+        move || queue.len()
+    });
+    let enqueue = {
+        let queue = queue.clone();
+        Arc::new(move |key| queue.add(key))
+    };
+    (queue, metrics, enqueue)
+}
+
+/// Runs `workers` workers beside the controller's other `tasks` until `cancel` fires, then shuts the
+/// queue and every task down.
+pub(crate) async fn run_workers<S: Syncer>(
+    syncer: Arc<S>,
+    workers: usize,
+    mut tasks: tokio::task::JoinSet<()>,
+    cancel: tokio_util::sync::CancellationToken,
+) {
+    for _ in 0..workers {
+        tasks.spawn(work(Arc::clone(&syncer)));
+    }
+    cancel.cancelled().await;
+    syncer.queue().shut_down();
+    tasks.shutdown().await;
+}
+
 /// An `Api` for `obj`'s type and namespace.
 pub(crate) fn api_for(client: &Client, resource: &ResolvedResource, obj: &DynamicObject) -> Api<DynamicObject> {
     match obj.metadata.namespace.as_deref() {
