@@ -119,6 +119,6 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let client = client_for(args.kubeconfig.as_deref()).await?;
     let version = client.apiserver_version().await.context("asking the API server for its version")?;
     info!(server = %version.git_version, platform = %version.platform, "connected to Kubernetes");
-    crate::hub::run(client, config).await?;
+    crate::manager::run(client, config).await?;
     Ok(())
 }

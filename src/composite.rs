@@ -4,7 +4,7 @@
 //! Nothing is written until the hook's whole response has been validated, so a failing or garbage
 //! hook never deletes or corrupts existing children or status.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,7 +15,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::api::{CompositeController, labels_of};
-use crate::children::{ChildMap, ChildType, claim, desired_children, manage, owner_reference, request_map, resources};
+use crate::children::{ChildMap, ChildType, claim, desired_children, manage, request_map, resources};
 use crate::discovery::ResolvedResource;
 use crate::events::Events;
 use crate::hooks::{CompositeRequest, CompositeResponse};
@@ -23,15 +23,15 @@ use crate::hub::Hub;
 use crate::informers::{Change, Informer, ObjectKey, controller_uid};
 use crate::queue::WorkQueue;
 use crate::related::{ParentScope, Related};
-use crate::revisions::{self, Claims, Revision, Rollout, TypeInfo};
+use crate::revisions::{self, Rollouts};
 use crate::selector::Selector;
 use crate::sync::{
     Facts, StartError, SyncError, Syncer, api_for, check_hook_settings, controller_queue, every, follow_plan,
-    has_finalizer, record_hook_events, replace_status, resync_after, resync_period, run_workers, set_finalizer,
+    has_finalizer, meaningful_parent_change, record_hook_events, replace_status, resync_after, resync_period,
+    run_workers, set_finalizer,
 };
 
-/// Label that ties children to their parent when `generateSelector` is on.
-pub const CONTROLLER_UID_LABEL: &str = "controller-uid";
+pub use crate::revisions::CONTROLLER_UID_LABEL;
 
 /// A CompositeController whose types are resolved and whose caches are synced.
 pub struct Controller {
@@ -45,8 +45,8 @@ pub struct Controller {
     children: Vec<ChildType>,
     /// The resolved types of `children`, computed once (every sync needs them).
     child_resources: Vec<Arc<ResolvedResource>>,
-    /// `ControllerRevision` cache, when a child type rolls.
-    revisions: Option<Informer>,
+    /// Rolling updates, when a child type rolls.
+    rollouts: Option<revisions::Rollouts>,
     related: Arc<Related<ObjectKey>>,
     finalizer: String,
     metrics: Arc<crate::metrics::ControllerMetrics>,
@@ -93,7 +93,7 @@ impl Controller {
                 .map_err(|source| StartError::NotFound { role: "child", source })?;
             children.push(ChildType { method: rule.method(), informer: hub.informers.get(&resource) });
         }
-        let revisions = if spec.child_resources.iter().any(|r| r.method().is_rolling()) {
+        let rollouts = if spec.child_resources.iter().any(|r| r.method().is_rolling()) {
             if !parent_resource.namespaced {
                 return Err(StartError::RollingNeedsNamespacedParent);
             }
@@ -104,7 +104,8 @@ impl Controller {
                 .map_err(|source| StartError::NotFound { role: "controllerrevision", source })?;
             let informer = hub.informers.get(&resource);
             informer.wait_synced().await;
-            Some(informer)
+            let child_resources = resources(&children);
+            Some(Rollouts::new(informer, hub.applier.clone(), Arc::clone(&parent_resource), child_resources, spec))
         } else {
             None
         };
@@ -127,7 +128,7 @@ impl Controller {
             parent_selector,
             child_resources: resources(&children),
             children,
-            revisions,
+            rollouts,
             queue,
             cc,
         }))
@@ -250,9 +251,21 @@ impl Controller {
         let parent_json = serde_json::to_value(&*parent).unwrap_or(Value::Null);
         let children = request_map(&self.child_resources, scope.version, scope.namespace, &observed);
         let call = HookCall { hook, children: &children, related: &related, finalizing, selector: &selector };
-        let outcome = match &self.revisions {
-            None => self.call(&parent, &parent_json, &call).await?,
-            Some(revisions) => self.call_revisions(revisions, &parent, &parent_json, &observed, &call).await?,
+        let outcome = match &self.rollouts {
+            None => Outcome::from(self.answer(&parent, &parent_json, &call).await?),
+            Some(rollouts) => {
+                let answer = |revision_parent: Value| {
+                    let call = &call;
+                    let parent = &parent;
+                    async move {
+                        let as_object = serde_json::from_value(revision_parent.clone());
+                        let revision_object: DynamicObject = as_object.unwrap_or_else(|_| (**parent).clone());
+                        self.answer(&revision_object, &revision_parent, call).await
+                    }
+                };
+                let decision = rollouts.sync(&parent, &parent_json, &observed, answer).await?;
+                Outcome::from(decision)
+            }
         };
         let Outcome { desired, status, resync, finalized, events } = outcome;
         record_hook_events(&self.hub.events, &parent, &events).await;
@@ -268,13 +281,13 @@ impl Controller {
         Ok(resync)
     }
 
-    /// One hook call for the parent as it is.
-    async fn call(
+    /// One hook call for `parent` (the live one, or a revision's), its response validated whole.
+    async fn answer(
         &self,
         parent: &DynamicObject,
         parent_json: &Value,
         call: &HookCall<'_>,
-    ) -> Result<Outcome, SyncError> {
+    ) -> Result<revisions::Answer, SyncError> {
         let request = CompositeRequest {
             controller: &self.cc_json,
             parent: parent_json,
@@ -286,143 +299,7 @@ impl Controller {
         let parent_resource = self.parent.resource();
         let (desired, status) =
             validate_response(&self.cc, parent, parent_resource, &self.child_resources, &response, call.selector)?;
-        Ok(Outcome {
-            desired,
-            status,
-            resync: resync_after(response.resync_after_seconds),
-            finalized: response.finalized,
-            events: response.events,
-        })
-    }
-
-    /// Rolling updates: one hook call per live revision (concurrently), children kept on the revision
-    /// that claims them, at most one moved to the latest per sync; revisions persisted first.
-    async fn call_revisions(
-        &self,
-        informer: &Informer,
-        parent: &DynamicObject,
-        parent_json: &Value,
-        observed: &[ChildMap<Arc<DynamicObject>>],
-        call: &HookCall<'_>,
-    ) -> Result<Outcome, SyncError> {
-        let paths = self.field_paths();
-        let parent_resource = self.parent.resource();
-        let uid = parent.metadata.uid.clone().unwrap_or_default();
-        let namespace = parent.metadata.namespace.clone().unwrap_or_default();
-        let latest_patch = revisions::parent_patch(parent_json, &paths);
-        let latest_name = revisions::revision_name(parent_resource, &uid, &latest_patch);
-        let mut all = live_revisions(informer, &uid, &namespace, &latest_name, latest_patch);
-
-        // Every revision's parent goes to the hook; any failure aborts the whole sync unchanged.
-        let parents: Vec<Value> = all
-            .iter()
-            .enumerate()
-            .map(
-                |(i, r)| {
-                    if i == 0 { parent_json.clone() } else { revisions::apply_patch(parent_json, &r.patch, &paths) }
-                },
-            )
-            .collect();
-        let calls = parents.iter().map(|p| {
-            let request = CompositeRequest {
-                controller: &self.cc_json,
-                parent: p,
-                children: call.children,
-                related: call.related,
-                finalizing: call.finalizing,
-            };
-            async move { self.hub.hooks.composite(call.hook, &request).await }
-        });
-        let responses = futures::future::try_join_all(calls).await?;
-        let child_resources = &self.child_resources;
-        let mut desired_by_revision = Vec::with_capacity(all.len());
-        let mut latest_status = Value::Null;
-        for (i, (response, revision_parent)) in responses.iter().zip(&parents).enumerate() {
-            let revision_parent: DynamicObject =
-                serde_json::from_value(revision_parent.clone()).unwrap_or_else(|_| parent.clone());
-            let (desired, status) = validate_response(
-                &self.cc,
-                &revision_parent,
-                parent_resource,
-                child_resources,
-                response,
-                call.selector,
-            )?;
-            if i == 0 {
-                latest_status = status;
-            }
-            desired_by_revision.push(desired);
-        }
-
-        let claims = stored_claims(&all, child_resources, &namespace);
-        let latest_desired = &desired_by_revision[0];
-        let wanted: BTreeSet<(usize, ObjectKey)> =
-            latest_desired.iter().enumerate().flat_map(|(t, m)| m.keys().map(move |k| (t, k.clone()))).collect();
-        let order = response_order(&responses[0].children, child_resources, &namespace);
-        let observed_by_key: BTreeMap<(usize, ObjectKey), Arc<DynamicObject>> = observed
-            .iter()
-            .enumerate()
-            .flat_map(|(t, m)| m.iter().map(move |(k, o)| ((t, k.clone()), Arc::clone(o))))
-            .collect();
-        let up_to_date = |child: &(usize, ObjectKey)| {
-            let want = latest_desired[child.0].get(&child.1);
-            let have = observed_by_key.get(child);
-            matches!((want, have), (Some(w), Some(h)) if revisions::is_subset(&revisions::comparable(w), &serde_json::to_value(&**h).unwrap_or(Value::Null)))
-        };
-        let rules = &self.cc.spec.child_resources;
-        let types = type_infos(rules, child_resources);
-        let (claims, rollout) = revisions::roll(claims, &types, &wanted, &order, &observed_by_key, up_to_date);
-
-        // Persist who owns what before any child changes.
-        for revision in &mut all {
-            revision.children.clear();
-        }
-        for ((t, key), index) in &claims {
-            let resource = &child_resources[*t];
-            let entry = all[*index].children.entry((resource.api_resource.group.clone(), resource.kind().to_owned()));
-            entry.or_default().push(key.name.clone());
-        }
-        let labels = self.revision_labels(parent);
-        let owner = owner_reference(parent, parent_resource);
-        let objects: Vec<Value> =
-            all.iter().map(|r| revisions::revision_object(r, &namespace, &labels, &owner)).collect();
-        revisions::persist(&self.hub.applier, informer.resource(), &all, &objects)
-            .await
-            .map_err(|e| SyncError::Apply(vec![e]))?;
-
-        let desired = claimed_desired(&desired_by_revision, &claims);
-        let rollout = match rollout {
-            Rollout::OnLatest { .. } => Rollout::OnLatest { revision: latest_name },
-            other => other,
-        };
-        let mut status = latest_status;
-        revisions::set_condition(&mut status, rollout.condition());
-        let resync = responses.iter().filter_map(|r| resync_after(r.resync_after_seconds)).min();
-        let finalized = responses.iter().all(|r| r.finalized);
-        let events = responses.into_iter().next().map(|r| r.events).unwrap_or_default();
-        Ok(Outcome { desired, status, resync, finalized, events })
-    }
-
-    fn field_paths(&self) -> Vec<String> {
-        let paths = self.cc.spec.parent_resource.revision_history.as_ref().map(|h| h.field_paths.clone());
-        paths.filter(|p| !p.is_empty()).unwrap_or_else(|| vec!["spec".to_owned()])
-    }
-
-    /// Labels of a revision: the parent's pod-template labels (or `controller-uid`) plus group/resource.
-    fn revision_labels(&self, parent: &DynamicObject) -> BTreeMap<String, String> {
-        let mut labels: BTreeMap<String, String> = if self.cc.spec.generate_selector == Some(true) {
-            BTreeMap::from([(CONTROLLER_UID_LABEL.to_owned(), parent.metadata.uid.clone().unwrap_or_default())])
-        } else {
-            parent
-                .data
-                .pointer("/spec/template/metadata/labels")
-                .and_then(|l| serde_json::from_value(l.clone()).ok())
-                .unwrap_or_default()
-        };
-        let resource = self.parent.resource();
-        labels.insert(revisions::API_GROUP_LABEL.to_owned(), resource.api_resource.group.clone());
-        labels.insert(revisions::RESOURCE_LABEL.to_owned(), resource.api_resource.plural.clone());
-        labels
+        Ok(revisions::Answer { desired, status, response })
     }
 }
 
@@ -444,88 +321,32 @@ struct Outcome {
     events: Vec<crate::hooks::HookEvent>,
 }
 
-/// The latest revision first (stored, or new with no children), then the other stored ones.
-fn live_revisions(
-    informer: &Informer,
-    uid: &str,
-    namespace: &str,
-    latest_name: &str,
-    latest_patch: Value,
-) -> Vec<Revision> {
-    let mut stored: Vec<Revision> = informer
-        .controlled_by(uid)
-        .into_iter()
-        .filter(|r| r.metadata.namespace.as_deref() == Some(namespace))
-        .map(Revision::from_object)
-        .collect();
-    stored.sort_by(|a, b| a.name.cmp(&b.name));
-    let latest = match stored.iter().position(|r| r.name == latest_name) {
-        Some(i) => stored.remove(i),
-        None => Revision { name: latest_name.to_owned(), patch: latest_patch, children: BTreeMap::new(), stored: None },
-    };
-    let mut all = vec![latest];
-    all.extend(stored);
-    all
-}
-
-/// What the rollout rule needs to know of each child type.
-fn type_infos<'a>(rules: &'a [crate::api::ChildResourceRule], types: &'a [Arc<ResolvedResource>]) -> Vec<TypeInfo<'a>> {
-    rules
-        .iter()
-        .zip(types)
-        .map(|(rule, resource)| TypeInfo {
-            kind: resource.kind(),
-            method: rule.method(),
-            checks: rule.update_strategy.as_ref().and_then(|s| s.status_checks.as_ref()).map_or(&[], |c| &c.conditions),
-        })
-        .collect()
-}
-
-/// Claims recorded in stored revisions; where two claim a child, the latest (index 0) wins.
-fn stored_claims(revisions: &[Revision], types: &[Arc<ResolvedResource>], namespace: &str) -> Claims {
-    let mut claims = Claims::new();
-    for (index, revision) in revisions.iter().enumerate().rev() {
-        for ((group, kind), names) in &revision.children {
-            let Some(t) = types.iter().position(|r| r.api_resource.group == *group && r.kind() == kind) else {
-                continue;
-            };
-            for name in names {
-                claims.insert((t, ObjectKey { namespace: Some(namespace.to_owned()), name: name.clone() }), index);
-            }
+impl From<revisions::Answer> for Outcome {
+    fn from(answer: revisions::Answer) -> Self {
+        let revisions::Answer { desired, status, response } = answer;
+        Self {
+            desired,
+            status,
+            resync: resync_after(response.resync_after_seconds),
+            finalized: response.finalized,
+            events: response.events,
         }
     }
-    claims
 }
 
-/// The children to apply: what the latest revision wants, each in the state of the revision claiming it.
-fn claimed_desired(desired_by_revision: &[Vec<ChildMap<Value>>], claims: &Claims) -> Vec<ChildMap<Value>> {
-    desired_by_revision[0]
-        .iter()
-        .enumerate()
-        .map(|(t, children)| {
-            children
-                .iter()
-                .map(|(key, latest)| {
-                    let revision = claims.get(&(t, key.clone())).copied().unwrap_or(0);
-                    let chosen = desired_by_revision[revision][t].get(key).unwrap_or(latest);
-                    (key.clone(), chosen.clone())
-                })
-                .collect()
-        })
-        .collect()
-}
-
-/// The latest response's children as (type, key), in the order the hook listed them.
-fn response_order(children: &[Value], types: &[Arc<ResolvedResource>], namespace: &str) -> Vec<(usize, ObjectKey)> {
-    children
-        .iter()
-        .filter_map(|c| {
-            let text = |p: &str| c.pointer(p).and_then(Value::as_str).unwrap_or_default();
-            let t = types.iter().position(|r| r.api_version() == text("/apiVersion") && r.kind() == text("/kind"))?;
-            let name = text("/metadata/name").to_owned();
-            Some((t, ObjectKey { namespace: Some(namespace.to_owned()), name }))
-        })
-        .collect()
+impl From<revisions::Decision> for Outcome {
+    /// With several revisions: the earliest resync wins, all must agree to finalize, and Events come
+    /// from the latest revision's answer.
+    fn from(decision: revisions::Decision) -> Self {
+        let revisions::Decision { desired, status, responses } = decision;
+        Self {
+            desired,
+            status,
+            resync: responses.iter().filter_map(|r| resync_after(r.resync_after_seconds)).min(),
+            finalized: responses.iter().all(|r| r.finalized),
+            events: responses.into_iter().next().map(|r| r.events).unwrap_or_default(),
+        }
+    }
 }
 
 impl Syncer for Controller {
@@ -610,14 +431,6 @@ pub fn validate_response(
 /// The group part of an apiVersion (`""` for the core group).
 fn group_of(api_version: &str) -> &str {
     api_version.rsplit_once('/').map_or("", |(group, _)| group)
-}
-
-/// Whether a parent update matters when `ignoreStatusChanges` is set.
-pub(crate) fn meaningful_parent_change(old: &DynamicObject, new: &DynamicObject) -> bool {
-    old.metadata.generation != new.metadata.generation
-        || old.metadata.labels != new.metadata.labels
-        || old.metadata.annotations != new.metadata.annotations
-        || new.metadata.deletion_timestamp.is_some()
 }
 
 /// The status to write: the hook's (an object, or nothing) plus `observedGeneration`.

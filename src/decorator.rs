@@ -17,7 +17,6 @@ use tokio_util::sync::CancellationToken;
 
 use crate::api::{DecoratorController, labels_of};
 use crate::children::{ChildMap, ChildType, desired_children, manage, request_map, resources};
-use crate::composite::meaningful_parent_change;
 use crate::events::Events;
 use crate::hooks::DecoratorRequest;
 use crate::hub::Hub;
@@ -27,7 +26,8 @@ use crate::related::{ParentScope, Related};
 use crate::selector::Selector;
 use crate::sync::{
     Facts, StartError, SyncError, Syncer, api_for, check_hook_settings, controller_queue, every, follow_plan,
-    has_finalizer, record_hook_events, replace_status, resync_after, resync_period, run_workers, set_finalizer,
+    has_finalizer, meaningful_parent_change, record_hook_events, replace_status, resync_after, resync_period,
+    run_workers, set_finalizer,
 };
 
 /// Annotation naming the DecoratorController that manages an attachment.

@@ -28,3 +28,6 @@ pub mod render;
 pub mod revisions;
 pub mod selector;
 pub mod sync;
+
+pub use hub::Hub;
+pub use manager::{HubError, run, run_until};

@@ -1,5 +1,6 @@
-//! Runs one controller per CompositeController / DecoratorController object: starts it, restarts it
-//! when its `spec` changes, stops it when the object goes away, and reports on the object's status.
+//! The top of the hub: builds the shared [`Hub`] and runs one controller per CompositeController /
+//! DecoratorController object: starts it, restarts it when its `spec` changes, stops it when the object
+//! goes away, and reports on the object's status.
 //!
 //! Metadata-only edits (labels, annotations) do not restart a controller, as in Metacontroller. When a
 //! controller object is deleted, the finalizers it put on parents/targets are removed (Metacontroller
@@ -17,7 +18,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams};
 use kube::core::ClusterResourceScope;
 use kube::runtime::{WatchStreamExt as _, watcher};
-use kube::{Resource, ResourceExt as _};
+use kube::{Client, Resource, ResourceExt as _};
 use serde::de::DeserializeOwned;
 use serde_json::json;
 use tokio::task::JoinHandle;
@@ -25,6 +26,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::api::{CompositeController, ControllerStatus, DecoratorController};
+use crate::config::Config;
 use crate::hub::Hub;
 use crate::sync::{StartError, api_for};
 
@@ -103,8 +105,47 @@ impl<K: Managed> Running<K> {
     }
 }
 
+/// Errors that stop the hub.
+#[derive(Debug, thiserror::Error)]
+pub enum HubError {
+    #[error("waiting for shutdown signal: {0}")]
+    Signal(#[from] std::io::Error),
+}
+
+/// Runs every CompositeController and DecoratorController until Ctrl-C / SIGTERM.
+pub async fn run(client: Client, config: Config) -> Result<(), HubError> {
+    let cancel = CancellationToken::new();
+    let hub = tokio::spawn(run_until(client, config, cancel.clone()));
+    shutdown_signal().await?;
+    info!("shutting down");
+    cancel.cancel();
+    let _ = hub.await;
+    Ok(())
+}
+
+/// Runs every CompositeController and DecoratorController until `cancel` fires (how tests and embedders
+/// run a hub).
+pub async fn run_until(client: Client, config: Config, cancel: CancellationToken) {
+    let hub = Hub::new(client, config);
+    let server = crate::metrics::start(&hub.config.metrics_address, hub.metrics.clone(), hub.informers.clone()).await;
+    let composites = Box::pin(watch_controllers::<CompositeController>(hub.clone(), cancel.clone()));
+    let decorators = Box::pin(watch_controllers::<DecoratorController>(hub, cancel));
+    tokio::join!(composites, decorators);
+    if let Some(server) = server {
+        server.abort();
+    }
+}
+
+async fn shutdown_signal() -> std::io::Result<()> {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        r = tokio::signal::ctrl_c() => r,
+        _ = term.recv() => Ok(()),
+    }
+}
+
 /// Watches controller objects of kind `K` (those matching the target label selector) until `cancel` fires.
-pub async fn run<K: Managed>(hub: Hub, cancel: CancellationToken) {
+async fn watch_controllers<K: Managed>(hub: Hub, cancel: CancellationToken) {
     let api: Api<K> = Api::all(hub.client.clone());
     let mut config = watcher::Config::default();
     if !hub.config.target_label_selector.is_empty() {

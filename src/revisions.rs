@@ -6,10 +6,12 @@
 //! the desired state of the revision that claims it. Revisions are written before any child is touched,
 //! so a restarted hub resumes a rollout where it stopped instead of replacing children again.
 //!
-//! Everything here but [`persist`] is pure, and tested beside the code.
+//! [`Rollouts::sync`] runs one rolling sync (every revision's hook call, the claims, persisting); the
+//! pieces it is made of are pure and tested beside the code.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
+use std::future::Future;
 use std::sync::Arc;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -17,10 +19,16 @@ use kube::api::DynamicObject;
 use serde_json::{Map, Value, json};
 use sha1::{Digest as _, Sha1};
 
-use crate::api::{StatusConditionCheck, UpdateMethod};
+use crate::api::{ChildResourceRule, CompositeControllerSpec, StatusConditionCheck, UpdateMethod};
 use crate::apply::{Applier, ApplyError};
+use crate::children::{ChildMap, owner_reference};
 use crate::discovery::ResolvedResource;
-use crate::informers::ObjectKey;
+use crate::hooks::CompositeResponse;
+use crate::informers::{Informer, ObjectKey};
+use crate::sync::SyncError;
+
+/// Label that ties children (and revisions) to their parent when `generateSelector` is on.
+pub const CONTROLLER_UID_LABEL: &str = "controller-uid";
 
 /// Labels Metacontroller puts on revisions, so revisions it wrote are recognised.
 pub const API_GROUP_LABEL: &str = "metacontroller.k8s.io/apiGroup";
@@ -382,6 +390,240 @@ pub fn set_condition(status: &mut Value, condition: Value) {
     } else {
         *conditions = json!([condition]);
     }
+}
+
+/// One revision's hook answer, validated whole.
+pub(crate) struct Answer {
+    /// Desired children by declared type.
+    pub desired: Vec<ChildMap<Value>>,
+    /// The status to write (with `observedGeneration`).
+    pub status: Value,
+    pub response: CompositeResponse,
+}
+
+/// What a rolling sync decided.
+pub(crate) struct Decision {
+    /// What the latest revision wants, each child in the state of the revision that claims it.
+    pub desired: Vec<ChildMap<Value>>,
+    /// The latest revision's status, with the `Updated` condition.
+    pub status: Value,
+    /// Every revision's response, latest first.
+    pub responses: Vec<CompositeResponse>,
+}
+
+/// The rolling-update machinery of one CompositeController.
+pub(crate) struct Rollouts {
+    /// The `ControllerRevision` cache.
+    pub informer: Informer,
+    applier: Applier,
+    parent_resource: Arc<ResolvedResource>,
+    child_resources: Vec<Arc<ResolvedResource>>,
+    field_paths: Vec<String>,
+    generate_selector: bool,
+    rules: Vec<ChildResourceRule>,
+}
+
+impl Rollouts {
+    pub fn new(
+        informer: Informer,
+        applier: Applier,
+        parent_resource: Arc<ResolvedResource>,
+        child_resources: Vec<Arc<ResolvedResource>>,
+        spec: &CompositeControllerSpec,
+    ) -> Self {
+        let paths = spec.parent_resource.revision_history.as_ref().map(|h| h.field_paths.clone());
+        Self {
+            informer,
+            applier,
+            parent_resource,
+            child_resources,
+            field_paths: paths.filter(|p| !p.is_empty()).unwrap_or_else(|| vec!["spec".to_owned()]),
+            generate_selector: spec.generate_selector == Some(true),
+            rules: spec.child_resources.clone(),
+        }
+    }
+
+    /// One rolling sync: `answer` is called for every live revision's parent (concurrently; any failure
+    /// aborts the whole sync unchanged), children are kept on the revision that claims them, at most one
+    /// moves to the latest, and the revisions are persisted before any child changes.
+    pub async fn sync<F, Fut>(
+        &self,
+        parent: &DynamicObject,
+        parent_json: &Value,
+        observed: &[ChildMap<Arc<DynamicObject>>],
+        answer: F,
+    ) -> Result<Decision, SyncError>
+    where
+        F: Fn(Value) -> Fut,
+        Fut: Future<Output = Result<Answer, SyncError>>,
+    {
+        let (parent_resource, child_resources) = (&*self.parent_resource, &self.child_resources[..]);
+        let paths = &self.field_paths;
+        let uid = parent.metadata.uid.clone().unwrap_or_default();
+        let namespace = parent.metadata.namespace.clone().unwrap_or_default();
+        let latest_patch = parent_patch(parent_json, paths);
+        let latest_name = revision_name(parent_resource, &uid, &latest_patch);
+        let mut all = live_revisions(&self.informer, &uid, &namespace, &latest_name, latest_patch);
+
+        let parents = all
+            .iter()
+            .enumerate()
+            .map(|(i, r)| if i == 0 { parent_json.clone() } else { apply_patch(parent_json, &r.patch, paths) });
+        let answers = futures::future::try_join_all(parents.map(answer)).await?;
+        let mut desired_by_revision = Vec::with_capacity(answers.len());
+        let mut responses = Vec::with_capacity(answers.len());
+        let mut latest_status = Value::Null;
+        for (i, Answer { desired, status, response }) in answers.into_iter().enumerate() {
+            if i == 0 {
+                latest_status = status;
+            }
+            desired_by_revision.push(desired);
+            responses.push(response);
+        }
+
+        let claims = stored_claims(&all, child_resources, &namespace);
+        let latest_desired = &desired_by_revision[0];
+        let wanted: BTreeSet<(usize, ObjectKey)> =
+            latest_desired.iter().enumerate().flat_map(|(t, m)| m.keys().map(move |k| (t, k.clone()))).collect();
+        let order = response_order(&responses[0].children, child_resources, &namespace);
+        let observed_by_key: BTreeMap<(usize, ObjectKey), Arc<DynamicObject>> = observed
+            .iter()
+            .enumerate()
+            .flat_map(|(t, m)| m.iter().map(move |(k, o)| ((t, k.clone()), Arc::clone(o))))
+            .collect();
+        let up_to_date = |child: &(usize, ObjectKey)| {
+            let want = latest_desired[child.0].get(&child.1);
+            let have = observed_by_key.get(child);
+            matches!((want, have), (Some(w), Some(h))
+                if is_subset(&comparable(w), &serde_json::to_value(&**h).unwrap_or(Value::Null)))
+        };
+        let types = type_infos(&self.rules, child_resources);
+        let (claims, rollout) = roll(claims, &types, &wanted, &order, &observed_by_key, up_to_date);
+
+        // Persist who owns what before any child changes.
+        for revision in &mut all {
+            revision.children.clear();
+        }
+        for ((t, key), index) in &claims {
+            let resource = &child_resources[*t];
+            let entry = all[*index].children.entry((resource.api_resource.group.clone(), resource.kind().to_owned()));
+            entry.or_default().push(key.name.clone());
+        }
+        let labels = self.labels(parent, parent_resource);
+        let owner = owner_reference(parent, parent_resource);
+        let objects: Vec<Value> = all.iter().map(|r| revision_object(r, &namespace, &labels, &owner)).collect();
+        persist(&self.applier, self.informer.resource(), &all, &objects)
+            .await
+            .map_err(|e| SyncError::Apply(vec![e]))?;
+
+        let rollout = match rollout {
+            Rollout::OnLatest { .. } => Rollout::OnLatest { revision: latest_name },
+            other => other,
+        };
+        let mut status = latest_status;
+        set_condition(&mut status, rollout.condition());
+        Ok(Decision { desired: claimed_desired(&desired_by_revision, &claims), status, responses })
+    }
+
+    /// Labels of a revision: the parent's pod-template labels (or `controller-uid`) plus group/resource.
+    fn labels(&self, parent: &DynamicObject, parent_resource: &ResolvedResource) -> BTreeMap<String, String> {
+        let mut labels: BTreeMap<String, String> = if self.generate_selector {
+            BTreeMap::from([(CONTROLLER_UID_LABEL.to_owned(), parent.metadata.uid.clone().unwrap_or_default())])
+        } else {
+            parent
+                .data
+                .pointer("/spec/template/metadata/labels")
+                .and_then(|l| serde_json::from_value(l.clone()).ok())
+                .unwrap_or_default()
+        };
+        labels.insert(API_GROUP_LABEL.to_owned(), parent_resource.api_resource.group.clone());
+        labels.insert(RESOURCE_LABEL.to_owned(), parent_resource.api_resource.plural.clone());
+        labels
+    }
+}
+
+/// The latest revision first (stored, or new with no children), then the other stored ones.
+fn live_revisions(
+    informer: &Informer,
+    uid: &str,
+    namespace: &str,
+    latest_name: &str,
+    latest_patch: Value,
+) -> Vec<Revision> {
+    let mut stored: Vec<Revision> = informer
+        .controlled_by(uid)
+        .into_iter()
+        .filter(|r| r.metadata.namespace.as_deref() == Some(namespace))
+        .map(Revision::from_object)
+        .collect();
+    stored.sort_by(|a, b| a.name.cmp(&b.name));
+    let latest = match stored.iter().position(|r| r.name == latest_name) {
+        Some(i) => stored.remove(i),
+        None => Revision { name: latest_name.to_owned(), patch: latest_patch, children: BTreeMap::new(), stored: None },
+    };
+    let mut all = vec![latest];
+    all.extend(stored);
+    all
+}
+
+/// What the rollout rule needs to know of each child type.
+fn type_infos<'a>(rules: &'a [ChildResourceRule], types: &'a [Arc<ResolvedResource>]) -> Vec<TypeInfo<'a>> {
+    rules
+        .iter()
+        .zip(types)
+        .map(|(rule, resource)| TypeInfo {
+            kind: resource.kind(),
+            method: rule.method(),
+            checks: rule.update_strategy.as_ref().and_then(|s| s.status_checks.as_ref()).map_or(&[], |c| &c.conditions),
+        })
+        .collect()
+}
+
+/// Claims recorded in stored revisions; where two claim a child, the latest (index 0) wins.
+fn stored_claims(revisions: &[Revision], types: &[Arc<ResolvedResource>], namespace: &str) -> Claims {
+    let mut claims = Claims::new();
+    for (index, revision) in revisions.iter().enumerate().rev() {
+        for ((group, kind), names) in &revision.children {
+            let Some(t) = types.iter().position(|r| r.api_resource.group == *group && r.kind() == kind) else {
+                continue;
+            };
+            for name in names {
+                claims.insert((t, ObjectKey { namespace: Some(namespace.to_owned()), name: name.clone() }), index);
+            }
+        }
+    }
+    claims
+}
+
+/// The children to apply: what the latest revision wants, each in the state of the revision claiming it.
+fn claimed_desired(desired_by_revision: &[Vec<ChildMap<Value>>], claims: &Claims) -> Vec<ChildMap<Value>> {
+    desired_by_revision[0]
+        .iter()
+        .enumerate()
+        .map(|(t, children)| {
+            children
+                .iter()
+                .map(|(key, latest)| {
+                    let revision = claims.get(&(t, key.clone())).copied().unwrap_or(0);
+                    let chosen = desired_by_revision[revision][t].get(key).unwrap_or(latest);
+                    (key.clone(), chosen.clone())
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// The latest response's children as (type, key), in the order the hook listed them.
+fn response_order(children: &[Value], types: &[Arc<ResolvedResource>], namespace: &str) -> Vec<(usize, ObjectKey)> {
+    children
+        .iter()
+        .filter_map(|c| {
+            let text = |p: &str| c.pointer(p).and_then(Value::as_str).unwrap_or_default();
+            let t = types.iter().position(|r| r.api_version() == text("/apiVersion") && r.kind() == text("/kind"))?;
+            let name = text("/metadata/name").to_owned();
+            Some((t, ObjectKey { namespace: Some(namespace.to_owned()), name }))
+        })
+        .collect()
 }
 
 #[cfg(test)]

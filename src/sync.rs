@@ -265,6 +265,14 @@ pub(crate) fn api_for(client: &Client, resource: &ResolvedResource, obj: &Dynami
     }
 }
 
+/// Whether an update of a parent/target matters when `ignoreStatusChanges` is set.
+pub(crate) fn meaningful_parent_change(old: &DynamicObject, new: &DynamicObject) -> bool {
+    old.metadata.generation != new.metadata.generation
+        || old.metadata.labels != new.metadata.labels
+        || old.metadata.annotations != new.metadata.annotations
+        || new.metadata.deletion_timestamp.is_some()
+}
+
 /// Whether `obj` carries `finalizer`.
 pub(crate) fn has_finalizer(obj: &DynamicObject, finalizer: &str) -> bool {
     obj.metadata.finalizers.iter().flatten().any(|f| f == finalizer)

@@ -238,7 +238,7 @@ impl Hub {
             ..metahook::config::Config::default()
         };
         let cancel = CancellationToken::new();
-        let task = tokio::spawn(metahook::hub::run_until(client.clone(), config, cancel.clone()));
+        let task = tokio::spawn(metahook::run_until(client.clone(), config, cancel.clone()));
         Self { cancel, task }
     }
 
