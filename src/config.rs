@@ -41,6 +41,8 @@ pub struct Config {
     pub backoff_max: Duration,
     /// Where `/metrics`, `/healthz` and `/readyz` are served (`host:port`); empty disables them.
     pub metrics_address: String,
+    /// Largest hook response body accepted, in bytes; a larger one fails the sync unread.
+    pub hook_response_limit: usize,
 }
 
 impl Default for Config {
@@ -53,6 +55,7 @@ impl Default for Config {
             backoff_base: Duration::from_millis(5),
             backoff_max: Duration::from_secs(1000),
             metrics_address: "0.0.0.0:9999".to_owned(),
+            hook_response_limit: crate::hooks::DEFAULT_RESPONSE_LIMIT,
         }
     }
 }
@@ -115,6 +118,9 @@ impl Config {
         }
         if self.field_manager.is_empty() {
             return Err(ConfigError::Invalid { field: "fieldManager", reason: "must not be empty".into() });
+        }
+        if self.hook_response_limit == 0 {
+            return Err(ConfigError::Invalid { field: "hookResponseLimit", reason: "must be at least 1 byte".into() });
         }
         if self.backoff_base > self.backoff_max {
             return Err(ConfigError::Invalid {

@@ -189,28 +189,38 @@ pub enum HookError {
     Decode { url: String, source: serde_json::Error },
     #[error("hook {url} response has unknown fields {fields:?} (strict mode)")]
     UnknownFields { url: String, fields: Vec<String> },
+    /// The body is larger than the hub accepts (`hookResponseLimit`); it was not read further.
+    #[error("hook {url} response is larger than the limit of {limit} bytes")]
+    TooLarge { url: String, limit: usize },
 }
+
+/// Default cap on a hook response body: far above any sane desired state, far below what would let one
+/// hook push the hub's memory around (a 20 MB body took the hub from 21 to 143 MiB when read whole).
+pub const DEFAULT_RESPONSE_LIMIT: usize = 8 * 1024 * 1024;
 
 /// Posts hook requests. Cheap to clone; one connection pool for the whole hub.
 #[derive(Clone, Debug)]
 pub struct HookClient {
     http: reqwest::Client,
+    /// Largest response body accepted, in bytes.
+    limit: usize,
 }
 
 impl Default for HookClient {
     fn default() -> Self {
-        Self::new()
+        Self::new(DEFAULT_RESPONSE_LIMIT)
     }
 }
 
 impl HookClient {
+    /// A client that refuses response bodies larger than `limit` bytes.
     #[must_use]
-    pub fn new() -> Self {
+    pub fn new(limit: usize) -> Self {
         let http = reqwest::Client::builder()
             .user_agent(concat!("metahook/", env!("CARGO_PKG_VERSION")))
             .build()
             .expect("the TLS backend is compiled in");
-        Self { http }
+        Self { http, limit }
     }
 
     /// Calls a composite `sync`/`finalize` hook.
@@ -232,23 +242,43 @@ impl HookClient {
     }
 
     /// POSTs `body` as JSON; returns the URL called and the decoded JSON body of a 200 answer.
+    ///
+    /// The timeout bounds the whole call, connecting to the last body byte, so a hook that drips its
+    /// answer cannot hold a worker; the body is read up to the hub's limit and no further.
     async fn post(&self, hook: &Hook, body: &impl Serialize) -> Result<(String, Value), HookError> {
         let url = hook.webhook.resolved_url().ok_or(HookError::NoUrl)?;
         let timeout = hook.webhook.timeout();
+        match tokio::time::timeout(timeout, self.exchange(&url, timeout, body)).await {
+            Ok(result) => result.map(|value| (url, value)),
+            Err(_) => Err(HookError::Timeout { url, timeout }),
+        }
+    }
+
+    async fn exchange(&self, url: &str, timeout: Duration, body: &impl Serialize) -> Result<Value, HookError> {
+        let url = url.to_owned();
         let sent = self.http.post(&url).timeout(timeout).json(body).send().await;
-        let response = sent.map_err(|source| classify(&url, timeout, source))?;
+        let mut response = sent.map_err(|source| classify(&url, timeout, source))?;
         let code = response.status().as_u16();
         if code == 429 {
             let retry_after = retry_after(response.headers()).unwrap_or(Duration::from_secs(1));
             return Err(HookError::TooManyRequests { url, retry_after });
         }
-        let bytes = response.bytes().await.map_err(|source| classify(&url, timeout, source))?;
+        let too_large = || HookError::TooLarge { url: url.clone(), limit: self.limit };
+        if response.content_length().is_some_and(|n| n > self.limit as u64) {
+            return Err(too_large());
+        }
+        let mut bytes = Vec::new();
+        while let Some(chunk) = response.chunk().await.map_err(|source| classify(&url, timeout, source))? {
+            if bytes.len() + chunk.len() > self.limit {
+                return Err(too_large());
+            }
+            bytes.extend_from_slice(&chunk);
+        }
         if code != 200 {
             let body = String::from_utf8_lossy(&bytes).chars().take(1024).collect();
             return Err(HookError::Status { url, code, body });
         }
-        let value = serde_json::from_slice(&bytes).map_err(|source| HookError::Decode { url: url.clone(), source })?;
-        Ok((url, value))
+        serde_json::from_slice(&bytes).map_err(|source| HookError::Decode { url, source })
     }
 }
 
@@ -392,5 +422,69 @@ mod tests {
         headers.insert(http::header::RETRY_AFTER, httpdate::fmt_http_date(later).parse().unwrap());
         let d = retry_after(&headers).unwrap();
         assert!(d > Duration::from_secs(100) && d <= Duration::from_secs(120), "{d:?}");
+    }
+
+    /// A one-shot HTTP server on loopback that answers with `head` and then `body`, `chunk` bytes every
+    /// `every` (a slow-drip hook when `every` is long).
+    async fn serve_once(head: String, body: Vec<u8>, chunk: usize, every: Duration) -> String {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            let mut request = [0_u8; 4096];
+            let _ = stream.read(&mut request).await;
+            let _ = stream.write_all(head.as_bytes()).await;
+            for piece in body.chunks(chunk) {
+                if stream.write_all(piece).await.is_err() {
+                    return;
+                }
+                tokio::time::sleep(every).await;
+            }
+        });
+        format!("http://127.0.0.1:{port}/sync")
+    }
+
+    fn hook(url: &str, timeout: &str) -> Hook {
+        serde_json::from_value(serde_json::json!({"webhook": {"url": url, "timeout": timeout}})).unwrap()
+    }
+
+    fn request() -> (Value, ObjectMaps) {
+        (serde_json::json!({}), ObjectMaps::new())
+    }
+
+    #[tokio::test]
+    async fn bodies_over_the_limit_are_refused_unread() {
+        let body = format!("{{\"children\": [], \"status\": {{\"pad\": \"{}\"}}}}", "x".repeat(4096));
+        // Chunked (no Content-Length): the limit is enforced while reading.
+        let head = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n".to_owned();
+        let url = serve_once(head, body.clone().into_bytes(), 512, Duration::ZERO).await;
+        let (v, maps) = request();
+        let req = CompositeRequest { controller: &v, parent: &v, children: &maps, related: &maps, finalizing: false };
+        let err = HookClient::new(1024).composite(&hook(&url, "5s"), &req).await.unwrap_err();
+        assert!(matches!(err, HookError::TooLarge { limit: 1024, .. }), "{err}");
+        // Declared length over the limit: refused before reading.
+        let head = format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n", body.len());
+        let url = serve_once(head, body.clone().into_bytes(), body.len(), Duration::ZERO).await;
+        let err = HookClient::new(1024).composite(&hook(&url, "5s"), &req).await.unwrap_err();
+        assert!(matches!(err, HookError::TooLarge { .. }), "{err}");
+        // Under the limit: accepted.
+        let head = format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n", body.len());
+        let url = serve_once(head, body.into_bytes(), 512, Duration::ZERO).await;
+        assert!(HookClient::new(1 << 20).composite(&hook(&url, "5s"), &req).await.is_ok());
+    }
+
+    #[tokio::test]
+    async fn a_slow_drip_body_hits_the_whole_call_deadline() {
+        let body = br#"{"children": [], "status": {}}"#.to_vec();
+        let head = format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n", body.len());
+        // One byte every 100 ms: each read is quick, the whole body takes ~3 s.
+        let url = serve_once(head, body, 1, Duration::from_millis(100)).await;
+        let (v, maps) = request();
+        let req = CompositeRequest { controller: &v, parent: &v, children: &maps, related: &maps, finalizing: false };
+        let started = std::time::Instant::now();
+        let err = HookClient::default().composite(&hook(&url, "500ms"), &req).await.unwrap_err();
+        assert!(matches!(err, HookError::Timeout { .. }), "{err}");
+        assert!(started.elapsed() < Duration::from_secs(2), "took {:?}", started.elapsed());
     }
 }

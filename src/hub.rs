@@ -32,7 +32,7 @@ impl Hub {
         Self {
             discovery: Discovery::new(client.clone(), config.discovery_interval),
             informers: Informers::new(client.clone()),
-            hooks: HookClient::new(),
+            hooks: HookClient::new(config.hook_response_limit),
             applier: Applier::new(client.clone(), config.field_manager.clone()),
             events: Events::new(client.clone()),
             metrics: crate::metrics::Metrics::default(),

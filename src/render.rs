@@ -121,7 +121,7 @@ pub async fn render(args: &RenderArgs) -> Result<String, RenderError> {
         (None, None) => (hook.clone(), None),
     };
     let response =
-        HookClient::new().composite(&hook, &request).await.map_err(|e| RenderError::Invalid(e.to_string()))?;
+        HookClient::default().composite(&hook, &request).await.map_err(|e| RenderError::Invalid(e.to_string()))?;
     let selector = child_selector(&cc, &parent).map_err(|e| RenderError::Invalid(e.to_string()))?;
     let (desired, status) = validate_response(&cc, &parent, &parent_resource, &child_resources, &response, &selector)
         .map_err(|e| RenderError::Invalid(e.to_string()))?;
