@@ -15,7 +15,7 @@ cluster-down: ## stop it and remove .cluster/
 
 # ---- the two commands of the README -------------------------------------------------------------
 
-.PHONY: demo test fmt-check clippy unit integration crds hook-libs
+.PHONY: demo test fmt-check clippy unit integration chaos crds hook-libs
 
 demo: ## the hello-world controller end to end on the local control plane
 	@bash examples-python/hello-world/demo.sh
@@ -36,7 +36,14 @@ hook-libs: ## unit tests of the Python and Node hook helper libraries
 	@if [ -d examples-js/metahook-hooks/test ]; then node --test examples-js/metahook-hooks/test/; fi
 
 integration: cluster-up ## integration and end-to-end tests against the real control plane
-	cargo test --locked --no-fail-fast --test '*' -- --test-threads=4
+	@rm -rf target/faults
+	@cargo test --locked --no-fail-fast --test '*' -- --test-threads=4; status=$$?; \
+	  echo "---- fault suite figures (tests/faults.rs) ----"; cat target/faults/*.txt 2>/dev/null; exit $$status
+
+chaos: cluster-up ## the fault suite, long: 20 hub kills during a 200-parent rollout, and every other scenario
+	@rm -rf target/faults
+	@FAULT_KILLS=20 FAULT_PARENTS=200 cargo test --locked --test faults -- --test-threads=4; status=$$?; \
+	  echo "---- fault suite figures ----"; cat target/faults/*.txt 2>/dev/null; exit $$status
 
 crds: ## regenerate crds/ from src/api.rs, and deploy/'s copies of them
 	METAHOOK_UPDATE_CRDS=1 cargo test --lib crds::tests::checked_in_crds_match_the_rust_types
