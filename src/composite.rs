@@ -50,6 +50,7 @@ pub struct Controller {
     related: Arc<Related<ObjectKey>>,
     finalizer: String,
     metrics: Arc<crate::metrics::ControllerMetrics>,
+    requests: crate::trigger::SyncRequests<ObjectKey>,
     queue: WorkQueue<ObjectKey>,
 }
 
@@ -103,22 +104,23 @@ impl Controller {
                 .await
                 .map_err(|source| StartError::NotFound { role: "controllerrevision", source })?;
             let informer = hub.informers.get(&resource);
-            informer.wait_synced().await;
+            informer.wait_synced(hub.config.cache_sync_timeout).await?;
             let child_resources = resources(&children);
             Some(Rollouts::new(informer, hub.applier.clone(), Arc::clone(&parent_resource), child_resources, spec))
         } else {
             None
         };
         let parent = hub.informers.get(&parent_resource);
-        parent.wait_synced().await;
+        parent.wait_synced(hub.config.cache_sync_timeout).await?;
         for child in &children {
-            child.informer.wait_synced().await;
+            child.informer.wait_synced(hub.config.cache_sync_timeout).await?;
         }
         let name = cc.metadata.name.clone().unwrap_or_default();
         let cc_json = serde_json::to_value(&*cc).unwrap_or(Value::Null);
         let (queue, metrics, enqueue) = controller_queue(hub, "CompositeController", &name);
         Ok(Arc::new(Self {
             metrics,
+            requests: crate::trigger::SyncRequests::default(),
             related: Related::new(hub.clone(), hooks.customize.clone(), cc_json.clone(), enqueue),
             hub: hub.clone(),
             cc_json,
@@ -153,18 +155,31 @@ impl Controller {
         run_workers(self, workers, tasks, cancel).await;
     }
 
+    /// Queues every parent now (a sync requested on the controller object); returns how many.
+    pub fn resync_all(&self) -> usize {
+        let parents = self.parent.list(None);
+        for parent in &parents {
+            self.queue.add(ObjectKey::of(parent));
+        }
+        parents.len()
+    }
+
     async fn map_parent_events(self: Arc<Self>) {
         let ignore_status = self.cc.spec.parent_resource.ignore_status_changes == Some(true);
         let mut changes = self.parent.subscribe();
         while let Some(change) = changes.recv().await {
             match &change {
+                Change::Applied { old, new } if self.requests.observe(&ObjectKey::of(new), old.as_deref(), new) => {}
                 Change::Applied { old: Some(old), new }
                     if old.metadata.resource_version == new.metadata.resource_version
                         || (ignore_status && !meaningful_parent_change(old, new)) =>
                 {
                     continue;
                 }
-                Change::Deleted(obj) => self.related.forget(&ObjectKey::of(obj)),
+                Change::Deleted(obj) => {
+                    self.related.forget(&ObjectKey::of(obj));
+                    self.requests.forget(&ObjectKey::of(obj));
+                }
                 Change::Applied { .. } => {}
             }
             self.queue.add(ObjectKey::of(change.object()));
@@ -366,6 +381,10 @@ impl Syncer for Controller {
 
     fn metrics(&self) -> &crate::metrics::ControllerMetrics {
         &self.metrics
+    }
+
+    fn sync_requests(&self) -> &crate::trigger::SyncRequests<ObjectKey> {
+        &self.requests
     }
 
     fn object(&self, key: &ObjectKey) -> Option<Arc<DynamicObject>> {

@@ -80,6 +80,7 @@ pub struct Controller {
     related: Arc<Related<TargetKey>>,
     finalizer: String,
     metrics: Arc<crate::metrics::ControllerMetrics>,
+    requests: crate::trigger::SyncRequests<TargetKey>,
     queue: WorkQueue<TargetKey>,
 }
 
@@ -139,13 +140,14 @@ impl Controller {
             attachments.push(ChildType { method, informer: hub.informers.get(&resource) });
         }
         for informer in targets.iter().map(|t| &t.informer).chain(attachments.iter().map(|a| &a.informer)) {
-            informer.wait_synced().await;
+            informer.wait_synced(hub.config.cache_sync_timeout).await?;
         }
         let name = dc.metadata.name.clone().unwrap_or_default();
         let dc_json = serde_json::to_value(&*dc).unwrap_or(Value::Null);
         let (queue, metrics, enqueue) = controller_queue(hub, "DecoratorController", &name);
         Ok(Arc::new(Self {
             metrics,
+            requests: crate::trigger::SyncRequests::default(),
             related: Related::new(hub.clone(), spec.hooks.customize.clone(), dc_json.clone(), enqueue),
             hub: hub.clone(),
             dc_json,
@@ -182,12 +184,27 @@ impl Controller {
         run_workers(self, workers, tasks, cancel).await;
     }
 
+    /// Queues every selected target now (a sync requested on the controller object); returns how many.
+    pub fn resync_all(&self) -> usize {
+        let mut queued = 0;
+        for (rule, target) in self.targets.iter().enumerate() {
+            for obj in target.informer.list(None).into_iter().filter(|o| target.selects(o)) {
+                self.queue.add(TargetKey { rule, key: ObjectKey::of(&obj) });
+                queued += 1;
+            }
+        }
+        queued
+    }
+
     async fn map_target_events(self: Arc<Self>, rule: usize) {
         let target = &self.targets[rule];
         let mut changes = target.informer.subscribe();
         while let Some(change) = changes.recv().await {
             let key = TargetKey { rule, key: ObjectKey::of(change.object()) };
             match &change {
+                Change::Applied { old, new }
+                    if (target.selects(new) || has_finalizer(new, &self.finalizer))
+                        && self.requests.observe(&key, old.as_deref(), new) => {}
                 Change::Applied { old: Some(old), new }
                     if old.metadata.resource_version == new.metadata.resource_version
                         || (target.ignore_status_changes && !meaningful_parent_change(old, new)) =>
@@ -196,6 +213,7 @@ impl Controller {
                 }
                 Change::Deleted(_) => {
                     self.related.forget(&key);
+                    self.requests.forget(&key);
                     continue;
                 }
                 // Objects neither selected nor carrying our finalizer are none of our business.
@@ -381,6 +399,10 @@ impl Syncer for Controller {
 
     fn metrics(&self) -> &crate::metrics::ControllerMetrics {
         &self.metrics
+    }
+
+    fn sync_requests(&self) -> &crate::trigger::SyncRequests<TargetKey> {
+        &self.requests
     }
 
     fn object(&self, key: &TargetKey) -> Option<Arc<DynamicObject>> {

@@ -20,6 +20,7 @@ pub mod events;
 pub mod hooks;
 pub mod hub;
 pub mod informers;
+pub mod leader;
 pub mod manager;
 pub mod metrics;
 pub mod queue;
@@ -28,6 +29,7 @@ pub mod render;
 pub mod revisions;
 pub mod selector;
 pub mod sync;
+pub mod trigger;
 
 pub use hub::Hub;
 pub use manager::{HubError, run, run_until};

@@ -12,7 +12,7 @@ use std::time::Duration;
 use kube::Client;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use serde_json::{Value, json};
-use tracing::{debug, warn};
+use tracing::{Instrument as _, debug, info_span, warn};
 
 use crate::apply::ApplyError;
 use crate::children::ClaimError;
@@ -37,6 +37,9 @@ pub enum StartError {
     Selector(#[from] SelectorError),
     #[error("{0} is not supported by this version of metahook (hook TLS and authentication)")]
     UnsupportedHookSetting(String),
+    /// A cache could not be filled: the type may not be listed/watched, or the API did not answer.
+    #[error("{0}")]
+    CacheSync(#[from] crate::informers::SyncTimeout),
 }
 
 impl StartError {
@@ -54,6 +57,8 @@ impl StartError {
             Self::RollingNeedsNamespacedParent => "UnsupportedUpdateMethod",
             Self::Selector(_) => "InvalidSelector",
             Self::UnsupportedHookSetting(_) => "UnsupportedHookSetting",
+            Self::CacheSync(crate::informers::SyncTimeout::Forbidden { .. }) => "Forbidden",
+            Self::CacheSync(crate::informers::SyncTimeout::NotSynced { .. }) => "WatchFailed",
         }
     }
 }
@@ -102,6 +107,8 @@ pub(crate) trait Syncer: Send + Sync + 'static {
     fn events(&self) -> &Events;
     /// Where sync counts and durations go.
     fn metrics(&self) -> &crate::metrics::ControllerMetrics;
+    /// Sync requests (`metahook.dev/sync-requested-at`) waiting for a successful sync.
+    fn sync_requests(&self) -> &crate::trigger::SyncRequests<Self::Key>;
     /// The cached object a key stands for (where failure Events go).
     fn object(&self, key: &Self::Key) -> Option<Arc<DynamicObject>>;
     /// Syncs one object; returns when to sync it again, if its hook asked.
@@ -125,42 +132,70 @@ pub(crate) fn check_hook_settings<'a>(
     Ok(())
 }
 
-/// A worker: takes keys off the queue until it shuts down. Failures are logged with the controller and
-/// object names, recorded as a `SyncError` Event on the object, and retried with per-key backoff.
+/// Numbers the syncs of this process, so every log line of one sync can be told apart.
+static SYNC_IDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+/// A worker: takes keys off the queue until it shuts down. Each sync runs in a `sync` span (controller,
+/// object, sync id) that every log line of it — hook calls and writes included — carries. Failures are
+/// logged, recorded as a `SyncError` Event on the object, and retried with per-key backoff.
 pub(crate) async fn work<S: Syncer>(syncer: Arc<S>) {
     let queue = syncer.queue().clone();
     while let Some(key) = queue.next().await {
-        let started = std::time::Instant::now();
-        let result = syncer.sync(&key).await;
-        syncer.metrics().record(started.elapsed(), result.is_err());
-        match result {
-            Ok(resync) => {
-                queue.forget(&key);
-                if let Some(after) = resync {
-                    queue.add_after(key.clone(), after);
-                }
+        let sync_id = SYNC_IDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let span =
+            info_span!("sync", kind = syncer.metrics().kind(), controller = syncer.name(), object = %key, sync_id);
+        handle(&*syncer, &queue, &key).instrument(span).await;
+        queue.done(&key);
+    }
+}
+
+async fn handle<S: Syncer>(syncer: &S, queue: &WorkQueue<S::Key>, key: &S::Key) {
+    use crate::metrics::Outcome;
+    let started = std::time::Instant::now();
+    debug!("sync started");
+    let result = syncer.sync(key).await;
+    let outcome = match &result {
+        Ok(None) => Outcome::Success,
+        Ok(Some(_)) => Outcome::RequeueAfter,
+        Err(
+            SyncError::Hook(HookError::TooManyRequests { .. })
+            | SyncError::RelatedNotSynced(_)
+            | SyncError::Conflict(_),
+        ) => Outcome::Requeue,
+        Err(_) => Outcome::Error,
+    };
+    syncer.metrics().record(started.elapsed(), outcome);
+    match result {
+        Ok(resync) => {
+            debug!(took = ?started.elapsed(), "sync finished");
+            queue.forget(key);
+            if let Some(after) = resync {
+                queue.add_after(key.clone(), after);
             }
-            Err(SyncError::Hook(HookError::TooManyRequests { retry_after, .. })) => {
-                debug!(controller = syncer.name(), object = %key, ?retry_after, "hook asked to retry later");
-                queue.add_after(key.clone(), retry_after);
-            }
-            Err(SyncError::RelatedNotSynced(resource)) => {
-                debug!(controller = syncer.name(), object = %key, resource, "related cache not synced yet");
-                queue.add_rate_limited(key.clone());
-            }
-            Err(SyncError::Conflict(what)) => {
-                debug!(controller = syncer.name(), object = %key, what, "conflict; retrying with a fresh copy");
-                queue.add_rate_limited(key.clone());
-            }
-            Err(err) => {
-                warn!(controller = syncer.name(), object = %key, "sync failed: {err}");
-                if let Some(obj) = syncer.object(&key) {
-                    syncer.events().warning(&reference(&obj), "SyncError", format!("Sync error: {err}")).await;
-                }
-                queue.add_rate_limited(key.clone());
+            if let (Some(requested), Some(obj)) = (syncer.sync_requests().take(key), syncer.object(key)) {
+                let note = format!("Sync requested at {requested} done");
+                syncer.events().normal(&reference(&obj), "SyncRequested", note).await;
             }
         }
-        queue.done(&key);
+        Err(SyncError::Hook(HookError::TooManyRequests { retry_after, .. })) => {
+            debug!(?retry_after, "hook asked to retry later");
+            queue.add_after(key.clone(), retry_after);
+        }
+        Err(SyncError::RelatedNotSynced(resource)) => {
+            debug!(resource, "related cache not synced yet");
+            queue.add_rate_limited(key.clone());
+        }
+        Err(SyncError::Conflict(what)) => {
+            debug!(what, "conflict; retrying with a fresh copy");
+            queue.add_rate_limited(key.clone());
+        }
+        Err(err) => {
+            warn!("sync failed: {err}");
+            if let Some(obj) = syncer.object(key) {
+                syncer.events().warning(&reference(&obj), "SyncError", format!("Sync error: {err}")).await;
+            }
+            queue.add_rate_limited(key.clone());
+        }
     }
 }
 
@@ -221,19 +256,16 @@ pub(crate) async fn follow_plan(
 /// Adds a key to a controller's queue.
 pub(crate) type Enqueue<K> = Arc<dyn Fn(K) + Send + Sync>;
 
-/// A controller's queue, with its metrics reading the queue's depth and a handle that adds to it
+/// A controller's queue reporting `workqueue_*` metrics, its reconcile metrics, and a handle that adds to it
 /// (what [`crate::related::Related`] calls when a related object changes).
 pub(crate) fn controller_queue<K: Clone + Eq + Hash + Send + Sync + 'static>(
     hub: &crate::hub::Hub,
     kind: &str,
     name: &str,
 ) -> (WorkQueue<K>, Arc<crate::metrics::ControllerMetrics>, Enqueue<K>) {
-    let queue = WorkQueue::new(crate::queue::Backoff { base: hub.config.backoff_base, max: hub.config.backoff_max });
+    let backoff = crate::queue::Backoff { base: hub.config.backoff_base, max: hub.config.backoff_max };
+    let queue = WorkQueue::with_stats(backoff, hub.metrics.queue(kind, name));
     let metrics = hub.metrics.controller(kind, name);
-    metrics.set_depth({
-        let queue = queue.clone();
-        move || queue.len()
-    });
     let enqueue = {
         let queue = queue.clone();
         Arc::new(move |key| queue.add(key))
