@@ -24,6 +24,7 @@ pub mod leader;
 pub mod manager;
 pub mod metrics;
 pub mod queue;
+pub mod rbac;
 pub mod related;
 pub mod render;
 pub mod revisions;
