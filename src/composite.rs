@@ -155,13 +155,17 @@ impl Controller {
         run_workers(self, workers, tasks, cancel).await;
     }
 
-    /// Queues every parent now (a sync requested on the controller object); returns how many.
+    /// Queues every parent it selects (or still finalizes) now — a sync requested on the controller
+    /// object; returns how many.
     pub fn resync_all(&self) -> usize {
-        let parents = self.parent.list(None);
-        for parent in &parents {
-            self.queue.add(ObjectKey::of(parent));
+        let mut queued = 0;
+        for parent in self.parent.list(None) {
+            if self.parent_selector.matches(&labels_of(&parent.metadata)) || has_finalizer(&parent, &self.finalizer) {
+                self.queue.add(ObjectKey::of(&parent));
+                queued += 1;
+            }
         }
-        parents.len()
+        queued
     }
 
     async fn map_parent_events(self: Arc<Self>) {
