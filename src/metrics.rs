@@ -423,6 +423,26 @@ impl Collector for Snapshot {
     }
 }
 
+/// The families [`register_snapshot`] computes when scraped.
+pub const SCRAPE_TIME_FAMILIES: [&str; 5] = [
+    "metahook_watched_types",
+    "metahook_informer_objects",
+    "metahook_informer_synced",
+    "metahook_controllers",
+    "leader_election_master_status",
+];
+
+/// Names of the families in `registry` (as `# TYPE` declares them, without sample suffixes).
+#[must_use]
+pub fn family_names(registry: &Registry) -> std::collections::BTreeSet<String> {
+    render(registry)
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split_whitespace().next())
+        .map(str::to_owned)
+        .collect()
+}
+
 /// Registers the scrape-time gauges (caches, controllers, leadership).
 pub fn register_snapshot(registry: &mut Registry, health: Health, informers: crate::informers::Informers) {
     registry.register_collector(Box::new(Snapshot { health, informers }));
