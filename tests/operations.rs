@@ -10,10 +10,10 @@ use std::time::Duration;
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::api::rbac::v1::{AggregationRule, ClusterRole, ClusterRoleBinding, RoleRef, Subject};
-use kube::Client;
 use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::config::{AuthInfo, KubeConfigOptions, Kubeconfig};
-use metahook::rbac::{AGGREGATE_LABEL, ControllerObject, aggregated_role, base_rules, controller_rules};
+use kube::{Client, ResourceExt};
+use metahook::rbac::AGGREGATE_LABEL;
 use serde_json::{Value, json};
 use support::{ExampleHook, HookServer, TestNamespace, World, api, apply_docs, apply_value, eventually, example_docs};
 use tokio_util::sync::CancellationToken;
@@ -126,13 +126,22 @@ async fn a_hub_with_only_the_printed_roles_runs_an_example_and_reports_a_forbidd
         rules: None,
     };
     roles.create(&PostParams::default(), &hub_role).await.unwrap();
-    let controller: ControllerObject =
-        ControllerObject::Composite(Box::new(serde_json::from_value(controller_doc.clone()).unwrap()));
-    let mut printed = vec![
-        aggregated_role(&format!("{label}-base"), base_rules()),
-        aggregated_role(&format!("{label}-controller"), controller_rules(&controller, &[])),
-    ];
+    // The roles exactly as `metahook rbac --base -f controller.yaml` prints them, relabelled for this test.
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), serde_yaml::to_string(&controller_doc).unwrap()).unwrap();
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_metahook"))
+        .args(["rbac", "--base", "-f"])
+        .arg(file.path())
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let mut printed: Vec<ClusterRole> = serde_yaml::Deserializer::from_str(&String::from_utf8(output.stdout).unwrap())
+        .map(|doc| serde::Deserialize::deserialize(doc).unwrap())
+        .collect();
+    assert_eq!(printed.len(), 2, "the base role and the controller's");
     for role in &mut printed {
+        assert_eq!(role.labels().get(AGGREGATE_LABEL).map(String::as_str), Some("true"));
+        role.metadata.name = Some(format!("{label}-{}", role.name_any()));
         role.metadata.labels = Some([(AGGREGATE_LABEL.to_owned(), label.clone())].into());
     }
     let token = sas
@@ -259,7 +268,7 @@ async fn a_hub_with_only_the_printed_roles_runs_an_example_and_reports_a_forbidd
     for name in [&label, &forbidden_name] {
         let _ = ccs.delete(name, &DeleteParams::default()).await;
     }
-    for role in [format!("{label}-hub"), format!("{label}-base"), format!("{label}-controller")] {
+    for role in printed.iter().map(ResourceExt::name_any).chain([format!("{label}-hub")]) {
         let _ = roles.delete(&role, &DeleteParams::default()).await;
     }
     let _ =
