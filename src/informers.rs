@@ -437,6 +437,22 @@ mod tests {
         })
     }
 
+    #[tokio::test]
+    async fn a_cache_that_cannot_fill_gives_up_after_the_timeout_naming_the_last_watch_error() {
+        // Nothing listens on port 9 of the loopback: every list fails to connect.
+        let client = Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap())).unwrap();
+        let resource = Arc::new(ResolvedResource {
+            api_resource: kube::core::ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&()),
+            namespaced: true,
+            has_status: false,
+        });
+        let informer = Informers::new(client).get(&resource);
+        let err = informer.wait_synced(Duration::from_secs(2)).await.unwrap_err();
+        let SyncTimeout::NotSynced { resource, last_error, .. } = &err else { panic!("{err}") };
+        assert_eq!(resource, "v1/configmaps");
+        assert!(last_error.as_deref().is_some_and(|e| e.contains("list")), "{err}");
+    }
+
     #[test]
     fn indexes_follow_ownership_changes() {
         let mut store = Store::default();
