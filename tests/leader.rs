@@ -141,6 +141,13 @@ impl Setup {
         identity.rsplit_once('_').map(|(pod, _)| pod.to_owned())
     }
 
+    /// (acquireTime, renewTime) of the Lease.
+    async fn lease_times(&self) -> (Option<k8s_openapi::jiff::Timestamp>, Option<k8s_openapi::jiff::Timestamp>) {
+        let leases: Api<Lease> = Api::namespaced(self.client.clone(), &self.ns.name);
+        let spec = leases.get(&self.label).await.ok().and_then(|l| l.spec).unwrap_or_default();
+        (spec.acquire_time.map(|t| t.0), spec.renew_time.map(|t| t.0))
+    }
+
     async fn wait_for_holder(&self, name: &str, timeout: Duration) -> Duration {
         let started = Instant::now();
         eventually(timeout, || async { (self.holder().await.as_deref() == Some(name)).then_some(()) }).await;
@@ -251,17 +258,21 @@ async fn kill_leader_mid_rollout(setup: &Setup, round: usize, replicas: &mut Vec
     leader.signal("KILL");
     let killed = Instant::now();
     let _ = leader.child.wait().await;
+    // The dead leader's last renewal, as the Lease records it (wall clock, written by this machine).
+    let last_renewal = setup.lease_times().await.1;
     let standby = replicas[0].name;
     setup.wait_for_holder(standby, WAIT).await;
     let takeover = killed.elapsed();
+    let acquired = setup.lease_times().await.0;
+    let after_renewal = acquired.zip(last_renewal).map_or(f64::NAN, |(a, r)| a.duration_since(r).as_secs_f64());
     setup.wait_all_at(to).await;
     // Quiet period: a late or duplicate write would show up here.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let (extra, by_child) = audit.finish();
     println!(
         "failover round {round}: killed {leader_name} with {done_at_kill}/{total} children at {to}; \
-         {standby} took over after {:.2} s (lease {LEASE_DURATION} s, renew deadline {RENEW_DEADLINE} s, \
-         retry {RETRY_PERIOD} s); double_writes={extra}",
+         {standby} took over {:.2} s after the kill, {after_renewal:.2} s after the last renewal (lease \
+         {LEASE_DURATION} s, renew deadline {RENEW_DEADLINE} s, retry {RETRY_PERIOD} s); double_writes={extra}",
         takeover.as_secs_f64()
     );
     assert!(done_at_kill < total, "the kill must land mid-rollout ({done_at_kill}/{total} already done)");
