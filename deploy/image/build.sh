@@ -47,6 +47,7 @@ fi
 flock -u 9
 
 ROOTFS=$(mktemp -d)
+chmod 0755 "$ROOTFS"
 trap 'rm -rf "$ROOTFS"' EXIT
 install -d -m 0755 "$ROOTFS/etc/ssl/certs" "$ROOTFS/tmp"
 chmod 1777 "$ROOTFS/tmp"
