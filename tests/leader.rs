@@ -51,6 +51,8 @@ def sync(req):
 struct Replica {
     name: &'static str,
     child: tokio::process::Child,
+    /// Where it serves /metrics and /readyz.
+    address: String,
 }
 
 impl Replica {
@@ -113,8 +115,10 @@ impl Setup {
 
     fn start(&self, name: &'static str) -> Replica {
         let log = std::fs::File::create(self.dir.path().join(format!("{name}.log"))).unwrap();
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let address = format!("127.0.0.1:{port}");
         let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_metahook"))
-            .args(["run", "--config"])
+            .args(["run", "--metrics-address", &address, "--config"])
             .arg(self.config_path())
             .arg("--kubeconfig")
             .arg(kubeconfig())
@@ -126,7 +130,7 @@ impl Setup {
             .kill_on_drop(true)
             .spawn()
             .expect("starting metahook run");
-        Replica { name, child }
+        Replica { name, child, address }
     }
 
     fn log(&self, replica: &str) -> String {
@@ -189,6 +193,23 @@ impl Setup {
         let _ = ccs.delete(&self.label, &DeleteParams::default()).await;
         self.ns.delete().await;
     }
+}
+
+/// GET `path` from a replica: (status code, body).
+async fn get(address: &str, path: &str) -> Option<(u16, String)> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut stream = tokio::net::TcpStream::connect(address).await.ok()?;
+    stream.write_all(format!("GET {path} HTTP/1.1\r\nHost: hub\r\n\r\n").as_bytes()).await.ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.ok()?;
+    let code = response.split_whitespace().nth(1)?.parse().ok()?;
+    Some((code, response.split_once("\r\n\r\n")?.1.to_owned()))
+}
+
+/// The `leader_election_master_status` sample of the Lease (`lease` = its label set) a replica reports.
+async fn leader_status(address: &str, lease: &str) -> Option<String> {
+    let (_, metrics) = get(address, "/metrics").await?;
+    metrics.lines().find(|l| l.starts_with("leader_election_master_status") && l.contains(lease)).map(str::to_owned)
 }
 
 fn kubeconfig() -> PathBuf {
@@ -334,6 +355,16 @@ async fn a_terminated_leader_releases_the_lease_and_the_standby_takes_over_at_on
     setup.parents("v1").await;
     let mut replicas = two_replicas(&setup).await;
     setup.wait_all_at("v1").await;
+    // Leadership shows in /readyz (both ready) and in leader_election_master_status.
+    let lease = format!("name=\"{}/{}\"", setup.ns.name, setup.label);
+    let (leader_ready, leader_body) = eventually(WAIT, || get(&replicas[0].address, "/readyz")).await;
+    assert_eq!(leader_ready, 200, "{leader_body}");
+    assert!(leader_body.contains("leader: hub-a_"), "{leader_body}");
+    let (standby_ready, standby_body) = eventually(WAIT, || get(&replicas[1].address, "/readyz")).await;
+    assert_eq!(standby_ready, 200, "a standby is ready: {standby_body}");
+    assert!(standby_body.contains("standby") && standby_body.contains("leader hub-a_"), "{standby_body}");
+    assert!(leader_status(&replicas[0].address, &lease).await.is_some_and(|l| l.ends_with(" 1")));
+    assert!(leader_status(&replicas[1].address, &lease).await.is_some_and(|l| l.ends_with(" 0")));
     let mut leader = replicas.remove(0);
     leader.signal("TERM");
     let terminated = Instant::now();
