@@ -18,7 +18,7 @@ use crate::api::{CompositeController, labels_of};
 use crate::children::{ChildMap, ChildType, claim, desired_children, manage, request_map, resources};
 use crate::discovery::ResolvedResource;
 use crate::events::Events;
-use crate::hooks::{CompositeRequest, CompositeResponse};
+use crate::hooks::{CompositeRequest, CompositeResponse, ControllerHooks};
 use crate::hub::Hub;
 use crate::informers::{Change, Informer, ObjectKey, controller_uid};
 use crate::queue::WorkQueue;
@@ -26,9 +26,9 @@ use crate::related::{ParentScope, Related};
 use crate::revisions::{self, Rollouts};
 use crate::selector::Selector;
 use crate::sync::{
-    Facts, StartError, SyncError, Syncer, api_for, check_hook_settings, controller_queue, every, follow_plan,
-    has_finalizer, meaningful_parent_change, record_hook_events, replace_status, resync_after, resync_period,
-    run_workers, set_finalizer,
+    Facts, StartError, SyncError, Syncer, api_for, controller_queue, every, follow_plan, has_finalizer,
+    meaningful_parent_change, record_hook_events, replace_status, resync_after, resync_period, run_workers,
+    set_finalizer,
 };
 
 pub use crate::revisions::CONTROLLER_UID_LABEL;
@@ -48,6 +48,8 @@ pub struct Controller {
     /// Rolling updates, when a child type rolls.
     rollouts: Option<revisions::Rollouts>,
     related: Arc<Related<ObjectKey>>,
+    /// The `sync` and `finalize` hooks, ready to call.
+    endpoints: ControllerHooks,
     finalizer: String,
     metrics: Arc<crate::metrics::ControllerMetrics>,
     queue: WorkQueue<ObjectKey>,
@@ -61,12 +63,11 @@ impl Controller {
         if hooks.sync.is_none() && hooks.finalize.is_none() {
             return Err(StartError::NoHooks);
         }
-        check_hook_settings(
-            [
-                ("sync", hooks.sync.as_ref()),
-                ("finalize", hooks.finalize.as_ref()),
-                ("customize", hooks.customize.as_ref()),
-            ],
+        let name = cc.metadata.name.clone().unwrap_or_default();
+        let endpoints = hub.hooks.controller_hooks(
+            "CompositeController",
+            &name,
+            [hooks.sync.as_ref(), hooks.finalize.as_ref(), hooks.customize.as_ref()],
             &spec.endpoint_configs,
         )?;
         let parent_rule = &spec.parent_resource;
@@ -114,12 +115,12 @@ impl Controller {
         for child in &children {
             child.informer.wait_synced().await;
         }
-        let name = cc.metadata.name.clone().unwrap_or_default();
         let cc_json = serde_json::to_value(&*cc).unwrap_or(Value::Null);
         let (queue, metrics, enqueue) = controller_queue(hub, "CompositeController", &name);
         Ok(Arc::new(Self {
             metrics,
-            related: Related::new(hub.clone(), hooks.customize.clone(), cc_json.clone(), enqueue),
+            related: Related::new(hub.clone(), endpoints.customize.clone(), cc_json.clone(), enqueue),
+            endpoints,
             hub: hub.clone(),
             cc_json,
             finalizer: format!("metacontroller.io/compositecontroller-{name}"),
@@ -250,7 +251,7 @@ impl Controller {
         let related = self.related.gather(key, &parent, scope).await?;
         let parent_json = serde_json::to_value(&*parent).unwrap_or(Value::Null);
         let children = request_map(&self.child_resources, scope.version, scope.namespace, &observed);
-        let call = HookCall { hook, children: &children, related: &related, finalizing, selector: &selector };
+        let call = HookCall { children: &children, related: &related, finalizing, selector: &selector };
         let outcome = match &self.rollouts {
             None => Outcome::from(self.answer(&parent, &parent_json, &call).await?),
             Some(rollouts) => {
@@ -295,7 +296,8 @@ impl Controller {
             related: call.related,
             finalizing: call.finalizing,
         };
-        let response = self.hub.hooks.composite(call.hook, &request).await?;
+        let endpoint = if call.finalizing { &self.endpoints.finalize } else { &self.endpoints.sync };
+        let response = endpoint.as_ref().ok_or(SyncError::NoSyncHook)?.composite(&request).await?;
         let parent_resource = self.parent.resource();
         let (desired, status) =
             validate_response(&self.cc, parent, parent_resource, &self.child_resources, &response, call.selector)?;
@@ -305,7 +307,6 @@ impl Controller {
 
 /// What a sync asks the hook.
 struct HookCall<'a> {
-    hook: &'a crate::api::Hook,
     children: &'a crate::hooks::ObjectMaps,
     related: &'a crate::hooks::ObjectMaps,
     finalizing: bool,

@@ -3,6 +3,7 @@
 //! `config/metahook.yaml` documents every field with its default; a test keeps that file and
 //! [`Config::default`] in agreement.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -43,6 +44,12 @@ pub struct Config {
     pub metrics_address: String,
     /// Largest hook response body accepted, in bytes; a larger one fails the sync unread.
     pub hook_response_limit: usize,
+    /// Where to connect for a hook server instead of where its name leads: key = the server as the hook
+    /// URL names it (`greeter.hooks:8080`; without a port, the URL scheme's default), value = the
+    /// `host:port` to open the TCP connection to. Only the destination changes: the URL, `Host` header
+    /// and TLS name checks keep the hook's own name. For hubs outside the cluster calling
+    /// Service-form hooks (the demo, tests, a laptop with port-forwards).
+    pub hook_hosts: BTreeMap<String, String>,
 }
 
 impl Default for Config {
@@ -56,6 +63,7 @@ impl Default for Config {
             backoff_max: Duration::from_secs(1000),
             metrics_address: "0.0.0.0:9999".to_owned(),
             hook_response_limit: crate::hooks::DEFAULT_RESPONSE_LIMIT,
+            hook_hosts: BTreeMap::new(),
         }
     }
 }
@@ -106,6 +114,16 @@ impl Config {
         Ok(config)
     }
 
+    /// How the hub's hook client is set up.
+    #[must_use]
+    pub fn hook_client(&self) -> crate::hooks::HookClientConfig {
+        crate::hooks::HookClientConfig {
+            response_limit: self.hook_response_limit,
+            hook_hosts: self.hook_hosts.clone(),
+            keep_alive: true,
+        }
+    }
+
     fn from_file(path: &Path) -> Result<Self, ConfigError> {
         let text =
             std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
@@ -128,6 +146,8 @@ impl Config {
                 reason: "must not exceed backoffMaxSeconds".into(),
             });
         }
+        crate::hooks::dial::check_hook_hosts(&self.hook_hosts)
+            .map_err(|reason| ConfigError::Invalid { field: "hookHosts", reason })?;
         crate::selector::parse_selector_string(&self.target_label_selector)
             .map_err(|e| ConfigError::Invalid { field: "targetLabelSelector", reason: e.to_string() })?;
         Ok(())
@@ -184,6 +204,16 @@ mod tests {
         let overrides = ConfigOverrides { workers: Some(0), ..ConfigOverrides::default() };
         let err = Config::load(None, &overrides).unwrap_err();
         assert!(err.to_string().contains("workers"), "{err}");
+    }
+
+    #[test]
+    fn hook_hosts_are_read_and_checked() {
+        let config: Config = serde_yaml::from_str("hookHosts: {\"greeter.hooks:8080\": \"127.0.0.1:41234\"}").unwrap();
+        assert_eq!(config.hook_hosts["greeter.hooks:8080"], "127.0.0.1:41234");
+        assert!(config.validate().is_ok());
+        let config: Config = serde_yaml::from_str("hookHosts: {\"greeter.hooks\": \"127.0.0.1\"}").unwrap();
+        let err = config.validate().unwrap_err();
+        assert!(err.to_string().contains("hookHosts"), "{err}");
     }
 
     #[test]

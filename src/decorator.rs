@@ -25,9 +25,9 @@ use crate::queue::WorkQueue;
 use crate::related::{ParentScope, Related};
 use crate::selector::Selector;
 use crate::sync::{
-    Facts, StartError, SyncError, Syncer, api_for, check_hook_settings, controller_queue, every, follow_plan,
-    has_finalizer, meaningful_parent_change, record_hook_events, replace_status, resync_after, resync_period,
-    run_workers, set_finalizer,
+    Facts, StartError, SyncError, Syncer, api_for, controller_queue, every, follow_plan, has_finalizer,
+    meaningful_parent_change, record_hook_events, replace_status, resync_after, resync_period, run_workers,
+    set_finalizer,
 };
 
 /// Annotation naming the DecoratorController that manages an attachment.
@@ -78,6 +78,8 @@ pub struct Controller {
     /// The resolved types of `attachments`, computed once (every sync needs them).
     attachment_resources: Vec<Arc<crate::discovery::ResolvedResource>>,
     related: Arc<Related<TargetKey>>,
+    /// The `sync` and `finalize` hooks, ready to call.
+    endpoints: crate::hooks::ControllerHooks,
     finalizer: String,
     metrics: Arc<crate::metrics::ControllerMetrics>,
     queue: WorkQueue<TargetKey>,
@@ -91,12 +93,11 @@ impl Controller {
             return Err(StartError::NoHooks);
         }
         let hooks = &spec.hooks;
-        check_hook_settings(
-            [
-                ("sync", hooks.sync.as_ref()),
-                ("finalize", hooks.finalize.as_ref()),
-                ("customize", hooks.customize.as_ref()),
-            ],
+        let name = dc.metadata.name.clone().unwrap_or_default();
+        let endpoints = hub.hooks.controller_hooks(
+            "DecoratorController",
+            &name,
+            [hooks.sync.as_ref(), hooks.finalize.as_ref(), hooks.customize.as_ref()],
             &spec.endpoint_configs,
         )?;
         let mut targets = Vec::with_capacity(spec.resources.len());
@@ -141,12 +142,12 @@ impl Controller {
         for informer in targets.iter().map(|t| &t.informer).chain(attachments.iter().map(|a| &a.informer)) {
             informer.wait_synced().await;
         }
-        let name = dc.metadata.name.clone().unwrap_or_default();
         let dc_json = serde_json::to_value(&*dc).unwrap_or(Value::Null);
         let (queue, metrics, enqueue) = controller_queue(hub, "DecoratorController", &name);
         Ok(Arc::new(Self {
             metrics,
-            related: Related::new(hub.clone(), spec.hooks.customize.clone(), dc_json.clone(), enqueue),
+            related: Related::new(hub.clone(), endpoints.customize.clone(), dc_json.clone(), enqueue),
+            endpoints,
             hub: hub.clone(),
             dc_json,
             finalizer: finalizer_name(&name),
@@ -292,7 +293,8 @@ impl Controller {
             related: &related,
             finalizing,
         };
-        let response = self.hub.hooks.decorator(hook, &request).await?;
+        let endpoint = if finalizing { &self.endpoints.finalize } else { &self.endpoints.sync };
+        let response = endpoint.as_ref().ok_or(SyncError::NoSyncHook)?.decorator(&request).await?;
 
         let name = self.name.clone();
         let desired = desired_children(&self.attachment_resources, &target, resource, &response.attachments, |meta| {

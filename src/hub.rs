@@ -29,13 +29,16 @@ pub struct Hub {
 impl Hub {
     #[must_use]
     pub fn new(client: Client, config: Config) -> Self {
+        let hooks = HookClient::new(&config.hook_client(), Some(client.clone()));
+        let mut registry = prometheus_client::registry::Registry::default();
+        hooks.metrics().register(&mut registry);
         Self {
             discovery: Discovery::new(client.clone(), config.discovery_interval),
             informers: Informers::new(client.clone()),
-            hooks: HookClient::new(config.hook_response_limit),
+            hooks,
             applier: Applier::new(client.clone(), config.field_manager.clone()),
             events: Events::new(client.clone()),
-            metrics: crate::metrics::Metrics::default(),
+            metrics: crate::metrics::Metrics::with_registry(registry),
             client,
             config,
         }

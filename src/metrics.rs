@@ -47,9 +47,17 @@ type ByController = BTreeMap<(String, String), Arc<ControllerMetrics>>;
 #[derive(Clone, Default)]
 pub struct Metrics {
     controllers: Arc<Mutex<ByController>>,
+    /// Families kept in a prometheus-client registry (the hook metrics), appended to the text.
+    registry: Option<Arc<prometheus_client::registry::Registry>>,
 }
 
 impl Metrics {
+    /// Metrics that also expose every family in `registry`.
+    #[must_use]
+    pub fn with_registry(registry: prometheus_client::registry::Registry) -> Self {
+        Self { registry: Some(Arc::new(registry)), ..Self::default() }
+    }
+
     /// The counters of controller `kind`/`name`, created on first use and kept until [`Metrics::remove`].
     #[must_use]
     pub fn controller(&self, kind: &str, name: &str) -> Arc<ControllerMetrics> {
@@ -93,6 +101,10 @@ impl Metrics {
             out,
             "# HELP metahook_watched_types Resource types with a shared watch.\n# TYPE metahook_watched_types gauge\nmetahook_watched_types {watched_types}"
         );
+        if let Some(registry) = &self.registry {
+            // Without the OpenMetrics `# EOF` line, so the text stays one valid exposition.
+            let _ = prometheus_client::encoding::text::encode_registry(&mut out, registry);
+        }
         out
     }
 }

@@ -35,8 +35,8 @@ pub enum StartError {
     RollingNeedsNamespacedParent,
     #[error("label selector: {0}")]
     Selector(#[from] SelectorError),
-    #[error("{0} is not supported by this version of metahook (hook TLS and authentication)")]
-    UnsupportedHookSetting(String),
+    #[error("{0}")]
+    InvalidHookSetting(#[from] crate::hooks::SettingsError),
 }
 
 impl StartError {
@@ -53,7 +53,7 @@ impl StartError {
             Self::NoStatusSubresource { .. } => "NoStatusSubresource",
             Self::RollingNeedsNamespacedParent => "UnsupportedUpdateMethod",
             Self::Selector(_) => "InvalidSelector",
-            Self::UnsupportedHookSetting(_) => "UnsupportedHookSetting",
+            Self::InvalidHookSetting(_) => "InvalidHookSetting",
         }
     }
 }
@@ -106,23 +106,6 @@ pub(crate) trait Syncer: Send + Sync + 'static {
     fn object(&self, key: &Self::Key) -> Option<Arc<DynamicObject>>;
     /// Syncs one object; returns when to sync it again, if its hook asked.
     fn sync(&self, key: &Self::Key) -> impl Future<Output = Result<Option<Duration>, SyncError>> + Send;
-}
-
-/// Refuses hook TLS/auth settings that are not implemented: calling a hook without the credentials or
-/// CA its controller asked for must not happen silently.
-pub(crate) fn check_hook_settings<'a>(
-    hooks: impl IntoIterator<Item = (&'static str, Option<&'a crate::api::Hook>)>,
-    endpoint_configs: &[serde_json::Value],
-) -> Result<(), StartError> {
-    if !endpoint_configs.is_empty() {
-        return Err(StartError::UnsupportedHookSetting("spec.endpointConfigs".into()));
-    }
-    for (name, hook) in hooks {
-        if let Some(setting) = hook.and_then(|h| h.webhook.unsupported_settings().first().copied()) {
-            return Err(StartError::UnsupportedHookSetting(format!("hooks.{name}.webhook.{setting}")));
-        }
-    }
-    Ok(())
 }
 
 /// A worker: takes keys off the queue until it shuts down. Failures are logged with the controller and
@@ -393,21 +376,6 @@ mod tests {
     fn removed_finalize_hook_drops_the_finalizer() {
         assert_eq!(plan(f(false, true, true, false)), Step::DropFinalizer);
         assert_eq!(plan(f(false, false, true, true)), Step::DropFinalizer);
-    }
-
-    #[test]
-    fn hook_tls_and_auth_settings_are_refused_by_name() {
-        let plain: crate::api::Hook =
-            serde_json::from_value(serde_json::json!({"webhook": {"url": "http://h/s"}})).unwrap();
-        let authed: crate::api::Hook = serde_json::from_value(serde_json::json!({"webhook": {
-            "url": "https://h/s", "authorization": {"secretRef": {"name": "t", "namespace": "n", "key": "k"}}}}))
-        .unwrap();
-        assert!(check_hook_settings([("sync", Some(&plain)), ("finalize", None)], &[]).is_ok());
-        let err = check_hook_settings([("sync", Some(&plain)), ("customize", Some(&authed))], &[]).unwrap_err();
-        assert_eq!(err.reason(), "UnsupportedHookSetting");
-        assert!(err.to_string().contains("hooks.customize.webhook.authorization"), "{err}");
-        let err = check_hook_settings([("sync", Some(&plain))], &[serde_json::json!({"host": "h"})]).unwrap_err();
-        assert!(err.to_string().contains("spec.endpointConfigs"));
     }
 
     #[test]
