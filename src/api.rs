@@ -544,6 +544,36 @@ mod tests {
     }
 
     #[test]
+    fn hook_tls_and_auth_settings_round_trip_with_metacontroller_field_names() {
+        let yaml = r#"
+parentResource: {apiVersion: v1, resource: configmaps}
+endpointConfigs:
+- host: hooks.example.com:8443
+  caBundle: {secretRef: {name: hook-tls, namespace: ops}}
+  clientTLS: {secretRef: {name: client, namespace: ops}, certKey: cert.pem, privateKeyKey: key.pem}
+  basicAuth: {secretRef: {name: basic, namespace: ops}, usernameKey: user, passwordKey: pass}
+hooks:
+  sync:
+    webhook:
+      url: https://hooks.example.com:8443/sync
+      caBundle: {configMapRef: {name: ca, namespace: ops, key: bundle.pem}}
+      authorization: {type: Token, secretRef: {name: token, namespace: ops, key: token}}
+      etag: {enabled: true, cacheTimeoutSeconds: 60, cacheCleanupSeconds: 10}
+  customize:
+    webhook:
+      url: https://hooks.example.com/customize
+      caBundle: {inline: "-----BEGIN CERTIFICATE-----"}
+"#;
+        let spec: CompositeControllerSpec = serde_yaml::from_str(yaml).unwrap();
+        let sync = &spec.hooks.as_ref().unwrap().sync.as_ref().unwrap().webhook;
+        assert_eq!(sync.authorization.as_ref().unwrap().type_.as_deref(), Some("Token"));
+        assert_eq!(sync.ca_bundle.as_ref().unwrap().config_map_ref.as_ref().unwrap().key.as_deref(), Some("bundle.pem"));
+        assert_eq!(spec.endpoint_configs[0].client_tls.as_ref().unwrap().private_key_key.as_deref(), Some("key.pem"));
+        let original: serde_json::Value = serde_yaml::from_str(yaml).unwrap();
+        assert_eq!(serde_json::to_value(&spec).unwrap(), original);
+    }
+
+    #[test]
     fn metacontroller_yaml_round_trips_without_loss() {
         let yaml = r#"
 apiVersion: metacontroller.k8s.io/v1alpha1
