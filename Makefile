@@ -15,7 +15,7 @@ cluster-down: ## stop it and remove .cluster/
 
 # ---- the two commands of the README -------------------------------------------------------------
 
-.PHONY: demo test fmt-check clippy unit integration crds hook-libs
+.PHONY: demo test fmt-check clippy unit integration crds hook-libs bench-hooks
 
 demo: ## the hello-world controller end to end on the local control plane
 	@bash examples-python/hello-world/demo.sh
@@ -37,6 +37,9 @@ hook-libs: ## unit tests of the Python and Node hook helper libraries
 
 integration: cluster-up ## integration and end-to-end tests against the real control plane
 	cargo test --locked --no-fail-fast --test '*' -- --test-threads=4
+
+bench-hooks: ## hook client per-call overhead, with and without keep-alive, against a Python hook (prints figures)
+	cargo bench --locked --bench hooks
 
 crds: ## regenerate crds/ from src/api.rs, and deploy/'s copies of them
 	METAHOOK_UPDATE_CRDS=1 cargo test --lib crds::tests::checked_in_crds_match_the_rust_types

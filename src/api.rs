@@ -567,7 +567,10 @@ hooks:
         let spec: CompositeControllerSpec = serde_yaml::from_str(yaml).unwrap();
         let sync = &spec.hooks.as_ref().unwrap().sync.as_ref().unwrap().webhook;
         assert_eq!(sync.authorization.as_ref().unwrap().type_.as_deref(), Some("Token"));
-        assert_eq!(sync.ca_bundle.as_ref().unwrap().config_map_ref.as_ref().unwrap().key.as_deref(), Some("bundle.pem"));
+        assert_eq!(
+            sync.ca_bundle.as_ref().unwrap().config_map_ref.as_ref().unwrap().key.as_deref(),
+            Some("bundle.pem")
+        );
         assert_eq!(spec.endpoint_configs[0].client_tls.as_ref().unwrap().private_key_key.as_deref(), Some("key.pem"));
         let original: serde_json::Value = serde_yaml::from_str(yaml).unwrap();
         assert_eq!(serde_json::to_value(&spec).unwrap(), original);

@@ -59,38 +59,18 @@ fn assert_nowhere(secrets: &[&str], events: &str) {
     }
 }
 
-/// A CA, a second CA nobody uses, a client CA; server certificates for 127.0.0.1 and for
-/// `greeter.hooks` only, signed by the CA; a client certificate signed by the client CA.
+/// The certificates `tests/hooks/make_pki.sh` makes: a CA, a second CA nobody uses, a client CA; server
+/// certificates for 127.0.0.1 and for `greeter.hooks` only, signed by the CA; a client certificate
+/// signed by the client CA.
 struct Pki {
     dir: tempfile::TempDir,
 }
-
-const MAKE_PKI: &str = r#"
-set -euo pipefail
-key() { openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$1.key"; }
-ca() {
-  key "$1"
-  openssl req -x509 -new -key "$1.key" -out "$1.crt" -days 2 -subj "/CN=$1" \
-    -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign"
-}
-leaf() {
-  key "$1"
-  openssl req -new -key "$1.key" -out "$1.csr" -subj "/CN=$1"
-  printf 'subjectAltName=%s\nbasicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=%s\n' "$3" "$4" > "$1.ext"
-  openssl x509 -req -in "$1.csr" -CA "$2.crt" -CAkey "$2.key" -set_serial "0x$(openssl rand -hex 8)" \
-    -out "$1.crt" -days 2 -extfile "$1.ext"
-}
-ca ca; ca wrong-ca; ca client-ca
-leaf server ca "IP:127.0.0.1,DNS:localhost" serverAuth
-leaf greeter ca "DNS:greeter.hooks" serverAuth
-leaf client client-ca "DNS:metahook-client" clientAuth
-"#;
 
 impl Pki {
     fn new() -> Self {
         let dir = tempfile::tempdir().unwrap();
         let status = std::process::Command::new("bash")
-            .args(["-c", MAKE_PKI])
+            .arg(support::repo_root().join("tests/hooks/make_pki.sh"))
             .current_dir(dir.path())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -504,5 +484,50 @@ async fn service_form_hook_is_reached_through_hook_hosts_and_verified_by_its_own
     t.controller("service", webhook, json!({})).await;
     t.thing("one", "service", "hello").await;
     t.wait_greeting("one", "hello").await;
+    t.finish().await;
+}
+
+#[tokio::test]
+async fn http2_is_negotiated_with_a_hook_that_offers_it() {
+    let pki = Pki::new();
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("requests.jsonl");
+    let mut child = tokio::process::Command::new("node")
+        .arg(support::repo_root().join("tests/hooks/h2_hook.mjs"))
+        .args([pki.path("server.crt"), pki.path("server.key"), log.to_string_lossy().into_owned()])
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("starting node h2_hook.mjs");
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let line = tokio::time::timeout(Duration::from_secs(20), lines.next_line()).await.unwrap().unwrap().unwrap();
+    let port: u16 = line.strip_prefix("PORT ").and_then(|p| p.trim().parse().ok()).expect("PORT line");
+    let t = Setup::new("http2", config()).await;
+    let webhook = json!({"url": format!("https://127.0.0.1:{port}/sync"), "caBundle": {"inline": pki.pem("ca.crt")}});
+    t.controller("h2", webhook, json!({})).await;
+    t.thing("one", "h2", "hello").await;
+    t.wait_greeting("one", "hello").await;
+    let versions = std::fs::read_to_string(&log).unwrap();
+    assert!(versions.lines().all(|l| l.contains("\"2.0\"")), "{versions}");
+    t.finish().await;
+}
+
+#[tokio::test]
+async fn settings_metacontroller_refuses_keep_the_controller_from_starting_with_a_reason() {
+    let t = Setup::new("invalid-hook-settings", config()).await;
+    let secret = json!({"name": "s", "namespace": t.ns.name, "key": "token"});
+    let webhook = json!({"url": "https://127.0.0.1:1/sync", "authorization": {"secretRef": secret},
+                         "basicAuth": {"secretRef": {"name": "s", "namespace": t.ns.name}}});
+    let cc = t.controller("both", webhook, json!({})).await;
+    let ccs = api(&t.client, "metacontroller.k8s.io/v1alpha1", "CompositeController", None).await;
+    let ready = eventually(WAIT, || async {
+        let cc = ccs.get(&cc.name_any()).await.ok()?;
+        let conditions = cc.data["status"]["conditions"].as_array()?.clone();
+        conditions.into_iter().find(|c| c["type"] == "Ready")
+    })
+    .await;
+    assert_eq!(ready["status"], "False");
+    assert_eq!(ready["reason"], "InvalidHookSetting");
+    assert_eq!(ready["message"], "hooks.sync.webhook: authorization and basicAuth are mutually exclusive");
     t.finish().await;
 }

@@ -11,6 +11,8 @@ CONFIG keys (all optional):
          so a test can rotate the token; {"basic": {"username": u, "password": p}}
   etag:  true  answer with an ETag (a digest of the parent's spec) and 304 to a matching If-None-Match
   log:   file  one JSON line per request: path, status, ifNoneMatch, clientCert
+  nagle: true  leave Nagle's algorithm on, as http.server does by default (only the benchmark sets it,
+         to show what that costs on kept-alive connections)
 
 POST /sync answers like a small CompositeController hook: one ConfigMap "<parent>-cm" carrying
 spec.greeting, and status {"greeting": ...}. A request with wrong credentials gets 401 whose body
@@ -51,6 +53,10 @@ def answer(request):
 
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive, as a production hook server would
+    # http.server sends headers and body in two writes. With Nagle's algorithm on, the body waits for
+    # the client to ACK the headers, which a delayed ACK holds back for ~40 ms: every call on a
+    # kept-alive connection would take 40 ms (see the hook benchmark).
+    disable_nagle_algorithm = not CONFIG.get("nagle", False)
 
     def setup(self):
         if isinstance(self.request, ssl.SSLSocket):
