@@ -48,7 +48,7 @@ pub struct Controller {
     /// Rolling updates, when a child type rolls.
     rollouts: Option<revisions::Rollouts>,
     related: Arc<Related<ObjectKey>>,
-    /// The `sync` and `finalize` hooks, ready to call.
+    /// The hooks, ready to call (`related` holds the `customize` one too).
     endpoints: ControllerHooks,
     finalizer: String,
     metrics: Arc<crate::metrics::ControllerMetrics>,

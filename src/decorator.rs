@@ -78,7 +78,7 @@ pub struct Controller {
     /// The resolved types of `attachments`, computed once (every sync needs them).
     attachment_resources: Vec<Arc<crate::discovery::ResolvedResource>>,
     related: Arc<Related<TargetKey>>,
-    /// The `sync` and `finalize` hooks, ready to call.
+    /// The hooks, ready to call (`related` holds the `customize` one too).
     endpoints: crate::hooks::ControllerHooks,
     finalizer: String,
     metrics: Arc<crate::metrics::ControllerMetrics>,
