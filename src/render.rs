@@ -18,7 +18,9 @@ use crate::api::{CompositeController, Hook, HookVersion, Webhook};
 use crate::children::{ChildMap, request_map};
 use crate::composite::{child_selector, validate_response};
 use crate::discovery::ResolvedResource;
-use crate::hooks::{CompositeRequest, HookClient, ObjectMaps, group_version_kind_key, object_key};
+use crate::hooks::{
+    CompositeRequest, HookClient, HookKind, HookLabels, ObjectMaps, group_version_kind_key, object_key,
+};
 use crate::informers::ObjectKey;
 
 /// Arguments of `metahook render`.
@@ -120,8 +122,15 @@ pub async fn render(args: &RenderArgs) -> Result<String, RenderError> {
         }
         (None, None) => (hook.clone(), None),
     };
-    let response =
-        HookClient::default().composite(&hook, &request).await.map_err(|e| RenderError::Invalid(e.to_string()))?;
+    let labels = HookLabels {
+        kind: "CompositeController".into(),
+        controller: cc.metadata.name.clone().unwrap_or_default(),
+        hook: if args.finalizing { HookKind::Finalize } else { HookKind::Sync },
+    };
+    let endpoint = HookClient::default()
+        .endpoint(&hook, &cc.spec.endpoint_configs, labels)
+        .map_err(|e| RenderError::Setup(e.to_string()))?;
+    let response = endpoint.composite(&request).await.map_err(|e| RenderError::Invalid(e.to_string()))?;
     let selector = child_selector(&cc, &parent).map_err(|e| RenderError::Invalid(e.to_string()))?;
     let (desired, status) = validate_response(&cc, &parent, &parent_resource, &child_resources, &response, &selector)
         .map_err(|e| RenderError::Invalid(e.to_string()))?;
