@@ -28,6 +28,7 @@ use serde_json::Value;
 use crate::api::UpdateMethod;
 use crate::discovery::ResolvedResource;
 use crate::informers::ObjectKey;
+use crate::migrate::TakeOver;
 
 /// What applying did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -84,12 +85,22 @@ pub struct Applier {
     client: Client,
     field_manager: String,
     applied: Arc<Mutex<AppliedCache>>,
+    /// What Metacontroller wrote is taken over on the first write to it (see [`crate::migrate`]).
+    take_over: Arc<TakeOver>,
 }
 
 impl Applier {
     #[must_use]
     pub fn new(client: Client, field_manager: String) -> Self {
-        Self { client, field_manager, applied: Arc::default() }
+        let take_over = Arc::new(TakeOver::new(&field_manager, vec![crate::migrate::METACONTROLLER_MANAGER.into()]));
+        Self { client, field_manager, applied: Arc::default(), take_over }
+    }
+
+    /// Takes over objects written by these field managers (Metacontroller's) instead of the default.
+    #[must_use]
+    pub fn taking_over_from(mut self, managers: Vec<String>) -> Self {
+        self.take_over = Arc::new(TakeOver::new(&self.field_manager, managers));
+        self
     }
 
     fn api(&self, resource: &ResolvedResource, namespace: Option<&str>) -> Api<DynamicObject> {
@@ -135,6 +146,19 @@ impl Applier {
             return Ok(Applied::Unchanged);
         }
         let body = with_precondition_uid(desired, observed);
+        let taken_over;
+        let observed = match self.take_over.run_if_needed(&api, observed, &body).await {
+            Ok(None) => observed,
+            Ok(Some(took)) if !took.apply_needed => {
+                self.remember(cache_key, fingerprint(desired_hash, &took.object));
+                return Ok(Applied::Updated);
+            }
+            Ok(Some(took)) => {
+                taken_over = took.object;
+                &taken_over
+            }
+            Err(e) => return Err(e.into_apply_error(kind(), key)),
+        };
         if matches!(method, UpdateMethod::Recreate | UpdateMethod::RollingRecreate) {
             // Only recreate when applying would really change the object: a dry run shows the result
             // including defaults, so fields set by others or by defaulting don't trigger a delete.

@@ -43,6 +43,9 @@ pub struct Config {
     pub metrics_address: String,
     /// Largest hook response body accepted, in bytes; a larger one fails the sync unread.
     pub hook_response_limit: usize,
+    /// Field managers whose ownership of children and attachments the hub takes over on its first
+    /// write to them (Metacontroller's); empty turns taking over off.
+    pub take_over_field_managers: Vec<String>,
 }
 
 impl Default for Config {
@@ -56,6 +59,7 @@ impl Default for Config {
             backoff_max: Duration::from_secs(1000),
             metrics_address: "0.0.0.0:9999".to_owned(),
             hook_response_limit: crate::hooks::DEFAULT_RESPONSE_LIMIT,
+            take_over_field_managers: vec![crate::migrate::METACONTROLLER_MANAGER.to_owned()],
         }
     }
 }

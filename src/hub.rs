@@ -33,7 +33,8 @@ impl Hub {
             discovery: Discovery::new(client.clone(), config.discovery_interval),
             informers: Informers::new(client.clone()),
             hooks: HookClient::new(config.hook_response_limit),
-            applier: Applier::new(client.clone(), config.field_manager.clone()),
+            applier: Applier::new(client.clone(), config.field_manager.clone())
+                .taking_over_from(config.take_over_field_managers.clone()),
             events: Events::new(client.clone()),
             metrics: crate::metrics::Metrics::default(),
             client,

@@ -260,14 +260,16 @@ impl Informers {
     }
 }
 
-/// Prepares an object for the cache: full type information (list items lack it) and no managedFields
-/// (large, and never needed by hooks).
+/// Prepares an object for the cache: full type information (list items lack it), and managedFields
+/// reduced to who wrote the object: the field sets are most of an object's size and nothing reads them
+/// from the cache, but the applier must know whether Metacontroller's managers wrote an object, to take
+/// it over on its first write (it reads the full entries then, once, see `migrate`).
 fn prepare(mut obj: DynamicObject, resource: &ResolvedResource) -> Arc<DynamicObject> {
     obj.types = Some(TypeMeta {
         api_version: resource.api_resource.api_version.clone(),
         kind: resource.api_resource.kind.clone(),
     });
-    obj.metadata.managed_fields = None;
+    crate::migrate::slim_managed_fields(&mut obj);
     Arc::new(obj)
 }
 

@@ -22,6 +22,7 @@ pub mod hub;
 pub mod informers;
 pub mod manager;
 pub mod metrics;
+pub mod migrate;
 pub mod queue;
 pub mod related;
 pub mod render;
