@@ -1,4 +1,4 @@
-//! Command line: `metahook run`, `metahook version`, `metahook crds`.
+//! Command line: `metahook run`, `metahook version`, `metahook crds`, `metahook render`, `metahook migrate`.
 //!
 //! This is the only place that uses `anyhow`: everything below it returns typed errors.
 
@@ -31,6 +31,8 @@ enum Command {
     Crds,
     /// Run a CompositeController's hook on YAML fixtures, without a cluster, and show what the hub would do.
     Render(crate::render::RenderArgs),
+    /// List what switching this cluster from Metacontroller to metahook would change (`--dry-run`).
+    Migrate(crate::migrate::dry_run::MigrateArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -79,6 +81,7 @@ pub fn main() -> ExitCode {
                 }
             }
         }
+        Command::Migrate(args) => crate::migrate::dry_run::main(&args),
         Command::Run(args) => {
             init_tracing();
             let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build();

@@ -291,10 +291,7 @@ mod tests {
         assert_eq!(upgraded[0], entries[0], "other managers are untouched");
         assert_eq!(upgraded[1].manager.as_deref(), Some("metahook"));
         assert_eq!(upgraded[1].operation.as_deref(), Some("Apply"));
-        assert_eq!(
-            upgraded[1].fields_v1.as_ref().unwrap().0,
-            json!({"f:metadata": {"f:annotations": {}}, "f:data": {".": {}, "f:a": {}, "f:b": {}}})
-        );
+        assert_eq!(upgraded[1].fields_v1.as_ref().unwrap().0, json!({"f:data": {".": {}, "f:a": {}, "f:b": {}}}));
     }
 
     #[test]

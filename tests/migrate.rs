@@ -439,3 +439,59 @@ async fn decorator_attachments_written_by_metacontroller_are_taken_over() {
     assert_eq!(config_maps.get("t-att").await.unwrap().metadata.uid, created.metadata.uid);
     w.finish("DecoratorController").await;
 }
+
+/// `metahook migrate --dry-run`, run while Metacontroller still owns a controller's children, lists the
+/// children whose ownership moves and the field the hook no longer returns, and writes nothing.
+#[tokio::test]
+async fn dry_run_lists_what_a_switch_would_change_and_writes_nothing() {
+    let mut w = World::new("migrate-dry-run", CHILDREN).await;
+    w.stop_hub().await; // Metacontroller is still in charge: no hub runs the controller.
+    let parent = w.thing("p", json!({"selector": {"matchLabels": {"app": "mig"}}, "keys": ["keep"]})).await;
+    let mc = Api::namespaced_with(
+        metacontroller_client().await,
+        &w.ns.name,
+        &kube::core::ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&()),
+    );
+    create_like_dynamic_apply(&mc, &child("created", &["keep", "drop"]), &parent).await;
+    apply_like_metacontroller_ssa(&mc, &child("ssa", &["keep"]), &parent).await;
+    w.composite("InPlace").await;
+    let config_maps = w.config_maps().await;
+    let versions = |list: Vec<DynamicObject>| -> BTreeMap<String, Option<String>> {
+        list.into_iter().map(|o| (o.name_any(), o.metadata.resource_version)).collect()
+    };
+    let before = versions(config_maps.list(&ListParams::default()).await.unwrap().items);
+
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("metahook.yaml");
+    std::fs::write(&config, format!("targetLabelSelector: \"metahook-test={}\"\n", w.label)).unwrap();
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_metahook"))
+        .args(["migrate", "--dry-run", "--config"])
+        .arg(&config)
+        .arg("--kubeconfig")
+        .arg(support::kubeconfig_path())
+        .output()
+        .await
+        .unwrap();
+    let report = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{report}\n{}", String::from_utf8_lossy(&out.stderr));
+    let ns = &w.ns.name;
+    for expected in [
+        format!("CompositeController {}", w.label),
+        format!("Thing {ns}/p"),
+        format!(
+            "ConfigMap {ns}/created: ownership moves from metacontroller/Update to metahook; \
+             the last-applied annotation is removed"
+        ),
+        "removed (the hook no longer returns it): data.drop".to_owned(),
+        format!("ConfigMap {ns}/ssa: ownership moves from metacontroller/Apply to metahook"),
+        "2 objects would be taken over".to_owned(),
+        "1 fields removed".to_owned(),
+        "What this listing cannot know".to_owned(),
+    ] {
+        assert!(report.contains(&expected), "missing {expected:?} in:\n{report}");
+    }
+    assert!(!report.contains("ssa: ownership moves from metacontroller/Apply to metahook;"), "{report}");
+    let after = versions(config_maps.list(&ListParams::default()).await.unwrap().items);
+    assert_eq!(before, after, "a dry run writes nothing");
+    w.finish("CompositeController").await;
+}

@@ -59,25 +59,27 @@ pub fn union_all<'a>(sets: impl IntoIterator<Item = &'a Value>) -> Value {
     Value::Object(merged)
 }
 
-/// `set` without the member at `path` (and its descendants); ancestors left with nothing are pruned.
+/// `set` without the member at `path` (and its descendants). Ancestors it leaves without children
+/// go too, members or not: after the annotation is dropped, owning an empty `annotations` map would only
+/// make the first apply release it.
 #[must_use]
 pub fn without(set: &Value, path: &[&str]) -> Value {
-    remove(set, path, true).unwrap_or_else(|| Value::Object(Map::new()))
+    remove(set, path).unwrap_or_else(|| Value::Object(Map::new()))
 }
 
-/// `node` without `path` below it, `None` when nothing is left of it. The root of a set is kept (empty)
-/// and is never a member; a member that loses its children stays a member (`{}`).
-fn remove(node: &Value, path: &[&str], root: bool) -> Option<Value> {
+/// `node` without `path` below it; `None` when that removal leaves it with nothing.
+fn remove(node: &Value, path: &[&str]) -> Option<Value> {
     let (first, rest) = path.split_first()?;
+    let Some(child) = node.get(*first) else { return Some(node.clone()) };
     let mut kids: Map<String, Value> = children(node).map(|(k, v)| (k.clone(), v.clone())).collect();
-    if let Some(kept) = kids.remove(*first).and_then(|child| remove(&child, rest, false)) {
-        kids.insert((*first).to_owned(), kept);
-    }
-    let member = !root && is_member(node);
+    match remove(child, rest) {
+        Some(kept) => kids.insert((*first).to_owned(), kept),
+        None => kids.remove(*first),
+    };
     if kids.is_empty() {
-        return (member || root).then(|| Value::Object(Map::new()));
+        return None;
     }
-    Some(self::node(member, kids))
+    Some(self::node(is_member(node), kids))
 }
 
 /// Whether `set` holds the node at `path` (as a member or as the parent of members).
@@ -103,6 +105,12 @@ pub fn missing_from(set: &Value, object: &Value) -> Vec<Vec<String>> {
     let mut out = Vec::new();
     walk(set, object, &mut Vec::new(), &mut out);
     out
+}
+
+/// Whether `object` has the part at `path` (trie keys from the root).
+#[must_use]
+pub fn present(object: &Value, path: &[String]) -> bool {
+    path.iter().try_fold(object, |value, key| step(value, key)).is_some()
 }
 
 /// The part of `value` a trie key names, if present.
@@ -185,13 +193,16 @@ mod tests {
 
     #[test]
     fn removing_the_last_applied_annotation_prunes_what_held_only_it() {
+        let leaf = json!({"f:metadata": {"f:annotations": {}}});
+        let deeper = ["f:metadata", "f:annotations", "f:x"];
+        assert_eq!(without(&leaf, &deeper), leaf, "a member leaf above a path that is not there stays");
         let path = ["f:metadata", "f:annotations", "f:metacontroller.k8s.io/last-applied-configuration"];
         let only = json!({"f:metadata": {"f:annotations": {"f:metacontroller.k8s.io/last-applied-configuration": {}}},
                           "f:data": {"f:k": {}}});
         assert_eq!(without(&only, &path), json!({"f:data": {"f:k": {}}}));
         let map_member = json!({"f:metadata": {"f:annotations": {".": {},
                                 "f:metacontroller.k8s.io/last-applied-configuration": {}}}});
-        assert_eq!(without(&map_member, &path), json!({"f:metadata": {"f:annotations": {}}}));
+        assert_eq!(without(&map_member, &path), json!({}));
         let others = json!({"f:metadata": {"f:annotations": {".": {}, "f:keep": {},
                             "f:metacontroller.k8s.io/last-applied-configuration": {}}}});
         assert_eq!(without(&others, &path), json!({"f:metadata": {"f:annotations": {".": {}, "f:keep": {}}}}));
