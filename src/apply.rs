@@ -146,6 +146,7 @@ impl Applier {
             return Ok(Applied::Unchanged);
         }
         let body = with_precondition_uid(desired, observed);
+        // What Metacontroller wrote is taken over first, once per object (see `crate::migrate`).
         let taken_over;
         let observed = match self.take_over.run_if_needed(&api, observed, &body).await {
             Ok(None) => observed,
