@@ -34,6 +34,7 @@ use serde_json::Value;
 use crate::api::UpdateMethod;
 use crate::discovery::ResolvedResource;
 use crate::informers::ObjectKey;
+use crate::migrate::TakeOver;
 
 /// The annotation that carries the hash of the desired state an object was last applied from.
 pub const APPLIED_ANNOTATION: &str = "metahook.dev/applied";
@@ -101,18 +102,34 @@ pub struct Applier {
     field_manager: String,
     applied: Arc<Mutex<AppliedCache>>,
     metrics: crate::metrics::ApplyMetrics,
+    /// What Metacontroller wrote is taken over on the first write to it (see [`crate::migrate`]).
+    take_over: Arc<TakeOver>,
 }
 
 impl Applier {
     #[must_use]
     pub fn new(client: Client, field_manager: String) -> Self {
-        Self { client, field_manager, applied: Arc::default(), metrics: crate::metrics::ApplyMetrics::default() }
+        let take_over = Arc::new(TakeOver::new(&field_manager, vec![crate::migrate::METACONTROLLER_MANAGER.into()]));
+        Self {
+            client,
+            field_manager,
+            applied: Arc::default(),
+            metrics: crate::metrics::ApplyMetrics::default(),
+            take_over,
+        }
     }
 
     /// Counts every apply in `metrics` (`metahook_apply_total`).
     #[must_use]
     pub fn with_metrics(self, metrics: crate::metrics::ApplyMetrics) -> Self {
         Self { metrics, ..self }
+    }
+
+    /// Takes over objects written by these field managers (Metacontroller's) instead of the default.
+    #[must_use]
+    pub fn taking_over_from(mut self, managers: Vec<String>) -> Self {
+        self.take_over = Arc::new(TakeOver::new(&self.field_manager, managers));
+        self
     }
 
     fn api(&self, resource: &ResolvedResource, namespace: Option<&str>) -> Api<DynamicObject> {
@@ -177,8 +194,23 @@ impl Applier {
         if self.is_current(resource, desired, observed, method) {
             return Ok(Applied::Unchanged);
         }
-        let current = fingerprint(desired_hash.clone(), observed);
         let body = with_precondition_uid(&annotated(desired, &desired_hash), observed);
+        // What Metacontroller wrote is taken over first, once per object (see `crate::migrate`).
+        let taken_over;
+        let observed = match self.take_over.run_if_needed(&api, observed, &body).await {
+            Ok(None) => observed,
+            Ok(Some(took)) if !took.apply_needed => {
+                let version = took.object.metadata.resource_version.clone().unwrap_or_default();
+                self.remember(cache_key, fingerprint(desired_hash, &took.object));
+                return Ok(Applied::Updated { version });
+            }
+            Ok(Some(took)) => {
+                taken_over = took.object;
+                &taken_over
+            }
+            Err(e) => return Err(e.into_apply_error(kind(), key)),
+        };
+        let current = fingerprint(desired_hash.clone(), observed);
         if matches!(method, UpdateMethod::Recreate | UpdateMethod::RollingRecreate) {
             // Only recreate when applying would really change the object: a dry run shows the result
             // including defaults, so fields set by others or by defaulting don't trigger a delete.

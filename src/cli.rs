@@ -1,4 +1,4 @@
-//! Command line: `metahook run`, `metahook version`, `metahook crds`, `metahook render`, `metahook rbac`.
+//! Command line: `metahook run`, `version`, `crds`, `render`, `rbac` and `migrate`.
 //!
 //! This is the only place that uses `anyhow`: everything below it returns typed errors.
 
@@ -33,6 +33,8 @@ enum Command {
     Render(crate::render::RenderArgs),
     /// Print the `ClusterRole` each controller in the files needs, labelled to be aggregated into the hub's.
     Rbac(RbacArgs),
+    /// List what switching this cluster from Metacontroller to metahook would change (`--dry-run`).
+    Migrate(crate::migrate::dry_run::MigrateArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -124,6 +126,7 @@ pub fn main() -> ExitCode {
                 }
             }
         }
+        Command::Migrate(args) => crate::migrate::dry_run::main(&args),
         Command::Run(args) => {
             init_tracing(args.log_format);
             let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build();

@@ -65,6 +65,9 @@ pub struct Config {
     pub api_burst: u32,
     /// API requests open at once, for the whole hub.
     pub max_requests_in_flight: usize,
+    /// Field managers whose ownership of children and attachments the hub takes over on its first
+    /// write to them (Metacontroller's); empty turns taking over off.
+    pub take_over_field_managers: Vec<String>,
 }
 
 /// Leader election on a `coordination.k8s.io/v1` Lease: only the holder runs controllers.
@@ -119,6 +122,7 @@ impl Default for Config {
             api_qps: 0.0,
             api_burst: 100,
             max_requests_in_flight: 64,
+            take_over_field_managers: vec![crate::migrate::METACONTROLLER_MANAGER.to_owned()],
         }
     }
 }

@@ -56,7 +56,9 @@ impl Hub {
         hooks.metrics().register(&mut registry);
         Self {
             discovery: Discovery::new(client.clone(), config.discovery_interval),
-            applier: Applier::new(client.clone(), config.field_manager.clone()).with_metrics(metrics.apply.clone()),
+            applier: Applier::new(client.clone(), config.field_manager.clone())
+                .with_metrics(metrics.apply.clone())
+                .taking_over_from(config.take_over_field_managers.clone()),
             events: Events::new(client.clone()),
             informers,
             hooks,

@@ -376,8 +376,10 @@ impl Informers {
     }
 }
 
-/// Prepares an object for the cache: full type information (list items lack it) and no managedFields
-/// (large, and never needed by hooks).
+/// Prepares an object for the cache: full type information (list items lack it), and managedFields
+/// reduced to who wrote the object: the field sets are most of an object's size and nothing reads them
+/// from the cache, but the applier must know whether Metacontroller's managers wrote an object, to take
+/// it over on its first write (it reads the full entries then, once, see `migrate`).
 fn prepare(mut obj: DynamicObject, resource: &ResolvedResource) -> Arc<DynamicObject> {
     obj.types = Some(TypeMeta {
         api_version: resource.api_resource.api_version.clone(),
@@ -385,12 +387,8 @@ fn prepare(mut obj: DynamicObject, resource: &ResolvedResource) -> Arc<DynamicOb
     });
     // Who wrote the object last, without what they own (`fieldsV1`, most of the size): the applier
     // compares its own apply time with others' after a restart. Hooks never see this summary.
-    if let Some(entries) = &mut obj.metadata.managed_fields {
-        for entry in entries.iter_mut() {
-            entry.fields_v1 = None;
-            entry.fields_type = None;
-        }
-    }
+    // (`migrate` also reads whether Metacontroller's managers wrote it, to take it over.)
+    crate::migrate::slim_managed_fields(&mut obj);
     // kubectl's and Metacontroller's copies of an earlier desired state: large, and read by nobody here.
     if let Some(annotations) = &mut obj.metadata.annotations {
         annotations.remove(KUBECTL_LAST_APPLIED);

@@ -25,6 +25,7 @@ pub mod informers;
 pub mod leader;
 pub mod manager;
 pub mod metrics;
+pub mod migrate;
 pub mod queue;
 pub mod rbac;
 pub mod related;

@@ -50,8 +50,10 @@ pub struct Related<K> {
     controller: Value,
     enqueue: Arc<dyn Fn(K) + Send + Sync>,
     rules: Mutex<HashMap<K, Cached>>,
-    /// Parents with at least one rule on a type, by `apiVersion/resource`.
-    interest: Mutex<HashMap<String, HashSet<K>>>,
+    /// Parents with at least one rule on a type, by `apiVersion/resource` and the namespace the rule is
+    /// confined to (`None`: any namespace, or a cluster-scoped type). A related change then looks only
+    /// at the parents whose rules can see its namespace, not at every parent with rules on its type.
+    interest: Mutex<HashMap<(String, Option<String>), HashSet<K>>>,
     /// Related informers in use, with the task that maps their changes to parents.
     informers: Mutex<HashMap<String, (Informer, tokio::task::AbortHandle)>>,
 }
@@ -156,11 +158,14 @@ impl<K: Clone + Eq + Hash + Send + Sync + 'static> Related<K> {
                 parents.remove(key);
             }
             for rule in rules.iter() {
-                interest.entry(type_id(rule.informer.resource())).or_default().insert(key.clone());
+                let resource = rule.informer.resource();
+                let confined = rule.namespace.clone().filter(|_| resource.namespaced);
+                interest.entry((type_id(resource), confined)).or_default().insert(key.clone());
                 if rule.namespaces.is_some() {
-                    interest.entry(NAMESPACES.into()).or_default().insert(key.clone());
+                    interest.entry((NAMESPACES.into(), None)).or_default().insert(key.clone());
                 }
             }
+            interest.retain(|_, parents| !parents.is_empty());
         }
         self.rules
             .lock()
@@ -248,13 +253,17 @@ impl<K: Clone + Eq + Hash + Send + Sync + 'static> Related<K> {
 
     /// Queues every parent whose rules select `obj`.
     fn on_change(&self, type_id: &str, obj: &DynamicObject) {
-        let interested: Vec<K> = self
-            .interest
-            .lock()
-            .expect("interest lock")
-            .get(type_id)
-            .map(|s| s.iter().cloned().collect())
-            .unwrap_or_default();
+        let interested: HashSet<K> = {
+            let interest = self.interest.lock().expect("interest lock");
+            let in_namespace = obj.metadata.namespace.clone().map(|ns| (type_id.to_owned(), Some(ns)));
+            [Some((type_id.to_owned(), None)), in_namespace]
+                .into_iter()
+                .flatten()
+                .filter_map(|scope| interest.get(&scope))
+                .flatten()
+                .cloned()
+                .collect()
+        };
         for key in interested {
             let rules = self.rules.lock().expect("rules lock").get(&key).map(|c| Arc::clone(&c.rules));
             // A namespace's labels decide what namespaceSelector rules select: any change may matter.

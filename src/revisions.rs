@@ -121,20 +121,93 @@ fn set(value: &mut Value, segments: &[&str], new: Option<Value>) {
     }
 }
 
-/// JSON with object keys sorted, so the same patch always hashes the same way (Go's encoding/json
-/// sorts map keys too, which keeps names stable across hubs and Metacontroller).
+/// The JSON text Go's `encoding/json` writes for the same value, which Metacontroller hashes into
+/// revision names (so a parent patch gets the same name on both hubs, and a switch starts no needless
+/// revision): object keys sorted byte-wise; `<`, `>`, `&`, U+2028 and U+2029 escaped as `\u003c` etc.
+/// (Go's HTML-safe default); numbers as Go prints the `int64` or `float64` the API machinery decodes
+/// them to (an integer beyond `int64` becomes a float, `1e21` is written `1e+21`).
 #[must_use]
 pub fn canonical_json(value: &Value) -> String {
+    let mut out = String::new();
+    write_go_json(&mut out, value);
+    out
+}
+
+fn write_go_json(out: &mut String, value: &Value) {
     match value {
         Value::Object(map) => {
             let mut keys: Vec<&String> = map.keys().collect();
             keys.sort();
-            let fields: Vec<String> =
-                keys.into_iter().map(|k| format!("{}:{}", Value::String(k.clone()), canonical_json(&map[k]))).collect();
-            format!("{{{}}}", fields.join(","))
+            out.push('{');
+            for (i, key) in keys.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                write_go_string(out, key);
+                out.push(':');
+                write_go_json(out, &map[key]);
+            }
+            out.push('}');
         }
-        Value::Array(items) => format!("[{}]", items.iter().map(canonical_json).collect::<Vec<_>>().join(",")),
-        other => other.to_string(),
+        Value::Array(items) => {
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                write_go_json(out, item);
+            }
+            out.push(']');
+        }
+        Value::String(text) => write_go_string(out, text),
+        Value::Number(number) => match (number.as_i64(), number.as_u64(), number.as_f64()) {
+            (Some(int), _, _) => {
+                let _ = write!(out, "{int}");
+            }
+            #[allow(clippy::cast_precision_loss)] // Go decodes such an integer to float64 too
+            (None, Some(big), _) => write_go_float(out, big as f64),
+            (None, None, Some(float)) => write_go_float(out, float),
+            (None, None, None) => out.push_str(&number.to_string()),
+        },
+        other => out.push_str(&other.to_string()),
+    }
+}
+
+/// A string as Go's `encoding/json` escapes it (with `SetEscapeHTML(true)`, its default).
+fn write_go_string(out: &mut String, text: &str) {
+    out.push('"');
+    for c in text.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            '\u{8}' => out.push_str("\\b"),
+            '\u{c}' => out.push_str("\\f"),
+            '<' | '>' | '&' | '\u{2028}' | '\u{2029}' | '\u{0}'..='\u{1f}' => {
+                let _ = write!(out, "\\u{:04x}", u32::from(c));
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
+/// A float64 as Go's `encoding/json` prints it: the shortest text that reads back the same, plain
+/// between 1e-6 and 1e21, else with an exponent carrying its sign (`1e+21`, `1.5e-7`).
+fn write_go_float(out: &mut String, float: f64) {
+    let magnitude = float.abs();
+    if magnitude != 0.0 && !(1e-6..1e21).contains(&magnitude) {
+        let text = format!("{float:e}");
+        match text.split_once('e') {
+            Some((mantissa, exponent)) if !exponent.starts_with('-') => {
+                let _ = write!(out, "{mantissa}e+{exponent}");
+            }
+            _ => out.push_str(&text),
+        }
+    } else {
+        let _ = write!(out, "{float}");
     }
 }
 
@@ -697,6 +770,40 @@ mod tests {
         let old = json!({"spec": {"template": {"image": "v1"}}});
         let rebuilt = apply_patch(&parent, &old, &paths);
         assert_eq!(rebuilt["spec"], json!({"replicas": 3, "template": {"image": "v1"}}), "replicas apply at once");
+    }
+
+    /// The expected text and hash were computed by Go 1.26's `encoding/json` (what Metacontroller's
+    /// `controllerRevisionHash` uses, via `k8s.io/apimachinery/pkg/util/json`): a tiny program decoded
+    /// this patch as the API machinery does (`UseNumber`, then int64 when the literal fits, else float64),
+    /// printed `json.Marshal(patch)` and `hex(sha1("uid-1" + that))`.
+    #[test]
+    fn revision_json_is_byte_for_byte_what_go_writes() {
+        let patch: Value = serde_json::from_str(
+            r#"{"spec":{"cmd":"a<b && c>d","sep":"x\u2028y\u2029z","ctl":"\u0001\b\f\n\r\t\u001f\u007f",
+                "uni":"caf\u00e9 \ud83d\ude00 /","<k>":[1,-2,1.0,2.5,1.5e-7,1e21,1e20,0.000001,
+                18446744073709551615,12345678901234567890.5,true,null,{}],"b":{"z":1,"a":[]}}}"#,
+        )
+        .unwrap();
+        let go = "{\"spec\":{\"\\u003ck\\u003e\":[1,-2,1,2.5,1.5e-7,1e+21,100000000000000000000,0.000001,\
+                  18446744073709552000,12345678901234567000,true,null,{}],\"b\":{\"a\":[],\"z\":1},\
+                  \"cmd\":\"a\\u003cb \\u0026\\u0026 c\\u003ed\",\"ctl\":\"\\u0001\\b\\f\\n\\r\\t\\u001f\u{7f}\",\
+                  \"sep\":\"x\\u2028y\\u2029z\",\"uni\":\"café 😀 /\"}}";
+        assert_eq!(canonical_json(&patch), go);
+        let resource = ResolvedResource {
+            api_resource: kube::core::ApiResource {
+                group: "ctl.example.com".into(),
+                version: "v1".into(),
+                api_version: "ctl.example.com/v1".into(),
+                kind: "CatSet".into(),
+                plural: "catsets".into(),
+            },
+            namespaced: true,
+            has_status: true,
+        };
+        assert_eq!(
+            revision_name(&resource, "uid-1", &patch),
+            "catsets.ctl.example.com-dfbc2bd0f5cd086ca1b55f473e07d583ca11c56a"
+        );
     }
 
     #[test]

@@ -25,7 +25,7 @@ pub fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-fn kubeconfig_path() -> PathBuf {
+pub fn kubeconfig_path() -> PathBuf {
     std::env::var_os("METAHOOK_TEST_KUBECONFIG").map_or_else(|| repo_root().join(".cluster/kubeconfig"), PathBuf::from)
 }
 

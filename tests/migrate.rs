@@ -1,0 +1,497 @@
+//! Switching from Metacontroller on a live cluster: children, attachments and revisions written exactly
+//! the way Metacontroller writes them are taken over by metahook without being re-created, with one
+//! write each, and afterwards a field the hook drops is removed from the live object.
+//!
+//! Metacontroller's writes are reproduced with kube-rs from its source (metacontroller/metacontroller,
+//! the version with both apply modes, `pkg/controller/common/manage_children.go` at 001af8ca):
+//! - `dynamic-apply` create (`updateChildren`, "Create" branch): `dynamicapply.SetLastApplied(obj,
+//!   obj)` stores the hook's object as JSON in `metacontroller.k8s.io/last-applied-configuration`
+//!   (`pkg/dynamic/apply/apply.go`), `MakeControllerRef` appends a controller ownerRef with
+//!   `blockOwnerDeletion`, then a plain `Create` (POST) with empty `CreateOptions`: no `fieldManager`,
+//!   so the API server names the manager after client-go's default User-Agent, `metacontroller/...`
+//!   (`rest.DefaultKubernetesUserAgent`: the binary's base name, `/usr/bin/metacontroller` in its
+//!   image), operation `Update`;
+//! - `dynamic-apply` in-place update (`ApplyUpdate` + `Update`): the observed object merged with the
+//!   desired one, the annotation rewritten, a PUT of the whole object, same manager;
+//! - server-side-apply mode (`ssaOptions.Enabled` branch): when the observed object carries the
+//!   annotation, `nullifyLastAppliedAnnotation` sets it to `""` and a PUT (`Update`, same manager)
+//!   writes that; then the desired object is applied (`types.ApplyPatchType`) with field manager
+//!   `metacontroller` and `Force: true`;
+//! - decorator attachments (`pkg/controller/decorator/controller.go`, `syncParentObject`): the
+//!   `metacontroller.k8s.io/decorator-controller: <name>` annotation is added to each desired
+//!   attachment before `ManageChildren`, so it is part of the last applied state too;
+//! - revisions (`pkg/controller/composite/controller_revision.go`, `newControllerRevision` /
+//!   `manageRevisions`): a typed `Create` of a ControllerRevision named `controllerRevisionName` (the
+//!   name computed by Go, `tests/support/revision_hash.go`), labelled with the parent's
+//!   `spec.template.metadata.labels` plus `metacontroller.k8s.io/apiGroup` and `/resource`, controlled
+//!   by the parent, `parentPatch` = the parent's `spec`.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt as _;
+use kube::api::{
+    Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams,
+};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, ResourceExt as _};
+use serde_json::{Value, json};
+use support::{World, api, apply_value, eventually};
+
+const WAIT: Duration = Duration::from_secs(90);
+const LAST_APPLIED: &str = "metacontroller.k8s.io/last-applied-configuration";
+
+/// A client that identifies itself as Metacontroller does: client-go's default User-Agent for a binary
+/// named `metacontroller`. The API server records a create or update without `fieldManager` under the
+/// part before the first `/`.
+async fn metacontroller_client() -> Client {
+    let kubeconfig = Kubeconfig::read_from(support::kubeconfig_path()).expect("reading .cluster/kubeconfig");
+    let mut config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .expect("loading .cluster/kubeconfig");
+    config.headers.push((
+        http::header::USER_AGENT,
+        http::HeaderValue::from_static("metacontroller/v0.0.0 (linux/amd64) kubernetes/$Format"),
+    ));
+    Client::try_from(config).expect("building client")
+}
+
+/// Metacontroller's controller ownerRef (`common.MakeControllerRef`).
+fn controller_ref(parent: &DynamicObject) -> Value {
+    let types = parent.types.as_ref().unwrap();
+    json!({"apiVersion": types.api_version, "kind": types.kind, "name": parent.name_any(),
+           "uid": parent.metadata.uid, "controller": true, "blockOwnerDeletion": true})
+}
+
+/// `dynamic-apply` create: annotation with the object as the hook returned it, ownerRef, POST.
+async fn create_like_dynamic_apply(api: &Api<DynamicObject>, desired: &Value, parent: &DynamicObject) -> DynamicObject {
+    let mut obj = desired.clone();
+    obj["metadata"]["annotations"][LAST_APPLIED] = json!(serde_json::to_string(desired).unwrap());
+    let refs = obj["metadata"]["ownerReferences"].as_array().cloned().unwrap_or_default();
+    obj["metadata"]["ownerReferences"] = json!([refs, vec![controller_ref(parent)]].concat());
+    let obj: DynamicObject = serde_json::from_value(obj).unwrap();
+    api.create(&PostParams::default(), &obj).await.expect("creating the Metacontroller way")
+}
+
+/// `dynamic-apply` in-place update of a ConfigMap: observed merged with desired (`data` replaced key by
+/// key; keys only in the last applied state removed), annotation rewritten, PUT of the whole object.
+async fn update_like_dynamic_apply(api: &Api<DynamicObject>, desired: &Value) -> DynamicObject {
+    let name = desired["metadata"]["name"].as_str().unwrap();
+    let mut live = api.get(name).await.unwrap();
+    let last: Value = serde_json::from_str(&live.annotations()[LAST_APPLIED]).unwrap();
+    let data = live.data["data"].as_object_mut().unwrap();
+    for key in last["data"].as_object().unwrap().keys() {
+        if desired["data"].get(key).is_none() {
+            data.remove(key);
+        }
+    }
+    for (key, value) in desired["data"].as_object().unwrap() {
+        data.insert(key.clone(), value.clone());
+    }
+    live.annotations_mut().insert(LAST_APPLIED.into(), serde_json::to_string(desired).unwrap());
+    api.replace(name, &PostParams::default(), &live).await.expect("updating the Metacontroller way")
+}
+
+/// Server-side-apply mode: blank the annotation with a PUT if the object has it, then apply as
+/// `metacontroller` with force. Creates the object when it does not exist.
+async fn apply_like_metacontroller_ssa(api: &Api<DynamicObject>, desired: &Value, parent: &DynamicObject) {
+    let name = desired["metadata"]["name"].as_str().unwrap();
+    if let Some(mut live) = api.get_opt(name).await.unwrap()
+        && live.annotations().contains_key(LAST_APPLIED)
+    {
+        live.annotations_mut().insert(LAST_APPLIED.into(), String::new());
+        api.replace(name, &PostParams::default(), &live).await.expect("blanking the annotation");
+    }
+    let mut body = desired.clone();
+    body["metadata"]["ownerReferences"] = json!([controller_ref(parent)]);
+    api.patch(name, &PatchParams::apply("metacontroller").force(), &Patch::Apply(&body))
+        .await
+        .expect("applying the Metacontroller way");
+}
+
+fn managers(obj: &DynamicObject) -> Vec<String> {
+    obj.metadata
+        .managed_fields
+        .iter()
+        .flatten()
+        .map(|e| format!("{}/{}", e.manager.as_deref().unwrap_or(""), e.operation.as_deref().unwrap_or("")))
+        .collect()
+}
+
+/// Every watch event on objects of one type in a namespace, from the moment it was started.
+struct Writes {
+    events: Arc<Mutex<Vec<(String, String)>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Writes {
+    async fn start(api: &Api<DynamicObject>) -> Self {
+        let version = api.list(&ListParams::default()).await.unwrap().metadata.resource_version.unwrap();
+        let mut stream = api.watch(&WatchParams::default().timeout(290), &version).await.unwrap().boxed();
+        let events = Arc::new(Mutex::new(Vec::new()));
+        let sink = Arc::clone(&events);
+        let task = tokio::spawn(async move {
+            while let Some(Ok(event)) = stream.next().await {
+                let entry = match event {
+                    WatchEvent::Added(o) => ("ADDED", o.name_any()),
+                    WatchEvent::Modified(o) => ("MODIFIED", o.name_any()),
+                    WatchEvent::Deleted(o) => ("DELETED", o.name_any()),
+                    _ => continue,
+                };
+                sink.lock().unwrap().push((entry.0.to_owned(), entry.1));
+            }
+        });
+        Self { events, task }
+    }
+
+    /// Events seen for `name`, as "TYPE" strings.
+    fn of(&self, name: &str) -> Vec<String> {
+        self.events.lock().unwrap().iter().filter(|(_, n)| n == name).map(|(t, _)| t.clone()).collect()
+    }
+}
+
+impl Drop for Writes {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl World {
+    async fn config_maps(&self) -> Api<DynamicObject> {
+        api(&self.client, "v1", "ConfigMap", Some(&self.ns.name)).await
+    }
+
+    async fn things(&self) -> Api<DynamicObject> {
+        api(&self.client, "test.metahook.dev/v1", "Thing", Some(&self.ns.name)).await
+    }
+
+    async fn thing(&self, name: &str, spec: Value) -> DynamicObject {
+        apply_value(
+            &self.client,
+            &json!({"apiVersion": "test.metahook.dev/v1", "kind": "Thing",
+            "metadata": {"name": name, "namespace": self.ns.name, "labels": {"metahook-test": self.label}},
+            "spec": spec}),
+        )
+        .await
+    }
+
+    async fn composite(&self, method: &str) {
+        apply_value(&self.client, &json!({
+            "apiVersion": "metacontroller.k8s.io/v1alpha1", "kind": "CompositeController",
+            "metadata": {"name": self.label, "labels": {"metahook-test": self.label}},
+            "spec": {
+                "parentResource": {"apiVersion": "test.metahook.dev/v1", "resource": "things",
+                                   "labelSelector": {"matchLabels": {"metahook-test": self.label}}},
+                "childResources": [{"apiVersion": "v1", "resource": "configmaps", "updateStrategy": {"method": method}}],
+                "hooks": {"sync": {"webhook": {"url": self.hook.url("/sync")}}},
+            },
+        }))
+        .await;
+    }
+
+    async fn finish(mut self, kind: &str) {
+        self.stop_hub().await;
+        let controllers = api(&self.client, "metacontroller.k8s.io/v1alpha1", kind, None).await;
+        let _ = controllers.delete(&self.label, &DeleteParams::default()).await;
+        self.ns.delete().await;
+    }
+}
+
+/// The hook: ConfigMaps `created`, `updated`, `ssa` and `switched`, each with a key per `spec.keys`.
+const CHILDREN: &str = r#"
+def sync(req):
+    keys = req["parent"]["spec"]["keys"]
+    children = [{"apiVersion": "v1", "kind": "ConfigMap",
+                 "metadata": {"name": name, "labels": {"app": "mig"}},
+                 "data": {k: "value-" + k for k in keys}}
+                for name in ["created", "updated", "ssa", "switched"]]
+    return {"status": {"seen": len(req["children"]["ConfigMap.v1"]), "keys": keys}, "children": children}
+"#;
+
+fn child(name: &str, keys: &[&str]) -> Value {
+    let data: BTreeMap<String, String> = keys.iter().map(|k| ((*k).to_owned(), format!("value-{k}"))).collect();
+    json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "labels": {"app": "mig"}}, "data": data})
+}
+
+/// Children written by both of Metacontroller's apply modes (created, updated in place, applied, and
+/// switched from one mode to the other) are taken over: same UIDs, one write each, no Metacontroller
+/// field manager and no last-applied annotation left; then a key the hook drops leaves every child.
+#[tokio::test]
+async fn children_written_by_metacontroller_are_taken_over_with_one_write_and_then_follow_the_hook() {
+    let w = World::new("migrate-children", CHILDREN).await;
+    let parent = w.thing("p", json!({"selector": {"matchLabels": {"app": "mig"}}, "keys": ["keep", "drop"]})).await;
+    let mc = Api::namespaced_with(
+        metacontroller_client().await,
+        &w.ns.name,
+        &kube::core::ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&()),
+    );
+    let both = ["keep", "drop"];
+    create_like_dynamic_apply(&mc, &child("created", &both), &parent).await;
+    create_like_dynamic_apply(&mc, &child("updated", &["keep"]), &parent).await;
+    update_like_dynamic_apply(&mc, &child("updated", &both)).await;
+    apply_like_metacontroller_ssa(&mc, &child("ssa", &both), &parent).await;
+    create_like_dynamic_apply(&mc, &child("switched", &["keep"]), &parent).await;
+    apply_like_metacontroller_ssa(&mc, &child("switched", &both), &parent).await;
+
+    let config_maps = w.config_maps().await;
+    let names = ["created", "updated", "ssa", "switched"];
+    let mut before = BTreeMap::new();
+    for name in names {
+        let obj = config_maps.get(name).await.unwrap();
+        assert!(
+            managers(&obj).iter().any(|m| m.starts_with("metacontroller/")),
+            "{name} was not written as Metacontroller writes: {:?}",
+            managers(&obj)
+        );
+        before.insert(name, obj);
+    }
+    assert_eq!(before["created"].annotations()[LAST_APPLIED], serde_json::to_string(&child("created", &both)).unwrap());
+    assert_eq!(before["switched"].annotations()[LAST_APPLIED], "", "SSA mode blanks the annotation");
+    assert!(managers(&before["ssa"]).contains(&"metacontroller/Apply".to_owned()));
+
+    let writes = Writes::start(&config_maps).await;
+    w.composite("InPlace").await;
+    let things = w.things().await;
+    eventually(WAIT, || async {
+        let all_taken = {
+            let mut done = true;
+            for name in names {
+                let obj = config_maps.get(name).await.ok()?;
+                done &= !obj.annotations().contains_key(LAST_APPLIED)
+                    && !managers(&obj).iter().any(|m| m.starts_with("metacontroller/"));
+            }
+            done
+        };
+        let synced = things.get("p").await.ok()?.data["status"]["seen"] == 4;
+        (all_taken && synced).then_some(())
+    })
+    .await;
+    // Let anything still in flight land before counting (a later resync must not write either).
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    for name in names {
+        let now = config_maps.get(name).await.unwrap();
+        assert_eq!(now.metadata.uid, before[name].metadata.uid, "{name} was re-created");
+        assert_eq!(writes.of(name), ["MODIFIED"], "{name}: exactly one write (the take-over)");
+        assert_eq!(now.data["data"], before[name].data["data"], "{name}: data untouched");
+        assert!(managers(&now).contains(&"metahook/Apply".to_owned()), "{name}: {:?}", managers(&now));
+    }
+
+    // The hook stops returning `drop`: server-side apply removes it, since metahook now owns it alone.
+    w.thing("p", json!({"selector": {"matchLabels": {"app": "mig"}}, "keys": ["keep"]})).await;
+    eventually(WAIT, || async {
+        let mut done = true;
+        for name in names {
+            done &= config_maps.get(name).await.ok()?.data["data"] == json!({"keep": "value-keep"});
+        }
+        done.then_some(())
+    })
+    .await;
+    for name in names {
+        assert_eq!(config_maps.get(name).await.unwrap().metadata.uid, before[name].metadata.uid);
+    }
+    w.finish("CompositeController").await;
+}
+
+const ROLLING: &str = r#"
+def sync(req):
+    template = req["parent"]["spec"]["template"]
+    children = [{"apiVersion": "v1", "kind": "ConfigMap",
+                 "metadata": {"name": "roll-%d" % i, "labels": template["metadata"]["labels"]},
+                 "data": {"cmd": template["cmd"]}}
+                for i in range(2)]
+    return {"status": {"seen": len(req["children"]["ConfigMap.v1"])}, "children": children}
+"#;
+
+/// A RollingRecreate parent whose rolled fields contain `<`, `>` and `&` (escaped by Go's JSON) keeps
+/// the ControllerRevision Metacontroller made for it, name included, and its children are neither
+/// re-created nor rolled.
+#[tokio::test]
+async fn a_rolling_parent_keeps_the_revision_metacontroller_named_and_its_children() {
+    let w = World::new("migrate-rolling", ROLLING).await;
+    let spec = json!({"selector": {"matchLabels": {"app": "roll"}},
+                      "template": {"metadata": {"labels": {"app": "roll"}}, "cmd": "test $a < 3 && echo ok > /tmp/out"}});
+    let parent = w.thing("p", spec).await;
+    let client = metacontroller_client().await;
+    let cm_resource = kube::core::ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&());
+    let mc = Api::namespaced_with(client.clone(), &w.ns.name, &cm_resource);
+    for i in 0..2 {
+        let desired = json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": format!("roll-{i}"), "labels": {"app": "roll"}},
+            "data": {"cmd": parent.data["spec"]["template"]["cmd"]}});
+        create_like_dynamic_apply(&mc, &desired, &parent).await;
+    }
+    let patch = json!({"spec": parent.data["spec"]});
+    let name = go_revision_name("things", "test.metahook.dev", parent.metadata.uid.as_deref().unwrap(), &patch);
+    let revisions = api(&client, "metacontroller.k8s.io/v1alpha1", "ControllerRevision", Some(&w.ns.name)).await;
+    let revision: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "metacontroller.k8s.io/v1alpha1", "kind": "ControllerRevision",
+        "metadata": {"name": name, "namespace": w.ns.name, "ownerReferences": [controller_ref(&parent)],
+                     "labels": {"app": "roll", "metacontroller.k8s.io/apiGroup": "test.metahook.dev",
+                                "metacontroller.k8s.io/resource": "things"}},
+        "parentPatch": patch,
+        "children": [{"apiGroup": "", "kind": "ConfigMap", "names": ["roll-0", "roll-1"]}],
+    }))
+    .unwrap();
+    let revision = revisions.create(&PostParams::default(), &revision).await.expect("creating the revision");
+    let config_maps = w.config_maps().await;
+    let uids: Vec<_> = [config_maps.get("roll-0").await.unwrap(), config_maps.get("roll-1").await.unwrap()]
+        .into_iter()
+        .map(|c| c.metadata.uid)
+        .collect();
+
+    w.composite("RollingRecreate").await;
+    let things = w.things().await;
+    let condition = eventually(WAIT, || async {
+        let status = things.get("p").await.ok()?.data["status"].clone();
+        let updated = status["conditions"].as_array()?.iter().find(|c| c["type"] == "Updated")?.clone();
+        (updated["reason"] == "OnLatestRevision").then_some(updated)
+    })
+    .await;
+    assert!(condition["message"].as_str().unwrap().contains(&name), "{condition}");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let stored = revisions.list(&ListParams::default()).await.unwrap().items;
+    assert_eq!(stored.len(), 1, "{:?}", stored.iter().map(kube::ResourceExt::name_any).collect::<Vec<_>>());
+    assert_eq!(stored[0].name_any(), name);
+    assert_eq!(stored[0].metadata.uid, revision.metadata.uid, "the revision was reused, not replaced");
+    for (i, uid) in uids.iter().enumerate() {
+        let now = config_maps.get(&format!("roll-{i}")).await.unwrap();
+        assert_eq!(&now.metadata.uid, uid, "roll-{i} was re-created");
+        assert!(!now.annotations().contains_key(LAST_APPLIED));
+    }
+    w.finish("CompositeController").await;
+}
+
+/// The revision name Metacontroller's Go code gives `patch` (see `tests/support/revision_hash.go`).
+fn go_revision_name(plural: &str, group: &str, uid: &str, patch: &Value) -> String {
+    use std::io::Write as _;
+    let mut go = std::process::Command::new("go")
+        .args(["run", "revision_hash.go", plural, group, uid])
+        .current_dir(support::repo_root().join("tests/support"))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("running go (a prerequisite of the test cluster)");
+    go.stdin.take().unwrap().write_all(patch.to_string().as_bytes()).unwrap();
+    let out = go.wait_with_output().unwrap();
+    assert!(out.status.success(), "go run revision_hash.go failed");
+    String::from_utf8(out.stdout).unwrap().trim().to_owned()
+}
+
+const DECORATE: &str = r#"
+def sync(req):
+    obj = req["object"]
+    keys = obj["spec"]["keys"]
+    return {"attachments": [{"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": obj["metadata"]["name"] + "-att"},
+                             "data": {k: "value-" + k for k in keys}}]}
+"#;
+
+/// An attachment a DecoratorController of Metacontroller's created is taken over the same way, and
+/// follows the hook afterwards.
+#[tokio::test]
+async fn decorator_attachments_written_by_metacontroller_are_taken_over() {
+    let w = World::new("migrate-decorator", DECORATE).await;
+    let target = w.thing("t", json!({"keys": ["keep", "drop"]})).await;
+    let mc = Api::namespaced_with(
+        metacontroller_client().await,
+        &w.ns.name,
+        &kube::core::ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&()),
+    );
+    let desired = json!({"apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "t-att", "annotations": {"metacontroller.k8s.io/decorator-controller": w.label}},
+        "data": {"keep": "value-keep", "drop": "value-drop"}});
+    let created = create_like_dynamic_apply(&mc, &desired, &target).await;
+    assert!(managers(&created).contains(&"metacontroller/Update".to_owned()), "{:?}", managers(&created));
+    let config_maps = w.config_maps().await;
+    let writes = Writes::start(&config_maps).await;
+
+    apply_value(
+        &w.client,
+        &json!({"apiVersion": "metacontroller.k8s.io/v1alpha1", "kind": "DecoratorController",
+        "metadata": {"name": w.label, "labels": {"metahook-test": w.label}},
+        "spec": {
+            "resources": [{"apiVersion": "test.metahook.dev/v1", "resource": "things",
+                           "labelSelector": {"matchLabels": {"metahook-test": w.label}}}],
+            "attachments": [{"apiVersion": "v1", "resource": "configmaps", "updateStrategy": {"method": "InPlace"}}],
+            "hooks": {"sync": {"webhook": {"url": w.hook.url("/sync")}}},
+        }}),
+    )
+    .await;
+    eventually(WAIT, || async {
+        let obj = config_maps.get("t-att").await.ok()?;
+        (!obj.annotations().contains_key(LAST_APPLIED) && managers(&obj).contains(&"metahook/Apply".to_owned()))
+            .then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let now = config_maps.get("t-att").await.unwrap();
+    assert_eq!(now.metadata.uid, created.metadata.uid, "the attachment was re-created");
+    assert_eq!(writes.of("t-att"), ["MODIFIED"], "exactly one write (the take-over)");
+    assert!(!managers(&now).iter().any(|m| m.starts_with("metacontroller/")), "{:?}", managers(&now));
+
+    w.thing("t", json!({"keys": ["keep"]})).await;
+    eventually(WAIT, || async {
+        (config_maps.get("t-att").await.ok()?.data["data"] == json!({"keep": "value-keep"})).then_some(())
+    })
+    .await;
+    assert_eq!(config_maps.get("t-att").await.unwrap().metadata.uid, created.metadata.uid);
+    w.finish("DecoratorController").await;
+}
+
+/// `metahook migrate --dry-run`, run while Metacontroller still owns a controller's children, lists the
+/// children whose ownership moves and the field the hook no longer returns, and writes nothing.
+#[tokio::test]
+async fn dry_run_lists_what_a_switch_would_change_and_writes_nothing() {
+    let mut w = World::new("migrate-dry-run", CHILDREN).await;
+    w.stop_hub().await; // Metacontroller is still in charge: no hub runs the controller.
+    let parent = w.thing("p", json!({"selector": {"matchLabels": {"app": "mig"}}, "keys": ["keep"]})).await;
+    let mc = Api::namespaced_with(
+        metacontroller_client().await,
+        &w.ns.name,
+        &kube::core::ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&()),
+    );
+    create_like_dynamic_apply(&mc, &child("created", &["keep", "drop"]), &parent).await;
+    apply_like_metacontroller_ssa(&mc, &child("ssa", &["keep"]), &parent).await;
+    w.composite("InPlace").await;
+    let config_maps = w.config_maps().await;
+    let versions = |list: Vec<DynamicObject>| -> BTreeMap<String, Option<String>> {
+        list.into_iter().map(|o| (o.name_any(), o.metadata.resource_version)).collect()
+    };
+    let before = versions(config_maps.list(&ListParams::default()).await.unwrap().items);
+
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("metahook.yaml");
+    std::fs::write(&config, format!("targetLabelSelector: \"metahook-test={}\"\n", w.label)).unwrap();
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_metahook"))
+        .args(["migrate", "--dry-run", "--config"])
+        .arg(&config)
+        .arg("--kubeconfig")
+        .arg(support::kubeconfig_path())
+        .output()
+        .await
+        .unwrap();
+    let report = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{report}\n{}", String::from_utf8_lossy(&out.stderr));
+    let ns = &w.ns.name;
+    for expected in [
+        format!("CompositeController {}", w.label),
+        format!("Thing {ns}/p"),
+        format!(
+            "ConfigMap {ns}/created: ownership moves from metacontroller/Update to metahook; \
+             the last-applied annotation is removed"
+        ),
+        "removed (the hook no longer returns it): data.drop".to_owned(),
+        format!("ConfigMap {ns}/ssa: ownership moves from metacontroller/Apply to metahook"),
+        "2 objects would be taken over".to_owned(),
+        "1 fields removed".to_owned(),
+        "What this listing cannot know".to_owned(),
+    ] {
+        assert!(report.contains(&expected), "missing {expected:?} in:\n{report}");
+    }
+    assert!(!report.contains("ssa: ownership moves from metacontroller/Apply to metahook;"), "{report}");
+    let after = versions(config_maps.list(&ListParams::default()).await.unwrap().items);
+    assert_eq!(before, after, "a dry run writes nothing");
+    w.finish("CompositeController").await;
+}
