@@ -43,6 +43,9 @@ pub struct ParentScope<'a> {
     pub version: HookVersion,
 }
 
+/// Parents by (related type id, namespace a rule is confined to).
+type Interest<K> = HashMap<(String, Option<String>), HashSet<K>>;
+
 /// The related-objects machinery of one controller. `K` is the controller's queue key.
 pub struct Related<K> {
     hub: Hub,
@@ -53,7 +56,7 @@ pub struct Related<K> {
     /// Parents with at least one rule on a type, by `apiVersion/resource` and the namespace the rule is
     /// confined to (`None`: any namespace, or a cluster-scoped type). A related change then looks only
     /// at the parents whose rules can see its namespace, not at every parent with rules on its type.
-    interest: Mutex<HashMap<(String, Option<String>), HashSet<K>>>,
+    interest: Mutex<Interest<K>>,
     /// Related informers in use, with the task that maps their changes to parents.
     informers: Mutex<HashMap<String, (Informer, tokio::task::AbortHandle)>>,
 }
