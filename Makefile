@@ -45,8 +45,9 @@ chaos: cluster-up ## the fault suite, long: 20 hub kills during a 200-parent rol
 	@FAULT_KILLS=20 FAULT_PARENTS=200 cargo test --locked --test faults -- --test-threads=4; status=$$?; \
 	  echo "---- fault suite figures ----"; cat target/faults/*.txt 2>/dev/null; exit $$status
 
-bench: cluster-up ## the fanout benchmark, release build (N=1000 parents; N=, MEM=1, IDLE=, LATENCY=, HUB_BIN= to change)
+bench: cluster-up ## fanout benchmark vs raw clients, then hook call overhead (release; N=, MEM=1, IDLE=, LATENCY=, HUB_BIN=)
 	cargo test --release --locked --test bench -- --full
+	@if [ "$${MEM:-0}" != 1 ]; then cargo bench --locked --bench hooks; fi
 
 bench-hooks: ## hook client per-call overhead, with and without keep-alive, against a Python hook (prints figures)
 	cargo bench --locked --bench hooks
