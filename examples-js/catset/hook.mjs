@@ -6,17 +6,34 @@
 // here at all: the controller asks the hub for `RollingRecreate` with a Ready status check, and the hub
 // keeps each Pod on its revision until its turn (the `Updated` condition in the status says where it is).
 //
-// No dependencies. Listens on 127.0.0.1:$PORT (default 18080).
+// No dependencies. Listens on $HOST:$PORT (default 0.0.0.0:8080).
 
 import { pathToFileURL } from "node:url";
 
 import { childrenOf, compositeResponse, parentOf, serve } from "../metahook-hooks/index.js";
 
+/**
+ * The types this hook reads: `tsc --strict` checks the hook against them (`make test`).
+ * @typedef {import("../metahook-hooks/index.js").KubeObject} KubeObject
+ * @typedef {{ metadata: { labels: Record<string, string>, annotations?: Record<string, string> }, spec: Record<string, unknown> }} PodTemplate
+ * @typedef {import("../metahook-hooks/index.js").Resource<
+ *   { replicas: number, template: PodTemplate, volumeSize?: string, mountClaims?: boolean }>} CatSet
+ * @typedef {import("../metahook-hooks/index.js").Resource<
+ *   Record<string, unknown>, { phase?: string, conditions?: { type: string, status: string }[] }>} Pod
+ * @typedef {import("../metahook-hooks/index.js").Request<
+ *   CatSet, { "Pod.v1": Pod, "PersistentVolumeClaim.v1": KubeObject, "Service.v1": KubeObject }>} CatSetRequest
+ */
+
+/** @param {Pod | undefined} pod */
 const isReady = (pod) =>
   pod !== undefined &&
   !pod.metadata.deletionTimestamp &&
   (pod.status?.conditions ?? []).some((c) => c.type === "Ready" && c.status === "True");
 
+/**
+ * @param {CatSetRequest} request
+ * @returns {import("../metahook-hooks/index.js").CompositeResponse}
+ */
 export function sync(request) {
   const catset = parentOf(request);
   const { name } = catset.metadata;
@@ -24,6 +41,7 @@ export function sync(request) {
   const labels = template.metadata.labels;
   const observed = new Map(childrenOf(request, "Pod.v1").map((pod) => [pod.metadata.name, pod]));
 
+  /** @type {KubeObject[]} */
   const pods = [];
   for (let i = 0; i < replicas; i++) {
     const podName = `${name}-${i}`;
@@ -63,5 +81,5 @@ export function sync(request) {
 }
 
 if (import.meta.url === pathToFileURL(process.argv[1] ?? "").href) {
-  await serve({ "/sync": sync }, { port: Number(process.env.PORT ?? 18080), host: "127.0.0.1" });
+  await serve({ "/sync": sync });
 }
