@@ -18,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 use crate::api::{DecoratorController, labels_of};
 use crate::children::{ChildMap, ChildType, desired_children, manage, request_map, resources};
 use crate::events::Events;
-use crate::hooks::DecoratorRequest;
+use crate::hooks::{DecoratorRequest, DecoratorResponse};
 use crate::hub::Hub;
 use crate::informers::{Change, Informer, ObjectKey};
 use crate::queue::WorkQueue;
@@ -32,6 +32,51 @@ use crate::sync::{
 
 /// Annotation naming the DecoratorController that manages an attachment.
 pub const DECORATOR_ANNOTATION: &str = "metacontroller.k8s.io/decorator-controller";
+
+/// Whether `obj` is one of `controller`'s attachments of the target whose UID is `target_uid`: controlled by
+/// the target and marked with the controller's annotation. The engine and `metahook render` both use it.
+#[must_use]
+pub fn is_attachment_of(obj: &DynamicObject, target_uid: &str, controller: &str) -> bool {
+    crate::informers::controller_uid(obj) == Some(target_uid)
+        && obj.metadata.annotations.as_ref().and_then(|a| a.get(DECORATOR_ANNOTATION)).map(String::as_str)
+            == Some(controller)
+}
+
+/// A decorator hook's answer, validated whole: nothing is written unless all of it is acceptable.
+#[derive(Debug)]
+pub struct Answer {
+    /// Desired attachments by declared type, annotated with the controller's name and owned by the target.
+    pub desired: Vec<ChildMap<Value>>,
+    /// The status to write; `None` leaves the target's status alone.
+    pub status: Option<Value>,
+    /// Labels and annotations to merge into the target; `None` when it has them already.
+    pub metadata_patch: Option<Value>,
+}
+
+/// Validates a decorator sync/finalize response for `target`. The engine and `metahook render` both use
+/// this, so a hook tested offline is judged the same way.
+pub fn validate_response(
+    controller: &str,
+    attachment_resources: &[Arc<crate::discovery::ResolvedResource>],
+    target: &DynamicObject,
+    resource: &crate::discovery::ResolvedResource,
+    response: &DecoratorResponse,
+) -> Result<Answer, SyncError> {
+    let desired = desired_children(attachment_resources, target, resource, &response.attachments, |meta| {
+        let annotations = meta.entry("annotations").or_insert_with(|| json!({}));
+        let annotations = annotations.as_object_mut().ok_or("metadata.annotations is not an object")?;
+        annotations.insert(DECORATOR_ANNOTATION.into(), Value::String(controller.to_owned()));
+        Ok(())
+    })
+    .map_err(SyncError::InvalidResponse)?;
+    let status = match &response.status {
+        None | Some(Value::Null) => None,
+        Some(Value::Object(map)) => Some(Value::Object(map.clone())),
+        Some(other) => return Err(SyncError::InvalidResponse(format!("status must be an object, got {other}"))),
+    };
+    let metadata_patch = metadata_patch(target, &response.labels, &response.annotations);
+    Ok(Answer { desired, status, metadata_patch })
+}
 
 /// Finalizer a DecoratorController puts on its targets when it has a finalize hook.
 #[must_use]
@@ -253,9 +298,7 @@ impl Controller {
                     .controlled_by(uid)
                     .into_iter()
                     .filter(|obj| !namespaced || obj.metadata.namespace == target.metadata.namespace)
-                    .filter(|obj| {
-                        obj.metadata.annotations.as_ref().and_then(|a| a.get(DECORATOR_ANNOTATION)) == Some(&self.name)
-                    })
+                    .filter(|obj| is_attachment_of(obj, uid, &self.name))
                     .map(|obj| (ObjectKey::of(&obj), obj))
                     .collect()
             })
@@ -294,20 +337,8 @@ impl Controller {
         };
         let response = self.hub.hooks.decorator(hook, &request).await?;
 
-        let name = self.name.clone();
-        let desired = desired_children(&self.attachment_resources, &target, resource, &response.attachments, |meta| {
-            let annotations = meta.entry("annotations").or_insert_with(|| json!({}));
-            let annotations = annotations.as_object_mut().ok_or("metadata.annotations is not an object")?;
-            annotations.insert(DECORATOR_ANNOTATION.into(), Value::String(name.clone()));
-            Ok(())
-        })
-        .map_err(SyncError::InvalidResponse)?;
-        let status = match response.status {
-            None | Some(Value::Null) => None,
-            Some(Value::Object(map)) => Some(Value::Object(map)),
-            Some(other) => return Err(SyncError::InvalidResponse(format!("status must be an object, got {other}"))),
-        };
-        let metadata_patch = metadata_patch(&target, &response.labels, &response.annotations);
+        let Answer { desired, status, metadata_patch } =
+            validate_response(&self.name, &self.attachment_resources, &target, resource, &response)?;
         record_hook_events(&self.hub.events, &target, &response.events).await;
 
         let errors = manage(&self.hub.applier, &self.attachments, &observed, &desired).await;
