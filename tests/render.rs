@@ -290,3 +290,23 @@ fn example_hooks_that_read_port_render_with_hook_cmd() {
     assert!(node.status.success(), "stderr: {}", text(&node.stderr));
     assert!(text(&node.stdout).contains("# create Service"), "{}", text(&node.stdout));
 }
+
+/// Step 1 of the README's path to the cluster: the in-cluster examples' hooks (whose controllers call a
+/// Service) render on a laptop, the hook started by render on a free port.
+#[test]
+fn in_cluster_example_hooks_render_on_a_laptop() {
+    for (dir, program) in [
+        ("examples-python/in-cluster", "python3 examples-python/in-cluster/hook.py"),
+        ("examples-js/in-cluster", "node examples-js/in-cluster/hook.mjs"),
+    ] {
+        let controller = format!("{dir}/controller.yaml");
+        let parent = format!("{dir}/greeting.yaml");
+        let out = render(&["--controller", &controller, "--parent", &parent, "--hook-cmd", program]);
+        let stdout = text(&out.stdout);
+        assert!(out.status.success(), "{dir}: {}", text(&out.stderr));
+        assert!(stdout.contains("# create ConfigMap default/world-greeting"), "{dir}: {stdout}");
+        assert!(stdout.contains("message: Hello, World!"), "{dir}: {stdout}");
+        assert!(stdout.contains("reason: Publishing"), "{dir}: {stdout}");
+        assert_eq!(stdout.lines().last(), Some("# summary: 1 created, 0 updated, 0 deleted, status changed"), "{dir}");
+    }
+}
