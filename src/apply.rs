@@ -4,13 +4,25 @@
 //! resourceVersion for kinds without generation, Metacontroller #1177) lets a resync skip objects
 //! nobody touched: no API call, no write. Any change by someone else moves generation/resourceVersion
 //! and the next sync applies again, which reverts drift under `InPlace`.
+//!
+//! Server-side apply is an upsert, so every apply carries a precondition that keeps it from writing an
+//! object the hub does not own:
+//! - an object the hub observed is applied with its `metadata.uid`: if it was deleted (or deleted and
+//!   re-created by someone else) since, the API server refuses (409 "uid mismatch", or 422 because a
+//!   UID is immutable) instead of creating or overwriting it;
+//! - an object the hub did not observe is applied with `metadata.resourceVersion: "1"`. The API server
+//!   ignores a resourceVersion when apply creates an object, and treats it as a precondition when the
+//!   object exists; no object can be at revision 1 (etcd's first write is revision 2), so an existing
+//!   object of that name is answered with 409 and left untouched. Neither field is recorded in
+//!   `managedFields`.
 
 use std::collections::HashMap;
 use std::hash::{Hash as _, Hasher as _};
 use std::sync::{Arc, Mutex};
 
 use kube::Client;
-use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, Preconditions, PropagationPolicy};
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams, Preconditions, PropagationPolicy};
+use kube::core::Status;
 use serde_json::Value;
 
 use crate::api::UpdateMethod;
@@ -35,6 +47,25 @@ pub enum ApplyError {
     Apply { kind: String, key: ObjectKey, source: kube::Error },
     #[error("deleting {kind} {key}: {source}")]
     Delete { kind: String, key: ObjectKey, source: kube::Error },
+    /// An object of that name exists and is not the hub's to write; it was left untouched.
+    #[error("{kind} {key} already exists and is not controlled by this parent ({holder}); it was left untouched")]
+    NotOurs { kind: String, key: ObjectKey, holder: String },
+    /// `Recreate` would delete the child and then fail to create its replacement: the new state is
+    /// refused for more than immutable fields. The child stays as it is.
+    #[error("not recreating {kind} {key}: the API server refuses its new state: {source}")]
+    Unrecreatable { kind: String, key: ObjectKey, source: kube::Error },
+    /// The object changed identity or appeared since it was observed (our cache was behind); the sync
+    /// is retried quietly with the fresh state.
+    #[error("{kind} {key} changed since it was observed; retrying")]
+    Stale { kind: String, key: ObjectKey },
+}
+
+impl ApplyError {
+    /// Whether a quiet retry is the right answer (nothing the user must hear about).
+    #[must_use]
+    pub fn is_stale(&self) -> bool {
+        matches!(self, Self::Stale { .. })
+    }
 }
 
 /// Last applied fingerprint by (apiVersion, kind, namespace/name).
@@ -69,7 +100,8 @@ impl Applier {
     }
 
     /// Brings `observed` (if any) to `desired`. `desired` must be a complete object with name,
-    /// namespace (for namespaced kinds) and ownership already set.
+    /// namespace (for namespaced kinds) and ownership already set. `observed` is the object the hub
+    /// claimed as its own; `None` means "create", which never overwrites an existing object.
     pub async fn apply(
         &self,
         resource: &ResolvedResource,
@@ -81,43 +113,127 @@ impl Applier {
         let cache_key = (resource.api_version().to_owned(), resource.kind().to_owned(), key.clone());
         let desired_hash = hash(desired);
         let api = self.api(resource, key.namespace.as_deref());
-        let err = |source| ApplyError::Apply { kind: resource.kind().to_owned(), key: key.clone(), source };
+        let kind = || resource.kind().to_owned();
 
-        if let Some(observed) = observed {
-            if observed.metadata.deletion_timestamp.is_some() || method == UpdateMethod::OnDelete {
-                return Ok(Applied::Unchanged);
-            }
-            let current = fingerprint(desired_hash, observed);
-            if self.applied.lock().expect("applied lock").get(&cache_key) == Some(&current) {
-                return Ok(Applied::Unchanged);
-            }
-            if matches!(method, UpdateMethod::Recreate | UpdateMethod::RollingRecreate) {
-                // Only recreate when applying would really change the object: a dry run shows the result
-                // including defaults, so fields set by others or by defaulting don't trigger a delete.
-                let params = self.params().dry_run();
-                match api.patch(&key.name, &params, &Patch::Apply(desired)).await {
-                    Ok(result) if sanitized(&result) == sanitized(observed) => {
-                        self.applied.lock().expect("applied lock").insert(cache_key, current);
-                        return Ok(Applied::Unchanged);
-                    }
-                    Ok(_) => {}
-                    // The change touches immutable fields (e.g. most of a Pod's spec): it can only be
-                    // had by recreating, which is exactly what this method is for.
-                    Err(kube::Error::Api(status)) if status.code == 422 => {}
-                    Err(e) => return Err(err(e)),
+        let Some(observed) = observed else {
+            return match api.patch(&key.name, &self.params(), &Patch::Apply(with_precondition_absent(desired))).await {
+                Ok(created) => {
+                    self.remember(cache_key, fingerprint(desired_hash, &created));
+                    Ok(Applied::Created)
                 }
-                self.delete(resource, observed).await?;
-                return Ok(Applied::Deleted);
-            }
-        }
-        let result = api.patch(&key.name, &self.params(), &Patch::Apply(desired)).await.map_err(err)?;
-        let outcome = match observed {
-            None => Applied::Created,
-            Some(o) if o.metadata.resource_version == result.metadata.resource_version => Applied::Unchanged,
-            Some(_) => Applied::Updated,
+                Err(kube::Error::Api(status)) if status.code == 409 => {
+                    Err(self.taken(&api, resource, desired, key).await)
+                }
+                Err(source) => Err(ApplyError::Apply { kind: kind(), key, source }),
+            };
         };
-        self.applied.lock().expect("applied lock").insert(cache_key, fingerprint(desired_hash, &result));
+        if observed.metadata.deletion_timestamp.is_some() || method == UpdateMethod::OnDelete {
+            return Ok(Applied::Unchanged);
+        }
+        let current = fingerprint(desired_hash, observed);
+        if self.applied.lock().expect("applied lock").get(&cache_key) == Some(&current) {
+            return Ok(Applied::Unchanged);
+        }
+        let body = with_precondition_uid(desired, observed);
+        if matches!(method, UpdateMethod::Recreate | UpdateMethod::RollingRecreate) {
+            // Only recreate when applying would really change the object: a dry run shows the result
+            // including defaults, so fields set by others or by defaulting don't trigger a delete.
+            match api.patch(&key.name, &self.params().dry_run(), &Patch::Apply(&body)).await {
+                Ok(result) if sanitized(&result) == sanitized(observed) => {
+                    self.remember(cache_key, current);
+                    return Ok(Applied::Unchanged);
+                }
+                Ok(_) => {}
+                Err(kube::Error::Api(status)) if replaced(&status) => {
+                    return Err(ApplyError::Stale { kind: kind(), key });
+                }
+                // Immutable fields (most of a Pod's spec) can only change by recreating, which is what
+                // this method is for; any other refusal means the new object is invalid.
+                Err(kube::Error::Api(status)) if status.code == 422 && only_immutability(&status) => {}
+                Err(source) => return Err(ApplyError::Apply { kind: kind(), key, source }),
+            }
+            // Deleting is only safe if the replacement will be accepted: ask the API server first.
+            self.dry_run_create(&api, desired).await.map_err(|source| ApplyError::Unrecreatable {
+                kind: kind(),
+                key: key.clone(),
+                source,
+            })?;
+            self.delete(resource, observed).await?;
+            return Ok(Applied::Deleted);
+        }
+        let result = match api.patch(&key.name, &self.params(), &Patch::Apply(&body)).await {
+            Ok(result) => result,
+            Err(kube::Error::Api(status)) if replaced(&status) => return Err(ApplyError::Stale { kind: kind(), key }),
+            Err(source) => return Err(ApplyError::Apply { kind: kind(), key, source }),
+        };
+        let outcome = if observed.metadata.resource_version == result.metadata.resource_version {
+            Applied::Unchanged
+        } else {
+            Applied::Updated
+        };
+        self.remember(cache_key, fingerprint(desired_hash, &result));
         Ok(outcome)
+    }
+
+    /// Whether applying `desired` over `observed` is known to change nothing, so no request is needed:
+    /// the child is left alone by its method, or was applied from this very desired state and nobody
+    /// changed it since.
+    #[must_use]
+    pub fn is_current(
+        &self,
+        resource: &ResolvedResource,
+        desired: &Value,
+        observed: &DynamicObject,
+        method: UpdateMethod,
+    ) -> bool {
+        if observed.metadata.deletion_timestamp.is_some() || method == UpdateMethod::OnDelete {
+            return true;
+        }
+        let cache_key = (resource.api_version().to_owned(), resource.kind().to_owned(), key_of(desired));
+        self.applied.lock().expect("applied lock").get(&cache_key) == Some(&fingerprint(hash(desired), observed))
+    }
+
+    fn remember(&self, key: (String, String, ObjectKey), fingerprint: Fingerprint) {
+        self.applied.lock().expect("applied lock").insert(key, fingerprint);
+    }
+
+    /// Explains a refused create: the name belongs to someone else, or to this very parent and the
+    /// cache has not seen it yet (then a quiet retry).
+    async fn taken(
+        &self,
+        api: &Api<DynamicObject>,
+        resource: &ResolvedResource,
+        desired: &Value,
+        key: ObjectKey,
+    ) -> ApplyError {
+        let kind = resource.kind().to_owned();
+        let ours = desired
+            .pointer("/metadata/ownerReferences")
+            .and_then(Value::as_array)
+            .and_then(|refs| refs.iter().find(|r| r.get("controller") == Some(&Value::Bool(true))))
+            .and_then(|r| r.get("uid"))
+            .and_then(Value::as_str);
+        match api.get_opt(&key.name).await {
+            Ok(Some(existing)) if crate::informers::controller_uid(&existing) == ours => {
+                ApplyError::Stale { kind, key }
+            }
+            Ok(Some(existing)) => ApplyError::NotOurs { kind, key, holder: holder(&existing) },
+            Ok(None) => ApplyError::Stale { kind, key },
+            Err(source) => ApplyError::Apply { kind, key, source },
+        }
+    }
+
+    /// Whether the API server would accept `desired` as a new object (under a generated name, so the
+    /// existing one is not in the way).
+    async fn dry_run_create(&self, api: &Api<DynamicObject>, desired: &Value) -> Result<(), kube::Error> {
+        let mut candidate = desired.clone();
+        if let Some(meta) = candidate.get_mut("metadata").and_then(Value::as_object_mut) {
+            let name = meta.remove("name").and_then(|n| n.as_str().map(str::to_owned)).unwrap_or_default();
+            meta.insert("generateName".into(), Value::String(format!("{name}-")));
+        }
+        let candidate: DynamicObject = serde_json::from_value(candidate).map_err(kube::Error::SerdeError)?;
+        let params = PostParams { dry_run: true, field_manager: Some(self.field_manager.clone()) };
+        api.create(&params, &candidate).await.map(drop)
     }
 
     /// Deletes `obj` in the background, only if it is still the same object (UID precondition).
@@ -138,6 +254,54 @@ impl Applier {
     fn params(&self) -> PatchParams {
         PatchParams::apply(&self.field_manager).force()
     }
+}
+
+/// `desired` with `metadata.uid` of the object it replaces: apply then only writes that very object.
+fn with_precondition_uid(desired: &Value, observed: &DynamicObject) -> Value {
+    let mut body = desired.clone();
+    if let (Some(meta), Some(uid)) = (body.get_mut("metadata").and_then(Value::as_object_mut), &observed.metadata.uid) {
+        meta.insert("uid".into(), Value::String(uid.clone()));
+    }
+    body
+}
+
+/// `desired` with a resourceVersion no stored object has: apply then only creates (see the module doc).
+fn with_precondition_absent(desired: &Value) -> Value {
+    let mut body = desired.clone();
+    if let Some(meta) = body.get_mut("metadata").and_then(Value::as_object_mut) {
+        meta.insert("resourceVersion".into(), Value::String("1".into()));
+    }
+    body
+}
+
+/// Whether a refused apply means "not the object we observed any more": gone (409 uid mismatch) or
+/// replaced by another object of the same name (422 on the immutable `metadata.uid`).
+fn replaced(status: &Status) -> bool {
+    let uid_cause = || {
+        status.details.as_ref().is_some_and(|d| d.causes.iter().any(|c| c.field == "metadata.uid"))
+            || status.message.contains("metadata.uid")
+    };
+    (status.code == 409 && status.message.contains("uid mismatch")) || (status.code == 422 && uid_cause())
+}
+
+/// Whether every cause of a 422 is a refusal to change an immutable field (as opposed to an invalid
+/// value, which recreating would not cure).
+fn only_immutability(status: &Status) -> bool {
+    let immutable = |reason: &str, message: &str| reason == "FieldValueForbidden" || message.contains("immutable");
+    match status.details.as_ref().map(|d| &d.causes) {
+        Some(causes) if !causes.is_empty() => causes.iter().all(|c| immutable(&c.reason, &c.message)),
+        _ => status.message.contains("immutable"),
+    }
+}
+
+/// Who holds an object, for messages: its controller, or "no controller".
+pub(crate) fn holder(obj: &DynamicObject) -> String {
+    obj.metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|r| r.controller == Some(true))
+        .map_or_else(|| "it has no controller".to_owned(), |r| format!("controlled by {} {}", r.kind, r.name))
 }
 
 fn key_of(obj: &Value) -> ObjectKey {
@@ -221,6 +385,72 @@ mod tests {
         );
         assert!(clean.get("status").is_none());
         assert_eq!(clean["data"]["k"], "v");
+    }
+
+    fn status(code: u16, message: &str, causes: &[(&str, &str, &str)]) -> Status {
+        serde_json::from_value(serde_json::json!({
+            "code": code, "message": message,
+            "details": {"causes": causes.iter().map(|(reason, message, field)|
+                serde_json::json!({"reason": reason, "message": message, "field": field})).collect::<Vec<_>>()}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn only_refusals_of_immutable_fields_allow_a_recreate() {
+        let pod = status(
+            422,
+            "Pod \"p\" is invalid",
+            &[(
+                "FieldValueForbidden",
+                "Forbidden: pod updates may not change fields other than `spec.containers[*].image`",
+                "spec",
+            )],
+        );
+        assert!(only_immutability(&pod));
+        let job = status(422, "Job is invalid", &[("FieldValueInvalid", "field is immutable", "spec.template")]);
+        assert!(only_immutability(&job));
+        let invalid = status(
+            422,
+            "Pod is invalid",
+            &[
+                ("FieldValueForbidden", "Forbidden: pod updates may not change fields", "spec"),
+                (
+                    "FieldValueInvalid",
+                    "Invalid value: \"Bad_Name\": a lowercase RFC 1123 label",
+                    "spec.containers[0].name",
+                ),
+            ],
+        );
+        assert!(!only_immutability(&invalid), "an invalid value would make the new object fail to create");
+        assert!(!only_immutability(&status(422, "the server rejected our request", &[])));
+    }
+
+    #[test]
+    fn uid_refusals_mean_the_object_was_replaced_or_is_gone() {
+        let gone = status(
+            409,
+            "Operation cannot be fulfilled on configmaps \"a\": uid mismatch: the provided object specified uid u, and no existing object was found",
+            &[],
+        );
+        assert!(replaced(&gone));
+        let other =
+            status(422, "ConfigMap \"a\" is invalid", &[("FieldValueInvalid", "field is immutable", "metadata.uid")]);
+        assert!(replaced(&other));
+        assert!(!replaced(&status(409, "Apply failed with 1 conflict", &[])));
+        assert!(!replaced(&status(422, "invalid", &[("FieldValueInvalid", "bad", "data")])));
+    }
+
+    #[test]
+    fn preconditions_go_into_the_applied_body_only() {
+        let desired = serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "a"}});
+        assert_eq!(with_precondition_absent(&desired)["metadata"]["resourceVersion"], "1");
+        let observed: DynamicObject = serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "a", "uid": "u-1"}
+        }))
+        .unwrap();
+        assert_eq!(with_precondition_uid(&desired, &observed)["metadata"]["uid"], "u-1");
+        assert!(desired["metadata"].get("uid").is_none(), "the desired state itself (and its hash) is unchanged");
     }
 
     #[test]

@@ -14,11 +14,12 @@ use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use serde_json::{Value, json};
 
 use crate::api::{HookVersion, UpdateMethod, labels_of};
-use crate::apply::{Applied, Applier, ApplyError, strip_server_fields};
+use crate::apply::{Applied, Applier, ApplyError, holder, strip_server_fields};
 use crate::discovery::ResolvedResource;
 use crate::hooks::{ObjectMaps, group_version_kind_key, object_key};
 use crate::informers::{Informer, ObjectKey, controller_uid};
 use crate::selector::Selector;
+use crate::validation;
 
 /// The resolved types of `types`, in order.
 #[must_use]
@@ -46,7 +47,7 @@ pub type ChildMap<T> = BTreeMap<ObjectKey, T>;
 /// Why children could not be claimed.
 #[derive(Debug, thiserror::Error)]
 pub enum ClaimError {
-    #[error("checking parent {parent} before adopting: {source}")]
+    #[error("checking that parent {parent} is still there: {source}")]
     ParentCheck { parent: ObjectKey, source: kube::Error },
     #[error("{action} {kind} {key}: {source}")]
     Patch { action: &'static str, kind: String, key: ObjectKey, source: kube::Error },
@@ -155,7 +156,8 @@ pub async fn claim(
                     continue;
                 }
                 if !parent_checked {
-                    if !parent_still_current(client, parent, parent_resource).await? {
+                    let live = live_parent(client, parent_resource, parent).await?;
+                    if live.is_none_or(|p| p.metadata.deletion_timestamp.is_some()) {
                         return Ok(Vec::new());
                     }
                     parent_checked = true;
@@ -170,19 +172,20 @@ pub async fn claim(
     Ok(claimed)
 }
 
-/// Uncached read: is the parent still the same object (UID) and not being deleted?
-async fn parent_still_current(
+/// Uncached read of the parent: the live object if it is still the one synced (same UID), `None` when
+/// it is gone or was replaced by a new object of the same name.
+pub async fn live_parent(
     client: &Client,
-    parent: &DynamicObject,
     resource: &ResolvedResource,
-) -> Result<bool, ClaimError> {
+    parent: &DynamicObject,
+) -> Result<Option<DynamicObject>, ClaimError> {
     let key = ObjectKey::of(parent);
     let api: Api<DynamicObject> = match &key.namespace {
         Some(ns) if resource.namespaced => Api::namespaced_with(client.clone(), ns, &resource.api_resource),
         _ => Api::all_with(client.clone(), &resource.api_resource),
     };
     let live = api.get_opt(&key.name).await.map_err(|source| ClaimError::ParentCheck { parent: key, source })?;
-    Ok(live.is_some_and(|p| p.metadata.uid == parent.metadata.uid && p.metadata.deletion_timestamp.is_none()))
+    Ok(live.filter(|p| p.metadata.uid == parent.metadata.uid))
 }
 
 async fn adopt(
@@ -238,38 +241,212 @@ async fn patch_owner_references(
     })
 }
 
-/// Deletes observed children that are not desired, then applies every desired child.
-/// Continues past individual failures and returns them all, so one bad child does not stall the rest.
-pub async fn manage(
-    applier: &Applier,
-    types: &[ChildType],
-    observed: &[ChildMap<Arc<DynamicObject>>],
-    desired: &[ChildMap<Value>],
-) -> Vec<ApplyError> {
-    let mut errors = Vec::new();
-    for ((child_type, observed), desired) in types.iter().zip(observed).zip(desired) {
-        for (key, obj) in observed {
-            if !desired.contains_key(key)
-                && obj.metadata.deletion_timestamp.is_none()
-                && let Err(e) = applier.delete(child_type.resource(), obj).await
-            {
-                errors.push(e);
-            }
-        }
-    }
-    for ((child_type, observed), desired) in types.iter().zip(observed).zip(desired) {
-        for (key, obj) in desired {
-            let current = observed.get(key).map(AsRef::as_ref);
-            match applier.apply(child_type.resource(), obj, current, child_type.method).await {
-                Ok(outcome @ (Applied::Created | Applied::Updated | Applied::Deleted)) => {
-                    tracing::info!(kind = child_type.resource().kind(), child = %key, ?outcome, "child changed");
+/// What a sync will write to children, decided (and refused, when it must be) before the first write.
+pub struct Plan<'a> {
+    types: &'a [ChildType],
+    observed: &'a [ChildMap<Arc<DynamicObject>>],
+    desired: &'a [ChildMap<Value>],
+    /// Observed children that are no longer desired and not already going away, by type index.
+    deletions: Vec<(usize, Arc<DynamicObject>)>,
+}
+
+/// Why a plan is refused before anything is written.
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    /// A desired child that is not among the parent's children has the name of an existing object.
+    #[error("{kind} {key} already exists and is not controlled by this parent ({holder}); it was left untouched")]
+    NotOurs { kind: String, key: ObjectKey, holder: String },
+    /// A desired child appeared in the cache, as the parent's own, after the children were observed
+    /// (typically the echo of this parent's previous sync): retried quietly with the fresh state.
+    #[error("{kind} {key} appeared since the children were observed; retrying")]
+    Stale { kind: String, key: ObjectKey },
+    /// The controller's safe-delete guard refused the deletions.
+    #[error(
+        "sync would delete {count} of {total} children ({list}), more than {limit} allows \
+         ({annotation}); nothing was written. If this is intended, annotate the parent: \
+         {ack}={token}"
+    )]
+    DeletionGuard {
+        count: usize,
+        total: usize,
+        list: String,
+        limit: String,
+        annotation: &'static str,
+        ack: &'static str,
+        token: String,
+    },
+}
+
+impl<'a> Plan<'a> {
+    /// Plans the writes that make `observed` match `desired`, refusing to take over an existing object
+    /// that is not one of the parent's children (it is in the type's cache but was not claimed). `ours`
+    /// tells the parent's own children from others' (a child that turns up in the cache after the
+    /// children were observed is not someone else's).
+    pub fn new(
+        types: &'a [ChildType],
+        observed: &'a [ChildMap<Arc<DynamicObject>>],
+        desired: &'a [ChildMap<Value>],
+        ours: impl Fn(&DynamicObject) -> bool,
+    ) -> Result<Self, PlanError> {
+        let mut deletions = Vec::new();
+        for (index, ((child_type, observed), desired)) in types.iter().zip(observed).zip(desired).enumerate() {
+            for key in desired.keys().filter(|key| !observed.contains_key(*key)) {
+                if let Some(existing) = child_type.informer.get(key) {
+                    let kind = child_type.resource().kind().to_owned();
+                    if ours(&existing) {
+                        return Err(PlanError::Stale { kind, key: key.clone() });
+                    }
+                    return Err(PlanError::NotOurs { kind, key: key.clone(), holder: holder(&existing) });
                 }
-                Ok(Applied::Unchanged) => {}
-                Err(e) => errors.push(e),
+            }
+            let gone = observed
+                .iter()
+                .filter(|(key, obj)| !desired.contains_key(*key) && obj.metadata.deletion_timestamp.is_none());
+            deletions.extend(gone.map(|(_, obj)| (index, Arc::clone(obj))));
+        }
+        Ok(Self { types, observed, desired, deletions })
+    }
+
+    /// Refuses the plan when its deletions exceed what `guard` allows, unless the parent acknowledges
+    /// exactly this set of deletions.
+    pub fn check_guard(&self, guard: Option<DeletionGuard>, parent: &DynamicObject) -> Result<(), PlanError> {
+        let Some(guard) = guard else { return Ok(()) };
+        let total: usize = self.observed.iter().map(BTreeMap::len).sum();
+        let count = self.deletions.len();
+        if count == 0 || guard.allows(count, total) {
+            return Ok(());
+        }
+        let mut keys: Vec<String> = self
+            .deletions
+            .iter()
+            .map(|(t, obj)| format!("{} {}", self.types[*t].resource().kind(), ObjectKey::of(obj)))
+            .collect();
+        keys.sort();
+        let token = deletion_token(&keys);
+        let acknowledged = parent.metadata.annotations.as_ref().and_then(|a| a.get(CONFIRM_DELETIONS_ANNOTATION));
+        if acknowledged == Some(&token) {
+            return Ok(());
+        }
+        let mut list: Vec<String> = keys.iter().take(5).cloned().collect();
+        if keys.len() > 5 {
+            list.push(format!("and {} more", keys.len() - 5));
+        }
+        Err(PlanError::DeletionGuard {
+            count,
+            total,
+            list: list.join(", "),
+            limit: guard.to_string(),
+            annotation: MAX_DELETIONS_ANNOTATION,
+            ack: CONFIRM_DELETIONS_ANNOTATION,
+            token,
+        })
+    }
+
+    /// Whether carrying out the plan writes anything (creates, changes or deletes a child).
+    #[must_use]
+    pub fn writes(&self, applier: &Applier) -> bool {
+        !self.deletions.is_empty()
+            || self.types.iter().zip(self.observed).zip(self.desired).any(|((child_type, observed), desired)| {
+                desired.iter().any(|(key, obj)| match observed.get(key) {
+                    None => true,
+                    Some(current) => !applier.is_current(child_type.resource(), obj, current, child_type.method),
+                })
+            })
+    }
+
+    /// Carries out the plan in the order that cannot lose data: every create and update first; the
+    /// deletions of children no longer desired only when all of those succeeded (a failed apply leaves
+    /// the old children in place). `Recreate`'s delete-then-create of one child happens in its apply.
+    pub async fn execute(&self, applier: &Applier) -> Vec<ApplyError> {
+        let mut errors = Vec::new();
+        for ((child_type, observed), desired) in self.types.iter().zip(self.observed).zip(self.desired) {
+            for (key, obj) in desired {
+                let current = observed.get(key).map(AsRef::as_ref);
+                match applier.apply(child_type.resource(), obj, current, child_type.method).await {
+                    Ok(outcome @ (Applied::Created | Applied::Updated | Applied::Deleted)) => {
+                        tracing::info!(kind = child_type.resource().kind(), child = %key, ?outcome, "child changed");
+                    }
+                    Ok(Applied::Unchanged) => {}
+                    Err(e) => errors.push(e),
+                }
             }
         }
+        if !errors.is_empty() {
+            return errors;
+        }
+        for (index, obj) in &self.deletions {
+            if let Err(e) = applier.delete(self.types[*index].resource(), obj).await {
+                errors.push(e);
+            } else {
+                tracing::info!(kind = self.types[*index].resource().kind(), child = %ObjectKey::of(obj), "child deleted");
+            }
+        }
+        errors
     }
-    errors
+}
+
+/// Annotation on a CompositeController or DecoratorController that turns on the safe-delete guard: the
+/// most children one sync may delete, as a count (`"5"`) or a share of the parent's children (`"50%"`).
+pub const MAX_DELETIONS_ANNOTATION: &str = "metahook.dev/max-deletions-per-sync";
+/// Annotation on a parent that lets one refused set of deletions through; its value is the token the
+/// refusal's Event names (it changes with the set, so an acknowledgement is never reused by accident).
+pub const CONFIRM_DELETIONS_ANNOTATION: &str = "metahook.dev/confirm-deletions";
+
+/// The safe-delete guard (a metahook extension): how many of a parent's children one sync may delete.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum DeletionGuard {
+    Count(usize),
+    /// A share in percent of the parent's children.
+    Percent(f64),
+}
+
+impl DeletionGuard {
+    /// Parses the annotation's value (`"3"`, `"50%"`).
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let text = text.trim();
+        let bad =
+            || format!("{MAX_DELETIONS_ANNOTATION}: {text:?} is neither a count (\"5\") nor a percentage (\"50%\")");
+        match text.strip_suffix('%') {
+            Some(p) => {
+                let p: f64 = p.trim().parse().map_err(|_| bad())?;
+                if (0.0..=100.0).contains(&p) { Ok(Self::Percent(p)) } else { Err(bad()) }
+            }
+            None => text.parse().map(Self::Count).map_err(|_| bad()),
+        }
+    }
+
+    /// Reads the guard from a controller object's annotations (absent = off).
+    pub fn from_annotations(annotations: Option<&BTreeMap<String, String>>) -> Result<Option<Self>, String> {
+        annotations.and_then(|a| a.get(MAX_DELETIONS_ANNOTATION)).map(|v| Self::parse(v)).transpose()
+    }
+
+    fn allows(self, count: usize, total: usize) -> bool {
+        match self {
+            Self::Count(limit) => count <= limit,
+            #[allow(clippy::cast_precision_loss)] // child counts are far below 2^52
+            Self::Percent(share) => (count as f64) <= (total as f64) * share / 100.0,
+        }
+    }
+}
+
+impl std::fmt::Display for DeletionGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Count(n) => write!(f, "{n} per sync"),
+            Self::Percent(p) => write!(f, "{p}% per sync"),
+        }
+    }
+}
+
+/// A short, stable name for a set of deletions.
+fn deletion_token(sorted_keys: &[String]) -> String {
+    use sha1::Digest as _;
+    let digest = sha1::Sha1::digest(sorted_keys.join("\n").as_bytes());
+    digest.iter().take(5).fold(String::new(), |mut hex, b| {
+        use std::fmt::Write as _;
+        let _ = write!(hex, "{b:02x}");
+        hex
+    })
 }
 
 /// The request map of observed objects (`children`, `attachments`): an entry per declared type, even
@@ -294,9 +471,17 @@ pub fn request_map(
 }
 
 /// Turns a hook's desired objects into complete objects to apply, by declared type. Each must have
-/// apiVersion, kind and name, be of a declared type, and land in a namespace the parent may own;
+/// apiVersion, kind and a valid name, be of a declared type, land in a namespace the parent may own, carry
+/// valid labels and annotations, fit in the API server's store, and leave ownership to the hub;
 /// `decorate` adds what the controller kind requires (labels, annotations) or rejects the object.
 /// Any problem rejects the whole list: a partial apply could delete children the hook meant to keep.
+///
+/// Ownership: the hub makes every child controlled by its parent. References to the parent itself (a
+/// hook echoing an observed child back) are accepted; any other `ownerReferences` entry is refused,
+/// not silently dropped: a second owner keeps the child alive after its parent is gone (the garbage
+/// collector deletes an object only when every owner is gone), and a second controller is refused by the
+/// API server anyway. Refusing says so to the hook's author, where dropping would write something else
+/// than the hook asked for.
 pub fn desired_children(
     types: &[Arc<ResolvedResource>],
     parent: &DynamicObject,
@@ -321,29 +506,40 @@ pub fn desired_children(
             .iter()
             .position(|t| t.api_version() == api_version && t.kind() == kind)
             .ok_or_else(|| format!("{kind} {name}: {api_version}/{kind} is not a declared child resource"))?;
+        let resource = &types[index];
+        let invalid = |reason: String| format!("{kind} {name}: {reason}");
+        validation::check_name(validation::name_rule(&resource.api_resource.group, kind), name).map_err(invalid)?;
         let mut obj = strip_server_fields(item.clone());
         let meta = obj
             .get_mut("metadata")
             .and_then(Value::as_object_mut)
-            .ok_or_else(|| format!("{kind} {name}: metadata is not an object"))?;
+            .ok_or_else(|| invalid("metadata is not an object".into()))?;
         let requested = meta.get("namespace").and_then(Value::as_str);
-        let namespace = resolve_namespace(&types[index], parent_ns.as_deref(), requested)
-            .map_err(|reason| format!("{kind} {name}: {reason}"))?;
+        let namespace = resolve_namespace(resource, parent_ns.as_deref(), requested).map_err(invalid)?;
         match &namespace {
-            Some(ns) => meta.insert("namespace".into(), Value::String(ns.clone())),
-            None => meta.remove("namespace"),
-        };
-        decorate(meta).map_err(|reason| format!("{kind} {name}: {reason}"))?;
-        let mut refs: Vec<Value> = meta
-            .get("ownerReferences")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-            .filter(|r| r.get("uid").and_then(Value::as_str) != Some(parent_uid))
-            .cloned()
-            .collect();
-        refs.push(owner.clone());
-        meta.insert("ownerReferences".into(), Value::Array(refs));
+            Some(ns) => {
+                validation::check_namespace(ns).map_err(invalid)?;
+                meta.insert("namespace".into(), Value::String(ns.clone()));
+            }
+            None => {
+                meta.remove("namespace");
+            }
+        }
+        decorate(meta).map_err(invalid)?;
+        validation::check_metadata_maps(meta).map_err(invalid)?;
+        let refs = meta.get("ownerReferences").map_or(Ok(Vec::new()), |refs| {
+            serde_json::from_value::<Vec<OwnerReference>>(refs.clone())
+                .map_err(|e| invalid(format!("metadata.ownerReferences: {e}")))
+        })?;
+        if let Some(foreign) = refs.iter().find(|r| r.uid != parent_uid) {
+            return Err(invalid(format!(
+                "metadata.ownerReferences names {} {} ({}); the hub alone sets a child's owner (its parent), \
+                 a second owner would keep the child alive after its parent is gone",
+                foreign.kind, foreign.name, foreign.uid
+            )));
+        }
+        meta.insert("ownerReferences".into(), Value::Array(vec![owner.clone()]));
+        validation::check_size(&obj).map_err(invalid)?;
         let key = ObjectKey { namespace, name: name.to_owned() };
         if desired[index].insert(key.clone(), obj).is_some() {
             return Err(format!("{kind} {key} appears more than once"));
@@ -373,6 +569,7 @@ fn resolve_namespace(
 #[cfg(test)]
 mod tests {
     use kube::core::ApiResource;
+    use serde_json::json;
 
     use super::*;
 
@@ -396,6 +593,69 @@ mod tests {
         assert_eq!(resolve_namespace(&r, Some("a"), None).unwrap().as_deref(), Some("a"));
         assert_eq!(resolve_namespace(&r, Some("a"), Some("a")).unwrap().as_deref(), Some("a"));
         assert!(resolve_namespace(&r, Some("a"), Some("b")).unwrap_err().contains("differs"));
+    }
+
+    fn parent() -> DynamicObject {
+        serde_json::from_value(json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "p", "namespace": "a", "uid": "parent-uid"}}))
+        .unwrap()
+    }
+
+    fn desired(items: &[Value]) -> Result<Vec<ChildMap<Value>>, String> {
+        let types = vec![Arc::new(resource(true))];
+        desired_children(&types, &parent(), &resource(true), items, |_| Ok(()))
+    }
+
+    fn cm(name: &str) -> Value {
+        json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}})
+    }
+
+    #[test]
+    fn desired_children_get_exactly_one_owner_the_parent() {
+        let mut echoed = cm("a");
+        echoed["metadata"]["ownerReferences"] = json!([{"apiVersion": "v1", "kind": "ConfigMap", "name": "p",
+            "uid": "parent-uid", "controller": true}]);
+        let maps = desired(&[echoed]).unwrap();
+        let refs = &maps[0].values().next().unwrap()["metadata"]["ownerReferences"];
+        assert_eq!(refs.as_array().unwrap().len(), 1);
+        assert_eq!(refs[0]["uid"], "parent-uid");
+        let mut foreign = cm("b");
+        foreign["metadata"]["ownerReferences"] =
+            json!([{"apiVersion": "v1", "kind": "Secret", "name": "s", "uid": "other", "controller": false}]);
+        assert!(desired(&[cm("a"), foreign]).unwrap_err().contains("Secret s"));
+    }
+
+    #[test]
+    fn one_invalid_child_refuses_the_whole_list() {
+        assert!(desired(&[cm("good"), cm("Bad")]).unwrap_err().contains("ConfigMap Bad"));
+        assert!(desired(&[cm("good"), cm(&"x".repeat(300))]).is_err());
+        let mut bad_label = cm("c");
+        bad_label["metadata"]["labels"] = json!({"app": "has spaces"});
+        assert!(desired(&[bad_label]).is_err());
+        let mut huge = cm("d");
+        huge["data"] = json!({"k": "x".repeat(2 * 1024 * 1024)});
+        assert!(desired(&[huge]).unwrap_err().contains("bytes"));
+        assert!(desired(&[cm("dup"), cm("dup")]).unwrap_err().contains("more than once"));
+    }
+
+    #[test]
+    fn deletion_guard_parses_counts_and_shares() {
+        assert_eq!(DeletionGuard::parse("3"), Ok(DeletionGuard::Count(3)));
+        assert_eq!(DeletionGuard::parse(" 50% "), Ok(DeletionGuard::Percent(50.0)));
+        assert!(DeletionGuard::parse("lots").is_err());
+        assert!(DeletionGuard::parse("150%").is_err());
+        assert!(DeletionGuard::Percent(50.0).allows(5, 10));
+        assert!(!DeletionGuard::Percent(50.0).allows(6, 10));
+        assert!(DeletionGuard::Count(2).allows(2, 100));
+        assert!(!DeletionGuard::Count(2).allows(3, 3));
+    }
+
+    #[test]
+    fn deletion_tokens_name_the_set() {
+        let a = deletion_token(&["ConfigMap a/x".into(), "ConfigMap a/y".into()]);
+        assert_eq!(a.len(), 10);
+        assert_eq!(a, deletion_token(&["ConfigMap a/x".into(), "ConfigMap a/y".into()]));
+        assert_ne!(a, deletion_token(&["ConfigMap a/x".into()]));
     }
 
     #[test]

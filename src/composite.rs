@@ -15,7 +15,9 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::api::{CompositeController, labels_of};
-use crate::children::{ChildMap, ChildType, claim, desired_children, manage, request_map, resources};
+use crate::children::{
+    ChildMap, ChildType, DeletionGuard, Plan, claim, desired_children, live_parent, request_map, resources,
+};
 use crate::discovery::ResolvedResource;
 use crate::events::Events;
 use crate::hooks::{CompositeRequest, CompositeResponse};
@@ -27,8 +29,8 @@ use crate::revisions::{self, Rollouts};
 use crate::selector::Selector;
 use crate::sync::{
     Facts, StartError, SyncError, Syncer, api_for, check_hook_settings, controller_queue, every, follow_plan,
-    has_finalizer, meaningful_parent_change, record_hook_events, replace_status, resync_after, resync_period,
-    run_workers, set_finalizer,
+    gc_finalizing, has_finalizer, meaningful_parent_change, record_hook_events, replace_status, resync_after,
+    resync_period, run_workers, set_finalizer,
 };
 
 pub use crate::revisions::CONTROLLER_UID_LABEL;
@@ -49,6 +51,8 @@ pub struct Controller {
     rollouts: Option<revisions::Rollouts>,
     related: Arc<Related<ObjectKey>>,
     finalizer: String,
+    /// The safe-delete guard, from the controller's annotation.
+    deletion_guard: Option<DeletionGuard>,
     metrics: Arc<crate::metrics::ControllerMetrics>,
     queue: WorkQueue<ObjectKey>,
 }
@@ -69,6 +73,8 @@ impl Controller {
             ],
             &spec.endpoint_configs,
         )?;
+        let deletion_guard =
+            DeletionGuard::from_annotations(cc.metadata.annotations.as_ref()).map_err(StartError::Annotation)?;
         let parent_rule = &spec.parent_resource;
         let parent_resource = hub
             .discovery
@@ -105,7 +111,7 @@ impl Controller {
             let informer = hub.informers.get(&resource);
             informer.wait_synced().await;
             let child_resources = resources(&children);
-            Some(Rollouts::new(informer, hub.applier.clone(), Arc::clone(&parent_resource), child_resources, spec))
+            Some(Rollouts::new(informer, Arc::clone(&parent_resource), child_resources, spec))
         } else {
             None
         };
@@ -123,6 +129,7 @@ impl Controller {
             hub: hub.clone(),
             cc_json,
             finalizer: format!("metacontroller.io/compositecontroller-{name}"),
+            deletion_guard,
             name,
             parent,
             parent_selector,
@@ -267,10 +274,34 @@ impl Controller {
                 Outcome::from(decision)
             }
         };
-        let Outcome { desired, status, resync, finalized, events } = outcome;
-        record_hook_events(&self.hub.events, &parent, &events).await;
+        let Outcome { desired, status, resync, finalized, events, revisions } = outcome;
 
-        let errors = manage(&self.hub.applier, &self.children, &observed, &desired).await;
+        // Nothing is written until the whole response is known to be writable: no name taken from
+        // someone else, no more deletions than the guard allows.
+        let parent_uid = parent.metadata.uid.as_deref();
+        let plan = Plan::new(&self.children, &observed, &desired, |obj| controller_uid(obj) == parent_uid)?;
+        if !finalizing {
+            plan.check_guard(self.deletion_guard, &parent)?;
+        }
+        record_hook_events(&self.hub.events, &parent, &events).await;
+        let applier = &self.hub.applier;
+        let writes = plan.writes(applier) || revisions.as_ref().is_some_and(|r| r.writes(applier));
+        let errors = if gc_finalizing(&parent) || !writes {
+            Vec::new()
+        } else {
+            // No child write for a parent that is gone or replaced: server-side apply would re-create
+            // children the garbage collector has just deleted.
+            match live_parent(&self.hub.client, parent_resource, &parent).await? {
+                None => return Ok(None),
+                Some(live) if gc_finalizing(&live) => Vec::new(),
+                Some(_) => {
+                    if let Some(revisions) = &revisions {
+                        revisions.persist(applier).await.map_err(|e| SyncError::Apply(vec![e]))?;
+                    }
+                    plan.execute(applier).await
+                }
+            }
+        };
         replace_status(&api, &parent, status, true).await?;
         if !errors.is_empty() {
             return Err(SyncError::Apply(errors));
@@ -319,6 +350,8 @@ struct Outcome {
     resync: Option<Duration>,
     finalized: bool,
     events: Vec<crate::hooks::HookEvent>,
+    /// Rolling updates: the revisions to write before any child.
+    revisions: Option<revisions::Pending>,
 }
 
 impl From<revisions::Answer> for Outcome {
@@ -330,6 +363,7 @@ impl From<revisions::Answer> for Outcome {
             resync: resync_after(response.resync_after_seconds),
             finalized: response.finalized,
             events: response.events,
+            revisions: None,
         }
     }
 }
@@ -338,13 +372,14 @@ impl From<revisions::Decision> for Outcome {
     /// With several revisions: the earliest resync wins, all must agree to finalize, and Events come
     /// from the latest revision's answer.
     fn from(decision: revisions::Decision) -> Self {
-        let revisions::Decision { desired, status, responses } = decision;
+        let revisions::Decision { desired, status, responses, pending } = decision;
         Self {
             desired,
             status,
             resync: responses.iter().filter_map(|r| resync_after(r.resync_after_seconds)).min(),
             finalized: responses.iter().all(|r| r.finalized),
             events: responses.into_iter().next().map(|r| r.events).unwrap_or_default(),
+            revisions: Some(pending),
         }
     }
 }

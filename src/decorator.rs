@@ -16,18 +16,20 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::api::{DecoratorController, labels_of};
-use crate::children::{ChildMap, ChildType, desired_children, manage, request_map, resources};
+use crate::children::{
+    ChildMap, ChildType, DeletionGuard, Plan, desired_children, live_parent, request_map, resources,
+};
 use crate::events::Events;
 use crate::hooks::{DecoratorRequest, DecoratorResponse};
 use crate::hub::Hub;
-use crate::informers::{Change, Informer, ObjectKey};
+use crate::informers::{Change, Informer, ObjectKey, controller_uid};
 use crate::queue::WorkQueue;
 use crate::related::{ParentScope, Related};
 use crate::selector::Selector;
 use crate::sync::{
     Facts, StartError, SyncError, Syncer, api_for, check_hook_settings, controller_queue, every, follow_plan,
-    has_finalizer, meaningful_parent_change, record_hook_events, replace_status, resync_after, resync_period,
-    run_workers, set_finalizer,
+    gc_finalizing, has_finalizer, meaningful_parent_change, record_hook_events, replace_status, resync_after,
+    resync_period, run_workers, set_finalizer,
 };
 
 /// Annotation naming the DecoratorController that manages an attachment.
@@ -74,7 +76,8 @@ pub fn validate_response(
         Some(Value::Object(map)) => Some(Value::Object(map.clone())),
         Some(other) => return Err(SyncError::InvalidResponse(format!("status must be an object, got {other}"))),
     };
-    let metadata_patch = metadata_patch(target, &response.labels, &response.annotations);
+    let metadata_patch =
+        metadata_patch(target, &response.labels, &response.annotations).map_err(SyncError::InvalidResponse)?;
     Ok(Answer { desired, status, metadata_patch })
 }
 
@@ -84,31 +87,54 @@ pub fn finalizer_name(controller: &str) -> String {
     format!("metacontroller.io/decoratorcontroller-{controller}")
 }
 
-/// A target: which rule it came through, and its namespace/name.
+/// A target object: its type (index into the controller's distinct target types) and namespace/name.
+///
+/// Keyed by object, not by rule: two `resources[]` rules of one type that both select an object must
+/// not sync it twice at once (nor let one rule finalize what the other still selects).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct TargetKey {
-    pub rule: usize,
+    pub target_type: usize,
     pub key: ObjectKey,
 }
 
 impl fmt::Display for TargetKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} (rule {})", self.key, self.rule)
+        write!(f, "{}", self.key)
     }
 }
 
-/// One `resources[]` rule, resolved.
-struct Target {
-    informer: Informer,
+/// One `resources[]` rule's selectors.
+struct Rule {
     labels: Selector,
     annotations: Selector,
     ignore_status_changes: bool,
 }
 
-impl Target {
+impl Rule {
     fn selects(&self, obj: &DynamicObject) -> bool {
         self.labels.matches(&labels_of(&obj.metadata))
             && self.annotations.matches(&obj.metadata.annotations.clone().unwrap_or_default())
+    }
+}
+
+/// One target type with every rule that names it.
+struct Target {
+    informer: Informer,
+    rules: Vec<Rule>,
+}
+
+impl Target {
+    /// Selected = any rule of the type matches.
+    fn selects(&self, obj: &DynamicObject) -> bool {
+        self.rules.iter().any(|r| r.selects(obj))
+    }
+
+    /// Whether status-only changes of `obj` are ignored: every rule that selects it says so (or, when
+    /// none selects it, every rule of the type).
+    fn ignores_status_changes(&self, obj: &DynamicObject) -> bool {
+        let selecting: Vec<&Rule> = self.rules.iter().filter(|r| r.selects(obj)).collect();
+        let relevant = if selecting.is_empty() { self.rules.iter().collect() } else { selecting };
+        relevant.iter().all(|r| r.ignore_status_changes)
     }
 }
 
@@ -124,6 +150,8 @@ pub struct Controller {
     attachment_resources: Vec<Arc<crate::discovery::ResolvedResource>>,
     related: Arc<Related<TargetKey>>,
     finalizer: String,
+    /// The safe-delete guard, from the controller's annotation.
+    deletion_guard: Option<DeletionGuard>,
     metrics: Arc<crate::metrics::ControllerMetrics>,
     queue: WorkQueue<TargetKey>,
 }
@@ -136,6 +164,8 @@ impl Controller {
             return Err(StartError::NoHooks);
         }
         let hooks = &spec.hooks;
+        let deletion_guard =
+            DeletionGuard::from_annotations(dc.metadata.annotations.as_ref()).map_err(StartError::Annotation)?;
         check_hook_settings(
             [
                 ("sync", hooks.sync.as_ref()),
@@ -144,15 +174,14 @@ impl Controller {
             ],
             &spec.endpoint_configs,
         )?;
-        let mut targets = Vec::with_capacity(spec.resources.len());
+        let mut targets: Vec<Target> = Vec::new();
         for rule in &spec.resources {
             let resource = hub
                 .discovery
                 .resolve(&rule.api_version, &rule.resource)
                 .await
                 .map_err(|source| StartError::NotFound { role: "target", source })?;
-            targets.push(Target {
-                informer: hub.informers.get(&resource),
+            let compiled = Rule {
                 labels: rule
                     .label_selector
                     .as_ref()
@@ -166,7 +195,11 @@ impl Controller {
                     .transpose()?
                     .unwrap_or_default(),
                 ignore_status_changes: rule.ignore_status_changes == Some(true),
-            });
+            };
+            match targets.iter_mut().find(|t| *t.informer.resource() == resource) {
+                Some(target) => target.rules.push(compiled),
+                None => targets.push(Target { informer: hub.informers.get(&resource), rules: vec![compiled] }),
+            }
         }
         let mut attachments = Vec::with_capacity(spec.attachments.len());
         for rule in &spec.attachments {
@@ -195,6 +228,7 @@ impl Controller {
             hub: hub.clone(),
             dc_json,
             finalizer: finalizer_name(&name),
+            deletion_guard,
             name,
             targets,
             attachment_resources: resources(&attachments),
@@ -207,8 +241,8 @@ impl Controller {
     /// Runs watches-to-queue mapping and the workers until `cancel` fires.
     pub async fn run(self: Arc<Self>, cancel: CancellationToken) {
         let mut tasks = JoinSet::new();
-        for rule in 0..self.targets.len() {
-            tasks.spawn(Arc::clone(&self).map_target_events(rule));
+        for target_type in 0..self.targets.len() {
+            tasks.spawn(Arc::clone(&self).map_target_events(target_type));
         }
         for index in 0..self.attachments.len() {
             tasks.spawn(Arc::clone(&self).map_attachment_events(index));
@@ -216,9 +250,9 @@ impl Controller {
         if let Some(period) = resync_period(self.dc.spec.resync_period_seconds) {
             let this = Arc::clone(&self);
             tasks.spawn(every(period, move || {
-                for (rule, target) in this.targets.iter().enumerate() {
+                for (target_type, target) in this.targets.iter().enumerate() {
                     for obj in target.informer.list(None) {
-                        this.queue.add(TargetKey { rule, key: ObjectKey::of(&obj) });
+                        this.queue.add(TargetKey { target_type, key: ObjectKey::of(&obj) });
                     }
                 }
             }));
@@ -227,15 +261,15 @@ impl Controller {
         run_workers(self, workers, tasks, cancel).await;
     }
 
-    async fn map_target_events(self: Arc<Self>, rule: usize) {
-        let target = &self.targets[rule];
+    async fn map_target_events(self: Arc<Self>, target_type: usize) {
+        let target = &self.targets[target_type];
         let mut changes = target.informer.subscribe();
         while let Some(change) = changes.recv().await {
-            let key = TargetKey { rule, key: ObjectKey::of(change.object()) };
+            let key = TargetKey { target_type, key: ObjectKey::of(change.object()) };
             match &change {
                 Change::Applied { old: Some(old), new }
                     if old.metadata.resource_version == new.metadata.resource_version
-                        || (target.ignore_status_changes && !meaningful_parent_change(old, new)) =>
+                        || (target.ignores_status_changes(new) && !meaningful_parent_change(old, new)) =>
                 {
                     continue;
                 }
@@ -272,7 +306,7 @@ impl Controller {
         if !ours {
             return None;
         }
-        self.targets.iter().enumerate().find_map(|(rule, target)| {
+        self.targets.iter().enumerate().find_map(|(target_type, target)| {
             let resource = target.informer.resource();
             if resource.kind() != owner.kind || resource.api_version() != owner.api_version {
                 return None;
@@ -283,8 +317,13 @@ impl Controller {
                 .informer
                 .get(&key)
                 .filter(|t| t.metadata.uid.as_deref() == Some(owner.uid.as_str()))
-                .map(|_| TargetKey { rule, key })
+                .map(|_| TargetKey { target_type, key })
         })
+    }
+
+    /// Whether an attachment carries this controller's annotation.
+    fn is_ours(&self, obj: &DynamicObject) -> bool {
+        obj.metadata.annotations.as_ref().and_then(|a| a.get(DECORATOR_ANNOTATION)) == Some(&self.name)
     }
 
     /// Attachments of `target` that are ours: controlled by it and carrying our annotation.
@@ -298,7 +337,7 @@ impl Controller {
                     .controlled_by(uid)
                     .into_iter()
                     .filter(|obj| !namespaced || obj.metadata.namespace == target.metadata.namespace)
-                    .filter(|obj| is_attachment_of(obj, uid, &self.name))
+                    .filter(|obj| self.is_ours(obj))
                     .map(|obj| (ObjectKey::of(&obj), obj))
                     .collect()
             })
@@ -306,14 +345,14 @@ impl Controller {
     }
 
     async fn sync_target(&self, key: &TargetKey) -> Result<Option<Duration>, SyncError> {
-        let target_rule = &self.targets[key.rule];
-        let Some(target) = target_rule.informer.get(&key.key) else { return Ok(None) };
+        let target_type = &self.targets[key.target_type];
+        let Some(target) = target_type.informer.get(&key.key) else { return Ok(None) };
         let hooks = &self.dc.spec.hooks;
-        let resource = target_rule.informer.resource();
+        let resource = target_type.informer.resource();
         let api = api_for(&self.hub.client, resource, &target);
         let facts = Facts {
             finalize_hook: hooks.finalize.is_some(),
-            selected: target_rule.selects(&target),
+            selected: target_type.selects(&target),
             has_finalizer: has_finalizer(&target, &self.finalizer),
             deleting: target.metadata.deletion_timestamp.is_some(),
         };
@@ -339,9 +378,26 @@ impl Controller {
 
         let Answer { desired, status, metadata_patch } =
             validate_response(&self.name, &self.attachment_resources, &target, resource, &response)?;
-        record_hook_events(&self.hub.events, &target, &response.events).await;
 
-        let errors = manage(&self.hub.applier, &self.attachments, &observed, &desired).await;
+        // Nothing is written until the whole response is known to be writable.
+        let target_uid = target.metadata.uid.as_deref();
+        let plan = Plan::new(&self.attachments, &observed, &desired, |obj| {
+            controller_uid(obj) == target_uid && self.is_ours(obj)
+        })?;
+        if !finalizing {
+            plan.check_guard(self.deletion_guard, &target)?;
+        }
+        record_hook_events(&self.hub.events, &target, &response.events).await;
+        let errors = if gc_finalizing(&target) || !plan.writes(&self.hub.applier) {
+            Vec::new()
+        } else {
+            // No attachment write for a target that is gone or replaced.
+            match live_parent(&self.hub.client, resource, &target).await? {
+                None => return Ok(None),
+                Some(live) if gc_finalizing(&live) => Vec::new(),
+                Some(_) => plan.execute(&self.hub.applier).await,
+            }
+        };
         if let Some(status) = status {
             replace_status(&api, &target, status, resource.has_status).await?;
         }
@@ -349,7 +405,8 @@ impl Controller {
             let name = target.metadata.name.as_deref().unwrap_or_default();
             match api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await {
                 Ok(_) => {}
-                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                // Gone, or replaced (the UID in the patch no longer matches): its own sync follows.
+                Err(kube::Error::Api(s)) if s.code == 404 || s.code == 422 && s.message.contains("metadata.uid") => {}
                 Err(e) => return Err(SyncError::Write { what: "labels and annotations", source: Box::new(e) }),
             }
         }
@@ -364,12 +421,14 @@ impl Controller {
 }
 
 /// A merge patch for the labels and annotations the hook wants changed (`None` = delete), or `None`
-/// when the object already has them: no write for a no-op.
+/// when the object already has them: no write for a no-op. The patch names the object's UID, so it is
+/// refused rather than applied to a new object of the same name. New values must be valid labels and
+/// annotations, or the whole response is refused.
 fn metadata_patch(
     obj: &DynamicObject,
     labels: &BTreeMap<String, Option<String>>,
     annotations: &BTreeMap<String, Option<String>>,
-) -> Option<Value> {
+) -> Result<Option<Value>, String> {
     fn changes(
         current: Option<&BTreeMap<String, String>>,
         wanted: &BTreeMap<String, Option<String>>,
@@ -380,19 +439,26 @@ fn metadata_patch(
             .map(|(k, v)| (k.clone(), v.clone().map_or(Value::Null, Value::String)))
             .collect()
     }
+    let set = |wanted: &BTreeMap<String, Option<String>>| -> Value {
+        wanted.iter().filter_map(|(k, v)| v.clone().map(|v| (k.clone(), Value::String(v)))).collect()
+    };
+    let proposed: Map<String, Value> =
+        [("labels".to_owned(), set(labels)), ("annotations".to_owned(), set(annotations))].into_iter().collect();
+    crate::validation::check_metadata_maps(&proposed)?;
     let labels = changes(obj.metadata.labels.as_ref(), labels);
     let annotations = changes(obj.metadata.annotations.as_ref(), annotations);
     if labels.is_empty() && annotations.is_empty() {
-        return None;
+        return Ok(None);
     }
     let mut meta = Map::new();
+    meta.insert("uid".into(), json!(obj.metadata.uid));
     if !labels.is_empty() {
         meta.insert("labels".into(), Value::Object(labels));
     }
     if !annotations.is_empty() {
         meta.insert("annotations".into(), Value::Object(annotations));
     }
-    Some(json!({ "metadata": meta }))
+    Ok(Some(json!({ "metadata": meta })))
 }
 
 impl Syncer for Controller {
@@ -415,7 +481,7 @@ impl Syncer for Controller {
     }
 
     fn object(&self, key: &TargetKey) -> Option<Arc<DynamicObject>> {
-        self.targets.get(key.rule)?.informer.get(&key.key)
+        self.targets.get(key.target_type)?.informer.get(&key.key)
     }
 
     async fn sync(&self, key: &TargetKey) -> Result<Option<Duration>, SyncError> {
@@ -442,8 +508,8 @@ mod tests {
             ("gone".to_owned(), None),
             ("never-there".to_owned(), None),
         ]);
-        let patch = metadata_patch(&obj, &labels, &BTreeMap::new()).unwrap();
-        assert_eq!(patch, json!({"metadata": {"labels": {"new": "n", "gone": null}}}));
+        let patch = metadata_patch(&obj, &labels, &BTreeMap::new()).unwrap().unwrap();
+        assert_eq!(patch, json!({"metadata": {"uid": null, "labels": {"new": "n", "gone": null}}}));
     }
 
     #[test]
@@ -451,6 +517,13 @@ mod tests {
         let obj = object(&json!({"a": "1"}), &json!({"b": "2"}));
         let labels = BTreeMap::from([("a".to_owned(), Some("1".to_owned()))]);
         let annotations = BTreeMap::from([("b".to_owned(), Some("2".to_owned())), ("c".to_owned(), None)]);
-        assert_eq!(metadata_patch(&obj, &labels, &annotations), None);
+        assert_eq!(metadata_patch(&obj, &labels, &annotations), Ok(None));
+    }
+
+    #[test]
+    fn metadata_patch_refuses_invalid_label_values() {
+        let obj = object(&json!({}), &json!({}));
+        let labels = BTreeMap::from([("app".to_owned(), Some("not a valid value".to_owned()))]);
+        assert!(metadata_patch(&obj, &labels, &BTreeMap::new()).unwrap_err().contains("invalid value"));
     }
 }

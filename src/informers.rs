@@ -11,6 +11,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::time::Duration;
 
 use futures::StreamExt as _;
 use kube::Client;
@@ -276,7 +277,7 @@ async fn run_watch(client: Client, shared: Weak<Shared>) {
         None => return,
     };
     let api: Api<DynamicObject> = Api::all_with(client, &resource.api_resource);
-    let mut events = watcher(api, watcher::Config::default()).default_backoff().boxed();
+    let mut events = watcher(api, watcher::Config::default()).backoff(WatchBackoff::default()).boxed();
     // Objects of a relist in progress; swapped into the store at InitDone.
     let mut relist: Option<HashMap<ObjectKey, Arc<DynamicObject>>> = None;
     while let Some(event) = events.next().await {
@@ -306,6 +307,46 @@ async fn run_watch(client: Client, shared: Weak<Shared>) {
                 shared.publish(|store| store.remove(&key).map(Change::Deleted).into_iter().collect());
             }
         }
+    }
+}
+
+/// How long a broken watch waits before it reconnects: 200 ms doubling to 2 s, a little jitter, back to
+/// the start after any success.
+///
+/// kube-runtime's default (800 ms doubling to 30 s, reset only after two quiet minutes) let the first
+/// child write come 17-33 s after a restarted API server was ready again: the watches were asleep in
+/// their backoff. A hub has a few dozen watches at most, so reconnecting every 2 s while the API server
+/// is down costs it nothing.
+pub(crate) struct WatchBackoff {
+    next: Duration,
+}
+
+impl WatchBackoff {
+    const FIRST: Duration = Duration::from_millis(200);
+    const MAX: Duration = Duration::from_secs(2);
+}
+
+impl Default for WatchBackoff {
+    fn default() -> Self {
+        Self { next: Self::FIRST }
+    }
+}
+
+impl Iterator for WatchBackoff {
+    type Item = Duration;
+
+    fn next(&mut self) -> Option<Duration> {
+        let delay = self.next;
+        self.next = (self.next * 2).min(Self::MAX);
+        // Up to 20% jitter, so watches broken together do not all knock at once.
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
+        Some(delay + delay.mul_f64(f64::from(nanos % 200) / 1000.0))
+    }
+}
+
+impl kube::runtime::utils::Backoff for WatchBackoff {
+    fn reset(&mut self) {
+        self.next = Self::FIRST;
     }
 }
 
@@ -345,6 +386,18 @@ mod tests {
             },
             data: serde_json::Value::Null,
         })
+    }
+
+    #[test]
+    fn watch_backoff_stays_short_and_resets() {
+        use kube::runtime::utils::Backoff as _;
+        let mut backoff = WatchBackoff::default();
+        let delays: Vec<Duration> = backoff.by_ref().take(6).collect();
+        assert!(delays[0] >= Duration::from_millis(200) && delays[0] < Duration::from_millis(250));
+        assert!(delays.iter().all(|d| *d < Duration::from_millis(2400)), "{delays:?}");
+        assert!(delays[5] >= Duration::from_secs(2));
+        backoff.reset();
+        assert!(backoff.next().unwrap() < Duration::from_millis(250));
     }
 
     #[test]

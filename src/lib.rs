@@ -28,6 +28,7 @@ pub mod render;
 pub mod revisions;
 pub mod selector;
 pub mod sync;
+pub mod validation;
 
 pub use hub::Hub;
 pub use manager::{HubError, run, run_until};

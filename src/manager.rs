@@ -2,7 +2,8 @@
 //! DecoratorController object: starts it, restarts it when its `spec` changes, stops it when the object
 //! goes away, and reports on the object's status.
 //!
-//! Metadata-only edits (labels, annotations) do not restart a controller, as in Metacontroller. When a
+//! Metadata-only edits (labels, annotations) do not restart a controller, as in Metacontroller, except
+//! the safe-delete guard annotation, which configures the running controller. When a
 //! controller object is deleted, the finalizers it put on parents/targets are removed (Metacontroller
 //! leaves them behind, #1062, and those objects can then never be deleted).
 
@@ -26,6 +27,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::api::{CompositeController, ControllerStatus, DecoratorController};
+use crate::children::MAX_DELETIONS_ANNOTATION;
 use crate::config::Config;
 use crate::hub::Hub;
 use crate::sync::{StartError, api_for};
@@ -94,6 +96,8 @@ impl Managed for DecoratorController {
 struct Running<K: Managed> {
     spec: K::Spec,
     uid: Option<String>,
+    /// The safe-delete guard annotation: the one metadata field that changes how a controller runs.
+    guard: Option<String>,
     cancel: CancellationToken,
     task: JoinHandle<()>,
 }
@@ -151,7 +155,7 @@ async fn watch_controllers<K: Managed>(hub: Hub, cancel: CancellationToken) {
     if !hub.config.target_label_selector.is_empty() {
         config = config.labels(&hub.config.target_label_selector);
     }
-    let mut events = watcher(api, config).default_backoff().boxed();
+    let mut events = watcher(api, config).backoff(crate::informers::WatchBackoff::default()).boxed();
     let mut running: HashMap<String, Running<K>> = HashMap::new();
     let mut relisted: Option<Vec<String>> = None;
     loop {
@@ -196,17 +200,19 @@ async fn stop<K: Managed>(running: &mut HashMap<String, Running<K>>, name: &str)
 
 async fn reconcile<K: Managed>(hub: &Hub, running: &mut HashMap<String, Running<K>>, obj: K) {
     let name = obj.name_any();
+    let guard = obj.meta().annotations.as_ref().and_then(|a| a.get(MAX_DELETIONS_ANNOTATION)).cloned();
     if let Some(current) = running.get(&name) {
-        if &current.spec == obj.spec() && current.uid == obj.meta().uid {
+        if &current.spec == obj.spec() && current.uid == obj.meta().uid && current.guard == guard {
             return;
         }
-        info!(controller = %name, kind = %K::kind(&()), "spec changed; restarting controller");
+        info!(controller = %name, kind = %K::kind(&()), "spec or deletion guard changed; restarting controller");
         stop(running, &name).await;
     }
     let cancel = CancellationToken::new();
     let entry = Running {
         spec: obj.spec().clone(),
         uid: obj.meta().uid.clone(),
+        guard,
         cancel: cancel.clone(),
         task: tokio::spawn(supervise(hub.clone(), Arc::new(obj), cancel)),
     };

@@ -21,6 +21,8 @@ pub struct ControllerMetrics {
     pub errors: AtomicU64,
     /// Total time spent in syncs, in microseconds.
     pub sync_micros: AtomicU64,
+    /// Syncs refused by the safe-delete guard.
+    pub guard_refusals: AtomicU64,
     depth: Mutex<Option<Box<dyn Fn() -> usize + Send + Sync>>>,
 }
 
@@ -86,6 +88,12 @@ impl Metrics {
         family("metahook_sync_duration_seconds_total", "counter", "Time spent syncing.", &|m| {
             format!("{:.6}", Duration::from_micros(m.sync_micros.load(Ordering::Relaxed)).as_secs_f64())
         });
+        family(
+            "metahook_deletion_guard_refusals_total",
+            "counter",
+            "Syncs refused because they would delete more children than the controller's safe-delete guard allows.",
+            &|m| m.guard_refusals.load(Ordering::Relaxed).to_string(),
+        );
         family("metahook_queue_depth", "gauge", "Objects waiting to be synced.", &|m| {
             m.depth.lock().expect("metrics lock").as_ref().map_or(0, |d| d()).to_string()
         });

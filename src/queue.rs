@@ -19,6 +19,12 @@ use tokio::sync::{Notify, mpsc};
 use tokio::time::Instant;
 use tokio_util::time::DelayQueue;
 
+/// The longest delay the queue accepts; longer ones (a hook's `resyncAfterSeconds: 1e12`, a
+/// `Retry-After` of years) are cut to this. A day is far beyond any useful resync, and keeps every
+/// deadline far inside what the timer wheel and `Instant` arithmetic can hold (the timer panics past
+/// about two years, and `Instant + Duration` overflows near 9e18 seconds).
+pub const MAX_DELAY: Duration = Duration::from_secs(24 * 60 * 60);
+
 /// Per-key exponential backoff: `base * 2^failures`, capped at `max`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Backoff {
@@ -105,13 +111,14 @@ where
         add(&self.inner, key);
     }
 
-    /// Queues `key` after `delay`. Of several pending delays for one key the earliest wins.
+    /// Queues `key` after `delay` (at most [`MAX_DELAY`]). Of several pending delays for one key the
+    /// earliest wins.
     pub fn add_after(&self, key: K, delay: Duration) {
         if delay.is_zero() {
             self.add(key);
         } else {
             // The timer task lives as long as `inner`, so the send cannot fail while we hold it.
-            let _ = self.inner.timer.send((key, Instant::now() + delay));
+            let _ = self.inner.timer.send((key, Instant::now() + delay.min(MAX_DELAY)));
         }
     }
 
@@ -309,6 +316,19 @@ mod tests {
         tokio::task::yield_now().await;
         q.shut_down();
         assert_eq!(worker.await.unwrap(), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn absurd_delays_are_capped_and_the_timer_survives_them() {
+        let q = WorkQueue::new(Backoff::default());
+        q.add_after("years", Duration::from_secs(3 * 365 * 24 * 3600));
+        q.add_after("forever", Duration::MAX);
+        q.add_after("soon", Duration::from_secs(1));
+        assert_eq!(q.next().await, Some("soon"), "the timer still runs after absurd delays");
+        let started = Instant::now();
+        let first = q.next().await.unwrap();
+        assert!(first == "years" || first == "forever");
+        assert_eq!(started.elapsed() + Duration::from_secs(1), MAX_DELAY);
     }
 
     #[test]

@@ -409,13 +409,37 @@ pub(crate) struct Decision {
     pub status: Value,
     /// Every revision's response, latest first.
     pub responses: Vec<CompositeResponse>,
+    /// The revisions to write before any child changes.
+    pub pending: Pending,
+}
+
+/// Revisions with their new claims, written before children change so that a restart resumes the
+/// rollout where it stopped.
+pub(crate) struct Pending {
+    resource: Arc<ResolvedResource>,
+    revisions: Vec<Revision>,
+    objects: Vec<Value>,
+}
+
+impl Pending {
+    /// Whether persisting writes anything.
+    pub fn writes(&self, applier: &Applier) -> bool {
+        self.revisions.iter().zip(&self.objects).enumerate().any(|(index, (revision, object))| match &revision.stored {
+            None => index == 0 || !revision.children.values().all(Vec::is_empty),
+            Some(_) if index != 0 && revision.children.values().all(Vec::is_empty) => true,
+            Some(stored) => !applier.is_current(&self.resource, object, stored, UpdateMethod::InPlace),
+        })
+    }
+
+    pub async fn persist(&self, applier: &Applier) -> Result<(), ApplyError> {
+        persist(applier, &self.resource, &self.revisions, &self.objects).await
+    }
 }
 
 /// The rolling-update machinery of one CompositeController.
 pub(crate) struct Rollouts {
     /// The `ControllerRevision` cache.
     pub informer: Informer,
-    applier: Applier,
     parent_resource: Arc<ResolvedResource>,
     child_resources: Vec<Arc<ResolvedResource>>,
     field_paths: Vec<String>,
@@ -426,7 +450,6 @@ pub(crate) struct Rollouts {
 impl Rollouts {
     pub fn new(
         informer: Informer,
-        applier: Applier,
         parent_resource: Arc<ResolvedResource>,
         child_resources: Vec<Arc<ResolvedResource>>,
         spec: &CompositeControllerSpec,
@@ -434,7 +457,6 @@ impl Rollouts {
         let paths = spec.parent_resource.revision_history.as_ref().map(|h| h.field_paths.clone());
         Self {
             informer,
-            applier,
             parent_resource,
             child_resources,
             field_paths: paths.filter(|p| !p.is_empty()).unwrap_or_else(|| vec!["spec".to_owned()]),
@@ -444,8 +466,9 @@ impl Rollouts {
     }
 
     /// One rolling sync: `answer` is called for every live revision's parent (concurrently; any failure
-    /// aborts the whole sync unchanged), children are kept on the revision that claims them, at most one
-    /// moves to the latest, and the revisions are persisted before any child changes.
+    /// aborts the whole sync unchanged), children are kept on the revision that claims them and at most
+    /// one moves to the latest. Nothing is written here: the caller persists [`Decision::pending`] before
+    /// any child changes, once it knows the whole sync can be written.
     pub async fn sync<F, Fut>(
         &self,
         parent: &DynamicObject,
@@ -512,9 +535,6 @@ impl Rollouts {
         let labels = self.labels(parent, parent_resource);
         let owner = owner_reference(parent, parent_resource);
         let objects: Vec<Value> = all.iter().map(|r| revision_object(r, &namespace, &labels, &owner)).collect();
-        persist(&self.applier, self.informer.resource(), &all, &objects)
-            .await
-            .map_err(|e| SyncError::Apply(vec![e]))?;
 
         let rollout = match rollout {
             Rollout::OnLatest { .. } => Rollout::OnLatest { revision: latest_name },
@@ -522,7 +542,8 @@ impl Rollouts {
         };
         let mut status = latest_status;
         set_condition(&mut status, rollout.condition());
-        Ok(Decision { desired: claimed_desired(&desired_by_revision, &claims), status, responses })
+        let pending = Pending { resource: Arc::clone(self.informer.resource()), revisions: all, objects };
+        Ok(Decision { desired: claimed_desired(&desired_by_revision, &claims), status, responses, pending })
     }
 
     /// Labels of a revision: the parent's pod-template labels (or `controller-uid`) plus group/resource.

@@ -6,16 +6,18 @@
 use std::fmt::Display;
 use std::future::Future;
 use std::hash::Hash;
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::FutureExt as _;
 use kube::Client;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use serde_json::{Value, json};
 use tracing::{debug, warn};
 
 use crate::apply::ApplyError;
-use crate::children::ClaimError;
+use crate::children::{ClaimError, PlanError};
 use crate::discovery::{DiscoveryError, ResolvedResource};
 use crate::events::{Events, reference};
 use crate::hooks::{HookError, HookEvent};
@@ -35,6 +37,8 @@ pub enum StartError {
     RollingNeedsNamespacedParent,
     #[error("label selector: {0}")]
     Selector(#[from] SelectorError),
+    #[error("{0}")]
+    Annotation(String),
     #[error("{0} is not supported by this version of metahook (hook TLS and authentication)")]
     UnsupportedHookSetting(String),
 }
@@ -53,13 +57,14 @@ impl StartError {
             Self::NoStatusSubresource { .. } => "NoStatusSubresource",
             Self::RollingNeedsNamespacedParent => "UnsupportedUpdateMethod",
             Self::Selector(_) => "InvalidSelector",
+            Self::Annotation(_) => "InvalidAnnotation",
             Self::UnsupportedHookSetting(_) => "UnsupportedHookSetting",
         }
     }
 }
 
-/// Why one object's sync failed. Every variant but [`SyncError::Apply`] means nothing was written:
-/// the hook response is validated whole before any change.
+/// Why one object's sync failed. Every variant but [`SyncError::Apply`] and [`SyncError::Status`] means
+/// nothing was written: the hook response is validated whole, and the writes planned, before any change.
 #[derive(Debug, thiserror::Error)]
 pub enum SyncError {
     #[error("{0}")]
@@ -85,6 +90,37 @@ pub enum SyncError {
     /// client-go's retry-on-conflict would.
     #[error("conflict updating {0}")]
     Conflict(&'static str),
+    /// The planned writes were refused before any of them was made.
+    #[error("{0}")]
+    Plan(#[from] PlanError),
+    /// The API server refused the status the hook asked for (e.g. it breaks the CRD's schema).
+    #[error("the API server refused the status: {0}")]
+    Status(String),
+    /// The sync itself failed unexpectedly; the worker survives and the object is retried.
+    #[error("sync panicked: {0}")]
+    Panicked(String),
+}
+
+impl SyncError {
+    /// The reason of the Warning Event that reports this error.
+    #[must_use]
+    pub fn event_reason(&self) -> &'static str {
+        match self {
+            Self::Plan(PlanError::DeletionGuard { .. }) => "DeletionGuard",
+            _ => "SyncError",
+        }
+    }
+
+    /// Whether this is a transient state that a retry resolves without anyone's help: logged at debug,
+    /// retried with backoff, no Event.
+    #[must_use]
+    pub fn is_quiet(&self) -> bool {
+        match self {
+            Self::RelatedNotSynced(_) | Self::Conflict(_) | Self::Plan(PlanError::Stale { .. }) => true,
+            Self::Apply(errors) => !errors.is_empty() && errors.iter().all(ApplyError::is_stale),
+            _ => false,
+        }
+    }
 }
 
 impl From<ClaimError> for SyncError {
@@ -126,12 +162,16 @@ pub(crate) fn check_hook_settings<'a>(
 }
 
 /// A worker: takes keys off the queue until it shuts down. Failures are logged with the controller and
-/// object names, recorded as a `SyncError` Event on the object, and retried with per-key backoff.
+/// object names, recorded as a Warning Event on the object, and retried with per-key backoff. A sync
+/// that panics is such a failure too: the worker lives on and the key is retried, never left in flight.
 pub(crate) async fn work<S: Syncer>(syncer: Arc<S>) {
     let queue = syncer.queue().clone();
     while let Some(key) = queue.next().await {
         let started = std::time::Instant::now();
-        let result = syncer.sync(&key).await;
+        let result = AssertUnwindSafe(syncer.sync(&key))
+            .catch_unwind()
+            .await
+            .unwrap_or_else(|panic| Err(SyncError::Panicked(panic_message(&*panic))));
         syncer.metrics().record(started.elapsed(), result.is_err());
         match result {
             Ok(resync) => {
@@ -144,24 +184,31 @@ pub(crate) async fn work<S: Syncer>(syncer: Arc<S>) {
                 debug!(controller = syncer.name(), object = %key, ?retry_after, "hook asked to retry later");
                 queue.add_after(key.clone(), retry_after);
             }
-            Err(SyncError::RelatedNotSynced(resource)) => {
-                debug!(controller = syncer.name(), object = %key, resource, "related cache not synced yet");
-                queue.add_rate_limited(key.clone());
-            }
-            Err(SyncError::Conflict(what)) => {
-                debug!(controller = syncer.name(), object = %key, what, "conflict; retrying with a fresh copy");
+            Err(err) if err.is_quiet() => {
+                debug!(controller = syncer.name(), object = %key, "retrying: {err}");
                 queue.add_rate_limited(key.clone());
             }
             Err(err) => {
                 warn!(controller = syncer.name(), object = %key, "sync failed: {err}");
+                if matches!(err, SyncError::Plan(PlanError::DeletionGuard { .. })) {
+                    syncer.metrics().guard_refusals.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
                 if let Some(obj) = syncer.object(&key) {
-                    syncer.events().warning(&reference(&obj), "SyncError", format!("Sync error: {err}")).await;
+                    syncer.events().warning(&reference(&obj), err.event_reason(), format!("Sync error: {err}")).await;
                 }
                 queue.add_rate_limited(key.clone());
             }
         }
         queue.done(&key);
     }
+}
+
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".to_owned())
 }
 
 /// What to do with an object, given its finalizer state.
@@ -278,6 +325,15 @@ pub(crate) fn has_finalizer(obj: &DynamicObject, finalizer: &str) -> bool {
     obj.metadata.finalizers.iter().flatten().any(|f| f == finalizer)
 }
 
+/// Whether the garbage collector is deleting `obj`'s dependents its own way: `orphan` (`kubectl delete
+/// --cascade=orphan`, the user keeps the children) or `foregroundDeletion` (the GC deletes them first).
+/// Either way the children are no longer the hub's to write, as in Metacontroller: the finalize hook is
+/// still called, but no child is created, changed or deleted.
+pub(crate) fn gc_finalizing(obj: &DynamicObject) -> bool {
+    obj.metadata.deletion_timestamp.is_some()
+        && obj.metadata.finalizers.iter().flatten().any(|f| f == "orphan" || f == "foregroundDeletion")
+}
+
 /// Adds or removes `finalizer`, guarded by the object's resourceVersion (a conflict retries the sync).
 pub(crate) async fn set_finalizer(
     api: &Api<DynamicObject>,
@@ -325,10 +381,29 @@ pub(crate) async fn replace_status(
     };
     match written {
         Ok(_) => Ok(()),
-        // Gone, or replaced by a new object of the same name: the next event brings the new state.
-        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 || s.code == 422 => Ok(()),
+        // Gone: the next event brings the new state.
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 409 => Err(SyncError::Conflict("status")),
+        // Either the UID test failed (replaced by a new object of the same name, whose own sync follows)
+        // or the status itself is refused; only a fresh read tells which.
+        Err(kube::Error::Api(s)) if s.code == 422 => match api.get_opt(name).await {
+            Ok(Some(live)) if live.metadata.uid == obj.metadata.uid => Err(SyncError::Status(describe(&s))),
+            Ok(_) => Ok(()),
+            Err(e) => Err(SyncError::Write { what: "status", source: Box::new(e) }),
+        },
         Err(e) => Err(SyncError::Write { what: "status", source: Box::new(e) }),
     }
+}
+
+/// An API server refusal with its causes, for messages.
+fn describe(status: &kube::core::Status) -> String {
+    let causes: Vec<String> = status
+        .details
+        .iter()
+        .flat_map(|d| &d.causes)
+        .map(|c| if c.field.is_empty() { c.message.clone() } else { format!("{}: {}", c.field, c.message) })
+        .collect();
+    if causes.is_empty() { status.message.clone() } else { format!("{} ({})", status.message, causes.join("; ")) }
 }
 
 /// Records the Events a hook asked for (metahook extension), at most ten per response.
@@ -343,9 +418,11 @@ pub(crate) async fn record_hook_events(events: &Events, obj: &DynamicObject, req
     }
 }
 
-/// `resyncAfterSeconds` as a delay; zero, negative or absent means none.
+/// `resyncAfterSeconds` as a delay; zero, negative, absent or NaN means none, and more than
+/// [`crate::queue::MAX_DELAY`] (a hook asking for a year, or for 1e300 seconds) means that maximum.
 pub(crate) fn resync_after(seconds: Option<f64>) -> Option<Duration> {
-    seconds.filter(|s| *s > 0.0).and_then(|s| Duration::try_from_secs_f64(s).ok())
+    let max = crate::queue::MAX_DELAY;
+    seconds.filter(|s| *s > 0.0).map(|s| Duration::try_from_secs_f64(s).map_or(max, |d| d.min(max)))
 }
 
 /// Runs `tick` every `period` (the controller's `resyncPeriodSeconds`), first after one period.
@@ -410,11 +487,81 @@ mod tests {
         assert!(err.to_string().contains("spec.endpointConfigs"));
     }
 
+    /// A syncer whose first sync of every key panics.
+    struct Panicky {
+        queue: WorkQueue<&'static str>,
+        events: Events,
+        metrics: crate::metrics::ControllerMetrics,
+        calls: std::sync::Mutex<Vec<&'static str>>,
+    }
+
+    impl Syncer for Panicky {
+        type Key = &'static str;
+        fn name(&self) -> &'static str {
+            "panicky"
+        }
+        fn queue(&self) -> &WorkQueue<&'static str> {
+            &self.queue
+        }
+        fn events(&self) -> &Events {
+            &self.events
+        }
+        fn metrics(&self) -> &crate::metrics::ControllerMetrics {
+            &self.metrics
+        }
+        fn object(&self, _: &&'static str) -> Option<Arc<DynamicObject>> {
+            None
+        }
+        async fn sync(&self, key: &&'static str) -> Result<Option<Duration>, SyncError> {
+            let first = {
+                let mut calls = self.calls.lock().unwrap();
+                calls.push(key);
+                calls.iter().filter(|k| *k == key).count() == 1
+            };
+            assert!(!first, "a bug in a sync");
+            Ok(None)
+        }
+    }
+
+    #[tokio::test]
+    async fn a_panicking_sync_is_retried_and_the_worker_lives_on() {
+        let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
+        let syncer = Arc::new(Panicky {
+            queue: WorkQueue::new(crate::queue::Backoff::default()),
+            events: Events::new(Client::try_from(config).unwrap()),
+            metrics: crate::metrics::ControllerMetrics::default(),
+            calls: std::sync::Mutex::default(),
+        });
+        let worker = tokio::spawn(work(Arc::clone(&syncer)));
+        syncer.queue.add("a");
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while syncer.calls.lock().unwrap().len() < 2 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .expect("the key is synced again after the panic");
+        syncer.queue.add("b");
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while syncer.calls.lock().unwrap().len() < 4 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .expect("the same worker goes on with other keys");
+        assert_eq!(syncer.metrics.errors.load(std::sync::atomic::Ordering::Relaxed), 2);
+        syncer.queue.shut_down();
+        worker.await.expect("the worker ends normally");
+    }
+
     #[test]
     fn resync_values_follow_metacontroller() {
         assert_eq!(resync_after(Some(0.5)), Some(Duration::from_millis(500)));
         assert_eq!(resync_after(Some(0.0)), None);
         assert_eq!(resync_after(Some(-3.0)), None);
+        assert_eq!(resync_after(Some(f64::NAN)), None);
+        assert_eq!(resync_after(Some(9e18)), Some(crate::queue::MAX_DELAY));
+        assert_eq!(resync_after(Some(f64::INFINITY)), Some(crate::queue::MAX_DELAY));
         assert_eq!(resync_period(Some(0)), Some(Duration::from_secs(1)));
         assert_eq!(resync_period(Some(30)), Some(Duration::from_secs(30)));
     }

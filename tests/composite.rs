@@ -169,7 +169,7 @@ async fn children_are_keyed_by_name_in_v1_and_namespace_slash_name_in_v2() {
         )
         .await;
         let mut parent = json!({"apiVersion": "test.metahook.dev/v1", "kind": parent_kind,
-            "metadata": {"name": format!("p-{version}-{}", &cc_name[cc_name.len() - 6..]), "labels": {"proto": version, "test": w.label}},
+            "metadata": {"name": format!("p-{version}-{}", parent_kind.to_lowercase()), "labels": {"proto": version, "test": w.label}},
             "spec": {"childNamespace": ns}});
         if parent_kind == "Thing" {
             parent["metadata"]["namespace"] = json!(ns);
