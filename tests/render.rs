@@ -310,3 +310,51 @@ fn in_cluster_example_hooks_render_on_a_laptop() {
         assert_eq!(stdout.lines().last(), Some("# summary: 1 created, 0 updated, 0 deleted, status changed"), "{dir}");
     }
 }
+
+/// The first code block of `section` in a README, with its language tag.
+fn readme_block(readme: &str, section: &str, language: &str) -> String {
+    let text = std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(readme)).unwrap();
+    let after = &text[text.find(section).unwrap_or_else(|| panic!("{readme} has no {section}"))..];
+    let start = after.find(&format!("```{language}\n")).unwrap() + language.len() + 4;
+    let end = start + after[start..].find("```").unwrap();
+    after[start..end].to_owned()
+}
+
+/// The libraries' READMEs show a 20-line hook; it must work as shown with `render --hook-cmd` (the hook
+/// reads `PORT` through `serve()`: a hard-coded port made render wait 15 s and fail).
+#[test]
+fn the_readme_hooks_in_20_lines_render_as_shown() {
+    let dir = tempfile::tempdir().unwrap();
+    let python = dir.path().join("hook.py");
+    std::fs::write(
+        &python,
+        readme_block("examples-python/metahook-hooks/README.md", "## A hook in 20 lines", "python"),
+    )
+    .unwrap();
+    // The Node hook imports "metahook-hooks" by name, as an installed package.
+    let node = dir.path().join("hook.mjs");
+    std::fs::write(&node, readme_block("examples-js/metahook-hooks/README.md", "## A hook in 20 lines", "js")).unwrap();
+    std::fs::create_dir(dir.path().join("node_modules")).unwrap();
+    std::os::unix::fs::symlink(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples-js/metahook-hooks"),
+        dir.path().join("node_modules/metahook-hooks"),
+    )
+    .unwrap();
+    for command in [format!("python3 {}", python.display()), format!("node {}", node.display())] {
+        let out = render(&[
+            "--controller",
+            "tests/fixtures/render/readme-controller.yaml",
+            "--parent",
+            "tests/fixtures/render/readme-greeting.yaml",
+            "--hook-cmd",
+            &command,
+        ]);
+        let stdout = text(&out.stdout);
+        assert!(out.status.success(), "{command}: {}", text(&out.stderr));
+        assert!(
+            stdout.contains("# create Pod default/hello-0") && stdout.contains("# create Pod default/hello-1"),
+            "{stdout}"
+        );
+        assert!(stdout.contains("# event Normal Scaling: 0 -> 2 pods"), "{stdout}");
+    }
+}

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The strict type checks of the hook libraries and of every example hook, as `make test` runs them:
-#   mypy --strict  over metahook_hooks, its typed-hook test, and every examples-python/*/*.py hook;
+#   mypy --strict  over metahook_hooks, its typed-hook test, every examples-python/*/*.py hook, and the
+#                  hook of the library README's "A hook in 20 lines";
 #   tsc --strict   over metahook-hooks' index.d.ts, its type tests (test/types.check.ts) and every
 #                  examples-js/*/*.mjs hook (JavaScript checked against the JSDoc types, checkJs).
 # The checkers are the pinned ones tools.sh installs. Exits non-zero on the first failing check.
@@ -21,6 +22,18 @@ for hook in examples-python/*/*.py; do
   echo "[hook-types] mypy --strict $hook" >&2
   MYPYPATH=examples-python/metahook-hooks mypy "$hook"
 done
+
+# The README's "A hook in 20 lines", as a reader would copy it.
+mkdir -p "$TOOLS/readme"
+python3 - examples-python/metahook-hooks/README.md "$TOOLS/readme/hook.py" <<'PY'
+import sys
+text = open(sys.argv[1], encoding="utf-8").read()
+after = text[text.index("## A hook in 20 lines"):]
+start = after.index("```python\n") + len("```python\n")
+open(sys.argv[2], "w", encoding="utf-8").write(after[start:after.index("```", start)])
+PY
+echo "[hook-types] mypy --strict the hook of examples-python/metahook-hooks/README.md" >&2
+MYPYPATH=examples-python/metahook-hooks mypy "$TOOLS/readme/hook.py"
 
 echo "[hook-types] tsc --strict -p tests/hook-types/tsconfig.json" >&2
 "$TOOLS/node/node_modules/.bin/tsc" -p tests/hook-types/tsconfig.json
