@@ -14,6 +14,7 @@ accepting connections, lets the calls in flight finish and answer, then returns.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import inspect
 import json
 import os
@@ -54,6 +55,7 @@ DRAIN_SECONDS = 25.0
 """How long calls in flight may take to finish after SIGTERM: under Kubernetes' default 30 s grace
 period, after which the Pod is killed anyway."""
 
+HOOK_THREADS = 64
 HEALTH_PATH = "/healthz"
 LOG_ENV = "METAHOOK_LOG_REQUESTS"
 _MAX_HEADERS = 100
@@ -190,7 +192,16 @@ class HookServer:
 
     def serve_forever(self) -> None:
         """Serves in this thread (with its own event loop) until `shutdown()`."""
-        asyncio.run(self.serve())
+        asyncio.run(self._serve_on_own_loop(handle_signals=False))
+
+    async def _serve_on_own_loop(self, *, handle_signals: bool) -> None:
+        # Plain hook functions run in the loop's default pool, which asyncio keeps small (CPUs + 4
+        # threads); the hub calls with many workers at once, and a hook waiting on I/O should not queue
+        # the others behind it. Threads are started only as calls need them. (Only on a loop we own:
+        # someone else's loop keeps its executor.)
+        pool = concurrent.futures.ThreadPoolExecutor(max_workers=HOOK_THREADS, thread_name_prefix="metahook-hook")
+        asyncio.get_running_loop().set_default_executor(pool)
+        await self.serve(handle_signals=handle_signals)
 
     def shutdown(self) -> None:
         """Stops a server running in another thread, draining as on SIGTERM, and waits until it has."""
@@ -370,7 +381,7 @@ class HookServer:
         path = request.path if request else "?"
         if self.log_requests:
             line = {
-                "time": datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+                "time": _now(),
                 "method": method,
                 "path": path,
                 "status": reply.code,
@@ -384,13 +395,17 @@ class HookServer:
 
     def _log_text(self, text: str) -> None:
         if self.log_requests:
-            self._write_log(json.dumps({"time": datetime.now(timezone.utc).isoformat(), "message": text}))
+            self._write_log(json.dumps({"time": _now(), "message": text}))
         else:
             self._write_log(f"hook server: {text}")
 
     def _write_log(self, line: str) -> None:
         stream = self._log_stream or sys.stderr
         print(line, file=stream, flush=True)
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 async def _invoke(fn: Handler, body: dict[str, Any]) -> HookResult:
@@ -479,6 +494,6 @@ def serve(
         flush=True,
     )
     try:
-        asyncio.run(server.serve(handle_signals=True))
+        asyncio.run(server._serve_on_own_loop(handle_signals=True))
     finally:
         server.server_close()
