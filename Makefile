@@ -15,7 +15,7 @@ cluster-down: ## stop it and remove .cluster/
 
 # ---- the two commands of the README -------------------------------------------------------------
 
-.PHONY: demo test fmt-check clippy unit integration crds hook-libs hook-types
+.PHONY: demo test fmt-check clippy unit integration chaos bench crds hook-libs hook-types
 
 demo: ## the hello-world controller end to end on the local control plane
 	@bash examples-python/hello-world/demo.sh
@@ -43,7 +43,17 @@ hook-types: ## mypy --strict and tsc --strict over the hook libraries and every 
 	@HOOK_TOOLS=$(HOOK_TOOLS) bash tests/hook-types/check.sh
 
 integration: cluster-up ## integration and end-to-end tests against the real control plane
-	cargo test --locked --no-fail-fast --test '*' -- --test-threads=4
+	@rm -rf target/faults
+	@cargo test --locked --no-fail-fast --test '*' -- --test-threads=4; status=$$?; \
+	  echo "---- fault suite figures (tests/faults.rs) ----"; cat target/faults/*.txt 2>/dev/null; exit $$status
+
+chaos: cluster-up ## the fault suite, long: 20 hub kills during a 200-parent rollout, and every other scenario
+	@rm -rf target/faults
+	@FAULT_KILLS=20 FAULT_PARENTS=200 cargo test --locked --test faults -- --test-threads=4; status=$$?; \
+	  echo "---- fault suite figures ----"; cat target/faults/*.txt 2>/dev/null; exit $$status
+
+bench: cluster-up ## the fanout benchmark, release build (N=1000 parents; N=, MEM=1, IDLE=, LATENCY=, HUB_BIN= to change)
+	cargo test --release --locked --test bench -- --full
 
 crds: ## regenerate crds/ from src/api.rs, and deploy/'s copies of them
 	METAHOOK_UPDATE_CRDS=1 cargo test --lib crds::tests::checked_in_crds_match_the_rust_types

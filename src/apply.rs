@@ -150,6 +150,9 @@ impl Applier {
                 // Immutable fields (most of a Pod's spec) can only change by recreating, which is what
                 // this method is for; any other refusal means the new object is invalid.
                 Err(kube::Error::Api(status)) if status.code == 422 && only_immutability(&status) => {}
+                Err(kube::Error::Api(status)) if status.code == 422 => {
+                    return Err(ApplyError::Unrecreatable { kind: kind(), key, source: kube::Error::Api(status) });
+                }
                 Err(source) => return Err(ApplyError::Apply { kind: kind(), key, source }),
             }
             // Deleting is only safe if the replacement will be accepted: ask the API server first.

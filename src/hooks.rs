@@ -46,7 +46,8 @@ pub struct CompositeResponse {
     pub events: Vec<HookEvent>,
 }
 
-const COMPOSITE_RESPONSE_FIELDS: &[&str] = &["status", "children", "resyncAfterSeconds", "finalized", "events"];
+pub(crate) const COMPOSITE_RESPONSE_FIELDS: &[&str] =
+    &["status", "children", "resyncAfterSeconds", "finalized", "events"];
 
 /// Request body of a `customize` hook (both controller kinds send `parent`).
 #[derive(Debug, Serialize)]
@@ -291,7 +292,7 @@ fn classify(url: &str, timeout: Duration, source: reqwest::Error) -> HookError {
 }
 
 /// Decodes a response; in strict mode, unknown top-level fields are an error (as `UnmarshalStrict` does).
-fn decode<T: serde::de::DeserializeOwned>(
+pub(crate) fn decode<T: serde::de::DeserializeOwned>(
     url: &str,
     value: Value,
     mode: UnmarshalMode,

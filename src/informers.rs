@@ -13,7 +13,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::Duration;
 
-use futures::StreamExt as _;
+use futures::{Stream, StreamExt as _};
 use kube::Client;
 use kube::api::{Api, DynamicObject};
 use kube::core::TypeMeta;
@@ -277,7 +277,7 @@ async fn run_watch(client: Client, shared: Weak<Shared>) {
         None => return,
     };
     let api: Api<DynamicObject> = Api::all_with(client, &resource.api_resource);
-    let mut events = watcher(api, watcher::Config::default()).backoff(WatchBackoff::default()).boxed();
+    let mut events = resilient(watcher(api, watcher::Config::default())).boxed();
     // Objects of a relist in progress; swapped into the store at InitDone.
     let mut relist: Option<HashMap<ObjectKey, Arc<DynamicObject>>> = None;
     while let Some(event) = events.next().await {
@@ -310,20 +310,38 @@ async fn run_watch(client: Client, shared: Weak<Shared>) {
     }
 }
 
-/// How long a broken watch waits before it reconnects: 200 ms doubling to 2 s, a little jitter, back to
+/// A watch stream that comes back quickly after the API server does: errors back off with
+/// [`WatchBackoff`], except "410 Gone" (the resourceVersion is too old, as after an API server
+/// restart), after which the watcher's next step is a fresh list: waiting first would only delay it.
+pub(crate) fn resilient<K: Send, S>(stream: S) -> impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send
+where
+    S: Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send,
+{
+    stream
+        .filter(|event| {
+            let expired = matches!(event, Err(watcher::Error::WatchError(status)) if status.code == 410);
+            if expired {
+                debug!("watch expired (410); relisting at once");
+            }
+            futures::future::ready(!expired)
+        })
+        .backoff(WatchBackoff::default())
+}
+
+/// How long a broken watch waits before it reconnects: 200 ms doubling to 1 s, a little jitter, back to
 /// the start after any success.
 ///
 /// kube-runtime's default (800 ms doubling to 30 s, reset only after two quiet minutes) let the first
 /// child write come 17-33 s after a restarted API server was ready again: the watches were asleep in
-/// their backoff. A hub has a few dozen watches at most, so reconnecting every 2 s while the API server
-/// is down costs it nothing.
+/// their backoff. A hub has a few dozen watches at most, so reconnecting every second while the API
+/// server is down costs it nothing.
 pub(crate) struct WatchBackoff {
     next: Duration,
 }
 
 impl WatchBackoff {
     const FIRST: Duration = Duration::from_millis(200);
-    const MAX: Duration = Duration::from_secs(2);
+    const MAX: Duration = Duration::from_secs(1);
 }
 
 impl Default for WatchBackoff {
@@ -394,8 +412,8 @@ mod tests {
         let mut backoff = WatchBackoff::default();
         let delays: Vec<Duration> = backoff.by_ref().take(6).collect();
         assert!(delays[0] >= Duration::from_millis(200) && delays[0] < Duration::from_millis(250));
-        assert!(delays.iter().all(|d| *d < Duration::from_millis(2400)), "{delays:?}");
-        assert!(delays[5] >= Duration::from_secs(2));
+        assert!(delays.iter().all(|d| *d < Duration::from_millis(1200)), "{delays:?}");
+        assert!(delays[5] >= Duration::from_secs(1));
         backoff.reset();
         assert!(backoff.next().unwrap() < Duration::from_millis(250));
     }

@@ -18,7 +18,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams};
 use kube::core::ClusterResourceScope;
-use kube::runtime::{WatchStreamExt as _, watcher};
+use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt as _};
 use serde::de::DeserializeOwned;
 use serde_json::json;
@@ -155,7 +155,7 @@ async fn watch_controllers<K: Managed>(hub: Hub, cancel: CancellationToken) {
     if !hub.config.target_label_selector.is_empty() {
         config = config.labels(&hub.config.target_label_selector);
     }
-    let mut events = watcher(api, config).backoff(crate::informers::WatchBackoff::default()).boxed();
+    let mut events = crate::informers::resilient(watcher(api, config)).boxed();
     let mut running: HashMap<String, Running<K>> = HashMap::new();
     let mut relisted: Option<Vec<String>> = None;
     loop {

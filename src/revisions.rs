@@ -303,16 +303,35 @@ fn not_ready(obj: &DynamicObject, info: &TypeInfo<'_>) -> Option<String> {
 }
 
 /// Whether applying `desired` to `observed` would change nothing: every field the desired object sets
-/// has that value already (ownership and status aside).
+/// has that value already (ownership and status aside). A list of objects keyed by one of
+/// [`LIST_MAP_KEYS`] is compared item by item by key, so items others added (the API server's
+/// service-account token volume and its mount in every Pod) are no difference; other lists must match
+/// whole.
 #[must_use]
 pub fn is_subset(desired: &Value, observed: &Value) -> bool {
     match (desired, observed) {
         (Value::Object(d), Value::Object(o)) => {
             d.iter().all(|(k, v)| o.get(k).map_or_else(|| is_zero(v), |ov| is_subset(v, ov)))
         }
-        (Value::Array(d), Value::Array(o)) => d.len() == o.len() && d.iter().zip(o).all(|(a, b)| is_subset(a, b)),
+        (Value::Array(d), Value::Array(o)) => match list_map_key(d, o) {
+            Some(key) => d.iter().all(|item| o.iter().any(|have| have[key] == item[key] && is_subset(item, have))),
+            None => d.len() == o.len() && d.iter().zip(o).all(|(a, b)| is_subset(a, b)),
+        },
         (d, o) => d == o,
     }
+}
+
+/// Keys that make a list of objects a map, in the order Metacontroller's `dynamic-apply` tries them
+/// when it merges lists (`containers` and `volumes` by `name`, `volumeMounts` by `mountPath`, ...).
+pub const LIST_MAP_KEYS: [&str; 7] = ["containerPort", "port", "mountPath", "name", "uid", "ip", "path"];
+
+/// The first of [`LIST_MAP_KEYS`] that every item of both lists has, if all items are objects.
+fn list_map_key(desired: &[Value], observed: &[Value]) -> Option<&'static str> {
+    let items = || desired.iter().chain(observed);
+    if desired.is_empty() || !items().all(Value::is_object) {
+        return None;
+    }
+    LIST_MAP_KEYS.into_iter().find(|key| items().all(|item| item.get(key).is_some()))
 }
 
 /// Values the API server drops when stored (`omitempty`), so their absence is no difference.
@@ -761,6 +780,32 @@ mod tests {
             !is_subset(&json!({"metadata": {"annotations": {"a": "b"}}}), &pod),
             "a missing non-empty field differs"
         );
+    }
+
+    #[test]
+    fn items_others_added_to_a_keyed_list_are_no_difference() {
+        // What the API server stores for a Pod that mounts a claim: ServiceAccount admission added a volume
+        // and a volumeMount. Before, a rolling child with `volumes` never counted as updated.
+        let observed = json!({"spec": {
+            "containers": [{"name": "c", "image": "v1", "volumeMounts": [
+                {"name": "www", "mountPath": "/www"},
+                {"name": "kube-api-access-x", "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount"}]}],
+            "volumes": [
+                {"name": "www", "persistentVolumeClaim": {"claimName": "www-0"}},
+                {"name": "kube-api-access-x", "projected": {"sources": []}}]}});
+        let desired = |claim: &str, image: &str| {
+            json!({"spec": {
+                "containers": [{"name": "c", "image": image, "volumeMounts": [{"name": "www", "mountPath": "/www"}]}],
+                "volumes": [{"name": "www", "persistentVolumeClaim": {"claimName": claim}}]}})
+        };
+        assert!(is_subset(&desired("www-0", "v1"), &observed));
+        assert!(!is_subset(&desired("www-1", "v1"), &observed), "a keyed item's own fields still count");
+        assert!(!is_subset(&desired("www-0", "v2"), &observed));
+        let other = json!({"spec": {"volumes": [{"name": "cache", "emptyDir": {}}]}});
+        assert!(!is_subset(&other, &observed), "a desired item missing from the observed list differs");
+        // Lists without a key still compare whole.
+        assert!(!is_subset(&json!({"args": ["a"]}), &json!({"args": ["a", "b"]})));
+        assert!(!is_subset(&json!({"l": [{"x": 1}]}), &json!({"l": [{"x": 1}, {"x": 2}]})));
     }
 
     #[test]

@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use k8s_openapi::api::authorization::v1::SubjectAccessReview;
-use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::api::core::v1::{Namespace, PersistentVolume, Pod};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::Client;
@@ -550,7 +550,6 @@ async fn catset_rolls_the_pod_template_one_pod_at_a_time() {
     .await;
     let mut sample = ex.docs("catset.yaml");
     sample[0]["metadata"]["labels"] = json!({"metahook-test": ex.label});
-    sample[0]["spec"]["mountClaims"] = json!(false); // the test cluster has no storage provisioner
     apply_docs(&ex.client, &sample).await;
     let pods = ex.api("v1", "Pod").await;
     let catsets = ex.api("js.examples.metahook.dev/v1", "CatSet").await;
@@ -592,6 +591,127 @@ async fn catset_rolls_the_pod_template_one_pod_at_a_time() {
     let after: Vec<String> =
         claims.list(&ListParams::default()).await.unwrap().items.iter().map(|c| uid(c).to_owned()).collect();
     assert_eq!(after, claim_uids, "PVCs (OnDelete) survive the rollout");
+    ex.assert_no_warnings("nginx").await;
+    // The finalize hook lets the CatSet go (while the hub still runs, or its finalizer would stay).
+    catsets.delete("nginx", &DeleteParams::default()).await.unwrap();
+    eventually(WAIT, || async { catsets.get_opt("nginx").await.unwrap().is_none().then_some(()) }).await;
+    ex.finish().await;
+}
+
+/// The Pods' ordinals (`nginx-<i>`) in order.
+async fn ordinals(pods: &Api<DynamicObject>) -> Vec<u32> {
+    let list = pods.list(&ListParams::default().labels("app=nginx")).await.unwrap().items;
+    let mut ordinals: Vec<u32> =
+        list.iter().filter_map(|p| p.metadata.name.as_deref()?.strip_prefix("nginx-")?.parse().ok()).collect();
+    ordinals.sort_unstable();
+    ordinals
+}
+
+/// Polls until the CatSet's Pods are `nginx-0..n-1`, all Ready, and its status says so, checking at every
+/// poll that the Pods are `0..k` for some k: a Pod never exists while one below it is missing.
+async fn scale_to(ex: &Example, n: u32) {
+    let pods = ex.api("v1", "Pod").await;
+    let catsets = ex.api("js.examples.metahook.dev/v1", "CatSet").await;
+    eventually(WAIT, || async {
+        let now = ordinals(&pods).await;
+        assert!(now.iter().copied().eq(0..u32::try_from(now.len()).unwrap()), "Pods out of order: {now:?}");
+        let ready = pods.list(&ListParams::default().labels("app=nginx")).await.ok()?.items.iter().all(pod_ready);
+        let status = catsets.get("nginx").await.ok()?.data["status"].clone();
+        (now.len() == n as usize && ready && status["replicas"] == n && status["readyReplicas"] == n).then_some(())
+    })
+    .await;
+}
+
+/// The claims in the test's namespace by name, with their phase.
+async fn claim_phases(ex: &Example) -> BTreeMap<String, String> {
+    let claims = ex.api("v1", "PersistentVolumeClaim").await;
+    let list = claims.list(&ListParams::default()).await.unwrap().items;
+    list.into_iter()
+        .map(|c| (c.metadata.name.clone().unwrap(), c.data["status"]["phase"].as_str().unwrap_or_default().to_owned()))
+        .collect()
+}
+
+fn bound(names: std::ops::Range<u32>) -> BTreeMap<String, String> {
+    names.map(|i| (format!("www-nginx-{i}"), "Bound".to_owned())).collect()
+}
+
+#[tokio::test]
+async fn catset_with_claims_scales_in_order_and_its_finalize_hook_scales_to_zero() {
+    let mut ex = Example::start("catset").await;
+    ex.install_crd().await;
+    let label = ex.label.clone();
+    ex.apply_controllers(move |cc| {
+        cc["spec"]["parentResource"]["labelSelector"] = json!({"matchLabels": {"metahook-test": label}});
+    })
+    .await;
+    // As shipped: one claim template `www`, which the cluster's default StorageClass provisions.
+    let mut sample = ex.docs("catset.yaml");
+    sample[0]["metadata"]["labels"] = json!({"metahook-test": ex.label});
+    apply_docs(&ex.client, &sample).await;
+    scale_to(&ex, 3).await;
+    assert_eq!(claim_phases(&ex).await, bound(0..3), "a bound claim per Pod");
+    let pods = ex.api("v1", "Pod").await;
+    let pod = pods.get("nginx-2").await.unwrap();
+    let volumes = pod.data["spec"]["volumes"].as_array().unwrap();
+    let www = volumes.iter().find(|v| v["name"] == "www").expect("the claim template's volume");
+    assert_eq!(www["persistentVolumeClaim"], json!({"claimName": "www-nginx-2"}));
+    // Ordered scale-up: each Pod was created no earlier than the one below it became Ready.
+    let typed: Api<Pod> = Api::namespaced(ex.client.clone(), &ex.ns.name);
+    for i in 1..3 {
+        let below = typed.get(&format!("nginx-{}", i - 1)).await.unwrap();
+        let conditions = below.status.and_then(|s| s.conditions).unwrap_or_default();
+        let ready_since = conditions.into_iter().find(|c| c.type_ == "Ready").and_then(|c| c.last_transition_time);
+        let created = typed.get(&format!("nginx-{i}")).await.unwrap().metadata.creation_timestamp;
+        assert!(created >= Some(ready_since.unwrap()), "nginx-{i} was created before nginx-{} was Ready", i - 1);
+    }
+
+    sample[0]["spec"]["replicas"] = json!(4);
+    apply_docs(&ex.client, &sample).await;
+    scale_to(&ex, 4).await;
+    eventually(WAIT, || async { (claim_phases(&ex).await == bound(0..4)).then_some(()) }).await;
+
+    sample[0]["spec"]["replicas"] = json!(2);
+    apply_docs(&ex.client, &sample).await;
+    scale_to(&ex, 2).await;
+    assert_eq!(claim_phases(&ex).await, bound(0..4), "claims stay after a scale-down, as a StatefulSet's");
+
+    // Deleting it runs the finalize hook, which scales to zero (in order) before the CatSet goes. A
+    // finalizer of the test's own keeps the CatSet readable once the hub has removed its own.
+    let catsets = ex.api("js.examples.metahook.dev/v1", "CatSet").await;
+    let hold = "metahook.dev/test-hold";
+    let live = catsets.get("nginx").await.unwrap();
+    let mut finalizers = live.metadata.finalizers.clone().unwrap_or_default();
+    finalizers.push(hold.to_owned());
+    let patch = json!({"metadata": {"finalizers": finalizers, "resourceVersion": live.metadata.resource_version}});
+    catsets.patch("nginx", &PatchParams::default(), &Patch::Merge(patch)).await.unwrap();
+    catsets.delete("nginx", &DeleteParams::default()).await.unwrap();
+    let finalized = eventually(WAIT, || async {
+        let now = ordinals(&pods).await;
+        assert!(now.iter().copied().eq(0..u32::try_from(now.len()).unwrap()), "Pods out of order: {now:?}");
+        let catset = catsets.get("nginx").await.ok()?;
+        let only_ours = catset.metadata.finalizers.as_deref() == Some(&[hold.to_owned()][..]);
+        (now.is_empty() && only_ours).then_some(catset)
+    })
+    .await;
+    assert_eq!(finalized.data["spec"]["replicas"], 2, "the spec was left alone");
+    assert_eq!(finalized.data["status"]["replicas"], 0, "the finalize hook scaled to zero");
+    assert_eq!(finalized.data["status"]["readyReplicas"], 0);
+
+    // Once the CatSet is gone, its claims go with it, and so do their volumes (reclaim policy Delete).
+    catsets
+        .patch("nginx", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"finalizers": null}})))
+        .await
+        .unwrap();
+    let volumes: Api<PersistentVolume> = Api::all(ex.client.clone());
+    let ns = ex.ns.name.clone();
+    eventually(WAIT, || async {
+        let claims_left = claim_phases(&ex).await.len();
+        let volumes_left = volumes.list(&ListParams::default()).await.ok()?.items.into_iter().filter(|v| {
+            v.spec.as_ref().and_then(|s| s.claim_ref.as_ref()).and_then(|r| r.namespace.as_deref()) == Some(&ns)
+        });
+        (catsets.get_opt("nginx").await.ok()?.is_none() && claims_left == 0 && volumes_left.count() == 0).then_some(())
+    })
+    .await;
     ex.assert_no_warnings("nginx").await;
     ex.finish().await;
 }

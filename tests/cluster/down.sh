@@ -55,6 +55,25 @@ pid_of() { # <name>: pid from the pid file, if it is still our process
   if ours "$pid"; then echo "$pid"; fi
 }
 
+# Directories the host-path provisioner made for this cluster's PersistentVolumes (KCM removes a
+# volume's directory when its claim is deleted, but not when the whole cluster goes away). Listed
+# while the apiserver still answers, removed once KCM is stopped. Best effort: a dead apiserver
+# leaves them (empty directories under /tmp/hostpath_pv/).
+provisioned_dirs() {
+  local port
+  port=$(sed -n 's/^CLUSTER_API_PORT=//p' "$CL/env" 2>/dev/null || true)
+  [ -n "$port" ] && [ -n "$(pid_of kube-apiserver)" ] || return 0
+  curl -sS --fail --max-time 5 --cacert "$CL/pki/ca.crt" --cert "$CL/pki/admin.crt" --key "$CL/pki/admin.key" \
+    "https://127.0.0.1:$port/api/v1/persistentvolumes" 2>/dev/null | python3 -c '
+import json, re, sys
+for pv in json.load(sys.stdin)["items"]:
+    path = (pv["spec"].get("hostPath") or {}).get("path", "")
+    ours = pv["metadata"].get("annotations", {}).get("pv.kubernetes.io/provisioned-by") == "kubernetes.io/host-path"
+    if ours and re.fullmatch(r"/tmp/hostpath_pv/[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", path):
+        print(path)' 2>/dev/null || true
+}
+mapfile -t pv_dirs < <(provisioned_dirs)
+
 # Reverse dependency order: clients first, then the apiserver, etcd last. (An apiserver whose
 # etcd vanished first can hang in shutdown for a long time.)
 # shellcheck disable=SC2046 # word splitting of pid lists is intended
@@ -63,6 +82,11 @@ pid_of() { # <name>: pid from the pid file, if it is still our process
   stop kube-apiserver $(pid_of kube-apiserver)
   stop etcd $(pid_of etcd)
 }
+
+if [ ${#pv_dirs[@]} -gt 0 ]; then
+  log "removing ${#pv_dirs[@]} host-path volume directories under /tmp/hostpath_pv"
+  rm -rf -- "${pv_dirs[@]}"
+fi
 
 # Strays: our binary, with .cluster/ on its command line.
 strays=()

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Smoke test of a running local control plane (start it with `make cluster-up` first):
 # readyz, nodes Ready, Deployment -> Pods Running/Ready, GC of ReplicaSet+Pods on Deployment
-# delete, Job completes, Namespace deletion. Uses its own namespace; exits non-zero on failure.
+# delete, Job completes, StatefulSet claims provisioned by the default StorageClass, Namespace deletion. Uses its own namespace; exits non-zero on failure.
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -52,6 +52,26 @@ step "Deployment deleted: ReplicaSet and Pods garbage-collected"
 "$K" -n "$NS" create job done --image=registry.invalid/true >/dev/null
 expect 60 True "$K" -n "$NS" get job done -o 'jsonpath={.status.conditions[?(@.type=="Complete")].status}'
 step "Job complete"
+
+"$K" -n "$NS" apply -f - >/dev/null <<'EOF'
+apiVersion: apps/v1
+kind: StatefulSet
+metadata: {name: db}
+spec:
+  serviceName: db
+  replicas: 2
+  selector: {matchLabels: {app: db}}
+  template:
+    metadata: {labels: {app: db}}
+    spec:
+      containers: [{name: db, image: registry.invalid/db, volumeMounts: [{name: data, mountPath: /data}]}]
+  volumeClaimTemplates:
+  - metadata: {name: data}
+    spec: {accessModes: [ReadWriteOnce], resources: {requests: {storage: 1Gi}}}
+EOF
+expect 60 2 "$K" -n "$NS" get statefulset db -o 'jsonpath={.status.readyReplicas}'
+expect 10 "Bound Bound" "$K" -n "$NS" get pvc -o 'jsonpath={.items[*].status.phase}'
+step "StatefulSet: 2 claims provisioned (default StorageClass, host-path) and 2 Pods Ready"
 
 "$K" delete ns "$NS" --wait=false >/dev/null
 ns_gone() { "$K" get ns "$NS" --no-headers 2>/dev/null | wc -l | tr -d ' '; }

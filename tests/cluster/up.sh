@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Starts (or reuses) the local control plane that integration tests run against:
-#   etcd -> kube-apiserver -> kube-controller-manager + kube-scheduler -> kwok (fake nodes)
+#   etcd -> kube-apiserver (+ default StorageClass) -> kube-controller-manager (with the host-path
+#   provisioner) + kube-scheduler -> kwok (fake nodes)
 # Everything listens on 127.0.0.1, on ports picked at start. State lives in <repo>/.cluster/:
 #   kubeconfig  admin kubeconfig (system:masters, embedded certs)      <- what tests use
 #   env         shell-sourceable KUBECONFIG / ports / paths
 #   pki/ logs/<name>.log pids/<name>.pid etcd/
 # Progress goes to stderr; stdout gets exactly one line, the kubeconfig path, so
 #   export KUBECONFIG=$(bash tests/cluster/up.sh)
-# works. Idempotent: a healthy running cluster is reused; a half-dead one is torn down first.
+# works. Idempotent: a healthy running cluster is reused (and brought up to date in place if an older
+# up.sh started it); a half-dead one is torn down first.
 #
 # Env: FAKE_NODES (default 2), CLUSTER_TIMEOUT (seconds per wait, default 120),
 #      CLUSTER_FIXED_API_PORT (use this apiserver port instead of a free one).
@@ -96,6 +98,63 @@ free_port() {
   python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
 }
 
+SVC_CIDR=10.96.0.0/16
+ADMIN_KC=$CL/admin.kubeconfig
+
+# kube-controller-manager, with the same flags on a fresh start and when an old cluster is upgraded.
+# --enable-hostpath-provisioner: the PersistentVolume controller provisions claims of StorageClasses
+# with provisioner kubernetes.io/host-path itself (a directory /tmp/hostpath_pv/<uuid>, made by
+# KCM, no Pod involved), so StatefulSet-style volumeClaimTemplates bind. Test clusters only.
+start_kcm() {
+  start kube-controller-manager "$BIN/kube-controller-manager" \
+    --kubeconfig="$ADMIN_KC" \
+    --controllers='*' \
+    --leader-elect=false \
+    --secure-port=0 \
+    --use-service-account-credentials=false \
+    --service-account-private-key-file="$PKI/sa.key" \
+    --root-ca-file="$PKI/ca.crt" \
+    --cluster-signing-cert-file="$PKI/ca.crt" --cluster-signing-key-file="$PKI/ca.key" \
+    --service-cluster-ip-range="$SVC_CIDR" \
+    --enable-hostpath-provisioner \
+    --pv-recycler-pod-template-filepath-hostpath="$HERE/hostpath-recycler-pod.yaml" \
+    --profiling=false
+}
+
+# The default StorageClass `standard` (as kind and minikube name theirs), served by the host-path
+# provisioner above. Immediate binding: a hostPath volume has no node affinity, so waiting for the
+# first consumer would only delay it. Created if missing; an existing one is left alone.
+STORAGE_CLASS='{"apiVersion":"storage.k8s.io/v1","kind":"StorageClass",
+ "metadata":{"name":"standard","annotations":{"storageclass.kubernetes.io/is-default-class":"true"}},
+ "provisioner":"kubernetes.io/host-path","reclaimPolicy":"Delete","volumeBindingMode":"Immediate"}'
+ensure_storage_class() {
+  local out
+  api GET /apis/storage.k8s.io/v1/storageclasses/standard >/dev/null 2>&1 && return 0
+  log "creating the default StorageClass standard (kubernetes.io/host-path)"
+  out=$(api POST /apis/storage.k8s.io/v1/storageclasses "$STORAGE_CLASS" 2>&1) ||
+    [[ "$out" == *AlreadyExists* ]] || fail kube-apiserver "could not create StorageClass standard: $out"
+}
+
+# A cluster started by an older up.sh is brought to today's shape in place, keeping its state (etcd,
+# ports, certificates): a kube-controller-manager without the host-path provisioner is restarted with
+# today's flags (it keeps no state of its own), and a missing default StorageClass is created.
+upgrade_running_cluster() {
+  local pid
+  pid=$(alive_pid kube-controller-manager)
+  if ! tr '\0' '\n' <"/proc/$pid/cmdline" | grep -qx -- --enable-hostpath-provisioner; then
+    log "kube-controller-manager predates the host-path provisioner; restarting it with today's flags"
+    kill -TERM "$pid" 2>/dev/null || true
+    local deadline=$((SECONDS + 10))
+    while kill -0 "$pid" 2>/dev/null && [ $SECONDS -lt $deadline ]; do sleep 0.2; done
+    kill -KILL "$pid" 2>/dev/null || true
+    mv -f "$LOGS/kube-controller-manager.log" "$LOGS/kube-controller-manager.log.1" 2>/dev/null || true
+    start_kcm
+    sleep 1
+    alive_pid kube-controller-manager >/dev/null || fail kube-controller-manager "process exited after the restart"
+  fi
+  ensure_storage_class
+}
+
 # ---------------------------------------------------------------------------------------------
 # Reuse or clean up
 
@@ -111,6 +170,7 @@ if [ -d "$CL" ]; then
   API_PORT=$(sed -n 's/^CLUSTER_API_PORT=//p' "$CL/env" 2>/dev/null || true)
   if [ $all_alive = 1 ] && [ -s "$KUBECONFIG_OUT" ] && readyz; then
     log "reusing running cluster (apiserver https://127.0.0.1:$API_PORT)"
+    upgrade_running_cluster
     echo "$KUBECONFIG_OUT"
     exit 0
   fi
@@ -174,7 +234,6 @@ log "generating PKI in $PKI"
 b64() { base64 -w0 <"$1"; }
 # Components use admin.kubeconfig; tests get a copy at .cluster/kubeconfig, written only once the
 # cluster is ready (its presence is part of the reuse check).
-ADMIN_KC=$CL/admin.kubeconfig
 cat >"$ADMIN_KC" <<EOF
 apiVersion: v1
 kind: Config
@@ -216,7 +275,6 @@ wait_for etcd "etcd /health" etcd_healthy
 # ---------------------------------------------------------------------------------------------
 # kube-apiserver
 
-SVC_CIDR=10.96.0.0/16
 start kube-apiserver "$BIN/kube-apiserver" \
   --etcd-servers="http://127.0.0.1:$ETCD_PORT" \
   --bind-address=127.0.0.1 --secure-port="$API_PORT" \
@@ -231,21 +289,13 @@ start kube-apiserver "$BIN/kube-apiserver" \
   --enable-priority-and-fairness=false \
   --profiling=false
 wait_for kube-apiserver "kube-apiserver /readyz on port $API_PORT" readyz
+# Early, so the apiserver's DefaultStorageClass admission has seen it before any test creates a claim.
+ensure_storage_class
 
 # ---------------------------------------------------------------------------------------------
 # Controllers, scheduler, fake nodes (all with the admin kubeconfig)
 
-start kube-controller-manager "$BIN/kube-controller-manager" \
-  --kubeconfig="$ADMIN_KC" \
-  --controllers='*' \
-  --leader-elect=false \
-  --secure-port=0 \
-  --use-service-account-credentials=false \
-  --service-account-private-key-file="$PKI/sa.key" \
-  --root-ca-file="$PKI/ca.crt" \
-  --cluster-signing-cert-file="$PKI/ca.crt" --cluster-signing-key-file="$PKI/ca.key" \
-  --service-cluster-ip-range="$SVC_CIDR" \
-  --profiling=false
+start_kcm
 
 start kube-scheduler "$BIN/kube-scheduler" \
   --kubeconfig="$ADMIN_KC" \

@@ -8,8 +8,8 @@ A handler returns the response object (serialised as JSON with status 200), or a
 (status_code, body_text[, headers]) to send something else verbatim — how tests make a hook
 misbehave. A handler that raises answers 500 with the exception text.
 
-The server binds 127.0.0.1 on a free port, prints "PORT <n>" on stdout, and appends one JSON line per
-request ({"path", "request"}) to the file named by $HOOK_LOG, if set.
+The server binds 127.0.0.1 on $HOOK_PORT (default: a free port), prints "PORT <n>" on stdout, and appends
+one JSON line per request ({"path", "request"}) to the file named by $HOOK_LOG, if set.
 """
 import json
 import os
@@ -66,6 +66,10 @@ class Server(ThreadingHTTPServer):
             super().handle_error(request, client_address)
 
 
-server = Server(("127.0.0.1", 0), Handler)
+class ReusableServer(Server):
+    allow_reuse_address = True  # a restarted hook takes its old port back at once
+
+
+server = ReusableServer(("127.0.0.1", int(os.environ.get("HOOK_PORT", "0"))), Handler)
 print(f"PORT {server.server_address[1]}", flush=True)
 server.serve_forever()

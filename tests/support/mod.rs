@@ -178,6 +178,12 @@ pub struct HookServer {
 
 impl HookServer {
     pub async fn start(handlers: &str) -> Self {
+        Self::start_on(handlers, 0).await
+    }
+
+    /// Like [`HookServer::start`], on `port` (0 = a free one): how a test brings a hook back where the
+    /// hub expects it.
+    pub async fn start_on(handlers: &str, port: u16) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let script = dir.path().join("handlers.py");
         std::fs::write(&script, handlers).unwrap();
@@ -186,6 +192,7 @@ impl HookServer {
             .arg(repo_root().join("tests/hooks/hookserver.py"))
             .arg(&script)
             .env("HOOK_LOG", &log)
+            .env("HOOK_PORT", port.to_string())
             .stdout(Stdio::piped())
             .kill_on_drop(true)
             .spawn()
@@ -245,6 +252,50 @@ impl Hub {
     pub async fn stop(self) {
         self.cancel.cancel();
         let _ = self.task.await;
+    }
+}
+
+/// A hub as its own `metahook run` process (the binary this test build made), so a test can kill -9 it.
+/// Runs only controllers labelled `metahook-test=<label>`; its log goes to `log`.
+pub struct HubProcess {
+    pub log: PathBuf,
+    child: std::process::Child,
+    _dir: tempfile::TempDir,
+}
+
+impl HubProcess {
+    pub fn start(label: &str) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("metahook.yaml");
+        std::fs::write(
+            &config,
+            format!("targetLabelSelector: \"metahook-test={label}\"\ndiscoveryInterval: 2\nmetricsAddress: \"\"\n"),
+        )
+        .unwrap();
+        let log = dir.path().join("hub.log");
+        let child = std::process::Command::new(env!("CARGO_BIN_EXE_metahook"))
+            .args(["run", "--config"])
+            .arg(&config)
+            .arg("--kubeconfig")
+            .arg(kubeconfig_path())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("starting metahook run");
+        Self { log, child, _dir: dir }
+    }
+
+    /// SIGKILL: no shutdown, no cleanup, as when a node dies.
+    pub fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for HubProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 

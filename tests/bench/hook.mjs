@@ -1,0 +1,52 @@
+// The benchmark's hook ("fanout"): a parent wants 3 ConfigMaps carrying its spec.version, and a status
+// naming that version. Answers at once, counts calls, and remembers when each (parent, version) was
+// first asked for, so the bench can time "parent changed -> hook called".
+//
+//   POST /sync                 the hook
+//   GET  /stats                {"calls": n}
+//   GET  /seen?key=NAME@VER    {"at": <unix ms when first asked>} or {"at": null}
+//
+// No dependencies. Listens on 127.0.0.1:$PORT and prints "PORT <n>" once listening.
+import http from "node:http";
+
+let calls = 0;
+const seen = new Map();
+
+function sync(request) {
+  const parent = request.parent;
+  const name = parent.metadata.name;
+  const version = String(parent.spec?.version ?? "0");
+  const key = `${name}@${version}`;
+  if (!seen.has(key)) seen.set(key, Date.now());
+  const children = [0, 1, 2].map((i) => ({
+    apiVersion: "v1",
+    kind: "ConfigMap",
+    metadata: { name: `${name}-${i}` },
+    data: { version, index: String(i) },
+  }));
+  return { status: { version }, children };
+}
+
+const server = http.createServer((req, res) => {
+  const url = new URL(req.url, "http://localhost");
+  if (req.method === "GET" && url.pathname === "/stats") {
+    res.end(JSON.stringify({ calls }));
+    return;
+  }
+  if (req.method === "GET" && url.pathname === "/seen") {
+    res.end(JSON.stringify({ at: seen.get(url.searchParams.get("key")) ?? null }));
+    return;
+  }
+  const chunks = [];
+  req.on("data", (c) => chunks.push(c));
+  req.on("end", () => {
+    calls += 1;
+    const body = JSON.stringify(sync(JSON.parse(Buffer.concat(chunks).toString())));
+    res.writeHead(200, { "Content-Type": "application/json" });
+    res.end(body);
+  });
+});
+server.keepAliveTimeout = 60_000;
+server.listen(Number(process.env.PORT ?? 0), "127.0.0.1", () => {
+  console.log(`PORT ${server.address().port}`);
+});

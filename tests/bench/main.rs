@@ -1,0 +1,871 @@
+//! `make bench`: how close metahook comes to the API server's own limit, measured side by side in one run.
+//!
+//! Workload "fanout": a namespaced CRD, a CompositeController with `generateSelector`,
+//! `resyncPeriodSeconds: 10`, three `InPlace` ConfigMap children per parent, and a Node hook that answers
+//! at once (`hook.mjs`). All N parents are created before the system under test starts. Three systems run
+//! one after the other, each in a fresh namespace:
+//! - `raw`: a kube-rs client doing exactly the writes a perfect controller would (three server-side applies
+//!   and one status patch per parent, 5 workers, no client-side rate limit);
+//! - `raw+watch`: the same, with the watches a controller needs open (the parent type and the child type,
+//!   cluster-wide);
+//! - `metahook`: the hub as its own process (the binary of this build, or `HUB_BIN`).
+//!
+//! Phases: backlog converge; idle (writes, hook calls, hub CPU); spec-bump update; restart with nothing
+//! changed (writes and time until quiet); latency from a parent change to the hook call at idle. Writes
+//! and reads are counted by the API server itself (`apiserver_request_total`), CPU from `/proc`.
+//!
+//! Output: a markdown table on stdout, `target/bench/fanout-<N>.json`, and `target/bench/fanout-<N>.png`
+//! (converged children over time per system). `MEM=1` instead loads 10k parents (30k children) into the
+//! hub and reports its steady RSS and bytes per cached object.
+//!
+//! Run by `cargo test` with no arguments (as part of `make test`) it does a smoke-sized run (N=20, short
+//! phases) so it never rots; `make bench` runs the full size. Figures are printed, never asserted: the
+//! machine is shared and noisy. What it does assert is that every system converged.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use futures::{StreamExt as _, stream};
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use kube::runtime::watcher;
+use kube::{Client, ResourceExt as _};
+use serde::Serialize;
+use serde_json::{Value, json};
+use tokio::io::AsyncBufReadExt as _;
+
+const CRD: &str = r"
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: {name: benchthings.bench.metahook.dev}
+spec:
+  group: bench.metahook.dev
+  names: {kind: BenchThing, plural: benchthings, singular: benchthing}
+  scope: Namespaced
+  versions:
+  - name: v1
+    served: true
+    storage: true
+    subresources: {status: {}}
+    schema:
+      openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}
+";
+
+const CHILDREN: usize = 3;
+const WORKERS: usize = 5;
+const TIMEOUT: Duration = Duration::from_secs(1800);
+
+#[derive(Debug, Clone)]
+struct Settings {
+    n: usize,
+    idle: Duration,
+    latency_changes: usize,
+    mem: bool,
+    hub_bin: PathBuf,
+    smoke: bool,
+}
+
+impl Settings {
+    fn from_env() -> Self {
+        let full = std::env::args().any(|a| a == "--full") || std::env::var_os("BENCH_FULL").is_some();
+        let mem = std::env::var("MEM").is_ok_and(|v| v == "1");
+        let num = |key: &str, default: usize| std::env::var(key).ok().and_then(|v| v.parse().ok()).unwrap_or(default);
+        let (n, idle, latency) = match (mem, full) {
+            (true, _) => (num("N", 10_000), 10, 0),
+            (false, true) => (num("N", 1000), num("IDLE", 60), num("LATENCY", 200)),
+            (false, false) => (num("N", 20), num("IDLE", 2), num("LATENCY", 5)),
+        };
+        let hub_bin =
+            std::env::var_os("HUB_BIN").map_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_metahook")), PathBuf::from);
+        Self { n, idle: Duration::from_secs(idle as u64), latency_changes: latency, mem, hub_bin, smoke: !full && !mem }
+    }
+}
+
+/// Figures of one phase.
+#[derive(Debug, Default, Clone, Serialize)]
+struct Phase {
+    seconds: f64,
+    /// Child creates/applies/updates/deletes plus parent status writes, as the API server counted them.
+    writes: u64,
+    /// GETs of single parents or children (e.g. a controller's fresh reads).
+    reads: u64,
+    hook_calls: u64,
+    hub_cpu_s: f64,
+    apiserver_cpu_s: f64,
+}
+
+#[derive(Debug, Default, Clone, Serialize)]
+struct SystemFigures {
+    name: String,
+    backlog: Phase,
+    idle: Phase,
+    update: Phase,
+    restart: Option<Phase>,
+    /// Time of one LIST of all parents and children (the yardstick of "quiet within 2x list time").
+    list_s: f64,
+    latency_p50_ms: Option<f64>,
+    latency_p99_ms: Option<f64>,
+    rss_mib: Option<f64>,
+    peak_rss_mib: Option<f64>,
+    /// (seconds since start, converged children) during the backlog phase.
+    #[serde(skip)]
+    timeline: Vec<(f64, usize)>,
+}
+
+#[tokio::main]
+async fn main() {
+    let settings = Settings::from_env();
+    let client = support::client().await;
+    support::install_crds(&client, CRD).await;
+    support::install_metahook_crds(&client).await;
+    let out = support::repo_root().join("target/bench");
+    std::fs::create_dir_all(&out).unwrap();
+    let hook = Hook::start().await;
+    eprintln!("[bench] N={} idle={:?} hub={}", settings.n, settings.idle, settings.hub_bin.display());
+
+    if settings.mem {
+        mem_mode(&client, &settings, &hook, &out).await;
+        return;
+    }
+    let mut results = Vec::new();
+    for system in [System::Raw, System::RawWatch, System::Metahook] {
+        let figures = run_system(&client, &settings, &hook, system).await;
+        eprintln!("[bench] {} done: backlog {:.2}s", figures.name, figures.backlog.seconds);
+        results.push(figures);
+    }
+    let table = table(&settings, &results);
+    println!("{table}");
+    let json = json!({
+        "workload": "fanout", "n": settings.n, "children_per_parent": CHILDREN, "hub": settings.hub_bin,
+        "machine": machine(), "systems": results,
+    });
+    let stem = format!("fanout-{}", settings.n);
+    std::fs::write(out.join(format!("{stem}.json")), serde_json::to_string_pretty(&json).unwrap()).unwrap();
+    std::fs::write(out.join(format!("{stem}.md")), &table).unwrap();
+    match chart(&out.join(format!("{stem}.png")), &results) {
+        Ok(()) => eprintln!("[bench] wrote {}", out.join(format!("{stem}.png")).display()),
+        Err(e) => eprintln!("[bench] no chart: {e}"),
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum System {
+    Raw,
+    RawWatch,
+    Metahook,
+}
+
+impl System {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Raw => "raw",
+            Self::RawWatch => "raw+watch",
+            Self::Metahook => "metahook",
+        }
+    }
+}
+
+/// One system through every phase, in a namespace of its own.
+async fn run_system(client: &Client, settings: &Settings, hook: &Hook, system: System) -> SystemFigures {
+    let ns = support::TestNamespace::create(client, &format!("bench-{}", system.name().replace('+', "-"))).await;
+    let label = ns.name.clone();
+    let world = Bench { client: client.clone(), ns: ns.name.clone(), n: settings.n };
+    world.create_parents("1").await;
+    let tracker = Convergence::start(client, &ns.name).await;
+    let mut figures = SystemFigures { name: system.name().into(), ..SystemFigures::default() };
+
+    let mut watches = Vec::new();
+    if system == System::RawWatch {
+        watches = raw_watches(client);
+    }
+    // Backlog.
+    let mut hub_pid: Option<u32> = None;
+    let meter = Meter::start(client, hook, None).await;
+    let mut hub = None;
+    let timeline = tracker.sample("1", settings.n);
+    match system {
+        System::Metahook => {
+            world.controller(&label, hook.port).await;
+            let process = HubRun::start(&settings.hub_bin, &label);
+            hub_pid = Some(process.pid());
+            hub = Some(process);
+        }
+        System::Raw | System::RawWatch => world.raw_writes("1").await,
+    }
+    tracker.wait("1", settings.n).await;
+    figures.backlog = meter.stop(client, hook, hub_pid).await;
+    figures.timeline = timeline.finish();
+
+    // Idle.
+    let meter = Meter::start(client, hook, hub_pid).await;
+    tokio::time::sleep(settings.idle).await;
+    figures.idle = meter.stop(client, hook, hub_pid).await;
+
+    // Spec bump.
+    let meter = Meter::start(client, hook, hub_pid).await;
+    match system {
+        System::Metahook => world.bump("2").await,
+        System::Raw | System::RawWatch => {
+            world.bump("2").await;
+            world.raw_writes("2").await;
+        }
+    }
+    tracker.wait("2", settings.n).await;
+    figures.update = meter.stop(client, hook, hub_pid).await;
+
+    figures.list_s = world.list_time().await;
+    if let Some(process) = hub.take() {
+        figures.rss_mib = process.rss_mib();
+        // Latency at idle, one change at a time.
+        let mut latencies = Vec::new();
+        for i in 0..settings.latency_changes {
+            let parent = format!("p{}", i % settings.n);
+            let version = format!("l{i}");
+            world.patch_version(&parent, &version).await;
+            let patched = unix_ms();
+            let seen = hook.seen_at(&format!("{parent}@{version}")).await;
+            latencies.push((seen - patched).max(0.0));
+        }
+        tracker.wait_any_version(settings.n).await;
+        latencies.sort_by(f64::total_cmp);
+        if !latencies.is_empty() {
+            figures.latency_p50_ms = Some(percentile(&latencies, 0.50));
+            figures.latency_p99_ms = Some(percentile(&latencies, 0.99));
+        }
+        // Restart with nothing changed: settle, then a new hub process over the same world.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        figures.peak_rss_mib = process.peak_rss_mib();
+        process.stop().await;
+        let calls_before = hook.calls().await;
+        let meter = Meter::start(client, hook, None).await;
+        let restarted = HubRun::start(&settings.hub_bin, &label);
+        let pid = restarted.pid();
+        // Quiet: every parent synced once again, then nothing written for 2 s.
+        let started = Instant::now();
+        let deadline = started + TIMEOUT;
+        while hook.calls().await < calls_before + settings.n as u64 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let quiet_at = started.elapsed();
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let mut restart = meter.stop(client, hook, Some(pid)).await;
+        restart.seconds = quiet_at.as_secs_f64();
+        figures.restart = Some(restart);
+        restarted.stop().await;
+    }
+    drop(watches);
+    world.delete_controller(&label).await;
+    ns.delete().await;
+    wait_namespace_gone(client, &world.ns).await;
+    figures
+}
+
+/// Loads 10k parents (30k children) into one hub and reports its memory.
+async fn mem_mode(client: &Client, settings: &Settings, hook: &Hook, out: &Path) {
+    let ns = support::TestNamespace::create(client, "bench-mem").await;
+    let label = ns.name.clone();
+    let world = Bench { client: client.clone(), ns: ns.name.clone(), n: settings.n };
+    // The hub's own footprint first: running, watching nothing of ours yet.
+    let empty = HubRun::start(&settings.hub_bin, "nothing-matches-this");
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let empty_rss = empty.rss_mib().unwrap_or(0.0);
+    empty.stop().await;
+    eprintln!("[bench] creating {} parents", settings.n);
+    world.create_parents("1").await;
+    let tracker = Convergence::start(client, &ns.name).await;
+    world.controller(&label, hook.port).await;
+    let started = Instant::now();
+    let hub = HubRun::start(&settings.hub_bin, &label);
+    tracker.wait("1", settings.n).await;
+    let converge = started.elapsed().as_secs_f64();
+    tokio::time::sleep(settings.idle).await;
+    let rss = hub.rss_mib().unwrap_or(0.0);
+    let peak = hub.peak_rss_mib().unwrap_or(0.0);
+    hub.stop().await;
+    let objects = settings.n * (1 + CHILDREN);
+    let per_object = (rss - empty_rss) * 1024.0 * 1024.0 / objects as f64;
+    let text = format!(
+        "| MEM mode | value |\n|---|---|\n| parents / children cached | {} / {} |\n| converge | {converge:.1} s |\n\
+         | hub RSS, no controllers | {empty_rss:.1} MiB |\n| hub RSS, steady | {rss:.1} MiB |\n| hub peak RSS | {peak:.1} MiB |\n\
+         | bytes per cached object | {per_object:.0} |\n",
+        settings.n,
+        settings.n * CHILDREN
+    );
+    println!("{text}");
+    std::fs::write(out.join(format!("mem-{}.md", settings.n)), &text).unwrap();
+    let json = json!({"n": settings.n, "children": settings.n * CHILDREN, "converge_s": converge, "empty_rss_mib": empty_rss,
+                      "rss_mib": rss, "peak_rss_mib": peak, "bytes_per_object": per_object, "machine": machine()});
+    std::fs::write(out.join(format!("mem-{}.json", settings.n)), serde_json::to_string_pretty(&json).unwrap()).unwrap();
+    world.delete_controller(&label).await;
+    ns.delete().await;
+    wait_namespace_gone(client, &world.ns).await;
+}
+
+// ---- the world: parents, controller, raw writes ------------------------------------------------
+
+struct Bench {
+    client: Client,
+    ns: String,
+    n: usize,
+}
+
+impl Bench {
+    fn parents(&self) -> Api<DynamicObject> {
+        let ar = kube::core::ApiResource {
+            group: "bench.metahook.dev".into(),
+            version: "v1".into(),
+            api_version: "bench.metahook.dev/v1".into(),
+            kind: "BenchThing".into(),
+            plural: "benchthings".into(),
+        };
+        Api::namespaced_with(self.client.clone(), &self.ns, &ar)
+    }
+
+    async fn create_parents(&self, version: &str) {
+        let api = self.parents();
+        let ns = self.ns.clone();
+        stream::iter(0..self.n)
+            .for_each_concurrent(WORKERS * 2, |i| {
+                let (api, ns) = (api.clone(), ns.clone());
+                async move {
+                    let parent = json!({"apiVersion": "bench.metahook.dev/v1", "kind": "BenchThing",
+                        "metadata": {"name": format!("p{i}"), "namespace": ns}, "spec": {"version": version}});
+                    retry(|| async {
+                        api.patch(&format!("p{i}"), &PatchParams::apply("bench-driver"), &Patch::Apply(&parent)).await
+                    })
+                    .await;
+                }
+            })
+            .await;
+    }
+
+    async fn patch_version(&self, name: &str, version: &str) {
+        let api = self.parents();
+        let patch = json!({"spec": {"version": version}});
+        retry(|| async { api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await }).await;
+    }
+
+    async fn bump(&self, version: &str) {
+        stream::iter(0..self.n)
+            .for_each_concurrent(WORKERS, |i| async move { self.patch_version(&format!("p{i}"), version).await })
+            .await;
+    }
+
+    async fn controller(&self, label: &str, hook_port: u16) {
+        support::apply_value(
+            &self.client,
+            &json!({"apiVersion": "metacontroller.k8s.io/v1alpha1", "kind": "CompositeController",
+                "metadata": {"name": label, "labels": {"metahook-test": label}},
+                "spec": {"generateSelector": true, "resyncPeriodSeconds": 10,
+                    "parentResource": {"apiVersion": "bench.metahook.dev/v1", "resource": "benchthings"},
+                    "childResources": [{"apiVersion": "v1", "resource": "configmaps", "updateStrategy": {"method": "InPlace"}}],
+                    "hooks": {"sync": {"webhook": {"url": format!("http://127.0.0.1:{hook_port}/sync")}}}}}),
+        )
+        .await;
+    }
+
+    async fn delete_controller(&self, label: &str) {
+        let api = support::api(&self.client, "metacontroller.k8s.io/v1alpha1", "CompositeController", None).await;
+        let _ = api.delete(label, &Default::default()).await;
+    }
+
+    /// What a perfect controller writes for every parent: three applies and a status patch.
+    async fn raw_writes(&self, version: &str) {
+        let parents = self.parents();
+        let cms: Api<ConfigMap> = Api::namespaced(self.client.clone(), &self.ns);
+        let listed = parents.list(&Default::default()).await.unwrap().items;
+        let uids: BTreeMap<String, String> = listed.iter().map(|p| (p.name_any(), p.uid().unwrap())).collect();
+        let uids = &uids;
+        stream::iter(0..self.n)
+            .for_each_concurrent(WORKERS, |i| {
+                let (parents, cms) = (parents.clone(), cms.clone());
+                async move {
+                    let name = format!("p{i}");
+                    let uid = &uids[&name];
+                    for c in 0..CHILDREN {
+                        let child = json!({"apiVersion": "v1", "kind": "ConfigMap",
+                            "metadata": {"name": format!("{name}-{c}"), "labels": {"controller-uid": uid},
+                                "ownerReferences": [{"apiVersion": "bench.metahook.dev/v1", "kind": "BenchThing",
+                                    "name": name, "uid": uid, "controller": true, "blockOwnerDeletion": true}]},
+                            "data": {"version": version, "index": c.to_string()}});
+                        let params = PatchParams::apply("bench-raw").force();
+                        retry(|| async { cms.patch(&format!("{name}-{c}"), &params, &Patch::Apply(&child)).await })
+                            .await;
+                    }
+                    let status = json!({"status": {"version": version, "observedGeneration": 1}});
+                    retry(|| async {
+                        parents.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status)).await
+                    })
+                    .await;
+                }
+            })
+            .await;
+    }
+
+    async fn list_time(&self) -> f64 {
+        let started = Instant::now();
+        let cms: Api<ConfigMap> = Api::namespaced(self.client.clone(), &self.ns);
+        let _ = self.parents().list(&Default::default()).await.unwrap();
+        let _ = cms.list(&Default::default()).await.unwrap();
+        started.elapsed().as_secs_f64()
+    }
+}
+
+async fn retry<T, F, Fut>(mut call: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, kube::Error>>,
+{
+    let mut delay = Duration::from_millis(50);
+    for _ in 0..20 {
+        match call().await {
+            Ok(value) => return value,
+            Err(e) => {
+                eprintln!("[bench] retrying after: {e}");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(2));
+            }
+        }
+    }
+    panic!("giving up after 20 attempts");
+}
+
+/// Watches a controller needs: the parent type and the child type, cluster-wide.
+fn raw_watches(client: &Client) -> Vec<tokio::task::JoinHandle<()>> {
+    let parents = Api::<DynamicObject>::all_with(
+        client.clone(),
+        &kube::core::ApiResource {
+            group: "bench.metahook.dev".into(),
+            version: "v1".into(),
+            api_version: "bench.metahook.dev/v1".into(),
+            kind: "BenchThing".into(),
+            plural: "benchthings".into(),
+        },
+    );
+    let cms: Api<ConfigMap> = Api::all(client.clone());
+    vec![
+        tokio::spawn(async move { watcher(parents, watcher::Config::default()).for_each(|_| async {}).await }),
+        tokio::spawn(async move { watcher(cms, watcher::Config::default()).for_each(|_| async {}).await }),
+    ]
+}
+
+async fn wait_namespace_gone(client: &Client, ns: &str) {
+    let api: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    let deadline = Instant::now() + TIMEOUT;
+    while api.get_opt(ns).await.ok().flatten().is_some() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+// ---- convergence: a watch of the namespace ------------------------------------------------------
+
+/// Counts, from a watch, how many children and parents carry each version.
+#[derive(Clone)]
+struct Convergence {
+    children: Arc<Mutex<BTreeMap<String, String>>>,
+    parents: Arc<Mutex<BTreeMap<String, String>>>,
+    _tasks: Arc<Vec<tokio::task::AbortHandle>>,
+}
+
+impl Convergence {
+    async fn start(client: &Client, ns: &str) -> Self {
+        let children: Arc<Mutex<BTreeMap<String, String>>> = Arc::default();
+        let parents: Arc<Mutex<BTreeMap<String, String>>> = Arc::default();
+        let cms: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
+        let things = Bench { client: client.clone(), ns: ns.into(), n: 0 }.parents();
+        let c = Arc::clone(&children);
+        let t1 = tokio::spawn(async move {
+            let mut events = watcher(cms, watcher::Config::default()).boxed();
+            while let Some(event) = events.next().await {
+                match event {
+                    Ok(watcher::Event::Apply(cm) | watcher::Event::InitApply(cm)) => {
+                        if let Some(v) = cm.data.as_ref().and_then(|d| d.get("version")) {
+                            c.lock().unwrap().insert(cm.name_any(), v.clone());
+                        }
+                    }
+                    Ok(watcher::Event::Delete(cm)) => {
+                        c.lock().unwrap().remove(&cm.name_any());
+                    }
+                    _ => {}
+                }
+            }
+        });
+        let p = Arc::clone(&parents);
+        let t2 = tokio::spawn(async move {
+            let mut events = watcher(things, watcher::Config::default()).boxed();
+            while let Some(event) = events.next().await {
+                if let Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) = event
+                    && let Some(v) = o.data.pointer("/status/version").and_then(Value::as_str)
+                {
+                    p.lock().unwrap().insert(o.name_any(), v.to_owned());
+                }
+            }
+        });
+        Self { children, parents, _tasks: Arc::new(vec![t1.abort_handle(), t2.abort_handle()]) }
+    }
+
+    fn counts(&self, version: &str) -> (usize, usize) {
+        let children = self.children.lock().unwrap().values().filter(|v| *v == version).count();
+        let parents = self.parents.lock().unwrap().values().filter(|v| *v == version).count();
+        (children, parents)
+    }
+
+    async fn wait(&self, version: &str, n: usize) {
+        let deadline = Instant::now() + TIMEOUT;
+        loop {
+            let (children, parents) = self.counts(version);
+            if children == n * CHILDREN && parents == n {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "not converged to version {version}: {children} children, {parents} parents"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Waits until every child matches its parent's status version (after the latency phase's edits).
+    async fn wait_any_version(&self, n: usize) {
+        let deadline = Instant::now() + TIMEOUT;
+        loop {
+            let done = {
+                let children = self.children.lock().unwrap();
+                let parents = self.parents.lock().unwrap();
+                parents.len() == n
+                    && parents.iter().all(|(p, v)| (0..CHILDREN).all(|c| children.get(&format!("{p}-{c}")) == Some(v)))
+            };
+            if done || Instant::now() > deadline {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Samples the converged-children count every 100 ms, for the chart.
+    fn sample(&self, version: &str, n: usize) -> Timeline {
+        let points: Arc<Mutex<Vec<(f64, usize)>>> = Arc::default();
+        let (me, p, version) = (self.clone(), Arc::clone(&points), version.to_owned());
+        let started = Instant::now();
+        let task = tokio::spawn(async move {
+            loop {
+                let (children, _) = me.counts(&version);
+                p.lock().unwrap().push((started.elapsed().as_secs_f64(), children));
+                if children >= n * CHILDREN {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        });
+        Timeline { points, task }
+    }
+}
+
+struct Timeline {
+    points: Arc<Mutex<Vec<(f64, usize)>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Timeline {
+    fn finish(self) -> Vec<(f64, usize)> {
+        self.task.abort();
+        self.points.lock().unwrap().clone()
+    }
+}
+
+// ---- measuring: API server counters, CPU, RSS ---------------------------------------------------
+
+struct Meter {
+    started: Instant,
+    requests: BTreeMap<String, u64>,
+    hook_calls: u64,
+    hub_cpu: f64,
+    apiserver_cpu: f64,
+}
+
+impl Meter {
+    async fn start(client: &Client, hook: &Hook, hub: Option<u32>) -> Self {
+        Self {
+            started: Instant::now(),
+            requests: api_requests(client).await,
+            hook_calls: hook.calls().await,
+            hub_cpu: hub.map_or(0.0, cpu_seconds),
+            apiserver_cpu: cpu_seconds(apiserver_pid()),
+        }
+    }
+
+    async fn stop(self, client: &Client, hook: &Hook, hub: Option<u32>) -> Phase {
+        let seconds = self.started.elapsed().as_secs_f64();
+        let requests = api_requests(client).await;
+        let delta = |key: &str| {
+            requests.get(key).copied().unwrap_or(0).saturating_sub(self.requests.get(key).copied().unwrap_or(0))
+        };
+        Phase {
+            seconds,
+            writes: delta("writes"),
+            reads: delta("reads"),
+            hook_calls: hook.calls().await - self.hook_calls,
+            hub_cpu_s: hub.map_or(0.0, |pid| cpu_seconds(pid) - self.hub_cpu),
+            apiserver_cpu_s: cpu_seconds(apiserver_pid()) - self.apiserver_cpu,
+        }
+    }
+}
+
+/// Write and read requests on ConfigMaps and BenchThing status, as the API server counts them.
+async fn api_requests(client: &Client) -> BTreeMap<String, u64> {
+    let request = http::Request::get("/metrics").body(Vec::new()).unwrap();
+    let text = client.request_text(request).await.unwrap_or_default();
+    let mut totals = BTreeMap::new();
+    for line in text.lines().filter(|l| l.starts_with("apiserver_request_total{")) {
+        let Some((labels, value)) = line.rsplit_once(' ') else { continue };
+        let label = |name: &str| {
+            labels.split(&format!("{name}=\"")).nth(1).and_then(|rest| rest.split('"').next()).unwrap_or_default()
+        };
+        let count: u64 = value.parse::<f64>().unwrap_or(0.0) as u64;
+        let (resource, subresource, verb) = (label("resource"), label("subresource"), label("verb"));
+        let write = matches!(verb, "POST" | "PUT" | "PATCH" | "APPLY" | "DELETE");
+        let kind = match (resource, subresource, write, verb) {
+            ("configmaps", "", true, _) | ("benchthings", "status", true, _) => "writes",
+            ("configmaps" | "benchthings", "", false, "GET") => "reads",
+            _ => continue,
+        };
+        *totals.entry(kind.to_owned()).or_insert(0) += count;
+    }
+    totals
+}
+
+fn apiserver_pid() -> u32 {
+    let path = support::repo_root().join(".cluster/pids/kube-apiserver.pid");
+    std::fs::read_to_string(path).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(0)
+}
+
+/// User + system CPU seconds of a process (0 when it is gone).
+fn cpu_seconds(pid: u32) -> f64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return 0.0 };
+    // Fields after the command name (which may contain spaces) start after the last ')'.
+    let fields: Vec<&str> = stat.rsplit_once(')').map_or("", |(_, rest)| rest).split_whitespace().collect();
+    let ticks = |i: usize| fields.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    // utime and stime are fields 14 and 15 of stat; here indexes 11 and 12; clock ticks are 100 per second.
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+fn status_kib(pid: u32, field: &str) -> Option<f64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with(field))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+fn unix_ms() -> f64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs_f64() * 1000.0
+}
+
+fn percentile(sorted: &[f64], q: f64) -> f64 {
+    let index = ((sorted.len() as f64 - 1.0) * q).round() as usize;
+    sorted[index.min(sorted.len() - 1)]
+}
+
+fn machine() -> Value {
+    let cpus = std::thread::available_parallelism().map_or(0, usize::from);
+    let model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines().find(|l| l.starts_with("model name")).map(|l| l.split(':').nth(1).unwrap_or("").trim().to_owned())
+        })
+        .unwrap_or_default();
+    let mem_gib = status_kib_meminfo().map_or(0.0, |kib| kib / 1024.0 / 1024.0);
+    json!({"cpus": cpus, "cpu": model, "memory_gib": (mem_gib * 10.0).round() / 10.0})
+}
+
+fn status_kib_meminfo() -> Option<f64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    info.lines().find(|l| l.starts_with("MemTotal"))?.split_whitespace().nth(1)?.parse().ok()
+}
+
+// ---- the hub and the hook, as processes ---------------------------------------------------------
+
+struct HubRun {
+    child: tokio::process::Child,
+    _dir: tempfile::TempDir,
+}
+
+impl HubRun {
+    fn start(bin: &Path, label: &str) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("metahook.yaml");
+        std::fs::write(&config, format!("targetLabelSelector: \"metahook-test={label}\"\nmetricsAddress: \"\"\n"))
+            .unwrap();
+        let kubeconfig = support::repo_root().join(".cluster/kubeconfig");
+        let child = tokio::process::Command::new(bin)
+            .args(["run", "--config"])
+            .arg(&config)
+            .arg("--kubeconfig")
+            .arg(kubeconfig)
+            .env("METAHOOK_LOG", "warn")
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {}: {e}", bin.display()));
+        Self { child, _dir: dir }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id().unwrap_or(0)
+    }
+
+    fn rss_mib(&self) -> Option<f64> {
+        status_kib(self.pid(), "VmRSS:").map(|k| k / 1024.0)
+    }
+
+    fn peak_rss_mib(&self) -> Option<f64> {
+        status_kib(self.pid(), "VmHWM:").map(|k| k / 1024.0)
+    }
+
+    /// SIGTERM, as a rolling upgrade would, and wait for it to go.
+    async fn stop(mut self) {
+        if let Some(pid) = self.child.id() {
+            let _ = std::process::Command::new("kill").arg("-TERM").arg(pid.to_string()).status();
+        }
+        if tokio::time::timeout(Duration::from_secs(10), self.child.wait()).await.is_err() {
+            let _ = self.child.kill().await;
+        }
+    }
+}
+
+struct Hook {
+    port: u16,
+    http: reqwest::Client,
+    _child: tokio::process::Child,
+}
+
+impl Hook {
+    async fn start() -> Self {
+        let mut child = tokio::process::Command::new("node")
+            .arg(support::repo_root().join("tests/bench/hook.mjs"))
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("starting node tests/bench/hook.mjs");
+        let stdout = child.stdout.take().unwrap();
+        let mut lines = tokio::io::BufReader::new(stdout).lines();
+        let line = lines.next_line().await.unwrap().expect("hook printed its port");
+        let port = line.strip_prefix("PORT ").and_then(|p| p.trim().parse().ok()).expect("PORT line");
+        Self { port, http: reqwest::Client::new(), _child: child }
+    }
+
+    async fn get(&self, path: &str) -> Value {
+        let url = format!("http://127.0.0.1:{}{path}", self.port);
+        self.http.get(url).send().await.unwrap().json().await.unwrap()
+    }
+
+    async fn calls(&self) -> u64 {
+        self.get("/stats").await["calls"].as_u64().unwrap_or(0)
+    }
+
+    /// When the hook was first called for `key` (`parent@version`), waiting for it.
+    async fn seen_at(&self, key: &str) -> f64 {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some(at) = self.get(&format!("/seen?key={key}")).await["at"].as_f64() {
+                return at;
+            }
+            assert!(Instant::now() < deadline, "the hook was never called for {key}");
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+}
+
+// ---- output -------------------------------------------------------------------------------------
+
+fn table(settings: &Settings, results: &[SystemFigures]) -> String {
+    let find = |name: &str| results.iter().find(|r| r.name == name).cloned().unwrap_or_default();
+    let (raw, watch, hub) = (find("raw"), find("raw+watch"), find("metahook"));
+    let n = settings.n as f64;
+    let ratio = |a: f64, b: f64| if b > 0.0 { format!("{:.2}", a / b) } else { "-".into() };
+    let mut out = format!(
+        "### fanout, N = {} parents x {CHILDREN} children{}\n\n\
+         | figure | raw | raw+watch | metahook | metahook / raw | metahook / raw+watch |\n|---|---|---|---|---|---|\n",
+        settings.n,
+        if settings.smoke { " (smoke size: figures are not meaningful)" } else { "" }
+    );
+    let mut row = |what: &str, f: &dyn Fn(&SystemFigures) -> f64, digits: usize, ratios: bool| {
+        let (a, b, c) = (f(&raw), f(&watch), f(&hub));
+        let (r1, r2) = if ratios { (ratio(c, a), ratio(c, b)) } else { ("".into(), "".into()) };
+        out.push_str(&format!("| {what} | {a:.digits$} | {b:.digits$} | {c:.digits$} | {r1} | {r2} |\n"));
+    };
+    row("backlog converge (s)", &|s| s.backlog.seconds, 2, true);
+    row("update converge (s)", &|s| s.update.seconds, 2, true);
+    row("writes per parent (backlog)", &|s| s.backlog.writes as f64 / n, 2, true);
+    row("writes per parent (update)", &|s| s.update.writes as f64 / n, 2, true);
+    row("reads per parent (backlog)", &|s| s.backlog.reads as f64 / n, 2, false);
+    row("hook calls per parent (backlog)", &|s| s.backlog.hook_calls as f64 / n, 2, false);
+    row("hook calls per parent (update)", &|s| s.update.hook_calls as f64 / n, 2, false);
+    row("apiserver CPU-s (backlog)", &|s| s.backlog.apiserver_cpu_s, 2, true);
+    row("apiserver CPU-s (update)", &|s| s.update.apiserver_cpu_s, 2, true);
+    row("hub CPU-s (backlog)", &|s| s.backlog.hub_cpu_s, 2, false);
+    row(&format!("idle {}s: writes", settings.idle.as_secs()), &|s| s.idle.writes as f64, 0, false);
+    row(&format!("idle {}s: hook calls", settings.idle.as_secs()), &|s| s.idle.hook_calls as f64, 0, false);
+    row(&format!("idle {}s: hub CPU-s", settings.idle.as_secs()), &|s| s.idle.hub_cpu_s, 2, false);
+    row(&format!("idle {}s: apiserver CPU-s", settings.idle.as_secs()), &|s| s.idle.apiserver_cpu_s, 2, true);
+    if let Some(restart) = &hub.restart {
+        out.push_str(&format!(
+            "| restart, nothing changed: writes / time to quiet (s) / one LIST of everything (s) | - | - | {} / {:.2} / {:.2} | | |\n",
+            restart.writes, restart.seconds, hub.list_s
+        ));
+    }
+    let ms = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.1}"));
+    out.push_str(&format!(
+        "| change -> hook call at idle, p50 / p99 (ms, {} changes) | - | - | {} / {} | | |\n",
+        settings.latency_changes,
+        ms(hub.latency_p50_ms),
+        ms(hub.latency_p99_ms)
+    ));
+    out.push_str(&format!(
+        "| hub RSS steady / peak (MiB) | - | - | {} / {} | | |\n",
+        ms(hub.rss_mib),
+        ms(hub.peak_rss_mib)
+    ));
+    out
+}
+
+fn chart(path: &Path, results: &[SystemFigures]) -> Result<(), Box<dyn std::error::Error>> {
+    use plotters::prelude::*;
+    let font = ["/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf"].iter().find_map(|p| std::fs::read(p).ok());
+    let has_font = font.is_some();
+    if let Some(bytes) = font {
+        let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
+        plotters::style::register_font("sans-serif", FontStyle::Normal, bytes).map_err(|_| "bad font")?;
+    }
+    let max_x = results.iter().flat_map(|r| r.timeline.last()).map(|p| p.0).fold(1.0, f64::max);
+    let max_y = results.iter().flat_map(|r| r.timeline.iter().map(|p| p.1)).max().unwrap_or(1).max(1);
+    let root = BitMapBackend::new(path, (900, 540)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let mut builder = ChartBuilder::on(&root);
+    builder.margin(20).x_label_area_size(40).y_label_area_size(60);
+    if has_font {
+        builder.caption("fanout backlog: converged children over time", ("sans-serif", 22));
+    }
+    let mut chart = builder.build_cartesian_2d(0.0..max_x * 1.05, 0..max_y + max_y / 20)?;
+    if has_font {
+        chart.configure_mesh().x_desc("seconds").y_desc("children converged").draw()?;
+    } else {
+        chart.configure_mesh().disable_x_mesh().disable_y_mesh().x_labels(0).y_labels(0).draw()?;
+    }
+    for (index, result) in results.iter().enumerate() {
+        let color = Palette99::pick(index).to_rgba();
+        let series = chart.draw_series(LineSeries::new(result.timeline.iter().copied(), color.stroke_width(3)))?;
+        if has_font {
+            series
+                .label(result.name.clone())
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(3)));
+        }
+    }
+    if has_font {
+        chart.configure_series_labels().background_style(WHITE.mix(0.8)).border_style(BLACK).draw()?;
+    }
+    root.present()?;
+    Ok(())
+}
