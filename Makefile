@@ -15,7 +15,7 @@ cluster-down: ## stop it and remove .cluster/
 
 # ---- the two commands of the README -------------------------------------------------------------
 
-.PHONY: demo test fmt-check clippy unit integration chaos bench crds hook-libs hook-types
+.PHONY: demo test fmt-check clippy unit integration chaos bench crds hook-libs hook-types image failover
 
 demo: ## the hello-world controller end to end on the local control plane
 	@bash examples-python/hello-world/demo.sh
@@ -58,3 +58,10 @@ bench: cluster-up ## the fanout benchmark, release build (N=1000 parents; N=, ME
 crds: ## regenerate crds/ from src/api.rs, and deploy/'s copies of them
 	METAHOOK_UPDATE_CRDS=1 cargo test --lib crds::tests::checked_in_crds_match_the_rust_types
 	bash deploy/sync.sh
+
+image: ## OCI image archive dist/metahook-image.tar from the release binary, offline (deploy/image/build.sh)
+	cargo build --release --locked
+	bash deploy/image/build.sh target/release/metahook dist/metahook-image.tar
+
+failover: cluster-up ## two-replica fail-over, FAILOVER_ROUNDS (default 5) kill -9 rounds; prints take-over times
+	cargo test --locked --test leader -- --ignored --nocapture --test-threads=1

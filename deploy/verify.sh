@@ -4,8 +4,10 @@
 #      config copy and values.yaml `config:` block = config/metahook.yaml, versions = Cargo.toml);
 #   2. builds helm from the Go module proxy if needed (deploy/helm/tools/build.sh, stamp-cached);
 #   3. renders the kustomization (`kubectl kustomize`) and the chart (`helm lint --strict`,
-#      `helm template --include-crds`, default values and ci/overrides-values.yaml), checks the
-#      image is <repo>:<Cargo.toml version>, and that the chart refuses replicas > 1 and unknown
+#      `helm template --include-crds`, default values and ci/overrides-values.yaml; the kustomize
+#      component cluster-admin-like), checks the image is <repo>:<Cargo.toml version>, that both ship
+#      the leader election (2 replicas, --leader-elect, a PodDisruptionBudget, a metrics Service), that
+#      the opt-in ServiceMonitor renders, and that the chart refuses an unknown rbac.mode and unknown
 #      config keys;
 #   4. applies every rendering to the cluster with `kubectl apply --dry-run=server` (server-side
 #      validation of every object, strict field validation; nothing is created).
@@ -58,6 +60,15 @@ mkdir -p "$OUT/overlay"
 printf 'apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n- %s\nnamespace: %s\n' \
   "$(realpath --relative-to="$OUT/overlay" deploy/kustomize)" "$NS" >"$OUT/overlay/kustomization.yaml"
 "$KUBECTL" kustomize "$OUT/overlay" >"$OUT/kustomize-dryrun.yaml" || die "kubectl kustomize (dry-run overlay)"
+# rbac.mode cluster-admin-like for kustomize: the component in an overlay.
+mkdir -p "$OUT/overlay-admin"
+printf 'apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n- %s\ncomponents:\n- %s\nnamespace: %s\n' \
+  "$(realpath --relative-to="$OUT/overlay-admin" deploy/kustomize)" \
+  "$(realpath --relative-to="$OUT/overlay-admin" deploy/kustomize/components/cluster-admin-like)" "$NS" \
+  >"$OUT/overlay-admin/kustomization.yaml"
+"$KUBECTL" kustomize "$OUT/overlay-admin" >"$OUT/kustomize-admin-dryrun.yaml" || die "kubectl kustomize (cluster-admin-like)"
+grep -q '^  name: metahook-cluster-admin-like$' "$OUT/kustomize-admin-dryrun.yaml" ||
+  die "the cluster-admin-like component does not add its ClusterRole"
 
 "$HELM" lint --strict "$CHART" >&2 || die "helm lint --strict $CHART"
 "$HELM" lint --strict "$CHART" -f "$CHART/ci/overrides-values.yaml" >&2 ||
@@ -75,7 +86,17 @@ done
 for f in kustomize.yaml helm-default.yaml; do
   n=$(grep -c '^kind: CustomResourceDefinition$' "$OUT/$f" || true)
   [ "$n" = "$(ls crds/*.yaml | wc -l)" ] || die "$f has $n CRDs, crds/ has $(ls crds/*.yaml | wc -l)"
+  for kind in PodDisruptionBudget Service Role RoleBinding; do
+    grep -q "^kind: $kind\$" "$OUT/$f" || die "$f has no $kind"
+  done
+  grep -q -- '--leader-elect' "$OUT/$f" || die "$f: the hub does not run with --leader-elect"
+  grep -q '^  replicas: 2$' "$OUT/$f" || die "$f: not 2 replicas"
 done
+# The ServiceMonitor is opt-in (its CRD comes with the Prometheus Operator, so it is rendered, not dry-run).
+"$HELM" template metahook "$CHART" --namespace metahook --set metrics.serviceMonitor.enabled=true \
+  >"$OUT/helm-servicemonitor.yaml" || die "helm template --set metrics.serviceMonitor.enabled=true"
+grep -q '^kind: ServiceMonitor$' "$OUT/helm-servicemonitor.yaml" || die "metrics.serviceMonitor.enabled renders no ServiceMonitor"
+! grep -q '^kind: ServiceMonitor$' "$OUT/helm-default.yaml" || die "the ServiceMonitor must be opt-in"
 
 # The guards must hold: these renderings have to fail, with the intended message.
 expect_fail() { # <what> <grep pattern> <helm template args...>
@@ -86,7 +107,7 @@ expect_fail() { # <what> <grep pattern> <helm template args...>
   fi
   grep -qE "$pattern" <<<"$err" || die "helm template $*: refused $what, but not as expected: $err"
 }
-expect_fail "replicas=2" "no leader election" --set replicas=2
+expect_fail "an unknown rbac.mode" "rbac.mode|mode" --set rbac.mode=everything
 expect_fail "an unknown config key" "additional properties 'noSuchKey' not allowed|noSuchKey" --set config.noSuchKey=1
 expect_fail "a string for config.workers" "workers" --set-string config.workers=five
 step "renderings in $OUT: $(cd "$OUT" && ls ./*.yaml | tr '\n' ' ')"
@@ -97,7 +118,7 @@ if [ "${SKIP_CLUSTER:-0}" = 1 ]; then
 fi
 step "4/4 server-side dry-run against $("$KUBECTL" config view --minify -o jsonpath='{.clusters[0].cluster.server}')"
 [ -s "$KUBECONFIG" ] || die "no kubeconfig at $KUBECONFIG; run 'make cluster-up'"
-for f in kustomize-dryrun.yaml helm-default-dryrun.yaml helm-overrides.yaml; do
+for f in kustomize-dryrun.yaml kustomize-admin-dryrun.yaml helm-default-dryrun.yaml helm-overrides.yaml; do
   step "  kubectl apply --dry-run=server -f $f"
   "$KUBECTL" apply --dry-run=server -f "$OUT/$f" >"$OUT/$f.applied" 2>&1 || {
     cat "$OUT/$f.applied" >&2

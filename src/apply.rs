@@ -84,12 +84,19 @@ pub struct Applier {
     client: Client,
     field_manager: String,
     applied: Arc<Mutex<AppliedCache>>,
+    metrics: crate::metrics::ApplyMetrics,
 }
 
 impl Applier {
     #[must_use]
     pub fn new(client: Client, field_manager: String) -> Self {
-        Self { client, field_manager, applied: Arc::default() }
+        Self { client, field_manager, applied: Arc::default(), metrics: crate::metrics::ApplyMetrics::default() }
+    }
+
+    /// Counts every apply in `metrics` (`metahook_apply_total`).
+    #[must_use]
+    pub fn with_metrics(self, metrics: crate::metrics::ApplyMetrics) -> Self {
+        Self { metrics, ..self }
     }
 
     fn api(&self, resource: &ResolvedResource, namespace: Option<&str>) -> Api<DynamicObject> {
@@ -103,6 +110,25 @@ impl Applier {
     /// namespace (for namespaced kinds) and ownership already set. `observed` is the object the hub
     /// claimed as its own; `None` means "create", which never overwrites an existing object.
     pub async fn apply(
+        &self,
+        resource: &ResolvedResource,
+        desired: &Value,
+        observed: Option<&DynamicObject>,
+        method: UpdateMethod,
+    ) -> Result<Applied, ApplyError> {
+        let result = self.apply_unmetered(resource, desired, observed, method).await;
+        let label = match &result {
+            Ok(Applied::Created) => "created",
+            Ok(Applied::Updated) => "updated",
+            Ok(Applied::Deleted) => "deleted",
+            Ok(Applied::Unchanged) => "unchanged",
+            Err(_) => "error",
+        };
+        self.metrics.record(resource.kind(), label);
+        result
+    }
+
+    async fn apply_unmetered(
         &self,
         resource: &ResolvedResource,
         desired: &Value,

@@ -1,4 +1,4 @@
-//! Command line: `metahook run`, `metahook version`, `metahook crds`.
+//! Command line: `metahook run`, `metahook version`, `metahook crds`, `metahook render`, `metahook rbac`.
 //!
 //! This is the only place that uses `anyhow`: everything below it returns typed errors.
 
@@ -32,6 +32,32 @@ enum Command {
     /// Run a CompositeController's or DecoratorController's hook on YAML fixtures, without a cluster, and show
     /// what the hub would do.
     Render(crate::render::RenderArgs),
+    /// Print the `ClusterRole` each controller in the files needs, labelled to be aggregated into the hub's.
+    Rbac(RbacArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct RbacArgs {
+    /// YAML file(s) with CompositeControllers / DecoratorControllers (other objects are skipped).
+    #[arg(short = 'f', long = "filename")]
+    files: Vec<String>,
+    /// A type the customize hook selects as related (`apiVersion/resource`, e.g. `v1/configmaps`);
+    /// repeatable. The hub only reads related objects.
+    #[arg(long)]
+    related: Vec<String>,
+    /// Also print the hub's own base `ClusterRole` (its CRDs, Events, discovery).
+    #[arg(long)]
+    base: bool,
+}
+
+/// How log lines are written.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// One human-readable line per event, with the span fields (controller, object, sync id) in front.
+    #[default]
+    Text,
+    /// One JSON object per line, with the current span's fields and the span list.
+    Json,
 }
 
 #[derive(Debug, clap::Args)]
@@ -42,6 +68,9 @@ struct RunArgs {
     /// Configuration file (YAML); see `config/metahook.yaml` for every setting and its default.
     #[arg(long, env = "METAHOOK_CONFIG")]
     config: Option<PathBuf>,
+    /// Log format (`METAHOOK_LOG` sets the level filter, e.g. `debug` or `metahook=debug`).
+    #[arg(long, env = "METAHOOK_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
     #[command(flatten)]
     overrides: ConfigOverrides,
 }
@@ -80,8 +109,24 @@ pub fn main() -> ExitCode {
                 }
             }
         }
+        Command::Rbac(args) => {
+            if args.files.is_empty() && !args.base {
+                eprintln!("metahook rbac: give -f FILE (controllers) and/or --base");
+                return ExitCode::from(2);
+            }
+            match crate::rbac::render(&args.files, &args.related, args.base) {
+                Ok(yaml) => {
+                    print!("{yaml}");
+                    ExitCode::SUCCESS
+                }
+                Err(err) => {
+                    eprintln!("metahook rbac: {err}");
+                    ExitCode::from(2)
+                }
+            }
+        }
         Command::Run(args) => {
-            init_tracing();
+            init_tracing(args.log_format);
             let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build();
             let result = runtime.context("starting the async runtime").and_then(|rt| rt.block_on(run(args)));
             match result {
@@ -95,10 +140,14 @@ pub fn main() -> ExitCode {
     }
 }
 
-fn init_tracing() {
+fn init_tracing(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("METAHOOK_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt().with_env_filter(filter).with_target(false).init();
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_target(false);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().with_current_span(true).with_span_list(false).flatten_event(true).init(),
+    }
 }
 
 /// Builds a client from an explicit kubeconfig path, or infers one (env, home, in-cluster).

@@ -29,8 +29,8 @@ use crate::revisions::{self, Rollouts};
 use crate::selector::Selector;
 use crate::sync::{
     Facts, StartError, SyncError, Syncer, api_for, check_hook_settings, controller_queue, every, follow_plan,
-    gc_finalizing, has_finalizer, meaningful_parent_change, record_hook_events, replace_status, resync_after,
-    resync_period, run_workers, set_finalizer,
+    gc_finalizing, has_finalizer, lifecycle_changed, meaningful_parent_change, record_hook_events, replace_status,
+    resync_after, resync_period, run_workers, set_finalizer,
 };
 
 pub use crate::revisions::CONTROLLER_UID_LABEL;
@@ -54,6 +54,7 @@ pub struct Controller {
     /// The safe-delete guard, from the controller's annotation.
     deletion_guard: Option<DeletionGuard>,
     metrics: Arc<crate::metrics::ControllerMetrics>,
+    requests: crate::trigger::SyncRequests<ObjectKey>,
     queue: WorkQueue<ObjectKey>,
 }
 
@@ -109,22 +110,23 @@ impl Controller {
                 .await
                 .map_err(|source| StartError::NotFound { role: "controllerrevision", source })?;
             let informer = hub.informers.get(&resource);
-            informer.wait_synced().await;
+            informer.wait_synced(hub.config.cache_sync_timeout).await?;
             let child_resources = resources(&children);
             Some(Rollouts::new(informer, Arc::clone(&parent_resource), child_resources, spec))
         } else {
             None
         };
         let parent = hub.informers.get(&parent_resource);
-        parent.wait_synced().await;
+        parent.wait_synced(hub.config.cache_sync_timeout).await?;
         for child in &children {
-            child.informer.wait_synced().await;
+            child.informer.wait_synced(hub.config.cache_sync_timeout).await?;
         }
         let name = cc.metadata.name.clone().unwrap_or_default();
         let cc_json = serde_json::to_value(&*cc).unwrap_or(Value::Null);
         let (queue, metrics, enqueue) = controller_queue(hub, "CompositeController", &name);
         Ok(Arc::new(Self {
             metrics,
+            requests: crate::trigger::SyncRequests::default(),
             related: Related::new(hub.clone(), hooks.customize.clone(), cc_json.clone(), enqueue),
             hub: hub.clone(),
             cc_json,
@@ -160,18 +162,35 @@ impl Controller {
         run_workers(self, workers, tasks, cancel).await;
     }
 
+    /// Queues every parent it selects (or still finalizes) now — a sync requested on the controller
+    /// object; returns how many.
+    pub fn resync_all(&self) -> usize {
+        let mut queued = 0;
+        for parent in self.parent.list(None) {
+            if self.parent_selector.matches(&labels_of(&parent.metadata)) || has_finalizer(&parent, &self.finalizer) {
+                self.queue.add(ObjectKey::of(&parent));
+                queued += 1;
+            }
+        }
+        queued
+    }
+
     async fn map_parent_events(self: Arc<Self>) {
         let ignore_status = self.cc.spec.parent_resource.ignore_status_changes == Some(true);
         let mut changes = self.parent.subscribe();
         while let Some(change) = changes.recv().await {
             match &change {
+                Change::Applied { old, new } if self.requests.observe(&ObjectKey::of(new), old.as_deref(), new) => {}
                 Change::Applied { old: Some(old), new }
                     if old.metadata.resource_version == new.metadata.resource_version
                         || (ignore_status && !meaningful_parent_change(old, new)) =>
                 {
                     continue;
                 }
-                Change::Deleted(obj) => self.related.forget(&ObjectKey::of(obj)),
+                Change::Deleted(obj) => {
+                    self.related.forget(&ObjectKey::of(obj));
+                    self.requests.forget(&ObjectKey::of(obj));
+                }
                 Change::Applied { .. } => {}
             }
             self.queue.add(ObjectKey::of(change.object()));
@@ -293,7 +312,9 @@ impl Controller {
             // children the garbage collector has just deleted.
             match live_parent(&self.hub.client, parent_resource, &parent).await? {
                 None => return Ok(None),
-                Some(live) if gc_finalizing(&live) => Vec::new(),
+                // Deleted (or its garbage collector's finalizer removed) while the hook was thinking: the
+                // answer was for another stage of the parent's life; the next sync asks again.
+                Some(live) if lifecycle_changed(&parent, &live) => return Err(SyncError::Conflict("parent")),
                 Some(_) => {
                     if let Some(revisions) = &revisions {
                         revisions.persist(applier).await.map_err(|e| SyncError::Apply(vec![e]))?;
@@ -401,6 +422,10 @@ impl Syncer for Controller {
 
     fn metrics(&self) -> &crate::metrics::ControllerMetrics {
         &self.metrics
+    }
+
+    fn sync_requests(&self) -> &crate::trigger::SyncRequests<ObjectKey> {
+        &self.requests
     }
 
     fn object(&self, key: &ObjectKey) -> Option<Arc<DynamicObject>> {

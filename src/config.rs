@@ -43,6 +43,47 @@ pub struct Config {
     pub metrics_address: String,
     /// Largest hook response body accepted, in bytes; a larger one fails the sync unread.
     pub hook_response_limit: usize,
+    /// How long a starting controller waits for its caches before it reports `Ready=False` with the
+    /// last watch error and is retried (a type the hub may not list or watch never syncs).
+    #[serde(with = "secs")]
+    pub cache_sync_timeout: Duration,
+    /// Leader election among replicas of the hub (off for a single process).
+    pub leader_election: LeaderElection,
+}
+
+/// Leader election on a `coordination.k8s.io/v1` Lease: only the holder runs controllers.
+/// See [`crate::leader`] for why `renewDeadline < leaseDuration` keeps two hubs from writing at once.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
+pub struct LeaderElection {
+    pub enabled: bool,
+    /// Name of the Lease.
+    pub lease_name: String,
+    /// Namespace of the Lease; empty = the hub's own (`POD_NAMESPACE`, else the client's default namespace).
+    pub lease_namespace: String,
+    /// How long a Lease stays valid after its last renewal; a standby takes over only after that.
+    #[serde(with = "secs")]
+    pub lease_duration: Duration,
+    /// The leader stops every write when it has not renewed for this long. Must be below `leaseDuration`.
+    #[serde(with = "secs")]
+    pub renew_deadline: Duration,
+    /// Time between renewals (leader) and between tries to acquire (standby).
+    #[serde(with = "secs")]
+    pub retry_period: Duration,
+}
+
+impl Default for LeaderElection {
+    /// client-go's defaults (15 s / 10 s / 2 s), as Metacontroller and kube-controller-manager use.
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            lease_name: "metahook".to_owned(),
+            lease_namespace: String::new(),
+            lease_duration: Duration::from_secs(15),
+            renew_deadline: Duration::from_secs(10),
+            retry_period: Duration::from_secs(2),
+        }
+    }
 }
 
 impl Default for Config {
@@ -56,6 +97,8 @@ impl Default for Config {
             backoff_max: Duration::from_secs(1000),
             metrics_address: "0.0.0.0:9999".to_owned(),
             hook_response_limit: crate::hooks::DEFAULT_RESPONSE_LIMIT,
+            cache_sync_timeout: Duration::from_secs(60),
+            leader_election: LeaderElection::default(),
         }
     }
 }
@@ -78,6 +121,24 @@ pub struct ConfigOverrides {
     /// Address of the metrics and health endpoints; empty disables them.
     #[arg(long, env = "METAHOOK_METRICS_ADDRESS")]
     pub metrics_address: Option<String>,
+    /// Run controllers only while holding the leader Lease (for several replicas).
+    #[arg(long, env = "METAHOOK_LEADER_ELECT", num_args = 0..=1, default_missing_value = "true")]
+    pub leader_elect: Option<bool>,
+    /// Name of the leader Lease.
+    #[arg(long, env = "METAHOOK_LEADER_ELECT_LEASE_NAME")]
+    pub leader_elect_lease_name: Option<String>,
+    /// Namespace of the leader Lease (default: the hub's own).
+    #[arg(long, env = "METAHOOK_LEADER_ELECT_NAMESPACE")]
+    pub leader_elect_namespace: Option<String>,
+    /// Lease duration in seconds.
+    #[arg(long, env = "METAHOOK_LEASE_DURATION_SECONDS")]
+    pub lease_duration_seconds: Option<u64>,
+    /// Renew deadline in seconds.
+    #[arg(long, env = "METAHOOK_RENEW_DEADLINE_SECONDS")]
+    pub renew_deadline_seconds: Option<u64>,
+    /// Retry period in seconds.
+    #[arg(long, env = "METAHOOK_RETRY_PERIOD_SECONDS")]
+    pub retry_period_seconds: Option<u64>,
 }
 
 impl Config {
@@ -101,6 +162,25 @@ impl Config {
         }
         if let Some(address) = &overrides.metrics_address {
             config.metrics_address.clone_from(address);
+        }
+        let election = &mut config.leader_election;
+        if let Some(enabled) = overrides.leader_elect {
+            election.enabled = enabled;
+        }
+        if let Some(name) = &overrides.leader_elect_lease_name {
+            election.lease_name.clone_from(name);
+        }
+        if let Some(namespace) = &overrides.leader_elect_namespace {
+            election.lease_namespace.clone_from(namespace);
+        }
+        for (value, field) in [
+            (overrides.lease_duration_seconds, &mut election.lease_duration),
+            (overrides.renew_deadline_seconds, &mut election.renew_deadline),
+            (overrides.retry_period_seconds, &mut election.retry_period),
+        ] {
+            if let Some(secs) = value {
+                *field = Duration::from_secs(secs);
+            }
         }
         config.validate()?;
         Ok(config)
@@ -128,8 +208,33 @@ impl Config {
                 reason: "must not exceed backoffMaxSeconds".into(),
             });
         }
+        if self.cache_sync_timeout.is_zero() {
+            return Err(ConfigError::Invalid { field: "cacheSyncTimeout", reason: "must be at least 1 second".into() });
+        }
+        self.leader_election.validate()?;
         crate::selector::parse_selector_string(&self.target_label_selector)
             .map_err(|e| ConfigError::Invalid { field: "targetLabelSelector", reason: e.to_string() })?;
+        Ok(())
+    }
+}
+
+impl LeaderElection {
+    /// client-go's rule: `leaseDuration > renewDeadline > retryPeriod`, all positive. The first
+    /// inequality is what keeps an old leader from writing after a new one took over ([`crate::leader`]).
+    fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |field, reason: &str| Err(ConfigError::Invalid { field, reason: reason.to_owned() });
+        if self.lease_name.is_empty() {
+            return invalid("leaderElection.leaseName", "must not be empty");
+        }
+        if self.retry_period.is_zero() {
+            return invalid("leaderElection.retryPeriod", "must be at least 1 second");
+        }
+        if self.renew_deadline <= self.retry_period {
+            return invalid("leaderElection.renewDeadline", "must be greater than retryPeriod");
+        }
+        if self.lease_duration <= self.renew_deadline {
+            return invalid("leaderElection.leaseDuration", "must be greater than renewDeadline");
+        }
         Ok(())
     }
 }
@@ -184,6 +289,22 @@ mod tests {
         let overrides = ConfigOverrides { workers: Some(0), ..ConfigOverrides::default() };
         let err = Config::load(None, &overrides).unwrap_err();
         assert!(err.to_string().contains("workers"), "{err}");
+    }
+
+    #[test]
+    fn leader_election_timings_must_leave_a_margin() {
+        let overrides = ConfigOverrides {
+            leader_elect: Some(true),
+            lease_duration_seconds: Some(10),
+            renew_deadline_seconds: Some(10),
+            ..ConfigOverrides::default()
+        };
+        let err = Config::load(None, &overrides).unwrap_err();
+        assert!(err.to_string().contains("leaseDuration"), "{err}");
+        let overrides = ConfigOverrides { retry_period_seconds: Some(10), ..ConfigOverrides::default() };
+        assert!(Config::load(None, &overrides).unwrap_err().to_string().contains("renewDeadline"));
+        let overrides = ConfigOverrides { leader_elect: Some(true), ..ConfigOverrides::default() };
+        assert!(Config::load(None, &overrides).unwrap().leader_election.enabled);
     }
 
     #[test]

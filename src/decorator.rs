@@ -28,8 +28,8 @@ use crate::related::{ParentScope, Related};
 use crate::selector::Selector;
 use crate::sync::{
     Facts, StartError, SyncError, Syncer, api_for, check_hook_settings, controller_queue, every, follow_plan,
-    gc_finalizing, has_finalizer, meaningful_parent_change, record_hook_events, replace_status, resync_after,
-    resync_period, run_workers, set_finalizer,
+    gc_finalizing, has_finalizer, lifecycle_changed, meaningful_parent_change, record_hook_events, replace_status,
+    resync_after, resync_period, run_workers, set_finalizer,
 };
 
 /// Annotation naming the DecoratorController that manages an attachment.
@@ -153,6 +153,7 @@ pub struct Controller {
     /// The safe-delete guard, from the controller's annotation.
     deletion_guard: Option<DeletionGuard>,
     metrics: Arc<crate::metrics::ControllerMetrics>,
+    requests: crate::trigger::SyncRequests<TargetKey>,
     queue: WorkQueue<TargetKey>,
 }
 
@@ -217,13 +218,14 @@ impl Controller {
             attachments.push(ChildType { method, informer: hub.informers.get(&resource) });
         }
         for informer in targets.iter().map(|t| &t.informer).chain(attachments.iter().map(|a| &a.informer)) {
-            informer.wait_synced().await;
+            informer.wait_synced(hub.config.cache_sync_timeout).await?;
         }
         let name = dc.metadata.name.clone().unwrap_or_default();
         let dc_json = serde_json::to_value(&*dc).unwrap_or(Value::Null);
         let (queue, metrics, enqueue) = controller_queue(hub, "DecoratorController", &name);
         Ok(Arc::new(Self {
             metrics,
+            requests: crate::trigger::SyncRequests::default(),
             related: Related::new(hub.clone(), spec.hooks.customize.clone(), dc_json.clone(), enqueue),
             hub: hub.clone(),
             dc_json,
@@ -261,12 +263,27 @@ impl Controller {
         run_workers(self, workers, tasks, cancel).await;
     }
 
+    /// Queues every selected target now (a sync requested on the controller object); returns how many.
+    pub fn resync_all(&self) -> usize {
+        let mut queued = 0;
+        for (target_type, target) in self.targets.iter().enumerate() {
+            for obj in target.informer.list(None).into_iter().filter(|o| target.selects(o)) {
+                self.queue.add(TargetKey { target_type, key: ObjectKey::of(&obj) });
+                queued += 1;
+            }
+        }
+        queued
+    }
+
     async fn map_target_events(self: Arc<Self>, target_type: usize) {
         let target = &self.targets[target_type];
         let mut changes = target.informer.subscribe();
         while let Some(change) = changes.recv().await {
             let key = TargetKey { target_type, key: ObjectKey::of(change.object()) };
             match &change {
+                Change::Applied { old, new }
+                    if (target.selects(new) || has_finalizer(new, &self.finalizer))
+                        && self.requests.observe(&key, old.as_deref(), new) => {}
                 Change::Applied { old: Some(old), new }
                     if old.metadata.resource_version == new.metadata.resource_version
                         || (target.ignores_status_changes(new) && !meaningful_parent_change(old, new)) =>
@@ -275,6 +292,7 @@ impl Controller {
                 }
                 Change::Deleted(_) => {
                     self.related.forget(&key);
+                    self.requests.forget(&key);
                     continue;
                 }
                 // Objects neither selected nor carrying our finalizer are none of our business.
@@ -394,7 +412,7 @@ impl Controller {
             // No attachment write for a target that is gone or replaced.
             match live_parent(&self.hub.client, resource, &target).await? {
                 None => return Ok(None),
-                Some(live) if gc_finalizing(&live) => Vec::new(),
+                Some(live) if lifecycle_changed(&target, &live) => return Err(SyncError::Conflict("target")),
                 Some(_) => plan.execute(&self.hub.applier).await,
             }
         };
@@ -478,6 +496,10 @@ impl Syncer for Controller {
 
     fn metrics(&self) -> &crate::metrics::ControllerMetrics {
         &self.metrics
+    }
+
+    fn sync_requests(&self) -> &crate::trigger::SyncRequests<TargetKey> {
+        &self.requests
     }
 
     fn object(&self, key: &TargetKey) -> Option<Arc<DynamicObject>> {

@@ -1,10 +1,13 @@
 //! The hub: the services every controller shares (one client, discovery, one watch per type, one hook
-//! client, one applier, one event recorder, metrics).
+//! client, one applier, one event recorder, metrics and health).
 //!
 //! It depends on nothing above it: controllers take a [`Hub`], and [`crate::manager`] builds one and
 //! runs them.
 
+use std::sync::Arc;
+
 use kube::Client;
+use prometheus_client::registry::Registry;
 
 use crate::apply::Applier;
 use crate::config::Config;
@@ -12,6 +15,8 @@ use crate::discovery::Discovery;
 use crate::events::Events;
 use crate::hooks::HookClient;
 use crate::informers::Informers;
+use crate::leader::Leadership;
+use crate::metrics::{Health, Metrics};
 
 /// Shared services handed to every controller. Cheap to clone.
 #[derive(Clone)]
@@ -23,19 +28,39 @@ pub struct Hub {
     pub hooks: HookClient,
     pub applier: Applier,
     pub events: Events,
-    pub metrics: crate::metrics::Metrics,
+    pub metrics: Metrics,
+    /// What `/readyz` answers from.
+    pub health: Health,
+    /// Every metric family of the hub, as `/metrics` serves them.
+    pub registry: Arc<Registry>,
 }
 
 impl Hub {
     #[must_use]
     pub fn new(client: Client, config: Config) -> Self {
+        Self::with_leadership(client, config, None)
+    }
+
+    /// A hub whose `/readyz` and metrics report `leadership` (when it runs for a Lease).
+    #[must_use]
+    pub fn with_leadership(client: Client, config: Config, leadership: Option<Leadership>) -> Self {
+        let metrics = Metrics::default();
+        let health = Health::new(leadership);
+        let informers = Informers::new(client.clone());
+        let hooks = HookClient::new(config.hook_response_limit);
+        let mut registry = Registry::default();
+        metrics.register(&mut registry);
+        crate::metrics::register_snapshot(&mut registry, health.clone(), informers.clone());
+        // Families owned by other parts of the hub register here, one line each.
         Self {
             discovery: Discovery::new(client.clone(), config.discovery_interval),
-            informers: Informers::new(client.clone()),
-            hooks: HookClient::new(config.hook_response_limit),
-            applier: Applier::new(client.clone(), config.field_manager.clone()),
+            applier: Applier::new(client.clone(), config.field_manager.clone()).with_metrics(metrics.apply.clone()),
             events: Events::new(client.clone()),
-            metrics: crate::metrics::Metrics::default(),
+            informers,
+            hooks,
+            metrics,
+            health,
+            registry: Arc::new(registry),
             client,
             config,
         }

@@ -123,7 +123,47 @@ struct Shared {
     store: RwLock<Store>,
     subscribers: Mutex<Vec<mpsc::UnboundedSender<Change>>>,
     synced: watch::Sender<bool>,
+    /// The watch's last error since it last listed or received an event (what a start that cannot
+    /// sync reports).
+    last_error: watch::Sender<Option<WatchFailure>>,
     task: Mutex<Option<tokio::task::AbortHandle>>,
+}
+
+/// Why a watch is not delivering: the API's status code (if it answered) and message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WatchFailure {
+    pub code: Option<u16>,
+    pub message: String,
+}
+
+/// A cache that did not sync in time.
+#[derive(Debug, thiserror::Error)]
+pub enum SyncTimeout {
+    /// The API refused to list or watch the type (403): waiting longer cannot help.
+    #[error("cannot list/watch {resource}: {message}")]
+    Forbidden { resource: String, message: String },
+    #[error("cache of {resource} not synced after {waited:?}: {}", last_error.as_deref().unwrap_or("no answer from the API server"))]
+    NotSynced { resource: String, waited: Duration, last_error: Option<String> },
+}
+
+/// Size and state of one shared cache, for metrics.
+#[derive(Clone, Debug)]
+pub struct CacheStats {
+    /// `apiVersion/plural`.
+    pub resource: String,
+    pub objects: usize,
+    pub synced: bool,
+}
+
+fn failure(err: &watcher::Error) -> WatchFailure {
+    let code = match err {
+        watcher::Error::InitialListFailed(kube::Error::Api(s))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(s))
+        | watcher::Error::WatchFailed(kube::Error::Api(s))
+        | watcher::Error::WatchError(s) => Some(s.code),
+        _ => None,
+    };
+    WatchFailure { code, message: err.to_string() }
 }
 
 impl Drop for Shared {
@@ -160,11 +200,30 @@ impl Informer {
         &self.shared.resource
     }
 
-    /// Waits until the initial list is in the cache.
-    pub async fn wait_synced(&self) {
+    /// Waits until the initial list is in the cache, at most `timeout`. Gives up at once when the API
+    /// forbids listing or watching the type, and otherwise names the watch's last error.
+    pub async fn wait_synced(&self, timeout: Duration) -> Result<(), SyncTimeout> {
+        let resource = format!("{}/{}", self.shared.resource.api_version(), self.shared.resource.api_resource.plural);
         let mut synced = self.shared.synced.subscribe();
-        // The sender lives in `shared`, which we hold, so this cannot fail.
-        let _ = synced.wait_for(|s| *s).await;
+        let mut errors = self.shared.last_error.subscribe();
+        let forbidden = |e: &Option<WatchFailure>| e.as_ref().is_some_and(|f| f.code == Some(403));
+        // The senders live in `shared`, which we hold, so neither wait can fail.
+        let outcome = tokio::time::timeout(timeout, async {
+            tokio::select! {
+                _ = synced.wait_for(|s| *s) => Ok(()),
+                _ = errors.wait_for(forbidden) => Err(()),
+            }
+        })
+        .await;
+        let last = self.shared.last_error.borrow().clone();
+        match outcome {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(())) => {
+                Err(SyncTimeout::Forbidden { resource, message: last.map(|f| f.message).unwrap_or_default() })
+            }
+            Err(_) if self.is_synced() => Ok(()),
+            Err(_) => Err(SyncTimeout::NotSynced { resource, waited: timeout, last_error: last.map(|f| f.message) }),
+        }
     }
 
     #[must_use]
@@ -239,11 +298,13 @@ impl Informers {
             return Informer { shared };
         }
         let (synced, _) = watch::channel(false);
+        let (last_error, _) = watch::channel(None);
         let shared = Arc::new(Shared {
             resource: Arc::clone(resource),
             store: RwLock::default(),
             subscribers: Mutex::default(),
             synced,
+            last_error,
             task: Mutex::default(),
         });
         let task = tokio::spawn(run_watch(self.client.clone(), Arc::downgrade(&shared)));
@@ -257,6 +318,28 @@ impl Informers {
     #[must_use]
     pub fn watched_types(&self) -> usize {
         self.live.lock().expect("informers lock").values().filter(|w| w.strong_count() > 0).count()
+    }
+
+    /// Size and sync state of every live cache.
+    #[must_use]
+    pub fn stats(&self) -> Vec<CacheStats> {
+        let live: Vec<(String, Arc<Shared>)> = self
+            .live
+            .lock()
+            .expect("informers lock")
+            .iter()
+            .filter_map(|(id, weak)| weak.upgrade().map(|s| (id.clone(), s)))
+            .collect();
+        let mut stats: Vec<CacheStats> = live
+            .into_iter()
+            .map(|(resource, shared)| CacheStats {
+                resource,
+                objects: shared.store.read().expect("store lock").objects.len(),
+                synced: *shared.synced.borrow(),
+            })
+            .collect();
+        stats.sort_by(|a, b| a.resource.cmp(&b.resource));
+        stats
     }
 }
 
@@ -283,8 +366,14 @@ async fn run_watch(client: Client, shared: Weak<Shared>) {
     while let Some(event) = events.next().await {
         let Some(shared) = shared.upgrade() else { return };
         match event {
-            Err(err) => warn!(resource = %resource.api_resource.plural, "watch error (retrying): {err}"),
-            Ok(watcher::Event::Init) => relist = Some(HashMap::new()),
+            Err(err) => {
+                warn!(resource = %resource.api_resource.plural, "watch error (retrying): {err}");
+                shared.last_error.send_replace(Some(failure(&err)));
+            }
+            Ok(watcher::Event::Init) => {
+                shared.last_error.send_replace(None);
+                relist = Some(HashMap::new());
+            }
             Ok(watcher::Event::InitApply(obj)) => {
                 let obj = prepare(obj, &resource);
                 relist.get_or_insert_with(HashMap::new).insert(ObjectKey::of(&obj), obj);
@@ -404,6 +493,22 @@ mod tests {
             },
             data: serde_json::Value::Null,
         })
+    }
+
+    #[tokio::test]
+    async fn a_cache_that_cannot_fill_gives_up_after_the_timeout_naming_the_last_watch_error() {
+        // Nothing listens on port 9 of the loopback: every list fails to connect.
+        let client = Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap())).unwrap();
+        let resource = Arc::new(ResolvedResource {
+            api_resource: kube::core::ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&()),
+            namespaced: true,
+            has_status: false,
+        });
+        let informer = Informers::new(client).get(&resource);
+        let err = informer.wait_synced(Duration::from_secs(2)).await.unwrap_err();
+        let SyncTimeout::NotSynced { resource, last_error, .. } = &err else { panic!("{err}") };
+        assert_eq!(resource, "v1/configmaps");
+        assert!(last_error.as_deref().is_some_and(|e| e.contains("list")), "{err}");
     }
 
     #[test]

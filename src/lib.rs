@@ -20,14 +20,17 @@ pub mod events;
 pub mod hooks;
 pub mod hub;
 pub mod informers;
+pub mod leader;
 pub mod manager;
 pub mod metrics;
 pub mod queue;
+pub mod rbac;
 pub mod related;
 pub mod render;
 pub mod revisions;
 pub mod selector;
 pub mod sync;
+pub mod trigger;
 pub mod validation;
 
 pub use hub::Hub;

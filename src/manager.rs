@@ -3,14 +3,19 @@
 //! goes away, and reports on the object's status.
 //!
 //! Metadata-only edits (labels, annotations) do not restart a controller, as in Metacontroller, except
-//! the safe-delete guard annotation, which configures the running controller. When a
+//! the safe-delete guard annotation, which configures the running controller; the
+//! `metahook.dev/sync-requested-at` annotation ([`crate::trigger`]) queues every object it manages. When a
 //! controller object is deleted, the finalizers it put on parents/targets are removed (Metacontroller
-//! leaves them behind, #1062, and those objects can then never be deleted).
+//! leaves them behind, #1062, and those objects can then never be deleted). Starts, failures to start
+//! and stops are Events on the controller object.
+//!
+//! With leader election ([`crate::leader`]) all of this runs only while this hub holds the Lease, with a
+//! client whose writes stop at the renew deadline.
 
 use std::collections::HashMap;
 use std::fmt::Debug;
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use futures::StreamExt as _;
@@ -30,6 +35,8 @@ use crate::api::{CompositeController, ControllerStatus, DecoratorController};
 use crate::children::MAX_DELETIONS_ANNOTATION;
 use crate::config::Config;
 use crate::hub::Hub;
+use crate::leader::{Elector, Lost};
+use crate::metrics::ControllerState;
 use crate::sync::{StartError, api_for};
 
 /// A kind of controller object the manager runs.
@@ -44,6 +51,8 @@ pub trait Managed:
     fn start(hub: &Hub, obj: Arc<Self>) -> impl Future<Output = Result<Arc<Self::Running>, StartError>> + Send;
     /// Runs until `cancel` fires.
     fn run(running: Arc<Self::Running>, cancel: CancellationToken) -> impl Future<Output = ()> + Send;
+    /// Queues every object the controller manages; returns how many.
+    fn resync_all(running: &Self::Running) -> usize;
     /// The finalizer this controller puts on the objects it syncs, and the types it may be on.
     fn finalizer(&self) -> (String, Vec<(String, String)>);
 }
@@ -62,6 +71,9 @@ impl Managed for CompositeController {
     }
     async fn run(running: Arc<Self::Running>, cancel: CancellationToken) {
         running.run(cancel).await;
+    }
+    fn resync_all(running: &Self::Running) -> usize {
+        running.resync_all()
     }
     fn finalizer(&self) -> (String, Vec<(String, String)>) {
         let parent = &self.spec.parent_resource;
@@ -87,6 +99,9 @@ impl Managed for DecoratorController {
     async fn run(running: Arc<Self::Running>, cancel: CancellationToken) {
         running.run(cancel).await;
     }
+    fn resync_all(running: &Self::Running) -> usize {
+        running.resync_all()
+    }
     fn finalizer(&self) -> (String, Vec<(String, String)>) {
         let types = self.spec.resources.iter().map(|r| (r.api_version.clone(), r.resource.clone())).collect();
         (crate::decorator::finalizer_name(&self.name_any()), types)
@@ -98,6 +113,10 @@ struct Running<K: Managed> {
     uid: Option<String>,
     /// The safe-delete guard annotation: the one metadata field that changes how a controller runs.
     guard: Option<String>,
+    /// The value of the sync request annotation last acted on.
+    requested: Option<String>,
+    /// The controller, once it has started.
+    started: Arc<OnceLock<Arc<K::Running>>>,
     cancel: CancellationToken,
     task: JoinHandle<()>,
 }
@@ -116,6 +135,17 @@ pub enum HubError {
     Signal(#[from] std::io::Error),
 }
 
+/// A reference to a controller object, for Events (cluster-scoped: they go to `default`).
+fn reference<K: Managed>(obj: &K) -> k8s_openapi::api::core::v1::ObjectReference {
+    k8s_openapi::api::core::v1::ObjectReference {
+        api_version: Some(K::api_version(&()).into_owned()),
+        kind: Some(K::kind(&()).into_owned()),
+        name: obj.meta().name.clone(),
+        uid: obj.meta().uid.clone(),
+        ..k8s_openapi::api::core::v1::ObjectReference::default()
+    }
+}
+
 /// Runs every CompositeController and DecoratorController until Ctrl-C / SIGTERM.
 pub async fn run(client: Client, config: Config) -> Result<(), HubError> {
     let cancel = CancellationToken::new();
@@ -128,16 +158,62 @@ pub async fn run(client: Client, config: Config) -> Result<(), HubError> {
 }
 
 /// Runs every CompositeController and DecoratorController until `cancel` fires (how tests and embedders
-/// run a hub).
+/// run a hub). With `leaderElection.enabled`, only while this hub holds the Lease.
 pub async fn run_until(client: Client, config: Config, cancel: CancellationToken) {
+    if config.leader_election.enabled {
+        return run_elected(client, config, cancel).await;
+    }
     let hub = Hub::new(client, config);
-    let server = crate::metrics::start(&hub.config.metrics_address, hub.metrics.clone(), hub.informers.clone()).await;
-    let composites = Box::pin(watch_controllers::<CompositeController>(hub.clone(), cancel.clone()));
-    let decorators = Box::pin(watch_controllers::<DecoratorController>(hub, cancel));
-    tokio::join!(composites, decorators);
+    let server =
+        crate::metrics::start(&hub.config.metrics_address, Arc::clone(&hub.registry), hub.health.clone()).await;
+    run_controllers(hub, cancel).await;
     if let Some(server) = server {
         server.abort();
     }
+}
+
+/// Terms of leadership, one after the other: acquire the Lease, run the controllers with a client whose
+/// writes stop at the renew deadline, and stop them when the term is lost. On `cancel` the controllers
+/// stop first and the Lease is released after, so a standby takes over at once.
+async fn run_elected(client: Client, config: Config, cancel: CancellationToken) {
+    let settings = config.leader_election.clone();
+    let namespace = crate::leader::namespace(&settings, &client);
+    let mut elector = Elector::new(client.clone(), &namespace, settings, crate::leader::identity());
+    let leadership = elector.leadership().clone();
+    let gated = crate::leader::gated(client, leadership.clone());
+    let hub = Hub::with_leadership(gated, config, Some(leadership.clone()));
+    let server =
+        crate::metrics::start(&hub.config.metrics_address, Arc::clone(&hub.registry), hub.health.clone()).await;
+    info!(identity = %leadership.identity, lease = %leadership.lease, "waiting to lead");
+    while elector.acquire(&cancel).await {
+        hub.health.reset();
+        let term = CancellationToken::new();
+        let controllers = tokio::spawn(run_controllers(hub.clone(), term.clone()));
+        let lost = tokio::select! {
+            lost = elector.hold() => Some(lost),
+            () = cancel.cancelled() => None,
+        };
+        term.cancel();
+        let _ = controllers.await;
+        match lost {
+            None => {
+                elector.release().await;
+                break;
+            }
+            Some(Lost::TakenBy(holder)) => warn!(?holder, "another hub took the lease; standing by"),
+            Some(Lost::RenewDeadline) => warn!("could not renew the lease in time; standing by"),
+        }
+    }
+    if let Some(server) = server {
+        server.abort();
+    }
+}
+
+/// Runs the controllers of both kinds until `cancel` fires.
+async fn run_controllers(hub: Hub, cancel: CancellationToken) {
+    let composites = Box::pin(watch_controllers::<CompositeController>(hub.clone(), cancel.clone()));
+    let decorators = Box::pin(watch_controllers::<DecoratorController>(hub, cancel));
+    tokio::join!(composites, decorators);
 }
 
 async fn shutdown_signal() -> std::io::Result<()> {
@@ -172,57 +248,81 @@ async fn watch_controllers<K: Managed>(hub: Hub, cancel: CancellationToken) {
                 reconcile(&hub, &mut running, obj).await;
             }
             Ok(watcher::Event::InitDone) => {
+                hub.health.listed(&K::kind(&()));
                 let seen = relisted.take().unwrap_or_default();
                 let gone: Vec<String> = running.keys().filter(|n| !seen.contains(n)).cloned().collect();
                 for name in gone {
-                    stop(&mut running, &name).await;
+                    stop(&hub, &mut running, &name, None).await;
                 }
             }
             Ok(watcher::Event::Apply(obj)) => reconcile(&hub, &mut running, obj).await,
             Ok(watcher::Event::Delete(obj)) => {
-                stop(&mut running, &obj.name_any()).await;
+                stop(&hub, &mut running, &obj.name_any(), None).await;
                 hub.metrics.remove(&K::kind(&()), &obj.name_any());
                 release_finalizers(&hub, &obj).await;
             }
         }
     }
-    for (_, controller) in running.drain() {
+    for (name, controller) in running.drain() {
         controller.stop().await;
+        hub.health.remove(&K::kind(&()), &name);
     }
 }
 
-async fn stop<K: Managed>(running: &mut HashMap<String, Running<K>>, name: &str) {
+/// Stops controller `name`; `obj` (when it still exists) gets a `Stopped` Event saying `why`.
+async fn stop<K: Managed>(hub: &Hub, running: &mut HashMap<String, Running<K>>, name: &str, obj: Option<(&K, &str)>) {
     if let Some(controller) = running.remove(name) {
         info!(controller = name, kind = %K::kind(&()), "stopping controller");
         controller.stop().await;
+        hub.health.remove(&K::kind(&()), name);
+        if let Some((obj, why)) = obj {
+            hub.events.normal(&reference(obj), "Stopped", format!("Controller stopped: {why}")).await;
+        }
     }
 }
 
 async fn reconcile<K: Managed>(hub: &Hub, running: &mut HashMap<String, Running<K>>, obj: K) {
     let name = obj.name_any();
     let guard = obj.meta().annotations.as_ref().and_then(|a| a.get(MAX_DELETIONS_ANNOTATION)).cloned();
-    if let Some(current) = running.get(&name) {
+    let requested = crate::trigger::requested_at(obj.meta()).map(str::to_owned);
+    if let Some(current) = running.get_mut(&name) {
         if &current.spec == obj.spec() && current.uid == obj.meta().uid && current.guard == guard {
+            if requested.is_some() && requested != current.requested {
+                current.requested.clone_from(&requested);
+                if let Some(controller) = current.started.get() {
+                    let queued = K::resync_all(controller);
+                    let at = requested.unwrap_or_default();
+                    info!(controller = %name, kind = %K::kind(&()), queued, "sync requested at {at}");
+                    let note = format!("Sync requested at {at}: queued {queued} objects");
+                    hub.events.normal(&reference(&obj), "SyncRequested", note).await;
+                }
+            }
             return;
         }
         info!(controller = %name, kind = %K::kind(&()), "spec or deletion guard changed; restarting controller");
-        stop(running, &name).await;
+        stop(hub, running, &name, Some((&obj, "spec changed, restarting"))).await;
     }
     let cancel = CancellationToken::new();
+    let started = Arc::new(OnceLock::new());
+    hub.health.set(&K::kind(&()), &name, ControllerState::Starting);
     let entry = Running {
         spec: obj.spec().clone(),
         uid: obj.meta().uid.clone(),
         guard,
+        requested,
+        started: Arc::clone(&started),
         cancel: cancel.clone(),
-        task: tokio::spawn(supervise(hub.clone(), Arc::new(obj), cancel)),
+        task: tokio::spawn(supervise(hub.clone(), Arc::new(obj), started, cancel)),
     };
     running.insert(name, entry);
 }
 
 /// Starts the controller, retrying with backoff while it cannot start, then runs it until cancelled.
-async fn supervise<K: Managed>(hub: Hub, obj: Arc<K>, cancel: CancellationToken) {
+async fn supervise<K: Managed>(hub: Hub, obj: Arc<K>, slot: Arc<OnceLock<Arc<K::Running>>>, cancel: CancellationToken) {
     let name = obj.name_any();
+    let kind = K::kind(&());
     let mut delay = Duration::from_secs(1);
+    // Only the first attempt holds `/readyz` back: a controller that failed reports on itself.
     loop {
         let started = tokio::select! {
             () = cancel.cancelled() => return,
@@ -230,14 +330,19 @@ async fn supervise<K: Managed>(hub: Hub, obj: Arc<K>, cancel: CancellationToken)
         };
         match started {
             Ok(controller) => {
-                info!(controller = %name, kind = %K::kind(&()), "controller started");
+                info!(controller = %name, kind = %kind, "controller started");
+                hub.health.set(&kind, &name, ControllerState::Running);
+                let _ = slot.set(Arc::clone(&controller));
                 report(&hub, &*obj, true, "Running", "controller is running".into()).await;
+                hub.events.normal(&reference(&*obj), "Started", "Controller started: caches synced".into()).await;
                 K::run(controller, cancel).await;
                 return;
             }
             Err(err) => {
-                warn!(controller = %name, kind = %K::kind(&()), "cannot start controller (retrying in {delay:?}): {err}");
+                warn!(controller = %name, kind = %kind, "cannot start controller (retrying in {delay:?}): {err}");
+                hub.health.set(&kind, &name, ControllerState::Failed(err.reason().to_owned()));
                 report(&hub, &*obj, false, err.reason(), err.to_string()).await;
+                hub.events.warning(&reference(&*obj), err.reason(), format!("Cannot start controller: {err}")).await;
                 tokio::select! {
                     () = cancel.cancelled() => return,
                     () = tokio::time::sleep(delay) => {}

@@ -1,128 +1,503 @@
-//! Prometheus metrics and health endpoints: `/metrics`, `/healthz`, `/readyz` on `metricsAddress`.
+//! Prometheus metrics (through `prometheus-client`) and the health endpoints `/metrics`, `/healthz`,
+//! `/readyz` on `metricsAddress`.
 //!
-//! kube-runtime exports no controller metrics, and a whole HTTP framework for three GET routes would
-//! outweigh the rest of the hub's dependencies, so this is a small hand-written responder. Counters are
-//! atomics updated by the worker loop; queue depth is read when scraped.
+//! Names follow the conventions dashboards already know: controller-runtime's reconcile totals by
+//! result and duration histograms (`metahook_reconcile_*`, labelled `kind`, `controller`), client-go's
+//! `workqueue_*` (labelled `name` = `<kind>/<controller>`), client-go's `leader_election_master_status`.
+//! Every family is registered in one [`Registry`] built by [`crate::hub::Hub::new`]; another part of the
+//! hub adds its own families with one `register(&mut registry)` call there.
+//!
+//! A whole HTTP framework for three GET routes would outweigh the rest of the hub's dependencies, so
+//! the responder is a small hand-written one.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric as _};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpListener;
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
-/// Counters of one running controller.
-#[derive(Default)]
+use crate::leader::Leadership;
+use crate::queue::QueueStats;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ControllerLabels {
+    kind: String,
+    controller: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabels {
+    kind: String,
+    controller: String,
+    result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct QueueLabels {
+    name: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ApplyLabels {
+    kind: String,
+    result: &'static str,
+}
+
+/// How one sync ended, as the `result` label of `metahook_reconcile_total` (controller-runtime's values).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    Success,
+    /// Succeeded, and the hook asked to be called again after a delay (`resyncAfterSeconds`).
+    RequeueAfter,
+    /// Retried quietly: the hook said 429, a conflict, a cache still filling.
+    Requeue,
+    Error,
+}
+
+impl Outcome {
+    fn label(self) -> &'static str {
+        match self {
+            Self::Success => "success",
+            Self::RequeueAfter => "requeue_after",
+            Self::Requeue => "requeue",
+            Self::Error => "error",
+        }
+    }
+}
+
+/// Seconds, from 5 ms to about 80 s: hook calls and API writes dominate a sync.
+fn duration_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.005, 2.0, 15))
+}
+
+/// The metrics of one running controller; cheap handles into the hub's families.
 pub struct ControllerMetrics {
-    pub syncs: AtomicU64,
-    pub errors: AtomicU64,
-    /// Total time spent in syncs, in microseconds.
-    pub sync_micros: AtomicU64,
-    /// Syncs refused by the safe-delete guard.
-    pub guard_refusals: AtomicU64,
-    depth: Mutex<Option<Box<dyn Fn() -> usize + Send + Sync>>>,
+    kind: String,
+    controller: String,
+    reconcile: Family<ResultLabels, Counter>,
+    duration: Histogram,
+    guard_refusals: Counter,
 }
 
 impl ControllerMetrics {
-    /// Records one finished sync.
-    pub fn record(&self, took: Duration, failed: bool) {
-        self.syncs.fetch_add(1, Ordering::Relaxed);
-        if failed {
-            self.errors.fetch_add(1, Ordering::Relaxed);
-        }
-        self.sync_micros.fetch_add(u64::try_from(took.as_micros()).unwrap_or(u64::MAX), Ordering::Relaxed);
+    /// The controller kind (`CompositeController` or `DecoratorController`).
+    #[must_use]
+    pub fn kind(&self) -> &str {
+        &self.kind
     }
 
-    /// How to read the controller's queue depth when scraped.
-    pub fn set_depth(&self, depth: impl Fn() -> usize + Send + Sync + 'static) {
-        *self.depth.lock().expect("metrics lock") = Some(Box::new(depth));
+    /// Records one finished sync.
+    pub fn record(&self, took: Duration, outcome: Outcome) {
+        let labels =
+            ResultLabels { kind: self.kind.clone(), controller: self.controller.clone(), result: outcome.label() };
+        self.reconcile.get_or_create(&labels).inc();
+        self.duration.observe(took.as_secs_f64());
+    }
+
+    /// Counts a sync the safe-delete guard refused.
+    pub fn deletion_guard_refused(&self) {
+        self.guard_refusals.inc();
     }
 }
 
-/// Counters by (controller kind, controller name).
-type ByController = BTreeMap<(String, String), Arc<ControllerMetrics>>;
-
-/// All metrics of a hub. Cheap to clone.
+/// Apply results by child kind (`metahook_apply_total`): writes (`created`, `updated`, `deleted`),
+/// skips (`unchanged`: nothing to write) and failures (`error`).
 #[derive(Clone, Default)]
+pub struct ApplyMetrics {
+    applied: Family<ApplyLabels, Counter>,
+}
+
+impl ApplyMetrics {
+    pub fn record(&self, kind: &str, result: &'static str) {
+        self.applied.get_or_create(&ApplyLabels { kind: kind.to_owned(), result }).inc();
+    }
+}
+
+/// Every family of the hub's own metrics. Cheap to clone.
+#[derive(Clone)]
 pub struct Metrics {
-    controllers: Arc<Mutex<ByController>>,
+    reconcile: Family<ResultLabels, Counter>,
+    reconcile_duration: Family<ControllerLabels, Histogram>,
+    queue_depth: Family<QueueLabels, Gauge>,
+    queue_adds: Family<QueueLabels, Counter>,
+    queue_retries: Family<QueueLabels, Counter>,
+    queue_duration: Family<QueueLabels, Histogram>,
+    work_duration: Family<QueueLabels, Histogram>,
+    guard_refusals: Family<ControllerLabels, Counter>,
+    pub apply: ApplyMetrics,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self {
+            reconcile: Family::default(),
+            reconcile_duration: Family::new_with_constructor(duration_histogram),
+            queue_depth: Family::default(),
+            queue_adds: Family::default(),
+            queue_retries: Family::default(),
+            queue_duration: Family::new_with_constructor(queue_histogram),
+            work_duration: Family::new_with_constructor(queue_histogram),
+            guard_refusals: Family::default(),
+            apply: ApplyMetrics::default(),
+        }
+    }
+}
+
+/// Seconds, from 1 ms to about 4 min (client-go's workqueue histograms span 10 ns to 10 s; our queue
+/// also holds keys for their backoff, which is longer).
+fn queue_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.001, 4.0, 10))
 }
 
 impl Metrics {
-    /// The counters of controller `kind`/`name`, created on first use and kept until [`Metrics::remove`].
+    /// Registers every family in `registry`.
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register("metahook_reconcile", "Syncs finished, by result.", self.reconcile.clone());
+        registry.register(
+            "metahook_reconcile_duration_seconds",
+            "Time one sync took (observe, hooks, apply, status).",
+            self.reconcile_duration.clone(),
+        );
+        registry.register("metahook_apply", "Child and attachment writes and skips, by kind and result.", {
+            self.apply.applied.clone()
+        });
+        registry.register(
+            "metahook_deletion_guard_refusals",
+            "Syncs refused because they would delete more children than the controller's safe-delete guard allows.",
+            self.guard_refusals.clone(),
+        );
+        registry.register("workqueue_depth", "Keys waiting in a controller's queue.", self.queue_depth.clone());
+        registry.register("workqueue_adds", "Keys added to a controller's queue.", self.queue_adds.clone());
+        registry.register(
+            "workqueue_retries",
+            "Keys re-added with backoff after a failure.",
+            self.queue_retries.clone(),
+        );
+        registry.register(
+            "workqueue_queue_duration_seconds",
+            "Time a key waited in the queue before a worker took it.",
+            self.queue_duration.clone(),
+        );
+        registry.register(
+            "workqueue_work_duration_seconds",
+            "Time a worker held a key (one sync).",
+            self.work_duration.clone(),
+        );
+    }
+
+    /// The metrics of controller `kind`/`name`, kept across restarts until [`Metrics::remove`].
     #[must_use]
     pub fn controller(&self, kind: &str, name: &str) -> Arc<ControllerMetrics> {
-        let mut controllers = self.controllers.lock().expect("metrics lock");
-        Arc::clone(controllers.entry((kind.to_owned(), name.to_owned())).or_default())
+        let labels = ControllerLabels { kind: kind.to_owned(), controller: name.to_owned() };
+        Arc::new(ControllerMetrics {
+            kind: kind.to_owned(),
+            controller: name.to_owned(),
+            reconcile: self.reconcile.clone(),
+            duration: self.reconcile_duration.get_or_create(&labels).clone(),
+            guard_refusals: self.guard_refusals.get_or_create(&labels).clone(),
+        })
+    }
+
+    /// The handles a controller's work queue updates.
+    #[must_use]
+    pub fn queue(&self, kind: &str, name: &str) -> QueueStats {
+        let labels = queue_labels(kind, name);
+        QueueStats {
+            adds: self.queue_adds.get_or_create(&labels).clone(),
+            retries: self.queue_retries.get_or_create(&labels).clone(),
+            depth: self.queue_depth.get_or_create(&labels).clone(),
+            queue_duration: self.queue_duration.get_or_create(&labels).clone(),
+            work_duration: self.work_duration.get_or_create(&labels).clone(),
+        }
     }
 
     /// Forgets a controller that was deleted.
     pub fn remove(&self, kind: &str, name: &str) {
-        self.controllers.lock().expect("metrics lock").remove(&(kind.to_owned(), name.to_owned()));
-    }
-
-    /// The Prometheus text exposition of every metric.
-    #[must_use]
-    pub fn render(&self, watched_types: usize) -> String {
-        let controllers = self.controllers.lock().expect("metrics lock");
-        let mut out = String::new();
-        let mut family = |name: &str, kind: &str, help: &str, value: &dyn Fn(&ControllerMetrics) -> String| {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-            for ((controller_kind, controller), metrics) in controllers.iter() {
-                let _ = writeln!(
-                    out,
-                    "{name}{{kind=\"{controller_kind}\",controller=\"{controller}\"}} {}",
-                    value(metrics)
-                );
-            }
-        };
-        family("metahook_syncs_total", "counter", "Syncs finished, successful or not.", &|m| {
-            m.syncs.load(Ordering::Relaxed).to_string()
-        });
-        family("metahook_sync_errors_total", "counter", "Syncs that failed (and were retried with backoff).", &|m| {
-            m.errors.load(Ordering::Relaxed).to_string()
-        });
-        family("metahook_sync_duration_seconds_total", "counter", "Time spent syncing.", &|m| {
-            format!("{:.6}", Duration::from_micros(m.sync_micros.load(Ordering::Relaxed)).as_secs_f64())
-        });
-        family(
-            "metahook_deletion_guard_refusals_total",
-            "counter",
-            "Syncs refused because they would delete more children than the controller's safe-delete guard allows.",
-            &|m| m.guard_refusals.load(Ordering::Relaxed).to_string(),
-        );
-        family("metahook_queue_depth", "gauge", "Objects waiting to be synced.", &|m| {
-            m.depth.lock().expect("metrics lock").as_ref().map_or(0, |d| d()).to_string()
-        });
-        let _ = writeln!(
-            out,
-            "# HELP metahook_watched_types Resource types with a shared watch.\n# TYPE metahook_watched_types gauge\nmetahook_watched_types {watched_types}"
-        );
-        out
+        let labels = ControllerLabels { kind: kind.to_owned(), controller: name.to_owned() };
+        self.reconcile_duration.remove(&labels);
+        self.guard_refusals.remove(&labels);
+        for result in [Outcome::Success, Outcome::RequeueAfter, Outcome::Requeue, Outcome::Error] {
+            self.reconcile.remove(&ResultLabels {
+                kind: kind.to_owned(),
+                controller: name.to_owned(),
+                result: result.label(),
+            });
+        }
+        let queue = queue_labels(kind, name);
+        self.queue_depth.remove(&queue);
+        self.queue_adds.remove(&queue);
+        self.queue_retries.remove(&queue);
+        self.queue_duration.remove(&queue);
+        self.work_duration.remove(&queue);
     }
 }
 
+fn queue_labels(kind: &str, name: &str) -> QueueLabels {
+    QueueLabels { name: format!("{}/{name}", kind.to_lowercase()) }
+}
+
+/// What a controller is doing, for `/readyz` and `metahook_controllers`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ControllerState {
+    /// Resolving types and waiting for caches (bounded by `cacheSyncTimeout`).
+    Starting,
+    Running,
+    /// Could not start; retried with backoff. Its `Ready` condition says why.
+    Failed(String),
+}
+
+impl ControllerState {
+    fn label(&self) -> &'static str {
+        match self {
+            Self::Starting => "starting",
+            Self::Running => "running",
+            Self::Failed(_) => "failed",
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct HealthState {
+    controllers: BTreeMap<(String, String), ControllerState>,
+    /// Controller kinds whose objects have been listed since the controllers (re)started.
+    listed: Vec<String>,
+}
+
+/// What `/readyz` answers from: the controllers' states, whether the controller objects were listed,
+/// and leadership. Cheap to clone.
+#[derive(Clone, Debug, Default)]
+pub struct Health {
+    state: Arc<Mutex<HealthState>>,
+    leadership: Option<Leadership>,
+}
+
+/// The controller kinds the manager lists before the hub is ready.
+const KINDS: [&str; 2] = ["CompositeController", "DecoratorController"];
+
+impl Health {
+    #[must_use]
+    pub fn new(leadership: Option<Leadership>) -> Self {
+        Self { state: Arc::default(), leadership }
+    }
+
+    /// Forgets everything (a new leadership term starts its controllers afresh).
+    pub fn reset(&self) {
+        *self.lock() = HealthState::default();
+    }
+
+    pub fn listed(&self, kind: &str) {
+        let mut state = self.lock();
+        if !state.listed.iter().any(|k| k == kind) {
+            state.listed.push(kind.to_owned());
+        }
+    }
+
+    pub fn set(&self, kind: &str, name: &str, controller: ControllerState) {
+        self.lock().controllers.insert((kind.to_owned(), name.to_owned()), controller);
+    }
+
+    pub fn remove(&self, kind: &str, name: &str) {
+        self.lock().controllers.remove(&(kind.to_owned(), name.to_owned()));
+    }
+
+    /// Ready, and a body saying why (or why not): a standby is ready (it must be, for a rolling update
+    /// to proceed); the leader, or a hub without election, once both controller kinds are listed and no
+    /// controller is still waiting for its caches. A controller that failed to start does not hold the
+    /// hub back: its own `Ready=False` condition says why.
+    #[must_use]
+    pub fn readiness(&self) -> (bool, String) {
+        let mut body = String::new();
+        if let Some(leadership) = &self.leadership {
+            if !leadership.may_write() {
+                let holder = leadership.holder().unwrap_or_else(|| "nobody".to_owned());
+                return (true, format!("ok: standby (identity {}; leader {holder})\n", leadership.identity));
+            }
+            let _ = writeln!(body, "leader: {} (lease {})", leadership.identity, leadership.lease);
+        }
+        let state = self.lock();
+        let mut ready = true;
+        for kind in KINDS {
+            if !state.listed.iter().any(|k| k == kind) {
+                ready = false;
+                let _ = writeln!(body, "{kind}s: not listed yet");
+            }
+        }
+        for ((kind, name), controller) in &state.controllers {
+            let line = match controller {
+                ControllerState::Starting => {
+                    ready = false;
+                    "waiting for caches".to_owned()
+                }
+                ControllerState::Running => "running".to_owned(),
+                ControllerState::Failed(reason) => format!("not running: {reason}"),
+            };
+            let _ = writeln!(body, "{kind}/{name}: {line}");
+        }
+        let verdict = if ready { "ok\n" } else { "not ready\n" };
+        (ready, format!("{verdict}{body}"))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HealthState> {
+        self.state.lock().expect("health lock")
+    }
+}
+
+/// Scrape-time gauges: controllers by state, informer caches, leadership.
+struct Snapshot {
+    health: Health,
+    informers: crate::informers::Informers,
+}
+
+impl std::fmt::Debug for Snapshot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Snapshot").field("health", &self.health).finish_non_exhaustive()
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResourceLabels {
+    resource: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StateLabels {
+    state: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LeaseLabels {
+    name: String,
+}
+
+impl Collector for Snapshot {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let caches = self.informers.stats();
+        let gauge = ConstGauge::new(i64::try_from(caches.len()).unwrap_or(i64::MAX));
+        gauge.encode(encoder.encode_descriptor(
+            "metahook_watched_types",
+            "Resource types with a shared watch.",
+            None,
+            gauge.metric_type(),
+        )?)?;
+        let mut objects = encoder.encode_descriptor(
+            "metahook_informer_objects",
+            "Objects in the shared cache of a type.",
+            None,
+            prometheus_client::metrics::MetricType::Gauge,
+        )?;
+        for cache in &caches {
+            let labels = ResourceLabels { resource: cache.resource.clone() };
+            ConstGauge::new(i64::try_from(cache.objects).unwrap_or(i64::MAX))
+                .encode(objects.encode_family(&labels)?)?;
+        }
+        let mut synced = encoder.encode_descriptor(
+            "metahook_informer_synced",
+            "1 once the cache of a type holds its first full list.",
+            None,
+            prometheus_client::metrics::MetricType::Gauge,
+        )?;
+        for cache in &caches {
+            let labels = ResourceLabels { resource: cache.resource.clone() };
+            ConstGauge::new(i64::from(cache.synced)).encode(synced.encode_family(&labels)?)?;
+        }
+        let mut by_state: BTreeMap<&'static str, i64> =
+            [("starting", 0), ("running", 0), ("failed", 0)].into_iter().collect();
+        for controller in self.health.lock().controllers.values() {
+            *by_state.entry(controller.label()).or_default() += 1;
+        }
+        let mut controllers = encoder.encode_descriptor(
+            "metahook_controllers",
+            "Controllers by state (starting: waiting for caches; failed: see their Ready condition).",
+            None,
+            prometheus_client::metrics::MetricType::Gauge,
+        )?;
+        for (state, count) in by_state {
+            ConstGauge::new(count).encode(controllers.encode_family(&StateLabels { state })?)?;
+        }
+        if let Some(leadership) = &self.health.leadership {
+            let mut leader = encoder.encode_descriptor(
+                "leader_election_master_status",
+                "1 while this hub holds the leader Lease and may write.",
+                None,
+                prometheus_client::metrics::MetricType::Gauge,
+            )?;
+            let labels = LeaseLabels { name: leadership.lease.clone() };
+            ConstGauge::new(i64::from(leadership.may_write())).encode(leader.encode_family(&labels)?)?;
+        }
+        Ok(())
+    }
+}
+
+/// The families [`register_snapshot`] computes when scraped.
+pub const SCRAPE_TIME_FAMILIES: [&str; 5] = [
+    "metahook_watched_types",
+    "metahook_informer_objects",
+    "metahook_informer_synced",
+    "metahook_controllers",
+    "leader_election_master_status",
+];
+
+/// Names of the families in `registry` (as `# TYPE` declares them, without sample suffixes).
+#[must_use]
+pub fn family_names(registry: &Registry) -> std::collections::BTreeSet<String> {
+    render(registry)
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split_whitespace().next())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Registers the scrape-time gauges (caches, controllers, leadership).
+pub fn register_snapshot(registry: &mut Registry, health: Health, informers: crate::informers::Informers) {
+    registry.register_collector(Box::new(Snapshot { health, informers }));
+}
+
+/// The `OpenMetrics` text of every registered family.
+#[must_use]
+pub fn render(registry: &Registry) -> String {
+    let mut out = String::new();
+    if let Err(err) = prometheus_client::encoding::text::encode(&mut out, registry) {
+        warn!("encoding metrics: {err}");
+    }
+    out
+}
+
 /// Serves `/metrics`, `/healthz` and `/readyz` on `listener` until the task is dropped.
-pub async fn serve(listener: TcpListener, metrics: Metrics, informers: crate::informers::Informers) {
+pub async fn serve(listener: TcpListener, registry: Arc<Registry>, health: Health) {
     loop {
         let Ok((mut stream, _)) = listener.accept().await else { continue };
-        let metrics = metrics.clone();
-        let informers = informers.clone();
+        let registry = Arc::clone(&registry);
+        let health = health.clone();
         tokio::spawn(async move {
             let mut buffer = [0_u8; 1024];
             let Ok(read) = stream.read(&mut buffer).await else { return };
             let request = String::from_utf8_lossy(&buffer[..read]);
             let path = request.split_whitespace().nth(1).unwrap_or("/");
-            let (status, body) = match path {
-                "/metrics" => ("200 OK", metrics.render(informers.watched_types())),
-                "/healthz" | "/readyz" => ("200 OK", "ok\n".to_owned()),
-                _ => ("404 Not Found", "not found\n".to_owned()),
+            let text = "text/plain; charset=utf-8";
+            let (status, content_type, body) = match path {
+                "/metrics" => {
+                    ("200 OK", "application/openmetrics-text; version=1.0.0; charset=utf-8", render(&registry))
+                }
+                "/healthz" => ("200 OK", text, "ok\n".to_owned()),
+                "/readyz" => match health.readiness() {
+                    (true, body) => ("200 OK", text, body),
+                    (false, body) => ("503 Service Unavailable", text, body),
+                },
+                _ => ("404 Not Found", text, "not found\n".to_owned()),
             };
             let response = format!(
-                "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
                 body.len()
             );
             if let Err(err) = stream.write_all(response.as_bytes()).await {
@@ -133,16 +508,17 @@ pub async fn serve(listener: TcpListener, metrics: Metrics, informers: crate::in
 }
 
 /// Binds `address` (empty = disabled) and serves on it in the background.
-pub async fn start(
-    address: &str,
-    metrics: Metrics,
-    informers: crate::informers::Informers,
-) -> Option<tokio::task::JoinHandle<()>> {
+pub async fn start(address: &str, registry: Arc<Registry>, health: Health) -> Option<tokio::task::JoinHandle<()>> {
     if address.is_empty() {
         return None;
     }
     match TcpListener::bind(address).await {
-        Ok(listener) => Some(tokio::spawn(serve(listener, metrics, informers))),
+        Ok(listener) => {
+            if let Ok(local) = listener.local_addr() {
+                info!(address = %local, "serving /metrics, /healthz and /readyz");
+            }
+            Some(tokio::spawn(serve(listener, registry, health)))
+        }
         Err(err) => {
             warn!(address, "cannot serve metrics and health endpoints: {err}");
             None
@@ -155,21 +531,51 @@ mod tests {
     use super::*;
 
     #[test]
-    fn renders_prometheus_text_per_controller() {
+    fn renders_reconcile_and_workqueue_families_per_controller() {
         let metrics = Metrics::default();
+        let mut registry = Registry::default();
+        metrics.register(&mut registry);
         let web = metrics.controller("CompositeController", "web");
-        web.record(Duration::from_millis(1500), false);
-        web.record(Duration::from_millis(500), true);
-        web.set_depth(|| 7);
-        let text = metrics.render(3);
-        assert!(text.contains("metahook_syncs_total{kind=\"CompositeController\",controller=\"web\"} 2"), "{text}");
-        assert!(text.contains("metahook_sync_errors_total{kind=\"CompositeController\",controller=\"web\"} 1"));
-        assert!(text.contains(
-            "metahook_sync_duration_seconds_total{kind=\"CompositeController\",controller=\"web\"} 2.000000"
-        ));
-        assert!(text.contains("metahook_queue_depth{kind=\"CompositeController\",controller=\"web\"} 7"));
-        assert!(text.contains("metahook_watched_types 3"));
+        web.record(Duration::from_millis(1500), Outcome::Success);
+        web.record(Duration::from_millis(500), Outcome::Error);
+        let queue = metrics.queue("CompositeController", "web");
+        queue.adds.inc();
+        queue.depth.set(7);
+        metrics.apply.record("ConfigMap", "created");
+        let text = render(&registry);
+        let labels = "kind=\"CompositeController\",controller=\"web\"";
+        assert!(text.contains(&format!("metahook_reconcile_total{{{labels},result=\"success\"}} 1")), "{text}");
+        assert!(text.contains(&format!("metahook_reconcile_total{{{labels},result=\"error\"}} 1")));
+        assert!(text.contains(&format!("metahook_reconcile_duration_seconds_count{{{labels}}} 2")));
+        assert!(text.contains("workqueue_depth{name=\"compositecontroller/web\"} 7"));
+        assert!(text.contains("workqueue_adds_total{name=\"compositecontroller/web\"} 1"));
+        assert!(text.contains("metahook_apply_total{kind=\"ConfigMap\",result=\"created\"} 1"));
         metrics.remove("CompositeController", "web");
-        assert!(!metrics.render(0).contains("controller=\"web\""));
+        assert!(!render(&registry).contains("controller=\"web\""));
+    }
+
+    #[test]
+    fn ready_only_when_listed_and_no_controller_is_waiting_for_caches() {
+        let health = Health::new(None);
+        assert!(!health.readiness().0, "nothing listed yet");
+        health.listed("CompositeController");
+        health.listed("DecoratorController");
+        assert!(health.readiness().0);
+        health.set("CompositeController", "web", ControllerState::Starting);
+        let (ready, body) = health.readiness();
+        assert!(!ready && body.contains("CompositeController/web: waiting for caches"), "{body}");
+        health.set("CompositeController", "web", ControllerState::Failed("Forbidden".into()));
+        assert!(health.readiness().0, "a controller that cannot start reports on itself, not on the hub");
+        health.set("CompositeController", "web", ControllerState::Running);
+        assert!(health.readiness().0);
+    }
+
+    #[test]
+    fn a_standby_is_ready_and_says_who_leads() {
+        let leadership = Leadership::new("b_1".into(), "ns/metahook".into());
+        let health = Health::new(Some(leadership));
+        let (ready, body) = health.readiness();
+        assert!(ready, "a standby must be ready, or a rolling update never finishes");
+        assert!(body.contains("standby"), "{body}");
     }
 }

@@ -10,11 +10,13 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::hash::Hash;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use futures::StreamExt as _;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
 use tokio::sync::{Notify, mpsc};
 use tokio::time::Instant;
 use tokio_util::time::DelayQueue;
@@ -48,11 +50,30 @@ impl Backoff {
     }
 }
 
-/// Counters exported as metrics.
-#[derive(Debug, Default)]
+/// What the queue reports, as client-go's `workqueue_*` metrics: handles into the hub's metric families
+/// ([`crate::metrics::Metrics::queue`]), or detached ones ([`QueueStats::default`]) nobody scrapes.
+#[derive(Clone, Debug)]
 pub struct QueueStats {
-    pub adds: AtomicU64,
-    pub retries: AtomicU64,
+    pub adds: Counter,
+    pub retries: Counter,
+    pub depth: Gauge,
+    /// Seconds from being queued to being handed to a worker.
+    pub queue_duration: Histogram,
+    /// Seconds from being handed to a worker to [`WorkQueue::done`].
+    pub work_duration: Histogram,
+}
+
+impl Default for QueueStats {
+    fn default() -> Self {
+        let histogram = || Histogram::new([1.0]);
+        Self {
+            adds: Counter::default(),
+            retries: Counter::default(),
+            depth: Gauge::default(),
+            queue_duration: histogram(),
+            work_duration: histogram(),
+        }
+    }
 }
 
 struct State<K> {
@@ -60,7 +81,18 @@ struct State<K> {
     dirty: HashSet<K>,
     processing: HashSet<K>,
     failures: HashMap<K, u32>,
+    /// When each key in `queue` was queued, and when each key in `processing` was handed out (metrics).
+    since: HashMap<K, Instant>,
     shutting_down: bool,
+}
+
+impl<K: Clone + Eq + Hash> State<K> {
+    /// Appends `key` to the queue, noting when (for `workqueue_queue_duration_seconds`).
+    fn push(&mut self, key: K, stats: &QueueStats) {
+        self.since.insert(key.clone(), Instant::now());
+        self.queue.push_back(key);
+        stats.depth.set(i64::try_from(self.queue.len()).unwrap_or(i64::MAX));
+    }
 }
 
 struct Inner<K> {
@@ -88,6 +120,12 @@ where
 {
     #[must_use]
     pub fn new(backoff: Backoff) -> Self {
+        Self::with_stats(backoff, QueueStats::default())
+    }
+
+    /// A queue that reports into `stats`.
+    #[must_use]
+    pub fn with_stats(backoff: Backoff, stats: QueueStats) -> Self {
         let (timer, requests) = mpsc::unbounded_channel();
         let inner = Arc::new(Inner {
             state: Mutex::new(State {
@@ -95,12 +133,13 @@ where
                 dirty: HashSet::new(),
                 processing: HashSet::new(),
                 failures: HashMap::new(),
+                since: HashMap::new(),
                 shutting_down: false,
             }),
             ready: Notify::new(),
             timer,
             backoff,
-            stats: QueueStats::default(),
+            stats,
         });
         tokio::spawn(run_timer(Arc::downgrade(&inner), requests));
         Self { inner }
@@ -130,7 +169,7 @@ where
             *failures += 1;
             *failures - 1
         };
-        self.inner.stats.retries.fetch_add(1, Ordering::Relaxed);
+        self.inner.stats.retries.inc();
         self.add_after(key, self.inner.backoff.delay(failures));
     }
 
@@ -158,6 +197,11 @@ where
                     return None;
                 }
                 if let Some(key) = state.queue.pop_front() {
+                    let report = &self.inner.stats;
+                    report.depth.set(i64::try_from(state.queue.len()).unwrap_or(i64::MAX));
+                    if let Some(queued) = state.since.insert(key.clone(), Instant::now()) {
+                        report.queue_duration.observe(queued.elapsed().as_secs_f64());
+                    }
                     state.dirty.remove(&key);
                     state.processing.insert(key.clone());
                     return Some(key);
@@ -171,8 +215,11 @@ where
     pub fn done(&self, key: &K) {
         let mut state = self.inner.state.lock().expect("queue lock");
         state.processing.remove(key);
+        if let Some(started) = state.since.remove(key) {
+            self.inner.stats.work_duration.observe(started.elapsed().as_secs_f64());
+        }
         if state.dirty.contains(key) {
-            state.queue.push_back(key.clone());
+            state.push(key.clone(), &self.inner.stats);
             drop(state);
             self.inner.ready.notify_one();
         }
@@ -207,12 +254,12 @@ fn add<K: Clone + Eq + Hash>(inner: &Inner<K>, key: K) {
     if state.shutting_down || state.dirty.contains(&key) {
         return;
     }
-    inner.stats.adds.fetch_add(1, Ordering::Relaxed);
+    inner.stats.adds.inc();
     state.dirty.insert(key.clone());
     if state.processing.contains(&key) {
         return;
     }
-    state.queue.push_back(key);
+    state.push(key, &inner.stats);
     drop(state);
     inner.ready.notify_one();
 }
@@ -329,6 +376,31 @@ mod tests {
         let first = q.next().await.unwrap();
         assert!(first == "years" || first == "forever");
         assert_eq!(started.elapsed() + Duration::from_secs(1), MAX_DELAY);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn reports_adds_retries_depth_and_both_durations() {
+        let stats = QueueStats::default();
+        let q = WorkQueue::with_stats(Backoff::default(), stats.clone());
+        q.add("a");
+        q.add("b");
+        assert_eq!((stats.adds.get(), stats.depth.get()), (2, 2));
+        tokio::time::advance(Duration::from_secs(3)).await;
+        let key = q.next().await.unwrap();
+        assert_eq!(stats.depth.get(), 1);
+        tokio::time::advance(Duration::from_secs(2)).await;
+        q.add_rate_limited(key);
+        q.done(&key);
+        assert_eq!(stats.retries.get(), 1);
+        let text = |h: &Histogram| {
+            let mut registry = prometheus_client::registry::Registry::default();
+            registry.register("h", "h", h.clone());
+            let mut out = String::new();
+            prometheus_client::encoding::text::encode(&mut out, &registry).unwrap();
+            out
+        };
+        assert!(text(&stats.queue_duration).contains("h_sum 3.0"), "{}", text(&stats.queue_duration));
+        assert!(text(&stats.work_duration).contains("h_sum 2.0"), "{}", text(&stats.work_duration));
     }
 
     #[test]

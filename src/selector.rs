@@ -6,6 +6,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
+use kube::core::{Expression, SelectorExt as _};
 
 /// A selector that cannot be evaluated.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -19,35 +20,23 @@ pub enum SelectorError {
 }
 
 /// A parsed, validated selector: all requirements must hold.
+///
+/// Matching is kube-core's (`kube::core::Selector`); this type adds what the hub needs around it: the
+/// API server's stricter validation (an `In` without values is an error, as in apimachinery, where
+/// kube-core accepts it), the `a=b,c!=d` string form, and the equality requirements the caches index by.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Selector {
-    requirements: Vec<Requirement>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Requirement {
-    Equals(String, String),
-    NotEquals(String, String),
-    In(String, Vec<String>),
-    NotIn(String, Vec<String>),
-    Exists(String),
-    DoesNotExist(String),
-}
-
-impl Requirement {
-    fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
-        match self {
-            Self::Equals(k, v) => labels.get(k) == Some(v),
-            Self::NotEquals(k, v) => labels.get(k) != Some(v),
-            Self::In(k, vs) => labels.get(k).is_some_and(|v| vs.contains(v)),
-            Self::NotIn(k, vs) => labels.get(k).is_none_or(|v| !vs.contains(v)),
-            Self::Exists(k) => labels.contains_key(k),
-            Self::DoesNotExist(k) => !labels.contains_key(k),
-        }
-    }
+    expressions: Vec<Expression>,
+    /// The same expressions, as kube-core evaluates them.
+    compiled: kube::core::Selector,
 }
 
 impl Selector {
+    fn new(expressions: Vec<Expression>) -> Self {
+        let compiled = expressions.iter().cloned().collect();
+        Self { expressions, compiled }
+    }
+
     /// Matches everything.
     #[must_use]
     pub fn everything() -> Self {
@@ -57,43 +46,54 @@ impl Selector {
     /// Whether `labels` satisfy every requirement.
     #[must_use]
     pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
-        self.requirements.iter().all(|r| r.matches(labels))
+        self.compiled.matches(labels)
     }
 
     /// Whether this selector has no requirements (and so selects everything).
     #[must_use]
     pub fn is_empty(&self) -> bool {
-        self.requirements.is_empty()
+        self.expressions.is_empty()
+    }
+
+    /// A `key=value` every matching object must carry, if the selector has one (`matchLabels`, or `In`
+    /// with one value): what a label index is looked up by.
+    #[must_use]
+    pub fn required_label(&self) -> Option<(&str, &str)> {
+        self.expressions.iter().find_map(|e| match e {
+            Expression::Equal(k, v) => Some((k.as_str(), v.as_str())),
+            Expression::In(k, values) if values.len() == 1 => values.first().map(|v| (k.as_str(), v.as_str())),
+            _ => None,
+        })
     }
 
     /// Builds from the structured API form. `matchLabels` and `matchExpressions` are ANDed.
     pub fn from_label_selector(selector: &LabelSelector) -> Result<Self, SelectorError> {
-        let mut requirements: Vec<Requirement> =
-            selector.match_labels.iter().flatten().map(|(k, v)| Requirement::Equals(k.clone(), v.clone())).collect();
+        let mut expressions: Vec<Expression> =
+            selector.match_labels.iter().flatten().map(|(k, v)| Expression::Equal(k.clone(), v.clone())).collect();
         for expr in selector.match_expressions.iter().flatten() {
-            requirements.push(requirement_from_expression(expr)?);
+            expressions.push(requirement_from_expression(expr)?);
         }
-        Ok(Self { requirements })
+        Ok(Self::new(expressions))
     }
 
     /// Builds a selector that requires each `key=value` pair.
     #[must_use]
     pub fn from_labels(labels: &BTreeMap<String, String>) -> Self {
-        Self { requirements: labels.iter().map(|(k, v)| Requirement::Equals(k.clone(), v.clone())).collect() }
+        Self::new(labels.iter().map(|(k, v)| Expression::Equal(k.clone(), v.clone())).collect())
     }
 }
 
-fn requirement_from_expression(expr: &LabelSelectorRequirement) -> Result<Requirement, SelectorError> {
+fn requirement_from_expression(expr: &LabelSelectorRequirement) -> Result<Expression, SelectorError> {
     let key = expr.key.clone();
     let values = expr.values.clone().unwrap_or_default();
     let bad = |needs| SelectorError::BadValues { key: key.clone(), operator: expr.operator.clone(), needs };
     match expr.operator.as_str() {
         "In" | "NotIn" if values.is_empty() => Err(bad("at least one value")),
-        "In" => Ok(Requirement::In(key, values)),
-        "NotIn" => Ok(Requirement::NotIn(key, values)),
+        "In" => Ok(Expression::In(key, values.into_iter().collect())),
+        "NotIn" => Ok(Expression::NotIn(key, values.into_iter().collect())),
         "Exists" | "DoesNotExist" if !values.is_empty() => Err(bad("no values")),
-        "Exists" => Ok(Requirement::Exists(key)),
-        "DoesNotExist" => Ok(Requirement::DoesNotExist(key)),
+        "Exists" => Ok(Expression::Exists(key)),
+        "DoesNotExist" => Ok(Expression::DoesNotExist(key)),
         other => Err(SelectorError::UnknownOperator { key, operator: other.to_owned() }),
     }
 }
@@ -109,25 +109,25 @@ pub fn parse_selector_string(text: &str) -> Result<Selector, SelectorError> {
             continue;
         }
         let requirement = if let Some(key) = term.strip_prefix('!') {
-            Requirement::DoesNotExist(key.trim().to_owned())
+            Expression::DoesNotExist(key.trim().to_owned())
         } else if let Some((key, values)) = split_set(term, " notin ") {
-            Requirement::NotIn(key, values.ok_or_else(|| syntax("set must be (a,b,...)"))?)
+            Expression::NotIn(key, values.ok_or_else(|| syntax("set must be (a,b,...)"))?.into_iter().collect())
         } else if let Some((key, values)) = split_set(term, " in ") {
-            Requirement::In(key, values.ok_or_else(|| syntax("set must be (a,b,...)"))?)
+            Expression::In(key, values.ok_or_else(|| syntax("set must be (a,b,...)"))?.into_iter().collect())
         } else if let Some((k, v)) = term.split_once("!=") {
-            Requirement::NotEquals(k.trim().to_owned(), v.trim().to_owned())
+            Expression::NotEqual(k.trim().to_owned(), v.trim().to_owned())
         } else if let Some((k, v)) = term.split_once("==").or_else(|| term.split_once('=')) {
-            Requirement::Equals(k.trim().to_owned(), v.trim().to_owned())
+            Expression::Equal(k.trim().to_owned(), v.trim().to_owned())
         } else {
-            Requirement::Exists(term.to_owned())
+            Expression::Exists(term.to_owned())
         };
         match &requirement {
-            Requirement::Equals(k, _)
-            | Requirement::NotEquals(k, _)
-            | Requirement::Exists(k)
-            | Requirement::DoesNotExist(k)
-            | Requirement::In(k, _)
-            | Requirement::NotIn(k, _)
+            Expression::Equal(k, _)
+            | Expression::NotEqual(k, _)
+            | Expression::Exists(k)
+            | Expression::DoesNotExist(k)
+            | Expression::In(k, _)
+            | Expression::NotIn(k, _)
                 if k.is_empty() || k.contains(char::is_whitespace) =>
             {
                 return Err(syntax("empty or malformed key"));
@@ -136,7 +136,7 @@ pub fn parse_selector_string(text: &str) -> Result<Selector, SelectorError> {
         }
         requirements.push(requirement);
     }
-    Ok(Selector { requirements })
+    Ok(Selector::new(requirements))
 }
 
 /// Splits on commas that are not inside `( … )`.
@@ -214,5 +214,12 @@ mod tests {
         assert!(!s.matches(&labels(&[("app", "web"), ("tier", "b"), ("owner", "me"), ("x", "1")])));
         assert!(parse_selector_string("").unwrap().is_empty());
         assert!(parse_selector_string("a in b").is_err());
+    }
+
+    #[test]
+    fn the_required_label_is_what_an_index_can_look_up() {
+        assert_eq!(parse_selector_string("a!=b,app=web").unwrap().required_label(), Some(("app", "web")));
+        assert_eq!(parse_selector_string("tier in (x)").unwrap().required_label(), Some(("tier", "x")));
+        assert_eq!(parse_selector_string("tier in (x,y),owner").unwrap().required_label(), None);
     }
 }

@@ -14,7 +14,7 @@ use futures::FutureExt as _;
 use kube::Client;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use serde_json::{Value, json};
-use tracing::{debug, warn};
+use tracing::{Instrument as _, debug, info_span, warn};
 
 use crate::apply::ApplyError;
 use crate::children::{ClaimError, PlanError};
@@ -41,6 +41,9 @@ pub enum StartError {
     Annotation(String),
     #[error("{0} is not supported by this version of metahook (hook TLS and authentication)")]
     UnsupportedHookSetting(String),
+    /// A cache could not be filled: the type may not be listed/watched, or the API did not answer.
+    #[error("{0}")]
+    CacheSync(#[from] crate::informers::SyncTimeout),
 }
 
 impl StartError {
@@ -59,6 +62,8 @@ impl StartError {
             Self::Selector(_) => "InvalidSelector",
             Self::Annotation(_) => "InvalidAnnotation",
             Self::UnsupportedHookSetting(_) => "UnsupportedHookSetting",
+            Self::CacheSync(crate::informers::SyncTimeout::Forbidden { .. }) => "Forbidden",
+            Self::CacheSync(crate::informers::SyncTimeout::NotSynced { .. }) => "WatchFailed",
         }
     }
 }
@@ -138,6 +143,8 @@ pub(crate) trait Syncer: Send + Sync + 'static {
     fn events(&self) -> &Events;
     /// Where sync counts and durations go.
     fn metrics(&self) -> &crate::metrics::ControllerMetrics;
+    /// Sync requests (`metahook.dev/sync-requested-at`) waiting for a successful sync.
+    fn sync_requests(&self) -> &crate::trigger::SyncRequests<Self::Key>;
     /// The cached object a key stands for (where failure Events go).
     fn object(&self, key: &Self::Key) -> Option<Arc<DynamicObject>>;
     /// Syncs one object; returns when to sync it again, if its hook asked.
@@ -161,45 +168,70 @@ pub(crate) fn check_hook_settings<'a>(
     Ok(())
 }
 
-/// A worker: takes keys off the queue until it shuts down. Failures are logged with the controller and
-/// object names, recorded as a Warning Event on the object, and retried with per-key backoff. A sync
-/// that panics is such a failure too: the worker lives on and the key is retried, never left in flight.
+/// Numbers the syncs of this process, so every log line of one sync can be told apart.
+static SYNC_IDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+/// A worker: takes keys off the queue until it shuts down. Each sync runs in a `sync` span (controller,
+/// object, sync id) that every log line of it — hook calls and writes included — carries. Failures are
+/// logged, recorded as a Warning Event on the object, and retried with per-key backoff. A sync that
+/// panics is such a failure too: the worker lives on and the key is retried, never left in flight.
 pub(crate) async fn work<S: Syncer>(syncer: Arc<S>) {
     let queue = syncer.queue().clone();
     while let Some(key) = queue.next().await {
-        let started = std::time::Instant::now();
-        let result = AssertUnwindSafe(syncer.sync(&key))
-            .catch_unwind()
-            .await
-            .unwrap_or_else(|panic| Err(SyncError::Panicked(panic_message(&*panic))));
-        syncer.metrics().record(started.elapsed(), result.is_err());
-        match result {
-            Ok(resync) => {
-                queue.forget(&key);
-                if let Some(after) = resync {
-                    queue.add_after(key.clone(), after);
-                }
+        let sync_id = SYNC_IDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let span =
+            info_span!("sync", kind = syncer.metrics().kind(), controller = syncer.name(), object = %key, sync_id);
+        handle(&*syncer, &queue, &key).instrument(span).await;
+        queue.done(&key);
+    }
+}
+
+async fn handle<S: Syncer>(syncer: &S, queue: &WorkQueue<S::Key>, key: &S::Key) {
+    use crate::metrics::Outcome;
+    let started = std::time::Instant::now();
+    debug!("sync started");
+    let result = AssertUnwindSafe(syncer.sync(key))
+        .catch_unwind()
+        .await
+        .unwrap_or_else(|panic| Err(SyncError::Panicked(panic_message(&*panic))));
+    let outcome = match &result {
+        Ok(None) => Outcome::Success,
+        Ok(Some(_)) => Outcome::RequeueAfter,
+        Err(SyncError::Hook(HookError::TooManyRequests { .. })) => Outcome::Requeue,
+        Err(err) if err.is_quiet() => Outcome::Requeue,
+        Err(_) => Outcome::Error,
+    };
+    syncer.metrics().record(started.elapsed(), outcome);
+    match result {
+        Ok(resync) => {
+            debug!(took = ?started.elapsed(), "sync finished");
+            queue.forget(key);
+            if let Some(after) = resync {
+                queue.add_after(key.clone(), after);
             }
-            Err(SyncError::Hook(HookError::TooManyRequests { retry_after, .. })) => {
-                debug!(controller = syncer.name(), object = %key, ?retry_after, "hook asked to retry later");
-                queue.add_after(key.clone(), retry_after);
-            }
-            Err(err) if err.is_quiet() => {
-                debug!(controller = syncer.name(), object = %key, "retrying: {err}");
-                queue.add_rate_limited(key.clone());
-            }
-            Err(err) => {
-                warn!(controller = syncer.name(), object = %key, "sync failed: {err}");
-                if matches!(err, SyncError::Plan(PlanError::DeletionGuard { .. })) {
-                    syncer.metrics().guard_refusals.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                }
-                if let Some(obj) = syncer.object(&key) {
-                    syncer.events().warning(&reference(&obj), err.event_reason(), format!("Sync error: {err}")).await;
-                }
-                queue.add_rate_limited(key.clone());
+            if let (Some(requested), Some(obj)) = (syncer.sync_requests().take(key), syncer.object(key)) {
+                let note = format!("Sync requested at {requested} done");
+                syncer.events().normal(&reference(&obj), "SyncRequested", note).await;
             }
         }
-        queue.done(&key);
+        Err(SyncError::Hook(HookError::TooManyRequests { retry_after, .. })) => {
+            debug!(?retry_after, "hook asked to retry later");
+            queue.add_after(key.clone(), retry_after);
+        }
+        Err(err) if err.is_quiet() => {
+            debug!("retrying: {err}");
+            queue.add_rate_limited(key.clone());
+        }
+        Err(err) => {
+            warn!("sync failed: {err}");
+            if matches!(err, SyncError::Plan(PlanError::DeletionGuard { .. })) {
+                syncer.metrics().deletion_guard_refused();
+            }
+            if let Some(obj) = syncer.object(key) {
+                syncer.events().warning(&reference(&obj), err.event_reason(), format!("Sync error: {err}")).await;
+            }
+            queue.add_rate_limited(key.clone());
+        }
     }
 }
 
@@ -268,19 +300,16 @@ pub(crate) async fn follow_plan(
 /// Adds a key to a controller's queue.
 pub(crate) type Enqueue<K> = Arc<dyn Fn(K) + Send + Sync>;
 
-/// A controller's queue, with its metrics reading the queue's depth and a handle that adds to it
+/// A controller's queue reporting `workqueue_*` metrics, its reconcile metrics, and a handle that adds to it
 /// (what [`crate::related::Related`] calls when a related object changes).
 pub(crate) fn controller_queue<K: Clone + Eq + Hash + Send + Sync + 'static>(
     hub: &crate::hub::Hub,
     kind: &str,
     name: &str,
 ) -> (WorkQueue<K>, Arc<crate::metrics::ControllerMetrics>, Enqueue<K>) {
-    let queue = WorkQueue::new(crate::queue::Backoff { base: hub.config.backoff_base, max: hub.config.backoff_max });
+    let backoff = crate::queue::Backoff { base: hub.config.backoff_base, max: hub.config.backoff_max };
+    let queue = WorkQueue::with_stats(backoff, hub.metrics.queue(kind, name));
     let metrics = hub.metrics.controller(kind, name);
-    metrics.set_depth({
-        let queue = queue.clone();
-        move || queue.len()
-    });
     let enqueue = {
         let queue = queue.clone();
         Arc::new(move |key| queue.add(key))
@@ -318,6 +347,15 @@ pub(crate) fn meaningful_parent_change(old: &DynamicObject, new: &DynamicObject)
         || old.metadata.labels != new.metadata.labels
         || old.metadata.annotations != new.metadata.annotations
         || new.metadata.deletion_timestamp.is_some()
+}
+
+/// Whether `live` is at another stage of its life than `cached` (the copy a hook was called with):
+/// deletion started, or a finalizer came or went (the garbage collector's among them). Writing the
+/// hook's answer then could act for a stage that is over, so the sync is retried with the fresh copy.
+pub(crate) fn lifecycle_changed(cached: &DynamicObject, live: &DynamicObject) -> bool {
+    cached.metadata.deletion_timestamp != live.metadata.deletion_timestamp
+        || cached.metadata.finalizers.as_deref().unwrap_or_default()
+            != live.metadata.finalizers.as_deref().unwrap_or_default()
 }
 
 /// Whether `obj` carries `finalizer`.
@@ -491,7 +529,8 @@ mod tests {
     struct Panicky {
         queue: WorkQueue<&'static str>,
         events: Events,
-        metrics: crate::metrics::ControllerMetrics,
+        metrics: Arc<crate::metrics::ControllerMetrics>,
+        requests: crate::trigger::SyncRequests<&'static str>,
         calls: std::sync::Mutex<Vec<&'static str>>,
     }
 
@@ -508,6 +547,9 @@ mod tests {
         }
         fn metrics(&self) -> &crate::metrics::ControllerMetrics {
             &self.metrics
+        }
+        fn sync_requests(&self) -> &crate::trigger::SyncRequests<&'static str> {
+            &self.requests
         }
         fn object(&self, _: &&'static str) -> Option<Arc<DynamicObject>> {
             None
@@ -526,10 +568,12 @@ mod tests {
     #[tokio::test]
     async fn a_panicking_sync_is_retried_and_the_worker_lives_on() {
         let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
+        let metrics = crate::metrics::Metrics::default();
         let syncer = Arc::new(Panicky {
             queue: WorkQueue::new(crate::queue::Backoff::default()),
             events: Events::new(Client::try_from(config).unwrap()),
-            metrics: crate::metrics::ControllerMetrics::default(),
+            metrics: metrics.controller("Test", "panicky"),
+            requests: crate::trigger::SyncRequests::default(),
             calls: std::sync::Mutex::default(),
         });
         let worker = tokio::spawn(work(Arc::clone(&syncer)));
@@ -549,7 +593,11 @@ mod tests {
         })
         .await
         .expect("the same worker goes on with other keys");
-        assert_eq!(syncer.metrics.errors.load(std::sync::atomic::Ordering::Relaxed), 2);
+        let mut registry = prometheus_client::registry::Registry::default();
+        metrics.register(&mut registry);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        assert!(text.contains(r#"result="error"} 2"#), "both panics count as failed syncs: {text}");
         syncer.queue.shut_down();
         worker.await.expect("the worker ends normally");
     }

@@ -731,13 +731,16 @@ async fn hub_serves_health_and_per_controller_metrics() {
     };
     assert_eq!(eventually(WAIT, || get("/healthz")).await, (200, "ok\n".to_owned()));
     assert_eq!(get("/readyz").await.unwrap().0, 200);
-    let series = format!("metahook_syncs_total{{kind=\"CompositeController\",controller=\"{}\"}} ", w.label);
+    let series = format!(
+        "metahook_reconcile_total{{kind=\"CompositeController\",controller=\"{}\",result=\"success\"}} ",
+        w.label
+    );
     let text =
         eventually(WAIT, || async { get("/metrics").await.map(|(_, body)| body).filter(|b| b.contains(&series)) })
             .await;
     let syncs: u64 = text.lines().find_map(|l| l.strip_prefix(&series)).unwrap().parse().unwrap();
     assert!(syncs >= 1, "{text}");
-    assert!(text.contains("metahook_queue_depth{kind=\"CompositeController\""), "{text}");
+    assert!(text.contains(&format!("workqueue_depth{{name=\"compositecontroller/{}\"}}", w.label)), "{text}");
     assert!(text.contains("metahook_watched_types "), "{text}");
     w.finish().await;
 }

@@ -134,8 +134,17 @@ async fn kustomization_and_chart_render_and_pass_server_side_dry_run() {
         assert_eq!(deployed_config(objs, out.path()), Config::default(), "{what}: config");
         check_hardened(objs, what);
         let deployment = one(objs, "Deployment");
-        assert_eq!(deployment["spec"]["replicas"], 1, "{what}: replicas");
+        assert_eq!(deployment["spec"]["replicas"], 2, "{what}: replicas");
+        assert_eq!(deployment["spec"]["strategy"]["type"], "RollingUpdate", "{what}: strategy");
         assert_eq!(deployment["spec"]["template"]["spec"]["containers"][0]["image"], image.as_str(), "{what}: image");
+        check_leader_election(objs, what);
+        check_least_privilege(objs, what);
+        assert_eq!(one(objs, "PodDisruptionBudget")["spec"]["maxUnavailable"], 1, "{what}: PDB");
+        let service = one(objs, "Service");
+        assert_eq!(service["spec"]["ports"][0]["port"], 9999, "{what}: metrics Service");
+        assert!(
+            objs.iter().all(|o| !o["metadata"]["name"].as_str().unwrap_or_default().ends_with("cluster-admin-like"))
+        );
     }
     assert_eq!(identities(&kustomize, true), identities(&helm, false), "kustomize and helm install the same objects");
     let namespace = one(&kustomize, "Namespace");
@@ -153,11 +162,98 @@ async fn kustomization_and_chart_render_and_pass_server_side_dry_run() {
     assert_eq!(container["image"], "registry.example.com/mirror/metahook:0.1.0-custom");
     assert_eq!(container["args"].as_array().unwrap().last().unwrap(), "--workers=8");
     assert!(container["env"].as_array().unwrap().iter().any(|e| e["name"] == "METAHOOK_LOG"));
-    let role = overrides
+    assert_eq!(config.leader_election.lease_duration.as_secs(), 30);
+    assert_eq!(config.leader_election.renew_deadline.as_secs(), 20);
+    assert_eq!(one(&overrides, "Deployment")["spec"]["replicas"], 3);
+    let admin = overrides
         .iter()
-        .find(|o| o["kind"] == "ClusterRole" && o["metadata"]["name"] == "hub")
-        .expect("the hub's ClusterRole");
-    assert!(role["aggregationRule"].is_object() && role.get("rules").is_none(), "aggregationRule replaces rules");
+        .find(|o| o["kind"] == "ClusterRole" && o["metadata"]["name"] == "hub-cluster-admin-like")
+        .expect("rbac.mode=cluster-admin-like ships a */*/* role");
+    assert_eq!(admin["metadata"]["labels"][metahook::rbac::AGGREGATE_LABEL], "true");
+    assert_eq!(admin["rules"], serde_json::json!([{"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]}]));
+    check_leader_election(&overrides, "helm overrides");
+}
+
+/// Every replica elects: `--leader-elect`, the Lease in the Pod's namespace, and a Role for exactly that Lease.
+fn check_leader_election(objs: &[Value], what: &str) {
+    let pod = &one(objs, "Deployment")["spec"]["template"]["spec"];
+    let container = &pod["containers"][0];
+    let args: Vec<&str> = container["args"].as_array().unwrap().iter().filter_map(Value::as_str).collect();
+    assert!(args.contains(&"--leader-elect"), "{what}: {args:?}");
+    let lease = args
+        .iter()
+        .find_map(|a| a.strip_prefix("--leader-elect-lease-name="))
+        .map_or_else(|| Config::default().leader_election.lease_name, str::to_owned);
+    let env = container["env"].as_array().unwrap();
+    assert!(
+        env.iter()
+            .any(|e| e["name"] == "POD_NAMESPACE" && e["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"),
+        "{what}: POD_NAMESPACE from the downward API"
+    );
+    let role = one(objs, "Role");
+    let rules = serde_json::to_value(metahook::rbac::lease_rules(&lease)).unwrap();
+    assert_eq!(role["rules"], rules, "{what}: the Lease Role is what metahook::rbac::lease_rules says");
+    let binding = one(objs, "RoleBinding");
+    assert_eq!(binding["roleRef"]["name"], role["metadata"]["name"], "{what}: RoleBinding");
+    assert_eq!(binding["subjects"][0]["name"], pod["serviceAccountName"], "{what}: bound to the hub's ServiceAccount");
+}
+
+/// The hub's ClusterRole aggregates by label, and the shipped base role is `metahook rbac --base`'s.
+fn check_least_privilege(objs: &[Value], what: &str) {
+    let roles: Vec<&Value> = objs.iter().filter(|o| o["kind"] == "ClusterRole").collect();
+    let binding = one(objs, "ClusterRoleBinding");
+    let hub =
+        roles.iter().find(|r| r["metadata"]["name"] == binding["roleRef"]["name"]).expect("the bound ClusterRole");
+    assert_eq!(
+        hub["aggregationRule"]["clusterRoleSelectors"][0]["matchLabels"][metahook::rbac::AGGREGATE_LABEL],
+        "true",
+        "{what}: the hub's ClusterRole aggregates labelled roles"
+    );
+    assert!(hub.get("rules").is_none_or(Value::is_null), "{what}: no rules of its own");
+    let base = roles
+        .iter()
+        .find(|r| r["metadata"]["name"].as_str().is_some_and(|n| n.ends_with("-base")))
+        .expect("the base role");
+    assert_eq!(base["metadata"]["labels"][metahook::rbac::AGGREGATE_LABEL], "true");
+    assert_eq!(base["rules"], serde_json::to_value(metahook::rbac::base_rules()).unwrap(), "{what}: base rules");
+}
+
+/// The Grafana dashboard in deploy/ queries only metrics the hub exports.
+#[test]
+fn grafana_dashboard_queries_only_exported_metrics() {
+    let path = support::repo_root().join("deploy/grafana/metahook.json");
+    let dashboard: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let metrics = metahook::metrics::Metrics::default();
+    let mut registry = prometheus_client::registry::Registry::default();
+    metrics.register(&mut registry);
+    // Families render once they have a sample.
+    metrics
+        .controller("CompositeController", "c")
+        .record(std::time::Duration::ZERO, metahook::metrics::Outcome::Success);
+    let _queue = metrics.queue("CompositeController", "c");
+    metrics.apply.record("Pod", "created");
+    let mut families = metahook::metrics::family_names(&registry);
+    families.extend(metahook::metrics::SCRAPE_TIME_FAMILIES.iter().map(|f| (*f).to_owned()));
+    let mut queried = BTreeSet::new();
+    for panel in dashboard["panels"].as_array().unwrap() {
+        for target in panel["targets"].as_array().unwrap() {
+            let expr = target["expr"].as_str().unwrap();
+            for word in expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+                if word.starts_with("metahook_")
+                    || word.starts_with("workqueue_")
+                    || word.starts_with("leader_election")
+                {
+                    queried.insert(word.to_owned());
+                }
+            }
+        }
+    }
+    assert!(!queried.is_empty());
+    for name in &queried {
+        let base =
+            ["_bucket", "_count", "_sum", "_total"].iter().fold(name.as_str(), |n, s| n.strip_suffix(s).unwrap_or(n));
+        assert!(families.contains(base), "the dashboard queries {name}, which the hub does not export: {families:?}");
+    }
 }
 
 /// values.schema.json rejects unknown `config` keys at install time, so it must know every key the hub
