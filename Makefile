@@ -15,7 +15,7 @@ cluster-down: ## stop it and remove .cluster/
 
 # ---- the two commands of the README -------------------------------------------------------------
 
-.PHONY: demo test fmt-check clippy unit integration chaos bench crds hook-libs hook-types image failover
+.PHONY: demo test fmt-check clippy unit integration chaos bench bench-hooks crds hook-libs hook-types image failover
 
 demo: ## the hello-world controller end to end on the local control plane
 	@bash examples-python/hello-world/demo.sh
@@ -54,6 +54,9 @@ chaos: cluster-up ## the fault suite, long: 20 hub kills during a 200-parent rol
 
 bench: cluster-up ## the fanout benchmark, release build (N=1000 parents; N=, MEM=1, IDLE=, LATENCY=, HUB_BIN= to change)
 	cargo test --release --locked --test bench -- --full
+
+bench-hooks: ## hook client per-call overhead, with and without keep-alive, against a Python hook (prints figures)
+	cargo bench --locked --bench hooks
 
 crds: ## regenerate crds/ from src/api.rs, and deploy/'s copies of them
 	METAHOOK_UPDATE_CRDS=1 cargo test --lib crds::tests::checked_in_crds_match_the_rust_types

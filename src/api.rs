@@ -39,12 +39,9 @@ pub struct CompositeControllerSpec {
     pub child_resources: Vec<ChildResourceRule>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hooks: Option<CompositeControllerHooks>,
-    /// Per-host TLS/auth defaults for hooks (Metacontroller 4.16). Part of the schema so existing YAML
-    /// applies; not implemented yet, so a controller that sets them reports `Ready=False` and does not run
-    /// (calling its hooks without the credentials it asked for would be worse).
+    /// Per-host TLS/auth defaults for hooks that set none of their own (Metacontroller 4.16).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(schema_with = "preserve_unknown_list")]
-    pub endpoint_configs: Vec<serde_json::Value>,
+    pub endpoint_configs: Vec<EndpointConfig>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resync_period_seconds: Option<i32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -71,10 +68,9 @@ pub struct DecoratorControllerSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub attachments: Vec<ChildResourceRule>,
     pub hooks: DecoratorControllerHooks,
-    /// As [`CompositeControllerSpec::endpoint_configs`]: not implemented yet, refused with a condition.
+    /// As [`CompositeControllerSpec::endpoint_configs`].
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(schema_with = "preserve_unknown_list")]
-    pub endpoint_configs: Vec<serde_json::Value>,
+    pub endpoint_configs: Vec<EndpointConfig>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resync_period_seconds: Option<i32>,
 }
@@ -307,41 +303,24 @@ pub struct Webhook {
     pub etag: Option<EtagConfig>,
     #[serde(default, rename = "responseUnMarshallMode", skip_serializing_if = "Option::is_none")]
     pub response_unmarshall_mode: Option<UnmarshalMode>,
-    /// TLS and auth settings of Metacontroller 4.16: in the schema so existing YAML applies, not implemented
-    /// yet; a controller using them reports `Ready=False/UnsupportedHookSetting` instead of calling
-    /// its hooks without them.
+    /// CA certificates that verify the hook's server certificate (replacing the system roots).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(schema_with = "preserve_unknown_object")]
-    pub ca_bundle: Option<serde_json::Value>,
+    pub ca_bundle: Option<CaBundle>,
+    /// A client certificate presented to the hook (mutual TLS).
     #[serde(default, rename = "clientTLS", skip_serializing_if = "Option::is_none")]
-    #[schemars(schema_with = "preserve_unknown_object")]
-    pub client_tls: Option<serde_json::Value>,
+    pub client_tls: Option<ClientTls>,
+    /// An `Authorization: <type> <credentials>` header from a Secret (not with `basicAuth`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(schema_with = "preserve_unknown_object")]
-    pub authorization: Option<serde_json::Value>,
+    pub authorization: Option<Authorization>,
+    /// An `Authorization: Basic ...` header from a Secret's username and password.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(schema_with = "preserve_unknown_object")]
-    pub basic_auth: Option<serde_json::Value>,
+    pub basic_auth: Option<BasicAuth>,
 }
 
 /// Default hook timeout, as in Metacontroller.
 pub const DEFAULT_HOOK_TIMEOUT: Duration = Duration::from_secs(10);
 
 impl Webhook {
-    /// The TLS/auth settings this hook asks for, which metahook does not implement yet.
-    #[must_use]
-    pub fn unsupported_settings(&self) -> Vec<&'static str> {
-        [
-            ("caBundle", self.ca_bundle.is_some()),
-            ("clientTLS", self.client_tls.is_some()),
-            ("authorization", self.authorization.is_some()),
-            ("basicAuth", self.basic_auth.is_some()),
-        ]
-        .into_iter()
-        .filter_map(|(name, set)| set.then_some(name))
-        .collect()
-    }
-
     /// The URL to POST to: `url` if set, else `<protocol>://<name>.<namespace>:<port><path>`.
     #[must_use]
     pub fn resolved_url(&self) -> Option<String> {
@@ -385,6 +364,94 @@ pub struct EtagConfig {
     pub cache_cleanup_seconds: Option<i32>,
 }
 
+/// TLS and auth settings for every hook whose URL has this `host` (and which sets none of its own).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EndpointConfig {
+    /// `host` or `host:port`, compared case-insensitively; a missing port means the scheme's default.
+    /// For a `service` hook the host is `<name>.<namespace>`.
+    pub host: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_bundle: Option<CaBundle>,
+    #[serde(default, rename = "clientTLS", skip_serializing_if = "Option::is_none")]
+    pub client_tls: Option<ClientTls>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub authorization: Option<Authorization>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub basic_auth: Option<BasicAuth>,
+}
+
+/// Where CA certificates (PEM) come from: exactly one of the three.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CaBundle {
+    /// PEM text in the controller spec itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inline: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_ref: Option<ResourceKeyRef>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_map_ref: Option<ResourceKeyRef>,
+}
+
+/// A key of a Secret or `ConfigMap`; `key` defaults to `ca.crt`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ResourceKeyRef {
+    pub name: String,
+    pub namespace: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+}
+
+/// A Secret, by name and namespace.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SecretRef {
+    pub name: String,
+    pub namespace: String,
+}
+
+/// A key of a Secret (the key is required).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SecretKeyRef {
+    pub name: String,
+    pub namespace: String,
+    pub key: String,
+}
+
+/// A client certificate and key from a Secret (`tls.crt` and `tls.key` unless named otherwise).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ClientTls {
+    pub secret_ref: SecretRef,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cert_key: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub private_key_key: Option<String>,
+}
+
+/// `Authorization: <type> <trimmed Secret value>`; `type` defaults to `Bearer` and may not be `Basic`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Authorization {
+    #[serde(default, rename = "type", skip_serializing_if = "Option::is_none")]
+    pub type_: Option<String>,
+    pub secret_ref: SecretKeyRef,
+}
+
+/// HTTP basic authentication from a Secret (`username` and `password` unless named otherwise).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BasicAuth {
+    pub secret_ref: SecretRef,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub username_key: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub password_key: Option<String>,
+}
+
 /// What metahook reports about a controller object. Metacontroller's status is empty, so these fields
 /// are additions that old clients ignore.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
@@ -421,17 +488,6 @@ pub fn parse_go_duration(text: &str) -> Option<Duration> {
         total += number * scale;
     }
     Duration::try_from_secs_f64(total).ok()
-}
-
-fn preserve_unknown_object(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
-    schemars::json_schema!({ "type": "object", "x-kubernetes-preserve-unknown-fields": true })
-}
-
-fn preserve_unknown_list(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
-    schemars::json_schema!({
-        "type": "array",
-        "items": { "type": "object", "x-kubernetes-preserve-unknown-fields": true }
-    })
 }
 
 /// Labels of an object as a map (empty when unset).
@@ -485,6 +541,39 @@ mod tests {
         )
         .unwrap();
         assert_eq!(explicit.unmarshal_mode(), UnmarshalMode::Loose);
+    }
+
+    #[test]
+    fn hook_tls_and_auth_settings_round_trip_with_metacontroller_field_names() {
+        let yaml = r#"
+parentResource: {apiVersion: v1, resource: configmaps}
+endpointConfigs:
+- host: hooks.example.com:8443
+  caBundle: {secretRef: {name: hook-tls, namespace: ops}}
+  clientTLS: {secretRef: {name: client, namespace: ops}, certKey: cert.pem, privateKeyKey: key.pem}
+  basicAuth: {secretRef: {name: basic, namespace: ops}, usernameKey: user, passwordKey: pass}
+hooks:
+  sync:
+    webhook:
+      url: https://hooks.example.com:8443/sync
+      caBundle: {configMapRef: {name: ca, namespace: ops, key: bundle.pem}}
+      authorization: {type: Token, secretRef: {name: token, namespace: ops, key: token}}
+      etag: {enabled: true, cacheTimeoutSeconds: 60, cacheCleanupSeconds: 10}
+  customize:
+    webhook:
+      url: https://hooks.example.com/customize
+      caBundle: {inline: "-----BEGIN CERTIFICATE-----"}
+"#;
+        let spec: CompositeControllerSpec = serde_yaml::from_str(yaml).unwrap();
+        let sync = &spec.hooks.as_ref().unwrap().sync.as_ref().unwrap().webhook;
+        assert_eq!(sync.authorization.as_ref().unwrap().type_.as_deref(), Some("Token"));
+        assert_eq!(
+            sync.ca_bundle.as_ref().unwrap().config_map_ref.as_ref().unwrap().key.as_deref(),
+            Some("bundle.pem")
+        );
+        assert_eq!(spec.endpoint_configs[0].client_tls.as_ref().unwrap().private_key_key.as_deref(), Some("key.pem"));
+        let original: serde_json::Value = serde_yaml::from_str(yaml).unwrap();
+        assert_eq!(serde_json::to_value(&spec).unwrap(), original);
     }
 
     #[test]

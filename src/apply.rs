@@ -5,6 +5,12 @@
 //! nobody touched: no API call, no write. Any change by someone else moves generation/resourceVersion
 //! and the next sync applies again, which reverts drift under `InPlace`.
 //!
+//! The fingerprints live in memory, so they also go on the objects: every apply writes the desired
+//! state's hash into the `metahook.dev/applied` annotation. After a restart (an empty memory) an object
+//! whose annotation matches the desired state, and that no other field manager has written since the
+//! hub's last apply (the cache keeps who wrote when, from `managedFields`), is current: a restart of a
+//! converged hub writes nothing. Fingerprints are dropped when their object goes away.
+//!
 //! Server-side apply is an upsert, so every apply carries a precondition that keeps it from writing an
 //! object the hub does not own:
 //! - an object the hub observed is applied with its `metadata.uid`: if it was deleted (or deleted and
@@ -17,7 +23,7 @@
 //!   `managedFields`.
 
 use std::collections::HashMap;
-use std::hash::{Hash as _, Hasher as _};
+use std::fmt::Write as _;
 use std::sync::{Arc, Mutex};
 
 use kube::Client;
@@ -29,13 +35,23 @@ use crate::api::UpdateMethod;
 use crate::discovery::ResolvedResource;
 use crate::informers::ObjectKey;
 
-/// What applying did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The annotation that carries the hash of the desired state an object was last applied from.
+pub const APPLIED_ANNOTATION: &str = "metahook.dev/applied";
+
+/// What applying did. Writes name the resourceVersion (or, for a delete, the UID) they left behind, so
+/// that their echo in the watch can be told from a change by someone else.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Applied {
-    Created,
-    Updated,
+    Created {
+        version: String,
+    },
+    Updated {
+        version: String,
+    },
     /// Deleted because it differed under `Recreate`; the next sync creates it again.
-    Deleted,
+    Deleted {
+        uid: String,
+    },
     /// Nothing to do: up to date, or left alone by `OnDelete`, or terminating.
     Unchanged,
 }
@@ -73,7 +89,7 @@ type AppliedCache = HashMap<(String, String, ObjectKey), Fingerprint>;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Fingerprint {
-    desired: u64,
+    desired: String,
     uid: String,
     version: String,
 }
@@ -118,9 +134,9 @@ impl Applier {
     ) -> Result<Applied, ApplyError> {
         let result = self.apply_unmetered(resource, desired, observed, method).await;
         let label = match &result {
-            Ok(Applied::Created) => "created",
-            Ok(Applied::Updated) => "updated",
-            Ok(Applied::Deleted) => "deleted",
+            Ok(Applied::Created { .. }) => "created",
+            Ok(Applied::Updated { .. }) => "updated",
+            Ok(Applied::Deleted { .. }) => "deleted",
             Ok(Applied::Unchanged) => "unchanged",
             Err(_) => "error",
         };
@@ -142,10 +158,12 @@ impl Applier {
         let kind = || resource.kind().to_owned();
 
         let Some(observed) = observed else {
-            return match api.patch(&key.name, &self.params(), &Patch::Apply(with_precondition_absent(desired))).await {
+            let body = with_precondition_absent(&annotated(desired, &desired_hash));
+            return match api.patch(&key.name, &self.params(), &Patch::Apply(body)).await {
                 Ok(created) => {
+                    let version = created.metadata.resource_version.clone().unwrap_or_default();
                     self.remember(cache_key, fingerprint(desired_hash, &created));
-                    Ok(Applied::Created)
+                    Ok(Applied::Created { version })
                 }
                 Err(kube::Error::Api(status)) if status.code == 409 => {
                     Err(self.taken(&api, resource, desired, key).await)
@@ -156,11 +174,11 @@ impl Applier {
         if observed.metadata.deletion_timestamp.is_some() || method == UpdateMethod::OnDelete {
             return Ok(Applied::Unchanged);
         }
-        let current = fingerprint(desired_hash, observed);
-        if self.applied.lock().expect("applied lock").get(&cache_key) == Some(&current) {
+        if self.is_current(resource, desired, observed, method) {
             return Ok(Applied::Unchanged);
         }
-        let body = with_precondition_uid(desired, observed);
+        let current = fingerprint(desired_hash.clone(), observed);
+        let body = with_precondition_uid(&annotated(desired, &desired_hash), observed);
         if matches!(method, UpdateMethod::Recreate | UpdateMethod::RollingRecreate) {
             // Only recreate when applying would really change the object: a dry run shows the result
             // including defaults, so fields set by others or by defaulting don't trigger a delete.
@@ -188,7 +206,7 @@ impl Applier {
                 source,
             })?;
             self.delete(resource, observed).await?;
-            return Ok(Applied::Deleted);
+            return Ok(Applied::Deleted { uid: observed.metadata.uid.clone().unwrap_or_default() });
         }
         let result = match api.patch(&key.name, &self.params(), &Patch::Apply(&body)).await {
             Ok(result) => result,
@@ -198,7 +216,7 @@ impl Applier {
         let outcome = if observed.metadata.resource_version == result.metadata.resource_version {
             Applied::Unchanged
         } else {
-            Applied::Updated
+            Applied::Updated { version: result.metadata.resource_version.clone().unwrap_or_default() }
         };
         self.remember(cache_key, fingerprint(desired_hash, &result));
         Ok(outcome)
@@ -219,7 +237,45 @@ impl Applier {
             return true;
         }
         let cache_key = (resource.api_version().to_owned(), resource.kind().to_owned(), key_of(desired));
-        self.applied.lock().expect("applied lock").get(&cache_key) == Some(&fingerprint(hash(desired), observed))
+        let current = fingerprint(hash(desired), observed);
+        let mut applied = self.applied.lock().expect("applied lock");
+        match applied.get(&cache_key) {
+            Some(remembered) => *remembered == current,
+            // Nothing in memory (a restart): the object itself says what it was applied from, and its
+            // managedFields whether anyone else wrote it since.
+            None if self.applied_and_untouched(observed, &current.desired) => {
+                applied.insert(cache_key, current);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Whether `observed` carries `desired_hash` in its applied annotation and no other field manager
+    /// wrote its main resource after the hub's last apply (equal times count as after: the API server
+    /// stores seconds).
+    fn applied_and_untouched(&self, observed: &DynamicObject, desired_hash: &str) -> bool {
+        let annotation = observed.metadata.annotations.as_ref().and_then(|a| a.get(APPLIED_ANNOTATION));
+        if annotation.map(String::as_str) != Some(desired_hash) {
+            return false;
+        }
+        let entries = observed.metadata.managed_fields.as_deref().unwrap_or_default();
+        let main = |e: &&k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry| {
+            e.subresource.as_deref().unwrap_or_default().is_empty()
+        };
+        let ours = |e: &&k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry| {
+            e.manager.as_deref() == Some(self.field_manager.as_str()) && e.operation.as_deref() == Some("Apply")
+        };
+        let Some(our_time) = entries.iter().filter(main).filter(ours).find_map(|e| e.time.as_ref()) else {
+            return false;
+        };
+        entries.iter().filter(main).filter(|e| !ours(e)).all(|e| e.time.as_ref().is_some_and(|t| t.0 < our_time.0))
+    }
+
+    /// Forgets what was applied to an object that is gone.
+    pub fn forget(&self, resource: &ResolvedResource, key: &ObjectKey) {
+        let cache_key = (resource.api_version().to_owned(), resource.kind().to_owned(), key.clone());
+        self.applied.lock().expect("applied lock").remove(&cache_key);
     }
 
     fn remember(&self, key: (String, String, ObjectKey), fingerprint: Fingerprint) {
@@ -341,13 +397,30 @@ fn key_of(obj: &Value) -> ObjectKey {
     }
 }
 
-fn hash(value: &Value) -> u64 {
-    let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    value.to_string().hash(&mut hasher);
-    hasher.finish()
+/// A stable hash of a desired state (SHA-1 of its canonical JSON, 16 bytes in hex): the same across
+/// processes and versions of the hub, as the annotation that carries it must be.
+fn hash(value: &Value) -> String {
+    use sha1::Digest as _;
+    let digest = sha1::Sha1::digest(crate::revisions::canonical_json(value).as_bytes());
+    digest.iter().take(16).fold(String::with_capacity(32), |mut hex, b| {
+        let _ = write!(hex, "{b:02x}");
+        hex
+    })
 }
 
-fn fingerprint(desired: u64, obj: &DynamicObject) -> Fingerprint {
+/// `desired` with its hash in the applied annotation.
+fn annotated(desired: &Value, desired_hash: &str) -> Value {
+    let mut body = desired.clone();
+    if let Some(meta) = body.get_mut("metadata").and_then(Value::as_object_mut) {
+        let annotations = meta.entry("annotations").or_insert_with(|| Value::Object(serde_json::Map::new()));
+        if let Some(annotations) = annotations.as_object_mut() {
+            annotations.insert(APPLIED_ANNOTATION.into(), Value::String(desired_hash.to_owned()));
+        }
+    }
+    body
+}
+
+fn fingerprint(desired: String, obj: &DynamicObject) -> Fingerprint {
     let version = match obj.metadata.generation {
         Some(g) if g > 0 => format!("g{g}"),
         _ => format!("rv{}", obj.metadata.resource_version.as_deref().unwrap_or_default()),
@@ -363,6 +436,16 @@ fn sanitized(obj: &DynamicObject) -> Value {
         if let Some(meta) = map.get_mut("metadata").and_then(Value::as_object_mut) {
             for field in ["resourceVersion", "managedFields", "generation", "creationTimestamp", "selfLink"] {
                 meta.remove(field);
+            }
+            // The cache drops the last-applied copies (see informers::prepare), and the applied hash says
+            // nothing about the object itself; a dry run's result has them all.
+            if let Some(annotations) = meta.get_mut("annotations").and_then(Value::as_object_mut) {
+                annotations.remove("kubectl.kubernetes.io/last-applied-configuration");
+                annotations.remove("metacontroller.k8s.io/last-applied-configuration");
+                annotations.remove(APPLIED_ANNOTATION);
+                if annotations.is_empty() {
+                    meta.remove("annotations");
+                }
             }
         }
     }
@@ -488,8 +571,8 @@ mod tests {
             "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "a", "uid": "u", "resourceVersion": "7"}
         }))
         .unwrap();
-        assert_eq!(fingerprint(1, &obj).version, "rv7");
+        assert_eq!(fingerprint("h".into(), &obj).version, "rv7");
         obj.metadata.generation = Some(3);
-        assert_eq!(fingerprint(1, &obj).version, "g3");
+        assert_eq!(fingerprint("h".into(), &obj).version, "g3");
     }
 }

@@ -8,6 +8,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use futures::{StreamExt as _, stream};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::Client;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
@@ -151,7 +152,8 @@ pub async fn claim(
         }
         if !parent_deleting {
             let orphan_scope = parent_ns.map(Some);
-            for obj in child_type.informer.orphans(orphan_scope) {
+            // The index narrows the candidates to selected orphans; claim_of still decides.
+            for obj in child_type.informer.orphans_selected(orphan_scope, selector) {
                 if claim_of(&obj, parent, parent_ns, selector) != Claim::Adopt {
                     continue;
                 }
@@ -357,32 +359,115 @@ impl<'a> Plan<'a> {
     /// Carries out the plan in the order that cannot lose data: every create and update first; the
     /// deletions of children no longer desired only when all of those succeeded (a failed apply leaves
     /// the old children in place). `Recreate`'s delete-then-create of one child happens in its apply.
-    pub async fn execute(&self, applier: &Applier) -> Vec<ApplyError> {
-        let mut errors = Vec::new();
-        for ((child_type, observed), desired) in self.types.iter().zip(self.observed).zip(self.desired) {
+    /// Within each step the writes of this one parent go out concurrently, at most
+    /// [`WRITES_PER_PARENT`] at a time (the hub bounds its requests in flight as a whole).
+    pub async fn execute(&self, applier: &Applier, observer: &dyn WriteObserver) -> Executed {
+        let mut writes: Vec<Write<'_>> = Vec::new();
+        for (index, ((child_type, observed), desired)) in
+            self.types.iter().zip(self.observed).zip(self.desired).enumerate()
+        {
             for (key, obj) in desired {
                 let current = observed.get(key).map(AsRef::as_ref);
-                match applier.apply(child_type.resource(), obj, current, child_type.method).await {
-                    Ok(outcome @ (Applied::Created | Applied::Updated | Applied::Deleted)) => {
-                        tracing::info!(kind = child_type.resource().kind(), child = %key, ?outcome, "child changed");
-                    }
-                    Ok(Applied::Unchanged) => {}
-                    Err(e) => errors.push(e),
+                writes.push(Box::pin(async move {
+                    observer.started(index, key);
+                    let result = applier.apply(child_type.resource(), obj, current, child_type.method).await;
+                    let version = match &result {
+                        Ok(Applied::Created { version } | Applied::Updated { version }) => Some(version.clone()),
+                        Ok(Applied::Deleted { uid }) => Some(deleted_version(uid)),
+                        Ok(Applied::Unchanged) | Err(_) => None,
+                    };
+                    observer.finished(index, key, version.as_deref());
+                    (index, key.clone(), result)
+                }));
+            }
+        }
+        let results: Vec<_> = stream::iter(writes).buffer_unordered(WRITES_PER_PARENT).collect().await;
+        let mut executed = Executed::default();
+        for (index, key, result) in results {
+            let kind = self.types[index].resource().kind();
+            match result {
+                Ok(Applied::Created { version } | Applied::Updated { version }) => {
+                    tracing::info!(kind, child = %key, "child written");
+                    executed.writes.push(Written { type_index: index, key, version });
                 }
+                Ok(Applied::Deleted { uid }) => {
+                    tracing::info!(kind, child = %key, "child deleted to be recreated");
+                    executed.writes.push(Written { type_index: index, key, version: deleted_version(&uid) });
+                }
+                Ok(Applied::Unchanged) => {}
+                Err(e) => executed.errors.push(e),
             }
         }
-        if !errors.is_empty() {
-            return errors;
+        if !executed.errors.is_empty() {
+            return executed;
         }
-        for (index, obj) in &self.deletions {
-            if let Err(e) = applier.delete(self.types[*index].resource(), obj).await {
-                errors.push(e);
-            } else {
-                tracing::info!(kind = self.types[*index].resource().kind(), child = %ObjectKey::of(obj), "child deleted");
+        let deletes: Vec<Delete<'_>> = self
+            .deletions
+            .iter()
+            .map(|(index, obj)| -> Delete<'_> {
+                Box::pin(async move {
+                    let key = ObjectKey::of(obj);
+                    observer.started(*index, &key);
+                    let result = applier.delete(self.types[*index].resource(), obj).await;
+                    let version =
+                        result.is_ok().then(|| deleted_version(obj.metadata.uid.as_deref().unwrap_or_default()));
+                    observer.finished(*index, &key, version.as_deref());
+                    (*index, obj, result)
+                })
+            })
+            .collect();
+        let deletes: Vec<_> = stream::iter(deletes).buffer_unordered(WRITES_PER_PARENT).collect().await;
+        for (index, obj, result) in deletes {
+            match result {
+                Ok(()) => {
+                    let key = ObjectKey::of(obj);
+                    tracing::info!(kind = self.types[index].resource().kind(), child = %key, "child deleted");
+                    let uid = obj.metadata.uid.clone().unwrap_or_default();
+                    executed.writes.push(Written { type_index: index, key, version: deleted_version(&uid) });
+                }
+                Err(e) => executed.errors.push(e),
             }
         }
-        errors
+        executed
     }
+}
+
+/// Told about every write of [`Plan::execute`] as it starts and ends (`version`: what it left behind, or
+/// `None` when it failed or wrote nothing), so its echo in the watch can be recognised.
+pub trait WriteObserver: Sync {
+    fn started(&self, type_index: usize, key: &ObjectKey);
+    fn finished(&self, type_index: usize, key: &ObjectKey, version: Option<&str>);
+}
+
+/// One apply of [`Plan::execute`], boxed so the writes of one parent can run side by side.
+type Write<'f> = futures::future::BoxFuture<'f, (usize, ObjectKey, Result<Applied, ApplyError>)>;
+/// One delete of [`Plan::execute`].
+type Delete<'f> = futures::future::BoxFuture<'f, (usize, &'f Arc<DynamicObject>, Result<(), ApplyError>)>;
+
+/// How many writes of one parent's children are in flight at once.
+pub const WRITES_PER_PARENT: usize = 8;
+
+/// What carrying out a plan did.
+#[derive(Debug, Default)]
+pub struct Executed {
+    pub errors: Vec<ApplyError>,
+    /// Every successful write, for telling its echo from others' changes.
+    pub writes: Vec<Written>,
+}
+
+/// One write of a sync: the child (by type index) and the version it left behind.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Written {
+    pub type_index: usize,
+    pub key: ObjectKey,
+    /// The resourceVersion after a create or update; [`deleted_version`] of the UID after a delete.
+    pub version: String,
+}
+
+/// The version a delete leaves behind, as [`Written::version`]: the deleted object's UID.
+#[must_use]
+pub fn deleted_version(uid: &str) -> String {
+    format!("deleted:{uid}")
 }
 
 /// Annotation on a CompositeController or DecoratorController that turns on the safe-delete guard: the
@@ -463,7 +548,7 @@ pub fn request_map(
         let entry = maps.entry(group_version_kind_key(resource.api_version(), resource.kind())).or_default();
         for (key, obj) in objects {
             if let Some(k) = object_key(version, parent_ns, key.namespace.as_deref(), &key.name) {
-                entry.insert(k, serde_json::to_value(&**obj).unwrap_or(Value::Null));
+                entry.insert(k, crate::informers::for_hooks(obj));
             }
         }
     }

@@ -5,7 +5,7 @@
 //! hook never deletes or corrupts existing children or status.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
@@ -16,21 +16,23 @@ use tokio_util::sync::CancellationToken;
 
 use crate::api::{CompositeController, labels_of};
 use crate::children::{
-    ChildMap, ChildType, DeletionGuard, Plan, claim, desired_children, live_parent, request_map, resources,
+    ChildMap, ChildType, DeletionGuard, Executed, Plan, WriteObserver, claim, deleted_version, desired_children,
+    live_parent, request_map, resources,
 };
 use crate::discovery::ResolvedResource;
+use crate::echoes::{Echo, Echoes, Seen, Settled, Watched};
 use crate::events::Events;
-use crate::hooks::{CompositeRequest, CompositeResponse};
+use crate::hooks::{CompositeRequest, CompositeResponse, ControllerHooks};
 use crate::hub::Hub;
 use crate::informers::{Change, Informer, ObjectKey, controller_uid};
 use crate::queue::WorkQueue;
 use crate::related::{ParentScope, Related};
 use crate::revisions::{self, Rollouts};
-use crate::selector::Selector;
+use crate::selector::{Selector, SelectorIndex};
 use crate::sync::{
-    Facts, StartError, SyncError, Syncer, api_for, check_hook_settings, controller_queue, every, follow_plan,
-    gc_finalizing, has_finalizer, lifecycle_changed, meaningful_parent_change, record_hook_events, replace_status,
-    resync_after, resync_period, run_workers, set_finalizer,
+    Facts, StartError, SyncError, Syncer, api_for, controller_queue, every, follow_plan, gc_finalizing, has_finalizer,
+    lifecycle_changed, meaningful_parent_change, record_hook_events, replace_status, resync_after, resync_period,
+    run_workers, set_finalizer,
 };
 
 pub use crate::revisions::CONTROLLER_UID_LABEL;
@@ -50,11 +52,17 @@ pub struct Controller {
     /// Rolling updates, when a child type rolls.
     rollouts: Option<revisions::Rollouts>,
     related: Arc<Related<ObjectKey>>,
+    /// The hooks, ready to call (`related` holds the `customize` one too).
+    endpoints: ControllerHooks,
     finalizer: String,
     /// The safe-delete guard, from the controller's annotation.
     deletion_guard: Option<DeletionGuard>,
     metrics: Arc<crate::metrics::ControllerMetrics>,
     requests: crate::trigger::SyncRequests<ObjectKey>,
+    /// Every parent's child selector, compiled once per parent version, found by a child's labels.
+    selectors: Mutex<SelectorIndex<ObjectKey>>,
+    /// What this controller's syncs wrote, to tell the echo from others' changes.
+    echoes: Echoes<ObjectKey>,
     queue: WorkQueue<ObjectKey>,
 }
 
@@ -66,12 +74,11 @@ impl Controller {
         if hooks.sync.is_none() && hooks.finalize.is_none() {
             return Err(StartError::NoHooks);
         }
-        check_hook_settings(
-            [
-                ("sync", hooks.sync.as_ref()),
-                ("finalize", hooks.finalize.as_ref()),
-                ("customize", hooks.customize.as_ref()),
-            ],
+        let name = cc.metadata.name.clone().unwrap_or_default();
+        let endpoints = hub.hooks.controller_hooks(
+            "CompositeController",
+            &name,
+            [hooks.sync.as_ref(), hooks.finalize.as_ref(), hooks.customize.as_ref()],
             &spec.endpoint_configs,
         )?;
         let deletion_guard =
@@ -121,13 +128,13 @@ impl Controller {
         for child in &children {
             child.informer.wait_synced(hub.config.cache_sync_timeout).await?;
         }
-        let name = cc.metadata.name.clone().unwrap_or_default();
         let cc_json = serde_json::to_value(&*cc).unwrap_or(Value::Null);
         let (queue, metrics, enqueue) = controller_queue(hub, "CompositeController", &name);
         Ok(Arc::new(Self {
             metrics,
             requests: crate::trigger::SyncRequests::default(),
-            related: Related::new(hub.clone(), hooks.customize.clone(), cc_json.clone(), enqueue),
+            related: Related::new(hub.clone(), endpoints.customize.clone(), cc_json.clone(), enqueue),
+            endpoints,
             hub: hub.clone(),
             cc_json,
             finalizer: format!("metacontroller.io/compositecontroller-{name}"),
@@ -138,6 +145,8 @@ impl Controller {
             child_resources: resources(&children),
             children,
             rollouts,
+            selectors: Mutex::default(),
+            echoes: Echoes::default(),
             queue,
             cc,
         }))
@@ -154,7 +163,7 @@ impl Controller {
             let this = Arc::clone(&self);
             tasks.spawn(every(period, move || {
                 for parent in this.parent.list(None) {
-                    this.queue.add(ObjectKey::of(&parent));
+                    this.enqueue(ObjectKey::of(&parent));
                 }
             }));
         }
@@ -168,36 +177,79 @@ impl Controller {
         let mut queued = 0;
         for parent in self.parent.list(None) {
             if self.parent_selector.matches(&labels_of(&parent.metadata)) || has_finalizer(&parent, &self.finalizer) {
-                self.queue.add(ObjectKey::of(&parent));
+                self.enqueue(ObjectKey::of(&parent));
                 queued += 1;
             }
         }
         queued
     }
 
+    /// Queues a parent for a change made by someone else (or a resync): a full sync.
+    fn enqueue(&self, key: ObjectKey) {
+        self.echoes.queued(&key);
+        self.queue.add(key);
+    }
+
+    /// Queues a parent for the echo of its own sync's write, if such echoes still teach its hook anything.
+    fn enqueue_echo(&self, key: ObjectKey, kind: Echo) {
+        if self.echoes.should_sync(&key, kind, self.queue.is_pending(&key)) {
+            self.queue.add(key);
+        } else {
+            tracing::trace!(parent = %key, ?kind, "echo of own write; no sync needed");
+        }
+    }
+
     async fn map_parent_events(self: Arc<Self>) {
         let ignore_status = self.cc.spec.parent_resource.ignore_status_changes == Some(true);
         let mut changes = self.parent.subscribe();
         while let Some(change) = changes.recv().await {
+            let key = ObjectKey::of(change.object());
+            let new = match &change {
+                Change::Deleted(obj) => {
+                    self.related.forget(&key);
+                    self.requests.forget(&key);
+                    self.echoes.forget(&key);
+                    self.selectors.lock().expect("selectors lock").remove(&key);
+                    if has_finalizer(obj, &self.finalizer) || self.parent_selector.matches(&labels_of(&obj.metadata)) {
+                        self.enqueue(key);
+                    }
+                    continue;
+                }
+                Change::Applied { new, .. } => new,
+            };
+            // Keep the selector index current, so an orphan finds this parent without a scan.
+            let _ = self.selector_of(new);
+            // Parents neither selected nor carrying our finalizer are none of this controller's business.
+            if !self.parent_selector.matches(&labels_of(&new.metadata)) && !has_finalizer(new, &self.finalizer) {
+                continue;
+            }
             match &change {
-                Change::Applied { old, new } if self.requests.observe(&ObjectKey::of(new), old.as_deref(), new) => {}
+                Change::Applied { old, new } if self.requests.observe(&key, old.as_deref(), new) => {}
                 Change::Applied { old: Some(old), new }
                     if old.metadata.resource_version == new.metadata.resource_version
                         || (ignore_status && !meaningful_parent_change(old, new)) =>
                 {
                     continue;
                 }
-                Change::Deleted(obj) => {
-                    self.related.forget(&ObjectKey::of(obj));
-                    self.requests.forget(&ObjectKey::of(obj));
+                Change::Applied { new, .. } => {
+                    let version = new.metadata.resource_version.as_deref().unwrap_or_default();
+                    match self.echoes.classify(Watched::Parent, &key, version) {
+                        Seen::Echo(_) => {
+                            self.enqueue_echo(key, Echo::Parent);
+                            continue;
+                        }
+                        Seen::Held => continue,
+                        Seen::Other => {}
+                    }
                 }
-                Change::Applied { .. } => {}
+                Change::Deleted(_) => {}
             }
-            self.queue.add(ObjectKey::of(change.object()));
+            self.enqueue(key);
         }
     }
 
     async fn map_child_events(self: Arc<Self>, index: usize) {
+        let resource = Arc::clone(self.children[index].resource());
         let mut changes = self.children[index].informer.subscribe();
         while let Some(change) = changes.recv().await {
             match &change {
@@ -209,11 +261,47 @@ impl Controller {
                     if controller_uid(old) != controller_uid(new) {
                         self.enqueue_owner_of(old, false);
                     }
-                    self.enqueue_owner_of(new, true);
+                    if !self.echo(index, new, new.metadata.resource_version.as_deref()) {
+                        self.enqueue_owner_of(new, true);
+                    }
                 }
-                Change::Applied { old: None, new } => self.enqueue_owner_of(new, true),
-                Change::Deleted(obj) => self.enqueue_owner_of(obj, false),
+                Change::Applied { old: None, new } => {
+                    if !self.echo(index, new, new.metadata.resource_version.as_deref()) {
+                        self.enqueue_owner_of(new, true);
+                    }
+                }
+                Change::Deleted(obj) => {
+                    self.hub.applier.forget(&resource, &ObjectKey::of(obj));
+                    let version = obj.metadata.uid.as_deref().map(deleted_version);
+                    if !self.echo(index, obj, version.as_deref()) {
+                        self.enqueue_owner_of(obj, false);
+                    }
+                }
             }
+        }
+    }
+
+    /// Whether a child event is (or may be, with its write still in flight) the echo of one of this
+    /// controller's writes, and was dealt with as such.
+    fn echo(&self, index: usize, child: &DynamicObject, version: Option<&str>) -> bool {
+        let Some(version) = version else { return false };
+        match self.echoes.classify(Watched::Child(index), &ObjectKey::of(child), version) {
+            Seen::Echo(parent) => {
+                self.enqueue_echo(parent, Echo::Child);
+                true
+            }
+            Seen::Held => true,
+            Seen::Other => false,
+        }
+    }
+
+    /// Acts on what a settled write found held: its echo, and changes by others.
+    fn settle(&self, settled: Settled<ObjectKey>, kind: Echo) {
+        if let Some(parent) = settled.foreign {
+            self.enqueue(parent);
+        }
+        if let Some(parent) = settled.echo {
+            self.enqueue_echo(parent, kind);
         }
     }
 
@@ -229,27 +317,41 @@ impl Controller {
             let namespace = if parent_resource.namespaced { child.metadata.namespace.clone() } else { None };
             let key = ObjectKey { namespace, name: owner.name.clone() };
             if self.parent.get(&key).is_some_and(|p| p.metadata.uid.as_deref() == Some(owner.uid.as_str())) {
-                self.queue.add(key);
+                self.enqueue(key);
             }
             return;
         }
         if !adopt_orphans {
             return;
         }
-        let scope = if parent_resource.namespaced { Some(child.metadata.namespace.as_deref()) } else { None };
         let labels = labels_of(&child.metadata);
-        for parent in self.parent.list(scope) {
-            if self.child_selector(&parent).is_ok_and(|s| s.matches(&labels)) {
-                self.queue.add(ObjectKey::of(&parent));
-            }
+        let candidates =
+            self.selectors.lock().expect("selectors lock").selecting(child.metadata.namespace.as_deref(), &labels);
+        for parent in candidates {
+            self.enqueue(parent);
         }
     }
 
-    fn child_selector(&self, parent: &DynamicObject) -> Result<Selector, SyncError> {
-        child_selector(&self.cc, parent)
+    /// The selector of `parent`'s children, compiled once per parent version.
+    fn selector_of(&self, parent: &DynamicObject) -> Result<Arc<Selector>, SyncError> {
+        let version = format!(
+            "{}/{}",
+            parent.metadata.uid.as_deref().unwrap_or_default(),
+            parent.metadata.generation.unwrap_or_default()
+        );
+        let scope = if self.parent.resource().namespaced { parent.metadata.namespace.as_deref() } else { None };
+        self.selectors
+            .lock()
+            .expect("selectors lock")
+            .get_or_compile(&ObjectKey::of(parent), &version, scope, || child_selector(&self.cc, parent))
     }
 
     async fn sync_parent(&self, key: &ObjectKey) -> Result<Option<Duration>, SyncError> {
+        // Taken first: whatever happens below, the mark belongs to this sync.
+        let Ok(echo) = self.echoes.take(key) else {
+            tracing::debug!("only the echo of our own writes, which this hook has not needed; skipped");
+            return Ok(None);
+        };
         let Some(parent) = self.parent.get(key) else { return Ok(None) };
         let hooks = self.cc.spec.hooks.as_ref().ok_or(SyncError::NoSyncHook)?;
         let parent_resource = self.parent.resource();
@@ -262,7 +364,7 @@ impl Controller {
         };
         let Some(finalizing) = follow_plan(&api, &parent, &self.finalizer, facts).await? else { return Ok(None) };
 
-        let selector = self.child_selector(&parent)?;
+        let selector = self.selector_of(&parent)?;
         let observed = claim(&self.hub.client, &parent, parent_resource, &selector, &self.children).await?;
         if observed.len() != self.children.len() {
             return Ok(None); // the parent went away while adopting
@@ -274,9 +376,9 @@ impl Controller {
             version: hook.version(),
         };
         let related = self.related.gather(key, &parent, scope).await?;
-        let parent_json = serde_json::to_value(&*parent).unwrap_or(Value::Null);
+        let parent_json = crate::informers::for_hooks(&parent);
         let children = request_map(&self.child_resources, scope.version, scope.namespace, &observed);
-        let call = HookCall { hook, children: &children, related: &related, finalizing, selector: &selector };
+        let call = HookCall { children: &children, related: &related, finalizing, selector: &selector };
         let outcome = match &self.rollouts {
             None => Outcome::from(self.answer(&parent, &parent_json, &call).await?),
             Some(rollouts) => {
@@ -305,8 +407,8 @@ impl Controller {
         record_hook_events(&self.hub.events, &parent, &events).await;
         let applier = &self.hub.applier;
         let writes = plan.writes(applier) || revisions.as_ref().is_some_and(|r| r.writes(applier));
-        let errors = if gc_finalizing(&parent) || !writes {
-            Vec::new()
+        let executed = if gc_finalizing(&parent) || !writes {
+            Executed::default()
         } else {
             // No child write for a parent that is gone or replaced: server-side apply would re-create
             // children the garbage collector has just deleted.
@@ -319,13 +421,21 @@ impl Controller {
                     if let Some(revisions) = &revisions {
                         revisions.persist(applier).await.map_err(|e| SyncError::Apply(vec![e]))?;
                     }
-                    plan.execute(applier).await
+                    plan.execute(applier, &ChildWrites { controller: self, parent: key }).await
                 }
             }
         };
-        replace_status(&api, &parent, status, true).await?;
-        if !errors.is_empty() {
-            return Err(SyncError::Apply(errors));
+        self.echoes.begin(key, Watched::Parent, key);
+        let status_written = replace_status(&api, &parent, status, true).await;
+        let version = status_written.as_ref().ok().and_then(Option::as_deref);
+        self.settle(self.echoes.finish(Watched::Parent, key, version), Echo::Parent);
+        let status_written = status_written?;
+        if let Some(kind) = echo {
+            self.echoes
+                .learn(kind, !executed.writes.is_empty() || !executed.errors.is_empty() || status_written.is_some());
+        }
+        if !executed.errors.is_empty() {
+            return Err(SyncError::Apply(executed.errors));
         }
         if finalizing && finalized {
             set_finalizer(&api, &parent, &self.finalizer, false).await?;
@@ -347,7 +457,8 @@ impl Controller {
             related: call.related,
             finalizing: call.finalizing,
         };
-        let response = self.hub.hooks.composite(call.hook, &request).await?;
+        let endpoint = if call.finalizing { &self.endpoints.finalize } else { &self.endpoints.sync };
+        let response = endpoint.as_ref().ok_or(SyncError::NoSyncHook)?.composite(&request).await?;
         let parent_resource = self.parent.resource();
         let (desired, status) =
             validate_response(&self.cc, parent, parent_resource, &self.child_resources, &response, call.selector)?;
@@ -355,9 +466,25 @@ impl Controller {
     }
 }
 
+/// Tells the controller's echoes about the child writes of one parent's sync.
+struct ChildWrites<'a> {
+    controller: &'a Controller,
+    parent: &'a ObjectKey,
+}
+
+impl WriteObserver for ChildWrites<'_> {
+    fn started(&self, type_index: usize, key: &ObjectKey) {
+        self.controller.echoes.begin(self.parent, Watched::Child(type_index), key);
+    }
+
+    fn finished(&self, type_index: usize, key: &ObjectKey, version: Option<&str>) {
+        let settled = self.controller.echoes.finish(Watched::Child(type_index), key, version);
+        self.controller.settle(settled, Echo::Child);
+    }
+}
+
 /// What a sync asks the hook.
 struct HookCall<'a> {
-    hook: &'a crate::api::Hook,
     children: &'a crate::hooks::ObjectMaps,
     related: &'a crate::hooks::ObjectMaps,
     finalizing: bool,

@@ -3,6 +3,7 @@
 //! `config/metahook.yaml` documents every field with its default; a test keeps that file and
 //! [`Config::default`] in agreement.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -49,6 +50,21 @@ pub struct Config {
     pub cache_sync_timeout: Duration,
     /// Leader election among replicas of the hub (off for a single process).
     pub leader_election: LeaderElection,
+    /// Where to connect for a hook server instead of where its name leads: key = the server as the hook
+    /// URL names it (`greeter.hooks:8080`; without a port, the URL scheme's default), value = the
+    /// `host:port` to open the TCP connection to. Only the destination changes: the URL, `Host` header
+    /// and TLS name checks keep the hook's own name. For hubs outside the cluster calling
+    /// Service-form hooks (the demo, tests, a laptop with port-forwards).
+    pub hook_hosts: BTreeMap<String, String>,
+    /// Client-side rate limit on API requests, per second on average; 0 = none (the default: the API
+    /// server's priority and fairness protects it, and a client-side limit is what starved
+    /// Metacontroller's controllers on busy clusters, Metacontroller #686).
+    #[serde(rename = "apiQPS")]
+    pub api_qps: f64,
+    /// Requests that may go at once above `apiQPS` (with a rate limit set).
+    pub api_burst: u32,
+    /// API requests open at once, for the whole hub.
+    pub max_requests_in_flight: usize,
 }
 
 /// Leader election on a `coordination.k8s.io/v1` Lease: only the holder runs controllers.
@@ -99,6 +115,10 @@ impl Default for Config {
             hook_response_limit: crate::hooks::DEFAULT_RESPONSE_LIMIT,
             cache_sync_timeout: Duration::from_secs(60),
             leader_election: LeaderElection::default(),
+            hook_hosts: BTreeMap::new(),
+            api_qps: 0.0,
+            api_burst: 100,
+            max_requests_in_flight: 64,
         }
     }
 }
@@ -186,6 +206,22 @@ impl Config {
         Ok(config)
     }
 
+    /// The limits of the hub's API client.
+    #[must_use]
+    pub fn client_limits(&self) -> crate::client::Limits {
+        crate::client::Limits { qps: self.api_qps, burst: self.api_burst, in_flight: self.max_requests_in_flight }
+    }
+
+    /// How the hub's hook client is set up.
+    #[must_use]
+    pub fn hook_client(&self) -> crate::hooks::HookClientConfig {
+        crate::hooks::HookClientConfig {
+            response_limit: self.hook_response_limit,
+            hook_hosts: self.hook_hosts.clone(),
+            keep_alive: true,
+        }
+    }
+
     fn from_file(path: &Path) -> Result<Self, ConfigError> {
         let text =
             std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
@@ -208,10 +244,18 @@ impl Config {
                 reason: "must not exceed backoffMaxSeconds".into(),
             });
         }
+        if !(self.api_qps >= 0.0 && self.api_qps.is_finite()) {
+            return Err(ConfigError::Invalid { field: "apiQPS", reason: "must be a number, 0 or more".into() });
+        }
+        if self.max_requests_in_flight == 0 {
+            return Err(ConfigError::Invalid { field: "maxRequestsInFlight", reason: "must be at least 1".into() });
+        }
         if self.cache_sync_timeout.is_zero() {
             return Err(ConfigError::Invalid { field: "cacheSyncTimeout", reason: "must be at least 1 second".into() });
         }
         self.leader_election.validate()?;
+        crate::hooks::dial::check_hook_hosts(&self.hook_hosts)
+            .map_err(|reason| ConfigError::Invalid { field: "hookHosts", reason })?;
         crate::selector::parse_selector_string(&self.target_label_selector)
             .map_err(|e| ConfigError::Invalid { field: "targetLabelSelector", reason: e.to_string() })?;
         Ok(())
@@ -289,6 +333,16 @@ mod tests {
         let overrides = ConfigOverrides { workers: Some(0), ..ConfigOverrides::default() };
         let err = Config::load(None, &overrides).unwrap_err();
         assert!(err.to_string().contains("workers"), "{err}");
+    }
+
+    #[test]
+    fn hook_hosts_are_read_and_checked() {
+        let config: Config = serde_yaml::from_str("hookHosts: {\"greeter.hooks:8080\": \"127.0.0.1:41234\"}").unwrap();
+        assert_eq!(config.hook_hosts["greeter.hooks:8080"], "127.0.0.1:41234");
+        assert!(config.validate().is_ok());
+        let config: Config = serde_yaml::from_str("hookHosts: {\"greeter.hooks\": \"127.0.0.1\"}").unwrap();
+        let err = config.validate().unwrap_err();
+        assert!(err.to_string().contains("hookHosts"), "{err}");
     }
 
     #[test]

@@ -7,6 +7,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,8 +18,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::api::{DecoratorController, labels_of};
 use crate::children::{
-    ChildMap, ChildType, DeletionGuard, Plan, desired_children, live_parent, request_map, resources,
+    ChildMap, ChildType, DeletionGuard, Executed, Plan, WriteObserver, deleted_version, desired_children, live_parent,
+    request_map, resources,
 };
+use crate::echoes::{Echo, Echoes, Seen, Settled, Watched};
 use crate::events::Events;
 use crate::hooks::{DecoratorRequest, DecoratorResponse};
 use crate::hub::Hub;
@@ -27,9 +30,9 @@ use crate::queue::WorkQueue;
 use crate::related::{ParentScope, Related};
 use crate::selector::Selector;
 use crate::sync::{
-    Facts, StartError, SyncError, Syncer, api_for, check_hook_settings, controller_queue, every, follow_plan,
-    gc_finalizing, has_finalizer, lifecycle_changed, meaningful_parent_change, record_hook_events, replace_status,
-    resync_after, resync_period, run_workers, set_finalizer,
+    Facts, StartError, SyncError, Syncer, api_for, controller_queue, every, follow_plan, gc_finalizing, has_finalizer,
+    lifecycle_changed, meaningful_parent_change, record_hook_events, replace_status, resync_after, resync_period,
+    run_workers, set_finalizer,
 };
 
 /// Annotation naming the DecoratorController that manages an attachment.
@@ -149,9 +152,13 @@ pub struct Controller {
     /// The resolved types of `attachments`, computed once (every sync needs them).
     attachment_resources: Vec<Arc<crate::discovery::ResolvedResource>>,
     related: Arc<Related<TargetKey>>,
+    /// The hooks, ready to call (`related` holds the `customize` one too).
+    endpoints: crate::hooks::ControllerHooks,
     finalizer: String,
     /// The safe-delete guard, from the controller's annotation.
     deletion_guard: Option<DeletionGuard>,
+    /// What this controller's syncs wrote, to tell the echo from others' changes.
+    echoes: Echoes<TargetKey>,
     metrics: Arc<crate::metrics::ControllerMetrics>,
     requests: crate::trigger::SyncRequests<TargetKey>,
     queue: WorkQueue<TargetKey>,
@@ -167,12 +174,11 @@ impl Controller {
         let hooks = &spec.hooks;
         let deletion_guard =
             DeletionGuard::from_annotations(dc.metadata.annotations.as_ref()).map_err(StartError::Annotation)?;
-        check_hook_settings(
-            [
-                ("sync", hooks.sync.as_ref()),
-                ("finalize", hooks.finalize.as_ref()),
-                ("customize", hooks.customize.as_ref()),
-            ],
+        let name = dc.metadata.name.clone().unwrap_or_default();
+        let endpoints = hub.hooks.controller_hooks(
+            "DecoratorController",
+            &name,
+            [hooks.sync.as_ref(), hooks.finalize.as_ref(), hooks.customize.as_ref()],
             &spec.endpoint_configs,
         )?;
         let mut targets: Vec<Target> = Vec::new();
@@ -220,17 +226,18 @@ impl Controller {
         for informer in targets.iter().map(|t| &t.informer).chain(attachments.iter().map(|a| &a.informer)) {
             informer.wait_synced(hub.config.cache_sync_timeout).await?;
         }
-        let name = dc.metadata.name.clone().unwrap_or_default();
         let dc_json = serde_json::to_value(&*dc).unwrap_or(Value::Null);
         let (queue, metrics, enqueue) = controller_queue(hub, "DecoratorController", &name);
         Ok(Arc::new(Self {
             metrics,
             requests: crate::trigger::SyncRequests::default(),
-            related: Related::new(hub.clone(), spec.hooks.customize.clone(), dc_json.clone(), enqueue),
+            related: Related::new(hub.clone(), endpoints.customize.clone(), dc_json.clone(), enqueue),
+            endpoints,
             hub: hub.clone(),
             dc_json,
             finalizer: finalizer_name(&name),
             deletion_guard,
+            echoes: Echoes::default(),
             name,
             targets,
             attachment_resources: resources(&attachments),
@@ -254,7 +261,7 @@ impl Controller {
             tasks.spawn(every(period, move || {
                 for (target_type, target) in this.targets.iter().enumerate() {
                     for obj in target.informer.list(None) {
-                        this.queue.add(TargetKey { target_type, key: ObjectKey::of(&obj) });
+                        this.enqueue(TargetKey { target_type, key: ObjectKey::of(&obj) });
                     }
                 }
             }));
@@ -268,7 +275,7 @@ impl Controller {
         let mut queued = 0;
         for (target_type, target) in self.targets.iter().enumerate() {
             for obj in target.informer.list(None).into_iter().filter(|o| target.selects(o)) {
-                self.queue.add(TargetKey { target_type, key: ObjectKey::of(&obj) });
+                self.enqueue(TargetKey { target_type, key: ObjectKey::of(&obj) });
                 queued += 1;
             }
         }
@@ -293,26 +300,89 @@ impl Controller {
                 Change::Deleted(_) => {
                     self.related.forget(&key);
                     self.requests.forget(&key);
+                    self.echoes.forget(&key);
                     continue;
                 }
                 // Objects neither selected nor carrying our finalizer are none of our business.
                 Change::Applied { new, .. } if !target.selects(new) && !has_finalizer(new, &self.finalizer) => continue,
-                Change::Applied { .. } => {}
+                Change::Applied { new, .. } => {
+                    let version = new.metadata.resource_version.as_deref().unwrap_or_default();
+                    match self.echoes.classify(Watched::Parent, &key.key, version) {
+                        Seen::Echo(_) => {
+                            self.enqueue_echo(key, Echo::Parent);
+                            continue;
+                        }
+                        Seen::Held => continue,
+                        Seen::Other => {}
+                    }
+                }
             }
+            self.enqueue(key);
+        }
+    }
+
+    /// Queues a target for a change made by someone else (or a resync): a full sync.
+    fn enqueue(&self, key: TargetKey) {
+        self.echoes.queued(&key);
+        self.queue.add(key);
+    }
+
+    /// Acts on what a settled write found held: its echo, and changes by others.
+    fn settle(&self, settled: Settled<TargetKey>, kind: Echo) {
+        if let Some(target) = settled.foreign {
+            self.enqueue(target);
+        }
+        if let Some(target) = settled.echo {
+            self.enqueue_echo(target, kind);
+        }
+    }
+
+    /// Writes to the target itself (status, then labels and annotations), each announced to the echoes.
+    async fn write_target(
+        &self,
+        key: &TargetKey,
+        write: impl Future<Output = Result<Option<String>, SyncError>>,
+    ) -> Result<bool, SyncError> {
+        self.echoes.begin(key, Watched::Parent, &key.key);
+        let result = write.await;
+        let version = result.as_ref().ok().and_then(Option::as_deref);
+        self.settle(self.echoes.finish(Watched::Parent, &key.key, version), Echo::Parent);
+        result.map(|v| v.is_some())
+    }
+
+    /// Queues a target for the echo of its own sync's write, if such echoes still teach its hook anything.
+    fn enqueue_echo(&self, key: TargetKey, kind: Echo) {
+        if self.echoes.should_sync(&key, kind, self.queue.is_pending(&key)) {
             self.queue.add(key);
         }
     }
 
     async fn map_attachment_events(self: Arc<Self>, index: usize) {
+        let resource = Arc::clone(self.attachments[index].resource());
         let mut changes = self.attachments[index].informer.subscribe();
         while let Some(change) = changes.recv().await {
-            if let Change::Applied { old: Some(old), new } = &change
-                && old.metadata.resource_version == new.metadata.resource_version
-            {
-                continue;
-            }
-            if let Some(key) = self.owner_of(change.object()) {
-                self.queue.add(key);
+            let version = match &change {
+                Change::Applied { old: Some(old), new }
+                    if old.metadata.resource_version == new.metadata.resource_version =>
+                {
+                    continue;
+                }
+                Change::Applied { new, .. } => new.metadata.resource_version.clone(),
+                Change::Deleted(obj) => {
+                    self.hub.applier.forget(&resource, &ObjectKey::of(obj));
+                    obj.metadata.uid.as_deref().map(deleted_version)
+                }
+            };
+            let object = ObjectKey::of(change.object());
+            let seen = version.map_or(Seen::Other, |v| self.echoes.classify(Watched::Child(index), &object, &v));
+            match seen {
+                Seen::Echo(target) => self.enqueue_echo(target, Echo::Child),
+                Seen::Held => {}
+                Seen::Other => {
+                    if let Some(key) = self.owner_of(change.object()) {
+                        self.enqueue(key);
+                    }
+                }
             }
         }
     }
@@ -363,6 +433,11 @@ impl Controller {
     }
 
     async fn sync_target(&self, key: &TargetKey) -> Result<Option<Duration>, SyncError> {
+        // Taken first: whatever happens below, the mark belongs to this sync.
+        let Ok(echo) = self.echoes.take(key) else {
+            tracing::debug!("only the echo of our own writes, which this hook has not needed; skipped");
+            return Ok(None);
+        };
         let target_type = &self.targets[key.target_type];
         let Some(target) = target_type.informer.get(&key.key) else { return Ok(None) };
         let hooks = &self.dc.spec.hooks;
@@ -383,7 +458,7 @@ impl Controller {
         };
         let observed = self.observed_attachments(&target, resource.namespaced);
         let related = self.related.gather(key, &target, scope).await?;
-        let object = serde_json::to_value(&*target).unwrap_or(Value::Null);
+        let object = crate::informers::for_hooks(&target);
         let attachments = request_map(&self.attachment_resources, scope.version, scope.namespace, &observed);
         let request = DecoratorRequest {
             controller: &self.dc_json,
@@ -392,7 +467,8 @@ impl Controller {
             related: &related,
             finalizing,
         };
-        let response = self.hub.hooks.decorator(hook, &request).await?;
+        let endpoint = if finalizing { &self.endpoints.finalize } else { &self.endpoints.sync };
+        let response = endpoint.as_ref().ok_or(SyncError::NoSyncHook)?.decorator(&request).await?;
 
         let Answer { desired, status, metadata_patch } =
             validate_response(&self.name, &self.attachment_resources, &target, resource, &response)?;
@@ -406,35 +482,64 @@ impl Controller {
             plan.check_guard(self.deletion_guard, &target)?;
         }
         record_hook_events(&self.hub.events, &target, &response.events).await;
-        let errors = if gc_finalizing(&target) || !plan.writes(&self.hub.applier) {
-            Vec::new()
+        let executed = if gc_finalizing(&target) || !plan.writes(&self.hub.applier) {
+            Executed::default()
         } else {
             // No attachment write for a target that is gone or replaced.
             match live_parent(&self.hub.client, resource, &target).await? {
                 None => return Ok(None),
                 Some(live) if lifecycle_changed(&target, &live) => return Err(SyncError::Conflict("target")),
-                Some(_) => plan.execute(&self.hub.applier).await,
+                Some(_) => plan.execute(&self.hub.applier, &AttachmentWrites { controller: self, target: key }).await,
             }
         };
+        let mut target_written = false;
         if let Some(status) = status {
-            replace_status(&api, &target, status, resource.has_status).await?;
+            target_written |=
+                self.write_target(key, replace_status(&api, &target, status, resource.has_status)).await?;
         }
         if let Some(patch) = metadata_patch {
             let name = target.metadata.name.as_deref().unwrap_or_default();
-            match api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await {
-                Ok(_) => {}
-                // Gone, or replaced (the UID in the patch no longer matches): its own sync follows.
-                Err(kube::Error::Api(s)) if s.code == 404 || s.code == 422 && s.message.contains("metadata.uid") => {}
-                Err(e) => return Err(SyncError::Write { what: "labels and annotations", source: Box::new(e) }),
-            }
+            let write = async {
+                match api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+                    Ok(patched) => Ok(patched.metadata.resource_version),
+                    // Gone, or replaced (the UID in the patch no longer matches): its own sync follows.
+                    Err(kube::Error::Api(s))
+                        if s.code == 404 || s.code == 422 && s.message.contains("metadata.uid") =>
+                    {
+                        Ok(None)
+                    }
+                    Err(e) => Err(SyncError::Write { what: "labels and annotations", source: Box::new(e) }),
+                }
+            };
+            target_written |= self.write_target(key, write).await?;
         }
-        if !errors.is_empty() {
-            return Err(SyncError::Apply(errors));
+        if let Some(kind) = echo {
+            self.echoes.learn(kind, !executed.writes.is_empty() || !executed.errors.is_empty() || target_written);
+        }
+        if !executed.errors.is_empty() {
+            return Err(SyncError::Apply(executed.errors));
         }
         if finalizing && response.finalized {
             set_finalizer(&api, &target, &self.finalizer, false).await?;
         }
         Ok(resync_after(response.resync_after_seconds))
+    }
+}
+
+/// Tells the controller's echoes about the attachment writes of one target's sync.
+struct AttachmentWrites<'a> {
+    controller: &'a Controller,
+    target: &'a TargetKey,
+}
+
+impl WriteObserver for AttachmentWrites<'_> {
+    fn started(&self, type_index: usize, key: &ObjectKey) {
+        self.controller.echoes.begin(self.target, Watched::Child(type_index), key);
+    }
+
+    fn finished(&self, type_index: usize, key: &ObjectKey, version: Option<&str>) {
+        let settled = self.controller.echoes.finish(Watched::Child(type_index), key, version);
+        self.controller.settle(settled, Echo::Child);
     }
 }
 

@@ -1,16 +1,39 @@
-//! The hook wire protocol (Metacontroller v1 and v2) and the HTTP client that speaks it.
+//! The hook wire protocol (Metacontroller v1 and v2) and the client that calls hooks.
 //!
 //! Wire types mirror the JSON exactly; what the engine does with a response (validation, applying)
 //! lives in [`crate::composite`]. Objects travel as `serde_json::Value` because hooks may return any
 //! kind, including kinds this binary has never heard of.
+//!
+//! How a call travels lives in the submodules: [`settings`] decides which TLS/auth settings apply,
+//! [`credentials`] keeps the Secrets and `ConfigMap`s they read current, [`identity`] turns those into a
+//! TLS identity and an `Authorization` header, [`pool`] keeps one client per TLS identity and [`dial`]
+//! the `hookHosts` map, [`etag`] caches answers, [`metrics`] counts calls, and [`endpoint`] puts them
+//! together for one hook.
+
+pub mod authority;
+pub mod credentials;
+pub mod dial;
+pub mod endpoint;
+pub mod etag;
+pub mod identity;
+pub mod metrics;
+pub mod pool;
+pub mod settings;
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::api::{Hook, HookVersion, UnmarshalMode};
+pub use self::credentials::CredentialError;
+use self::credentials::Credentials;
+pub use self::endpoint::Endpoint;
+pub use self::metrics::{HookKind, HookLabels, HookMetrics};
+use self::pool::Pool;
+pub use self::settings::SettingsError;
+use crate::api::{EndpointConfig, Hook, HookVersion, UnmarshalMode};
 
 /// `children`, `attachments` and `related` maps: `"Kind.group/version"` → object key → object.
 pub type ObjectMaps = BTreeMap<String, BTreeMap<String, Value>>;
@@ -175,10 +198,8 @@ pub fn object_key(
 /// Why a hook call produced no usable response.
 #[derive(Debug, thiserror::Error)]
 pub enum HookError {
-    #[error("hook has no URL: must specify either a full 'url', or both 'service' and 'path'")]
-    NoUrl,
-    #[error("http error calling {url}: {source}")]
-    Http { url: String, source: reqwest::Error },
+    #[error("http error calling {url}: {reason}")]
+    Http { url: String, reason: String },
     #[error("hook {url} timed out after {timeout:?}")]
     Timeout { url: String, timeout: Duration },
     #[error("hook {url} answered unsupported status code {code}, body: {body}")]
@@ -188,106 +209,152 @@ pub enum HookError {
     TooManyRequests { url: String, retry_after: Duration },
     #[error("hook {url} response is not valid JSON of the expected shape: {source}")]
     Decode { url: String, source: serde_json::Error },
+    #[error("hook {url} request could not be encoded: {source}")]
+    Encode { url: String, source: serde_json::Error },
     #[error("hook {url} response has unknown fields {fields:?} (strict mode)")]
     UnknownFields { url: String, fields: Vec<String> },
     /// The body is larger than the hub accepts (`hookResponseLimit`); it was not read further.
     #[error("hook {url} response is larger than the limit of {limit} bytes")]
     TooLarge { url: String, limit: usize },
+    /// A TLS or auth value the hook's settings name is missing or unusable.
+    #[error("hook {url}: {source}")]
+    Credentials { url: String, source: Box<CredentialError> },
+    /// `304`/`412` to an `If-None-Match`, but the cached answer is gone (expired meanwhile).
+    #[error("hook {url} answered {code} but no cached response is left for this object")]
+    EtagGone { url: String, code: u16 },
 }
 
 /// Default cap on a hook response body: far above any sane desired state, far below what would let one
 /// hook push the hub's memory around (a 20 MB body took the hub from 21 to 143 MiB when read whole).
 pub const DEFAULT_RESPONSE_LIMIT: usize = 8 * 1024 * 1024;
 
-/// Posts hook requests. Cheap to clone; one connection pool for the whole hub.
-#[derive(Clone, Debug)]
-pub struct HookClient {
-    http: reqwest::Client,
+/// How the hub's hook client behaves.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HookClientConfig {
+    /// Largest response body accepted, in bytes.
+    pub response_limit: usize,
+    /// `hookHosts`: hook server (`host[:port]` as its URL names it) → `host:port` to connect to.
+    pub hook_hosts: BTreeMap<String, String>,
+    /// Reuse connections between calls (off only to measure what that saves).
+    pub keep_alive: bool,
+}
+
+impl Default for HookClientConfig {
+    fn default() -> Self {
+        Self { response_limit: DEFAULT_RESPONSE_LIMIT, hook_hosts: BTreeMap::new(), keep_alive: true }
+    }
+}
+
+/// What every hook call of a hub shares.
+struct Shared {
+    pool: Pool,
+    credentials: Credentials,
+    metrics: Arc<HookMetrics>,
     /// Largest response body accepted, in bytes.
     limit: usize,
 }
 
-impl Default for HookClient {
-    fn default() -> Self {
-        Self::new(DEFAULT_RESPONSE_LIMIT)
+/// The hub's hook client: connection pools, credential watches and metrics. Controllers get an
+/// [`Endpoint`] per hook from it. Cheap to clone.
+#[derive(Clone)]
+pub struct HookClient {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for HookClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HookClient").field("limit", &self.shared.limit).finish_non_exhaustive()
     }
+}
+
+impl Default for HookClient {
+    /// A client with default settings and no cluster: hooks whose settings read Secrets or `ConfigMap`s
+    /// fail with a clear error (what `metahook render` uses).
+    fn default() -> Self {
+        Self::new(&HookClientConfig::default(), None)
+    }
+}
+
+/// The endpoints of one controller's hooks.
+#[derive(Clone, Debug, Default)]
+pub struct ControllerHooks {
+    pub sync: Option<Endpoint>,
+    pub finalize: Option<Endpoint>,
+    pub customize: Option<Endpoint>,
 }
 
 impl HookClient {
-    /// A client that refuses response bodies larger than `limit` bytes.
+    /// A client for `config`; `cluster` is where referenced Secrets and `ConfigMap`s are watched.
     #[must_use]
-    pub fn new(limit: usize) -> Self {
-        let http = reqwest::Client::builder()
-            .user_agent(concat!("metahook/", env!("CARGO_PKG_VERSION")))
-            .build()
-            .expect("the TLS backend is compiled in");
-        Self { http, limit }
+    pub fn new(config: &HookClientConfig, cluster: Option<kube::Client>) -> Self {
+        let pool = Pool::new(dial::Dialer::new(&config.hook_hosts), config.keep_alive);
+        let shared = Shared {
+            pool,
+            credentials: Credentials::new(cluster),
+            metrics: Arc::new(HookMetrics::default()),
+            limit: config.response_limit,
+        };
+        Self { shared: Arc::new(shared) }
     }
 
-    /// Calls a composite `sync`/`finalize` hook.
-    pub async fn composite(&self, hook: &Hook, request: &CompositeRequest<'_>) -> Result<CompositeResponse, HookError> {
-        let (url, value) = self.post(hook, request).await?;
-        decode(&url, value, hook.unmarshal_mode(), COMPOSITE_RESPONSE_FIELDS)
+    /// The hook metrics of this client (register them with [`HookMetrics::register`]).
+    #[must_use]
+    pub fn metrics(&self) -> &Arc<HookMetrics> {
+        &self.shared.metrics
     }
 
-    /// Calls a decorator `sync`/`finalize` hook.
-    pub async fn decorator(&self, hook: &Hook, request: &DecoratorRequest<'_>) -> Result<DecoratorResponse, HookError> {
-        let (url, value) = self.post(hook, request).await?;
-        decode(&url, value, hook.unmarshal_mode(), DECORATOR_RESPONSE_FIELDS)
+    /// An endpoint for `hook`, whose TLS and auth settings are its own or, when it sets none, those of
+    /// the `endpoint_configs` entry for its host. Refuses settings Metacontroller refuses.
+    pub fn endpoint(
+        &self,
+        hook: &Hook,
+        endpoint_configs: &[EndpointConfig],
+        labels: HookLabels,
+    ) -> Result<Endpoint, SettingsError> {
+        Endpoint::new(Arc::clone(&self.shared), hook, endpoint_configs, labels)
     }
 
-    /// Calls a `customize` hook.
-    pub async fn customize(&self, hook: &Hook, request: &CustomizeRequest<'_>) -> Result<CustomizeResponse, HookError> {
-        let (url, value) = self.post(hook, request).await?;
-        decode(&url, value, hook.unmarshal_mode(), CUSTOMIZE_RESPONSE_FIELDS)
-    }
-
-    /// POSTs `body` as JSON; returns the URL called and the decoded JSON body of a 200 answer.
-    ///
-    /// The timeout bounds the whole call, connecting to the last body byte, so a hook that drips its
-    /// answer cannot hold a worker; the body is read up to the hub's limit and no further.
-    async fn post(&self, hook: &Hook, body: &impl Serialize) -> Result<(String, Value), HookError> {
-        let url = hook.webhook.resolved_url().ok_or(HookError::NoUrl)?;
-        let timeout = hook.webhook.timeout();
-        match tokio::time::timeout(timeout, self.exchange(&url, timeout, body)).await {
-            Ok(result) => result.map(|value| (url, value)),
-            Err(_) => Err(HookError::Timeout { url, timeout }),
-        }
-    }
-
-    async fn exchange(&self, url: &str, timeout: Duration, body: &impl Serialize) -> Result<Value, HookError> {
-        let url = url.to_owned();
-        let sent = self.http.post(&url).timeout(timeout).json(body).send().await;
-        let mut response = sent.map_err(|source| classify(&url, timeout, source))?;
-        let code = response.status().as_u16();
-        if code == 429 {
-            let retry_after = retry_after(response.headers()).unwrap_or(Duration::from_secs(1));
-            return Err(HookError::TooManyRequests { url, retry_after });
-        }
-        let too_large = || HookError::TooLarge { url: url.clone(), limit: self.limit };
-        if response.content_length().is_some_and(|n| n > self.limit as u64) {
-            return Err(too_large());
-        }
-        let mut bytes = Vec::new();
-        while let Some(chunk) = response.chunk().await.map_err(|source| classify(&url, timeout, source))? {
-            if bytes.len() + chunk.len() > self.limit {
-                return Err(too_large());
-            }
-            bytes.extend_from_slice(&chunk);
-        }
-        if code != 200 {
-            let body = String::from_utf8_lossy(&bytes).chars().take(1024).collect();
-            return Err(HookError::Status { url, code, body });
-        }
-        serde_json::from_slice(&bytes).map_err(|source| HookError::Decode { url, source })
+    /// Endpoints for a controller's `sync`, `finalize` and `customize` hooks.
+    pub fn controller_hooks(
+        &self,
+        kind: &str,
+        name: &str,
+        hooks: [Option<&Hook>; 3],
+        endpoint_configs: &[EndpointConfig],
+    ) -> Result<ControllerHooks, SettingsError> {
+        let [sync, finalize, customize] = hooks;
+        let endpoint = |hook: Option<&Hook>, which: HookKind| {
+            hook.map(|hook| {
+                let labels = HookLabels { kind: kind.to_owned(), controller: name.to_owned(), hook: which };
+                self.endpoint(hook, endpoint_configs, labels)
+            })
+            .transpose()
+        };
+        Ok(ControllerHooks {
+            sync: endpoint(sync, HookKind::Sync)?,
+            finalize: endpoint(finalize, HookKind::Finalize)?,
+            customize: endpoint(customize, HookKind::Customize)?,
+        })
     }
 }
 
-fn classify(url: &str, timeout: Duration, source: reqwest::Error) -> HookError {
-    if source.is_timeout() {
-        HookError::Timeout { url: url.to_owned(), timeout }
-    } else {
-        HookError::Http { url: url.to_owned(), source }
+impl Endpoint {
+    /// Calls a composite `sync`/`finalize` hook.
+    pub async fn composite(&self, request: &CompositeRequest<'_>) -> Result<CompositeResponse, HookError> {
+        let value = self.call(request, request.parent).await?;
+        decode(self.url(), value, self.mode(), COMPOSITE_RESPONSE_FIELDS)
+    }
+
+    /// Calls a decorator `sync`/`finalize` hook.
+    pub async fn decorator(&self, request: &DecoratorRequest<'_>) -> Result<DecoratorResponse, HookError> {
+        let value = self.call(request, request.object).await?;
+        decode(self.url(), value, self.mode(), DECORATOR_RESPONSE_FIELDS)
+    }
+
+    /// Calls a `customize` hook.
+    pub async fn customize(&self, request: &CustomizeRequest<'_>) -> Result<CustomizeResponse, HookError> {
+        let value = self.call(request, request.parent).await?;
+        decode(self.url(), value, self.mode(), CUSTOMIZE_RESPONSE_FIELDS)
     }
 }
 
@@ -450,6 +517,13 @@ mod tests {
         serde_json::from_value(serde_json::json!({"webhook": {"url": url, "timeout": timeout}})).unwrap()
     }
 
+    /// An endpoint for `url` on a client that accepts bodies up to `limit` bytes.
+    fn endpoint(limit: usize, url: &str, timeout: &str) -> Endpoint {
+        let config = HookClientConfig { response_limit: limit, ..HookClientConfig::default() };
+        let labels = HookLabels { kind: "CompositeController".into(), controller: "t".into(), hook: HookKind::Sync };
+        HookClient::new(&config, None).endpoint(&hook(url, timeout), &[], labels).unwrap()
+    }
+
     fn request() -> (Value, ObjectMaps) {
         (serde_json::json!({}), ObjectMaps::new())
     }
@@ -462,17 +536,17 @@ mod tests {
         let url = serve_once(head, body.clone().into_bytes(), 512, Duration::ZERO).await;
         let (v, maps) = request();
         let req = CompositeRequest { controller: &v, parent: &v, children: &maps, related: &maps, finalizing: false };
-        let err = HookClient::new(1024).composite(&hook(&url, "5s"), &req).await.unwrap_err();
+        let err = endpoint(1024, &url, "5s").composite(&req).await.unwrap_err();
         assert!(matches!(err, HookError::TooLarge { limit: 1024, .. }), "{err}");
         // Declared length over the limit: refused before reading.
         let head = format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n", body.len());
         let url = serve_once(head, body.clone().into_bytes(), body.len(), Duration::ZERO).await;
-        let err = HookClient::new(1024).composite(&hook(&url, "5s"), &req).await.unwrap_err();
+        let err = endpoint(1024, &url, "5s").composite(&req).await.unwrap_err();
         assert!(matches!(err, HookError::TooLarge { .. }), "{err}");
         // Under the limit: accepted.
         let head = format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n", body.len());
         let url = serve_once(head, body.into_bytes(), 512, Duration::ZERO).await;
-        assert!(HookClient::new(1 << 20).composite(&hook(&url, "5s"), &req).await.is_ok());
+        assert!(endpoint(1 << 20, &url, "5s").composite(&req).await.is_ok());
     }
 
     #[tokio::test]
@@ -484,7 +558,7 @@ mod tests {
         let (v, maps) = request();
         let req = CompositeRequest { controller: &v, parent: &v, children: &maps, related: &maps, finalizing: false };
         let started = std::time::Instant::now();
-        let err = HookClient::default().composite(&hook(&url, "500ms"), &req).await.unwrap_err();
+        let err = endpoint(DEFAULT_RESPONSE_LIMIT, &url, "500ms").composite(&req).await.unwrap_err();
         assert!(matches!(err, HookError::Timeout { .. }), "{err}");
         assert!(started.elapsed() < Duration::from_secs(2), "took {:?}", started.elapsed());
     }

@@ -44,14 +44,16 @@ impl Hub {
     /// A hub whose `/readyz` and metrics report `leadership` (when it runs for a Lease).
     #[must_use]
     pub fn with_leadership(client: Client, config: Config, leadership: Option<Leadership>) -> Self {
+        let client = crate::client::limited(client, config.client_limits());
         let metrics = Metrics::default();
         let health = Health::new(leadership);
         let informers = Informers::new(client.clone());
-        let hooks = HookClient::new(config.hook_response_limit);
+        let hooks = HookClient::new(&config.hook_client(), Some(client.clone()));
         let mut registry = Registry::default();
         metrics.register(&mut registry);
         crate::metrics::register_snapshot(&mut registry, health.clone(), informers.clone());
         // Families owned by other parts of the hub register here, one line each.
+        hooks.metrics().register(&mut registry);
         Self {
             discovery: Discovery::new(client.clone(), config.discovery_interval),
             applier: Applier::new(client.clone(), config.field_manager.clone()).with_metrics(metrics.apply.clone()),

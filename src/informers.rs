@@ -9,7 +9,7 @@
 //! the watch stops when the last handle is dropped. Cached objects are `Arc`s that are never mutated;
 //! callers clone before changing anything.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::Duration;
 
@@ -22,6 +22,7 @@ use tokio::sync::{mpsc, watch};
 use tracing::{debug, warn};
 
 use crate::discovery::ResolvedResource;
+use crate::selector::Selector;
 
 /// Namespace (None for cluster-scoped objects) and name.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -70,6 +71,9 @@ pub fn controller_uid(obj: &DynamicObject) -> Option<&str> {
     obj.metadata.owner_references.iter().flatten().find(|r| r.controller == Some(true)).map(|r| r.uid.as_str())
 }
 
+/// (namespace, label key, label value): how orphans are found by a selector's required label.
+type LabelIndex = (Option<String>, String, String);
+
 #[derive(Default)]
 struct Store {
     objects: HashMap<ObjectKey, Arc<DynamicObject>>,
@@ -77,6 +81,10 @@ struct Store {
     by_controller: HashMap<String, BTreeSet<ObjectKey>>,
     /// Keys of objects without a controller ownerRef, by namespace.
     orphans: HashMap<Option<String>, BTreeSet<ObjectKey>>,
+    /// Keys of orphans by each of their labels: claiming finds the orphans a parent's selector could
+    /// adopt without testing every orphan of the namespace (most objects of a child type are usually
+    /// someone else's, and all of them are orphans to the hub).
+    orphans_by_label: HashMap<LabelIndex, BTreeSet<ObjectKey>>,
     /// Keys of all objects, by namespace.
     by_namespace: HashMap<Option<String>, BTreeSet<ObjectKey>>,
 }
@@ -85,10 +93,15 @@ impl Store {
     fn insert(&mut self, obj: Arc<DynamicObject>) -> Option<Arc<DynamicObject>> {
         let key = ObjectKey::of(&obj);
         let old = self.remove(&key);
-        match controller_uid(&obj) {
-            Some(uid) => self.by_controller.entry(uid.to_owned()).or_default().insert(key.clone()),
-            None => self.orphans.entry(key.namespace.clone()).or_default().insert(key.clone()),
-        };
+        if let Some(uid) = controller_uid(&obj) {
+            self.by_controller.entry(uid.to_owned()).or_default().insert(key.clone());
+        } else {
+            self.orphans.entry(key.namespace.clone()).or_default().insert(key.clone());
+            for (k, v) in obj.metadata.labels.iter().flatten() {
+                let index = (key.namespace.clone(), k.clone(), v.clone());
+                self.orphans_by_label.entry(index).or_default().insert(key.clone());
+            }
+        }
         self.by_namespace.entry(key.namespace.clone()).or_default().insert(key.clone());
         self.objects.insert(key, obj);
         old
@@ -96,9 +109,13 @@ impl Store {
 
     fn remove(&mut self, key: &ObjectKey) -> Option<Arc<DynamicObject>> {
         let old = self.objects.remove(key)?;
-        match controller_uid(&old) {
-            Some(uid) => unindex(&mut self.by_controller, &uid.to_owned(), key),
-            None => unindex(&mut self.orphans, &key.namespace, key),
+        if let Some(uid) = controller_uid(&old) {
+            unindex(&mut self.by_controller, &uid.to_owned(), key);
+        } else {
+            unindex(&mut self.orphans, &key.namespace, key);
+            for (k, v) in old.metadata.labels.iter().flatten() {
+                unindex(&mut self.orphans_by_label, &(key.namespace.clone(), k.clone(), v.clone()), key);
+            }
         }
         unindex(&mut self.by_namespace, &key.namespace, key);
         Some(old)
@@ -253,6 +270,22 @@ impl Informer {
         }
     }
 
+    /// Orphans in `namespace` (`Some(None)` = cluster-scoped; `None` = everywhere) that `selector` selects,
+    /// found by its required label when it has one.
+    #[must_use]
+    pub fn orphans_selected(&self, namespace: Option<Option<&str>>, selector: &Selector) -> Vec<Arc<DynamicObject>> {
+        let labels_of = |obj: &DynamicObject| obj.metadata.labels.clone().unwrap_or_default();
+        let candidates = match (namespace, selector.required_label()) {
+            (Some(ns), Some((k, v))) => {
+                let store = self.shared.store.read().expect("store lock");
+                let index = (ns.map(str::to_owned), k.to_owned(), v.to_owned());
+                store.orphans_by_label.get(&index).map(|keys| store.resolve(keys)).unwrap_or_default()
+            }
+            _ => self.orphans(namespace),
+        };
+        candidates.into_iter().filter(|obj| selector.matches(&labels_of(obj))).collect()
+    }
+
     /// Objects in `namespace` (`Some(None)` = cluster-scoped), or everywhere (`None`).
     #[must_use]
     pub fn list(&self, namespace: Option<Option<&str>>) -> Vec<Arc<DynamicObject>> {
@@ -350,8 +383,33 @@ fn prepare(mut obj: DynamicObject, resource: &ResolvedResource) -> Arc<DynamicOb
         api_version: resource.api_resource.api_version.clone(),
         kind: resource.api_resource.kind.clone(),
     });
-    obj.metadata.managed_fields = None;
+    // Who wrote the object last, without what they own (`fieldsV1`, most of the size): the applier
+    // compares its own apply time with others' after a restart. Hooks never see this summary.
+    if let Some(entries) = &mut obj.metadata.managed_fields {
+        for entry in entries.iter_mut() {
+            entry.fields_v1 = None;
+            entry.fields_type = None;
+        }
+    }
+    // kubectl's and Metacontroller's copies of an earlier desired state: large, and read by nobody here.
+    if let Some(annotations) = &mut obj.metadata.annotations {
+        annotations.remove(KUBECTL_LAST_APPLIED);
+        annotations.remove(METACONTROLLER_LAST_APPLIED);
+    }
     Arc::new(obj)
+}
+
+const KUBECTL_LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+const METACONTROLLER_LAST_APPLIED: &str = "metacontroller.k8s.io/last-applied-configuration";
+
+/// A cached object as hooks receive it: without the managedFields summary the cache keeps.
+#[must_use]
+pub fn for_hooks(obj: &DynamicObject) -> serde_json::Value {
+    let mut value = serde_json::to_value(obj).unwrap_or(serde_json::Value::Null);
+    if let Some(meta) = value.get_mut("metadata").and_then(serde_json::Value::as_object_mut) {
+        meta.remove("managedFields");
+    }
+    value
 }
 
 async fn run_watch(client: Client, shared: Weak<Shared>) {
@@ -361,8 +419,9 @@ async fn run_watch(client: Client, shared: Weak<Shared>) {
     };
     let api: Api<DynamicObject> = Api::all_with(client, &resource.api_resource);
     let mut events = resilient(watcher(api, watcher::Config::default())).boxed();
-    // Objects of a relist in progress; swapped into the store at InitDone.
-    let mut relist: Option<HashMap<ObjectKey, Arc<DynamicObject>>> = None;
+    // Keys seen by a relist in progress: objects go into the store as they arrive (no second full copy
+    // of the cache while a relist runs); at InitDone, what the relist did not see is gone.
+    let mut relisted: Option<HashSet<ObjectKey>> = None;
     while let Some(event) = events.next().await {
         let Some(shared) = shared.upgrade() else { return };
         match event {
@@ -372,15 +431,16 @@ async fn run_watch(client: Client, shared: Weak<Shared>) {
             }
             Ok(watcher::Event::Init) => {
                 shared.last_error.send_replace(None);
-                relist = Some(HashMap::new());
+                relisted = Some(HashSet::new());
             }
             Ok(watcher::Event::InitApply(obj)) => {
                 let obj = prepare(obj, &resource);
-                relist.get_or_insert_with(HashMap::new).insert(ObjectKey::of(&obj), obj);
+                relisted.get_or_insert_with(HashSet::new).insert(ObjectKey::of(&obj));
+                shared.publish(|store| refresh(store, obj).into_iter().collect());
             }
             Ok(watcher::Event::InitDone) => {
-                let fresh = relist.take().unwrap_or_default();
-                shared.publish(|store| replace_all(store, fresh));
+                let seen = relisted.take().unwrap_or_default();
+                shared.publish(|store| remove_unseen(store, &seen));
                 shared.synced.send_replace(true);
                 debug!(resource = %resource.api_resource.plural, "cache synced");
             }
@@ -457,19 +517,22 @@ impl kube::runtime::utils::Backoff for WatchBackoff {
     }
 }
 
-/// Replaces the store's contents with a fresh list; reports what changed.
-fn replace_all(store: &mut Store, fresh: HashMap<ObjectKey, Arc<DynamicObject>>) -> Vec<Change> {
-    let gone: Vec<ObjectKey> = store.objects.keys().filter(|k| !fresh.contains_key(*k)).cloned().collect();
-    let mut changes: Vec<Change> = gone.iter().filter_map(|k| store.remove(k)).map(Change::Deleted).collect();
-    for (key, obj) in fresh {
-        let unchanged =
-            store.objects.get(&key).is_some_and(|old| old.metadata.resource_version == obj.metadata.resource_version);
-        if !unchanged {
-            let old = store.insert(Arc::clone(&obj));
-            changes.push(Change::Applied { old, new: obj });
-        }
+/// Puts a listed object into the store; a change unless the store already has that resourceVersion.
+fn refresh(store: &mut Store, obj: Arc<DynamicObject>) -> Option<Change> {
+    let key = ObjectKey::of(&obj);
+    let unchanged =
+        store.objects.get(&key).is_some_and(|old| old.metadata.resource_version == obj.metadata.resource_version);
+    if unchanged {
+        return None;
     }
-    changes
+    let old = store.insert(Arc::clone(&obj));
+    Some(Change::Applied { old, new: obj })
+}
+
+/// Removes what a finished relist did not see; reports the deletions.
+fn remove_unseen(store: &mut Store, seen: &HashSet<ObjectKey>) -> Vec<Change> {
+    let gone: Vec<ObjectKey> = store.objects.keys().filter(|k| !seen.contains(*k)).cloned().collect();
+    gone.iter().filter_map(|k| store.remove(k)).map(Change::Deleted).collect()
 }
 
 #[cfg(test)]
@@ -545,12 +608,10 @@ mod tests {
         store.insert(object("a", "same", "1", None));
         store.insert(object("a", "changed", "1", None));
         store.insert(object("a", "gone", "1", None));
-        let fresh: HashMap<_, _> =
-            [object("a", "same", "1", None), object("a", "changed", "2", None), object("a", "new", "1", None)]
-                .into_iter()
-                .map(|o| (ObjectKey::of(&o), o))
-                .collect();
-        let changes = replace_all(&mut store, fresh);
+        let fresh = [object("a", "same", "1", None), object("a", "changed", "2", None), object("a", "new", "1", None)];
+        let seen: HashSet<ObjectKey> = fresh.iter().map(|o| ObjectKey::of(o)).collect();
+        let mut changes: Vec<Change> = fresh.into_iter().filter_map(|o| refresh(&mut store, o)).collect();
+        changes.extend(remove_unseen(&mut store, &seen));
         let mut names: Vec<String> = changes
             .iter()
             .map(|c| match c {

@@ -237,6 +237,12 @@ where
         self.inner.state.lock().expect("queue lock").queue.len()
     }
 
+    /// Whether `key` is waiting to be processed (queued, or parked while a worker has it).
+    #[must_use]
+    pub fn is_pending(&self, key: &K) -> bool {
+        self.inner.state.lock().expect("queue lock").dirty.contains(key)
+    }
+
     #[must_use]
     pub fn is_empty(&self) -> bool {
         self.len() == 0

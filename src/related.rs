@@ -11,9 +11,9 @@ use std::sync::{Arc, Mutex};
 use kube::api::DynamicObject;
 use serde_json::Value;
 
-use crate::api::{Hook, HookVersion, labels_of};
+use crate::api::{HookVersion, labels_of};
 use crate::discovery::ResolvedResource;
-use crate::hooks::{CustomizeRequest, ObjectMaps, RelatedResourceRule, group_version_kind_key, object_key};
+use crate::hooks::{CustomizeRequest, Endpoint, ObjectMaps, RelatedResourceRule, group_version_kind_key, object_key};
 use crate::hub::Hub;
 use crate::informers::{Change, Informer, ObjectKey};
 use crate::selector::Selector;
@@ -46,7 +46,7 @@ pub struct ParentScope<'a> {
 /// The related-objects machinery of one controller. `K` is the controller's queue key.
 pub struct Related<K> {
     hub: Hub,
-    hook: Option<Hook>,
+    hook: Option<Endpoint>,
     controller: Value,
     enqueue: Arc<dyn Fn(K) + Send + Sync>,
     rules: Mutex<HashMap<K, Cached>>,
@@ -75,7 +75,12 @@ fn type_id(resource: &ResolvedResource) -> String {
 
 impl<K: Clone + Eq + Hash + Send + Sync + 'static> Related<K> {
     /// `enqueue` is how a related change reaches the controller's queue.
-    pub fn new(hub: Hub, hook: Option<Hook>, controller: Value, enqueue: Arc<dyn Fn(K) + Send + Sync>) -> Arc<Self> {
+    pub fn new(
+        hub: Hub,
+        hook: Option<Endpoint>,
+        controller: Value,
+        enqueue: Arc<dyn Fn(K) + Send + Sync>,
+    ) -> Arc<Self> {
         Arc::new(Self {
             hub,
             hook,
@@ -107,7 +112,7 @@ impl<K: Clone + Eq + Hash + Send + Sync + 'static> Related<K> {
             for obj in self.select(rule) {
                 let k = ObjectKey::of(&obj);
                 if let Some(k) = object_key(scope.version, scope.namespace, k.namespace.as_deref(), &k.name) {
-                    entry.insert(k, serde_json::to_value(&*obj).unwrap_or(Value::Null));
+                    entry.insert(k, crate::informers::for_hooks(&obj));
                 }
             }
         }
@@ -126,7 +131,7 @@ impl<K: Clone + Eq + Hash + Send + Sync + 'static> Related<K> {
         self: &Arc<Self>,
         key: &K,
         parent: &DynamicObject,
-        hook: &Hook,
+        hook: &Endpoint,
         scope: ParentScope<'_>,
     ) -> Result<Arc<Vec<Rule>>, SyncError> {
         let uid = parent.metadata.uid.clone().unwrap_or_default();
@@ -137,9 +142,9 @@ impl<K: Clone + Eq + Hash + Send + Sync + 'static> Related<K> {
         {
             return Ok(Arc::clone(&cached.rules));
         }
-        let parent_json = serde_json::to_value(parent).unwrap_or(Value::Null);
+        let parent_json = crate::informers::for_hooks(parent);
         let request = CustomizeRequest { controller: &self.controller, parent: &parent_json };
-        let response = self.hub.hooks.customize(hook, &request).await?;
+        let response = hook.customize(&request).await?;
         let mut rules = Vec::with_capacity(response.related_resources.len());
         for raw in &response.related_resources {
             rules.push(self.compile(raw, scope).await?);

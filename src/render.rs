@@ -30,7 +30,8 @@ use crate::composite::child_selector;
 use crate::decorator::{DECORATOR_ANNOTATION, is_attachment_of};
 use crate::discovery::ResolvedResource;
 use crate::hooks::{
-    CompositeRequest, DecoratorRequest, HookClient, HookEvent, ObjectMaps, group_version_kind_key, object_key,
+    CompositeRequest, DecoratorRequest, Endpoint, HookClient, HookEvent, HookKind, HookLabels, ObjectMaps,
+    group_version_kind_key, object_key,
 };
 use crate::informers::ObjectKey;
 
@@ -194,7 +195,9 @@ async fn render_composite(args: &RenderArgs, controller: Value) -> Result<Report
         finalizing: args.finalizing,
     };
     let (hook, _server) = hook_to_call(hook, args).await?;
-    let response = HookClient::default().composite(&hook, &request).await.map_err(|e| invalid(&e))?;
+    let endpoint =
+        endpoint(&hook, &cc.spec.endpoint_configs, "CompositeController", cc.metadata.name.as_deref(), args)?;
+    let response = endpoint.composite(&request).await.map_err(|e| invalid(&e))?;
     let (desired, status) =
         crate::composite::validate_response(&cc, &parent, &parent_resource, &types.resources, &response, &selector)
             .map_err(|e| invalid(&e))?;
@@ -281,7 +284,9 @@ async fn render_decorator(args: &RenderArgs, controller: Value) -> Result<Report
         finalizing: args.finalizing,
     };
     let (hook, _server) = hook_to_call(hook, args).await?;
-    let response = HookClient::default().decorator(&hook, &request).await.map_err(|e| invalid(&e))?;
+    let endpoint =
+        endpoint(&hook, &dc.spec.endpoint_configs, "DecoratorController", dc.metadata.name.as_deref(), args)?;
+    let response = endpoint.decorator(&request).await.map_err(|e| invalid(&e))?;
     let answer = crate::decorator::validate_response(&name, &types.resources, &target, &resource, &response)
         .map_err(|e| invalid(&e))?;
 
@@ -546,6 +551,23 @@ async fn hook_to_call(hook: &Hook, args: &RenderArgs) -> Result<(Hook, Option<Ho
         }
         (None, None) => (hook.clone(), None),
     })
+}
+
+/// The hook client's endpoint for `hook`, with the TLS/auth settings the controller gives it (settings
+/// that need the cluster, such as a Secret reference, are refused with the reason).
+fn endpoint(
+    hook: &Hook,
+    endpoint_configs: &[crate::api::EndpointConfig],
+    kind: &str,
+    name: Option<&str>,
+    args: &RenderArgs,
+) -> Result<Endpoint, RenderError> {
+    let labels = HookLabels {
+        kind: kind.to_owned(),
+        controller: name.unwrap_or_default().to_owned(),
+        hook: if args.finalizing { HookKind::Finalize } else { HookKind::Sync },
+    };
+    HookClient::default().endpoint(hook, endpoint_configs, labels).map_err(|e| RenderError::Setup(with_causes(&e)))
 }
 
 fn with_url(hook: &Hook, url: String) -> Hook {

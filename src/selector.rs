@@ -1,9 +1,12 @@
-//! Label selectors: the structured `LabelSelector` of the API, and the `a=b,c!=d` string form of flags.
+//! Label selectors: the structured `LabelSelector` of the API, and the `a=b,c!=d` string form of flags;
+//! and [`SelectorIndex`], many selectors found by the labels of an object they may select.
 //!
 //! Evaluated in-process against cached objects, so claiming children and filtering parents never asks
 //! the API server.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::hash::Hash;
+use std::sync::Arc;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
 use kube::core::{Expression, SelectorExt as _};
@@ -80,6 +83,97 @@ impl Selector {
     #[must_use]
     pub fn from_labels(labels: &BTreeMap<String, String>) -> Self {
         Self::new(labels.iter().map(|(k, v)| Expression::Equal(k.clone(), v.clone())).collect())
+    }
+}
+
+/// The selectors of many parents, each compiled once per version of its parent, found by the labels of
+/// an object they may select.
+///
+/// When an orphan child appears, the parents that would adopt it must be found. Testing every parent's
+/// selector is work proportional to the number of parents, per event; here each selector is filed under
+/// the `key=value` it requires ([`Selector::required_label`]; `controller-uid=<uid>` under
+/// `generateSelector`), so a child's own labels lead to the few parents worth testing. Selectors without
+/// such a label are kept aside and always tested (they are rare: a selector of only `Exists`/`NotIn`).
+pub struct SelectorIndex<K> {
+    /// Per parent: the version it was compiled for (UID and generation), its scope and the selector.
+    entries: HashMap<K, Entry>,
+    /// Parents whose selector requires (scope, key, value).
+    by_label: HashMap<(Option<String>, String, String), HashSet<K>>,
+    /// Parents whose selector requires no single label, by scope.
+    unindexed: HashMap<Option<String>, HashSet<K>>,
+}
+
+struct Entry {
+    version: String,
+    scope: Option<String>,
+    selector: Arc<Selector>,
+}
+
+impl<K> Default for SelectorIndex<K> {
+    fn default() -> Self {
+        Self { entries: HashMap::new(), by_label: HashMap::new(), unindexed: HashMap::new() }
+    }
+}
+
+impl<K: Clone + Eq + Hash> SelectorIndex<K> {
+    /// The selector of `key` at `version`, compiled (and filed) only when that version is new.
+    /// `scope` is the namespace the parent's children live in (`None`: any, for a cluster-scoped parent).
+    pub fn get_or_compile<E>(
+        &mut self,
+        key: &K,
+        version: &str,
+        scope: Option<&str>,
+        compile: impl FnOnce() -> Result<Selector, E>,
+    ) -> Result<Arc<Selector>, E> {
+        if let Some(entry) = self.entries.get(key)
+            && entry.version == version
+        {
+            return Ok(Arc::clone(&entry.selector));
+        }
+        self.remove(key);
+        let selector = Arc::new(compile()?);
+        let scope = scope.map(str::to_owned);
+        match selector.required_label() {
+            Some((k, v)) => {
+                self.by_label.entry((scope.clone(), k.to_owned(), v.to_owned())).or_default().insert(key.clone());
+            }
+            None => {
+                self.unindexed.entry(scope.clone()).or_default().insert(key.clone());
+            }
+        }
+        self.entries.insert(key.clone(), Entry { version: version.to_owned(), scope, selector: Arc::clone(&selector) });
+        Ok(selector)
+    }
+
+    /// Forgets a parent that is gone.
+    pub fn remove(&mut self, key: &K) {
+        let Some(entry) = self.entries.remove(key) else { return };
+        let set = match entry.selector.required_label() {
+            Some((k, v)) => self.by_label.get_mut(&(entry.scope.clone(), k.to_owned(), v.to_owned())),
+            None => self.unindexed.get_mut(&entry.scope),
+        };
+        if let Some(set) = set {
+            set.remove(key);
+        }
+    }
+
+    /// Parents whose selectors select an object with `labels` in `namespace`: those filed under one of
+    /// its labels (in its namespace, or any namespace), and the unindexed ones, each tested.
+    pub fn selecting(&self, namespace: Option<&str>, labels: &BTreeMap<String, String>) -> Vec<K> {
+        let scopes = [namespace.map(str::to_owned), None];
+        let mut found = Vec::new();
+        let mut seen = HashSet::new();
+        let filed = scopes.iter().flat_map(|scope| {
+            labels.iter().filter_map(move |(k, v)| self.by_label.get(&(scope.clone(), k.clone(), v.clone())))
+        });
+        let aside = scopes.iter().filter_map(|scope| self.unindexed.get(scope));
+        for key in filed.chain(aside).flatten() {
+            let selects = self.entries.get(key).is_some_and(|e| e.selector.matches(labels));
+            if selects && seen.insert(key.clone()) {
+                found.push(key.clone());
+            }
+        }
+        found
     }
 }
 
@@ -214,6 +308,33 @@ mod tests {
         assert!(!s.matches(&labels(&[("app", "web"), ("tier", "b"), ("owner", "me"), ("x", "1")])));
         assert!(parse_selector_string("").unwrap().is_empty());
         assert!(parse_selector_string("a in b").is_err());
+    }
+
+    #[test]
+    fn the_index_finds_the_parents_whose_selectors_select_an_object() {
+        let mut index: SelectorIndex<&str> = SelectorIndex::default();
+        let compile = |text: &'static str| move || parse_selector_string(text);
+        index.get_or_compile(&"web", "uid1/1", Some("a"), compile("app=web")).unwrap();
+        index.get_or_compile(&"db", "uid2/1", Some("a"), compile("app=db,tier in (x)")).unwrap();
+        index.get_or_compile(&"other-ns", "uid3/1", Some("b"), compile("app=web")).unwrap();
+        index.get_or_compile(&"loose", "uid4/1", Some("a"), compile("owner")).unwrap();
+        index.get_or_compile(&"cluster", "uid5/1", None, compile("app=web")).unwrap();
+        let mut found = index.selecting(Some("a"), &labels(&[("app", "web"), ("owner", "x")]));
+        found.sort_unstable();
+        assert_eq!(found, ["cluster", "loose", "web"]);
+        assert!(index.selecting(Some("a"), &labels(&[("app", "db")])).is_empty(), "tier is missing");
+        // A new version recompiles and refiles; removal unfiles.
+        index.get_or_compile(&"web", "uid1/2", Some("a"), compile("app=api")).unwrap();
+        assert!(!index.selecting(Some("a"), &labels(&[("app", "web")])).contains(&"web"));
+        assert_eq!(index.selecting(Some("a"), &labels(&[("app", "api")])), ["web"]);
+        index.remove(&"web");
+        assert!(index.selecting(Some("a"), &labels(&[("app", "api")])).is_empty());
+        let mut calls = 0;
+        let _ = index.get_or_compile(&"db", "uid2/1", Some("a"), || {
+            calls += 1;
+            parse_selector_string("app=db")
+        });
+        assert_eq!(calls, 0, "the same version is not compiled again");
     }
 
     #[test]

@@ -39,11 +39,11 @@ pub enum StartError {
     Selector(#[from] SelectorError),
     #[error("{0}")]
     Annotation(String),
-    #[error("{0} is not supported by this version of metahook (hook TLS and authentication)")]
-    UnsupportedHookSetting(String),
     /// A cache could not be filled: the type may not be listed/watched, or the API did not answer.
     #[error("{0}")]
     CacheSync(#[from] crate::informers::SyncTimeout),
+    #[error("{0}")]
+    InvalidHookSetting(#[from] crate::hooks::SettingsError),
 }
 
 impl StartError {
@@ -61,9 +61,9 @@ impl StartError {
             Self::RollingNeedsNamespacedParent => "UnsupportedUpdateMethod",
             Self::Selector(_) => "InvalidSelector",
             Self::Annotation(_) => "InvalidAnnotation",
-            Self::UnsupportedHookSetting(_) => "UnsupportedHookSetting",
             Self::CacheSync(crate::informers::SyncTimeout::Forbidden { .. }) => "Forbidden",
             Self::CacheSync(crate::informers::SyncTimeout::NotSynced { .. }) => "WatchFailed",
+            Self::InvalidHookSetting(_) => "InvalidHookSetting",
         }
     }
 }
@@ -149,23 +149,6 @@ pub(crate) trait Syncer: Send + Sync + 'static {
     fn object(&self, key: &Self::Key) -> Option<Arc<DynamicObject>>;
     /// Syncs one object; returns when to sync it again, if its hook asked.
     fn sync(&self, key: &Self::Key) -> impl Future<Output = Result<Option<Duration>, SyncError>> + Send;
-}
-
-/// Refuses hook TLS/auth settings that are not implemented: calling a hook without the credentials or
-/// CA its controller asked for must not happen silently.
-pub(crate) fn check_hook_settings<'a>(
-    hooks: impl IntoIterator<Item = (&'static str, Option<&'a crate::api::Hook>)>,
-    endpoint_configs: &[serde_json::Value],
-) -> Result<(), StartError> {
-    if !endpoint_configs.is_empty() {
-        return Err(StartError::UnsupportedHookSetting("spec.endpointConfigs".into()));
-    }
-    for (name, hook) in hooks {
-        if let Some(setting) = hook.and_then(|h| h.webhook.unsupported_settings().first().copied()) {
-            return Err(StartError::UnsupportedHookSetting(format!("hooks.{name}.webhook.{setting}")));
-        }
-    }
-    Ok(())
 }
 
 /// Numbers the syncs of this process, so every log line of one sync can be told apart.
@@ -395,15 +378,16 @@ pub(crate) async fn set_finalizer(
 }
 
 /// Replaces `.status` (through `/status` when the type has that subresource), unless it already is
-/// `status`. Guarded by UID, so a recreated object of the same name is never written.
+/// `status`. Guarded by UID, so a recreated object of the same name is never written. Returns the
+/// resourceVersion the write left behind, if it wrote.
 pub(crate) async fn replace_status(
     api: &Api<DynamicObject>,
     obj: &DynamicObject,
     status: Value,
     subresource: bool,
-) -> Result<(), SyncError> {
+) -> Result<Option<String>, SyncError> {
     if obj.data.get("status") == Some(&status) {
-        return Ok(());
+        return Ok(None);
     }
     let patch: json_patch::Patch = serde_json::from_value(json!([
         {"op": "test", "path": "/metadata/uid", "value": obj.metadata.uid},
@@ -418,15 +402,15 @@ pub(crate) async fn replace_status(
         api.patch(name, &PatchParams::default(), &patch).await
     };
     match written {
-        Ok(_) => Ok(()),
+        Ok(written) => Ok(written.metadata.resource_version),
         // Gone: the next event brings the new state.
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(None),
         Err(kube::Error::Api(s)) if s.code == 409 => Err(SyncError::Conflict("status")),
         // Either the UID test failed (replaced by a new object of the same name, whose own sync follows)
         // or the status itself is refused; only a fresh read tells which.
         Err(kube::Error::Api(s)) if s.code == 422 => match api.get_opt(name).await {
             Ok(Some(live)) if live.metadata.uid == obj.metadata.uid => Err(SyncError::Status(describe(&s))),
-            Ok(_) => Ok(()),
+            Ok(_) => Ok(None),
             Err(e) => Err(SyncError::Write { what: "status", source: Box::new(e) }),
         },
         Err(e) => Err(SyncError::Write { what: "status", source: Box::new(e) }),
@@ -508,21 +492,6 @@ mod tests {
     fn removed_finalize_hook_drops_the_finalizer() {
         assert_eq!(plan(f(false, true, true, false)), Step::DropFinalizer);
         assert_eq!(plan(f(false, false, true, true)), Step::DropFinalizer);
-    }
-
-    #[test]
-    fn hook_tls_and_auth_settings_are_refused_by_name() {
-        let plain: crate::api::Hook =
-            serde_json::from_value(serde_json::json!({"webhook": {"url": "http://h/s"}})).unwrap();
-        let authed: crate::api::Hook = serde_json::from_value(serde_json::json!({"webhook": {
-            "url": "https://h/s", "authorization": {"secretRef": {"name": "t", "namespace": "n", "key": "k"}}}}))
-        .unwrap();
-        assert!(check_hook_settings([("sync", Some(&plain)), ("finalize", None)], &[]).is_ok());
-        let err = check_hook_settings([("sync", Some(&plain)), ("customize", Some(&authed))], &[]).unwrap_err();
-        assert_eq!(err.reason(), "UnsupportedHookSetting");
-        assert!(err.to_string().contains("hooks.customize.webhook.authorization"), "{err}");
-        let err = check_hook_settings([("sync", Some(&plain))], &[serde_json::json!({"host": "h"})]).unwrap_err();
-        assert!(err.to_string().contains("spec.endpointConfigs"));
     }
 
     /// A syncer whose first sync of every key panics.

@@ -575,14 +575,16 @@ async fn controllers_that_cannot_run_say_why_in_their_ready_condition() {
             "auth",
             json!({"apiVersion": "test.metahook.dev/v1", "resource": "things"}),
             "configmaps",
-            "UnsupportedHookSetting",
+            "InvalidHookSetting",
         ),
     ] {
         let name = format!("{}-{suffix}", w.label);
         let mut webhook = json!({"url": w.hook.url("/sync")});
         if suffix == "auth" {
-            // Calling the hook without the credentials it asked for would be worse than not running.
+            // Settings Metacontroller refuses (here: two kinds of Authorization header at once) keep the
+            // controller from running rather than leaving the choice to chance.
             webhook["basicAuth"] = json!({"secretRef": {"name": "creds", "namespace": "default"}});
+            webhook["authorization"] = json!({"secretRef": {"name": "token", "namespace": "default", "key": "t"}});
         }
         apply_value(
             &w.client,

@@ -464,6 +464,8 @@ def sync(req):
     .await;
     let _ = things.delete("web", &DeleteParams::default()).await;
     w.stop_hub().await;
+    let ccs = api(&w.client, "metacontroller.k8s.io/v1alpha1", "CompositeController", None).await;
+    let _ = ccs.delete(&w.label, &DeleteParams::default()).await;
     w.ns.delete().await;
 }
 

@@ -323,3 +323,108 @@ async fn the_python_pod_runs_from_its_configmaps_answers_probes_and_stops_on_sig
 async fn the_node_pod_runs_from_its_configmaps_answers_probes_and_stops_on_sigterm() {
     run_the_pod_locally(NODE).await;
 }
+
+/// End to end: the example's objects applied for real (in the test's namespace), the Pod's program run
+/// here (kwok's Pods run no containers), and a hub outside the cluster that reaches the hook by its
+/// Service name through `hookHosts`, as the README's step 4 does with `kubectl port-forward`.
+async fn hub_calls_the_hook_by_its_service_name(example: Example) {
+    let client = support::client().await;
+    support::install_metahook_crds(&client).await;
+    let ns = support::TestNamespace::create(&client, &format!("{}-e2e", example.name)).await;
+    let label = ns.name.clone();
+    let mut pod = LocalPod::start(example);
+    pod.ready().await;
+
+    let mut docs = Vec::new();
+    for mut doc in example.render() {
+        match doc["kind"].as_str().unwrap_or_default() {
+            "Namespace" => continue,
+            "CustomResourceDefinition" => {}
+            "CompositeController" => {
+                doc["metadata"]["name"] = json!(label);
+                doc["metadata"]["labels"] = json!({"metahook-test": label});
+                doc["spec"]["parentResource"]["labelSelector"] = json!({"matchLabels": {"metahook-test": label}});
+                doc["spec"]["hooks"]["sync"]["webhook"]["service"]["namespace"] = json!(ns.name);
+            }
+            _ => doc["metadata"]["namespace"] = json!(ns.name),
+        }
+        docs.push(doc);
+    }
+    support::apply_docs(&client, &docs).await;
+    let service = one(&docs, "Service");
+    let authority = format!(
+        "{}.{}:{}",
+        service["metadata"]["name"].as_str().unwrap(),
+        ns.name,
+        service["spec"]["ports"][0]["port"]
+    );
+    let config = metahook::config::Config {
+        hook_hosts: BTreeMap::from([(authority, format!("127.0.0.1:{}", pod.port))]),
+        ..metahook::config::Config::default()
+    };
+    let hub = support::Hub::start_with_config(&client, &label, config);
+
+    let mut greeting: Value = serde_yaml::from_str(
+        &std::fs::read_to_string(support::repo_root().join(example.dir).join("greeting.yaml")).unwrap(),
+    )
+    .unwrap();
+    greeting["metadata"]["namespace"] = json!(ns.name);
+    greeting["metadata"]["labels"] = json!({"metahook-test": label});
+    support::apply_value(&client, &greeting).await;
+
+    let api_version = greeting["apiVersion"].as_str().unwrap().to_owned();
+    let greetings = support::api(&client, &api_version, "Greeting", Some(&ns.name)).await;
+    let config_maps = support::api(&client, "v1", "ConfigMap", Some(&ns.name)).await;
+    let wait = Duration::from_secs(60);
+    // The child the hook asked for, and a Ready status once the hook has seen it.
+    let child =
+        support::eventually(wait, || async { config_maps.get_opt("world-greeting").await.ok().flatten() }).await;
+    assert_eq!(child.data["data"]["message"], "Hello, World!");
+    let owner = &child.metadata.owner_references.as_ref().unwrap()[0];
+    assert_eq!((owner.kind.as_str(), owner.name.as_str(), owner.controller), ("Greeting", "world", Some(true)));
+    let ready = |message: &'static str| {
+        let greetings = greetings.clone();
+        move || {
+            let greetings = greetings.clone();
+            async move {
+                let status = greetings.get("world").await.ok()?.data["status"].clone();
+                let condition = status["conditions"].as_array()?.iter().find(|c| c["type"] == "Ready")?.clone();
+                (status["message"] == message && condition["status"] == "True").then_some(condition)
+            }
+        }
+    };
+    let condition = support::eventually(wait, ready("Hello, World!")).await;
+    assert_eq!(condition["reason"], "Published");
+
+    // A change of the parent reaches the hook again, and the child follows (InPlace).
+    greetings
+        .patch(
+            "world",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"spec": {"who": "Cluster"}})),
+        )
+        .await
+        .unwrap();
+    support::eventually(wait, || async {
+        let cm = config_maps.get("world-greeting").await.ok()?;
+        (cm.data["data"]["message"] == "Hello, Cluster!").then_some(())
+    })
+    .await;
+    support::eventually(wait, ready("Hello, Cluster!")).await;
+
+    hub.stop().await;
+    let controllers = support::api(&client, "metacontroller.k8s.io/v1alpha1", "CompositeController", None).await;
+    let _ = controllers.delete(&label, &kube::api::DeleteParams::default()).await;
+    ns.delete().await;
+    assert_eq!(pod.terminate(), Some(0));
+}
+
+#[tokio::test]
+async fn python_hook_is_reached_by_its_service_name_through_hook_hosts() {
+    hub_calls_the_hook_by_its_service_name(PYTHON).await;
+}
+
+#[tokio::test]
+async fn node_hook_is_reached_by_its_service_name_through_hook_hosts() {
+    hub_calls_the_hook_by_its_service_name(NODE).await;
+}

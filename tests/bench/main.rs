@@ -334,7 +334,8 @@ impl Bench {
                 let (api, ns) = (api.clone(), ns.clone());
                 async move {
                     let parent = json!({"apiVersion": "bench.metahook.dev/v1", "kind": "BenchThing",
-                        "metadata": {"name": format!("p{i}"), "namespace": ns}, "spec": {"version": version}});
+                        "metadata": {"name": format!("p{i}"), "namespace": ns, "labels": {"bench": ns}},
+                        "spec": {"version": version}});
                     retry(|| async {
                         api.patch(&format!("p{i}"), &PatchParams::apply("bench-driver"), &Patch::Apply(&parent)).await
                     })
@@ -362,7 +363,8 @@ impl Bench {
             &json!({"apiVersion": "metacontroller.k8s.io/v1alpha1", "kind": "CompositeController",
                 "metadata": {"name": label, "labels": {"metahook-test": label}},
                 "spec": {"generateSelector": true, "resyncPeriodSeconds": 10,
-                    "parentResource": {"apiVersion": "bench.metahook.dev/v1", "resource": "benchthings"},
+                    "parentResource": {"apiVersion": "bench.metahook.dev/v1", "resource": "benchthings",
+                                       "labelSelector": {"matchLabels": {"bench": self.ns}}},
                     "childResources": [{"apiVersion": "v1", "resource": "configmaps", "updateStrategy": {"method": "InPlace"}}],
                     "hooks": {"sync": {"webhook": {"url": format!("http://127.0.0.1:{hook_port}/sync")}}}}}),
         )
@@ -705,7 +707,7 @@ impl HubRun {
             .arg(&config)
             .arg("--kubeconfig")
             .arg(kubeconfig)
-            .env("METAHOOK_LOG", "warn")
+            .env("METAHOOK_LOG", std::env::var("BENCH_HUB_LOG").unwrap_or_else(|_| "warn".into()))
             .kill_on_drop(true)
             .spawn()
             .unwrap_or_else(|e| panic!("starting {}: {e}", bin.display()));

@@ -1,0 +1,335 @@
+//! One hook of one controller, ready to call: its URL, timeout and decoding mode, the live sources of
+//! its TLS identity and `Authorization` header, its ETag cache and its metric labels.
+//!
+//! Built when the controller starts (bad settings are refused then); credentials are read at call time
+//! from the watched Secrets and `ConfigMap`s, so a rotation applies to the next call. The HTTP client is
+//! looked up again only when the TLS material it was built from has changed.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{Request, Uri, header};
+use http_body_util::{BodyExt as _, Full};
+use serde::Serialize;
+use serde_json::Value;
+
+use super::credentials::{CredentialError, Sensitive, Watched};
+use super::etag::{EtagCache, RootKey};
+use super::identity::AuthHeader;
+use super::metrics::HookLabels;
+use super::pool::{HttpClient, IdentityError, Part, TlsIdentity};
+use super::settings::{self, AuthSource, CaSource, Settings, SettingsError};
+use super::{HookError, Shared, retry_after};
+use crate::api::{EndpointConfig, Hook, HookVersion, UnmarshalMode};
+
+const USER_AGENT: &str = concat!("metahook/", env!("CARGO_PKG_VERSION"));
+
+/// The most of a non-200 body quoted in an error (and so in an Event).
+const QUOTED_BODY: usize = 1024;
+
+/// A hook ready to call. Cheap to clone.
+#[derive(Clone)]
+pub struct Endpoint(Arc<Inner>);
+
+impl std::fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Endpoint").field("url", &self.0.url).field("labels", &self.0.labels).finish_non_exhaustive()
+    }
+}
+
+struct Inner {
+    shared: Arc<Shared>,
+    uri: Uri,
+    url: String,
+    timeout: Duration,
+    version: HookVersion,
+    mode: UnmarshalMode,
+    labels: HookLabels,
+    ca: Option<Ca>,
+    client_cert: Option<ClientCertSource>,
+    auth: Option<Auth>,
+    etag: Option<EtagCache>,
+    /// The client for the TLS material last used, with the versions of the objects it was read from.
+    client: Mutex<Option<(Vec<u64>, Arc<HttpClient>)>>,
+}
+
+enum Ca {
+    Inline(Sensitive),
+    Watched { source: Arc<Watched>, key: String },
+}
+
+struct ClientCertSource {
+    source: Arc<Watched>,
+    cert_key: String,
+    key_key: String,
+}
+
+enum Auth {
+    Scheme { scheme: String, source: Arc<Watched>, key: String },
+    Basic { source: Arc<Watched>, username_key: String, password_key: String },
+}
+
+impl Endpoint {
+    /// Resolves `hook`'s URL and settings (its own, or the `endpointConfigs` entry for its host) and
+    /// starts watching the objects they read.
+    pub(super) fn new(
+        shared: Arc<Shared>,
+        hook: &Hook,
+        endpoint_configs: &[EndpointConfig],
+        labels: HookLabels,
+    ) -> Result<Self, SettingsError> {
+        let at = format!("hooks.{}.webhook", labels.hook);
+        let uri = settings::hook_uri(&at, &hook.webhook)?;
+        let Settings { ca, client_cert, auth } = settings::resolve(&at, &hook.webhook, &uri, endpoint_configs)?;
+        let credentials = &shared.credentials;
+        let ca = ca.map(|ca| match ca {
+            CaSource::Inline(pem) => Ca::Inline(Sensitive::new(pem)),
+            CaSource::Key(k) => Ca::Watched { source: credentials.watch(&k.object), key: k.key },
+        });
+        let client_cert = client_cert.map(|c| ClientCertSource {
+            source: credentials.watch(&c.cert.object),
+            cert_key: c.cert.key,
+            key_key: c.key.key,
+        });
+        let auth = auth.map(|a| match a {
+            AuthSource::Scheme { scheme, credentials: k } => {
+                Auth::Scheme { scheme, source: credentials.watch(&k.object), key: k.key }
+            }
+            AuthSource::Basic { username, password } => Auth::Basic {
+                source: credentials.watch(&username.object),
+                username_key: username.key,
+                password_key: password.key,
+            },
+        });
+        Ok(Self(Arc::new(Inner {
+            url: uri.to_string(),
+            uri,
+            timeout: hook.webhook.timeout(),
+            version: hook.version(),
+            mode: hook.unmarshal_mode(),
+            labels,
+            ca,
+            client_cert,
+            auth,
+            etag: EtagCache::new(hook.webhook.etag.as_ref()),
+            client: Mutex::default(),
+            shared,
+        })))
+    }
+
+    /// The URL called (the `service` form spelled out).
+    #[must_use]
+    pub fn url(&self) -> &str {
+        &self.0.url
+    }
+
+    /// The wire protocol version of the hook.
+    #[must_use]
+    pub fn version(&self) -> HookVersion {
+        self.0.version
+    }
+
+    pub(super) fn mode(&self) -> UnmarshalMode {
+        self.0.mode
+    }
+
+    /// POSTs `body` (about object `root`) and returns the JSON answer of a 200, or the cached one of a
+    /// 304/412. The timeout bounds the whole call — reading credentials, connecting, the last body
+    /// byte — so a hook that drips its answer cannot hold a worker; the body is read up to the hub's
+    /// limit and no further. Counted in the hook metrics, however it ends.
+    pub(super) async fn call(&self, body: &impl Serialize, root: &Value) -> Result<Value, HookError> {
+        let inner = &*self.0;
+        let metrics = &inner.shared.metrics;
+        let _in_flight = metrics.start(&inner.labels);
+        let started = Instant::now();
+        let mut code = None;
+        let result = match tokio::time::timeout(inner.timeout, self.exchange(body, root, &mut code)).await {
+            Ok(result) => result,
+            Err(_) => Err(HookError::Timeout { url: inner.url.clone(), timeout: inner.timeout }),
+        };
+        metrics.finish(&inner.labels, code, started.elapsed());
+        result
+    }
+
+    async fn exchange(&self, body: &impl Serialize, root: &Value, code: &mut Option<u16>) -> Result<Value, HookError> {
+        let inner = &*self.0;
+        let url = || inner.url.clone();
+        let client = self.client().await?;
+        let auth = self.auth().await?;
+        let cached = inner.etag.as_ref().map(|cache| {
+            let key = RootKey::of(root);
+            let tag = cache.tag(&key);
+            (cache, key, tag)
+        });
+        let body = serde_json::to_vec(body).map_err(|source| HookError::Encode { url: url(), source })?;
+        let mut request = Request::post(inner.uri.clone())
+            .header(header::CONTENT_TYPE, "application/json")
+            .header(header::USER_AGENT, USER_AGENT);
+        if let Some(auth) = &auth {
+            request = request.header(header::AUTHORIZATION, auth.value().clone());
+        }
+        if let Some((_, _, Some(tag))) = &cached {
+            request = request.header(header::IF_NONE_MATCH, tag.as_str());
+        }
+        let request = request.body(Full::new(Bytes::from(body))).map_err(|e| http_error(&inner.url, &e))?;
+        let response = client.request(request).await.map_err(|e| http_error(&inner.url, &e))?;
+        let status = response.status().as_u16();
+        *code = Some(status);
+        if status == 429 {
+            let retry_after = retry_after(response.headers()).unwrap_or(Duration::from_secs(1));
+            return Err(HookError::TooManyRequests { url: url(), retry_after });
+        }
+        let (parts, body) = response.into_parts();
+        let bytes = read_limited(&inner.url, body, &parts.headers, inner.shared.limit).await?;
+        if let Some((cache, key, Some(tag))) = &cached
+            && (status == 304 || status == 412)
+        {
+            let body = cache.body(key, tag).ok_or_else(|| HookError::EtagGone { url: url(), code: status })?;
+            inner.shared.metrics.etag(&inner.labels, true);
+            return serde_json::from_slice(&body).map_err(|source| HookError::Decode { url: url(), source });
+        }
+        if status != 200 {
+            let text: String = String::from_utf8_lossy(&bytes).chars().take(QUOTED_BODY).collect();
+            let body = auth.as_ref().map_or_else(|| text.clone(), |a| a.scrub(&text));
+            return Err(HookError::Status { url: url(), code: status, body });
+        }
+        let value = serde_json::from_slice(&bytes).map_err(|source| HookError::Decode { url: url(), source })?;
+        if let Some((cache, key, _)) = cached {
+            inner.shared.metrics.etag(&inner.labels, false);
+            if let Some(tag) = parts.headers.get(header::ETAG).and_then(|t| t.to_str().ok()) {
+                cache.store(key, tag.to_owned(), Bytes::from(bytes));
+            }
+        }
+        Ok(value)
+    }
+
+    /// The pooled client for the current TLS material, rebuilt only after that material changed.
+    async fn client(&self) -> Result<Arc<HttpClient>, HookError> {
+        let inner = &*self.0;
+        let sources = self.tls_sources();
+        let seen: Vec<u64> = sources.iter().map(|s| s.version()).collect();
+        if let Some((versions, client)) = &*inner.client.lock().expect("endpoint client lock")
+            && *versions == seen
+            && !seen.contains(&0)
+        {
+            return Ok(Arc::clone(client));
+        }
+        let mut versions = Vec::with_capacity(sources.len());
+        let ca = match &inner.ca {
+            None => None,
+            Some(Ca::Inline(pem)) => Some(pem.clone()),
+            Some(Ca::Watched { source, key }) => {
+                let snapshot = source.current().await;
+                versions.push(snapshot.version);
+                Some(self.credential(source.value(&snapshot, key))?)
+            }
+        };
+        let client_cert = match &inner.client_cert {
+            None => None,
+            Some(c) => {
+                let snapshot = c.source.current().await;
+                versions.push(snapshot.version);
+                let cert = self.credential(c.source.value(&snapshot, &c.cert_key))?;
+                Some((cert, self.credential(c.source.value(&snapshot, &c.key_key))?))
+            }
+        };
+        let client_pem = client_cert.as_ref().map(|(c, k)| (c.expose(), k.expose()));
+        let client = TlsIdentity::new(ca.as_ref().map(Sensitive::expose), client_pem)
+            .and_then(|identity| inner.shared.pool.client(identity))
+            .map_err(|e| self.identity_error(e))?;
+        *inner.client.lock().expect("endpoint client lock") = Some((versions, Arc::clone(&client)));
+        Ok(client)
+    }
+
+    fn tls_sources(&self) -> Vec<&Arc<Watched>> {
+        let inner = &*self.0;
+        let ca = match &inner.ca {
+            Some(Ca::Watched { source, .. }) => Some(source),
+            _ => None,
+        };
+        ca.into_iter().chain(inner.client_cert.as_ref().map(|c| &c.source)).collect()
+    }
+
+    /// The `Authorization` header from the current Secret values.
+    async fn auth(&self) -> Result<Option<AuthHeader>, HookError> {
+        let header = match &self.0.auth {
+            None => return Ok(None),
+            Some(Auth::Scheme { scheme, source, key }) => {
+                let snapshot = source.current().await;
+                let value = self.credential(source.value(&snapshot, key))?;
+                AuthHeader::scheme(scheme, value.expose())
+                    .map_err(|reason| invalid("authorization", source, key, reason))
+            }
+            Some(Auth::Basic { source, username_key, password_key }) => {
+                let snapshot = source.current().await;
+                let username = self.credential(source.value(&snapshot, username_key))?;
+                let password = self.credential(source.value(&snapshot, password_key))?;
+                AuthHeader::basic(username.expose(), password.expose())
+                    .map_err(|reason| invalid("basicAuth username", source, username_key, reason))
+            }
+        };
+        header.map(Some).map_err(|source| HookError::Credentials { url: self.0.url.clone(), source: Box::new(source) })
+    }
+
+    fn credential<T>(&self, value: Result<T, CredentialError>) -> Result<T, HookError> {
+        value.map_err(|source| HookError::Credentials { url: self.0.url.clone(), source: Box::new(source) })
+    }
+
+    fn identity_error(&self, e: IdentityError) -> HookError {
+        let inner = &*self.0;
+        let source = match (e.part, &inner.ca, &inner.client_cert) {
+            (Part::CaBundle, Some(Ca::Watched { source, key }), _) => invalid("caBundle", source, key, e.reason),
+            (Part::ClientCertificate, _, Some(c)) => invalid("clientTLS certificate", &c.source, &c.cert_key, e.reason),
+            (Part::ClientKey, _, Some(c)) => invalid("clientTLS private key", &c.source, &c.key_key, e.reason),
+            // Inline bundles are checked when the controller starts; this is the TLS setup itself.
+            _ => CredentialError::Tls { reason: e.reason },
+        };
+        HookError::Credentials { url: inner.url.clone(), source: Box::new(source) }
+    }
+}
+
+fn invalid(what: &'static str, source: &Watched, key: &str, reason: String) -> CredentialError {
+    CredentialError::Invalid { what, object: source.object().clone(), key: key.to_owned(), reason }
+}
+
+/// An HTTP-level failure, with every cause in the chain: hyper's own message ("client error (Connect)")
+/// says nothing; the cause ("invalid peer certificate: `UnknownIssuer`") says what to fix.
+fn http_error(url: &str, error: &(dyn std::error::Error + 'static)) -> HookError {
+    let mut reason = error.to_string();
+    let mut cause = error.source();
+    while let Some(e) = cause {
+        let text = e.to_string();
+        if !reason.contains(&text) {
+            reason = format!("{reason}: {text}");
+        }
+        cause = e.source();
+    }
+    HookError::Http { url: url.to_owned(), reason }
+}
+
+/// Reads a response body, refusing (unread) one whose declared length is over `limit` and stopping
+/// as soon as more than `limit` bytes arrived.
+async fn read_limited(
+    url: &str,
+    mut body: hyper::body::Incoming,
+    headers: &http::HeaderMap,
+    limit: usize,
+) -> Result<Vec<u8>, HookError> {
+    let too_large = || HookError::TooLarge { url: url.to_owned(), limit };
+    let declared = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(too_large());
+    }
+    let mut bytes = Vec::new();
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| http_error(url, &e))?;
+        if let Ok(data) = frame.into_data() {
+            if bytes.len() + data.len() > limit {
+                return Err(too_large());
+            }
+            bytes.extend_from_slice(&data);
+        }
+    }
+    Ok(bytes)
+}

@@ -1,0 +1,533 @@
+//! Hook transport against the real control plane: HTTPS verified with a CA bundle, mutual TLS, bearer
+//! and basic auth, `endpointConfigs`, credential rotation, ETags, and Service-form hooks reached through
+//! `hookHosts`. Hooks are real Python processes (`tests/hooks/transport_hook.py`, Python's `ssl`);
+//! certificates are made with openssl for each run, in a temporary directory.
+//!
+//! The tests that use credentials also check that none of them shows up in the hub's log (captured at
+//! debug level for the whole run) or in an Event.
+
+mod support;
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::{LazyLock, Mutex, Once};
+use std::time::Duration;
+
+use base64::Engine as _;
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams};
+use kube::{Client, ResourceExt as _};
+use serde_json::{Value, json};
+use support::{TestNamespace, api, apply_value, eventually, warnings_for};
+use tokio::io::AsyncBufReadExt as _;
+
+const WAIT: Duration = Duration::from_secs(60);
+
+/// Everything the hub logged in this test binary, to search for secrets.
+static LOG: LazyLock<Mutex<Vec<u8>>> = LazyLock::new(Mutex::default);
+
+/// Writes log lines to [`LOG`] and to the test's captured output.
+struct LogWriter;
+
+impl std::io::Write for LogWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        LOG.lock().unwrap().extend_from_slice(buf);
+        eprint!("{}", String::from_utf8_lossy(buf));
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Installs the capturing subscriber, at debug level, before `support::client` would install its own.
+fn capture_logs() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        let _ =
+            tracing_subscriber::fmt().with_env_filter("debug").with_ansi(false).with_writer(|| LogWriter).try_init();
+    });
+}
+
+/// Fails if any of `secrets` occurs in the hub's log or in `events`.
+fn assert_nowhere(secrets: &[&str], events: &str) {
+    let log = String::from_utf8_lossy(&LOG.lock().unwrap()).into_owned();
+    assert!(log.contains("metahook"), "the log capture works");
+    for secret in secrets {
+        assert!(!log.contains(secret), "a credential appears in the hub's log");
+        assert!(!events.contains(secret), "a credential appears in an Event: {events}");
+    }
+}
+
+/// The certificates `tests/hooks/make_pki.sh` makes: a CA, a second CA nobody uses, a client CA; server
+/// certificates for 127.0.0.1 and for `greeter.hooks` only, signed by the CA; a client certificate
+/// signed by the client CA.
+struct Pki {
+    dir: tempfile::TempDir,
+}
+
+impl Pki {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let status = std::process::Command::new("bash")
+            .arg(support::repo_root().join("tests/hooks/make_pki.sh"))
+            .current_dir(dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .expect("running openssl");
+        assert!(status.success(), "making test certificates with openssl failed");
+        Self { dir }
+    }
+
+    fn path(&self, file: &str) -> String {
+        self.dir.path().join(file).to_string_lossy().into_owned()
+    }
+
+    fn pem(&self, file: &str) -> String {
+        std::fs::read_to_string(self.dir.path().join(file)).unwrap()
+    }
+}
+
+/// A running `transport_hook.py`. Killed on drop.
+struct Hook {
+    port: u16,
+    log: PathBuf,
+    _dir: tempfile::TempDir,
+    _child: tokio::process::Child,
+}
+
+impl Hook {
+    async fn start(mut config: Value) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("requests.jsonl");
+        config["log"] = json!(log);
+        let config_file = dir.path().join("config.json");
+        std::fs::write(&config_file, config.to_string()).unwrap();
+        let mut child = tokio::process::Command::new("python3")
+            .arg(support::repo_root().join("tests/hooks/transport_hook.py"))
+            .arg(&config_file)
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("starting python3 transport_hook.py");
+        let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+        let line = tokio::time::timeout(Duration::from_secs(20), lines.next_line())
+            .await
+            .expect("hook server did not start in time")
+            .unwrap()
+            .expect("hook server exited before printing its port");
+        let port = line.strip_prefix("PORT ").and_then(|p| p.trim().parse().ok()).expect("PORT line");
+        Self { port, log, _dir: dir, _child: child }
+    }
+
+    fn url(&self, scheme: &str) -> String {
+        format!("{scheme}://127.0.0.1:{}/sync", self.port)
+    }
+
+    /// The requests answered so far: `{path, status, ifNoneMatch, clientCert}`.
+    fn requests(&self) -> Vec<Value> {
+        std::fs::read_to_string(&self.log)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    }
+}
+
+/// One test's namespace and hub; its controllers are named `<label>-<id>` and select parents
+/// labelled `controller: <id>`.
+struct Setup {
+    client: Client,
+    ns: TestNamespace,
+    label: String,
+    hub: Option<support::Hub>,
+}
+
+impl Setup {
+    async fn new(test: &str, config: metahook::config::Config) -> Self {
+        capture_logs();
+        let client = support::client().await;
+        support::install_metahook_crds(&client).await;
+        support::install_crds(&client, include_str!("fixtures/test-crds.yaml")).await;
+        let ns = TestNamespace::create(&client, test).await;
+        let label = ns.name.clone();
+        let hub = Some(support::Hub::start_with_config(&client, &label, config));
+        Self { client, ns, label, hub }
+    }
+
+    /// A CompositeController whose sync hook is `webhook`; `extra` is merged into its spec.
+    async fn controller(&self, id: &str, webhook: Value, extra: Value) -> DynamicObject {
+        let mut spec = json!({
+            "generateSelector": true,
+            "parentResource": {"apiVersion": "test.metahook.dev/v1", "resource": "things",
+                               "labelSelector": {"matchLabels": {"metahook-test": self.label, "controller": id}}},
+            "childResources": [{"apiVersion": "v1", "resource": "configmaps", "updateStrategy": {"method": "InPlace"}}],
+            "hooks": {"sync": {"webhook": webhook}},
+        });
+        for (key, value) in extra.as_object().into_iter().flatten() {
+            spec[key] = value.clone();
+        }
+        apply_value(
+            &self.client,
+            &json!({"apiVersion": "metacontroller.k8s.io/v1alpha1", "kind": "CompositeController",
+                    "metadata": {"name": format!("{}-{id}", self.label), "labels": {"metahook-test": self.label}},
+                    "spec": spec}),
+        )
+        .await
+    }
+
+    /// A parent for controller `id`.
+    async fn thing(&self, name: &str, id: &str, greeting: &str) -> DynamicObject {
+        apply_value(
+            &self.client,
+            &json!({"apiVersion": "test.metahook.dev/v1", "kind": "Thing",
+                    "metadata": {"name": name, "namespace": self.ns.name,
+                                 "labels": {"metahook-test": self.label, "controller": id}},
+                    "spec": {"greeting": greeting}}),
+        )
+        .await
+    }
+
+    /// `data.greeting` of the ConfigMap child of parent `name`, if it exists.
+    async fn greeting(&self, parent: &str) -> Option<String> {
+        let config_maps = api(&self.client, "v1", "ConfigMap", Some(&self.ns.name)).await;
+        let cm = config_maps.get_opt(&format!("{parent}-cm")).await.unwrap()?;
+        cm.data.pointer("/data/greeting").and_then(Value::as_str).map(str::to_owned)
+    }
+
+    async fn wait_greeting(&self, parent: &str, greeting: &str) {
+        eventually(WAIT, || async { (self.greeting(parent).await.as_deref() == Some(greeting)).then_some(()) }).await;
+    }
+
+    /// Creates or replaces a Secret in the test namespace.
+    async fn secret(&self, name: &str, data: &[(&str, &str)]) {
+        let encode = |v: &str| base64::engine::general_purpose::STANDARD.encode(v);
+        let data: serde_json::Map<String, Value> =
+            data.iter().map(|(k, v)| ((*k).to_owned(), json!(encode(v)))).collect();
+        apply_value(
+            &self.client,
+            &json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name, "namespace": self.ns.name},
+                    "data": data}),
+        )
+        .await;
+    }
+
+    /// Creates or replaces a ConfigMap holding `pem` under `ca.crt`.
+    async fn ca_config_map(&self, name: &str, pem: &str) {
+        apply_value(
+            &self.client,
+            &json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": self.ns.name},
+                    "data": {"ca.crt": pem}}),
+        )
+        .await;
+    }
+
+    /// Waits for a `SyncError` Event on parent `name` and returns it.
+    async fn sync_error(&self, name: &str) -> String {
+        eventually(WAIT, || async {
+            warnings_for(&self.client, &self.ns.name, name).await.into_iter().find(|w| w.starts_with("SyncError"))
+        })
+        .await
+    }
+
+    /// Reason and note of every Event in the namespace, one per line.
+    async fn events(&self) -> String {
+        let api: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(self.client.clone(), &self.ns.name);
+        let list = api.list(&ListParams::default()).await.unwrap();
+        list.items
+            .into_iter()
+            .map(|e| format!("{}: {}\n", e.reason.unwrap_or_default(), e.note.unwrap_or_default()))
+            .collect()
+    }
+
+    async fn finish(mut self) {
+        if let Some(hub) = self.hub.take() {
+            hub.stop().await;
+        }
+        let ccs = api(&self.client, "metacontroller.k8s.io/v1alpha1", "CompositeController", None).await;
+        let mine = ListParams::default().labels(&format!("metahook-test={}", self.label));
+        for cc in ccs.list(&mine).await.unwrap().items {
+            let _ = ccs.delete(&cc.name_any(), &DeleteParams::default()).await;
+        }
+        self.ns.delete().await;
+    }
+}
+
+fn config() -> metahook::config::Config {
+    metahook::config::Config::default()
+}
+
+#[tokio::test]
+async fn https_hook_is_verified_with_a_ca_bundle_from_a_config_map_that_may_rotate() {
+    let pki = Pki::new();
+    let hook = Hook::start(json!({"tls": {"cert": pki.path("server.crt"), "key": pki.path("server.key")}})).await;
+    let t = Setup::new("https-ca-bundle", config()).await;
+    t.ca_config_map("hook-ca", &pki.pem("ca.crt")).await;
+    let ca = json!({"configMapRef": {"name": "hook-ca", "namespace": t.ns.name}});
+    t.controller("tls", json!({"url": hook.url("https"), "caBundle": ca}), json!({})).await;
+    t.thing("one", "tls", "hello").await;
+    t.wait_greeting("one", "hello").await;
+
+    // The ConfigMap now holds a CA that did not sign the hook's certificate: the next sync fails to
+    // verify the server, says so in an Event, and leaves the child alone.
+    t.ca_config_map("hook-ca", &pki.pem("wrong-ca.crt")).await;
+    t.thing("one", "tls", "bonjour").await;
+    let error = t.sync_error("one").await;
+    assert!(error.contains("invalid peer certificate"), "{error}");
+    assert_eq!(t.greeting("one").await.as_deref(), Some("hello"), "children untouched after a failed sync");
+
+    // Back to the right CA, without touching the controller: the watch picks it up.
+    t.ca_config_map("hook-ca", &pki.pem("ca.crt")).await;
+    t.wait_greeting("one", "bonjour").await;
+    t.finish().await;
+}
+
+#[tokio::test]
+async fn mutual_tls_hook_accepts_the_client_certificate_and_refuses_a_hub_without_one() {
+    let pki = Pki::new();
+    let tls =
+        json!({"cert": pki.path("server.crt"), "key": pki.path("server.key"), "client_ca": pki.path("client-ca.crt")});
+    let hook = Hook::start(json!({"tls": tls})).await;
+    let t = Setup::new("mutual-tls", config()).await;
+    t.secret("client-cert", &[("tls.crt", &pki.pem("client.crt")), ("tls.key", &pki.pem("client.key"))]).await;
+    let ca = json!({"inline": pki.pem("ca.crt")});
+    let client_tls = json!({"secretRef": {"name": "client-cert", "namespace": t.ns.name}});
+    t.controller("with", json!({"url": hook.url("https"), "caBundle": ca, "clientTLS": client_tls}), json!({})).await;
+    t.controller("without", json!({"url": hook.url("https"), "caBundle": ca}), json!({})).await;
+    t.thing("with-cert", "with", "hello").await;
+    t.thing("without-cert", "without", "hello").await;
+
+    t.wait_greeting("with-cert", "hello").await;
+    let error = t.sync_error("without-cert").await;
+    assert!(error.contains("http error"), "{error}");
+    assert_eq!(t.greeting("without-cert").await, None);
+    let requests = hook.requests();
+    assert!(!requests.is_empty() && requests.iter().all(|r| r["clientCert"] == true), "{requests:?}");
+    let key = pki.pem("client.key");
+    let key_body = key.lines().nth(1).unwrap();
+    assert_nowhere(&[key_body], &t.events().await);
+    t.finish().await;
+}
+
+#[tokio::test]
+async fn bearer_token_from_a_secret_is_sent_and_a_wrong_one_is_refused_without_leaking_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = dir.path().join("token");
+    let (right, wrong) = ("right-token-7f3a9c", "wrong-token-51be02");
+    std::fs::write(&token_file, right).unwrap();
+    let hook = Hook::start(json!({"auth": {"bearer_file": token_file}})).await;
+    let t = Setup::new("bearer-token", config()).await;
+    t.secret("right", &[("token", right)]).await;
+    t.secret("wrong", &[("token", wrong)]).await;
+    for id in ["right", "wrong"] {
+        let authorization = json!({"secretRef": {"name": id, "namespace": t.ns.name, "key": "token"}});
+        t.controller(id, json!({"url": hook.url("http"), "authorization": authorization}), json!({})).await;
+        t.thing(&format!("{id}-thing"), id, "hello").await;
+    }
+
+    t.wait_greeting("right-thing", "hello").await;
+    let error = t.sync_error("wrong-thing").await;
+    assert!(error.contains("401"), "{error}");
+    assert!(error.contains("bad credentials: Bearer <redacted>"), "the hook's echo is scrubbed: {error}");
+    assert_eq!(t.greeting("wrong-thing").await, None);
+    assert_nowhere(&[right, wrong], &t.events().await);
+    t.finish().await;
+}
+
+#[tokio::test]
+async fn basic_auth_is_built_from_the_secret_and_a_colon_in_the_username_is_refused() {
+    let (user, password) = ("alice", "pa55-word-93c1");
+    let hook = Hook::start(json!({"auth": {"basic": {"username": user, "password": password}}})).await;
+    let t = Setup::new("basic-auth", config()).await;
+    t.secret("creds", &[("username", user), ("password", password)]).await;
+    t.secret("custom-keys", &[("user", user), ("pass", password)]).await;
+    t.secret("colon", &[("username", "al:ice"), ("password", password)]).await;
+    let basic = |secret: &str| json!({"secretRef": {"name": secret, "namespace": t.ns.name}});
+    let mut custom = basic("custom-keys");
+    custom["usernameKey"] = json!("user");
+    custom["passwordKey"] = json!("pass");
+    t.controller("default-keys", json!({"url": hook.url("http"), "basicAuth": basic("creds")}), json!({})).await;
+    t.controller("custom-keys", json!({"url": hook.url("http"), "basicAuth": custom}), json!({})).await;
+    t.controller("colon", json!({"url": hook.url("http"), "basicAuth": basic("colon")}), json!({})).await;
+    for id in ["default-keys", "custom-keys", "colon"] {
+        t.thing(id, id, "hello").await;
+    }
+
+    t.wait_greeting("default-keys", "hello").await;
+    t.wait_greeting("custom-keys", "hello").await;
+    let error = t.sync_error("colon").await;
+    assert!(error.contains("must not contain ':'"), "{error}");
+    assert!(hook.requests().iter().all(|r| r["status"] == 200), "the refused username was never sent");
+    let encoded = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
+    assert_nowhere(&[password, &encoded], &t.events().await);
+    t.finish().await;
+}
+
+#[tokio::test]
+async fn endpoint_configs_supply_tls_and_auth_by_host_to_hooks_that_set_none() {
+    let pki = Pki::new();
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = dir.path().join("token");
+    let token = "endpoint-token-c41d";
+    std::fs::write(&token_file, token).unwrap();
+    let tls = json!({"cert": pki.path("server.crt"), "key": pki.path("server.key")});
+    let hook = Hook::start(json!({"tls": tls, "auth": {"bearer_file": token_file}})).await;
+    let t = Setup::new("endpoint-configs", config()).await;
+    t.ca_config_map("hook-ca", &pki.pem("ca.crt")).await;
+    t.secret("token", &[("token", token)]).await;
+    t.secret("decoy", &[("token", "decoy-token-0000")]).await;
+    let auth = |secret: &str| json!({"secretRef": {"name": secret, "namespace": t.ns.name, "key": "token"}});
+    let endpoint_configs = json!([
+        {"host": "127.0.0.1:1", "authorization": auth("decoy")},
+        {"host": format!("127.0.0.1:{}", hook.port),
+         "caBundle": {"configMapRef": {"name": "hook-ca", "namespace": t.ns.name}},
+         "authorization": auth("token")},
+    ]);
+    t.controller("by-host", json!({"url": hook.url("https")}), json!({"endpointConfigs": endpoint_configs})).await;
+    t.thing("one", "by-host", "hello").await;
+
+    t.wait_greeting("one", "hello").await;
+    assert_nowhere(&[token], &t.events().await);
+    t.finish().await;
+}
+
+#[tokio::test]
+async fn rotated_token_is_used_without_touching_the_controller() {
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = dir.path().join("token");
+    let (old, new) = ("old-token-2b7e11", "new-token-98af3d");
+    std::fs::write(&token_file, old).unwrap();
+    let hook = Hook::start(json!({"auth": {"bearer_file": token_file}})).await;
+    let t = Setup::new("token-rotation", config()).await;
+    t.secret("token", &[("token", old)]).await;
+    let authorization = json!({"secretRef": {"name": "token", "namespace": t.ns.name, "key": "token"}});
+    let cc =
+        t.controller("rotating", json!({"url": hook.url("http"), "authorization": authorization}), json!({})).await;
+    t.thing("one", "rotating", "hello").await;
+    t.wait_greeting("one", "hello").await;
+
+    // The hook now wants the new token, and the Secret carries it; the controller is not edited.
+    std::fs::write(&token_file, new).unwrap();
+    t.secret("token", &[("token", new)]).await;
+    t.thing("one", "rotating", "bonjour").await;
+    t.wait_greeting("one", "bonjour").await;
+
+    let ccs = api(&t.client, "metacontroller.k8s.io/v1alpha1", "CompositeController", None).await;
+    let now = ccs.get(&cc.name_any()).await.unwrap();
+    assert_eq!(now.metadata.generation, cc.metadata.generation, "the controller spec was not changed");
+    let refused = reqwest::Client::new()
+        .post(hook.url("http"))
+        .header("Authorization", format!("Bearer {old}"))
+        .json(&json!({"parent": {"metadata": {"name": "x"}}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 401, "the hook refuses the old token");
+    assert_nowhere(&[old, new], &t.events().await);
+    t.finish().await;
+}
+
+#[tokio::test]
+async fn etag_304_reuses_the_cached_response_and_is_counted() {
+    let hook = Hook::start(json!({"etag": true})).await;
+    let metrics_port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let config = metahook::config::Config { metrics_address: format!("127.0.0.1:{metrics_port}"), ..config() };
+    let t = Setup::new("etag", config).await;
+    let etag = json!({"enabled": true, "cacheTimeoutSeconds": 600, "cacheCleanupSeconds": 60});
+    t.controller("cached", json!({"url": hook.url("http"), "etag": etag}), json!({"resyncPeriodSeconds": 1})).await;
+    t.thing("one", "cached", "hello").await;
+    t.wait_greeting("one", "hello").await;
+
+    // Resyncs send the ETag back; the hook answers 304 with no body and the hub applies the cached
+    // answer: the child stays, the status stays, and nothing fails.
+    eventually(WAIT, || async {
+        let answered = hook.requests().into_iter().filter(|r| r["status"] == 304).count();
+        (answered >= 2).then_some(())
+    })
+    .await;
+    assert!(hook.requests().iter().filter(|r| r["status"] == 304).all(|r| r["ifNoneMatch"].is_string()));
+    assert_eq!(t.greeting("one").await.as_deref(), Some("hello"));
+    let things = api(&t.client, "test.metahook.dev/v1", "Thing", Some(&t.ns.name)).await;
+    assert_eq!(things.get("one").await.unwrap().data["status"]["greeting"], "hello");
+    let failures = warnings_for(&t.client, &t.ns.name, "one").await;
+    assert!(failures.is_empty(), "{failures:?}");
+
+    let metrics = eventually(WAIT, || async {
+        let text = reqwest::get(format!("http://127.0.0.1:{metrics_port}/metrics")).await.ok()?.text().await.ok()?;
+        text.contains("result=\"hit\"").then_some(text)
+    })
+    .await;
+    let labels = format!("kind=\"CompositeController\",controller=\"{}-cached\",hook=\"sync\"", t.label);
+    assert!(metrics.contains(&format!("metahook_hook_etag_cache_total{{{labels},result=\"miss\"}} 1")), "{metrics}");
+    assert!(metrics.contains(&format!("metahook_hook_requests_total{{{labels},code=\"304\"}}")), "{metrics}");
+    assert!(metrics.contains(&format!("metahook_hook_request_duration_seconds_count{{{labels}}}")), "{metrics}");
+
+    // A changed parent gets a full answer again.
+    t.thing("one", "cached", "bonjour").await;
+    t.wait_greeting("one", "bonjour").await;
+    t.finish().await;
+}
+
+#[tokio::test]
+async fn service_form_hook_is_reached_through_hook_hosts_and_verified_by_its_own_name() {
+    let pki = Pki::new();
+    // The certificate names only greeter.hooks, not the 127.0.0.1 the connection goes to.
+    let hook = Hook::start(json!({"tls": {"cert": pki.path("greeter.crt"), "key": pki.path("greeter.key")}})).await;
+    let hosts = [("greeter.hooks:8443".to_owned(), format!("127.0.0.1:{}", hook.port))].into();
+    let t = Setup::new("service-hook-hosts", metahook::config::Config { hook_hosts: hosts, ..config() }).await;
+    let webhook = json!({
+        "service": {"name": "greeter", "namespace": "hooks", "port": 8443, "protocol": "https"},
+        "path": "/sync",
+        "caBundle": {"inline": pki.pem("ca.crt")},
+    });
+    t.controller("service", webhook, json!({})).await;
+    t.thing("one", "service", "hello").await;
+    t.wait_greeting("one", "hello").await;
+    t.finish().await;
+}
+
+#[tokio::test]
+async fn http2_is_negotiated_with_a_hook_that_offers_it() {
+    let pki = Pki::new();
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("requests.jsonl");
+    let mut child = tokio::process::Command::new("node")
+        .arg(support::repo_root().join("tests/hooks/h2_hook.mjs"))
+        .args([pki.path("server.crt"), pki.path("server.key"), log.to_string_lossy().into_owned()])
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("starting node h2_hook.mjs");
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let line = tokio::time::timeout(Duration::from_secs(20), lines.next_line()).await.unwrap().unwrap().unwrap();
+    let port: u16 = line.strip_prefix("PORT ").and_then(|p| p.trim().parse().ok()).expect("PORT line");
+    let t = Setup::new("http2", config()).await;
+    let webhook = json!({"url": format!("https://127.0.0.1:{port}/sync"), "caBundle": {"inline": pki.pem("ca.crt")}});
+    t.controller("h2", webhook, json!({})).await;
+    t.thing("one", "h2", "hello").await;
+    t.wait_greeting("one", "hello").await;
+    let versions = std::fs::read_to_string(&log).unwrap();
+    assert!(versions.lines().all(|l| l.contains("\"2.0\"")), "{versions}");
+    t.finish().await;
+}
+
+#[tokio::test]
+async fn settings_metacontroller_refuses_keep_the_controller_from_starting_with_a_reason() {
+    let t = Setup::new("invalid-hook-settings", config()).await;
+    let secret = json!({"name": "s", "namespace": t.ns.name, "key": "token"});
+    let webhook = json!({"url": "https://127.0.0.1:1/sync", "authorization": {"secretRef": secret},
+                         "basicAuth": {"secretRef": {"name": "s", "namespace": t.ns.name}}});
+    let cc = t.controller("both", webhook, json!({})).await;
+    let ccs = api(&t.client, "metacontroller.k8s.io/v1alpha1", "CompositeController", None).await;
+    let ready = eventually(WAIT, || async {
+        let cc = ccs.get(&cc.name_any()).await.ok()?;
+        let conditions = cc.data["status"]["conditions"].as_array()?.clone();
+        conditions.into_iter().find(|c| c["type"] == "Ready")
+    })
+    .await;
+    assert_eq!(ready["status"], "False");
+    assert_eq!(ready["reason"], "InvalidHookSetting");
+    assert_eq!(ready["message"], "hooks.sync.webhook: authorization and basicAuth are mutually exclusive");
+    t.finish().await;
+}
