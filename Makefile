@@ -15,12 +15,12 @@ cluster-down: ## stop it and remove .cluster/
 
 # ---- the two commands of the README -------------------------------------------------------------
 
-.PHONY: demo test fmt-check clippy unit integration chaos bench bench-hooks crds hook-libs image failover
+.PHONY: demo test fmt-check clippy unit integration chaos bench bench-hooks crds hook-libs hook-types image failover
 
 demo: ## the hello-world controller end to end on the local control plane
 	@bash examples-python/hello-world/demo.sh
 
-test: fmt-check clippy unit hook-libs integration ## everything CI runs
+test: fmt-check clippy unit hook-types hook-libs integration ## everything CI runs
 
 fmt-check:
 	cargo fmt --check
@@ -31,9 +31,16 @@ clippy:
 unit: ## Rust unit tests (no cluster)
 	cargo test --locked --lib --bins
 
-hook-libs: ## unit tests of the Python and Node hook helper libraries
+HOOK_TOOLS ?= $(CURDIR)/target/hook-tools
+
+hook-libs: hook-types ## tests of the Python and Node hook helper libraries, installing them as packages too
 	@if [ -d examples-python/metahook-hooks/tests ]; then python3 -m pytest -q examples-python/metahook-hooks; fi
-	@if [ -d examples-js/metahook-hooks/test ]; then node --test examples-js/metahook-hooks/test/; fi
+	@if [ -d examples-js/metahook-hooks/test ]; then \
+	  TSC=$(HOOK_TOOLS)/node/node_modules/.bin/tsc TYPE_ROOTS=$(HOOK_TOOLS)/node/node_modules/@types \
+	  node --test examples-js/metahook-hooks/test/; fi
+
+hook-types: ## mypy --strict and tsc --strict over the hook libraries and every example (pinned tools, target/hook-tools)
+	@HOOK_TOOLS=$(HOOK_TOOLS) bash tests/hook-types/check.sh
 
 integration: cluster-up ## integration and end-to-end tests against the real control plane
 	@rm -rf target/faults

@@ -67,8 +67,66 @@ pub fn owner_reference(parent: &DynamicObject, parent_resource: &ResolvedResourc
     }
 }
 
+/// What claiming does with one object of a child type, for one parent: Kubernetes' `ControllerRefManager`
+/// rules. [`claim`] acts on it; `metahook render` reports it, so both follow the same rules.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Claim {
+    /// Controlled by the parent and selected: a child.
+    Owned,
+    /// An orphan the selector matches: adopted (the parent becomes its controller), then a child.
+    Adopt,
+    /// Controlled by the parent but no longer selected: released (its ownerReference removed), kept.
+    Release,
+    /// None of the parent's business: the hub neither reads nor writes it for this parent.
+    Ignore(Ignored),
+}
+
+/// Why an object is not claimed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ignored {
+    /// Another object is its controller.
+    OtherController,
+    /// An orphan whose labels the parent's selector does not match.
+    NotSelected,
+    /// In another namespace than the (namespaced) parent.
+    OtherNamespace,
+    /// Being deleted (or the parent is): not adopted, not released.
+    Deleting,
+}
+
+impl std::fmt::Display for Ignored {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::OtherController => "controlled by another owner",
+            Self::NotSelected => "no controller, and the parent's selector does not match its labels",
+            Self::OtherNamespace => "not in the parent's namespace",
+            Self::Deleting => "being deleted",
+        })
+    }
+}
+
+/// How claiming treats `obj` for `parent` (scoped to `parent_ns` when the parent is namespaced).
+#[must_use]
+pub fn claim_of(obj: &DynamicObject, parent: &DynamicObject, parent_ns: Option<&str>, selector: &Selector) -> Claim {
+    if parent_ns.is_some() && obj.metadata.namespace.as_deref() != parent_ns {
+        return Claim::Ignore(Ignored::OtherNamespace);
+    }
+    let parent_uid = parent.metadata.uid.as_deref().unwrap_or_default();
+    let deleting = parent.metadata.deletion_timestamp.is_some() || obj.metadata.deletion_timestamp.is_some();
+    let selected = selector.matches(&labels_of(&obj.metadata));
+    match controller_uid(obj) {
+        Some(uid) if uid == parent_uid && selected => Claim::Owned,
+        Some(uid) if uid == parent_uid && deleting => Claim::Ignore(Ignored::Deleting),
+        Some(uid) if uid == parent_uid => Claim::Release,
+        Some(_) => Claim::Ignore(Ignored::OtherController),
+        None if deleting => Claim::Ignore(Ignored::Deleting),
+        None if !selected => Claim::Ignore(Ignored::NotSelected),
+        None => Claim::Adopt,
+    }
+}
+
 /// Claims the children of `parent` for each type: owned-and-matching objects, plus adopted orphans.
-/// Owned objects that no longer match `selector` are released.
+/// Owned objects that no longer match `selector` are released. Each decision is [`claim_of`]'s.
 pub async fn claim(
     client: &Client,
     parent: &DynamicObject,
@@ -83,18 +141,20 @@ pub async fn claim(
     let mut claimed = Vec::with_capacity(types.len());
     for child_type in types {
         let mut children = ChildMap::new();
-        let in_scope = |obj: &DynamicObject| parent_ns.is_none() || obj.metadata.namespace.as_deref() == parent_ns;
-        for obj in child_type.informer.controlled_by(parent_uid).into_iter().filter(|o| in_scope(o)) {
-            if selector.matches(&labels_of(&obj.metadata)) {
-                children.insert(ObjectKey::of(&obj), obj);
-            } else if !parent_deleting && obj.metadata.deletion_timestamp.is_none() {
-                release(client, child_type.resource(), &obj, parent_uid).await?;
+        for obj in child_type.informer.controlled_by(parent_uid) {
+            match claim_of(&obj, parent, parent_ns, selector) {
+                Claim::Owned => {
+                    children.insert(ObjectKey::of(&obj), obj);
+                }
+                Claim::Release => release(client, child_type.resource(), &obj, parent_uid).await?,
+                Claim::Adopt | Claim::Ignore(_) => {}
             }
         }
         if !parent_deleting {
             let orphan_scope = parent_ns.map(Some);
+            // The index narrows the candidates to selected orphans; claim_of still decides.
             for obj in child_type.informer.orphans_selected(orphan_scope, selector) {
-                if obj.metadata.deletion_timestamp.is_some() {
+                if claim_of(&obj, parent, parent_ns, selector) != Claim::Adopt {
                     continue;
                 }
                 if !parent_checked {
@@ -689,5 +749,43 @@ mod tests {
         assert!(resolve_namespace(&resource(true), None, None).is_err());
         assert_eq!(resolve_namespace(&resource(false), None, None).unwrap(), None);
         assert!(resolve_namespace(&resource(false), Some("a"), None).is_err());
+    }
+
+    fn object(namespace: &str, labels: &Value, owner: Option<&str>, deleting: bool) -> DynamicObject {
+        let refs: Vec<Value> = owner
+            .map(|uid| json!({"apiVersion": "x/v1", "kind": "P", "name": "p", "uid": uid, "controller": true}))
+            .into_iter()
+            .collect();
+        let mut meta = json!({"name": "o", "namespace": namespace, "labels": labels, "ownerReferences": refs});
+        if deleting {
+            meta["deletionTimestamp"] = json!("2024-01-01T00:00:00Z");
+        }
+        serde_json::from_value(json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta})).unwrap()
+    }
+
+    #[test]
+    fn claims_follow_the_controller_ref_manager_rules() {
+        let mut parent = object("a", &json!({}), None, false);
+        parent.metadata.uid = Some("parent".into());
+        let selector = Selector::from_labels(&BTreeMap::from([("app".to_owned(), "x".to_owned())]));
+        let (yes, no) = (json!({"app": "x"}), json!({"app": "y"}));
+        let claim = |obj: &DynamicObject| claim_of(obj, &parent, Some("a"), &selector);
+        assert_eq!(claim(&object("a", &yes, Some("parent"), false)), Claim::Owned);
+        assert_eq!(claim(&object("a", &yes, None, false)), Claim::Adopt);
+        assert_eq!(claim(&object("a", &no, Some("parent"), false)), Claim::Release);
+        assert_eq!(claim(&object("a", &no, None, false)), Claim::Ignore(Ignored::NotSelected));
+        assert_eq!(claim(&object("a", &yes, Some("other"), false)), Claim::Ignore(Ignored::OtherController));
+        assert_eq!(claim(&object("b", &yes, None, false)), Claim::Ignore(Ignored::OtherNamespace));
+        assert_eq!(claim(&object("a", &yes, None, true)), Claim::Ignore(Ignored::Deleting), "no adopting the dying");
+        assert_eq!(claim(&object("a", &no, Some("parent"), true)), Claim::Ignore(Ignored::Deleting));
+        assert_eq!(claim(&object("a", &yes, Some("parent"), true)), Claim::Owned, "still a child while it goes");
+        // A cluster-scoped parent claims across namespaces.
+        assert_eq!(claim_of(&object("b", &yes, None, false), &parent, None, &selector), Claim::Adopt);
+        // A parent being deleted adopts and releases nothing.
+        let mut dying = parent.clone();
+        dying.metadata.deletion_timestamp = object("a", &yes, None, true).metadata.deletion_timestamp;
+        let claim = |obj: &DynamicObject| claim_of(obj, &dying, Some("a"), &selector);
+        assert_eq!(claim(&object("a", &yes, None, false)), Claim::Ignore(Ignored::Deleting));
+        assert_eq!(claim(&object("a", &no, Some("parent"), false)), Claim::Ignore(Ignored::Deleting));
     }
 }

@@ -29,7 +29,8 @@ enum Command {
     Version,
     /// Print the CustomResourceDefinitions metahook serves, as YAML.
     Crds,
-    /// Run a CompositeController's hook on YAML fixtures, without a cluster, and show what the hub would do.
+    /// Run a CompositeController's or DecoratorController's hook on YAML fixtures, without a cluster, and show
+    /// what the hub would do.
     Render(crate::render::RenderArgs),
     /// Print the `ClusterRole` each controller in the files needs, labelled to be aggregated into the hub's.
     Rbac(RbacArgs),

@@ -23,7 +23,7 @@ use crate::children::{
 };
 use crate::echoes::{Echo, Echoes, Seen, Settled, Watched};
 use crate::events::Events;
-use crate::hooks::DecoratorRequest;
+use crate::hooks::{DecoratorRequest, DecoratorResponse};
 use crate::hub::Hub;
 use crate::informers::{Change, Informer, ObjectKey, controller_uid};
 use crate::queue::WorkQueue;
@@ -37,6 +37,52 @@ use crate::sync::{
 
 /// Annotation naming the DecoratorController that manages an attachment.
 pub const DECORATOR_ANNOTATION: &str = "metacontroller.k8s.io/decorator-controller";
+
+/// Whether `obj` is one of `controller`'s attachments of the target whose UID is `target_uid`: controlled by
+/// the target and marked with the controller's annotation. The engine and `metahook render` both use it.
+#[must_use]
+pub fn is_attachment_of(obj: &DynamicObject, target_uid: &str, controller: &str) -> bool {
+    crate::informers::controller_uid(obj) == Some(target_uid)
+        && obj.metadata.annotations.as_ref().and_then(|a| a.get(DECORATOR_ANNOTATION)).map(String::as_str)
+            == Some(controller)
+}
+
+/// A decorator hook's answer, validated whole: nothing is written unless all of it is acceptable.
+#[derive(Debug)]
+pub struct Answer {
+    /// Desired attachments by declared type, annotated with the controller's name and owned by the target.
+    pub desired: Vec<ChildMap<Value>>,
+    /// The status to write; `None` leaves the target's status alone.
+    pub status: Option<Value>,
+    /// Labels and annotations to merge into the target; `None` when it has them already.
+    pub metadata_patch: Option<Value>,
+}
+
+/// Validates a decorator sync/finalize response for `target`. The engine and `metahook render` both use
+/// this, so a hook tested offline is judged the same way.
+pub fn validate_response(
+    controller: &str,
+    attachment_resources: &[Arc<crate::discovery::ResolvedResource>],
+    target: &DynamicObject,
+    resource: &crate::discovery::ResolvedResource,
+    response: &DecoratorResponse,
+) -> Result<Answer, SyncError> {
+    let desired = desired_children(attachment_resources, target, resource, &response.attachments, |meta| {
+        let annotations = meta.entry("annotations").or_insert_with(|| json!({}));
+        let annotations = annotations.as_object_mut().ok_or("metadata.annotations is not an object")?;
+        annotations.insert(DECORATOR_ANNOTATION.into(), Value::String(controller.to_owned()));
+        Ok(())
+    })
+    .map_err(SyncError::InvalidResponse)?;
+    let status = match &response.status {
+        None | Some(Value::Null) => None,
+        Some(Value::Object(map)) => Some(Value::Object(map.clone())),
+        Some(other) => return Err(SyncError::InvalidResponse(format!("status must be an object, got {other}"))),
+    };
+    let metadata_patch =
+        metadata_patch(target, &response.labels, &response.annotations).map_err(SyncError::InvalidResponse)?;
+    Ok(Answer { desired, status, metadata_patch })
+}
 
 /// Finalizer a DecoratorController puts on its targets when it has a finalize hook.
 #[must_use]
@@ -424,21 +470,8 @@ impl Controller {
         let endpoint = if finalizing { &self.endpoints.finalize } else { &self.endpoints.sync };
         let response = endpoint.as_ref().ok_or(SyncError::NoSyncHook)?.decorator(&request).await?;
 
-        let name = self.name.clone();
-        let desired = desired_children(&self.attachment_resources, &target, resource, &response.attachments, |meta| {
-            let annotations = meta.entry("annotations").or_insert_with(|| json!({}));
-            let annotations = annotations.as_object_mut().ok_or("metadata.annotations is not an object")?;
-            annotations.insert(DECORATOR_ANNOTATION.into(), Value::String(name.clone()));
-            Ok(())
-        })
-        .map_err(SyncError::InvalidResponse)?;
-        let status = match response.status {
-            None | Some(Value::Null) => None,
-            Some(Value::Object(map)) => Some(Value::Object(map)),
-            Some(other) => return Err(SyncError::InvalidResponse(format!("status must be an object, got {other}"))),
-        };
-        let metadata_patch =
-            metadata_patch(&target, &response.labels, &response.annotations).map_err(SyncError::InvalidResponse)?;
+        let Answer { desired, status, metadata_patch } =
+            validate_response(&self.name, &self.attachment_resources, &target, resource, &response)?;
 
         // Nothing is written until the whole response is known to be writable.
         let target_uid = target.metadata.uid.as_deref();

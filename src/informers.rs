@@ -566,7 +566,10 @@ mod tests {
             has_status: false,
         });
         let informer = Informers::new(client).get(&resource);
-        let err = informer.wait_synced(Duration::from_secs(2)).await.unwrap_err();
+        // However loaded the machine, the first failed list comes before the (short) timeout is measured.
+        let mut failed = informer.shared.last_error.subscribe();
+        tokio::time::timeout(Duration::from_secs(60), failed.wait_for(Option::is_some)).await.unwrap().unwrap();
+        let err = informer.wait_synced(Duration::from_millis(200)).await.unwrap_err();
         let SyncTimeout::NotSynced { resource, last_error, .. } = &err else { panic!("{err}") };
         assert_eq!(resource, "v1/configmaps");
         assert!(last_error.as_deref().is_some_and(|e| e.contains("list")), "{err}");

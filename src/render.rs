@@ -1,9 +1,17 @@
-//! `metahook render`: runs a CompositeController's hook on YAML fixtures, without a cluster.
+//! `metahook render`: runs a CompositeController's or DecoratorController's hook on YAML fixtures,
+//! without a cluster, and shows what the hub would do.
 //!
-//! The request is built and the response judged by the engine's own code ([`request_map`],
-//! [`composite::validate_response`]), so a hook that renders cleanly here is accepted by the hub. Types
-//! are resolved offline: kinds come from the fixtures (or `--kind`), scope from the fixtures' namespaces.
+//! Everything the hub decides is decided here by the engine's own code: which fixture objects are
+//! children ([`claim_of`] for a composite, [`is_attachment_of`] for a decorator), the request
+//! ([`request_map`]) and the verdict on the response ([`composite::validate_response`],
+//! [`decorator::validate_response`]). So a hook that renders cleanly is accepted by the hub, and an
+//! object the hub would never touch is shown as ignored, never as deleted. Types are resolved offline:
+//! kinds from the fixtures (or `--kind`), plurals by kube-core's rules, scope from the fixtures.
+//!
+//! [`composite::validate_response`]: crate::composite::validate_response
+//! [`decorator::validate_response`]: crate::decorator::validate_response
 
+use std::collections::BTreeSet;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -11,29 +19,34 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kube::api::DynamicObject;
-use kube::core::ApiResource;
-use serde_json::Value;
+use kube::core::{ApiResource, GroupVersionKind};
+use serde_json::{Value, json};
 
-use crate::api::{CompositeController, Hook, HookVersion, Webhook};
-use crate::children::{ChildMap, request_map};
-use crate::composite::{child_selector, validate_response};
+use crate::api::{
+    ChildResourceRule, CompositeController, DecoratorController, Hook, HookVersion, UpdateMethod, Webhook,
+};
+use crate::children::{ChildMap, Claim, claim_of, owner_reference, request_map};
+use crate::composite::child_selector;
+use crate::decorator::{DECORATOR_ANNOTATION, is_attachment_of};
 use crate::discovery::ResolvedResource;
 use crate::hooks::{
-    CompositeRequest, HookClient, HookKind, HookLabels, ObjectMaps, group_version_kind_key, object_key,
+    CompositeRequest, DecoratorRequest, Endpoint, HookClient, HookEvent, HookKind, HookLabels, ObjectMaps,
+    group_version_kind_key, object_key,
 };
 use crate::informers::ObjectKey;
 
 /// Arguments of `metahook render`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct RenderArgs {
-    /// The CompositeController (YAML).
+    /// The CompositeController or DecoratorController (YAML).
     #[arg(long)]
     pub controller: PathBuf,
-    /// The parent object (YAML).
-    #[arg(long)]
+    /// The parent object (YAML); for a DecoratorController, the object it decorates.
+    #[arg(long, visible_alias = "target")]
     pub parent: PathBuf,
-    /// Observed children (YAML files, several documents or a `List` each).
-    #[arg(long, num_args = 1..)]
+    /// Objects in the cluster of the declared child (attachment) types: YAML files, several documents
+    /// or a `List` each. The hub's claim rules decide which of them the hook sees.
+    #[arg(long, visible_alias = "attachments", num_args = 1..)]
     pub children: Vec<PathBuf>,
     /// Related objects, as a customize hook would have selected them.
     #[arg(long, num_args = 1..)]
@@ -41,18 +54,32 @@ pub struct RenderArgs {
     /// URL of a running hook (overrides the controller's URL).
     #[arg(long, conflicts_with = "hook_cmd")]
     pub hook: Option<String>,
-    /// Command that starts the hook server; it gets a free port in `PORT`, and is stopped afterwards.
+    /// Command that starts the hook server; it gets a free port in `PORT` (and `HOST=127.0.0.1`), its
+    /// output goes to stderr, and it is stopped afterwards.
     #[arg(long)]
     pub hook_cmd: Option<String>,
     /// Call the finalize hook with `finalizing: true` instead of sync.
     #[arg(long)]
     pub finalizing: bool,
-    /// The parent type is cluster-scoped (otherwise a parent without a namespace is in `default`).
+    /// The parent type is cluster-scoped (built-in cluster-scoped kinds are recognised without it;
+    /// otherwise a parent without a namespace is in `default`).
     #[arg(long)]
     pub cluster_scoped_parent: bool,
-    /// Kind of a child resource that has no fixture object, e.g. `--kind pods=Pod`.
+    /// Kind of a child resource that has no fixture object, e.g. `--kind widgets=Widget`.
     #[arg(long, value_parser = parse_kind)]
     pub kind: Vec<(String, String)>,
+    /// Output format.
+    #[arg(short = 'o', long = "output", value_enum, default_value_t = Format::Yaml)]
+    pub output: Format,
+}
+
+/// How the report is printed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    /// YAML documents with `#` comments saying what the hub would do, and a diff for updates.
+    Yaml,
+    /// One JSON object, for scripts and CI checks.
+    Json,
 }
 
 fn parse_kind(text: &str) -> Result<(String, String), String> {
@@ -71,71 +98,231 @@ pub enum RenderError {
     Invalid(String),
 }
 
-/// Runs the hook and returns the report (desired status and children, and their diff to the fixtures).
-pub async fn render(args: &RenderArgs) -> Result<String, RenderError> {
-    let cc: CompositeController = serde_json::from_value(read_one(&args.controller)?)
-        .map_err(|e| input(&args.controller, &format!("not a CompositeController: {e}")))?;
-    let mut parent: DynamicObject =
-        serde_json::from_value(read_one(&args.parent)?).map_err(|e| input(&args.parent, &e.to_string()))?;
-    parent.metadata.uid.get_or_insert_with(|| "00000000-0000-0000-0000-000000000000".into());
-    if !args.cluster_scoped_parent {
-        parent.metadata.namespace.get_or_insert_with(|| "default".into());
+/// An error and all its causes, `outer: cause: root cause`, each said once (errors often quote their
+/// source in their own message): "error sending request" alone does not tell a refused connection
+/// from a DNS failure.
+#[must_use]
+pub fn with_causes(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        let said = cause.to_string();
+        if !text.contains(&said) {
+            let _ = write!(text, ": {said}");
+        }
+        source = cause.source();
     }
-    let children = read_objects(&args.children)?;
-    let related = read_objects(&args.related)?;
+    text
+}
+
+fn invalid(err: &(dyn std::error::Error + 'static)) -> RenderError {
+    RenderError::Invalid(with_causes(err))
+}
+
+/// Runs the hook and returns the report in the requested format.
+pub async fn render(args: &RenderArgs) -> Result<String, RenderError> {
+    let controller = read_one(&args.controller)?;
+    let report = match controller.get("kind").and_then(Value::as_str) {
+        Some("CompositeController") => render_composite(args, controller).await?,
+        Some("DecoratorController") => render_decorator(args, controller).await?,
+        other => {
+            return Err(input(
+                &args.controller,
+                &format!("expected a CompositeController or a DecoratorController, found kind {other:?}"),
+            ));
+        }
+    };
+    Ok(match args.output {
+        Format::Yaml => report.yaml(),
+        Format::Json => report.json(),
+    })
+}
+
+async fn render_composite(args: &RenderArgs, controller: Value) -> Result<Report, RenderError> {
+    let cc: CompositeController = serde_json::from_value(controller.clone())
+        .map_err(|e| input(&args.controller, &format!("not a valid CompositeController: {e}")))?;
+    let rule = &cc.spec.parent_resource;
+    let parent = read_parent(args, &rule.api_version)?;
+    let parent_resource = resolved_parent(&parent, &rule.resource, args.cluster_scoped_parent);
+    let parent_ns = parent_resource.namespaced.then_some(parent.metadata.namespace.as_deref()).flatten();
     let hooks = cc.spec.hooks.as_ref().ok_or_else(|| RenderError::Setup("the controller defines no hooks".into()))?;
     let hook = if args.finalizing { hooks.finalize.as_ref() } else { hooks.sync.as_ref() };
     let hook = hook.ok_or_else(|| RenderError::Setup("the controller has no hook for this call".into()))?;
+    let types = child_types(&cc.spec.child_resources, &read_objects(&args.children)?, &args.kind, parent_ns)?;
+    let selector = child_selector(&cc, &parent).map_err(|e| invalid(&e))?;
 
-    let parent_resource = parent_resource(&cc, &parent)?;
-    let child_resources = child_resources(&cc, &children, &args.kind)?;
-    let parent_ns = parent_resource.namespaced.then_some(parent.metadata.namespace.as_deref()).flatten();
+    // The hub's claim, object by object: owned and adopted ones are the children the hook sees.
+    let mut observed = vec![ChildMap::new(); types.len()];
+    let mut adopted = BTreeSet::new();
+    let mut untouched = Vec::new();
+    for (index, obj) in &types.fixtures {
+        let Some(index) = *index else {
+            untouched.push(Change::ignored(obj, "not of a child type the controller declares".into()));
+            continue;
+        };
+        match claim_of(obj, &parent, parent_ns, &selector) {
+            Claim::Owned => {
+                observed[index].insert(ObjectKey::of(obj), Arc::new(obj.clone()));
+            }
+            Claim::Adopt => {
+                // The hook sees it as the hub sends it: with the parent as its controller.
+                let mut obj = obj.clone();
+                let owner = owner_reference(&parent, &parent_resource);
+                obj.metadata.owner_references.get_or_insert_with(Vec::new).push(owner);
+                adopted.insert((index, ObjectKey::of(&obj)));
+                observed[index].insert(ObjectKey::of(&obj), Arc::new(obj));
+            }
+            Claim::Release => untouched.push(Change::other(
+                Action::Release,
+                obj,
+                "controlled by this parent, but the selector no longer matches its labels: the hub removes its \
+                 ownerReference and leaves the object"
+                    .into(),
+            )),
+            Claim::Ignore(why) => untouched.push(Change::ignored(obj, why.to_string())),
+        }
+    }
+
     let version = hook.version();
-    let observed: Vec<ChildMap<Arc<DynamicObject>>> = child_resources
-        .iter()
-        .map(|r| {
-            children
-                .iter()
-                .filter(|c| type_of(c) == (r.api_version(), r.kind()))
-                .map(|c| (ObjectKey::of(c), Arc::new(c.clone())))
-                .collect()
-        })
-        .collect();
-    let request_children = request_map(&child_resources, version, parent_ns, &observed);
-    let related_map = related_map(&related, version, parent_ns);
+    let request_children = request_map(&types.resources, version, parent_ns, &observed);
+    let related = related_map(&read_objects(&args.related)?, version, parent_ns);
     let parent_json = serde_json::to_value(&parent).unwrap_or(Value::Null);
-    let cc_json = serde_json::to_value(&cc).unwrap_or(Value::Null);
     let request = CompositeRequest {
-        controller: &cc_json,
+        controller: &controller,
         parent: &parent_json,
         children: &request_children,
-        related: &related_map,
+        related: &related,
         finalizing: args.finalizing,
     };
+    let (hook, _server) = hook_to_call(hook, args).await?;
+    let endpoint =
+        endpoint(&hook, &cc.spec.endpoint_configs, "CompositeController", cc.metadata.name.as_deref(), args)?;
+    let response = endpoint.composite(&request).await.map_err(|e| invalid(&e))?;
+    let (desired, status) =
+        crate::composite::validate_response(&cc, &parent, &parent_resource, &types.resources, &response, &selector)
+            .map_err(|e| invalid(&e))?;
 
-    let (hook, _server) = match (&args.hook, &args.hook_cmd) {
-        (Some(url), _) => (with_url(hook, url.clone()), None),
-        (None, Some(cmd)) => {
-            let server = HookProcess::start(cmd).await?;
-            let path = hook_path(hook);
-            (with_url(hook, format!("http://127.0.0.1:{}{path}", server.port)), Some(server))
-        }
-        (None, None) => (hook.clone(), None),
-    };
-    let labels = HookLabels {
-        kind: "CompositeController".into(),
-        controller: cc.metadata.name.clone().unwrap_or_default(),
-        hook: if args.finalizing { HookKind::Finalize } else { HookKind::Sync },
-    };
-    let endpoint = HookClient::default()
-        .endpoint(&hook, &cc.spec.endpoint_configs, labels)
-        .map_err(|e| RenderError::Setup(e.to_string()))?;
-    let response = endpoint.composite(&request).await.map_err(|e| RenderError::Invalid(e.to_string()))?;
-    let selector = child_selector(&cc, &parent).map_err(|e| RenderError::Invalid(e.to_string()))?;
-    let (desired, status) = validate_response(&cc, &parent, &parent_resource, &child_resources, &response, &selector)
-        .map_err(|e| RenderError::Invalid(e.to_string()))?;
-    Ok(report(&status, &desired, &observed, &response))
+    let methods: Vec<UpdateMethod> = cc.spec.child_resources.iter().map(ChildResourceRule::method).collect();
+    let mut changes = child_changes(&desired, &observed, &adopted, &methods);
+    changes.extend(untouched);
+    Ok(Report {
+        controller: ("CompositeController", cc.metadata.name.clone().unwrap_or_default()),
+        parent: describe(&parent),
+        status_changed: parent.data.get("status") != Some(&status),
+        status: Some(status),
+        metadata_patch: None,
+        resync_after: response.resync_after_seconds,
+        finalized: response.finalized,
+        events: response.events,
+        objects_field: "children",
+        changes,
+        notes: Vec::new(),
+    })
 }
+
+async fn render_decorator(args: &RenderArgs, controller: Value) -> Result<Report, RenderError> {
+    let dc: DecoratorController = serde_json::from_value(controller.clone())
+        .map_err(|e| input(&args.controller, &format!("not a valid DecoratorController: {e}")))?;
+    let name = dc.metadata.name.clone().unwrap_or_default();
+    let target = read_parent(args, "")?;
+    let (api_version, kind) = type_of(&target);
+    let rules: Vec<_> = dc.spec.resources.iter().filter(|r| r.api_version == api_version).collect();
+    let rule = match rules.as_slice() {
+        [one] => *one,
+        several => several.iter().copied().find(|r| r.resource == plural_of(api_version, kind)).ok_or_else(|| {
+            RenderError::Setup(format!(
+                "the target is a {api_version} {kind}, and no `resources` rule of the controller is for it"
+            ))
+        })?,
+    };
+    let resource = resolved_parent(&target, &rule.resource, args.cluster_scoped_parent);
+    let target_ns = resource.namespaced.then_some(target.metadata.namespace.as_deref()).flatten();
+    let hooks = &dc.spec.hooks;
+    let hook = if args.finalizing { hooks.finalize.as_ref() } else { hooks.sync.as_ref() };
+    let hook = hook.ok_or_else(|| RenderError::Setup("the controller has no hook for this call".into()))?;
+    let types = child_types(&dc.spec.attachments, &read_objects(&args.children)?, &args.kind, target_ns)?;
+
+    let mut notes = Vec::new();
+    if !selects(rule, &target)? && !args.finalizing {
+        notes.push(
+            "the target does not match the controller's label/annotation selectors: the hub would not call \
+             the sync hook for it (only the finalize hook, if it carries the controller's finalizer)"
+                .to_owned(),
+        );
+    }
+    // A decorator adopts nothing: its attachments are the objects it made, marked with its name.
+    let target_uid = target.metadata.uid.clone().unwrap_or_default();
+    let mut observed = vec![ChildMap::new(); types.len()];
+    let mut untouched = Vec::new();
+    for (index, obj) in &types.fixtures {
+        let Some(index) = *index else {
+            untouched.push(Change::ignored(obj, "not of an attachment type the controller declares".into()));
+            continue;
+        };
+        if target_ns.is_some() && obj.metadata.namespace.as_deref() != target_ns {
+            untouched.push(Change::ignored(obj, "not in the target's namespace".into()));
+        } else if is_attachment_of(obj, &target_uid, &name) {
+            observed[index].insert(ObjectKey::of(obj), Arc::new(obj.clone()));
+        } else {
+            let why = format!(
+                "not an attachment of this target: that needs a controller ownerReference to the target and the \
+                 annotation {DECORATOR_ANNOTATION}: {name}"
+            );
+            untouched.push(Change::ignored(obj, why));
+        }
+    }
+
+    let version = hook.version();
+    let attachments = request_map(&types.resources, version, target_ns, &observed);
+    let related = related_map(&read_objects(&args.related)?, version, target_ns);
+    let object = serde_json::to_value(&target).unwrap_or(Value::Null);
+    let request = DecoratorRequest {
+        controller: &controller,
+        object: &object,
+        attachments: &attachments,
+        related: &related,
+        finalizing: args.finalizing,
+    };
+    let (hook, _server) = hook_to_call(hook, args).await?;
+    let endpoint =
+        endpoint(&hook, &dc.spec.endpoint_configs, "DecoratorController", dc.metadata.name.as_deref(), args)?;
+    let response = endpoint.decorator(&request).await.map_err(|e| invalid(&e))?;
+    let answer = crate::decorator::validate_response(&name, &types.resources, &target, &resource, &response)
+        .map_err(|e| invalid(&e))?;
+
+    let methods: Vec<UpdateMethod> = dc.spec.attachments.iter().map(ChildResourceRule::method).collect();
+    let mut changes = child_changes(&answer.desired, &observed, &BTreeSet::new(), &methods);
+    changes.extend(untouched);
+    Ok(Report {
+        controller: ("DecoratorController", name),
+        parent: describe(&target),
+        status_changed: answer.status.as_ref().is_some_and(|s| target.data.get("status") != Some(s)),
+        status: answer.status,
+        metadata_patch: answer.metadata_patch,
+        resync_after: response.resync_after_seconds,
+        finalized: response.finalized,
+        events: response.events,
+        objects_field: "attachments",
+        changes,
+        notes,
+    })
+}
+
+/// Whether a decorator rule's label and annotation selectors match the target.
+fn selects(rule: &crate::api::DecoratorResourceRule, target: &DynamicObject) -> Result<bool, RenderError> {
+    let setup = |e: crate::selector::SelectorError| RenderError::Setup(format!("the controller's selector: {e}"));
+    let labels = rule.label_selector.as_ref().map(crate::selector::Selector::from_label_selector).transpose();
+    let annotations = rule
+        .annotation_selector
+        .as_ref()
+        .map(|a| crate::selector::Selector::from_label_selector(&a.as_label_selector()))
+        .transpose();
+    let (labels, annotations) = (labels.map_err(setup)?, annotations.map_err(setup)?);
+    Ok(labels.is_none_or(|s| s.matches(&crate::api::labels_of(&target.metadata)))
+        && annotations.is_none_or(|s| s.matches(&target.metadata.annotations.clone().unwrap_or_default())))
+}
+
+// ---- fixtures ------------------------------------------------------------------------------------
 
 fn input(path: &Path, reason: &str) -> RenderError {
     RenderError::Input { path: path.to_owned(), reason: reason.to_owned() }
@@ -175,8 +362,39 @@ fn read_objects(paths: &[PathBuf]) -> Result<Vec<DynamicObject>, RenderError> {
     Ok(objects)
 }
 
+/// The parent fixture, with what the API server would have given it: a UID, and a namespace unless
+/// its type is cluster-scoped. `api_version` is checked against the controller's rule when given.
+fn read_parent(args: &RenderArgs, api_version: &str) -> Result<DynamicObject, RenderError> {
+    let mut parent: DynamicObject =
+        serde_json::from_value(read_one(&args.parent)?).map_err(|e| input(&args.parent, &e.to_string()))?;
+    let (have, kind) = type_of(&parent);
+    let (have, kind) = (have.to_owned(), kind.to_owned());
+    if kind.is_empty() {
+        return Err(input(&args.parent, "the object has no apiVersion and kind"));
+    }
+    if !api_version.is_empty() && have != api_version {
+        return Err(RenderError::Setup(format!(
+            "the parent is {have}, the controller's parentResource is {api_version}"
+        )));
+    }
+    parent.metadata.uid.get_or_insert_with(|| "00000000-0000-0000-0000-000000000000".into());
+    let cluster_scoped = args.cluster_scoped_parent || CLUSTER_SCOPED_KINDS.contains(&kind.as_str());
+    if !cluster_scoped {
+        parent.metadata.namespace.get_or_insert_with(|| "default".into());
+    }
+    Ok(parent)
+}
+
 fn type_of(obj: &DynamicObject) -> (&str, &str) {
     obj.types.as_ref().map_or(("", ""), |t| (t.api_version.as_str(), t.kind.as_str()))
+}
+
+/// The plural resource name of a kind by kube-core's discovery-free rules (`ApiResource::from_gvk`):
+/// `Gateway` → `gateways`, `Box` → `boxes`, `Policy` → `policies`. Right for every built-in type and
+/// for CRDs that follow the usual English rules; `--kind` covers the others.
+fn plural_of(api_version: &str, kind: &str) -> String {
+    let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
+    ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, kind)).plural
 }
 
 fn resolved(api_version: &str, kind: &str, plural: &str, namespaced: bool) -> Arc<ResolvedResource> {
@@ -194,79 +412,116 @@ fn resolved(api_version: &str, kind: &str, plural: &str, namespaced: bool) -> Ar
     })
 }
 
-fn parent_resource(cc: &CompositeController, parent: &DynamicObject) -> Result<Arc<ResolvedResource>, RenderError> {
-    let rule = &cc.spec.parent_resource;
+fn resolved_parent(parent: &DynamicObject, plural: &str, cluster_scoped: bool) -> Arc<ResolvedResource> {
     let (api_version, kind) = type_of(parent);
-    if api_version != rule.api_version {
-        return Err(RenderError::Setup(format!(
-            "the parent is {api_version}, the controller's parentResource is {}",
-            rule.api_version
-        )));
-    }
-    Ok(resolved(api_version, kind, &rule.resource, parent.metadata.namespace.is_some()))
+    resolved(api_version, kind, plural, !cluster_scoped && parent.metadata.namespace.is_some())
 }
 
-/// Kinds of common built-in resources, for child types without fixture objects.
-const BUILT_IN: &[(&str, &str, bool)] = &[
-    ("pods", "Pod", true),
-    ("services", "Service", true),
-    ("configmaps", "ConfigMap", true),
-    ("secrets", "Secret", true),
-    ("serviceaccounts", "ServiceAccount", true),
-    ("persistentvolumeclaims", "PersistentVolumeClaim", true),
-    ("deployments", "Deployment", true),
-    ("replicasets", "ReplicaSet", true),
-    ("statefulsets", "StatefulSet", true),
-    ("daemonsets", "DaemonSet", true),
-    ("jobs", "Job", true),
-    ("cronjobs", "CronJob", true),
-    ("ingresses", "Ingress", true),
-    ("roles", "Role", true),
-    ("rolebindings", "RoleBinding", true),
-    ("networkpolicies", "NetworkPolicy", true),
-    ("resourcequotas", "ResourceQuota", true),
-    ("namespaces", "Namespace", false),
-    ("nodes", "Node", false),
-    ("clusterroles", "ClusterRole", false),
-    ("clusterrolebindings", "ClusterRoleBinding", false),
+/// Kinds of common built-in resources by group and plural, for child types without fixture objects
+/// (a plural cannot be turned back into a kind: `endpoints`, `networkpolicies`), and their scope.
+const BUILT_IN: &[(&str, &str, &str, bool)] = &[
+    ("", "pods", "Pod", true),
+    ("", "services", "Service", true),
+    ("", "configmaps", "ConfigMap", true),
+    ("", "secrets", "Secret", true),
+    ("", "serviceaccounts", "ServiceAccount", true),
+    ("", "persistentvolumeclaims", "PersistentVolumeClaim", true),
+    ("", "resourcequotas", "ResourceQuota", true),
+    ("", "limitranges", "LimitRange", true),
+    ("", "namespaces", "Namespace", false),
+    ("", "nodes", "Node", false),
+    ("", "persistentvolumes", "PersistentVolume", false),
+    ("apps", "deployments", "Deployment", true),
+    ("apps", "replicasets", "ReplicaSet", true),
+    ("apps", "statefulsets", "StatefulSet", true),
+    ("apps", "daemonsets", "DaemonSet", true),
+    ("batch", "jobs", "Job", true),
+    ("batch", "cronjobs", "CronJob", true),
+    ("networking.k8s.io", "ingresses", "Ingress", true),
+    ("networking.k8s.io", "networkpolicies", "NetworkPolicy", true),
+    ("policy", "poddisruptionbudgets", "PodDisruptionBudget", true),
+    ("autoscaling", "horizontalpodautoscalers", "HorizontalPodAutoscaler", true),
+    ("rbac.authorization.k8s.io", "roles", "Role", true),
+    ("rbac.authorization.k8s.io", "rolebindings", "RoleBinding", true),
+    ("rbac.authorization.k8s.io", "clusterroles", "ClusterRole", false),
+    ("rbac.authorization.k8s.io", "clusterrolebindings", "ClusterRoleBinding", false),
+    ("apiextensions.k8s.io", "customresourcedefinitions", "CustomResourceDefinition", false),
 ];
 
-fn child_resources(
-    cc: &CompositeController,
-    children: &[DynamicObject],
+/// Built-in kinds whose objects have no namespace.
+const CLUSTER_SCOPED_KINDS: &[&str] = &[
+    "Namespace",
+    "Node",
+    "PersistentVolume",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "CustomResourceDefinition",
+    "StorageClass",
+    "PriorityClass",
+    "ValidatingWebhookConfiguration",
+    "MutatingWebhookConfiguration",
+    "CompositeController",
+    "DecoratorController",
+];
+
+/// The declared child types, resolved, and the fixture objects with the index of their type (`None`:
+/// not a declared type).
+struct ChildTypes {
+    resources: Vec<Arc<ResolvedResource>>,
+    fixtures: Vec<(Option<usize>, DynamicObject)>,
+}
+
+impl ChildTypes {
+    fn len(&self) -> usize {
+        self.resources.len()
+    }
+}
+
+fn child_types(
+    rules: &[ChildResourceRule],
+    fixtures: &[DynamicObject],
     kinds: &[(String, String)],
-) -> Result<Vec<Arc<ResolvedResource>>, RenderError> {
-    let mut resolved_types = Vec::new();
-    for rule in &cc.spec.child_resources {
+    parent_ns: Option<&str>,
+) -> Result<ChildTypes, RenderError> {
+    let mut resources = Vec::new();
+    for rule in rules {
         let explicit = kinds.iter().find(|(r, _)| *r == rule.resource).map(|(_, k)| k.clone());
-        let built_in = BUILT_IN.iter().find(|(r, _, _)| *r == rule.resource);
-        let from_fixture =
-            children.iter().find(|c| type_of(c).0 == rule.api_version && naive_plural(type_of(c).1) == rule.resource);
+        let group = rule.api_version.rsplit_once('/').map_or("", |(group, _)| group);
+        let built_in = BUILT_IN.iter().find(|(g, r, _, _)| *g == group && *r == rule.resource);
+        let from_fixture = fixtures.iter().find(|c| {
+            let (api_version, kind) = type_of(c);
+            api_version == rule.api_version && plural_of(api_version, kind) == rule.resource
+        });
         let kind = explicit
             .or_else(|| from_fixture.map(|c| type_of(c).1.to_owned()))
-            .or_else(|| built_in.map(|(_, k, _)| (*k).to_owned()))
+            .or_else(|| built_in.map(|(_, _, k, _)| (*k).to_owned()))
             .ok_or_else(|| {
                 RenderError::Setup(format!(
                     "cannot tell the kind of child resource {}: add a fixture object or --kind {}=Kind",
                     rule.resource, rule.resource
                 ))
             })?;
-        let namespaced =
-            from_fixture.map_or_else(|| built_in.is_none_or(|(_, _, ns)| *ns), |c| c.metadata.namespace.is_some());
-        resolved_types.push(resolved(&rule.api_version, &kind, &rule.resource, namespaced));
+        let namespaced = match (built_in, from_fixture) {
+            (Some((_, _, _, namespaced)), _) => *namespaced,
+            (None, Some(c)) => c.metadata.namespace.is_some() || parent_ns.is_some(),
+            (None, None) => !CLUSTER_SCOPED_KINDS.contains(&kind.as_str()),
+        };
+        resources.push(resolved(&rule.api_version, &kind, &rule.resource, namespaced));
     }
-    Ok(resolved_types)
-}
-
-fn naive_plural(kind: &str) -> String {
-    let lower = kind.to_lowercase();
-    if let Some(stem) = lower.strip_suffix('y') {
-        format!("{stem}ies")
-    } else if lower.ends_with('s') {
-        format!("{lower}es")
-    } else {
-        format!("{lower}s")
-    }
+    let fixtures = fixtures
+        .iter()
+        .map(|obj| {
+            let (api_version, kind) = type_of(obj);
+            let index = resources.iter().position(|r| r.api_version() == api_version && r.kind() == kind);
+            let mut obj = obj.clone();
+            // A fixture without a namespace lives in the parent's, as the Python and Node helpers take it.
+            if index.is_some_and(|i| resources[i].namespaced) && obj.metadata.namespace.is_none() {
+                obj.metadata.namespace = parent_ns.map(str::to_owned);
+            }
+            (index, obj)
+        })
+        .collect();
+    Ok(ChildTypes { resources, fixtures })
 }
 
 fn related_map(related: &[DynamicObject], version: HookVersion, parent_ns: Option<&str>) -> ObjectMaps {
@@ -282,6 +537,39 @@ fn related_map(related: &[DynamicObject], version: HookVersion, parent_ns: Optio
     maps
 }
 
+// ---- the hook --------------------------------------------------------------------------------------
+
+/// The hook to call: the controller's, or `--hook`, or a server started with `--hook-cmd` (kept alive
+/// by the returned handle).
+async fn hook_to_call(hook: &Hook, args: &RenderArgs) -> Result<(Hook, Option<HookProcess>), RenderError> {
+    Ok(match (&args.hook, &args.hook_cmd) {
+        (Some(url), _) => (with_url(hook, url.clone()), None),
+        (None, Some(cmd)) => {
+            let server = HookProcess::start(cmd).await?;
+            let path = hook_path(hook);
+            (with_url(hook, format!("http://127.0.0.1:{}{path}", server.port)), Some(server))
+        }
+        (None, None) => (hook.clone(), None),
+    })
+}
+
+/// The hook client's endpoint for `hook`, with the TLS/auth settings the controller gives it (settings
+/// that need the cluster, such as a Secret reference, are refused with the reason).
+fn endpoint(
+    hook: &Hook,
+    endpoint_configs: &[crate::api::EndpointConfig],
+    kind: &str,
+    name: Option<&str>,
+    args: &RenderArgs,
+) -> Result<Endpoint, RenderError> {
+    let labels = HookLabels {
+        kind: kind.to_owned(),
+        controller: name.unwrap_or_default().to_owned(),
+        hook: if args.finalizing { HookKind::Finalize } else { HookKind::Sync },
+    };
+    HookClient::default().endpoint(hook, endpoint_configs, labels).map_err(|e| RenderError::Setup(with_causes(&e)))
+}
+
 fn with_url(hook: &Hook, url: String) -> Hook {
     Hook { webhook: Webhook { url: Some(url), service: None, ..hook.webhook.clone() }, ..hook.clone() }
 }
@@ -293,7 +581,8 @@ fn hook_path(hook: &Hook) -> String {
     after_scheme.find('/').map_or_else(|| "/".to_owned(), |i| after_scheme[i..].to_owned())
 }
 
-/// A hook server started for one render, killed when dropped.
+/// A hook server started for one render, killed when dropped. Its stdout and stderr go to render's
+/// stderr, so a hook's prints and tracebacks are seen without mixing into the report.
 struct HookProcess {
     port: u16,
     _child: tokio::process::Child,
@@ -308,7 +597,8 @@ impl HookProcess {
         let mut child = tokio::process::Command::new("sh")
             .args(["-c", &format!("exec {cmd}")])
             .env("PORT", port.to_string())
-            .stdout(Stdio::null())
+            .env("HOST", "127.0.0.1")
+            .stdout(Stdio::from(std::io::stderr()))
             .kill_on_drop(true)
             .spawn()
             .map_err(|e| RenderError::Setup(format!("starting {cmd:?}: {e}")))?;
@@ -319,7 +609,8 @@ impl HookProcess {
             }
             if tokio::time::Instant::now() > deadline {
                 return Err(RenderError::Setup(format!(
-                    "hook command {cmd:?} did not listen on $PORT ({port}) in 15s"
+                    "hook command {cmd:?} did not listen on $PORT ({port}) in 15s; does it read PORT? \
+                     (serve() of the helper libraries does, unless given a port)"
                 )));
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -328,53 +619,274 @@ impl HookProcess {
     }
 }
 
-/// The report: status, then each desired child with what applying it would do, then deletions.
-fn report(
-    status: &Value,
+// ---- the report ------------------------------------------------------------------------------------
+
+/// What the hub would do with one object.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Action {
+    Create,
+    Update,
+    Unchanged,
+    Delete,
+    Release,
+    Ignore,
+}
+
+impl Action {
+    fn word(self) -> &'static str {
+        match self {
+            Self::Create => "create",
+            Self::Update => "update",
+            Self::Unchanged => "unchanged",
+            Self::Delete => "delete",
+            Self::Release => "release",
+            Self::Ignore => "ignore",
+        }
+    }
+}
+
+/// One object of the report.
+struct Change {
+    action: Action,
+    /// Adopted by the parent before anything else (an orphan its selector matches).
+    adopted: bool,
+    kind: String,
+    api_version: String,
+    key: ObjectKey,
+    /// Why, when the action alone does not say it.
+    reason: Option<String>,
+    /// The desired object (create, update, unchanged).
+    desired: Option<Value>,
+    /// Observed → desired, line by line (update, or unchanged under `OnDelete`).
+    diff: Option<String>,
+}
+
+impl Change {
+    fn other(action: Action, obj: &DynamicObject, reason: String) -> Self {
+        let (api_version, kind) = type_of(obj);
+        Self {
+            action,
+            adopted: false,
+            kind: kind.to_owned(),
+            api_version: api_version.to_owned(),
+            key: ObjectKey::of(obj),
+            reason: Some(reason),
+            desired: None,
+            diff: None,
+        }
+    }
+
+    fn ignored(obj: &DynamicObject, reason: String) -> Self {
+        Self::other(Action::Ignore, obj, reason)
+    }
+
+    fn comment(&self) -> String {
+        let mut why: Vec<String> = Vec::new();
+        if self.adopted {
+            why.push("adopted first: an orphan the selector matches".into());
+        }
+        why.extend(self.reason.clone());
+        let why = if why.is_empty() { String::new() } else { format!(" ({})", why.join("; ")) };
+        format!("# {} {} {}{why}", self.action.word(), self.kind, self.key)
+    }
+}
+
+/// Creates, updates and deletes, per the update method of each type, as `children::manage` and
+/// `apply` would do them.
+fn child_changes(
     desired: &[ChildMap<Value>],
     observed: &[ChildMap<Arc<DynamicObject>>],
-    response: &crate::hooks::CompositeResponse,
-) -> String {
-    let mut out = String::new();
-    let _ = writeln!(out, "# status");
-    out.push_str(&yaml(&serde_json::json!({ "status": status })));
-    if let Some(after) = response.resync_after_seconds.filter(|s| *s > 0.0) {
-        let _ = writeln!(out, "# resync after {after}s");
-    }
-    for event in &response.events {
-        let _ = writeln!(out, "# event {} {}: {}", event.type_, event.reason, event.message);
-    }
-    for (desired, observed) in desired.iter().zip(observed) {
+    adopted: &BTreeSet<(usize, ObjectKey)>,
+    methods: &[UpdateMethod],
+) -> Vec<Change> {
+    let mut changes = Vec::new();
+    for (index, (desired, observed)) in desired.iter().zip(observed).enumerate() {
+        let method = methods.get(index).copied().unwrap_or_default();
         for (key, obj) in desired {
-            let kind = obj["kind"].as_str().unwrap_or_default();
-            let want = yaml(obj);
-            match observed.get(key) {
-                None => {
-                    let _ = writeln!(out, "---\n# create {kind} {key}");
-                    out.push_str(&want);
+            let text = |field: &str| obj[field].as_str().unwrap_or_default().to_owned();
+            let mut change = Change {
+                action: Action::Create,
+                adopted: adopted.contains(&(index, key.clone())),
+                kind: text("kind"),
+                api_version: text("apiVersion"),
+                key: key.clone(),
+                reason: None,
+                desired: Some(obj.clone()),
+                diff: None,
+            };
+            if let Some(current) = observed.get(key) {
+                // Ownership is the hub's business, not the hook's: leave it out of the comparison.
+                let mut wanted = obj.clone();
+                if let Some(meta) = wanted.get_mut("metadata").and_then(Value::as_object_mut) {
+                    meta.remove("ownerReferences");
                 }
-                Some(current) => {
-                    // Ownership is the hub's business, not the hook's: leave it out of the comparison.
-                    let mut obj = obj.clone();
-                    if let Some(meta) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
-                        meta.remove("ownerReferences");
-                    }
-                    let (have, want) = (yaml(&comparable(current, &obj)), yaml(&obj));
-                    if have == want {
-                        let _ = writeln!(out, "---\n# unchanged {kind} {key}");
-                    } else {
-                        let _ = writeln!(out, "---\n# update {kind} {key}");
-                        out.push_str(&diff(&have, &want));
-                    }
+                let (have, want) = (yaml(&comparable(current, &wanted)), yaml(&wanted));
+                change.action = Action::Unchanged;
+                if current.metadata.deletion_timestamp.is_some() {
+                    change.reason = Some("being deleted: the hub waits until it is gone".into());
+                } else if have != want {
+                    change.diff = Some(diff(&have, &want));
+                    (change.action, change.reason) = match method {
+                        UpdateMethod::OnDelete => (
+                            Action::Unchanged,
+                            Some("OnDelete: the hub updates it only by recreating it once deleted".into()),
+                        ),
+                        UpdateMethod::Recreate | UpdateMethod::RollingRecreate => {
+                            (Action::Update, Some("Recreate: deleted, then created again".into()))
+                        }
+                        UpdateMethod::InPlace | UpdateMethod::RollingInPlace => (Action::Update, None),
+                    };
                 }
             }
+            changes.push(change);
         }
         for (key, obj) in observed.iter().filter(|(k, _)| !desired.contains_key(*k)) {
-            let kind = obj.types.as_ref().map_or("", |t| t.kind.as_str());
-            let _ = writeln!(out, "---\n# delete {kind} {key}");
+            let mut change = Change::other(Action::Delete, obj, String::new());
+            change.reason = obj.metadata.deletion_timestamp.is_some().then(|| "already being deleted".into());
+            change.adopted = adopted.contains(&(index, key.clone()));
+            changes.push(change);
         }
     }
-    out
+    changes
+}
+
+/// Everything `render` found out, printed as YAML or JSON.
+struct Report {
+    controller: (&'static str, String),
+    parent: String,
+    /// The status the hub would write (`None`: a decorator leaving it alone).
+    status: Option<Value>,
+    status_changed: bool,
+    /// Labels and annotations a decorator merges into its target.
+    metadata_patch: Option<Value>,
+    resync_after: Option<f64>,
+    finalized: bool,
+    events: Vec<HookEvent>,
+    /// `children` or `attachments`.
+    objects_field: &'static str,
+    changes: Vec<Change>,
+    notes: Vec<String>,
+}
+
+impl Report {
+    fn count(&self, action: Action) -> usize {
+        self.changes.iter().filter(|c| c.action == action).count()
+    }
+
+    /// `2 created, 1 updated, 0 deleted, status changed`, plus what was adopted, released or ignored.
+    fn summary(&self) -> String {
+        let mut text = format!(
+            "{} created, {} updated, {} deleted",
+            self.count(Action::Create),
+            self.count(Action::Update),
+            self.count(Action::Delete)
+        );
+        let adopted = self.changes.iter().filter(|c| c.adopted).count();
+        for (n, word) in
+            [(adopted, "adopted"), (self.count(Action::Release), "released"), (self.count(Action::Ignore), "ignored")]
+        {
+            if n > 0 {
+                let _ = write!(text, ", {n} {word}");
+            }
+        }
+        text.push_str(if self.status_changed { ", status changed" } else { ", status unchanged" });
+        if self.metadata_patch.is_some() {
+            text.push_str(", labels/annotations changed");
+        }
+        text
+    }
+
+    fn yaml(&self) -> String {
+        let mut out = String::new();
+        for note in &self.notes {
+            let _ = writeln!(out, "# note: {note}");
+        }
+        match &self.status {
+            Some(status) => {
+                let _ = writeln!(out, "# status{}", if self.status_changed { "" } else { " (unchanged)" });
+                out.push_str(&yaml(&json!({ "status": status })));
+            }
+            None => {
+                let _ = writeln!(out, "# status: left alone (the hook returned none)");
+            }
+        }
+        if let Some(patch) = &self.metadata_patch {
+            let _ = writeln!(out, "# merged into {} (null deletes)", self.parent);
+            out.push_str(&yaml(patch));
+        }
+        if let Some(after) = self.resync_after.filter(|s| *s > 0.0) {
+            let _ = writeln!(out, "# resync after {after}s");
+        }
+        if self.finalized {
+            let _ = writeln!(out, "# finalized: the hub removes its finalizer");
+        }
+        for event in &self.events {
+            let _ = writeln!(out, "# event {} {}: {}", event.type_, event.reason, event.message);
+        }
+        for change in &self.changes {
+            let _ = writeln!(out, "---\n{}", change.comment());
+            match (change.action, &change.diff, &change.desired) {
+                (_, Some(diff), _) => out.push_str(diff),
+                (Action::Create, None, Some(desired)) => out.push_str(&yaml(desired)),
+                _ => {}
+            }
+        }
+        let _ = writeln!(out, "---\n# summary: {}", self.summary());
+        out
+    }
+
+    fn json(&self) -> String {
+        let objects: Vec<Value> = self
+            .changes
+            .iter()
+            .map(|c| {
+                json!({
+                    "action": c.action.word(),
+                    "adopted": c.adopted,
+                    "apiVersion": c.api_version,
+                    "kind": c.kind,
+                    "namespace": c.key.namespace,
+                    "name": c.key.name,
+                    "reason": c.reason,
+                    "object": c.desired,
+                    "diff": c.diff,
+                })
+            })
+            .collect();
+        let mut report = json!({
+            "controller": {"kind": self.controller.0, "name": self.controller.1},
+            "parent": self.parent,
+            "status": self.status,
+            "statusChanged": self.status_changed,
+            "resyncAfterSeconds": self.resync_after,
+            "finalized": self.finalized,
+            "events": self.events,
+            self.objects_field: objects,
+            "notes": self.notes,
+            "summary": {
+                "created": self.count(Action::Create),
+                "updated": self.count(Action::Update),
+                "unchanged": self.count(Action::Unchanged),
+                "deleted": self.count(Action::Delete),
+                "adopted": self.changes.iter().filter(|c| c.adopted).count(),
+                "released": self.count(Action::Release),
+                "ignored": self.count(Action::Ignore),
+                "statusChanged": self.status_changed,
+                "text": self.summary(),
+            },
+        });
+        if let Some(patch) = &self.metadata_patch {
+            report["metadata"] = patch["metadata"].clone();
+        }
+        let mut text = serde_json::to_string_pretty(&report).unwrap_or_default();
+        text.push('\n');
+        text
+    }
+}
+
+/// `Kind namespace/name`.
+fn describe(obj: &DynamicObject) -> String {
+    format!("{} {}", type_of(obj).1, ObjectKey::of(obj))
 }
 
 /// The observed object cut down to the fields the desired one sets, so the diff shows only what
@@ -431,10 +943,26 @@ mod tests {
     }
 
     #[test]
-    fn plurals_are_guessed_like_kubernetes_names_them() {
-        assert_eq!(naive_plural("Pod"), "pods");
-        assert_eq!(naive_plural("NetworkPolicy"), "networkpolicies");
-        assert_eq!(naive_plural("Ingress"), "ingresses");
+    fn plurals_follow_kube_core_not_guesses() {
+        assert_eq!(plural_of("v1", "Pod"), "pods");
+        assert_eq!(plural_of("networking.k8s.io/v1", "NetworkPolicy"), "networkpolicies");
+        assert_eq!(plural_of("networking.k8s.io/v1", "Ingress"), "ingresses");
+        assert_eq!(plural_of("gateway.networking.k8s.io/v1", "Gateway"), "gateways");
+        assert_eq!(plural_of("example.com/v1", "Box"), "boxes");
+        assert_eq!(plural_of("example.com/v1", "Policy"), "policies");
+        assert_eq!(plural_of("v1", "Endpoints"), "endpoints");
+    }
+
+    #[test]
+    fn error_causes_are_all_said_once() {
+        #[derive(Debug, thiserror::Error)]
+        #[error("calling the hook: {0}")]
+        struct Outer(#[source] Middle);
+        #[derive(Debug, thiserror::Error)]
+        #[error("error sending request")]
+        struct Middle(#[source] std::io::Error);
+        let err = Outer(Middle(std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "connection refused")));
+        assert_eq!(with_causes(&err), "calling the hook: error sending request: connection refused");
     }
 
     #[test]
@@ -459,5 +987,44 @@ mod tests {
         let desired =
             serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "a"}, "data": {"k": "v"}});
         assert_eq!(comparable(&observed, &desired), desired);
+    }
+
+    fn change(action: Action, adopted: bool) -> Change {
+        Change {
+            action,
+            adopted,
+            kind: "Pod".into(),
+            api_version: "v1".into(),
+            key: ObjectKey { namespace: Some("default".into()), name: "p".into() },
+            reason: None,
+            desired: None,
+            diff: None,
+        }
+    }
+
+    #[test]
+    fn the_summary_counts_what_the_hub_would_do() {
+        let mut report = Report {
+            controller: ("CompositeController", "c".into()),
+            parent: "P default/p".into(),
+            status: Some(json!({})),
+            status_changed: true,
+            metadata_patch: None,
+            resync_after: None,
+            finalized: false,
+            events: Vec::new(),
+            objects_field: "children",
+            changes: vec![
+                change(Action::Create, false),
+                change(Action::Create, false),
+                change(Action::Update, true),
+                change(Action::Unchanged, false),
+            ],
+            notes: Vec::new(),
+        };
+        assert_eq!(report.summary(), "2 created, 1 updated, 0 deleted, 1 adopted, status changed");
+        report.changes.push(change(Action::Ignore, false));
+        report.status_changed = false;
+        assert_eq!(report.summary(), "2 created, 1 updated, 0 deleted, 1 adopted, 1 ignored, status unchanged");
     }
 }

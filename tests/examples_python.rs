@@ -334,7 +334,11 @@ async fn indexed_job_runs_one_pod_per_index_within_parallelism_until_all_succeed
     assert!(most_running <= 2, "parallelism 2, but {most_running} Pods ran at once");
     assert_eq!(status["completedIndexes"], json!([0, 1, 2, 3, 4]));
     assert_eq!(status["failed"], 0);
-    assert_eq!(status["conditions"], json!([{"type": "Complete", "status": "True"}]));
+    let conditions = status["conditions"].as_array().expect("conditions");
+    assert_eq!(conditions.len(), 1, "{conditions:?}");
+    assert_eq!((&conditions[0]["type"], &conditions[0]["status"]), (&json!("Complete"), &json!("True")));
+    assert_eq!(conditions[0]["reason"], "AllIndexesSucceeded");
+    assert!(conditions[0]["lastTransitionTime"].as_str().is_some_and(|t| t.ends_with('Z')), "{conditions:?}");
     for index in 0..5 {
         let pod = pods.get(&format!("squares-{index}")).await.unwrap();
         assert_eq!(pod.data["status"]["phase"], "Succeeded");

@@ -11,67 +11,109 @@
 //               active and stable, and scales the old color to 0
 // Which color is active is read back from the observed Service, so the hook keeps no state.
 //
-// No dependencies. Listens on 127.0.0.1:$PORT (default 18080).
+// No dependencies. Listens on $HOST:$PORT (default 0.0.0.0:8080).
 
 import { createHash } from "node:crypto";
 import { pathToFileURL } from "node:url";
 
 import { child, compositeResponse, event, parentOf, serve } from "../metahook-hooks/index.js";
 
+/**
+ * The types this hook reads: `tsc --strict` checks the hook against them (`make test`).
+ * @typedef {import("../metahook-hooks/index.js").KubeObject} KubeObject
+ * @typedef {Record<string, any>} PodTemplate
+ * @typedef {{ matchLabels: Record<string, string> }} Selector
+ * @typedef {{ name?: string, port: number, targetPort?: number | string, protocol?: string }} ServicePort
+ * @typedef {import("../metahook-hooks/index.js").Resource<
+ *   { replicas?: number, selector: Selector, template: PodTemplate, ports?: ServicePort[] }>} BlueGreenDeployment
+ * @typedef {import("../metahook-hooks/index.js").Resource<
+ *   { replicas: number, selector: Selector, template: PodTemplate },
+ *   { observedGeneration?: number, replicas?: number, readyReplicas?: number }>} ReplicaSet
+ * @typedef {import("../metahook-hooks/index.js").Resource<{ selector?: Record<string, string> }>} Service
+ * @typedef {import("../metahook-hooks/index.js").Request<
+ *   BlueGreenDeployment, { "ReplicaSet.apps/v1": ReplicaSet, "Service.v1": Service }>} BlueGreenRequest
+ */
+
 export const COLOR_LABEL = "js.examples.metahook.dev/color";
 export const HASH_ANNOTATION = "js.examples.metahook.dev/template-hash";
 const COLORS = ["blue", "green"];
 const DEFAULT_PORTS = [{ name: "http", port: 80, targetPort: 80 }];
 
-/** A short digest of a Pod template, independent of key order. */
+/**
+ * A short digest of a Pod template, independent of key order.
+ * @param {unknown} template
+ */
 export function templateHash(template) {
   return createHash("sha256").update(canonicalJson(template ?? {})).digest("hex").slice(0, 10);
 }
 
+/**
+ * @param {unknown} value
+ * @returns {string}
+ */
 function canonicalJson(value) {
   if (Array.isArray(value)) return `[${value.map(canonicalJson).join(",")}]`;
   if (value !== null && typeof value === "object") {
-    const keys = Object.keys(value).sort();
-    return `{${keys.map((k) => `${JSON.stringify(k)}:${canonicalJson(value[k])}`).join(",")}}`;
+    const object = /** @type {Record<string, unknown>} */ (value);
+    const keys = Object.keys(object).sort();
+    return `{${keys.map((k) => `${JSON.stringify(k)}:${canonicalJson(object[k])}`).join(",")}}`;
   }
   return JSON.stringify(value);
 }
 
+/** @param {string} color */
 const otherColor = (color) => (color === "blue" ? "green" : "blue");
+/** @param {ReplicaSet | undefined} rs */
 const hashOf = (rs) => rs?.metadata?.annotations?.[HASH_ANNOTATION];
 
-/** The ReplicaSet controller has seen the latest spec and owns exactly `replicas` Pods, all Ready. */
+/**
+ * The ReplicaSet controller has seen the latest spec and owns exactly `replicas` Pods, all Ready.
+ * @param {ReplicaSet | undefined} rs
+ * @param {number} replicas
+ */
 function settledAt(rs, replicas) {
   const status = rs?.status ?? {};
   return (
     rs !== undefined &&
-    (status.observedGeneration ?? 0) >= rs.metadata.generation &&
+    (status.observedGeneration ?? 0) >= (rs.metadata.generation ?? 0) &&
     rs.spec.replicas === replicas &&
     (status.replicas ?? 0) === replicas &&
     (status.readyReplicas ?? 0) === replicas
   );
 }
 
+/**
+ * @param {BlueGreenRequest} request
+ * @returns {import("../metahook-hooks/index.js").CompositeResponse}
+ */
 export function sync(request) {
   const bgd = parentOf(request);
   const { name } = bgd.metadata;
   const { replicas = 1, selector, template } = bgd.spec;
   const hash = templateHash(template);
+  /** @type {Record<string, ReplicaSet | undefined>} */
   const observed = Object.fromEntries(
     COLORS.map((color) => [color, child(request, "ReplicaSet.apps/v1", `${name}-${color}`)]),
   );
   const service = child(request, "Service.v1", name);
   const selected = service?.spec?.selector?.[COLOR_LABEL];
-  const active = COLORS.includes(selected) ? selected : "blue";
+  const active = selected !== undefined && COLORS.includes(selected) ? selected : "blue";
   const inactive = otherColor(active);
 
+  /**
+   * @param {string} color
+   * @param {PodTemplate} podTemplate
+   * @param {string | undefined} templateHashValue
+   * @param {number} count
+   * @returns {ReplicaSet}
+   */
   const replicaSet = (color, podTemplate, templateHashValue, count) => ({
     apiVersion: "apps/v1",
     kind: "ReplicaSet",
     metadata: {
       name: `${name}-${color}`,
       labels: { ...selector.matchLabels, [COLOR_LABEL]: color },
-      annotations: { [HASH_ANNOTATION]: templateHashValue },
+      annotations: templateHashValue === undefined ? {} : { [HASH_ANNOTATION]: templateHashValue },
     },
     spec: {
       replicas: count,
@@ -86,19 +128,27 @@ export function sync(request) {
     },
   });
   // A color that is not rolled out keeps its template (scaled to 0), so rolling back is a scale-up.
-  const keep = (color, count) =>
-    observed[color] && replicaSet(color, observed[color].spec.template, hashOf(observed[color]), count);
+  /**
+   * @param {string} color
+   * @param {number} count
+   * @returns {ReplicaSet[]}
+   */
+  const keep = (color, count) => {
+    const rs = observed[color];
+    return rs ? [replicaSet(color, rs.spec.template, hashOf(rs), count)] : [];
+  };
 
   let phase;
   let serving = active;
+  /** @type {KubeObject[]} */
   const children = [];
   const events = [];
   if (!observed[active] || hashOf(observed[active]) === hash) {
     phase = "Stable";
     children.push(replicaSet(active, template, hash, replicas));
-    if (observed[inactive]) children.push(keep(inactive, 0));
+    children.push(...keep(inactive, 0));
   } else {
-    children.push(keep(active, replicas));
+    children.push(...keep(active, replicas));
     const next = observed[inactive];
     let count = replicas;
     if (next && !settledAt(next, 0) && (hashOf(next) !== hash || next.spec.replicas === 0)) {
@@ -125,6 +175,7 @@ export function sync(request) {
     },
   });
 
+  /** @param {string} color */
   const colorStatus = (color) => {
     const rs = observed[color];
     if (!rs) return null;
@@ -146,7 +197,5 @@ export function sync(request) {
 }
 
 if (process.argv[1] && import.meta.url === pathToFileURL(process.argv[1]).href) {
-  const port = Number(process.env.PORT ?? 18080);
-  await serve({ "/sync": sync }, { port, host: "127.0.0.1" });
-  console.log(`blue-green hook listening on 127.0.0.1:${port}`);
+  await serve({ "/sync": sync });
 }

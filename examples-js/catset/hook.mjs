@@ -12,23 +12,46 @@
 // the same ordered way and reports `finalized` once no Pod is left, so Pods never vanish all at once. Claims
 // are kept on scale-down (scaling up again finds the same data) and go with the CatSet (ownerReferences).
 //
-// No dependencies. Listens on 127.0.0.1:$PORT (default 18080).
+// No dependencies. Listens on $HOST:$PORT (default 0.0.0.0:8080).
 
 import { pathToFileURL } from "node:url";
 
 import { childrenOf, compositeResponse, parentOf, serve } from "../metahook-hooks/index.js";
 
+/**
+ * The types this hook reads: `tsc --strict` checks the hook against them (`make test`).
+ * @typedef {import("../metahook-hooks/index.js").KubeObject} KubeObject
+ * @typedef {{ metadata: { labels: Record<string, string>, annotations?: Record<string, string> },
+ *   spec: { volumes?: object[], [key: string]: unknown } }} PodTemplate
+ * @typedef {{ metadata: { name: string, labels?: Record<string, string> }, spec: object }} ClaimTemplate
+ * @typedef {import("../metahook-hooks/index.js").Resource<
+ *   { replicas: number, template: PodTemplate, volumeClaimTemplates?: ClaimTemplate[] }>} CatSet
+ * @typedef {import("../metahook-hooks/index.js").Resource<
+ *   Record<string, unknown>, { phase?: string, conditions?: { type: string, status: string }[] }>} Pod
+ * @typedef {import("../metahook-hooks/index.js").Request<
+ *   CatSet, { "Pod.v1": Pod, "PersistentVolumeClaim.v1": KubeObject, "Service.v1": KubeObject }>} CatSetRequest
+ */
+
+/** @param {Pod | undefined} pod */
 const isReady = (pod) =>
   pod !== undefined &&
   !pod.metadata.deletionTimestamp &&
   (pod.status?.conditions ?? []).some((c) => c.type === "Ready" && c.status === "True");
 
-/** The ordinal `i` of an object named `<base>-<i>`, or undefined for any other name. */
+/**
+ * The ordinal `i` of an object named `<base>-<i>`, or undefined for any other name.
+ * @param {string} base
+ * @param {string} name
+ */
 function ordinalOf(base, name) {
   const match = /^(.*)-(\d+)$/.exec(name);
   return match && match[1] === base ? Number(match[2]) : undefined;
 }
 
+/**
+ * @param {CatSetRequest} request
+ * @returns {import("../metahook-hooks/index.js").CompositeResponse}
+ */
 export function sync(request) {
   const catset = parentOf(request);
   const { name } = catset.metadata;
@@ -36,6 +59,7 @@ export function sync(request) {
   const replicas = request.finalizing ? 0 : catset.spec.replicas;
   const labels = template.metadata.labels;
 
+  /** @type {Map<number, Pod>} */
   const observed = new Map();
   for (const pod of childrenOf(request, "Pod.v1")) {
     const ordinal = ordinalOf(name, pod.metadata.name);
@@ -96,5 +120,5 @@ export function sync(request) {
 }
 
 if (import.meta.url === pathToFileURL(process.argv[1] ?? "").href) {
-  await serve({ "/sync": sync, "/finalize": sync }, { port: Number(process.env.PORT ?? 18080), host: "127.0.0.1" });
+  await serve({ "/sync": sync, "/finalize": sync });
 }

@@ -10,7 +10,7 @@
 // listing it. Nothing is written on the CRD itself (no labels, no status): its status belongs to the
 // API server.
 //
-// No dependencies. Listens on 127.0.0.1:$PORT (default 18080).
+// No dependencies. Listens on $HOST:$PORT (default 0.0.0.0:8080).
 
 import { pathToFileURL } from "node:url";
 
@@ -18,7 +18,19 @@ import { attachmentsOf, decoratorResponse, parentOf, serve } from "../metahook-h
 
 const READ = ["get", "list", "watch"];
 
-/** The reader ClusterRole for a CRD. */
+/**
+ * The types this hook reads: `tsc --strict` checks the hook against them (`make test`).
+ * @typedef {import("../metahook-hooks/index.js").Resource<{
+ *   group: string, names: { plural: string }, versions?: { name: string, subresources?: { status?: object } }[] }>} CustomResourceDefinition
+ * @typedef {import("../metahook-hooks/index.js").DecoratorRequest<
+ *   CustomResourceDefinition, { "ClusterRole.rbac.authorization.k8s.io/v1": import("../metahook-hooks/index.js").KubeObject }>} CrdRequest
+ * @typedef {import("../metahook-hooks/index.js").DecoratorResponse} DecoratorResponse
+ */
+
+/**
+ * The reader ClusterRole for a CRD.
+ * @param {CustomResourceDefinition} crd
+ */
 export function readerRole(crd) {
   const { group, names, versions = [] } = crd.spec;
   const resources = [names.plural];
@@ -34,10 +46,18 @@ export function readerRole(crd) {
   };
 }
 
+/**
+ * @param {CrdRequest} request
+ * @returns {DecoratorResponse}
+ */
 export function sync(request) {
   return decoratorResponse({ attachments: [readerRole(parentOf(request))] });
 }
 
+/**
+ * @param {CrdRequest} request
+ * @returns {DecoratorResponse}
+ */
 export function finalize(request) {
   // Finished once the hub reports the role gone, not merely asked for: the next call (the deletion
   // of the attachment re-syncs its target) confirms it.
@@ -46,7 +66,5 @@ export function finalize(request) {
 }
 
 if (process.argv[1] && import.meta.url === pathToFileURL(process.argv[1]).href) {
-  const port = Number(process.env.PORT ?? 18080);
-  await serve({ "/sync": sync, "/finalize": finalize }, { port, host: "127.0.0.1" });
-  console.log(`crd-roles hooks listening on 127.0.0.1:${port}`);
+  await serve({ "/sync": sync, "/finalize": finalize });
 }

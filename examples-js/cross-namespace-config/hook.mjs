@@ -10,7 +10,7 @@
 // purpose here, to show them; `relatedOf` from metahook-hooks hides them when you don't care.
 // Any change to a source ConfigMap or to the Namespace re-syncs the MergedConfig.
 //
-// No dependencies. Listens on 127.0.0.1:$PORT (default 18080).
+// No dependencies. Listens on $HOST:$PORT (default 0.0.0.0:8080).
 
 import { pathToFileURL } from "node:url";
 
@@ -18,25 +18,51 @@ import { compositeResponse, customizeResponse, parentOf, relatedRule, serve } fr
 
 export const SOURCES_ANNOTATION = "js.examples.metahook.dev/sources";
 
+/**
+ * The types this hook reads: `tsc --strict` checks the hook against them (`make test`).
+ * @typedef {import("../metahook-hooks/index.js").KubeObject} KubeObject
+ * @typedef {import("../metahook-hooks/index.js").LabelSelector} LabelSelector
+ * @typedef {import("../metahook-hooks/index.js").Resource<{
+ *   source: { namespace: string, selector: LabelSelector }, namespaceLabels?: string[] }>} MergedConfig
+ * @typedef {KubeObject & { data?: Record<string, string> }} ConfigMap
+ * @typedef {import("../metahook-hooks/index.js").Request<
+ *   MergedConfig, { "ConfigMap.v1": ConfigMap }, { "ConfigMap.v1": ConfigMap, "Namespace.v1": KubeObject }>} MergedConfigRequest
+ */
+
+/**
+ * @param {import("../metahook-hooks/index.js").CustomizeRequest<MergedConfig>} request
+ * @returns {import("../metahook-hooks/index.js").CustomizeResponse}
+ */
 export function customize(request) {
   const parent = parentOf(request);
   const { source } = parent.spec;
   return customizeResponse([
     relatedRule("v1", "configmaps", { namespace: source.namespace, labelSelector: source.selector }),
-    relatedRule("v1", "namespaces", { names: [parent.metadata.namespace] }),
+    relatedRule("v1", "namespaces", { names: [parent.metadata.namespace ?? ""] }),
   ]);
 }
 
+/**
+ * @param {MergedConfigRequest} request
+ * @returns {import("../metahook-hooks/index.js").CompositeResponse}
+ */
 export function sync(request) {
   const parent = parentOf(request);
-  const { name, namespace } = parent.metadata;
+  const { name, namespace = "" } = parent.metadata;
   // v2 keys: "shared-config/defaults", ...; sorted, so the merge order does not depend on the hub.
   const sources = Object.entries(request.related["ConfigMap.v1"] ?? {}).sort(([a], [b]) => (a < b ? -1 : 1));
   const namespaces = request.related["Namespace.v1"] ?? {};
 
+  /** @type {Record<string, string>} */
   const data = {};
+  /** @type {Record<string, string>} */
   const setBy = {};
   const conflicts = new Set();
+  /**
+   * @param {string} key
+   * @param {string} value
+   * @param {string} from
+   */
   const put = (key, value, from) => {
     if (key in data && data[key] !== value) conflicts.add(key);
     data[key] = value;
@@ -72,7 +98,5 @@ export function sync(request) {
 }
 
 if (process.argv[1] && import.meta.url === pathToFileURL(process.argv[1]).href) {
-  const port = Number(process.env.PORT ?? 18080);
-  await serve({ "/customize": customize, "/sync": sync }, { port, host: "127.0.0.1" });
-  console.log(`cross-namespace-config hooks listening on 127.0.0.1:${port}`);
+  await serve({ "/customize": customize, "/sync": sync });
 }

@@ -5,19 +5,68 @@
 
 import type { Server } from "node:http";
 
+/** `metadata` of a Kubernetes object (the fields hooks usually read; others are `unknown`). */
+export interface ObjectMeta {
+  name: string;
+  namespace?: string;
+  uid?: string;
+  generation?: number;
+  resourceVersion?: string;
+  labels?: Record<string, string>;
+  annotations?: Record<string, string>;
+  deletionTimestamp?: string;
+  ownerReferences?: OwnerReference[];
+  [key: string]: unknown;
+}
+
+export interface OwnerReference {
+  apiVersion: string;
+  kind: string;
+  name: string;
+  uid: string;
+  controller?: boolean;
+  blockOwnerDeletion?: boolean;
+}
+
 /** A whole Kubernetes object as JSON. */
 export interface KubeObject {
   apiVersion: string;
   kind: string;
-  metadata: { name: string; namespace?: string; [key: string]: unknown };
+  metadata: ObjectMeta;
   [key: string]: unknown;
 }
+
+/**
+ * A Kubernetes object with a typed `spec` and `status`: declare your parent type as
+ * `type Greeting = Resource<{ replicas?: number; who: string }, { ready: number }>` and a
+ * `CompositeRequest<Greeting>` gives you `parentOf(request).spec.who` as a `string`.
+ */
+export interface Resource<Spec = Record<string, unknown>, Status = Record<string, unknown>> extends KubeObject {
+  spec: Spec;
+  status?: Status;
+}
+
+/** One entry of `status.conditions` (metav1.Condition); build it with `setCondition`. */
+export interface Condition {
+  type: string;
+  status: "True" | "False" | "Unknown";
+  reason: string;
+  message: string;
+  lastTransitionTime: string;
+  observedGeneration?: number;
+}
+
+/**
+ * The declared child (or attachment, or related) types of a controller: type key → object type, e.g.
+ * `{ "Pod.v1": Pod; "Service.v1": Service }`. The default lets any key through, typed `KubeObject`.
+ */
+export type ObjectTypes = Record<string, KubeObject>;
 
 /**
  * `children` / `attachments` / `related`: `"Kind.group/version"` → object key → object. The key is
  * `name` or `namespace/name` depending on the hook version; the accessors hide that.
  */
-export type ObjectMap = Record<string, Record<string, KubeObject>>;
+export type ObjectMap<Types extends ObjectTypes = ObjectTypes> = { [Type in keyof Types]: Record<string, Types[Type]> };
 
 /** An Event the hub records on the parent (metahook extension; Metacontroller ignores it). */
 export interface HookEvent {
@@ -26,14 +75,29 @@ export interface HookEvent {
   message: string;
 }
 
-/** Body of a CompositeController `sync` or `finalize` call. */
-export interface CompositeRequest {
+/**
+ * Body of a CompositeController `sync` or `finalize` call, typed by its parent and its declared child
+ * types: `CompositeRequest<Greeting, { "Pod.v1": Pod }>` makes `childrenOf(request, "Pod.v1")` a
+ * `Pod[]`, and a misspelt type key a compile error.
+ */
+export interface CompositeRequest<
+  Parent extends KubeObject = KubeObject,
+  Children extends ObjectTypes = ObjectTypes,
+  Related extends ObjectTypes = ObjectTypes,
+> {
   controller: KubeObject;
-  parent: KubeObject;
-  children: ObjectMap;
-  related: ObjectMap;
+  parent: Parent;
+  children: ObjectMap<Children>;
+  related: ObjectMap<Related>;
   finalizing: boolean;
 }
+
+/** `Request<Parent, Children>`: the composite request, the one most hooks take. */
+export type Request<
+  Parent extends KubeObject = KubeObject,
+  Children extends ObjectTypes = ObjectTypes,
+  Related extends ObjectTypes = ObjectTypes,
+> = CompositeRequest<Parent, Children, Related>;
 
 /** Answer to a CompositeController `sync` or `finalize` call. */
 export interface CompositeResponse {
@@ -45,11 +109,15 @@ export interface CompositeResponse {
 }
 
 /** Body of a DecoratorController `sync` or `finalize` call (the target is `object`). */
-export interface DecoratorRequest {
+export interface DecoratorRequest<
+  Target extends KubeObject = KubeObject,
+  Attachments extends ObjectTypes = ObjectTypes,
+  Related extends ObjectTypes = ObjectTypes,
+> {
   controller: KubeObject;
-  object: KubeObject;
-  attachments: ObjectMap;
-  related: ObjectMap;
+  object: Target;
+  attachments: ObjectMap<Attachments>;
+  related: ObjectMap<Related>;
   finalizing: boolean;
 }
 
@@ -86,9 +154,9 @@ export interface RelatedResourceRule {
 }
 
 /** Body of a `customize` call, for both controller kinds (the target is `parent` here too). */
-export interface CustomizeRequest {
+export interface CustomizeRequest<Parent extends KubeObject = KubeObject> {
   controller: KubeObject;
-  parent: KubeObject;
+  parent: Parent;
 }
 
 export interface CustomizeResponse {
@@ -109,16 +177,46 @@ export function objectKey(
   namespace: string | null | undefined,
   name: string,
 ): string | null;
-/** `request.parent` (composite, customize) or `request.object` (decorator). */
+/** `request.parent` (composite, customize) or `request.object` (decorator), typed as the request declares it. */
+export function parentOf<Parent extends KubeObject>(request: { parent: Parent }): Parent;
+export function parentOf<Target extends KubeObject>(request: { object: Target }): Target;
 export function parentOf(request: HookRequest): KubeObject;
-/** Throws RangeError if the request has no entry for `type` (usually a typo). */
-export function childrenOf(request: { children: ObjectMap }, type: string): KubeObject[];
-export function attachmentsOf(request: { attachments: ObjectMap }, type: string): KubeObject[];
-export function relatedOf(request: { related: ObjectMap }, type: string): KubeObject[];
+
+/** The object type a request map holds under `Type` (`KubeObject` for an untyped request). */
+type ObjectOf<Maps, Type> = Type extends keyof Maps ? (Maps[Type] extends Record<string, infer O> ? O : never) : never;
+
+/** Throws RangeError if the request has no entry for `type` (usually a typo; a typed request catches it at compile time). */
+export function childrenOf<Maps extends ObjectMap<any>, Type extends keyof Maps & string>(
+  request: { children: Maps },
+  type: Type,
+): ObjectOf<Maps, Type>[];
+export function attachmentsOf<Maps extends ObjectMap<any>, Type extends keyof Maps & string>(
+  request: { attachments: Maps },
+  type: Type,
+): ObjectOf<Maps, Type>[];
+export function relatedOf<Maps extends ObjectMap<any>, Type extends keyof Maps & string>(
+  request: { related: Maps },
+  type: Type,
+): ObjectOf<Maps, Type>[];
 /** Found by metadata, whatever the keying; throws RangeError if the name is ambiguous across namespaces. */
-export function child(request: { children: ObjectMap }, type: string, name: string, namespace?: string): KubeObject | undefined;
-export function attachment(request: { attachments: ObjectMap }, type: string, name: string, namespace?: string): KubeObject | undefined;
-export function related(request: { related: ObjectMap }, type: string, name: string, namespace?: string): KubeObject | undefined;
+export function child<Maps extends ObjectMap<any>, Type extends keyof Maps & string>(
+  request: { children: Maps },
+  type: Type,
+  name: string,
+  namespace?: string,
+): ObjectOf<Maps, Type> | undefined;
+export function attachment<Maps extends ObjectMap<any>, Type extends keyof Maps & string>(
+  request: { attachments: Maps },
+  type: Type,
+  name: string,
+  namespace?: string,
+): ObjectOf<Maps, Type> | undefined;
+export function related<Maps extends ObjectMap<any>, Type extends keyof Maps & string>(
+  request: { related: Maps },
+  type: Type,
+  name: string,
+  namespace?: string,
+): ObjectOf<Maps, Type> | undefined;
 
 // ---- building a response ----------------------------------------------------------------------
 
@@ -152,6 +250,31 @@ export function relatedRule(
 ): RelatedResourceRule;
 export function customizeResponse(relatedResources?: Iterable<RelatedResourceRule>): CustomizeResponse;
 
+// ---- conditions -------------------------------------------------------------------------------
+
+export interface ConditionOptions {
+  type: string;
+  status: boolean | "True" | "False" | "Unknown";
+  /** A CamelCase word, as the API server requires. */
+  reason: string;
+  message?: string;
+  observedGeneration?: number;
+}
+/**
+ * The conditions with `type` set (added or replaced in place; the others kept). `lastTransitionTime`
+ * is `now` when the status changes or the condition is new, and kept otherwise.
+ */
+export function setCondition(
+  conditions: Iterable<Condition> | null | undefined,
+  condition: ConditionOptions,
+  now?: Date,
+): Condition[];
+export function findCondition(conditions: Iterable<Condition> | null | undefined, type: string): Condition | undefined;
+export function conditionStatus(
+  conditions: Iterable<Condition> | null | undefined,
+  type: string,
+): Condition["status"] | undefined;
+
 // ---- serving ----------------------------------------------------------------------------------
 
 /** A route's function; may be async. Returning nothing is answered 500. */
@@ -164,10 +287,46 @@ export class RetryLater extends Error {
   readonly seconds: number;
 }
 
+export const DEFAULT_PORT: 8080;
+/** Seconds calls in flight may take to finish after SIGTERM. */
+export const DRAIN_SECONDS: number;
+
+/** The listening server, plus a graceful stop. */
+export interface HookServer extends Server {
+  /** Stops accepting, lets calls in flight finish (at most `drainSeconds`), resolves once closed. */
+  drain(): Promise<void>;
+  /** Calls being answered right now. */
+  inFlight(): number;
+}
+
+export interface ServerOptions {
+  /** One JSON line per call (time, method, path, status, durationMs, parent, kind, finalizing). */
+  logRequests?: boolean;
+  drainSeconds?: number;
+  /** Where log lines go (default: stderr). */
+  log?: (line: string) => void;
+}
+
+export interface ServeOptions extends ServerOptions {
+  /** Default: `$PORT`, else 8080. */
+  port?: number;
+  /** Default: `$HOST`, else `0.0.0.0`. */
+  host?: string;
+  /** Drain and close on SIGTERM/SIGINT (default true). */
+  handleSignals?: boolean;
+  /** Do not print the "listening on" line. */
+  quiet?: boolean;
+}
+
 /** The server for `routes`, not yet listening. */
-export function createHookServer(routes: Routes): Server;
-/** Listens (default `0.0.0.0:8080`) and resolves with the listening server. */
-export function serve(routes: Routes, options?: { port?: number; host?: string }): Promise<Server>;
+export function createHookServer(routes: Routes, options?: ServerOptions): HookServer;
+/** Listens (default `$HOST:$PORT`, else `0.0.0.0:8080`) and resolves with the listening server. */
+export function serve(routes: Routes, options?: ServeOptions): Promise<HookServer>;
+/** The address `serve` listens on for these options and environment. */
+export function listenAddress(
+  options?: { port?: number; host?: string },
+  env?: Record<string, string | undefined>,
+): { host: string; port: number };
 
 // ---- testing ----------------------------------------------------------------------------------
 

@@ -3,7 +3,7 @@
  *
  *   import { childrenOf, compositeResponse, serve } from "metahook-hooks";
  *   const sync = (request) => compositeResponse({ children: [], status: { pods: childrenOf(request, "Pod.v1").length } });
- *   await serve({ "/sync": sync }, { port: 8080 });
+ *   await serve({ "/sync": sync });   // $PORT (default 8080), GET /healthz, drains on SIGTERM
  *
  * No dependencies. Types are in index.d.ts; see README.md for the whole API.
  */
@@ -20,5 +20,6 @@ export {
   typeKey,
 } from "./src/objects.js";
 export { compositeResponse, customizeResponse, decoratorResponse, event, relatedRule } from "./src/responses.js";
-export { RetryLater, createHookServer, serve } from "./src/server.js";
+export { DEFAULT_PORT, DRAIN_SECONDS, RetryLater, createHookServer, listenAddress, serve } from "./src/server.js";
+export { conditionStatus, findCondition, setCondition } from "./src/conditions.js";
 export { fixtureRequest, loadObjects, runHookOnFixtures } from "./src/fixtures.js";

@@ -8,7 +8,7 @@
 // The Services are attachments of the StatefulSet: the hub owns them on its behalf, deletes the ones the
 // hook no longer lists (scale down), and the garbage collector removes them with the StatefulSet.
 //
-// No dependencies. Listens on 127.0.0.1:$PORT (default 18080).
+// No dependencies. Listens on $HOST:$PORT (default 0.0.0.0:8080).
 
 import { pathToFileURL } from "node:url";
 
@@ -19,7 +19,24 @@ export const LABEL_ANNOTATION = `${PREFIX}/label`;
 export const PORTS_ANNOTATION = `${PREFIX}/ports`;
 export const POD_LABEL_ANNOTATION = `${PREFIX}/pod-name-label`;
 
-/** "80:8080,443" → Service ports; a port without ":" targets the same port number. */
+/**
+ * The types these hooks read: `tsc --strict` checks them against these (`make test`).
+ * @typedef {import("../metahook-hooks/index.js").KubeObject} KubeObject
+ * @typedef {{ containerPort: number, protocol?: string }} ContainerPort
+ * @typedef {import("../metahook-hooks/index.js").Resource<{
+ *   replicas?: number,
+ *   ordinals?: { start?: number },
+ *   template: { metadata?: { annotations?: Record<string, string> }, spec?: { containers?: { ports?: ContainerPort[] }[] } },
+ * }>} StatefulSet
+ * @typedef {import("../metahook-hooks/index.js").DecoratorRequest<StatefulSet, { "Service.v1": KubeObject }>} StatefulSetRequest
+ * @typedef {import("../metahook-hooks/index.js").DecoratorRequest} PodRequest
+ * @typedef {import("../metahook-hooks/index.js").DecoratorResponse} DecoratorResponse
+ */
+
+/**
+ * "80:8080,443" → Service ports; a port without ":" targets the same port number.
+ * @param {string} text
+ */
 export function parsePorts(text) {
   return text
     .split(",")
@@ -34,6 +51,7 @@ export function parsePorts(text) {
     });
 }
 
+/** @param {StatefulSet} statefulSet */
 function containerPorts(statefulSet) {
   const containers = statefulSet.spec.template.spec?.containers ?? [];
   return containers
@@ -46,9 +64,13 @@ function containerPorts(statefulSet) {
     }));
 }
 
+/**
+ * @param {StatefulSetRequest} request
+ * @returns {DecoratorResponse}
+ */
 export function syncStatefulSet(request) {
   const set = parentOf(request);
-  const { name, annotations } = set.metadata;
+  const { name, annotations = {} } = set.metadata;
   const label = annotations[LABEL_ANNOTATION];
   const ports = annotations[PORTS_ANNOTATION] ? parsePorts(annotations[PORTS_ANNOTATION]) : containerPorts(set);
   const events = [];
@@ -82,14 +104,16 @@ export function syncStatefulSet(request) {
   return decoratorResponse({ attachments: services, events });
 }
 
+/**
+ * @param {PodRequest} request
+ * @returns {DecoratorResponse}
+ */
 export function syncPod(request) {
   const pod = parentOf(request);
-  const label = pod.metadata.annotations[POD_LABEL_ANNOTATION];
-  return decoratorResponse({ labels: { [label]: pod.metadata.name } });
+  const label = pod.metadata.annotations?.[POD_LABEL_ANNOTATION];
+  return decoratorResponse(label ? { labels: { [label]: pod.metadata.name } } : {});
 }
 
 if (process.argv[1] && import.meta.url === pathToFileURL(process.argv[1]).href) {
-  const port = Number(process.env.PORT ?? 18080);
-  await serve({ "/sync-statefulset": syncStatefulSet, "/sync-pod": syncPod }, { port, host: "127.0.0.1" });
-  console.log(`service-per-pod hooks listening on 127.0.0.1:${port}`);
+  await serve({ "/sync-statefulset": syncStatefulSet, "/sync-pod": syncPod });
 }

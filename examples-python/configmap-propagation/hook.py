@@ -5,11 +5,13 @@ customize: ask for the source ConfigMap and the selected Namespaces as related o
            sends them with every sync and syncs again when any of them changes.
 sync:      one copy per selected namespace; status counts them.
 
-Uses metahook_hooks (standard library only). Listens on 127.0.0.1:$PORT.
+Uses metahook_hooks (standard library only). Listens on $HOST:$PORT (default 0.0.0.0:8080).
 """
-import os
-
 from metahook_hooks import (
+    CompositeRequest,
+    CompositeResponse,
+    CustomizeRequest,
+    CustomizeResponse,
     children_of,
     composite_response,
     customize_response,
@@ -24,7 +26,7 @@ from metahook_hooks import (
 COPIED_FROM = "python.examples.metahook.dev/copied-from"
 
 
-def customize(request):
+def customize(request: CustomizeRequest) -> CustomizeResponse:
     spec = parent_of(request)["spec"]
     source = spec["source"]
     return customize_response([
@@ -33,7 +35,7 @@ def customize(request):
     ])
 
 
-def sync(request):
+def sync(request: CompositeRequest) -> CompositeResponse:
     parent = parent_of(request)
     source_ref = parent["spec"]["source"]
     source_id = f'{source_ref["namespace"]}/{source_ref["name"]}'
@@ -73,4 +75,4 @@ def sync(request):
 
 
 if __name__ == "__main__":
-    serve({"/customize": customize, "/sync": sync}, port=int(os.environ["PORT"]), host="127.0.0.1")
+    serve({"/customize": customize, "/sync": sync})

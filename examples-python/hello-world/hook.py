@@ -6,9 +6,10 @@ Standard library only. Listens on 127.0.0.1:$PORT (default 18080).
 import json
 import os
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 
-def sync(parent, children):
+def sync(parent: dict[str, Any], children: dict[str, dict[str, Any]]) -> dict[str, Any]:
     spec = parent["spec"]
     name = parent["metadata"]["name"]
     message = f'{spec.get("greeting", "Hello")}, {spec["who"]}!'
@@ -35,7 +36,7 @@ def sync(parent, children):
 
 
 class Hook(BaseHTTPRequestHandler):
-    def do_POST(self):  # noqa: N802
+    def do_POST(self) -> None:  # noqa: N802
         request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         body = json.dumps(sync(request["parent"], request["children"])).encode()
         self.send_response(200)

@@ -6,19 +6,52 @@ Pods for indexes that never succeeded, as long as fewer than `parallelism` are a
 index is remembered in the status, so it is not run again if its Pod is deleted. A failed Pod is not
 retried (delete it to retry its index).
 
-Uses metahook_hooks (standard library only). Listens on 127.0.0.1:$PORT.
+Uses metahook_hooks (standard library only). Listens on $HOST:$PORT (default 0.0.0.0:8080).
 """
 import copy
-import os
+from typing import Any, TypedDict
 
-from metahook_hooks import children_of, composite_response, event, parent_of, serve
+from metahook_hooks import (
+    CompositeRequest,
+    CompositeResponse,
+    Condition,
+    KubeObject,
+    children_of,
+    composite_response,
+    condition_status,
+    event,
+    parent_of,
+    serve,
+    set_condition,
+)
 
 JOB_LABEL = "python.examples.metahook.dev/indexed-job"
 INDEX_LABEL = "python.examples.metahook.dev/completion-index"
 ACTIVE = ("Pending", "Running")
 
 
-def pod_for(job, index):
+class IndexedJobSpec(TypedDict, total=False):
+    completions: int
+    parallelism: int
+    template: dict[str, Any]
+
+
+class IndexedJobStatus(TypedDict, total=False):
+    completedIndexes: list[int]
+    conditions: list[Condition]
+
+
+class IndexedJob(TypedDict):
+    """The parent, as the CRD declares it: a type checker then knows `spec` and `status`."""
+
+    apiVersion: str
+    kind: str
+    metadata: dict[str, Any]
+    spec: IndexedJobSpec
+    status: IndexedJobStatus
+
+
+def pod_for(job: IndexedJob, index: int) -> KubeObject:
     """The Pod for one index: the job's template, named `<job>-<index>`, with INDEX set."""
     template = copy.deepcopy(job["spec"]["template"])
     name = job["metadata"]["name"]
@@ -35,13 +68,13 @@ def pod_for(job, index):
     return {"apiVersion": "v1", "kind": "Pod", "metadata": pod_metadata, "spec": spec}
 
 
-def sync(request):
-    job = parent_of(request)
+def sync(request: CompositeRequest) -> CompositeResponse:
+    job = parent_of(request, as_type=IndexedJob)
     completions = job["spec"]["completions"]
     parallelism = job["spec"].get("parallelism", completions)
     previous = job.get("status", {})
 
-    pods = {}
+    pods: dict[int, KubeObject] = {}
     for pod in children_of(request, "Pod.v1"):
         index = pod["metadata"].get("labels", {}).get(INDEX_LABEL, "")
         if index.isdigit() and int(index) < completions:
@@ -62,17 +95,20 @@ def sync(request):
     children = [pod_for(job, i) for i in sorted(wanted)]
 
     complete = len(succeeded) == completions
+    # The status is replaced whole: carry the observed conditions forward, changing only Complete
+    # (its lastTransitionTime moves only when it flips).
+    was_complete = condition_status(previous.get("conditions"), "Complete") == "True"
+    reason, message = ("AllIndexesSucceeded", "") if complete else ("Running", f"{len(succeeded)} of {completions} succeeded")
     status = {
         "active": len(active),
         "succeeded": len(succeeded),
         "failed": len(failed),
         "completedIndexes": sorted(succeeded),
-        "conditions": [{"type": "Complete", "status": "True" if complete else "False"}],
+        "conditions": set_condition(previous.get("conditions"), "Complete", complete, reason, message),
     }
-    was_complete = any(c.get("type") == "Complete" and c.get("status") == "True" for c in previous.get("conditions", []))
     events = [event("Normal", "Completed", f"all {completions} indexes succeeded")] if complete and not was_complete else []
     return composite_response(children=children, status=status, events=events)
 
 
 if __name__ == "__main__":
-    serve({"/sync": sync}, port=int(os.environ["PORT"]), host="127.0.0.1")
+    serve({"/sync": sync})

@@ -5,11 +5,9 @@ The Namespace is the decorated object (cluster-scoped); its attachments are name
 inside it, owned by it, so they go away with it. The `tier` label picks the quota; an unknown tier
 falls back to the default one and is reported as a Warning Event (a metahook extension).
 
-Uses metahook_hooks (standard library only). Listens on 127.0.0.1:$PORT.
+Uses metahook_hooks (standard library only). Listens on $HOST:$PORT (default 0.0.0.0:8080).
 """
-import os
-
-from metahook_hooks import decorator_response, event, parent_of, serve
+from metahook_hooks import DecoratorRequest, DecoratorResponse, decorator_response, event, parent_of, serve
 
 PREFIX = "defaults.examples.metahook.dev"
 DEFAULT_TIER = "small"
@@ -19,7 +17,7 @@ TIERS = {
 }
 
 
-def sync(request):
+def sync(request: DecoratorRequest) -> DecoratorResponse:
     namespace = parent_of(request)
     name = namespace["metadata"]["name"]
     asked = namespace["metadata"].get("labels", {}).get(f"{PREFIX}/tier", DEFAULT_TIER)
@@ -47,4 +45,4 @@ def sync(request):
 
 
 if __name__ == "__main__":
-    serve({"/sync": sync}, port=int(os.environ["PORT"]), host="127.0.0.1")
+    serve({"/sync": sync})

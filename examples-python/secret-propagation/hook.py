@@ -9,11 +9,13 @@ customize: two related rules. The source Secret, by namespace and name. And the 
 sync:      one copy per selected namespace, status, and Events (a metahook extension) when the
            source is missing or a namespace gets its copy.
 
-Uses metahook_hooks (standard library only). Listens on 127.0.0.1:$PORT.
+Uses metahook_hooks (standard library only). Listens on $HOST:$PORT (default 0.0.0.0:8080).
 """
-import os
-
 from metahook_hooks import (
+    CompositeRequest,
+    CompositeResponse,
+    CustomizeRequest,
+    CustomizeResponse,
     children_of,
     composite_response,
     customize_response,
@@ -28,7 +30,7 @@ from metahook_hooks import (
 COPIED_FROM = "python.examples.metahook.dev/copied-from"
 
 
-def customize(request):
+def customize(request: CustomizeRequest) -> CustomizeResponse:
     spec = parent_of(request)["spec"]
     source = spec["source"]
     return customize_response([
@@ -37,7 +39,7 @@ def customize(request):
     ])
 
 
-def sync(request):
+def sync(request: CompositeRequest) -> CompositeResponse:
     parent = parent_of(request)
     source_ref = parent["spec"]["source"]
     source_id = f'{source_ref["namespace"]}/{source_ref["name"]}'
@@ -76,4 +78,4 @@ def sync(request):
 
 
 if __name__ == "__main__":
-    serve({"/customize": customize, "/sync": sync}, port=int(os.environ["PORT"]), host="127.0.0.1")
+    serve({"/customize": customize, "/sync": sync})

@@ -6,17 +6,17 @@ happens to an existing child whose content differs is up to its type's update st
 controller declares. The status shows, per child, the message it really carries and its UID, so
 `kubectl get updatestrategydemos` shows who follows the parent and who does not.
 
-Uses metahook_hooks (standard library only). Listens on 127.0.0.1:$PORT.
+Uses metahook_hooks (standard library only). Listens on $HOST:$PORT (default 0.0.0.0:8080).
 """
 import base64
-import os
+from typing import Any
 
-from metahook_hooks import child, composite_response, parent_of, serve
+from metahook_hooks import CompositeRequest, CompositeResponse, KubeObject, child, composite_response, parent_of, serve
 
 MESSAGE_ANNOTATION = "python.examples.metahook.dev/message"
 
 
-def desired(name, message):
+def desired(name: str, message: str) -> dict[str, KubeObject]:
     return {
         "inPlace": {
             "apiVersion": "v1",
@@ -46,20 +46,22 @@ def desired(name, message):
     }
 
 
-def message_of(strategy, obj):
+def message_of(strategy: str, obj: KubeObject) -> str | None:
     """The message an observed child carries."""
     if strategy == "inPlace":
-        return obj.get("data", {}).get("message")
+        message: str | None = obj.get("data", {}).get("message")
+        return message
     if strategy == "recreate":
         return base64.b64decode(obj.get("data", {}).get("message", "")).decode()
-    return obj["metadata"].get("annotations", {}).get(MESSAGE_ANNOTATION)
+    annotation: str | None = obj["metadata"].get("annotations", {}).get(MESSAGE_ANNOTATION)
+    return annotation
 
 
-def sync(request):
+def sync(request: CompositeRequest) -> CompositeResponse:
     parent = parent_of(request)
     message = parent["spec"]["message"]
     children = desired(parent["metadata"]["name"], message)
-    status = {}
+    status: dict[str, Any] = {}
     for strategy, want in children.items():
         have = child(request, f'{want["kind"]}.v1', want["metadata"]["name"])
         if have is None:
@@ -78,4 +80,4 @@ def sync(request):
 
 
 if __name__ == "__main__":
-    serve({"/sync": sync}, port=int(os.environ["PORT"]), host="127.0.0.1")
+    serve({"/sync": sync})

@@ -321,7 +321,7 @@ pub async fn warnings_for(client: &Client, namespace: &str, name: &str) -> Vec<S
 }
 
 /// An example's own hook server (`python3 hook.py`, `node hook.mjs`, ...), started in its directory with
-/// `PORT` set to a free port, and the helper libraries importable (`PYTHONPATH`). Killed on drop.
+/// `PORT` set to a free port (`HOST` to loopback), and the helper libraries importable (`PYTHONPATH`). Killed on drop.
 pub struct ExampleHook {
     pub port: u16,
     _child: tokio::process::Child,
@@ -335,6 +335,7 @@ impl ExampleHook {
             .args(args)
             .current_dir(repo_root().join(dir))
             .env("PORT", port.to_string())
+            .env("HOST", "127.0.0.1")
             .env("PYTHONPATH", repo_root().join("examples-python/metahook-hooks"))
             .kill_on_drop(true)
             .spawn()

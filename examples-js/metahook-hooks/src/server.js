@@ -5,11 +5,21 @@
  * them in a Kubernetes Event on the parent: the hub reports any non-200 answer as
  * "unsupported status code: <code> body: <body>" (first 1 KiB of the body), so the body starts with
  * the one line a human needs and only then carries the stack.
+ *
+ * What a hook in a Pod needs besides routing: `GET /healthz` for probes, the listen address from
+ * `PORT` and `HOST`, and a graceful stop: on SIGTERM (Kubernetes' way of stopping a Pod) the server
+ * stops accepting connections, lets the calls in flight finish and answer, then closes.
  */
 
 import http from "node:http";
 
 import { describe } from "./responses.js";
+
+export const DEFAULT_PORT = 8080;
+/** How long calls in flight may take after SIGTERM: under Kubernetes' default 30 s grace period. */
+export const DRAIN_SECONDS = 25;
+const HEALTH_PATH = "/healthz";
+const LOG_ENV = "METAHOOK_LOG_REQUESTS";
 
 /**
  * Throw from a hook to answer 429 with `Retry-After`: the hub calls again after that many seconds,
@@ -23,30 +33,86 @@ export class RetryLater extends Error {
   }
 }
 
-/** An `http.Server` for `routes` (`{"/sync": sync, ...}`), not yet listening. */
-export function createHookServer(routes) {
+/**
+ * `{ host, port }` to listen on: the options, else `$HOST` / `$PORT`, else all interfaces and 8080.
+ * Tools that start a hook (`metahook render --hook-cmd`, test harnesses) pass a free port in `PORT`,
+ * so a hook that does not hard-code one works everywhere.
+ */
+export function listenAddress({ port, host } = {}, env = process.env) {
+  if (port === undefined) {
+    const text = (env.PORT ?? "").trim();
+    port = text === "" ? DEFAULT_PORT : Number(text);
+    if (!Number.isInteger(port)) throw new RangeError(`PORT must be a port number, not ${JSON.stringify(text)}`);
+  }
+  if (!Number.isInteger(port) || port < 0 || port > 65535) {
+    throw new RangeError(`port must be between 0 and 65535, not ${port}`);
+  }
+  host = host ?? ((env.HOST ?? "").trim() || "0.0.0.0");
+  return { host, port };
+}
+
+/**
+ * An `http.Server` for `routes` (`{"/sync": sync, ...}`), not yet listening, with `drain()`: stop
+ * accepting, let calls in flight finish (at most `drainSeconds`), close idle connections.
+ * `logRequests` writes one JSON line per call to `log` (default: stderr).
+ */
+export function createHookServer(routes, { logRequests = false, drainSeconds = DRAIN_SECONDS, log } = {}) {
   const table = new Map(Object.entries(routes));
   for (const [path, fn] of table) {
     if (!path.startsWith("/") || typeof fn !== "function") {
       throw new TypeError(`route "${path}": paths start with "/" and map to a function`);
     }
   }
-  const known = [...table.keys()].sort().join(", ");
-  return http.createServer((req, res) => {
-    handle(table, known, req, res).catch((e) => {
-      // Only reading the request can fail here (e.g. the client went away); there is no one to answer.
-      console.error(`hook server: ${req.method} ${req.url}:`, e);
-      res.destroy();
+  const write = log ?? ((line) => process.stderr.write(`${line}\n`));
+  const state = { draining: false, known: [...table.keys()].sort().join(", "), logRequests, write };
+  /** Responses not yet finished: a drain waits for them, and tells their clients not to reuse the connection. */
+  const active = new Set();
+  const server = http.createServer((req, res) => {
+    const started = process.hrtime.bigint();
+    active.add(res);
+    res.on("close", () => {
+      active.delete(res);
+      if (state.draining) server.closeIdleConnections();
     });
+    if (state.draining) res.setHeader("Connection", "close");
+    handle(table, state, req, res)
+      .then((fields) => logCall(state, req, res, started, fields))
+      .catch((e) => {
+        // Only reading the request can fail here (e.g. the client went away); there is no one to answer.
+        write(`hook server: ${req.method} ${req.url}: ${e instanceof Error ? e.message : String(e)}`);
+        res.destroy();
+      });
   });
+  let drained;
+  server.drain = () => {
+    drained ??= new Promise((resolve) => {
+      state.draining = true;
+      for (const res of active) if (!res.headersSent) res.setHeader("Connection", "close");
+      server.close(() => resolve());
+      server.closeIdleConnections();
+      const force = setTimeout(() => {
+        write(`hook server: ${active.size} call(s) still running after ${drainSeconds}s: cut`);
+        server.closeAllConnections();
+      }, drainSeconds * 1000);
+      force.unref();
+      server.once("close", () => clearTimeout(force));
+    });
+    return drained;
+  };
+  server.inFlight = () => active.size;
+  return server;
 }
 
-async function handle(table, known, req, res) {
+async function handle(table, state, req, res) {
   // Read the whole body before answering anything: the hub keeps connections alive.
   const body = await readBody(req);
-  const path = req.url.split("?")[0];
+  const path = (req.url ?? "/").split("?")[0];
+  if (path === HEALTH_PATH && (req.method === "GET" || req.method === "HEAD")) {
+    // Failing readiness while draining takes the Pod out of its Service before it is gone.
+    return state.draining ? reply(res, 503, "draining") : reply(res, 200, "ok");
+  }
   const fn = table.get(path);
-  if (!fn) return reply(res, 404, `no hook at ${path}; known paths: ${known}`);
+  if (!fn) return reply(res, 404, `no hook at ${path}; known paths: ${state.known}; health: GET ${HEALTH_PATH}`);
   if (req.method !== "POST") {
     return reply(res, 405, `${req.method} not allowed: hooks are called with POST`, { Allow: "POST" });
   }
@@ -54,39 +120,64 @@ async function handle(table, known, req, res) {
   try {
     request = JSON.parse(body.toString("utf8"));
   } catch (e) {
-    return reply(res, 400, `request body is not valid JSON: ${e.message}`);
+    return reply(res, 400, `request body is not valid JSON: ${e instanceof Error ? e.message : e}`);
   }
   if (request === null || typeof request !== "object" || Array.isArray(request)) {
     return reply(res, 400, `request body must be a JSON object, not ${describe(request)}`);
   }
-  await call(fn, path, request, res);
+  const fields = { ...parentFields(request), ...(await call(fn, path, request, res, state)) };
+  return fields;
 }
 
 /**
- * Serves `routes` and resolves with the listening server once it listens. Defaults to all
- * interfaces, as a hook in a Pod must; tests pass `{ port: 0, host: "127.0.0.1" }` and read
- * `server.address().port`.
+ * Serves `routes` and resolves with the listening server once it listens. The address is
+ * `options.port`/`options.host`, else `$PORT`/`$HOST`, else `0.0.0.0:8080` (all interfaces, as a hook
+ * in a Pod must); tests pass `{ port: 0, host: "127.0.0.1" }` and read `server.address().port`.
+ * On SIGTERM or SIGINT (unless `handleSignals: false`) the server drains and closes, and the process
+ * exits once nothing else keeps it alive. `logRequests` defaults to `$METAHOOK_LOG_REQUESTS`.
  */
-export function serve(routes, { port = 8080, host = "0.0.0.0" } = {}) {
-  const server = createHookServer(routes);
+export function serve(routes, options = {}) {
+  const { host, port } = listenAddress(options);
+  const logRequests = options.logRequests ?? ["1", "true", "yes", "json"].includes((process.env[LOG_ENV] ?? "").toLowerCase());
+  const server = createHookServer(routes, { logRequests, drainSeconds: options.drainSeconds, log: options.log });
+  const write = options.log ?? ((line) => process.stderr.write(`${line}\n`));
+  if (options.handleSignals ?? true) {
+    const onSignal = (signal) => {
+      write(`hook server: ${signal}: draining (${server.inFlight()} call(s) in flight), then exiting`);
+      server.drain();
+    };
+    process.on("SIGTERM", onSignal);
+    process.on("SIGINT", onSignal);
+    server.once("close", () => {
+      process.off("SIGTERM", onSignal);
+      process.off("SIGINT", onSignal);
+    });
+  }
   return new Promise((resolve, reject) => {
     server.once("error", reject);
     server.listen(port, host, () => {
       server.off("error", reject);
+      const bound = server.address();
+      const where = typeof bound === "object" && bound ? `${bound.address}:${bound.port}` : String(bound);
+      if (!options.quiet) write(`metahook hooks ${[...Object.keys(routes)].sort().join(", ")} listening on http://${where} (health: GET ${HEALTH_PATH})`);
       resolve(server);
     });
   });
 }
 
-async function call(fn, path, request, res) {
+async function call(fn, path, request, res, state) {
   let response;
   try {
     response = await fn(request);
   } catch (e) {
-    if (e instanceof RetryLater) return reply(res, 429, e.message, { "Retry-After": String(Math.trunc(e.seconds)) });
+    if (e instanceof RetryLater) {
+      reply(res, 429, e.message, { "Retry-After": String(Math.trunc(e.seconds)) });
+      return {};
+    }
     const what = e instanceof Error ? `${e.name}: ${e.message}` : `${typeof e}: ${String(e)}`;
-    console.error(`hook ${path} failed:`, e);
-    return reply(res, 500, `hook ${path} raised ${what}${e instanceof Error && e.stack ? `\n\n${e.stack}` : ""}`);
+    if (!state.logRequests) console.error(`hook ${path} failed:`, e);
+    reply(res, 500, `hook ${path} raised ${what}${e instanceof Error && e.stack ? `\n\n${e.stack}` : ""}`);
+    return { error: what };
   }
   if (response === undefined || response === null) return reply(res, 500, `hook ${path} returned nothing`);
   if (typeof response !== "object" || Array.isArray(response)) {
@@ -96,9 +187,32 @@ async function call(fn, path, request, res) {
   try {
     encoded = JSON.stringify(response);
   } catch (e) {
-    return reply(res, 500, `hook ${path} response is not JSON: ${e.message}`);
+    return reply(res, 500, `hook ${path} response is not JSON: ${e instanceof Error ? e.message : e}`);
   }
   send(res, 200, "application/json", encoded);
+  return {};
+}
+
+/** The request log fields naming the object the call is for. */
+function parentFields(request) {
+  const parent = request.parent ?? request.object;
+  if (parent === null || typeof parent !== "object") return {};
+  const { name = "", namespace } = parent.metadata ?? {};
+  const fields = { parent: namespace ? `${namespace}/${name}` : name, kind: parent.kind ?? "" };
+  if ("finalizing" in request) fields.finalizing = Boolean(request.finalizing);
+  return fields;
+}
+
+function logCall(state, req, res, started, fields) {
+  const path = (req.url ?? "/").split("?")[0];
+  if (state.logRequests) {
+    const durationMs = Number(process.hrtime.bigint() - started) / 1e6;
+    const line = { time: new Date().toISOString(), method: req.method, path, status: res.statusCode, durationMs, ...fields };
+    state.write(JSON.stringify(line));
+  } else if (res.statusCode >= 400 && res.statusCode !== 429) {
+    // Successful calls come at every resync; only failures are worth a line by default.
+    state.write(`hook server: ${req.method} ${path} -> ${res.statusCode}`);
+  }
 }
 
 async function readBody(req) {
@@ -109,6 +223,7 @@ async function readBody(req) {
 
 function reply(res, code, text, headers = {}) {
   send(res, code, "text/plain; charset=utf-8", `${text}\n`, headers);
+  return {};
 }
 
 function send(res, code, contentType, body, headers = {}) {

@@ -1,9 +1,14 @@
 // The server, listening on port 0 and called over real HTTP.
 import assert from "node:assert/strict";
+import { spawn } from "node:child_process";
+import { existsSync, mkdtempSync, writeFileSync } from "node:fs";
 import http from "node:http";
+import net from "node:net";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 import { after, before, test } from "node:test";
 
-import { RetryLater, compositeResponse, createHookServer, serve } from "../index.js";
+import { RetryLater, compositeResponse, createHookServer, listenAddress, serve } from "../index.js";
 
 const ROUTES = {
   "/sync": (request) => compositeResponse({ children: [], status: { parent: request.parent.metadata.name } }),
@@ -22,7 +27,7 @@ const REQUEST = { parent: { metadata: { name: "p" } }, finalizing: true };
 
 let server;
 before(async () => {
-  server = await serve(ROUTES, { port: 0, host: "127.0.0.1" });
+  server = await serve(ROUTES, { port: 0, host: "127.0.0.1", quiet: true });
 });
 after(() => new Promise((resolve) => server.close(resolve)));
 
@@ -134,3 +139,108 @@ test("routes must be paths to functions", () => {
 test("serve rejects when the port is taken", async () => {
   await assert.rejects(serve(ROUTES, { port: server.address().port, host: "127.0.0.1" }), { code: "EADDRINUSE" });
 });
+
+// ---- what a hook in a Pod needs: health, address from the environment, logs, drain ----------------
+
+test("GET and HEAD /healthz answer 200 for probes", async () => {
+  const get = await call("/healthz", { method: "GET", body: null });
+  assert.deepEqual([get.status, get.text], [200, "ok\n"]);
+  assert.equal((await call("/healthz", { method: "HEAD", body: null })).status, 200);
+});
+
+test("the address comes from PORT and HOST, explicit options win", () => {
+  assert.deepEqual(listenAddress({}, {}), { host: "0.0.0.0", port: 8080 });
+  assert.deepEqual(listenAddress({}, { PORT: "18081", HOST: "127.0.0.1" }), { host: "127.0.0.1", port: 18081 });
+  assert.deepEqual(listenAddress({ port: 9000, host: "::1" }, { PORT: "1", HOST: "x" }), { host: "::1", port: 9000 });
+  assert.throws(() => listenAddress({}, { PORT: "http" }), /PORT must be a port number, not "http"/);
+});
+
+test("requests are logged as JSON lines with the parent and the duration", async () => {
+  const lines = [];
+  const logged = await serve(ROUTES, { port: 0, host: "127.0.0.1", logRequests: true, log: (l) => lines.push(l), quiet: true });
+  try {
+    const base = `http://127.0.0.1:${logged.address().port}`;
+    const parent = { kind: "Greeting", metadata: { name: "p", namespace: "ns" } };
+    await (await fetch(`${base}/sync`, { method: "POST", body: JSON.stringify({ parent, finalizing: false }) })).text();
+    await (await fetch(`${base}/broken`, { method: "POST", body: JSON.stringify(REQUEST) })).text();
+  } finally {
+    await new Promise((resolve) => logged.close(resolve));
+  }
+  const [ok, failed] = lines.map((l) => JSON.parse(l));
+  assert.deepEqual(
+    { method: ok.method, path: ok.path, status: ok.status, parent: ok.parent, kind: ok.kind, finalizing: ok.finalizing },
+    { method: "POST", path: "/sync", status: 200, parent: "ns/p", kind: "Greeting", finalizing: false },
+  );
+  assert.equal(typeof ok.durationMs, "number");
+  assert.ok(ok.durationMs >= 0 && ok.time.endsWith("Z"));
+  assert.deepEqual([failed.status, failed.error], [500, "TypeError: no replicas in spec"]);
+});
+
+const SIGTERM_HOOK = `
+import { existsSync, writeFileSync } from "node:fs";
+import { setTimeout as sleep } from "node:timers/promises";
+import { compositeResponse, serve } from ${JSON.stringify(new URL("../index.js", import.meta.url).href)};
+const slow = async () => {
+  writeFileSync(process.env.STARTED, "");
+  while (!existsSync(process.env.RELEASE)) await sleep(10);
+  return compositeResponse({ children: [], status: { finished: true } });
+};
+await serve({ "/slow": slow });
+`;
+
+test("SIGTERM drains the calls in flight, then the process exits cleanly", async () => {
+  const dir = mkdtempSync(join(tmpdir(), "drain-"));
+  const started = join(dir, "started");
+  const release = join(dir, "release");
+  const port = await freePort();
+  const hook = spawn(process.execPath, ["--input-type=module", "-e", SIGTERM_HOOK], {
+    env: { ...process.env, PORT: String(port), HOST: "127.0.0.1", STARTED: started, RELEASE: release },
+    stdio: ["ignore", "ignore", "pipe"],
+  });
+  let stderr = "";
+  hook.stderr.on("data", (chunk) => (stderr += chunk));
+  const exited = new Promise((resolve) => hook.on("exit", (code) => resolve(code)));
+  try {
+    await waitUntil(() => connectable(port));
+    const inFlight = fetch(`http://127.0.0.1:${port}/slow`, { method: "POST", body: JSON.stringify(REQUEST) });
+    await waitUntil(async () => existsSync(started));
+    hook.kill("SIGTERM");
+    // Draining: no new connections, while the call in flight is still running.
+    await waitUntil(async () => !(await connectable(port)));
+    writeFileSync(release, "");
+    const response = await inFlight;
+    assert.equal(response.status, 200);
+    assert.deepEqual(await response.json(), { children: [], status: { finished: true } });
+    assert.equal(await exited, 0);
+    assert.match(stderr, /SIGTERM: draining \(1 call\(s\) in flight\)/);
+  } finally {
+    hook.kill("SIGKILL");
+  }
+});
+
+async function freePort() {
+  const probe = http.createServer();
+  await new Promise((resolve) => probe.listen(0, "127.0.0.1", resolve));
+  const { port } = probe.address();
+  await new Promise((resolve) => probe.close(resolve));
+  return port;
+}
+
+function connectable(port) {
+  return new Promise((resolve) => {
+    const socket = net.connect(port, "127.0.0.1");
+    socket.once("connect", () => {
+      socket.destroy();
+      resolve(true);
+    });
+    socket.once("error", () => resolve(false));
+  });
+}
+
+async function waitUntil(check, timeoutMs = 20000) {
+  const deadline = Date.now() + timeoutMs;
+  while (!(await check())) {
+    assert.ok(Date.now() < deadline, `${check} never became true`);
+    await new Promise((resolve) => setTimeout(resolve, 20));
+  }
+}

@@ -6,11 +6,12 @@
         pods = children_of(request, "Pod.v1")
         return composite_response(children=[...], status={"pods": len(pods)})
 
-    serve({"/sync": sync})
+    serve({"/sync": sync})    # $PORT (default 8080), GET /healthz, drains on SIGTERM
 
-Standard library only. See README.md for the whole API.
+Hooks may be `async def`. Standard library only. See README.md for the whole API.
 """
 
+from .conditions import condition_status, find_condition, set_condition
 from .fixtures import fixture_request, load_objects, run_hook_on_fixtures
 from .objects import (
     attachment,
@@ -24,10 +25,22 @@ from .objects import (
     type_key,
 )
 from .responses import composite_response, customize_response, decorator_response, event, related_rule
-from .server import Handler, RetryLater, make_server, serve, start_server
+from .server import (
+    DEFAULT_PORT,
+    DRAIN_SECONDS,
+    Handler,
+    HookResult,
+    HookServer,
+    RetryLater,
+    listen_address,
+    make_server,
+    serve,
+    start_server,
+)
 from .wire import (
     CompositeRequest,
     CompositeResponse,
+    Condition,
     CustomizeRequest,
     CustomizeResponse,
     DecoratorRequest,
@@ -40,14 +53,19 @@ from .wire import (
 )
 
 __all__ = [
+    "DEFAULT_PORT",
+    "DRAIN_SECONDS",
     "CompositeRequest",
     "CompositeResponse",
+    "Condition",
     "CustomizeRequest",
     "CustomizeResponse",
     "DecoratorRequest",
     "DecoratorResponse",
     "Handler",
     "HookEvent",
+    "HookResult",
+    "HookServer",
     "KubeObject",
     "LabelSelector",
     "ObjectMap",
@@ -58,10 +76,13 @@ __all__ = [
     "child",
     "children_of",
     "composite_response",
+    "condition_status",
     "customize_response",
     "decorator_response",
     "event",
+    "find_condition",
     "fixture_request",
+    "listen_address",
     "load_objects",
     "make_server",
     "object_key",
@@ -71,6 +92,7 @@ __all__ = [
     "related_rule",
     "run_hook_on_fixtures",
     "serve",
+    "set_condition",
     "start_server",
     "type_key",
 ]

@@ -7,13 +7,16 @@ may also be passed directly as dicts.
 
 from __future__ import annotations
 
+import asyncio
 import copy
+import inspect
 import json
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Iterable, Mapping
 from typing import Any
 
 from .objects import object_key, type_key
+from .server import Handler, HookResult
 from .wire import KubeObject
 
 __all__ = ["fixture_request", "load_objects", "run_hook_on_fixtures"]
@@ -126,18 +129,28 @@ def fixture_request(
 
 
 def run_hook_on_fixtures(
-    fn: Callable[[dict[str, Any]], Mapping[str, Any] | None],
+    fn: Handler,
     controller: Fixture,
     parent: Fixture,
     children: Iterable[Fixture] = (),
     **options: Any,
 ) -> dict[str, Any]:
     """Calls `fn` with `fixture_request(controller, parent, children, **options)` and returns its
-    response as the hub would read it (after a JSON round trip, so what cannot be sent fails here)."""
+    response as the hub would read it (after a JSON round trip, so what cannot be sent fails here).
+
+    `fn` may be an `async def` function: it is run to completion (in a new event loop; from inside a
+    running loop, `await` the function on `fixture_request(...)` yourself)."""
     response = fn(fixture_request(controller, parent, children, **options))
+    if inspect.isawaitable(response):
+        response = asyncio.run(_awaited(response))
     if response is None:
         raise ValueError("hook returned nothing")
-    return json.loads(json.dumps(response))
+    result: dict[str, Any] = json.loads(json.dumps(response))
+    return result
+
+
+async def _awaited(awaitable: Awaitable[HookResult]) -> HookResult:
+    return await awaitable
 
 
 def _one(what: str, fixture: Fixture) -> list[KubeObject]:
@@ -152,9 +165,10 @@ def _kind(rule: Mapping[str, Any], observed: list[KubeObject], kinds: Mapping[st
     if kinds and resource in kinds:
         return kinds[resource]
     for obj in observed:
-        kind = obj["kind"].lower()
-        if obj["apiVersion"] == rule["apiVersion"] and resource in (kind + "s", kind + "es", kind[:-1] + "ies"):
-            return obj["kind"]
+        kind = str(obj["kind"])
+        lower = kind.lower()
+        if obj["apiVersion"] == rule["apiVersion"] and resource in (lower + "s", lower + "es", lower[:-1] + "ies"):
+            return kind
     if resource in BUILTIN_KINDS:
         return BUILTIN_KINDS[resource]
     raise ValueError(

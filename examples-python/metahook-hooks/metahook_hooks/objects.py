@@ -4,14 +4,20 @@ A request's `children`, `attachments` and `related` are maps `"Kind.group/versio
 where the key is `name` or `namespace/name` depending on the hook version and on the parent's scope
 (Metacontroller compatibility reference §2.2). Hooks should not depend on that, so the accessors
 here return lists of objects and find objects by their metadata, never by their map key.
+
+Every accessor takes an optional `as_type=` (a TypedDict describing your resource) that only tells a
+type checker what the objects are; at run time the request's dicts are returned unchanged.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeVar, overload
 
 from .wire import KubeObject
+
+T = TypeVar("T", bound=Mapping[str, Any])
+"""The type an accessor's result is declared as, e.g. a TypedDict of your CRD (`as_type=Greeting`)."""
 
 __all__ = [
     "attachment",
@@ -45,37 +51,83 @@ def object_key(version: str, parent_namespace: str | None, namespace: str | None
     return name if namespace == parent_namespace else None
 
 
-def parent_of(request: Mapping[str, Any]) -> KubeObject:
-    """The object the hook is called for: `parent` (composite, customize) or `object` (decorator)."""
+@overload
+def parent_of(request: Mapping[str, Any]) -> KubeObject: ...
+@overload
+def parent_of(request: Mapping[str, Any], *, as_type: type[T]) -> T: ...
+def parent_of(request: Mapping[str, Any], *, as_type: type[Any] | None = None) -> Any:
+    """The object the hook is called for: `parent` (composite, customize) or `object` (decorator).
+
+    `as_type=Greeting` (a TypedDict of your parent type) only tells a type checker what it is: no
+    conversion or validation happens, the request dict is returned as is.
+    """
     return request["parent"] if "parent" in request else request["object"]
 
 
-def children_of(request: Mapping[str, Any], type_: str) -> list[KubeObject]:
+@overload
+def children_of(request: Mapping[str, Any], type_: str) -> list[KubeObject]: ...
+@overload
+def children_of(request: Mapping[str, Any], type_: str, *, as_type: type[T]) -> list[T]: ...
+def children_of(request: Mapping[str, Any], type_: str, *, as_type: type[Any] | None = None) -> list[Any]:
     """Observed children of one type, e.g. `children_of(request, "Pod.v1")`."""
     return _objects(request, "children", type_)
 
 
-def attachments_of(request: Mapping[str, Any], type_: str) -> list[KubeObject]:
+@overload
+def attachments_of(request: Mapping[str, Any], type_: str) -> list[KubeObject]: ...
+@overload
+def attachments_of(request: Mapping[str, Any], type_: str, *, as_type: type[T]) -> list[T]: ...
+def attachments_of(request: Mapping[str, Any], type_: str, *, as_type: type[Any] | None = None) -> list[Any]:
     """Observed attachments of one type (DecoratorController)."""
     return _objects(request, "attachments", type_)
 
 
-def related_of(request: Mapping[str, Any], type_: str) -> list[KubeObject]:
+@overload
+def related_of(request: Mapping[str, Any], type_: str) -> list[KubeObject]: ...
+@overload
+def related_of(request: Mapping[str, Any], type_: str, *, as_type: type[T]) -> list[T]: ...
+def related_of(request: Mapping[str, Any], type_: str, *, as_type: type[Any] | None = None) -> list[Any]:
     """Related objects of one type, as selected by the customize hook."""
     return _objects(request, "related", type_)
 
 
-def child(request: Mapping[str, Any], type_: str, name: str, namespace: str | None = None) -> KubeObject | None:
+@overload
+def child(request: Mapping[str, Any], type_: str, name: str, namespace: str | None = None) -> KubeObject | None: ...
+@overload
+def child(
+    request: Mapping[str, Any], type_: str, name: str, namespace: str | None = None, *, as_type: type[T]
+) -> T | None: ...
+def child(
+    request: Mapping[str, Any], type_: str, name: str, namespace: str | None = None, *, as_type: type[Any] | None = None
+) -> Any:
     """The child of that type and name (and namespace, if given), or None."""
     return _find(request, "children", type_, name, namespace)
 
 
-def attachment(request: Mapping[str, Any], type_: str, name: str, namespace: str | None = None) -> KubeObject | None:
+@overload
+def attachment(
+    request: Mapping[str, Any], type_: str, name: str, namespace: str | None = None
+) -> KubeObject | None: ...
+@overload
+def attachment(
+    request: Mapping[str, Any], type_: str, name: str, namespace: str | None = None, *, as_type: type[T]
+) -> T | None: ...
+def attachment(
+    request: Mapping[str, Any], type_: str, name: str, namespace: str | None = None, *, as_type: type[Any] | None = None
+) -> Any:
     """The attachment of that type and name (and namespace, if given), or None."""
     return _find(request, "attachments", type_, name, namespace)
 
 
-def related(request: Mapping[str, Any], type_: str, name: str, namespace: str | None = None) -> KubeObject | None:
+@overload
+def related(request: Mapping[str, Any], type_: str, name: str, namespace: str | None = None) -> KubeObject | None: ...
+@overload
+def related(
+    request: Mapping[str, Any], type_: str, name: str, namespace: str | None = None, *, as_type: type[T]
+) -> T | None: ...
+def related(
+    request: Mapping[str, Any], type_: str, name: str, namespace: str | None = None, *, as_type: type[Any] | None = None
+) -> Any:
     """The related object of that type and name (and namespace, if given), or None."""
     return _find(request, "related", type_, name, namespace)
 

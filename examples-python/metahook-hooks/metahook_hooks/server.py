@@ -1,25 +1,64 @@
-"""A threaded HTTP server that routes hook calls (JSON POSTs) to plain Python functions.
+"""An asyncio HTTP/1.1 server that routes hook calls (JSON POSTs) to plain functions, sync or async.
 
-Each route maps a path to `fn(request: dict) -> dict`. Errors are answered so that the hub can put
-them in a Kubernetes Event on the parent: the hub reports any non-200 answer as
-"unsupported status code: <code> body: <body>" (first 1 KiB of the body), so the body starts with
-the one line a human needs and only then carries the traceback.
+Each route maps a path to `fn(request) -> response`, or to `async def fn(request)`. Plain functions run
+in a thread pool, so one slow hook call does not hold up the others; coroutines run on the event loop.
+Errors are answered so that the hub can put them in a Kubernetes Event on the parent: the hub reports
+any non-200 answer as "unsupported status code: <code> body: <body>" (first 1 KiB of the body), so the
+body starts with the one line a human needs and only then carries the traceback.
+
+What a hook in a Pod needs besides routing: `GET /healthz` for probes, the listen address from `PORT`
+and `HOST`, and a graceful stop: on SIGTERM (Kubernetes' way of stopping a Pod) the server stops
+accepting connections, lets the calls in flight finish and answer, then returns. Standard library only.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import inspect
 import json
+import os
+import signal
+import socket
 import sys
 import threading
+import time
 import traceback
-from collections.abc import Callable, Mapping
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping
+from datetime import datetime, timezone
+from typing import IO, Any
 from urllib.parse import urlsplit
 
-__all__ = ["Handler", "RetryLater", "make_server", "serve", "start_server"]
+__all__ = [
+    "DEFAULT_PORT",
+    "DRAIN_SECONDS",
+    "Handler",
+    "HookResult",
+    "HookServer",
+    "RetryLater",
+    "listen_address",
+    "make_server",
+    "serve",
+    "start_server",
+]
 
-Handler = Callable[[dict[str, Any]], Mapping[str, Any] | None]
+HookResult = Mapping[str, Any] | None
+"""What a hook function returns: the response dict (a `CompositeResponse`, ...), or None (a 500)."""
+
+Handler = Callable[[Any], HookResult | Awaitable[HookResult]]
+"""A route's function. The parameter is `Any` so that a function annotated with a precise request type
+(`def sync(request: CompositeRequest) -> CompositeResponse`, or `async def`) is a Handler: a callable
+taking only `CompositeRequest` is not a callable taking any dict, and a type checker would say so."""
+
+DEFAULT_PORT = 8080
+DRAIN_SECONDS = 25.0
+"""How long calls in flight may take to finish after SIGTERM: under Kubernetes' default 30 s grace
+period, after which the Pod is killed anyway."""
+
+HOOK_THREADS = 64
+HEALTH_PATH = "/healthz"
+LOG_ENV = "METAHOOK_LOG_REQUESTS"
+_MAX_HEADERS = 100
 
 
 class RetryLater(Exception):
@@ -31,120 +70,430 @@ class RetryLater(Exception):
         self.seconds = seconds
 
 
-def make_server(routes: Mapping[str, Handler], port: int = 0, host: str = "127.0.0.1") -> ThreadingHTTPServer:
+def listen_address(port: int | None = None, host: str | None = None) -> tuple[str, int]:
+    """(host, port) to listen on: the arguments, else `$HOST` / `$PORT`, else all interfaces and 8080.
+
+    Tools that start a hook (`metahook render --hook-cmd`, test harnesses, Cloud-Run-like platforms)
+    pick a free port and pass it in `PORT`, so a hook that does not hard-code one works everywhere.
+    """
+    if port is None:
+        text = os.environ.get("PORT", "").strip()
+        try:
+            port = int(text) if text else DEFAULT_PORT
+        except ValueError:
+            raise ValueError(f"PORT must be a port number, not {text!r}") from None
+    if not 0 <= port <= 65535:
+        raise ValueError(f"port must be between 0 and 65535, not {port}")
+    if host is None:
+        host = os.environ.get("HOST", "").strip() or "0.0.0.0"
+    return host, port
+
+
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "json")
+
+
+class _Connection:
+    """One client connection; `idle` while it waits for the next request (safe to close on drain)."""
+
+    def __init__(self, task: asyncio.Task[None]) -> None:
+        self.task = task
+        self.idle = True
+
+
+class _Request:
+    def __init__(self, method: str, target: str, version: str, headers: dict[str, str]) -> None:
+        self.method = method
+        self.path = urlsplit(target).path
+        self.version = version
+        self.headers = headers
+        self.body = b""
+
+
+class _Reply:
+    def __init__(self, code: int, body: bytes, content_type: str, headers: Mapping[str, str] | None = None) -> None:
+        self.code = code
+        self.body = body
+        self.content_type = content_type
+        self.headers = dict(headers or {})
+        self.close = False
+        self.log: dict[str, Any] = {}
+
+
+def _text(code: int, text: str, headers: Mapping[str, str] | None = None) -> _Reply:
+    return _Reply(code, (text + "\n").encode(), "text/plain; charset=utf-8", headers)
+
+
+_REASONS = {
+    200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 411: "Length Required",
+    429: "Too Many Requests", 500: "Internal Server Error", 503: "Service Unavailable",
+}
+
+
+class HookServer:
+    """A bound hook server for `routes` (`{"/sync": sync, ...}`). The socket is bound at construction,
+    so `server_address` is known at once (tests bind port 0 and read it).
+
+    Run it with `serve_forever()` (blocking) or `await serve()`; stop it from another thread with
+    `shutdown()`, which drains like SIGTERM does, then release the socket with `server_close()`.
+    """
+
+    def __init__(
+        self,
+        routes: Mapping[str, Handler],
+        port: int = 0,
+        host: str = "127.0.0.1",
+        *,
+        log_requests: bool = False,
+        drain_seconds: float = DRAIN_SECONDS,
+        log_stream: IO[str] | None = None,
+    ) -> None:
+        for path, fn in routes.items():
+            if not isinstance(path, str) or not path.startswith("/") or not callable(fn):
+                raise ValueError(f"route {path!r}: paths start with '/' and map to a function")
+        self.routes = dict(routes)
+        self.log_requests = log_requests
+        self.drain_seconds = drain_seconds
+        self._log_stream = log_stream
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self._socket = socket.create_server((host, port), family=family)
+        self.server_address: tuple[str, int] = self._socket.getsockname()[:2]
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stopping: asyncio.Event | None = None
+        self._connections: set[_Connection] = set()
+        self._ready = threading.Event()
+        self._done = threading.Event()
+
+    @property
+    def port(self) -> int:
+        return self.server_address[1]
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+
+    async def serve(self, *, handle_signals: bool = False) -> None:
+        """Serves until `shutdown()` (or SIGTERM/SIGINT with `handle_signals`), then drains: no new
+        connections, calls in flight finish (for up to `drain_seconds`), idle connections close."""
+        self._loop = asyncio.get_running_loop()
+        self._stopping = asyncio.Event()
+        if handle_signals:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self._loop.add_signal_handler(sig, self._begin_drain, sig)
+        listener = await asyncio.start_server(self._accept, sock=self._socket)
+        self._ready.set()
+        try:
+            await self._stopping.wait()
+        finally:
+            listener.close()
+            await self._drain()
+            if handle_signals:
+                for sig in (signal.SIGTERM, signal.SIGINT):
+                    self._loop.remove_signal_handler(sig)
+            self._done.set()
+
+    def serve_forever(self) -> None:
+        """Serves in this thread (with its own event loop) until `shutdown()`."""
+        asyncio.run(self._serve_on_own_loop(handle_signals=False))
+
+    async def _serve_on_own_loop(self, *, handle_signals: bool) -> None:
+        # Plain hook functions run in the loop's default pool, which asyncio keeps small (CPUs + 4
+        # threads); the hub calls with many workers at once, and a hook waiting on I/O should not queue
+        # the others behind it. Threads are started only as calls need them. (Only on a loop we own:
+        # someone else's loop keeps its executor.)
+        pool = concurrent.futures.ThreadPoolExecutor(max_workers=HOOK_THREADS, thread_name_prefix="metahook-hook")
+        asyncio.get_running_loop().set_default_executor(pool)
+        await self.serve(handle_signals=handle_signals)
+
+    def shutdown(self) -> None:
+        """Stops a server running in another thread, draining as on SIGTERM, and waits until it has."""
+        if self._loop is None or self._done.is_set():
+            return
+        self._loop.call_soon_threadsafe(self._begin_drain)
+        self._done.wait()
+
+    def server_close(self) -> None:
+        """Releases the listening socket (already closed after a drain; harmless twice)."""
+        self._socket.close()
+
+    def _begin_drain(self, sig: signal.Signals | None = None) -> None:
+        if self._stopping is None or self._stopping.is_set():
+            return
+        if sig is not None:
+            busy = sum(1 for c in self._connections if not c.idle)
+            self._log_text(f"{sig.name}: draining ({busy} call(s) in flight), then exiting")
+        self._stopping.set()
+
+    async def _drain(self) -> None:
+        for connection in list(self._connections):
+            if connection.idle:
+                connection.task.cancel()
+        tasks = [c.task for c in self._connections]
+        if tasks:
+            _, late = await asyncio.wait(tasks, timeout=self.drain_seconds)
+            for task in late:
+                task.cancel()
+            if late:
+                self._log_text(f"{len(late)} call(s) still running after {self.drain_seconds}s: cut")
+                await asyncio.wait(late)
+
+    # ---- one connection ----------------------------------------------------------------------
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        connection = _Connection(task)
+        self._connections.add(connection)
+        try:
+            await self._converse(connection, reader, writer)
+        except (asyncio.CancelledError, ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+            pass
+        finally:
+            self._connections.discard(connection)
+            writer.close()
+            try:
+                await writer.wait_closed()
+            except (ConnectionError, asyncio.CancelledError):
+                pass
+
+    async def _converse(
+        self, connection: _Connection, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        """HTTP/1.1 keep-alive: requests one after another until the client or a drain closes."""
+        assert self._stopping is not None
+        while not self._stopping.is_set():
+            connection.idle = True
+            line = await reader.readline()
+            if not line:
+                return
+            connection.idle = False
+            started = time.monotonic()
+            request, reply = await self._read_request(line, reader, writer)
+            if reply is None:
+                assert request is not None
+                reply = await self._route(request)
+            if request is None or request.version != "HTTP/1.1" or request.headers.get("connection") == "close":
+                reply.close = True
+            if self._stopping.is_set():
+                reply.close = True
+            await self._write(writer, reply, request)
+            self._log(request, reply, time.monotonic() - started)
+            if reply.close:
+                return
+
+    async def _read_request(
+        self, line: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> tuple[_Request | None, _Reply | None]:
+        """The whole request (body included), or an error reply. The body is read before anything
+        is answered, so unread bytes cannot be taken for the next request on a kept-alive connection."""
+        parts = line.decode("latin-1").rstrip("\r\n").split()
+        if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
+            reply = _text(400, "malformed request line")
+            reply.close = True
+            return None, reply
+        headers: dict[str, str] = {}
+        for _ in range(_MAX_HEADERS + 1):
+            raw = await reader.readline()
+            if raw in (b"\r\n", b"\n", b""):
+                break
+            name, _, value = raw.decode("latin-1").partition(":")
+            headers[name.strip().lower()] = value.strip()
+        else:
+            reply = _text(400, f"more than {_MAX_HEADERS} header lines")
+            reply.close = True
+            return None, reply
+        request = _Request(parts[0].upper(), parts[1], parts[2], headers)
+        length = headers.get("content-length")
+        if "transfer-encoding" in headers or (length is None and request.method == "POST"):
+            reply = _text(411, "the request needs a Content-Length header")
+            reply.close = True
+            return request, reply
+        try:
+            size = int(length) if length is not None else 0
+            if size < 0:
+                raise ValueError(length)
+        except ValueError:
+            reply = _text(400, f"bad Content-Length {length!r}")
+            reply.close = True
+            return request, reply
+        if size and headers.get("expect", "").lower() == "100-continue":
+            writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            await writer.drain()
+        request.body = await reader.readexactly(size)
+        return request, None
+
+    async def _route(self, request: _Request) -> _Reply:
+        assert self._stopping is not None
+        if request.path == HEALTH_PATH and request.method in ("GET", "HEAD"):
+            # Failing readiness while draining takes the Pod out of its Service before it is gone.
+            return _text(503, "draining") if self._stopping.is_set() else _text(200, "ok")
+        fn = self.routes.get(request.path)
+        if fn is None:
+            known = ", ".join(sorted(self.routes))
+            return _text(404, f"no hook at {request.path}; known paths: {known}; health: GET {HEALTH_PATH}")
+        if request.method != "POST":
+            return _text(405, f"{request.method} not allowed: hooks are called with POST", {"Allow": "POST"})
+        try:
+            body = json.loads(request.body)
+        except ValueError as e:  # JSONDecodeError and UnicodeDecodeError
+            return _text(400, f"request body is not valid JSON: {e}")
+        if not isinstance(body, dict):
+            return _text(400, f"request body must be a JSON object, not {type(body).__name__}")
+        reply = await self._call(fn, request.path, body)
+        reply.log.update(_describe_parent(body))
+        return reply
+
+    async def _call(self, fn: Handler, path: str, body: dict[str, Any]) -> _Reply:
+        try:
+            response = await _invoke(fn, body)
+        except RetryLater as e:
+            return _text(429, str(e), {"Retry-After": str(int(e.seconds))})
+        except Exception as e:  # any hook failure becomes a 500 that the hub reports
+            trace = traceback.format_exc()
+            reply = _text(500, f"hook {path} raised {type(e).__name__}: {e}\n\n{trace}")
+            reply.log["error"] = f"{type(e).__name__}: {e}"
+            if not self.log_requests:
+                self._log_text(f"hook {path} failed:\n{trace}")
+            return reply
+        if response is None:
+            return _text(500, f"hook {path} returned nothing")
+        if not isinstance(response, Mapping):
+            return _text(500, f"hook {path} must return a dict, not {type(response).__name__}")
+        try:
+            encoded = json.dumps(response).encode()
+        except (TypeError, ValueError) as e:
+            return _text(500, f"hook {path} response is not JSON: {e}")
+        return _Reply(200, encoded, "application/json")
+
+    async def _write(self, writer: asyncio.StreamWriter, reply: _Reply, request: _Request | None) -> None:
+        head = [f"HTTP/1.1 {reply.code} {_REASONS.get(reply.code, 'Unknown')}"]
+        headers = {"Content-Type": reply.content_type, "Content-Length": str(len(reply.body)), **reply.headers}
+        if reply.close:
+            headers["Connection"] = "close"
+        head += [f"{name}: {value}" for name, value in headers.items()]
+        writer.write(("\r\n".join(head) + "\r\n\r\n").encode("latin-1"))
+        if request is None or request.method != "HEAD":
+            writer.write(reply.body)
+        await writer.drain()
+
+    # ---- logs ----------------------------------------------------------------------------------
+
+    def _log(self, request: _Request | None, reply: _Reply, seconds: float) -> None:
+        method = request.method if request else "?"
+        path = request.path if request else "?"
+        if self.log_requests:
+            line = {
+                "time": _now(),
+                "method": method,
+                "path": path,
+                "status": reply.code,
+                "durationMs": round(seconds * 1000, 3),
+                **reply.log,
+            }
+            self._write_log(json.dumps(line))
+        elif reply.code >= 400 and reply.code != 429:
+            # Successful calls come at every resync; only failures are worth a line by default.
+            self._write_log(f"hook server: {method} {path} -> {reply.code}")
+
+    def _log_text(self, text: str) -> None:
+        if self.log_requests:
+            self._write_log(json.dumps({"time": _now(), "message": text}))
+        else:
+            self._write_log(f"hook server: {text}")
+
+    def _write_log(self, line: str) -> None:
+        stream = self._log_stream or sys.stderr
+        print(line, file=stream, flush=True)
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+async def _invoke(fn: Handler, body: dict[str, Any]) -> HookResult:
+    """Calls a hook function: coroutine functions on the loop, plain ones in the thread pool (a plain
+    function that returns an awaitable, e.g. a partial of an async one, has it awaited)."""
+    if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None)):
+        result = fn(body)
+    else:
+        result = await asyncio.get_running_loop().run_in_executor(None, fn, body)
+    if inspect.isawaitable(result):
+        result = await result
+    return result
+
+
+def _describe_parent(body: Mapping[str, Any]) -> dict[str, Any]:
+    """The request log fields naming the object the call is for."""
+    parent = body.get("parent", body.get("object"))
+    if not isinstance(parent, Mapping):
+        return {}
+    metadata = parent.get("metadata") or {}
+    name = metadata.get("name", "")
+    namespace = metadata.get("namespace")
+    fields: dict[str, Any] = {"parent": f"{namespace}/{name}" if namespace else name, "kind": parent.get("kind", "")}
+    if "finalizing" in body:
+        fields["finalizing"] = bool(body["finalizing"])
+    return fields
+
+
+def make_server(
+    routes: Mapping[str, Handler],
+    port: int = 0,
+    host: str = "127.0.0.1",
+    *,
+    log_requests: bool = False,
+    drain_seconds: float = DRAIN_SECONDS,
+    log_stream: IO[str] | None = None,
+) -> HookServer:
     """A bound, not yet serving, server for `routes` (`{"/sync": sync, ...}`)."""
-    for path, fn in routes.items():
-        if not path.startswith("/") or not callable(fn):
-            raise ValueError(f"route {path!r}: paths start with '/' and map to a function")
-    return ThreadingHTTPServer((host, port), _handler_class(dict(routes)))
+    return HookServer(
+        routes, port, host, log_requests=log_requests, drain_seconds=drain_seconds, log_stream=log_stream
+    )
 
 
-def start_server(routes: Mapping[str, Handler], port: int = 0, host: str = "127.0.0.1") -> ThreadingHTTPServer:
-    """Serves `routes` in a background thread and returns the server at once (tests use port 0 and
-    read `server.server_address[1]`). Stop it with `server.shutdown(); server.server_close()`."""
-    server = make_server(routes, port, host)
-    threading.Thread(target=server.serve_forever, name=f"metahook-hooks:{server.server_address[1]}", daemon=True).start()
+def start_server(
+    routes: Mapping[str, Handler],
+    port: int = 0,
+    host: str = "127.0.0.1",
+    *,
+    log_requests: bool = False,
+    drain_seconds: float = DRAIN_SECONDS,
+    log_stream: IO[str] | None = None,
+) -> HookServer:
+    """Serves `routes` in a background thread and returns the server once it accepts calls (tests use
+    port 0 and read `server.port`). Stop it with `server.shutdown(); server.server_close()`."""
+    server = make_server(
+        routes, port, host, log_requests=log_requests, drain_seconds=drain_seconds, log_stream=log_stream
+    )
+    threading.Thread(target=server.serve_forever, name=f"metahook-hooks:{server.port}", daemon=True).start()
+    server._ready.wait()
     return server
 
 
-def serve(routes: Mapping[str, Handler], port: int = 8080, host: str = "0.0.0.0") -> None:
-    """Serves `routes` until interrupted. Listens on all interfaces by default, as a hook in a Pod must."""
-    server = make_server(routes, port, host)
-    print(f"metahook hooks {sorted(routes)} listening on http://{host}:{server.server_address[1]}", file=sys.stderr, flush=True)
+def serve(
+    routes: Mapping[str, Handler],
+    port: int | None = None,
+    host: str | None = None,
+    *,
+    log_requests: bool | None = None,
+    drain_seconds: float = DRAIN_SECONDS,
+) -> None:
+    """Serves `routes` until SIGTERM or Ctrl-C, then drains and returns.
+
+    The address is `port`/`host` if given, else `$PORT`/`$HOST`, else `0.0.0.0:8080` (all interfaces,
+    as a hook in a Pod must). `GET /healthz` answers 200 (503 while draining) for probes.
+    `log_requests` (default: `$METAHOOK_LOG_REQUESTS` is `1`/`true`/`json`) writes one JSON line per
+    call to stderr: time, path, status, durationMs, and the parent's kind and namespace/name.
+    """
+    host, port = listen_address(port, host)
+    if log_requests is None:
+        log_requests = _env_flag(LOG_ENV)
+    server = HookServer(routes, port, host, log_requests=log_requests, drain_seconds=drain_seconds)
+    bound_host, bound_port = server.server_address
+    print(
+        f"metahook hooks {sorted(routes)} listening on http://{bound_host}:{bound_port} (health: GET {HEALTH_PATH})",
+        file=sys.stderr,
+        flush=True,
+    )
     try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        pass
+        asyncio.run(server._serve_on_own_loop(handle_signals=True))
     finally:
         server.server_close()
-
-
-def _handler_class(routes: dict[str, Handler]) -> type[BaseHTTPRequestHandler]:
-    class HookRequestHandler(BaseHTTPRequestHandler):
-        # HTTP/1.1 keeps the hub's connections alive; every answer therefore sets Content-Length.
-        protocol_version = "HTTP/1.1"
-
-        def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
-            body = self._read_body()
-            if body is None:
-                return
-            fn = routes.get(self._path())
-            if fn is None:
-                return self._not_found()
-            try:
-                request = json.loads(body)
-            except ValueError as e:  # JSONDecodeError and UnicodeDecodeError
-                return self._reply(400, f"request body is not valid JSON: {e}")
-            if not isinstance(request, dict):
-                return self._reply(400, f"request body must be a JSON object, not {type(request).__name__}")
-            self._call(fn, request)
-
-        def _call(self, fn: Handler, request: dict[str, Any]) -> None:
-            path = self._path()
-            try:
-                response = fn(request)
-            except RetryLater as e:
-                return self._reply(429, str(e), {"Retry-After": str(int(e.seconds))})
-            except Exception as e:  # any hook failure becomes a 500 that the hub reports
-                trace = traceback.format_exc()
-                self.log_error("hook %s failed:\n%s", path, trace)
-                return self._reply(500, f"hook {path} raised {type(e).__name__}: {e}\n\n{trace}")
-            if response is None:
-                return self._reply(500, f"hook {path} returned nothing")
-            if not isinstance(response, Mapping):
-                return self._reply(500, f"hook {path} must return a dict, not {type(response).__name__}")
-            try:
-                encoded = json.dumps(response).encode()
-            except (TypeError, ValueError) as e:
-                return self._reply(500, f"hook {path} response is not JSON: {e}")
-            self._send(200, "application/json", encoded)
-
-        def _not_post(self) -> None:
-            if self._read_body() is None:
-                return
-            if self._path() not in routes:
-                return self._not_found()
-            self._reply(405, f"{self.command} not allowed: hooks are called with POST", {"Allow": "POST"})
-
-        do_GET = do_HEAD = do_PUT = do_PATCH = do_DELETE = do_OPTIONS = _not_post
-
-        def _path(self) -> str:
-            return urlsplit(self.path).path
-
-        def _not_found(self) -> None:
-            self._reply(404, f"no hook at {self._path()}; known paths: {', '.join(sorted(routes))}")
-
-        def _read_body(self) -> bytes | None:
-            """The whole body, or None after answering 400/411. Read before answering anything, so
-            that unread bytes cannot be taken for the next request on a kept-alive connection."""
-            length = self.headers.get("Content-Length")
-            if length is None and (self.command == "POST" or "Transfer-Encoding" in self.headers):
-                self.close_connection = True
-                self._reply(411, "the request needs a Content-Length header")
-                return None
-            try:
-                return self.rfile.read(int(length)) if length is not None else b""
-            except ValueError:
-                self.close_connection = True
-                self._reply(400, f"bad Content-Length {length!r}")
-                return None
-
-        def _reply(self, code: int, text: str, headers: Mapping[str, str] | None = None) -> None:
-            self._send(code, "text/plain; charset=utf-8", (text + "\n").encode(), headers or {})
-
-        def _send(self, code: int, content_type: str, body: bytes, headers: Mapping[str, str] | None = None) -> None:
-            self.send_response(code)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(body)))
-            for name, value in (headers or {}).items():
-                self.send_header(name, value)
-            self.end_headers()
-            if self.command != "HEAD":
-                self.wfile.write(body)
-
-        def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
-            # Successful calls come at every resync; only failures are worth a log line.
-            if isinstance(code, int) and code >= 400:
-                super().log_request(code, size)
-
-    return HookRequestHandler

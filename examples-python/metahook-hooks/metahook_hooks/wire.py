@@ -70,6 +70,20 @@ class DecoratorResponse(TypedDict, total=False):
     events: list[HookEvent]
 
 
+class _ConditionFields(TypedDict):
+    type: str
+    status: Literal["True", "False", "Unknown"]
+    reason: str
+    message: str
+    lastTransitionTime: str
+
+
+class Condition(_ConditionFields, total=False):
+    """One entry of `status.conditions` (metav1.Condition); build it with `set_condition`."""
+
+    observedGeneration: int
+
+
 class LabelSelectorRequirement(TypedDict, total=False):
     key: str
     operator: Literal["In", "NotIn", "Exists", "DoesNotExist"]

@@ -1,13 +1,30 @@
 """The server, started on port 0 and called over real HTTP."""
 
+import asyncio
+import concurrent.futures
 import http.client
+import io
 import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 
-from metahook_hooks import RetryLater, composite_response, make_server, start_server
+from metahook_hooks import (
+    RetryLater,
+    composite_response,
+    listen_address,
+    make_server,
+    run_hook_on_fixtures,
+    start_server,
+)
 
 
 def sync(request):
@@ -142,3 +159,158 @@ def test_routes_must_be_paths_to_functions():
         make_server({"sync": sync})
     with pytest.raises(ValueError, match="'/sync'"):
         make_server({"/sync": "sync"})
+
+
+# ---- what a hook in a Pod needs: health, address from the environment, async hooks, logs, drain ----
+
+
+def test_healthz_answers_get_and_head_for_probes(server):
+    status, _, text = call(server, "/healthz", body=None, method="GET")
+    assert (status, text) == (200, "ok\n")
+    assert call(server, "/healthz", body=None, method="HEAD")[0] == 200
+
+
+def test_listen_address_comes_from_port_and_host(monkeypatch):
+    monkeypatch.delenv("PORT", raising=False)
+    monkeypatch.delenv("HOST", raising=False)
+    assert listen_address() == ("0.0.0.0", 8080)
+    monkeypatch.setenv("PORT", "18081")
+    monkeypatch.setenv("HOST", "127.0.0.1")
+    assert listen_address() == ("127.0.0.1", 18081)
+    assert listen_address(9000, "::1") == ("::1", 9000), "explicit arguments win"
+    monkeypatch.setenv("PORT", "http")
+    with pytest.raises(ValueError, match="PORT must be a port number, not 'http'"):
+        listen_address()
+
+
+async def async_sync(request):
+    await asyncio.sleep(0)
+    return composite_response(children=[], status={"async": True})
+
+
+def test_async_hooks_are_awaited():
+    server = start_server({"/sync": async_sync})
+    try:
+        status, _, text = call(server, "/sync")
+        assert status == 200 and json.loads(text) == {"children": [], "status": {"async": True}}
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_async_hooks_run_concurrently():
+    # /first waits for an event only /second sets: served one after the other, /first would never answer.
+    released = asyncio.Event()
+
+    async def first(request):
+        await asyncio.wait_for(released.wait(), timeout=10)
+        return composite_response(children=[])
+
+    async def second(request):
+        released.set()
+        return composite_response(children=[])
+
+    server = start_server({"/first": first, "/second": second})
+    try:
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            waiting = pool.submit(call, server, "/first")
+            assert call(server, "/second")[0] == 200
+            assert waiting.result(timeout=15)[0] == 200
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_requests_are_logged_as_json_with_parent_and_duration():
+    log = io.StringIO()
+    server = start_server(ROUTES, log_requests=True, log_stream=log)
+    try:
+        call(server, "/sync", body={"parent": {"kind": "Greeting", "metadata": {"name": "p", "namespace": "ns"}}, "finalizing": False})
+        call(server, "/broken")
+    finally:
+        server.shutdown()
+        server.server_close()
+    lines = [json.loads(line) for line in log.getvalue().splitlines()]
+    ok, failed = lines
+    assert {k: ok[k] for k in ("method", "path", "status", "parent", "kind", "finalizing")} == {
+        "method": "POST", "path": "/sync", "status": 200, "parent": "ns/p", "kind": "Greeting", "finalizing": False,
+    }
+    assert isinstance(ok["durationMs"], float) and ok["durationMs"] >= 0
+    assert ok["time"].endswith("Z")
+    assert (failed["status"], failed["error"]) == (500, "ValueError: no replicas in spec")
+
+
+def test_fixture_helper_awaits_async_hooks():
+    fixtures = Path(__file__).parent / "fixtures"
+    response = run_hook_on_fixtures(
+        async_sync, fixtures / "controller.json", fixtures / "parent.json", kinds={"caches": "Cache"}
+    )
+    assert response == {"children": [], "status": {"async": True}}
+
+
+SIGTERM_HOOK = """
+import os, sys, time
+from pathlib import Path
+from metahook_hooks import composite_response, serve
+
+def slow(request):
+    Path(os.environ["STARTED"]).touch()
+    while not Path(os.environ["RELEASE"]).exists():
+        time.sleep(0.01)
+    return composite_response(children=[], status={"finished": True})
+
+serve({"/slow": slow})
+print("serve returned", file=sys.stderr)
+"""
+
+
+def test_sigterm_drains_calls_in_flight_then_exits_cleanly(tmp_path):
+    started, release = tmp_path / "started", tmp_path / "release"
+    port = free_port()
+    env = {**os.environ, "PORT": str(port), "HOST": "127.0.0.1", "STARTED": str(started), "RELEASE": str(release),
+           "PYTHONPATH": str(Path(__file__).parent.parent)}
+    hook = subprocess.Popen([sys.executable, "-c", SIGTERM_HOOK], env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(lambda: connectable(port))
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            in_flight = pool.submit(call_port, port, "/slow")
+            wait_until(started.exists)
+            hook.send_signal(signal.SIGTERM)
+            # Draining: no new connections, while the call in flight is still running.
+            wait_until(lambda: not connectable(port))
+            assert not in_flight.done()
+            release.touch()
+            status, text = in_flight.result(timeout=15)
+        assert (status, json.loads(text)) == (200, {"children": [], "status": {"finished": True}})
+        assert hook.wait(timeout=15) == 0
+        assert "SIGTERM: draining (1 call(s) in flight)" in hook.stderr.read()
+    finally:
+        hook.kill()
+        hook.wait()
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def connectable(port):
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False
+
+
+def wait_until(check, timeout=20):
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"{check} never became true"
+        time.sleep(0.02)
+
+
+def call_port(port, path):
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=json.dumps(REQUEST).encode(), method="POST")
+    with urllib.request.urlopen(req, timeout=15) as response:
+        return response.status, response.read().decode()

@@ -1,0 +1,79 @@
+// Type-level tests of index.d.ts: `make test` compiles this file with `tsc --strict` (it is never run).
+// Each `@ts-expect-error` line must fail to compile, so the generics are shown to catch mistakes, not
+// only to accept correct code.
+import {
+  attachmentsOf,
+  child,
+  childrenOf,
+  compositeResponse,
+  conditionStatus,
+  decoratorResponse,
+  parentOf,
+  relatedOf,
+  runHookOnFixtures,
+  serve,
+  setCondition,
+} from "../index.js";
+import type {
+  CompositeResponse,
+  Condition,
+  CustomizeRequest,
+  DecoratorRequest,
+  DecoratorResponse,
+  KubeObject,
+  Request,
+  Resource,
+} from "../index.js";
+
+type Greeting = Resource<{ replicas?: number; who: string }, { ready: number; conditions?: Condition[] }>;
+type Pod = Resource<{ containers: { name: string; image: string }[] }, { phase?: string }>;
+
+function sync(request: Request<Greeting, { "Pod.v1": Pod }, { "ConfigMap.v1": KubeObject }>): CompositeResponse {
+  const greeting = parentOf(request);
+  const who: string = greeting.spec.who;
+  const replicas: number = greeting.spec.replicas ?? 1;
+  const pods: Pod[] = childrenOf(request, "Pod.v1");
+  const phase: string | undefined = pods[0]?.status?.phase;
+  const first: Pod | undefined = child(request, "Pod.v1", "greeting-0");
+  const configs: KubeObject[] = relatedOf(request, "ConfigMap.v1");
+  // @ts-expect-error a misspelt type key is a compile error, not a RangeError at run time
+  childrenOf(request, "Pod/v1");
+  // @ts-expect-error spec fields have their declared types
+  const wrong: number = greeting.spec.who;
+  const conditions = setCondition(greeting.status?.conditions, { type: "Ready", status: pods.length === replicas, reason: "Counted" });
+  const ready: "True" | "False" | "Unknown" | undefined = conditionStatus(conditions, "Ready");
+  return compositeResponse({
+    children: [],
+    status: { who, phase, first: first?.metadata.name, configs: configs.length, conditions, ready, wrong },
+  });
+}
+
+// Untyped requests still work, every object a KubeObject.
+function untyped(request: Request): CompositeResponse {
+  const pods: KubeObject[] = childrenOf(request, "anything.v1");
+  return compositeResponse({ children: pods });
+}
+
+type CRD = Resource<{ group: string }>;
+function decorate(request: DecoratorRequest<CRD, { "ClusterRole.rbac.authorization.k8s.io/v1": KubeObject }>): DecoratorResponse {
+  const crd: CRD = parentOf(request);
+  const roles = attachmentsOf(request, "ClusterRole.rbac.authorization.k8s.io/v1");
+  // @ts-expect-error a decorator request has attachments, not children
+  childrenOf(request, "Pod.v1");
+  return decoratorResponse({ labels: { group: crd.spec.group }, attachments: roles });
+}
+
+async function customize(request: CustomizeRequest<Greeting>) {
+  return { relatedResources: [{ apiVersion: "v1", resource: "configmaps", names: [parentOf(request).spec.who] }] };
+}
+
+async function main(): Promise<void> {
+  // Typed handlers, sync and async, are routes; options are checked.
+  const server = await serve({ "/sync": sync, "/untyped": untyped, "/decorate": decorate, "/customize": customize }, { logRequests: true });
+  await server.drain();
+  // @ts-expect-error ports are numbers
+  await serve({ "/sync": sync }, { port: "8080" });
+  const response: CompositeResponse = await runHookOnFixtures(sync, { controller: "c.json", parent: "p.json" });
+  void response;
+}
+void main;
