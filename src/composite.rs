@@ -406,16 +406,20 @@ impl Controller {
         }
         record_hook_events(&self.hub.events, &parent, &events).await;
         let applier = &self.hub.applier;
-        let writes = plan.writes(applier) || revisions.as_ref().is_some_and(|r| r.writes(applier));
-        let executed = if gc_finalizing(&parent) || !writes {
+        let revisions_written = revisions.as_ref().is_some_and(|r| r.writes(applier));
+        let executed = if gc_finalizing(&parent) || !(revisions_written || plan.writes(applier)) {
             Executed::default()
+        } else if !revisions_written && !plan.creates_or_deletes() {
+            // Updates only: each carries its child's UID, so a parent that went away meanwhile cannot get
+            // anything resurrected; no need to ask the API server about the parent first.
+            plan.execute(applier, &ChildWrites { controller: self, parent: key }).await
         } else {
-            // No child write for a parent that is gone or replaced: server-side apply would re-create
-            // children the garbage collector has just deleted.
+            // No child created or deleted for a parent that is gone or replaced (server-side apply would
+            // re-create children the garbage collector has just deleted), or that changed its stage of life
+            // while the hook was thinking (deleted; the GC's orphan or foreground finalizer came or went):
+            // the answer was for another stage, and the next sync asks again.
             match live_parent(&self.hub.client, parent_resource, &parent).await? {
                 None => return Ok(None),
-                // Deleted (or its garbage collector's finalizer removed) while the hook was thinking: the
-                // answer was for another stage of the parent's life; the next sync asks again.
                 Some(live) if lifecycle_changed(&parent, &live) => return Err(SyncError::Conflict("parent")),
                 Some(_) => {
                     if let Some(revisions) = &revisions {

@@ -482,14 +482,18 @@ impl Controller {
             plan.check_guard(self.deletion_guard, &target)?;
         }
         record_hook_events(&self.hub.events, &target, &response.events).await;
+        let writes = AttachmentWrites { controller: self, target: key };
         let executed = if gc_finalizing(&target) || !plan.writes(&self.hub.applier) {
             Executed::default()
+        } else if !plan.creates_or_deletes() {
+            // Updates only, each with its attachment's UID precondition (see the composite sync).
+            plan.execute(&self.hub.applier, &writes).await
         } else {
-            // No attachment write for a target that is gone or replaced.
+            // No attachment created or deleted for a target that is gone, replaced, or at another stage.
             match live_parent(&self.hub.client, resource, &target).await? {
                 None => return Ok(None),
                 Some(live) if lifecycle_changed(&target, &live) => return Err(SyncError::Conflict("target")),
-                Some(_) => plan.execute(&self.hub.applier, &AttachmentWrites { controller: self, target: key }).await,
+                Some(_) => plan.execute(&self.hub.applier, &writes).await,
             }
         };
         let mut target_written = false;

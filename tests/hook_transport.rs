@@ -18,7 +18,6 @@ use kube::api::{Api, DeleteParams, DynamicObject, ListParams};
 use kube::{Client, ResourceExt as _};
 use serde_json::{Value, json};
 use support::{TestNamespace, api, apply_value, eventually, warnings_for};
-use tokio::io::AsyncBufReadExt as _;
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -111,13 +110,7 @@ impl Hook {
             .kill_on_drop(true)
             .spawn()
             .expect("starting python3 transport_hook.py");
-        let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
-        let line = tokio::time::timeout(Duration::from_secs(20), lines.next_line())
-            .await
-            .expect("hook server did not start in time")
-            .unwrap()
-            .expect("hook server exited before printing its port");
-        let port = line.strip_prefix("PORT ").and_then(|p| p.trim().parse().ok()).expect("PORT line");
+        let port = support::port_line(&mut child).await;
         Self { port, log, _dir: dir, _child: child }
     }
 
@@ -499,9 +492,7 @@ async fn http2_is_negotiated_with_a_hook_that_offers_it() {
         .kill_on_drop(true)
         .spawn()
         .expect("starting node h2_hook.mjs");
-    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
-    let line = tokio::time::timeout(Duration::from_secs(20), lines.next_line()).await.unwrap().unwrap().unwrap();
-    let port: u16 = line.strip_prefix("PORT ").and_then(|p| p.trim().parse().ok()).expect("PORT line");
+    let port = support::port_line(&mut child).await;
     let t = Setup::new("http2", config()).await;
     let webhook = json!({"url": format!("https://127.0.0.1:{port}/sync"), "caBundle": {"inline": pki.pem("ca.crt")}});
     t.controller("h2", webhook, json!({})).await;

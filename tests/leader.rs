@@ -195,20 +195,9 @@ impl Setup {
     }
 }
 
-/// GET `path` from a replica: (status code, body).
-async fn get(address: &str, path: &str) -> Option<(u16, String)> {
-    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-    let mut stream = tokio::net::TcpStream::connect(address).await.ok()?;
-    stream.write_all(format!("GET {path} HTTP/1.1\r\nHost: hub\r\n\r\n").as_bytes()).await.ok()?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).await.ok()?;
-    let code = response.split_whitespace().nth(1)?.parse().ok()?;
-    Some((code, response.split_once("\r\n\r\n")?.1.to_owned()))
-}
-
 /// The `leader_election_master_status` sample of the Lease (`lease` = its label set) a replica reports.
 async fn leader_status(address: &str, lease: &str) -> Option<String> {
-    let (_, metrics) = get(address, "/metrics").await?;
+    let (_, metrics) = support::http_get(address, "/metrics").await?;
     metrics.lines().find(|l| l.starts_with("leader_election_master_status") && l.contains(lease)).map(str::to_owned)
 }
 
@@ -357,10 +346,10 @@ async fn a_terminated_leader_releases_the_lease_and_the_standby_takes_over_at_on
     setup.wait_all_at("v1").await;
     // Leadership shows in /readyz (both ready) and in leader_election_master_status.
     let lease = format!("name=\"{}/{}\"", setup.ns.name, setup.label);
-    let (leader_ready, leader_body) = eventually(WAIT, || get(&replicas[0].address, "/readyz")).await;
+    let (leader_ready, leader_body) = eventually(WAIT, || support::http_get(&replicas[0].address, "/readyz")).await;
     assert_eq!(leader_ready, 200, "{leader_body}");
     assert!(leader_body.contains("leader: hub-a_"), "{leader_body}");
-    let (standby_ready, standby_body) = eventually(WAIT, || get(&replicas[1].address, "/readyz")).await;
+    let (standby_ready, standby_body) = eventually(WAIT, || support::http_get(&replicas[1].address, "/readyz")).await;
     assert_eq!(standby_ready, 200, "a standby is ready: {standby_body}");
     assert!(standby_body.contains("standby") && standby_body.contains("leader hub-a_"), "{standby_body}");
     assert!(leader_status(&replicas[0].address, &lease).await.is_some_and(|l| l.ends_with(" 1")));

@@ -38,17 +38,6 @@ fn free_address() -> String {
     format!("127.0.0.1:{port}")
 }
 
-/// GET `path` on the hub's metrics address: (status code, body).
-async fn get(address: &str, path: &str) -> Option<(u16, String)> {
-    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-    let mut stream = tokio::net::TcpStream::connect(address).await.ok()?;
-    stream.write_all(format!("GET {path} HTTP/1.1\r\nHost: hub\r\n\r\n").as_bytes()).await.ok()?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).await.ok()?;
-    let code = response.split_whitespace().nth(1)?.parse().ok()?;
-    Some((code, response.split_once("\r\n\r\n")?.1.to_owned()))
-}
-
 /// The value of the first sample line starting with `prefix` (name and labels).
 fn sample(metrics: &str, prefix: &str) -> Option<f64> {
     metrics.lines().find(|l| l.starts_with(prefix)).and_then(|l| l.rsplit(' ').next()?.parse().ok())
@@ -170,7 +159,7 @@ async fn a_hub_with_only_the_printed_roles_runs_an_example_and_reports_a_forbidd
     };
     let cancel = CancellationToken::new();
     let hub = tokio::spawn(metahook::run_until(token_client(&token).await, config, cancel.clone()));
-    let (code, body) = eventually(WAIT, || get(&address, "/readyz")).await;
+    let (code, body) = eventually(WAIT, || support::http_get(&address, "/readyz")).await;
     assert_eq!(code, 503, "{body}");
     assert!(body.contains("CompositeControllers: not listed yet"), "{body}");
 
@@ -192,7 +181,7 @@ async fn a_hub_with_only_the_printed_roles_runs_an_example_and_reports_a_forbidd
         }]),
     };
     Api::<ClusterRoleBinding>::all(client.clone()).create(&PostParams::default(), &binding).await.unwrap();
-    eventually(WAIT, || async { get(&address, "/readyz").await.filter(|(c, _)| *c == 200) }).await;
+    eventually(WAIT, || async { support::http_get(&address, "/readyz").await.filter(|(c, _)| *c == 200) }).await;
 
     // The example works with exactly those permissions.
     apply_value(&client, &controller_doc).await;
@@ -219,7 +208,7 @@ async fn a_hub_with_only_the_printed_roles_runs_an_example_and_reports_a_forbidd
     .await;
     assert_eq!(condition["reason"], "Forbidden", "{condition}");
     assert!(condition["message"].as_str().unwrap().contains("secrets"), "{condition}");
-    let (code, body) = get(&address, "/readyz").await.unwrap();
+    let (code, body) = support::http_get(&address, "/readyz").await.unwrap();
     assert_eq!(code, 200, "a controller that cannot start does not make the hub unready: {body}");
     assert!(body.contains(&format!("CompositeController/{forbidden_name}: not running: Forbidden")), "{body}");
 
@@ -238,7 +227,7 @@ async fn a_hub_with_only_the_printed_roles_runs_an_example_and_reports_a_forbidd
     assert!(failed.1.contains("secrets"), "{failed:?}");
 
     // Conventional metrics, scraped from the running hub.
-    let (_, metrics) = get(&address, "/metrics").await.unwrap();
+    let (_, metrics) = support::http_get(&address, "/metrics").await.unwrap();
     let ours = format!("kind=\"CompositeController\",controller=\"{label}\"");
     assert!(
         sample(&metrics, &format!("metahook_reconcile_total{{{ours},result=\"success\"}}")).unwrap_or(0.0) >= 1.0,

@@ -226,10 +226,12 @@ async fn run_system(client: &Client, settings: &Settings, hook: &Hook, system: S
         for i in 0..settings.latency_changes {
             let parent = format!("p{}", i % settings.n);
             let version = format!("l{i}");
+            // From just before the change is sent: its watch event often reaches the hub (and the hook)
+            // before the patch's own response reaches us.
+            let sent = unix_ms();
             world.patch_version(&parent, &version).await;
-            let patched = unix_ms();
             let seen = hook.seen_at(&format!("{parent}@{version}")).await;
-            latencies.push((seen - patched).max(0.0));
+            latencies.push((seen - sent).max(0.0));
         }
         tracker.wait_any_version(settings.n).await;
         latencies.sort_by(f64::total_cmp);

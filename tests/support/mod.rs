@@ -197,14 +197,7 @@ impl HookServer {
             .kill_on_drop(true)
             .spawn()
             .expect("starting python3 hook server");
-        let stdout = child.stdout.take().unwrap();
-        let mut lines = tokio::io::BufReader::new(stdout).lines();
-        let line = tokio::time::timeout(Duration::from_secs(20), lines.next_line())
-            .await
-            .expect("hook server did not start in time")
-            .unwrap()
-            .expect("hook server exited before printing its port");
-        let port = line.strip_prefix("PORT ").and_then(|p| p.trim().parse().ok()).expect("PORT line");
+        let port = port_line(&mut child).await;
         Self { port, log, _dir: dir, _child: child }
     }
 
@@ -222,6 +215,29 @@ impl HookServer {
             .map(|r| r["request"].clone())
             .collect()
     }
+}
+
+/// The port a test hook server announces on its first stdout line (`PORT <n>`), waiting for it.
+pub async fn port_line(child: &mut tokio::process::Child) -> u16 {
+    let stdout = child.stdout.take().expect("the hook's stdout is piped");
+    let mut lines = tokio::io::BufReader::new(stdout).lines();
+    let line = tokio::time::timeout(Duration::from_secs(20), lines.next_line())
+        .await
+        .expect("hook server did not start in time")
+        .unwrap()
+        .expect("hook server exited before printing its port");
+    line.strip_prefix("PORT ").and_then(|p| p.trim().parse().ok()).expect("PORT line")
+}
+
+/// A plain HTTP GET of `path` on a hub's metrics/health address: (status code, body).
+pub async fn http_get(address: &str, path: &str) -> Option<(u16, String)> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut stream = tokio::net::TcpStream::connect(address).await.ok()?;
+    stream.write_all(format!("GET {path} HTTP/1.1\r\nHost: hub\r\n\r\n").as_bytes()).await.ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.ok()?;
+    let code = response.split_whitespace().nth(1)?.parse().ok()?;
+    Some((code, response.split_once("\r\n\r\n")?.1.to_owned()))
 }
 
 /// An in-process hub that runs only controllers labelled `metahook-test=<label>`.
