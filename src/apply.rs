@@ -237,7 +237,10 @@ impl Applier {
                 key: key.clone(),
                 source,
             })?;
-            self.delete(resource, observed).await?;
+            if !self.delete(resource, observed).await? {
+                // Gone already: nothing was written here; the deletion's event syncs the parent again.
+                return Ok(Applied::Unchanged);
+            }
             return Ok(Applied::Deleted { uid: observed.metadata.uid.clone().unwrap_or_default() });
         }
         let result = match api.patch(&key.name, &self.params(), &Patch::Apply(&body)).await {
@@ -353,8 +356,9 @@ impl Applier {
         api.create(&params, &candidate).await.map(drop)
     }
 
-    /// Deletes `obj` in the background, only if it is still the same object (UID precondition).
-    pub async fn delete(&self, resource: &ResolvedResource, obj: &DynamicObject) -> Result<(), ApplyError> {
+    /// Deletes `obj` in the background, only if it is still the same object (UID precondition). `Ok(false)`:
+    /// it was gone or replaced already, so this call deleted nothing (and no echo of it will come).
+    pub async fn delete(&self, resource: &ResolvedResource, obj: &DynamicObject) -> Result<bool, ApplyError> {
         let key = ObjectKey::of(obj);
         let params = DeleteParams {
             propagation_policy: Some(PropagationPolicy::Background),
@@ -362,8 +366,8 @@ impl Applier {
             ..DeleteParams::default()
         };
         match self.api(resource, key.namespace.as_deref()).delete(&key.name, &params).await {
-            Ok(_) => Ok(()),
-            Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => Ok(()),
+            Ok(_) => Ok(true),
+            Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => Ok(false),
             Err(source) => Err(ApplyError::Delete { kind: resource.kind().to_owned(), key, source }),
         }
     }

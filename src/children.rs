@@ -422,8 +422,10 @@ impl<'a> Plan<'a> {
                     let key = ObjectKey::of(obj);
                     observer.started(*index, &key);
                     let result = applier.delete(self.types[*index].resource(), obj).await;
-                    let version =
-                        result.is_ok().then(|| deleted_version(obj.metadata.uid.as_deref().unwrap_or_default()));
+                    // Only a delete this call did has an echo; one that found the child gone already must
+                    // not take someone else's deletion (the garbage collector's) for ours.
+                    let version = matches!(result, Ok(true))
+                        .then(|| deleted_version(obj.metadata.uid.as_deref().unwrap_or_default()));
                     observer.finished(*index, &key, version.as_deref());
                     (*index, obj, result)
                 })
@@ -432,7 +434,10 @@ impl<'a> Plan<'a> {
         let deletes: Vec<_> = stream::iter(deletes).buffer_unordered(WRITES_PER_PARENT).collect().await;
         for (index, obj, result) in deletes {
             match result {
-                Ok(()) => {
+                Ok(false) => {
+                    tracing::debug!(kind = self.types[index].resource().kind(), child = %ObjectKey::of(obj), "child gone already");
+                }
+                Ok(true) => {
                     let key = ObjectKey::of(obj);
                     tracing::info!(kind = self.types[index].resource().kind(), child = %key, "child deleted");
                     let uid = obj.metadata.uid.clone().unwrap_or_default();
@@ -455,7 +460,7 @@ pub trait WriteObserver: Sync {
 /// One apply of [`Plan::execute`], boxed so the writes of one parent can run side by side.
 type Write<'f> = futures::future::BoxFuture<'f, (usize, ObjectKey, Result<Applied, ApplyError>)>;
 /// One delete of [`Plan::execute`].
-type Delete<'f> = futures::future::BoxFuture<'f, (usize, &'f Arc<DynamicObject>, Result<(), ApplyError>)>;
+type Delete<'f> = futures::future::BoxFuture<'f, (usize, &'f Arc<DynamicObject>, Result<bool, ApplyError>)>;
 
 /// How many writes of one parent's children are in flight at once.
 pub const WRITES_PER_PARENT: usize = 8;

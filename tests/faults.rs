@@ -828,3 +828,37 @@ async fn the_create_precondition_holds_on_this_api_server() {
     assert_ne!(created.resource_version().as_deref(), Some("1"));
     ns.delete().await;
 }
+
+/// A child deleted by someone else (the garbage collector, a user) while the hub deletes it too: the
+/// hub's delete reports that it deleted nothing, so the other deletion's watch event is not taken for the
+/// echo of the hub's own write (a learned echo is not synced, and the parent would wait for its next
+/// resync to see its child gone). The replaced-child case: same name, new UID, left alone.
+#[tokio::test]
+async fn a_delete_that_finds_the_child_gone_or_replaced_claims_nothing() {
+    let _api = API_SERVER.read().await;
+    let client = support::client().await;
+    let ns = support::TestNamespace::create(&client, "delete-gone").await;
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns.name);
+    let resource = metahook::discovery::ResolvedResource {
+        api_resource: kube::core::ApiResource::erase::<ConfigMap>(&()),
+        namespaced: true,
+        has_status: false,
+    };
+    let applier = metahook::apply::Applier::new(client.clone(), "metahook".into());
+    let create = |name: &str| {
+        serde_json::from_value::<ConfigMap>(json!({"metadata": {"name": name, "namespace": ns.name}})).unwrap()
+    };
+    let as_dynamic =
+        |cm: &ConfigMap| serde_json::from_value::<DynamicObject>(serde_json::to_value(cm).unwrap()).unwrap();
+
+    let child = as_dynamic(&cms.create(&PostParams::default(), &create("c")).await.unwrap());
+    assert!(applier.delete(&resource, &child).await.unwrap(), "the first delete deletes");
+    assert!(!applier.delete(&resource, &child).await.unwrap(), "the child is gone: nothing deleted");
+
+    let old = as_dynamic(&cms.create(&PostParams::default(), &create("r")).await.unwrap());
+    cms.delete("r", &DeleteParams::default()).await.unwrap();
+    let replacement = cms.create(&PostParams::default(), &create("r")).await.unwrap();
+    assert!(!applier.delete(&resource, &old).await.unwrap(), "another object of the same name: nothing deleted");
+    assert_eq!(cms.get("r").await.unwrap().uid(), replacement.uid(), "the replacement is left alone");
+    ns.delete().await;
+}
