@@ -420,7 +420,9 @@ impl Controller {
             // the answer was for another stage, and the next sync asks again.
             match live_parent(&self.hub.client, parent_resource, &parent).await? {
                 None => return Ok(None),
-                Some(live) if lifecycle_changed(&parent, &live) => return Err(SyncError::Conflict("parent")),
+                Some(live) if lifecycle_changed(&parent, &live, &self.finalizer) => {
+                    return Err(SyncError::Conflict("parent"));
+                }
                 Some(_) => {
                     if let Some(revisions) = &revisions {
                         revisions.persist(applier).await.map_err(|e| SyncError::Apply(vec![e]))?;

@@ -492,7 +492,9 @@ impl Controller {
             // No attachment created or deleted for a target that is gone, replaced, or at another stage.
             match live_parent(&self.hub.client, resource, &target).await? {
                 None => return Ok(None),
-                Some(live) if lifecycle_changed(&target, &live) => return Err(SyncError::Conflict("target")),
+                Some(live) if lifecycle_changed(&target, &live, &self.finalizer) => {
+                    return Err(SyncError::Conflict("target"));
+                }
                 Some(_) => plan.execute(&self.hub.applier, &writes).await,
             }
         };

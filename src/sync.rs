@@ -335,10 +335,13 @@ pub(crate) fn meaningful_parent_change(old: &DynamicObject, new: &DynamicObject)
 /// Whether `live` is at another stage of its life than `cached` (the copy a hook was called with):
 /// deletion started, or a finalizer came or went (the garbage collector's among them). Writing the
 /// hook's answer then could act for a stage that is over, so the sync is retried with the fresh copy.
-pub(crate) fn lifecycle_changed(cached: &DynamicObject, live: &DynamicObject) -> bool {
-    cached.metadata.deletion_timestamp != live.metadata.deletion_timestamp
-        || cached.metadata.finalizers.as_deref().unwrap_or_default()
-            != live.metadata.finalizers.as_deref().unwrap_or_default()
+/// `ours` (the hub's own finalizer) does not count: this very sync may just have added it, and the cached
+/// copy cannot show that yet.
+pub(crate) fn lifecycle_changed(cached: &DynamicObject, live: &DynamicObject, ours: &str) -> bool {
+    let others = |obj: &DynamicObject| -> Vec<String> {
+        obj.metadata.finalizers.iter().flatten().filter(|f| *f != ours).cloned().collect()
+    };
+    cached.metadata.deletion_timestamp != live.metadata.deletion_timestamp || others(cached) != others(live)
 }
 
 /// Whether `obj` carries `finalizer`.
@@ -581,5 +584,24 @@ mod tests {
         assert_eq!(resync_after(Some(f64::INFINITY)), Some(crate::queue::MAX_DELAY));
         assert_eq!(resync_period(Some(0)), Some(Duration::from_secs(1)));
         assert_eq!(resync_period(Some(30)), Some(Duration::from_secs(30)));
+    }
+
+    #[test]
+    fn only_other_finalizers_and_deletion_change_a_parents_stage() {
+        let with = |finalizers: &[&str], deleting: bool| {
+            let mut obj =
+                DynamicObject::new("p", &kube::core::ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&()));
+            obj.metadata.finalizers = Some(finalizers.iter().map(|f| (*f).to_owned()).collect());
+            if deleting {
+                obj.metadata.deletion_timestamp =
+                    Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now()));
+            }
+            obj
+        };
+        let ours = "metacontroller.io/compositecontroller-c";
+        assert!(!lifecycle_changed(&with(&[], false), &with(&[ours], false), ours), "our own finalizer was just added");
+        assert!(lifecycle_changed(&with(&[ours], false), &with(&[ours, "orphan"], false), ours));
+        assert!(lifecycle_changed(&with(&[ours, "foregroundDeletion"], true), &with(&[ours], true), ours));
+        assert!(lifecycle_changed(&with(&[ours], false), &with(&[ours], true), ours));
     }
 }
