@@ -251,13 +251,20 @@ fn comparable(obj: &DynamicObject) -> Value {
     value
 }
 
-/// Reduces cached `managedFields` to who wrote the object and when (manager, operation, apiVersion,
-/// subresource, time): enough for [`TakeOver::is_needed`] and for the applier's "written by anyone
+/// Reduces cached `managedFields` to who wrote the object's main resource and when (manager,
+/// operation, time): enough for [`TakeOver::is_needed`] and for the applier's "written by anyone
 /// since" check after a restart, without the field sets that make up most of their size.
 pub fn slim_managed_fields(obj: &mut DynamicObject) {
-    for entry in obj.metadata.managed_fields.iter_mut().flatten() {
+    let Some(entries) = &mut obj.metadata.managed_fields else { return };
+    // Subresource entries (status writers) matter to neither, and most parents carry one.
+    entries.retain(main_resource);
+    for entry in entries.iter_mut() {
         entry.fields_v1 = None;
         entry.fields_type = None;
+        entry.api_version = None;
+    }
+    if entries.is_empty() {
+        obj.metadata.managed_fields = None;
     }
 }
 
