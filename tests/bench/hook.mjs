@@ -1,10 +1,11 @@
 // The benchmark's hook ("fanout"): a parent wants 3 ConfigMaps carrying its spec.version, and a status
 // naming that version. Answers at once, counts calls, and remembers when each (parent, version) was
-// first asked for, so the bench can time "parent changed -> hook called".
+// first asked for, so the bench can time "parent changed -> hook called". Keys carry the namespace:
+// every system of a run has its own, with the same parent names.
 //
 //   POST /sync                 the hook
 //   GET  /stats                {"calls": n}
-//   GET  /seen?key=NAME@VER    {"at": <unix ms when first asked>} or {"at": null}
+//   GET  /seen?key=NS/NAME@VER {"at": <unix ms when first asked>} or {"at": null}
 //
 // No dependencies. Listens on 127.0.0.1:$PORT and prints "PORT <n>" once listening.
 import http from "node:http";
@@ -16,7 +17,7 @@ function sync(request) {
   const parent = request.parent;
   const name = parent.metadata.name;
   const version = String(parent.spec?.version ?? "0");
-  const key = `${name}@${version}`;
+  const key = `${parent.metadata.namespace}/${name}@${version}`;
   if (!seen.has(key)) seen.set(key, Date.now());
   const children = [0, 1, 2].map((i) => ({
     apiVersion: "v1",

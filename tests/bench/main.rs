@@ -8,7 +8,9 @@
 //!   and one status patch per parent, 5 workers, no client-side rate limit);
 //! - `raw+watch`: the same, with the watches a controller needs open (the parent type and the child type,
 //!   cluster-wide);
-//! - `metahook`: the hub as its own process (the binary of this build, or `HUB_BIN`).
+//! - `metahook`: the hub as its own process (the binary of this build, or `HUB_BIN`);
+//! - `baseline`, only with `BASELINE_BIN=<another build of the hub>`: the same as `metahook` with that
+//!   binary, so a change is measured before and after in one run, against the same raw figures.
 //!
 //! Phases: backlog converge; idle (writes, hook calls, hub CPU); spec-bump update; restart with nothing
 //! changed (writes and time until quiet); latency from a parent change to the hook call at idle. Writes
@@ -16,7 +18,7 @@
 //!
 //! Output: a markdown table on stdout, `target/bench/fanout-<N>.json`, and `target/bench/fanout-<N>.png`
 //! (converged children over time per system). `MEM=1` instead loads 10k parents (30k children) into the
-//! hub and reports its steady RSS and bytes per cached object.
+//! hub and reports its steady RSS and bytes per cached object (for the baseline too, when set).
 //!
 //! Run by `cargo test` with no arguments (as part of `make test`) it does a smoke-sized run (N=20, short
 //! phases) so it never rots; `make bench` runs the full size. Figures are printed, never asserted: the
@@ -67,6 +69,8 @@ struct Settings {
     latency_changes: usize,
     mem: bool,
     hub_bin: PathBuf,
+    /// `BASELINE_BIN`: another build of the hub, run as a fourth system.
+    baseline_bin: Option<PathBuf>,
     smoke: bool,
 }
 
@@ -82,7 +86,16 @@ impl Settings {
         };
         let hub_bin =
             std::env::var_os("HUB_BIN").map_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_metahook")), PathBuf::from);
-        Self { n, idle: Duration::from_secs(idle as u64), latency_changes: latency, mem, hub_bin, smoke: !full && !mem }
+        let baseline_bin = std::env::var_os("BASELINE_BIN").filter(|b| !b.is_empty()).map(PathBuf::from);
+        Self {
+            n,
+            idle: Duration::from_secs(idle as u64),
+            latency_changes: latency,
+            mem,
+            hub_bin,
+            baseline_bin,
+            smoke: !full && !mem,
+        }
     }
 }
 
@@ -129,11 +142,15 @@ async fn main() {
     eprintln!("[bench] N={} idle={:?} hub={}", settings.n, settings.idle, settings.hub_bin.display());
 
     if settings.mem {
-        mem_mode(&client, &settings, &hook, &out).await;
+        mem_mode(&client, &settings, &hook, &out, &settings.hub_bin, "").await;
+        if let Some(baseline) = &settings.baseline_bin {
+            mem_mode(&client, &settings, &hook, &out, baseline, "baseline-").await;
+        }
         return;
     }
     let mut results = Vec::new();
-    for system in [System::Raw, System::RawWatch, System::Metahook] {
+    let baseline = settings.baseline_bin.as_ref().map(|_| System::Baseline);
+    for system in [System::Raw, System::RawWatch, System::Metahook].into_iter().chain(baseline) {
         let figures = run_system(&client, &settings, &hook, system).await;
         eprintln!("[bench] {} done: backlog {:.2}s", figures.name, figures.backlog.seconds);
         results.push(figures);
@@ -142,6 +159,7 @@ async fn main() {
     println!("{table}");
     let json = json!({
         "workload": "fanout", "n": settings.n, "children_per_parent": CHILDREN, "hub": settings.hub_bin,
+        "baseline": settings.baseline_bin,
         "machine": machine(), "systems": results,
     });
     let stem = format!("fanout-{}", settings.n);
@@ -158,6 +176,7 @@ enum System {
     Raw,
     RawWatch,
     Metahook,
+    Baseline,
 }
 
 impl System {
@@ -166,6 +185,16 @@ impl System {
             Self::Raw => "raw",
             Self::RawWatch => "raw+watch",
             Self::Metahook => "metahook",
+            Self::Baseline => "baseline",
+        }
+    }
+
+    /// The hub binary this system runs, if it is a hub.
+    fn hub_bin(self, settings: &Settings) -> Option<&Path> {
+        match self {
+            Self::Raw | Self::RawWatch => None,
+            Self::Metahook => Some(&settings.hub_bin),
+            Self::Baseline => settings.baseline_bin.as_deref(),
         }
     }
 }
@@ -188,14 +217,14 @@ async fn run_system(client: &Client, settings: &Settings, hook: &Hook, system: S
     let meter = Meter::start(client, hook, None).await;
     let mut hub = None;
     let timeline = tracker.sample("1", settings.n);
-    match system {
-        System::Metahook => {
+    match system.hub_bin(settings) {
+        Some(bin) => {
             world.controller(&label, hook.port).await;
-            let process = HubRun::start(&settings.hub_bin, &label);
+            let process = HubRun::start(bin, &label);
             hub_pid = Some(process.pid());
             hub = Some(process);
         }
-        System::Raw | System::RawWatch => world.raw_writes("1").await,
+        None => world.raw_writes("1").await,
     }
     tracker.wait("1", settings.n).await;
     figures.backlog = meter.stop(client, hook, hub_pid).await;
@@ -208,12 +237,9 @@ async fn run_system(client: &Client, settings: &Settings, hook: &Hook, system: S
 
     // Spec bump.
     let meter = Meter::start(client, hook, hub_pid).await;
-    match system {
-        System::Metahook => world.bump("2").await,
-        System::Raw | System::RawWatch => {
-            world.bump("2").await;
-            world.raw_writes("2").await;
-        }
+    world.bump("2").await;
+    if hub.is_none() {
+        world.raw_writes("2").await;
     }
     tracker.wait("2", settings.n).await;
     figures.update = meter.stop(client, hook, hub_pid).await;
@@ -230,7 +256,7 @@ async fn run_system(client: &Client, settings: &Settings, hook: &Hook, system: S
             // before the patch's own response reaches us.
             let sent = unix_ms();
             world.patch_version(&parent, &version).await;
-            let seen = hook.seen_at(&format!("{parent}@{version}")).await;
+            let seen = hook.seen_at(&format!("{}/{parent}@{version}", world.ns)).await;
             latencies.push((seen - sent).max(0.0));
         }
         tracker.wait_any_version(settings.n).await;
@@ -245,7 +271,7 @@ async fn run_system(client: &Client, settings: &Settings, hook: &Hook, system: S
         process.stop().await;
         let calls_before = hook.calls().await;
         let meter = Meter::start(client, hook, None).await;
-        let restarted = HubRun::start(&settings.hub_bin, &label);
+        let restarted = HubRun::start(system.hub_bin(settings).expect("a hub system"), &label);
         let pid = restarted.pid();
         // Quiet: every parent synced once again, then nothing written for 2 s.
         let started = Instant::now();
@@ -268,12 +294,13 @@ async fn run_system(client: &Client, settings: &Settings, hook: &Hook, system: S
 }
 
 /// Loads 10k parents (30k children) into one hub and reports its memory.
-async fn mem_mode(client: &Client, settings: &Settings, hook: &Hook, out: &Path) {
+async fn mem_mode(client: &Client, settings: &Settings, hook: &Hook, out: &Path, hub_bin: &Path, prefix: &str) {
     let ns = support::TestNamespace::create(client, "bench-mem").await;
     let label = ns.name.clone();
     let world = Bench { client: client.clone(), ns: ns.name.clone(), n: settings.n };
     // The hub's own footprint first: running, watching nothing of ours yet.
-    let empty = HubRun::start(&settings.hub_bin, "nothing-matches-this");
+    eprintln!("[bench] memory of {}", hub_bin.display());
+    let empty = HubRun::start(hub_bin, "nothing-matches-this");
     tokio::time::sleep(Duration::from_secs(5)).await;
     let empty_rss = empty.rss_mib().unwrap_or(0.0);
     empty.stop().await;
@@ -282,7 +309,7 @@ async fn mem_mode(client: &Client, settings: &Settings, hook: &Hook, out: &Path)
     let tracker = Convergence::start(client, &ns.name).await;
     world.controller(&label, hook.port).await;
     let started = Instant::now();
-    let hub = HubRun::start(&settings.hub_bin, &label);
+    let hub = HubRun::start(hub_bin, &label);
     tracker.wait("1", settings.n).await;
     let converge = started.elapsed().as_secs_f64();
     tokio::time::sleep(settings.idle).await;
@@ -292,17 +319,19 @@ async fn mem_mode(client: &Client, settings: &Settings, hook: &Hook, out: &Path)
     let objects = settings.n * (1 + CHILDREN);
     let per_object = (rss - empty_rss) * 1024.0 * 1024.0 / objects as f64;
     let text = format!(
-        "| MEM mode | value |\n|---|---|\n| parents / children cached | {} / {} |\n| converge | {converge:.1} s |\n\
+        "| MEM mode ({}) | value |\n|---|---|\n| parents / children cached | {} / {} |\n| converge | {converge:.1} s |\n\
          | hub RSS, no controllers | {empty_rss:.1} MiB |\n| hub RSS, steady | {rss:.1} MiB |\n| hub peak RSS | {peak:.1} MiB |\n\
          | bytes per cached object | {per_object:.0} |\n",
+        hub_bin.display(),
         settings.n,
         settings.n * CHILDREN
     );
     println!("{text}");
-    std::fs::write(out.join(format!("mem-{}.md", settings.n)), &text).unwrap();
+    std::fs::write(out.join(format!("{prefix}mem-{}.md", settings.n)), &text).unwrap();
     let json = json!({"n": settings.n, "children": settings.n * CHILDREN, "converge_s": converge, "empty_rss_mib": empty_rss,
-                      "rss_mib": rss, "peak_rss_mib": peak, "bytes_per_object": per_object, "machine": machine()});
-    std::fs::write(out.join(format!("mem-{}.json", settings.n)), serde_json::to_string_pretty(&json).unwrap()).unwrap();
+                      "rss_mib": rss, "peak_rss_mib": peak, "bytes_per_object": per_object, "hub": hub_bin, "machine": machine()});
+    std::fs::write(out.join(format!("{prefix}mem-{}.json", settings.n)), serde_json::to_string_pretty(&json).unwrap())
+        .unwrap();
     world.delete_controller(&label).await;
     ns.delete().await;
     wait_namespace_gone(client, &world.ns).await;
@@ -785,20 +814,34 @@ impl Hook {
 // ---- output -------------------------------------------------------------------------------------
 
 fn table(settings: &Settings, results: &[SystemFigures]) -> String {
-    let find = |name: &str| results.iter().find(|r| r.name == name).cloned().unwrap_or_default();
-    let (raw, watch, hub) = (find("raw"), find("raw+watch"), find("metahook"));
+    let find = |name: &str| results.iter().find(|r| r.name == name).cloned();
+    let (raw, watch) = (find("raw").unwrap_or_default(), find("raw+watch").unwrap_or_default());
+    // The hubs, each with its ratios to both raw systems: metahook, and the baseline build when set.
+    let hubs: Vec<SystemFigures> = ["metahook", "baseline"].into_iter().filter_map(find).collect();
     let n = settings.n as f64;
     let ratio = |a: f64, b: f64| if b > 0.0 { format!("{:.2}", a / b) } else { "-".into() };
+    let names: Vec<&str> = hubs.iter().map(|h| h.name.as_str()).collect();
+    let ratio_heads: String = names.iter().map(|h| format!(" {h} / raw | {h} / raw+watch |")).collect();
     let mut out = format!(
-        "### fanout, N = {} parents x {CHILDREN} children{}\n\n\
-         | figure | raw | raw+watch | metahook | metahook / raw | metahook / raw+watch |\n|---|---|---|---|---|---|\n",
+        "### fanout, N = {} parents x {CHILDREN} children{}\n\n| figure | raw | raw+watch |{} {ratio_heads}\n|{}\n",
         settings.n,
-        if settings.smoke { " (smoke size: figures are not meaningful)" } else { "" }
+        if settings.smoke { " (smoke size: figures are not meaningful)" } else { "" },
+        names.iter().map(|h| format!(" {h} |")).collect::<String>(),
+        "---|".repeat(3 + 3 * hubs.len()),
     );
     let mut row = |what: &str, f: &dyn Fn(&SystemFigures) -> f64, digits: usize, ratios: bool| {
-        let (a, b, c) = (f(&raw), f(&watch), f(&hub));
-        let (r1, r2) = if ratios { (ratio(c, a), ratio(c, b)) } else { ("".into(), "".into()) };
-        out.push_str(&format!("| {what} | {a:.digits$} | {b:.digits$} | {c:.digits$} | {r1} | {r2} |\n"));
+        let (a, b) = (f(&raw), f(&watch));
+        let mut line = format!("| {what} | {a:.digits$} | {b:.digits$} |");
+        for hub in &hubs {
+            line.push_str(&format!(" {:.digits$} |", f(hub)));
+        }
+        for hub in &hubs {
+            let c = f(hub);
+            let (r1, r2) = if ratios { (ratio(c, a), ratio(c, b)) } else { (String::new(), String::new()) };
+            line.push_str(&format!(" {r1} | {r2} |"));
+        }
+        out.push_str(&line);
+        out.push('\n');
     };
     row("backlog converge (s)", &|s| s.backlog.seconds, 2, true);
     row("update converge (s)", &|s| s.update.seconds, 2, true);
@@ -814,24 +857,20 @@ fn table(settings: &Settings, results: &[SystemFigures]) -> String {
     row(&format!("idle {}s: hook calls", settings.idle.as_secs()), &|s| s.idle.hook_calls as f64, 0, false);
     row(&format!("idle {}s: hub CPU-s", settings.idle.as_secs()), &|s| s.idle.hub_cpu_s, 2, false);
     row(&format!("idle {}s: apiserver CPU-s", settings.idle.as_secs()), &|s| s.idle.apiserver_cpu_s, 2, true);
-    if let Some(restart) = &hub.restart {
-        out.push_str(&format!(
-            "| restart, nothing changed: writes / time to quiet (s) / one LIST of everything (s) | - | - | {} / {:.2} / {:.2} | | |\n",
-            restart.writes, restart.seconds, hub.list_s
-        ));
-    }
+    // Figures only a hub has: one cell per hub, the raw and ratio cells empty.
     let ms = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.1}"));
-    out.push_str(&format!(
-        "| change -> hook call at idle, p50 / p99 (ms, {} changes) | - | - | {} / {} | | |\n",
-        settings.latency_changes,
-        ms(hub.latency_p50_ms),
-        ms(hub.latency_p99_ms)
+    let hub_row = |what: &str, cell: &dyn Fn(&SystemFigures) -> String| {
+        let cells: String = hubs.iter().map(|h| format!(" {} |", cell(h))).collect();
+        format!("| {what} | - | - |{cells}{}\n", " | |".repeat(hubs.len()))
+    };
+    out.push_str(&hub_row("restart, nothing changed: writes / time to quiet (s) / one LIST of everything (s)", &|h| {
+        h.restart.as_ref().map_or("-".into(), |r| format!("{} / {:.2} / {:.2}", r.writes, r.seconds, h.list_s))
+    }));
+    out.push_str(&hub_row(
+        &format!("change -> hook call at idle, p50 / p99 (ms, {} changes)", settings.latency_changes),
+        &|h| format!("{} / {}", ms(h.latency_p50_ms), ms(h.latency_p99_ms)),
     ));
-    out.push_str(&format!(
-        "| hub RSS steady / peak (MiB) | - | - | {} / {} | | |\n",
-        ms(hub.rss_mib),
-        ms(hub.peak_rss_mib)
-    ));
+    out.push_str(&hub_row("hub RSS steady / peak (MiB)", &|h| format!("{} / {}", ms(h.rss_mib), ms(h.peak_rss_mib))));
     out
 }
 
