@@ -207,11 +207,20 @@ async fn blue_green_switches_the_service_only_once_the_new_color_is_ready() {
     sample[0]["spec"]["template"]["spec"] =
         json!({"containers": containers, "nodeSelector": {"js.examples.metahook.dev/no-such-node": "true"}});
     apply_docs(&ex.client, &sample).await;
-    eventually(WAIT, || async {
-        let status = bgds.get("web").await.ok()?.data["status"].clone();
-        (status["phase"] == "RollingOut" && status["green"]["replicas"] == 2).then_some(())
-    })
+    let rolling_out = tokio::time::timeout(
+        WAIT,
+        eventually(WAIT * 2, || async {
+            let status = bgds.get("web").await.ok()?.data["status"].clone();
+            (status["phase"] == "RollingOut" && status["green"]["replicas"] == 2).then_some(())
+        }),
+    )
     .await;
+    if rolling_out.is_err() {
+        // Which side stopped: the ReplicaSet controller (green's own status) or the hub (the parent's).
+        let parent = bgds.get("web").await.map(|p| p.data["status"].clone());
+        let green = replica_sets.get("web-green").await.map(|rs| (rs.metadata.generation, rs.data["status"].clone()));
+        panic!("never RollingOut with 2 green replicas within {WAIT:?}: parent status {parent:?}; web-green {green:?}");
+    }
     tokio::time::sleep(Duration::from_secs(2)).await;
     let stuck = bgds.get("web").await.unwrap().data["status"].clone();
     assert_eq!((&stuck["activeColor"], &stuck["phase"]), (&json!("blue"), &json!("RollingOut")), "{stuck}");
