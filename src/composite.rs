@@ -30,7 +30,7 @@ use crate::related::{ParentScope, Related};
 use crate::revisions::{self, Rollouts};
 use crate::selector::{Selector, SelectorIndex};
 use crate::sync::{
-    Facts, StartError, SyncError, Syncer, api_for, controller_queue, every, follow_plan, gc_finalizing, has_finalizer,
+    Facts, StartError, SyncError, Syncer, api_for, controller_queue, follow_plan, gc_finalizing, has_finalizer,
     lifecycle_changed, meaningful_parent_change, record_hook_events, replace_status, resync_after, resync_period,
     run_workers, set_finalizer,
 };
@@ -158,14 +158,6 @@ impl Controller {
         tasks.spawn(Arc::clone(&self).map_parent_events());
         for index in 0..self.children.len() {
             tasks.spawn(Arc::clone(&self).map_child_events(index));
-        }
-        if let Some(period) = resync_period(self.cc.spec.resync_period_seconds) {
-            let this = Arc::clone(&self);
-            tasks.spawn(every(period, move || {
-                for parent in this.parent.list(None) {
-                    this.enqueue(ObjectKey::of(&parent));
-                }
-            }));
         }
         let workers = self.hub.config.workers;
         run_workers(self, workers, tasks, cancel).await;
@@ -567,6 +559,10 @@ impl Syncer for Controller {
 
     async fn sync(&self, key: &ObjectKey) -> Result<Option<Duration>, SyncError> {
         self.sync_parent(key).await
+    }
+
+    fn resync_period(&self, key: &ObjectKey) -> Option<Duration> {
+        resync_period(self.cc.spec.resync_period_seconds).filter(|_| self.parent.contains(key))
     }
 }
 

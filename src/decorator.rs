@@ -30,7 +30,7 @@ use crate::queue::WorkQueue;
 use crate::related::{ParentScope, Related};
 use crate::selector::Selector;
 use crate::sync::{
-    Facts, StartError, SyncError, Syncer, api_for, controller_queue, every, follow_plan, gc_finalizing, has_finalizer,
+    Facts, StartError, SyncError, Syncer, api_for, controller_queue, follow_plan, gc_finalizing, has_finalizer,
     lifecycle_changed, meaningful_parent_change, record_hook_events, replace_status, resync_after, resync_period,
     run_workers, set_finalizer,
 };
@@ -255,16 +255,6 @@ impl Controller {
         }
         for index in 0..self.attachments.len() {
             tasks.spawn(Arc::clone(&self).map_attachment_events(index));
-        }
-        if let Some(period) = resync_period(self.dc.spec.resync_period_seconds) {
-            let this = Arc::clone(&self);
-            tasks.spawn(every(period, move || {
-                for (target_type, target) in this.targets.iter().enumerate() {
-                    for obj in target.informer.list(None) {
-                        this.enqueue(TargetKey { target_type, key: ObjectKey::of(&obj) });
-                    }
-                }
-            }));
         }
         let workers = self.hub.config.workers;
         run_workers(self, workers, tasks, cancel).await;
@@ -619,6 +609,11 @@ impl Syncer for Controller {
 
     async fn sync(&self, key: &TargetKey) -> Result<Option<Duration>, SyncError> {
         self.sync_target(key).await
+    }
+
+    fn resync_period(&self, key: &TargetKey) -> Option<Duration> {
+        let cached = self.targets.get(key.target_type).is_some_and(|t| t.informer.contains(&key.key));
+        resync_period(self.dc.spec.resync_period_seconds).filter(|_| cached)
     }
 }
 
