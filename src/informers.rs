@@ -10,7 +10,7 @@
 //! [`Entry`]) and hands out freshly decoded `Arc`s, which are never mutated; callers clone before
 //! changing anything.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::Duration;
 
@@ -102,6 +102,20 @@ impl Entry {
         Self { json, resource_version: obj.metadata.resource_version.as_deref().map(Box::from) }
     }
 
+    /// The object's labels alone: choosing among many cached objects by label reads only these, several
+    /// times faster than decoding whole objects, and only the chosen are decoded.
+    fn labels(&self) -> BTreeMap<String, String> {
+        #[derive(serde::Deserialize)]
+        struct Object {
+            metadata: Option<Meta>,
+        }
+        #[derive(serde::Deserialize)]
+        struct Meta {
+            labels: Option<BTreeMap<String, String>>,
+        }
+        serde_json::from_slice::<Object>(&self.json).ok().and_then(|o| o.metadata?.labels).unwrap_or_default()
+    }
+
     fn decode(&self, key: &ObjectKey) -> Option<Arc<DynamicObject>> {
         match serde_json::from_slice(&self.json) {
             Ok(obj) => Some(Arc::new(obj)),
@@ -177,6 +191,19 @@ impl Store {
 
     fn resolve<'a>(&self, keys: impl IntoIterator<Item = &'a Key>) -> Vec<Arc<DynamicObject>> {
         keys.into_iter().filter_map(|k| self.get(k)).collect()
+    }
+
+    /// The objects of `keys` whose labels `selector` selects, decoding only those.
+    fn resolve_selected<'a>(
+        &self,
+        keys: impl IntoIterator<Item = &'a Key>,
+        selector: &Selector,
+    ) -> Vec<Arc<DynamicObject>> {
+        keys.into_iter()
+            .filter_map(|k| self.objects.get_key_value(k))
+            .filter(|(_, entry)| selector.matches(&entry.labels()))
+            .filter_map(|(k, entry)| entry.decode(k))
+            .collect()
     }
 
     #[cfg(test)]
@@ -349,16 +376,38 @@ impl Informer {
     /// found by its required label when it has one.
     #[must_use]
     pub fn orphans_selected(&self, namespace: Option<Option<&str>>, selector: &Selector) -> Vec<Arc<DynamicObject>> {
-        let labels_of = |obj: &DynamicObject| obj.metadata.labels.clone().unwrap_or_default();
-        let candidates = match (namespace, selector.required_label()) {
+        let store = self.shared.store.read().expect("store lock");
+        match (namespace, selector.required_label()) {
             (Some(ns), Some((k, v))) => {
-                let store = self.shared.store.read().expect("store lock");
                 let index = (ns.map(str::to_owned), k.to_owned(), v.to_owned());
-                store.orphans_by_label.get(&index).map(|keys| store.resolve(keys)).unwrap_or_default()
+                store
+                    .orphans_by_label
+                    .get(&index)
+                    .map(|keys| store.resolve_selected(keys, selector))
+                    .unwrap_or_default()
             }
-            _ => self.orphans(namespace),
-        };
-        candidates.into_iter().filter(|obj| selector.matches(&labels_of(obj))).collect()
+            (Some(ns), None) => store
+                .orphans
+                .get(&ns.map(str::to_owned))
+                .map(|k| store.resolve_selected(k, selector))
+                .unwrap_or_default(),
+            (None, _) => store.orphans.values().flat_map(|keys| store.resolve_selected(keys, selector)).collect(),
+        }
+    }
+
+    /// Objects in `namespace` (as for [`Informer::list`]) whose labels `selector` selects; only those
+    /// are decoded.
+    #[must_use]
+    pub fn list_selected(&self, namespace: Option<Option<&str>>, selector: &Selector) -> Vec<Arc<DynamicObject>> {
+        let store = self.shared.store.read().expect("store lock");
+        match namespace {
+            Some(ns) => store
+                .by_namespace
+                .get(&ns.map(str::to_owned))
+                .map(|k| store.resolve_selected(k, selector))
+                .unwrap_or_default(),
+            None => store.resolve_selected(store.objects.keys(), selector),
+        }
     }
 
     /// Objects in `namespace` (`Some(None)` = cluster-scoped), or everywhere (`None`).
@@ -614,6 +663,7 @@ fn remove_unseen(store: &mut Store, seen: &HashSet<ObjectKey>) -> Vec<Change> {
 mod tests {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
     use kube::api::ObjectMeta;
+    use serde_json::json;
 
     use super::*;
 
@@ -702,6 +752,30 @@ mod tests {
         // What an update replaces comes back whole too.
         let old = store.insert(&obj).unwrap();
         assert_eq!(serde_json::to_value(&*old).unwrap(), value);
+    }
+
+    #[test]
+    fn label_selection_reads_the_labels_of_the_stored_json() {
+        let mut store = Store::default();
+        for (name, labels) in [("web", json!({"app": "web"})), ("db", json!({"app": "db"})), ("bare", json!(null))] {
+            let obj: DynamicObject = serde_json::from_value(json!({
+                "apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": name, "namespace": "a", "labels": labels}
+            }))
+            .unwrap();
+            store.insert(&obj);
+        }
+        let names = |selector: &Selector| -> Vec<String> {
+            let mut names: Vec<String> = store
+                .resolve_selected(store.objects.keys(), selector)
+                .iter()
+                .map(|o| o.metadata.name.clone().unwrap())
+                .collect();
+            names.sort();
+            names
+        };
+        assert_eq!(names(&Selector::from_labels(&BTreeMap::from([("app".into(), "web".into())]))), ["web"]);
+        assert_eq!(names(&Selector::everything()), ["bare", "db", "web"]);
     }
 
     #[test]

@@ -284,10 +284,15 @@ impl<K: Clone + Eq + Hash + Send + Sync + 'static> Related<K> {
 
     /// Objects of `rule`'s type that it selects.
     fn select(&self, rule: &Rule) -> Vec<Arc<DynamicObject>> {
-        let candidates = match (&rule.namespace, rule.informer.resource().namespaced) {
-            (Some(ns), true) => rule.informer.list(Some(Some(ns))),
-            (_, false) => rule.informer.list(Some(None)),
-            (None, true) => rule.informer.list(None),
+        let scope = match (&rule.namespace, rule.informer.resource().namespaced) {
+            (Some(ns), true) => Some(Some(ns.as_str())),
+            (_, false) => Some(None),
+            (None, true) => None,
+        };
+        // A label selector is tested on the cached labels first: only what it selects is decoded.
+        let candidates = match &rule.labels {
+            Some(labels) if rule.names.is_empty() => rule.informer.list_selected(scope, labels),
+            _ => rule.informer.list(scope),
         };
         candidates.into_iter().filter(|obj| self.matches(rule, obj)).collect()
     }
