@@ -564,6 +564,10 @@ impl Syncer for Controller {
     fn resync_period(&self, key: &ObjectKey) -> Option<Duration> {
         resync_period(self.cc.spec.resync_period_seconds).filter(|_| self.parent.contains(key))
     }
+
+    fn delayed(&self, key: &ObjectKey) {
+        self.echoes.queued(key);
+    }
 }
 
 /// Selector that decides which objects are `parent`'s children: `controller-uid=<uid>` with

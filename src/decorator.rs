@@ -615,6 +615,10 @@ impl Syncer for Controller {
         let cached = self.targets.get(key.target_type).is_some_and(|t| t.informer.contains(&key.key));
         resync_period(self.dc.spec.resync_period_seconds).filter(|_| cached)
     }
+
+    fn delayed(&self, key: &TargetKey) {
+        self.echoes.queued(key);
+    }
 }
 
 #[cfg(test)]

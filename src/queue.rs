@@ -83,6 +83,9 @@ struct State<K> {
     failures: HashMap<K, u32>,
     /// When each key in `queue` was queued, and when each key in `processing` was handed out (metrics).
     since: HashMap<K, Instant>,
+    /// Keys that came back by their delay (a resync, a retry, `resyncAfterSeconds`) since the syncer
+    /// last asked ([`WorkQueue::take_delayed`]): such a sync is a full one, whatever else queued the key.
+    delayed: HashSet<K>,
     shutting_down: bool,
 }
 
@@ -134,6 +137,7 @@ where
                 processing: HashSet::new(),
                 failures: HashMap::new(),
                 since: HashMap::new(),
+                delayed: HashSet::new(),
                 shutting_down: false,
             }),
             ready: Notify::new(),
@@ -154,7 +158,7 @@ where
     /// earliest wins.
     pub fn add_after(&self, key: K, delay: Duration) {
         if delay.is_zero() {
-            self.add(key);
+            add_as(&self.inner, key, true);
         } else {
             // The timer task lives as long as `inner`, so the send cannot fail while we hold it.
             let _ = self.inner.timer.send((key, Instant::now() + delay.min(MAX_DELAY)));
@@ -211,6 +215,11 @@ where
         }
     }
 
+    /// Whether `key` came back by its delay since the last call for it (and forgets that it did).
+    pub fn take_delayed(&self, key: &K) -> bool {
+        self.inner.state.lock().expect("queue lock").delayed.remove(key)
+    }
+
     /// Marks `key` as no longer being processed; queues it again if it was added meanwhile.
     pub fn done(&self, key: &K) {
         let mut state = self.inner.state.lock().expect("queue lock");
@@ -256,8 +265,19 @@ where
 }
 
 fn add<K: Clone + Eq + Hash>(inner: &Inner<K>, key: K) {
+    add_as(inner, key, false);
+}
+
+/// Queues `key`; `delayed`: it comes back by its delay (see [`State::delayed`]).
+fn add_as<K: Clone + Eq + Hash>(inner: &Inner<K>, key: K, delayed: bool) {
     let mut state = inner.state.lock().expect("queue lock");
-    if state.shutting_down || state.dirty.contains(&key) {
+    if state.shutting_down {
+        return;
+    }
+    if delayed {
+        state.delayed.insert(key.clone());
+    }
+    if state.dirty.contains(&key) {
         return;
     }
     inner.stats.adds.inc();
@@ -298,7 +318,7 @@ where
                 let key = expired.into_inner();
                 pending.remove(&key);
                 let Some(inner) = inner.upgrade() else { return };
-                add(&inner, key);
+                add_as(&inner, key, true);
             }
         }
     }
@@ -307,6 +327,20 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_key_back_by_its_delay_says_so_once() {
+        let q = WorkQueue::new(Backoff::default());
+        q.add("now");
+        q.add("both");
+        q.add_after("both", Duration::from_secs(1));
+        q.add_after("later", Duration::from_secs(1));
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert!(!q.take_delayed(&"now"), "added at once");
+        assert!(q.take_delayed(&"both"), "its delay came while it was queued for something else");
+        assert!(q.take_delayed(&"later"));
+        assert!(!q.take_delayed(&"later"), "told once");
+    }
 
     #[tokio::test]
     async fn duplicate_adds_are_delivered_once() {

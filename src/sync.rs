@@ -152,6 +152,9 @@ pub(crate) trait Syncer: Send + Sync + 'static {
     /// The controller's `resyncPeriodSeconds`, if the object is still cached (a deleted one needs no
     /// more resyncs).
     fn resync_period(&self, key: &Self::Key) -> Option<Duration>;
+    /// `key` came back by its delay (a resync, a retry, `resyncAfterSeconds`): its coming sync is a
+    /// full one, even if an echo queued the key too.
+    fn delayed(&self, key: &Self::Key);
 }
 
 /// Numbers the syncs of this process, so every log line of one sync can be told apart.
@@ -175,6 +178,9 @@ pub(crate) async fn work<S: Syncer>(syncer: Arc<S>) {
 async fn handle<S: Syncer>(syncer: &S, queue: &WorkQueue<S::Key>, key: &S::Key) {
     use crate::metrics::Outcome;
     let started = std::time::Instant::now();
+    if queue.take_delayed(key) {
+        syncer.delayed(key);
+    }
     debug!("sync started");
     let result = AssertUnwindSafe(syncer.sync(key))
         .catch_unwind()
@@ -569,6 +575,7 @@ mod tests {
         fn resync_period(&self, key: &&'static str) -> Option<Duration> {
             self.period.filter(|_| *key != "gone")
         }
+        fn delayed(&self, _: &&'static str) {}
     }
 
     /// Each object is resynced a period after its first sync and every period after that, whatever
