@@ -206,11 +206,6 @@ impl Store {
             .collect()
     }
 
-    #[cfg(test)]
-    fn controlled_by_for_test(&self, uid: &str) -> Vec<String> {
-        self.by_controller[uid].iter().map(|k| k.name.clone()).collect()
-    }
-
     fn all(&self) -> Vec<Arc<DynamicObject>> {
         self.objects.iter().filter_map(|(k, entry)| entry.decode(k)).collect()
     }
@@ -360,16 +355,6 @@ impl Informer {
     pub fn controlled_by(&self, uid: &str) -> Vec<Arc<DynamicObject>> {
         let store = self.shared.store.read().expect("store lock");
         store.by_controller.get(uid).map(|keys| store.resolve(keys)).unwrap_or_default()
-    }
-
-    /// Objects without a controller, in `namespace` (`Some(None)` = cluster-scoped), or everywhere (`None`).
-    #[must_use]
-    pub fn orphans(&self, namespace: Option<Option<&str>>) -> Vec<Arc<DynamicObject>> {
-        let store = self.shared.store.read().expect("store lock");
-        match namespace {
-            Some(ns) => store.orphans.get(&ns.map(str::to_owned)).map(|k| store.resolve(k)).unwrap_or_default(),
-            None => store.orphans.values().flat_map(|keys| store.resolve(keys)).collect(),
-        }
     }
 
     /// Orphans in `namespace` (`Some(None)` = cluster-scoped; `None` = everywhere) that `selector` selects,
@@ -748,7 +733,8 @@ mod tests {
         let key = ObjectKey::of(&obj);
         let back = store.get(&key).unwrap();
         assert_eq!(serde_json::to_value(&*back).unwrap(), value);
-        assert_eq!(store.controlled_by_for_test("p1"), ["x"]);
+        let controlled: Vec<&str> = store.by_controller["p1"].iter().map(|k| k.name.as_str()).collect();
+        assert_eq!(controlled, ["x"]);
         // What an update replaces comes back whole too.
         let old = store.insert(&obj).unwrap();
         assert_eq!(serde_json::to_value(&*old).unwrap(), value);

@@ -215,7 +215,10 @@ async fn handle<S: Syncer>(syncer: &S, queue: &WorkQueue<S::Key>, key: &S::Key) 
             if let Some(after) = resync {
                 queue.add_after(key.clone(), after);
             }
-            if let (Some(requested), Some(obj)) = (syncer.sync_requests().take(key), syncer.object(key)) {
+            // Only when a request waits: reading the object decodes it from the cache.
+            if let Some(requested) = syncer.sync_requests().take(key)
+                && let Some(obj) = syncer.object(key)
+            {
                 let note = format!("Sync requested at {requested} done");
                 syncer.events().normal(&reference(&obj), "SyncRequested", note).await;
             }
