@@ -4,8 +4,18 @@
 //! kube-runtime's `Controller` has a scheduler but couples it to its own watches and gives no
 //! per-item exponential backoff or queue depth to export, so metahook keeps its own queue here.
 //!
-//! Invariants (all under one lock, held only for O(1) work):
-//! - a key is in `queue` at most once, and iff it is in `dirty` and not in `processing`;
+//! Keys wait in two lines. One holds keys queued for something observed (a watch event, a sync
+//! request); the other keys that came back by their delay (a resync, a retry, `resyncAfterSeconds`).
+//! A worker takes from the second only when the first is empty, so a change is never stuck behind a
+//! period's worth of resyncs: with 3,000 parents resynced every 10 s, 300 resyncs a second were queued
+//! ahead of the change a user had just made. controller-runtime's priority queue does the same (events
+//! first, resyncs low). The price: under a load that never lets the change line empty, resyncs and
+//! retries wait; they are the work that is not new.
+//!
+//! Invariants (all under one lock, held only for amortised O(1) work):
+//! - a key is in `queued` at most once, and iff it is in `dirty` and not in `processing`; of its entries
+//!   in the two lines only the one with its ticket counts (moving a key to the change line leaves a
+//!   stale entry behind, skipped when reached);
 //! - a key added while being processed is parked in `dirty` and queued again by [`WorkQueue::done`].
 
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -76,9 +86,23 @@ impl Default for QueueStats {
     }
 }
 
+/// The line a queued key waits in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Lane {
+    /// Something was observed: served first.
+    Change,
+    /// Back by its delay: served when no change waits.
+    Delayed,
+}
+
 struct State<K> {
-    queue: VecDeque<K>,
-    dirty: HashSet<K>,
+    changes: VecDeque<(K, u64)>,
+    delays: VecDeque<(K, u64)>,
+    /// Keys waiting in a line: which one, and the ticket of their live entry there.
+    queued: HashMap<K, (Lane, u64)>,
+    tickets: u64,
+    /// Keys waiting to be processed, and the line they go to (a change wins over a delay).
+    dirty: HashMap<K, Lane>,
     processing: HashSet<K>,
     failures: HashMap<K, u32>,
     /// When each key in `queue` was queued, and when each key in `processing` was handed out (metrics).
@@ -90,11 +114,31 @@ struct State<K> {
 }
 
 impl<K: Clone + Eq + Hash> State<K> {
-    /// Appends `key` to the queue, noting when (for `workqueue_queue_duration_seconds`).
-    fn push(&mut self, key: K, stats: &QueueStats) {
-        self.since.insert(key.clone(), Instant::now());
-        self.queue.push_back(key);
-        stats.depth.set(i64::try_from(self.queue.len()).unwrap_or(i64::MAX));
+    /// Appends `key` to the end of `lane`'s line (moving it there if it waits in the other), noting
+    /// when it was first queued (for `workqueue_queue_duration_seconds`).
+    fn push(&mut self, key: K, lane: Lane, stats: &QueueStats) {
+        self.since.entry(key.clone()).or_insert_with(Instant::now);
+        self.tickets += 1;
+        self.queued.insert(key.clone(), (lane, self.tickets));
+        let line = match lane {
+            Lane::Change => &mut self.changes,
+            Lane::Delayed => &mut self.delays,
+        };
+        line.push_back((key, self.tickets));
+        stats.depth.set(i64::try_from(self.queued.len()).unwrap_or(i64::MAX));
+    }
+
+    /// The oldest key of the change line, else of the delay line.
+    fn pop(&mut self) -> Option<K> {
+        for (lane, line) in [(Lane::Change, &mut self.changes), (Lane::Delayed, &mut self.delays)] {
+            while let Some((key, ticket)) = line.pop_front() {
+                if self.queued.get(&key) == Some(&(lane, ticket)) {
+                    self.queued.remove(&key);
+                    return Some(key);
+                }
+            }
+        }
+        None
     }
 }
 
@@ -132,8 +176,11 @@ where
         let (timer, requests) = mpsc::unbounded_channel();
         let inner = Arc::new(Inner {
             state: Mutex::new(State {
-                queue: VecDeque::new(),
-                dirty: HashSet::new(),
+                changes: VecDeque::new(),
+                delays: VecDeque::new(),
+                queued: HashMap::new(),
+                tickets: 0,
+                dirty: HashMap::new(),
                 processing: HashSet::new(),
                 failures: HashMap::new(),
                 since: HashMap::new(),
@@ -149,16 +196,17 @@ where
         Self { inner }
     }
 
-    /// Queues `key` now, unless it is already waiting.
+    /// Queues `key` now for a change, unless it is already waiting (a key waiting in the delay line
+    /// moves to the end of the change line).
     pub fn add(&self, key: K) {
-        add(&self.inner, key);
+        add_as(&self.inner, key, Lane::Change);
     }
 
     /// Queues `key` after `delay` (at most [`MAX_DELAY`]). Of several pending delays for one key the
     /// earliest wins.
     pub fn add_after(&self, key: K, delay: Duration) {
         if delay.is_zero() {
-            add_as(&self.inner, key, true);
+            add_as(&self.inner, key, Lane::Delayed);
         } else {
             // The timer task lives as long as `inner`, so the send cannot fail while we hold it.
             let _ = self.inner.timer.send((key, Instant::now() + delay.min(MAX_DELAY)));
@@ -200,9 +248,9 @@ where
                 if state.shutting_down {
                     return None;
                 }
-                if let Some(key) = state.queue.pop_front() {
+                if let Some(key) = state.pop() {
                     let report = &self.inner.stats;
-                    report.depth.set(i64::try_from(state.queue.len()).unwrap_or(i64::MAX));
+                    report.depth.set(i64::try_from(state.queued.len()).unwrap_or(i64::MAX));
                     if let Some(queued) = state.since.insert(key.clone(), Instant::now()) {
                         report.queue_duration.observe(queued.elapsed().as_secs_f64());
                     }
@@ -227,8 +275,8 @@ where
         if let Some(started) = state.since.remove(key) {
             self.inner.stats.work_duration.observe(started.elapsed().as_secs_f64());
         }
-        if state.dirty.contains(key) {
-            state.push(key.clone(), &self.inner.stats);
+        if let Some(&lane) = state.dirty.get(key) {
+            state.push(key.clone(), lane, &self.inner.stats);
             drop(state);
             self.inner.ready.notify_one();
         }
@@ -243,13 +291,13 @@ where
     /// Keys waiting to be processed.
     #[must_use]
     pub fn len(&self) -> usize {
-        self.inner.state.lock().expect("queue lock").queue.len()
+        self.inner.state.lock().expect("queue lock").queued.len()
     }
 
     /// Whether `key` is waiting to be processed (queued, or parked while a worker has it).
     #[must_use]
     pub fn is_pending(&self, key: &K) -> bool {
-        self.inner.state.lock().expect("queue lock").dirty.contains(key)
+        self.inner.state.lock().expect("queue lock").dirty.contains_key(key)
     }
 
     #[must_use]
@@ -264,28 +312,34 @@ where
     }
 }
 
-fn add<K: Clone + Eq + Hash>(inner: &Inner<K>, key: K) {
-    add_as(inner, key, false);
-}
-
-/// Queues `key`; `delayed`: it comes back by its delay (see [`State::delayed`]).
-fn add_as<K: Clone + Eq + Hash>(inner: &Inner<K>, key: K, delayed: bool) {
+/// Queues `key` in `lane` (a delayed key is also noted in [`State::delayed`]).
+fn add_as<K: Clone + Eq + Hash>(inner: &Inner<K>, key: K, lane: Lane) {
     let mut state = inner.state.lock().expect("queue lock");
     if state.shutting_down {
         return;
     }
-    if delayed {
+    if lane == Lane::Delayed {
         state.delayed.insert(key.clone());
     }
-    if state.dirty.contains(&key) {
-        return;
+    match state.dirty.get(&key) {
+        Some(Lane::Change) => return,
+        Some(Lane::Delayed) if lane == Lane::Delayed => return,
+        Some(Lane::Delayed) => {
+            // Already waiting, but now for a change: it moves up (or, parked, goes back in that line).
+            state.dirty.insert(key.clone(), Lane::Change);
+            if !state.queued.contains_key(&key) {
+                return;
+            }
+        }
+        None => {
+            inner.stats.adds.inc();
+            state.dirty.insert(key.clone(), lane);
+            if state.processing.contains(&key) {
+                return;
+            }
+        }
     }
-    inner.stats.adds.inc();
-    state.dirty.insert(key.clone());
-    if state.processing.contains(&key) {
-        return;
-    }
-    state.push(key, &inner.stats);
+    state.push(key, lane, &inner.stats);
     drop(state);
     inner.ready.notify_one();
 }
@@ -318,7 +372,7 @@ where
                 let key = expired.into_inner();
                 pending.remove(&key);
                 let Some(inner) = inner.upgrade() else { return };
-                add_as(&inner, key, true);
+                add_as(&inner, key, Lane::Delayed);
             }
         }
     }
@@ -340,6 +394,41 @@ mod tests {
         assert!(q.take_delayed(&"both"), "its delay came while it was queued for something else");
         assert!(q.take_delayed(&"later"));
         assert!(!q.take_delayed(&"later"), "told once");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn changes_are_served_before_keys_back_by_their_delay() {
+        let q = WorkQueue::new(Backoff::default());
+        q.add_after("resync-1", Duration::from_secs(1));
+        q.add_after("resync-2", Duration::from_secs(1));
+        q.add_after("moved", Duration::from_secs(1));
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert_eq!(q.len(), 3);
+        q.add("change");
+        q.add("moved");
+        assert_eq!(q.len(), 4, "a key moved to the change line is still one key");
+        let mut order = Vec::new();
+        while let Some(key) = tokio::time::timeout(Duration::from_millis(10), q.next()).await.ok().flatten() {
+            order.push(key);
+            q.done(&key);
+        }
+        assert_eq!(order, ["change", "moved", "resync-1", "resync-2"], "each key once, changes first");
+        assert!(q.is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_parked_key_changed_meanwhile_comes_back_as_a_change() {
+        let q = WorkQueue::new(Backoff::default());
+        q.add("busy");
+        let busy = q.next().await.unwrap();
+        q.add_after("busy", Duration::from_millis(1));
+        q.add_after("resync", Duration::from_millis(1));
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        q.add("busy");
+        q.done(&busy);
+        assert_eq!(q.len(), 2);
+        assert_eq!(q.next().await, Some("busy"), "its change wins over the older resync");
+        assert_eq!(q.next().await, Some("resync"));
     }
 
     #[tokio::test]
