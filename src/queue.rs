@@ -120,11 +120,11 @@ impl<K: Clone + Eq + Hash> State<K> {
         self.since.entry(key.clone()).or_insert_with(Instant::now);
         self.tickets += 1;
         self.queued.insert(key.clone(), (lane, self.tickets));
-        let line = match lane {
+        let waiting = match lane {
             Lane::Change => &mut self.changes,
             Lane::Delayed => &mut self.delays,
         };
-        line.push_back((key, self.tickets));
+        waiting.push_back((key, self.tickets));
         stats.depth.set(i64::try_from(self.queued.len()).unwrap_or(i64::MAX));
     }
 
