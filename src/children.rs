@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 use crate::api::{HookVersion, UpdateMethod, labels_of};
 use crate::apply::{Applied, Applier, ApplyError, holder, strip_server_fields};
 use crate::discovery::ResolvedResource;
-use crate::hooks::{ObjectMaps, group_version_kind_key, object_key};
+use crate::hooks::{ObjectMaps, WireObject, group_version_kind_key, object_key};
 use crate::informers::{Informer, ObjectKey, controller_uid};
 use crate::selector::Selector;
 use crate::validation;
@@ -566,7 +566,7 @@ pub fn request_map(
         let entry = maps.entry(group_version_kind_key(resource.api_version(), resource.kind())).or_default();
         for (key, obj) in objects {
             if let Some(k) = object_key(version, parent_ns, key.namespace.as_deref(), &key.name) {
-                entry.insert(k, crate::informers::for_hooks(obj));
+                entry.insert(k, WireObject(Arc::clone(obj)));
             }
         }
     }

@@ -368,7 +368,7 @@ impl Controller {
             version: hook.version(),
         };
         let related = self.related.gather(key, &parent, scope).await?;
-        let parent_json = crate::informers::for_hooks(&parent);
+        let parent_json = crate::hooks::for_hooks(&parent);
         let children = request_map(&self.child_resources, scope.version, scope.namespace, &observed);
         let call = HookCall { children: &children, related: &related, finalizing, selector: &selector };
         let outcome = match &self.rollouts {

@@ -448,7 +448,7 @@ impl Controller {
         };
         let observed = self.observed_attachments(&target, resource.namespaced);
         let related = self.related.gather(key, &target, scope).await?;
-        let object = crate::informers::for_hooks(&target);
+        let object = crate::hooks::for_hooks(&target);
         let attachments = request_map(&self.attachment_resources, scope.version, scope.namespace, &observed);
         let request = DecoratorRequest {
             controller: &self.dc_json,

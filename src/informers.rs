@@ -509,16 +509,6 @@ fn prepare(mut obj: DynamicObject, resource: &ResolvedResource) -> Arc<DynamicOb
 const KUBECTL_LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 const METACONTROLLER_LAST_APPLIED: &str = "metacontroller.k8s.io/last-applied-configuration";
 
-/// A cached object as hooks receive it: without the managedFields summary the cache keeps.
-#[must_use]
-pub fn for_hooks(obj: &DynamicObject) -> serde_json::Value {
-    let mut value = serde_json::to_value(obj).unwrap_or(serde_json::Value::Null);
-    if let Some(meta) = value.get_mut("metadata").and_then(serde_json::Value::as_object_mut) {
-        meta.remove("managedFields");
-    }
-    value
-}
-
 async fn run_watch(client: Client, shared: Weak<Shared>) {
     let resource = match shared.upgrade() {
         Some(s) => Arc::clone(&s.resource),

@@ -13,7 +13,9 @@ use serde_json::Value;
 
 use crate::api::{HookVersion, labels_of};
 use crate::discovery::ResolvedResource;
-use crate::hooks::{CustomizeRequest, Endpoint, ObjectMaps, RelatedResourceRule, group_version_kind_key, object_key};
+use crate::hooks::{
+    CustomizeRequest, Endpoint, ObjectMaps, RelatedResourceRule, WireObject, group_version_kind_key, object_key,
+};
 use crate::hub::Hub;
 use crate::informers::{Change, Informer, ObjectKey};
 use crate::selector::Selector;
@@ -117,7 +119,7 @@ impl<K: Clone + Eq + Hash + Send + Sync + 'static> Related<K> {
             for obj in self.select(rule) {
                 let k = ObjectKey::of(&obj);
                 if let Some(k) = object_key(scope.version, scope.namespace, k.namespace.as_deref(), &k.name) {
-                    entry.insert(k, crate::informers::for_hooks(&obj));
+                    entry.insert(k, WireObject(obj));
                 }
             }
         }
@@ -147,7 +149,7 @@ impl<K: Clone + Eq + Hash + Send + Sync + 'static> Related<K> {
         {
             return Ok(Arc::clone(&cached.rules));
         }
-        let parent_json = crate::informers::for_hooks(parent);
+        let parent_json = crate::hooks::for_hooks(parent);
         let request = CustomizeRequest { controller: &self.controller, parent: &parent_json };
         let response = hook.customize(&request).await?;
         let mut rules = Vec::with_capacity(response.related_resources.len());

@@ -30,7 +30,7 @@ use crate::composite::child_selector;
 use crate::decorator::{DECORATOR_ANNOTATION, is_attachment_of};
 use crate::discovery::ResolvedResource;
 use crate::hooks::{
-    CompositeRequest, DecoratorRequest, Endpoint, HookClient, HookEvent, HookKind, HookLabels, ObjectMaps,
+    CompositeRequest, DecoratorRequest, Endpoint, HookClient, HookEvent, HookKind, HookLabels, ObjectMaps, WireObject,
     group_version_kind_key, object_key,
 };
 use crate::informers::ObjectKey;
@@ -531,7 +531,7 @@ fn related_map(related: &[DynamicObject], version: HookVersion, parent_ns: Optio
         let entry = maps.entry(group_version_kind_key(api_version, kind)).or_default();
         let key = ObjectKey::of(obj);
         if let Some(k) = object_key(version, parent_ns, key.namespace.as_deref(), &key.name) {
-            entry.insert(k, serde_json::to_value(obj).unwrap_or(Value::Null));
+            entry.insert(k, WireObject(Arc::new(obj.clone())));
         }
     }
     maps

@@ -266,7 +266,7 @@ impl DryRun {
             }
             self.line(2, &heading);
             let children = request_map(&types.resources, hook.version(), namespace, &observed);
-            let parent_json = crate::informers::for_hooks(parent);
+            let parent_json = crate::hooks::for_hooks(parent);
             let related = ObjectMaps::new();
             let request = CompositeRequest {
                 controller: &cc_json,
@@ -352,7 +352,7 @@ impl DryRun {
                 }
                 self.line(2, &format!("{} {}", resource.kind(), ObjectKey::of(target)));
                 let attachments = request_map(&types.resources, hook.version(), namespace, &observed);
-                let object = crate::informers::for_hooks(target);
+                let object = crate::hooks::for_hooks(target);
                 let related = ObjectMaps::new();
                 let request = DecoratorRequest {
                     controller: &dc_json,

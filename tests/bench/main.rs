@@ -150,7 +150,10 @@ async fn main() {
     }
     let mut results = Vec::new();
     let baseline = settings.baseline_bin.as_ref().map(|_| System::Baseline);
-    for system in [System::Raw, System::RawWatch, System::Metahook].into_iter().chain(baseline) {
+    // `SYSTEMS=metahook,baseline`: only those (e.g. to profile a hub); ratios to a system not run show "-".
+    let only = std::env::var("SYSTEMS").ok().filter(|s| !s.is_empty());
+    let chosen = |system: &System| only.as_ref().is_none_or(|o| o.split(',').any(|s| s.trim() == system.name()));
+    for system in [System::Raw, System::RawWatch, System::Metahook].into_iter().chain(baseline).filter(chosen) {
         let figures = run_system(&client, &settings, &hook, system).await;
         eprintln!("[bench] {} done: backlog {:.2}s", figures.name, figures.backlog.seconds);
         results.push(figures);
