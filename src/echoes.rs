@@ -14,6 +14,9 @@
 //! in a row changed nothing at all (no write, same status), further echoes of that kind are not synced,
 //! except one in [`PROBE_ONE_IN`], which keeps checking that this is still so. An echo sync that does
 //! write something sends the controller back to syncing every echo of that kind.
+//!
+//! The probe is drawn once per parent and kind between two of its syncs (a sync's three child writes
+//! come back as three echoes: one draw, not three), and a drawn probe is kept: the sync it queued runs.
 
 use std::collections::{HashMap, HashSet};
 use std::hash::Hash;
@@ -57,8 +60,7 @@ type InFlight<K> = HashMap<(Watched, ObjectKey), (K, Vec<String>)>;
 pub struct Echoes<K> {
     written: Mutex<Written<K>>,
     pending: Mutex<InFlight<K>>,
-    /// Parents queued by echoes only, with the kind of echo (a child echo wins over a parent echo).
-    echo_only: Mutex<HashMap<K, Echo>>,
+    marks: Mutex<Marks<K>>,
     child: Learner,
     parent: Learner,
 }
@@ -68,7 +70,7 @@ impl<K: Clone + Eq + Hash> Default for Echoes<K> {
         Self {
             written: Mutex::default(),
             pending: Mutex::default(),
-            echo_only: Mutex::default(),
+            marks: Mutex::new(Marks { echo_only: HashMap::new(), declined: HashSet::new() }),
             child: Learner::default(),
             parent: Learner::default(),
         }
@@ -137,32 +139,47 @@ impl<K: Clone + Eq + Hash> Echoes<K> {
     /// Whether an echo of `kind` should sync its parent. When it should, `queued_already` says whether
     /// the parent is already waiting for a sync for another reason (then the sync is not an echo sync).
     pub fn should_sync(&self, parent: &K, kind: Echo, queued_already: bool) -> bool {
-        if self.learner(kind).suppress() {
-            return false;
+        let learner = self.learner(kind);
+        if queued_already {
+            // Not an echo sync either way; once learned, the echo does not move the key up the queue.
+            return !learner.learned();
         }
-        if !queued_already {
-            let mut echo_only = self.echo_only.lock().expect("echoes lock");
-            let entry = echo_only.entry(parent.clone()).or_insert(kind);
+        let mut marks = self.marks.lock().expect("echoes lock");
+        if let Some((queued, _)) = marks.echo_only.get_mut(parent) {
             if kind == Echo::Child {
-                *entry = Echo::Child;
+                *queued = Echo::Child;
             }
+            return true;
         }
+        let probe = if learner.learned() {
+            // One draw per parent and kind until its next sync: its other echoes follow that draw.
+            if marks.declined.contains(&(parent.clone(), kind)) || !learner.draw() {
+                marks.declined.insert((parent.clone(), kind));
+                return false;
+            }
+            true
+        } else {
+            false
+        };
+        marks.echo_only.insert(parent.clone(), (kind, probe));
         true
     }
 
     /// A parent was queued for a reason other than an echo: its next sync is not an echo sync.
     pub fn queued(&self, parent: &K) {
-        self.echo_only.lock().expect("echoes lock").remove(parent);
+        self.marks.lock().expect("echoes lock").echo_only.remove(parent);
     }
 
     /// Called as a sync starts: whether (and by which echo) it runs only because of an echo. `Err`: it
     /// does, and what was learned since it was queued says to skip it (in a backlog, every parent's echo
-    /// is queued before the first echo sync has run, so the decision is taken again here).
+    /// is queued before the first echo sync has run, so the decision is taken again here; a probe,
+    /// queued after learning, is not taken again). Its echoes from now on are a new round of draws.
     pub fn take(&self, parent: &K) -> Result<Option<Echo>, Echo> {
-        let kind = self.echo_only.lock().expect("echoes lock").remove(parent);
-        match kind {
-            Some(kind) if self.learner(kind).suppress() => Err(kind),
-            other => Ok(other),
+        let mut marks = self.marks.lock().expect("echoes lock");
+        marks.forget_draws(parent);
+        match marks.echo_only.remove(parent) {
+            Some((kind, false)) if self.learner(kind).learned() && !self.learner(kind).draw() => Err(kind),
+            other => Ok(other.map(|(kind, _)| kind)),
         }
     }
 
@@ -174,7 +191,10 @@ impl<K: Clone + Eq + Hash> Echoes<K> {
 
     /// Forgets a parent that is gone, and the writes it left unseen.
     pub fn forget(&self, parent: &K) {
-        self.echo_only.lock().expect("echoes lock").remove(parent);
+        let mut marks = self.marks.lock().expect("echoes lock");
+        marks.echo_only.remove(parent);
+        marks.forget_draws(parent);
+        drop(marks);
         self.written.lock().expect("echoes lock").retain(|_, (_, p)| p != parent);
     }
 
@@ -188,7 +208,7 @@ impl<K: Clone + Eq + Hash> Echoes<K> {
     /// Parents waiting with an echo-only mark (for tests and metrics).
     #[must_use]
     pub fn echo_only_parents(&self) -> HashSet<K> {
-        self.echo_only.lock().expect("echoes lock").keys().cloned().collect()
+        self.marks.lock().expect("echoes lock").echo_only.keys().cloned().collect()
     }
 }
 
@@ -217,6 +237,21 @@ pub enum Seen<K> {
     Other,
 }
 
+/// Parents queued by echoes only, with the kind of echo (a child echo wins over a parent echo) and
+/// whether it was a probe; and the (parent, kind) whose probe was drawn and declined since its last sync.
+struct Marks<K> {
+    echo_only: HashMap<K, (Echo, bool)>,
+    declined: HashSet<(K, Echo)>,
+}
+
+impl<K: Clone + Eq + Hash> Marks<K> {
+    fn forget_draws(&mut self, parent: &K) {
+        for kind in [Echo::Child, Echo::Parent] {
+            self.declined.remove(&(parent.clone(), kind));
+        }
+    }
+}
+
 /// Counts echo syncs in a row that changed nothing.
 #[derive(Default)]
 struct Learner {
@@ -225,11 +260,14 @@ struct Learner {
 }
 
 impl Learner {
-    fn suppress(&self) -> bool {
-        if self.idle_in_a_row.load(Ordering::Relaxed) < LEARN_AFTER {
-            return false;
-        }
-        !(self.probes.fetch_add(1, Ordering::Relaxed) + 1).is_multiple_of(PROBE_ONE_IN)
+    /// Whether enough echo syncs in a row changed nothing.
+    fn learned(&self) -> bool {
+        self.idle_in_a_row.load(Ordering::Relaxed) >= LEARN_AFTER
+    }
+
+    /// One draw: whether this is the one in [`PROBE_ONE_IN`] that is synced anyway.
+    fn draw(&self) -> bool {
+        (self.probes.fetch_add(1, Ordering::Relaxed) + 1).is_multiple_of(PROBE_ONE_IN)
     }
 
     fn learn(&self, wrote: bool) {
@@ -308,9 +346,21 @@ mod tests {
             echoes.learn(Echo::Child, false);
         }
         assert_eq!(echoes.take(&"p4"), Err(Echo::Child), "learned meanwhile: skipped when it comes up");
-        let synced = (0..PROBE_ONE_IN * 2).filter(|_| echoes.should_sync(&"p", Echo::Child, false)).count();
-        assert_eq!(synced, 2, "one probe in {PROBE_ONE_IN}");
+        let mut probes = 0;
+        for _ in 0..PROBE_ONE_IN * 2 {
+            // One sync's three child writes come back as three echoes: one draw.
+            let synced = (0..3).filter(|_| echoes.should_sync(&"p", Echo::Child, false)).count();
+            assert!(synced == 0 || synced == 3, "the echoes of one sync follow one draw, got {synced} of 3");
+            if synced == 3 {
+                probes += 1;
+                assert_eq!(echoes.take(&"p"), Ok(Some(Echo::Child)), "a drawn probe runs; it is not drawn again");
+            } else {
+                assert_eq!(echoes.take(&"p"), Ok(None), "declined: nothing queued it");
+            }
+        }
+        assert_eq!(probes, 2, "one probe in {PROBE_ONE_IN} syncs");
         assert!(echoes.should_sync(&"p", Echo::Parent, false), "parent echoes learn on their own");
+        assert_eq!(echoes.take(&"p"), Ok(Some(Echo::Parent)));
         echoes.learn(Echo::Child, true);
         assert!(echoes.should_sync(&"p", Echo::Child, false), "an echo sync that wrote resets the learning");
     }
