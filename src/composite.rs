@@ -30,9 +30,9 @@ use crate::related::{ParentScope, Related};
 use crate::revisions::{self, Rollouts};
 use crate::selector::{Selector, SelectorIndex};
 use crate::sync::{
-    Facts, StartError, SyncError, Syncer, api_for, controller_queue, follow_plan, gc_finalizing, has_finalizer,
-    lifecycle_changed, meaningful_parent_change, record_hook_events, replace_status, resync_after, resync_period,
-    run_workers, set_finalizer,
+    Facts, StartError, SyncError, Syncer, api_for, cause_of, controller_queue, follow_plan, gc_finalizing,
+    has_finalizer, lifecycle_changed, meaningful_parent_change, record_hook_events, replace_status, resync_after,
+    resync_period, run_workers, set_finalizer,
 };
 
 pub use crate::revisions::CONTROLLER_UID_LABEL;
@@ -338,7 +338,7 @@ impl Controller {
             .get_or_compile(&ObjectKey::of(parent), &version, scope, || child_selector(&self.cc, parent))
     }
 
-    async fn sync_parent(&self, key: &ObjectKey) -> Result<Option<Duration>, SyncError> {
+    async fn sync_parent(&self, key: &ObjectKey, delayed: bool) -> Result<Option<Duration>, SyncError> {
         // Taken first: whatever happens below, the mark belongs to this sync.
         let Ok(echo) = self.echoes.take(key) else {
             tracing::debug!("only the echo of our own writes, which this hook has not needed; skipped");
@@ -355,6 +355,7 @@ impl Controller {
             deleting: parent.metadata.deletion_timestamp.is_some(),
         };
         let Some(finalizing) = follow_plan(&api, &parent, &self.finalizer, facts).await? else { return Ok(None) };
+        self.metrics.hook_sync(cause_of(echo, delayed));
 
         let selector = self.selector_of(&parent)?;
         let observed = claim(&self.hub.client, &parent, parent_resource, &selector, &self.children).await?;
@@ -557,8 +558,8 @@ impl Syncer for Controller {
         self.parent.get(key)
     }
 
-    async fn sync(&self, key: &ObjectKey) -> Result<Option<Duration>, SyncError> {
-        self.sync_parent(key).await
+    async fn sync(&self, key: &ObjectKey, delayed: bool) -> Result<Option<Duration>, SyncError> {
+        self.sync_parent(key, delayed).await
     }
 
     fn resync_period(&self, key: &ObjectKey) -> Option<Duration> {

@@ -30,9 +30,9 @@ use crate::queue::WorkQueue;
 use crate::related::{ParentScope, Related};
 use crate::selector::Selector;
 use crate::sync::{
-    Facts, StartError, SyncError, Syncer, api_for, controller_queue, follow_plan, gc_finalizing, has_finalizer,
-    lifecycle_changed, meaningful_parent_change, record_hook_events, replace_status, resync_after, resync_period,
-    run_workers, set_finalizer,
+    Facts, StartError, SyncError, Syncer, api_for, cause_of, controller_queue, follow_plan, gc_finalizing,
+    has_finalizer, lifecycle_changed, meaningful_parent_change, record_hook_events, replace_status, resync_after,
+    resync_period, run_workers, set_finalizer,
 };
 
 /// Annotation naming the DecoratorController that manages an attachment.
@@ -422,7 +422,7 @@ impl Controller {
             .collect()
     }
 
-    async fn sync_target(&self, key: &TargetKey) -> Result<Option<Duration>, SyncError> {
+    async fn sync_target(&self, key: &TargetKey, delayed: bool) -> Result<Option<Duration>, SyncError> {
         // Taken first: whatever happens below, the mark belongs to this sync.
         let Ok(echo) = self.echoes.take(key) else {
             tracing::debug!("only the echo of our own writes, which this hook has not needed; skipped");
@@ -440,6 +440,7 @@ impl Controller {
             deleting: target.metadata.deletion_timestamp.is_some(),
         };
         let Some(finalizing) = follow_plan(&api, &target, &self.finalizer, facts).await? else { return Ok(None) };
+        self.metrics.hook_sync(cause_of(echo, delayed));
         let hook =
             if finalizing { hooks.finalize.as_ref() } else { hooks.sync.as_ref() }.ok_or(SyncError::NoSyncHook)?;
         let scope = ParentScope {
@@ -607,8 +608,8 @@ impl Syncer for Controller {
         self.targets.get(key.target_type)?.informer.get(&key.key)
     }
 
-    async fn sync(&self, key: &TargetKey) -> Result<Option<Duration>, SyncError> {
-        self.sync_target(key).await
+    async fn sync(&self, key: &TargetKey, delayed: bool) -> Result<Option<Duration>, SyncError> {
+        self.sync_target(key, delayed).await
     }
 
     fn resync_period(&self, key: &TargetKey) -> Option<Duration> {

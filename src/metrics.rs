@@ -43,6 +43,13 @@ struct ResultLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CauseLabels {
+    kind: String,
+    controller: String,
+    cause: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct QueueLabels {
     name: String,
 }
@@ -75,6 +82,31 @@ impl Outcome {
     }
 }
 
+/// What queued a sync that went on to call its hook (the `cause` label of `metahook_hook_syncs_total`).
+/// Tells the calls a change needed from those an echo or a resync made (`make bench` reads it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cause {
+    /// Something observed: an event of the object, a child or a related object; a sync request; the
+    /// first sync after start.
+    Change,
+    /// Only the echo of the controller's own writes (while it learns, or as a probe).
+    Echo,
+    /// Back by its delay: a resync, a retry, `resyncAfterSeconds`.
+    Delay,
+}
+
+impl Cause {
+    const ALL: [Self; 3] = [Self::Change, Self::Echo, Self::Delay];
+
+    fn label(self) -> &'static str {
+        match self {
+            Self::Change => "change",
+            Self::Echo => "echo",
+            Self::Delay => "delay",
+        }
+    }
+}
+
 /// Seconds, from 5 ms to about 80 s: hook calls and API writes dominate a sync.
 fn duration_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.005, 2.0, 15))
@@ -87,6 +119,7 @@ pub struct ControllerMetrics {
     reconcile: Family<ResultLabels, Counter>,
     duration: Histogram,
     guard_refusals: Counter,
+    hook_syncs: Family<CauseLabels, Counter>,
 }
 
 impl ControllerMetrics {
@@ -102,6 +135,12 @@ impl ControllerMetrics {
             ResultLabels { kind: self.kind.clone(), controller: self.controller.clone(), result: outcome.label() };
         self.reconcile.get_or_create(&labels).inc();
         self.duration.observe(took.as_secs_f64());
+    }
+
+    /// Counts a sync that calls its hook, by what queued it.
+    pub fn hook_sync(&self, cause: Cause) {
+        let labels = CauseLabels { kind: self.kind.clone(), controller: self.controller.clone(), cause: cause.label() };
+        self.hook_syncs.get_or_create(&labels).inc();
     }
 
     /// Counts a sync the safe-delete guard refused.
@@ -134,6 +173,7 @@ pub struct Metrics {
     queue_duration: Family<QueueLabels, Histogram>,
     work_duration: Family<QueueLabels, Histogram>,
     guard_refusals: Family<ControllerLabels, Counter>,
+    hook_syncs: Family<CauseLabels, Counter>,
     pub apply: ApplyMetrics,
 }
 
@@ -148,6 +188,7 @@ impl Default for Metrics {
             queue_duration: Family::new_with_constructor(queue_histogram),
             work_duration: Family::new_with_constructor(queue_histogram),
             guard_refusals: Family::default(),
+            hook_syncs: Family::default(),
             apply: ApplyMetrics::default(),
         }
     }
@@ -175,6 +216,11 @@ impl Metrics {
             "metahook_deletion_guard_refusals",
             "Syncs refused because they would delete more children than the controller's safe-delete guard allows.",
             self.guard_refusals.clone(),
+        );
+        registry.register(
+            "metahook_hook_syncs",
+            "Syncs that called their hook, by what queued them (change, echo of own writes, delay).",
+            self.hook_syncs.clone(),
         );
         registry.register("workqueue_depth", "Keys waiting in a controller's queue.", self.queue_depth.clone());
         registry.register("workqueue_adds", "Keys added to a controller's queue.", self.queue_adds.clone());
@@ -205,6 +251,7 @@ impl Metrics {
             reconcile: self.reconcile.clone(),
             duration: self.reconcile_duration.get_or_create(&labels).clone(),
             guard_refusals: self.guard_refusals.get_or_create(&labels).clone(),
+            hook_syncs: self.hook_syncs.clone(),
         })
     }
 
@@ -231,6 +278,13 @@ impl Metrics {
                 kind: kind.to_owned(),
                 controller: name.to_owned(),
                 result: result.label(),
+            });
+        }
+        for cause in Cause::ALL {
+            self.hook_syncs.remove(&CauseLabels {
+                kind: kind.to_owned(),
+                controller: name.to_owned(),
+                cause: cause.label(),
             });
         }
         let queue = queue_labels(kind, name);
@@ -542,6 +596,9 @@ mod tests {
         queue.adds.inc();
         queue.depth.set(7);
         metrics.apply.record("ConfigMap", "created");
+        web.hook_sync(Cause::Delay);
+        web.hook_sync(Cause::Delay);
+        web.hook_sync(Cause::Echo);
         let text = render(&registry);
         let labels = "kind=\"CompositeController\",controller=\"web\"";
         assert!(text.contains(&format!("metahook_reconcile_total{{{labels},result=\"success\"}} 1")), "{text}");
@@ -550,6 +607,8 @@ mod tests {
         assert!(text.contains("workqueue_depth{name=\"compositecontroller/web\"} 7"));
         assert!(text.contains("workqueue_adds_total{name=\"compositecontroller/web\"} 1"));
         assert!(text.contains("metahook_apply_total{kind=\"ConfigMap\",result=\"created\"} 1"));
+        assert!(text.contains(&format!("metahook_hook_syncs_total{{{labels},cause=\"delay\"}} 2")), "{text}");
+        assert!(text.contains(&format!("metahook_hook_syncs_total{{{labels},cause=\"echo\"}} 1")));
         metrics.remove("CompositeController", "web");
         assert!(!render(&registry).contains("controller=\"web\""));
     }

@@ -147,8 +147,9 @@ pub(crate) trait Syncer: Send + Sync + 'static {
     fn sync_requests(&self) -> &crate::trigger::SyncRequests<Self::Key>;
     /// The cached object a key stands for (where failure Events go).
     fn object(&self, key: &Self::Key) -> Option<Arc<DynamicObject>>;
-    /// Syncs one object; returns when to sync it again, if its hook asked.
-    fn sync(&self, key: &Self::Key) -> impl Future<Output = Result<Option<Duration>, SyncError>> + Send;
+    /// Syncs one object; returns when to sync it again, if its hook asked. `delayed`: the key came back
+    /// by its delay (see [`Syncer::delayed`]), for the sync's `cause` in the metrics.
+    fn sync(&self, key: &Self::Key, delayed: bool) -> impl Future<Output = Result<Option<Duration>, SyncError>> + Send;
     /// The controller's `resyncPeriodSeconds`, if the object is still cached (a deleted one needs no
     /// more resyncs).
     fn resync_period(&self, key: &Self::Key) -> Option<Duration>;
@@ -178,11 +179,12 @@ pub(crate) async fn work<S: Syncer>(syncer: Arc<S>) {
 async fn handle<S: Syncer>(syncer: &S, queue: &WorkQueue<S::Key>, key: &S::Key) {
     use crate::metrics::Outcome;
     let started = std::time::Instant::now();
-    if queue.take_delayed(key) {
+    let delayed = queue.take_delayed(key);
+    if delayed {
         syncer.delayed(key);
     }
-    debug!("sync started");
-    let result = AssertUnwindSafe(syncer.sync(key))
+    debug!(delayed, "sync started");
+    let result = AssertUnwindSafe(syncer.sync(key, delayed))
         .catch_unwind()
         .await
         .unwrap_or_else(|panic| Err(SyncError::Panicked(panic_message(&*panic))));
@@ -250,6 +252,18 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
         .map(|s| (*s).to_owned())
         .or_else(|| panic.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "unknown panic".to_owned())
+}
+
+/// What queued a sync, for [`crate::metrics::ControllerMetrics::hook_sync`]: `echo` as
+/// [`crate::echoes::Echoes::take`] said, `delayed` as the queue did (a key back by its delay has its
+/// echo mark cleared first, so the two never both hold).
+pub(crate) fn cause_of(echo: Option<crate::echoes::Echo>, delayed: bool) -> crate::metrics::Cause {
+    use crate::metrics::Cause;
+    match (echo, delayed) {
+        (Some(_), _) => Cause::Echo,
+        (None, true) => Cause::Delay,
+        (None, false) => Cause::Change,
+    }
 }
 
 /// What to do with an object, given its finalizer state.
@@ -566,7 +580,7 @@ mod tests {
         fn object(&self, _: &&'static str) -> Option<Arc<DynamicObject>> {
             None
         }
-        async fn sync(&self, key: &&'static str) -> Result<Option<Duration>, SyncError> {
+        async fn sync(&self, key: &&'static str, _delayed: bool) -> Result<Option<Duration>, SyncError> {
             let first = {
                 let mut calls = self.calls.lock().unwrap();
                 calls.push((key, tokio::time::Instant::now()));

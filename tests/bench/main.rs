@@ -108,6 +108,9 @@ struct Phase {
     /// GETs of single parents or children (e.g. a controller's fresh reads).
     reads: u64,
     hook_calls: u64,
+    /// The hub's own count of syncs that called the hook, by what queued them
+    /// (`metahook_hook_syncs_total`: change, echo, delay); empty for a build without it.
+    hook_syncs: BTreeMap<String, u64>,
     hub_cpu_s: f64,
     apiserver_cpu_s: f64,
 }
@@ -216,7 +219,7 @@ async fn run_system(client: &Client, settings: &Settings, hook: &Hook, system: S
         watches = raw_watches(client);
     }
     // Backlog.
-    let mut hub_pid: Option<u32> = None;
+    let mut hub_pid: Option<HubHandle> = None;
     let meter = Meter::start(client, hook, None).await;
     let mut hub = None;
     let timeline = tracker.sample("1", settings.n);
@@ -224,7 +227,7 @@ async fn run_system(client: &Client, settings: &Settings, hook: &Hook, system: S
         Some(bin) => {
             world.controller(&label, hook.port).await;
             let process = HubRun::start(bin, &label);
-            hub_pid = Some(process.pid());
+            hub_pid = Some(process.handle());
             hub = Some(process);
         }
         None => world.raw_writes("1").await,
@@ -232,6 +235,16 @@ async fn run_system(client: &Client, settings: &Settings, hook: &Hook, system: S
     tracker.wait("1", settings.n).await;
     figures.backlog = meter.stop(client, hook, hub_pid).await;
     figures.timeline = timeline.finish();
+    if system == System::Metahook {
+        // The hub says what queued each sync that called the hook: every parent's first is a change.
+        let changes = figures.backlog.hook_syncs.get("change").copied().unwrap_or(0);
+        assert!(
+            changes >= settings.n as u64,
+            "hook syncs by cause {:?} for {} parents",
+            figures.backlog.hook_syncs,
+            settings.n
+        );
+    }
 
     // Idle.
     let meter = Meter::start(client, hook, hub_pid).await;
@@ -275,7 +288,7 @@ async fn run_system(client: &Client, settings: &Settings, hook: &Hook, system: S
         let calls_before = hook.calls().await;
         let meter = Meter::start(client, hook, None).await;
         let restarted = HubRun::start(system.hub_bin(settings).expect("a hub system"), &label);
-        let pid = restarted.pid();
+        let pid = restarted.handle();
         // Quiet: every parent synced once again, then nothing written for 2 s.
         let started = Instant::now();
         let deadline = started + TIMEOUT;
@@ -620,22 +633,27 @@ struct Meter {
     started: Instant,
     requests: BTreeMap<String, u64>,
     hook_calls: u64,
+    hook_syncs: BTreeMap<String, u64>,
     hub_cpu: f64,
     apiserver_cpu: f64,
 }
 
 impl Meter {
-    async fn start(client: &Client, hook: &Hook, hub: Option<u32>) -> Self {
+    async fn start(client: &Client, hook: &Hook, hub: Option<HubHandle>) -> Self {
         Self {
             started: Instant::now(),
             requests: api_requests(client).await,
             hook_calls: hook.calls().await,
-            hub_cpu: hub.map_or(0.0, cpu_seconds),
+            hook_syncs: match hub {
+                Some(h) => hook_syncs(h.metrics_port).await,
+                None => BTreeMap::new(),
+            },
+            hub_cpu: hub.map_or(0.0, |h| cpu_seconds(h.pid)),
             apiserver_cpu: cpu_seconds(apiserver_pid()),
         }
     }
 
-    async fn stop(self, client: &Client, hook: &Hook, hub: Option<u32>) -> Phase {
+    async fn stop(self, client: &Client, hook: &Hook, hub: Option<HubHandle>) -> Phase {
         let seconds = self.started.elapsed().as_secs_f64();
         let requests = api_requests(client).await;
         let delta = |key: &str| {
@@ -646,10 +664,37 @@ impl Meter {
             writes: delta("writes"),
             reads: delta("reads"),
             hook_calls: hook.calls().await - self.hook_calls,
-            hub_cpu_s: hub.map_or(0.0, |pid| cpu_seconds(pid) - self.hub_cpu),
+            hook_syncs: match hub {
+                Some(h) => hook_syncs(h.metrics_port)
+                    .await
+                    .into_iter()
+                    .map(|(cause, n)| {
+                        let before = self.hook_syncs.get(&cause).copied().unwrap_or(0);
+                        (cause, n.saturating_sub(before))
+                    })
+                    .collect(),
+                None => BTreeMap::new(),
+            },
+            hub_cpu_s: hub.map_or(0.0, |h| cpu_seconds(h.pid) - self.hub_cpu),
             apiserver_cpu_s: cpu_seconds(apiserver_pid()) - self.apiserver_cpu,
         }
     }
+}
+
+/// `metahook_hook_syncs_total` by cause, from a hub's `/metrics` (empty if it has no such metric).
+async fn hook_syncs(port: u16) -> BTreeMap<String, u64> {
+    let url = format!("http://127.0.0.1:{port}/metrics");
+    let text = match reqwest::get(&url).await {
+        Ok(response) => response.text().await.unwrap_or_default(),
+        Err(_) => String::new(),
+    };
+    let mut totals = BTreeMap::new();
+    for line in text.lines().filter(|l| l.starts_with("metahook_hook_syncs_total{")) {
+        let Some((labels, value)) = line.rsplit_once(' ') else { continue };
+        let Some(cause) = labels.split("cause=\"").nth(1).and_then(|rest| rest.split('"').next()) else { continue };
+        *totals.entry(cause.to_owned()).or_insert(0) += value.parse::<f64>().unwrap_or(0.0) as u64;
+    }
+    totals
 }
 
 /// Write and read requests on ConfigMaps and BenchThing status, as the API server counts them.
@@ -726,15 +771,27 @@ fn status_kib_meminfo() -> Option<f64> {
 
 struct HubRun {
     child: tokio::process::Child,
+    metrics_port: u16,
     _dir: tempfile::TempDir,
+}
+
+/// What the meters read of a running hub: its process and its metrics endpoint.
+#[derive(Debug, Clone, Copy)]
+struct HubHandle {
+    pid: u32,
+    metrics_port: u16,
 }
 
 impl HubRun {
     fn start(bin: &Path, label: &str) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let config = dir.path().join("metahook.yaml");
-        std::fs::write(&config, format!("targetLabelSelector: \"metahook-test={label}\"\nmetricsAddress: \"\"\n"))
-            .unwrap();
+        let metrics_port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        std::fs::write(
+            &config,
+            format!("targetLabelSelector: \"metahook-test={label}\"\nmetricsAddress: \"127.0.0.1:{metrics_port}\"\n"),
+        )
+        .unwrap();
         let kubeconfig = support::repo_root().join(".cluster/kubeconfig");
         let child = tokio::process::Command::new(bin)
             .args(["run", "--config"])
@@ -745,11 +802,15 @@ impl HubRun {
             .kill_on_drop(true)
             .spawn()
             .unwrap_or_else(|e| panic!("starting {}: {e}", bin.display()));
-        Self { child, _dir: dir }
+        Self { child, metrics_port, _dir: dir }
     }
 
     fn pid(&self) -> u32 {
         self.child.id().unwrap_or(0)
+    }
+
+    fn handle(&self) -> HubHandle {
+        HubHandle { pid: self.pid(), metrics_port: self.metrics_port }
     }
 
     fn rss_mib(&self) -> Option<f64> {
@@ -866,6 +927,15 @@ fn table(settings: &Settings, results: &[SystemFigures]) -> String {
         let cells: String = hubs.iter().map(|h| format!(" {} |", cell(h))).collect();
         format!("| {what} | - | - |{cells}{}\n", " | |".repeat(hubs.len()))
     };
+    let causes = |phase: &Phase| {
+        if phase.hook_syncs.is_empty() {
+            return "-".to_owned();
+        }
+        let per_parent = |cause: &str| phase.hook_syncs.get(cause).copied().unwrap_or(0) as f64 / n;
+        format!("{:.2} / {:.2} / {:.2}", per_parent("change"), per_parent("echo"), per_parent("delay"))
+    };
+    out.push_str(&hub_row("hook syncs per parent by cause, change / echo / delay (backlog)", &|h| causes(&h.backlog)));
+    out.push_str(&hub_row("hook syncs per parent by cause, change / echo / delay (update)", &|h| causes(&h.update)));
     out.push_str(&hub_row("restart, nothing changed: writes / time to quiet (s) / one LIST of everything (s)", &|h| {
         h.restart.as_ref().map_or("-".into(), |r| format!("{} / {:.2} / {:.2}", r.writes, r.seconds, h.list_s))
     }));
