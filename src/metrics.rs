@@ -91,7 +91,7 @@ pub enum Cause {
     Change,
     /// Only the echo of the controller's own writes (while it learns, or as a probe).
     Echo,
-    /// Back by its delay: a resync, a retry, `resyncAfterSeconds`.
+    /// Back by its delay only (a resync, a retry, `resyncAfterSeconds`), nothing changed meanwhile.
     Delay,
 }
 

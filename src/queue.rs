@@ -103,7 +103,8 @@ struct State<K> {
     tickets: u64,
     /// Keys waiting to be processed, and the line they go to (a change wins over a delay).
     dirty: HashMap<K, Lane>,
-    processing: HashSet<K>,
+    /// Keys handed to a worker, with the line they came from.
+    processing: HashMap<K, Lane>,
     failures: HashMap<K, u32>,
     /// When each key in `queue` was queued, and when each key in `processing` was handed out (metrics).
     since: HashMap<K, Instant>,
@@ -181,7 +182,7 @@ where
                 queued: HashMap::new(),
                 tickets: 0,
                 dirty: HashMap::new(),
-                processing: HashSet::new(),
+                processing: HashMap::new(),
                 failures: HashMap::new(),
                 since: HashMap::new(),
                 delayed: HashSet::new(),
@@ -254,8 +255,8 @@ where
                     if let Some(queued) = state.since.insert(key.clone(), Instant::now()) {
                         report.queue_duration.observe(queued.elapsed().as_secs_f64());
                     }
-                    state.dirty.remove(&key);
-                    state.processing.insert(key.clone());
+                    let lane = state.dirty.remove(&key).unwrap_or(Lane::Change);
+                    state.processing.insert(key.clone(), lane);
                     return Some(key);
                 }
             }
@@ -266,6 +267,13 @@ where
     /// Whether `key` came back by its delay since the last call for it (and forgets that it did).
     pub fn take_delayed(&self, key: &K) -> bool {
         self.inner.state.lock().expect("queue lock").delayed.remove(key)
+    }
+
+    /// Whether the worker holding `key` got it for a change (a key that came back by its delay and was
+    /// changed meanwhile counts as a change), not only for its delay.
+    #[must_use]
+    pub fn taken_for_change(&self, key: &K) -> bool {
+        self.inner.state.lock().expect("queue lock").processing.get(key) == Some(&Lane::Change)
     }
 
     /// Marks `key` as no longer being processed; queues it again if it was added meanwhile.
@@ -334,7 +342,7 @@ fn add_as<K: Clone + Eq + Hash>(inner: &Inner<K>, key: K, lane: Lane) {
         None => {
             inner.stats.adds.inc();
             state.dirty.insert(key.clone(), lane);
-            if state.processing.contains(&key) {
+            if state.processing.contains_key(&key) {
                 return;
             }
         }
@@ -428,7 +436,9 @@ mod tests {
         q.done(&busy);
         assert_eq!(q.len(), 2);
         assert_eq!(q.next().await, Some("busy"), "its change wins over the older resync");
+        assert!(q.taken_for_change(&"busy"));
         assert_eq!(q.next().await, Some("resync"));
+        assert!(!q.taken_for_change(&"resync"), "only its delay queued it");
     }
 
     #[tokio::test]

@@ -147,8 +147,8 @@ pub(crate) trait Syncer: Send + Sync + 'static {
     fn sync_requests(&self) -> &crate::trigger::SyncRequests<Self::Key>;
     /// The cached object a key stands for (where failure Events go).
     fn object(&self, key: &Self::Key) -> Option<Arc<DynamicObject>>;
-    /// Syncs one object; returns when to sync it again, if its hook asked. `delayed`: the key came back
-    /// by its delay (see [`Syncer::delayed`]), for the sync's `cause` in the metrics.
+    /// Syncs one object; returns when to sync it again, if its hook asked. `delayed`: only its delay
+    /// (see [`Syncer::delayed`]) queued the key, no change: the sync's `cause` in the metrics.
     fn sync(&self, key: &Self::Key, delayed: bool) -> impl Future<Output = Result<Option<Duration>, SyncError>> + Send;
     /// The controller's `resyncPeriodSeconds`, if the object is still cached (a deleted one needs no
     /// more resyncs).
@@ -183,8 +183,10 @@ async fn handle<S: Syncer>(syncer: &S, queue: &WorkQueue<S::Key>, key: &S::Key) 
     if delayed {
         syncer.delayed(key);
     }
-    debug!(delayed, "sync started");
-    let result = AssertUnwindSafe(syncer.sync(key, delayed))
+    // For the metrics' cause: a key its delay brought back and a change moved up counts as a change.
+    let only_delayed = delayed && !queue.taken_for_change(key);
+    debug!(delayed, only_delayed, "sync started");
+    let result = AssertUnwindSafe(syncer.sync(key, only_delayed))
         .catch_unwind()
         .await
         .unwrap_or_else(|panic| Err(SyncError::Panicked(panic_message(&*panic))));
