@@ -1,11 +1,22 @@
 // The fixture helper builds the request the hub would send, keyed as the hub keys it.
 import assert from "node:assert/strict";
-import { readFileSync, writeFileSync, mkdtempSync } from "node:fs";
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { test } from "node:test";
+import { after, test } from "node:test";
 
 import { child, childrenOf, compositeResponse, event, fixtureRequest, loadObjects, runHookOnFixtures } from "../index.js";
+
+// Scratch directories of this file's tests, removed when they are done (they used to pile up in /tmp).
+const scratchDirs = [];
+function scratch(prefix) {
+  const dir = mkdtempSync(join(tmpdir(), prefix));
+  scratchDirs.push(dir);
+  return dir;
+}
+after(() => {
+  for (const dir of scratchDirs) rmSync(dir, { recursive: true, force: true });
+});
 
 const fixture = (name) => new URL(`fixtures/${name}`, import.meta.url);
 const CONTROLLER = fixture("controller.json");
@@ -120,7 +131,7 @@ test("YAML fixtures are refused with what to do instead", () => {
 });
 
 test("other files and objects without apiVersion/kind are refused", () => {
-  const dir = mkdtempSync(join(tmpdir(), "metahook-hooks-"));
+  const dir = scratch("metahook-hooks-");
   writeFileSync(join(dir, "pod.txt"), "{}");
   writeFileSync(join(dir, "bad.json"), '[{"metadata": {"name": "x"}}]');
   assert.throws(() => loadObjects(join(dir, "pod.txt")), /pod\.txt: fixtures are \.json files/);
@@ -153,7 +164,7 @@ test("runHookOnFixtures fails as the server would", async () => {
 test("the README example hook works", async () => {
   const readme = readFileSync(new URL("../README.md", import.meta.url), "utf8");
   const source = readme.split("```js\n")[1].split("```")[0];
-  const dir = mkdtempSync(join(tmpdir(), "metahook-hooks-readme-"));
+  const dir = scratch("metahook-hooks-readme-");
   // Imported as a module beside this package, so its `import ... from "metahook-hooks"` must resolve here.
   const module = join(dir, "hook.mjs");
   writeFileSync(module, source.replace('from "metahook-hooks"', `from ${JSON.stringify(new URL("../index.js", import.meta.url).href)}`));

@@ -4,12 +4,23 @@
 // compiler), a TypeScript consumer is also compiled against the installed package's types.
 import assert from "node:assert/strict";
 import { execFileSync, spawn } from "node:child_process";
-import { mkdtempSync, readdirSync, writeFileSync } from "node:fs";
+import { mkdtempSync, readdirSync, rmSync, writeFileSync } from "node:fs";
 import http from "node:http";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
-import { test } from "node:test";
+import { after, test } from "node:test";
+
+// Scratch directories of this file's tests, removed when they are done (they used to pile up in /tmp).
+const scratchDirs = [];
+function scratch(prefix) {
+  const dir = mkdtempSync(join(tmpdir(), prefix));
+  scratchDirs.push(dir);
+  return dir;
+}
+after(() => {
+  for (const dir of scratchDirs) rmSync(dir, { recursive: true, force: true });
+});
 
 const LIBRARY = fileURLToPath(new URL("..", import.meta.url));
 const NPM = process.platform === "win32" ? "npm.cmd" : "npm";
@@ -32,13 +43,13 @@ function npm(cwd, ...args) {
 }
 
 function project() {
-  const dir = mkdtempSync(join(tmpdir(), "metahook-hooks-consumer-"));
+  const dir = scratch("metahook-hooks-consumer-");
   writeFileSync(join(dir, "package.json"), JSON.stringify({ name: "consumer", private: true, type: "module" }));
   return dir;
 }
 
 test("npm pack ships exactly the library, and a hook runs on the installed tarball", async () => {
-  const packDir = mkdtempSync(join(tmpdir(), "metahook-hooks-pack-"));
+  const packDir = scratch("metahook-hooks-pack-");
   const [packed] = JSON.parse(npm(LIBRARY, "pack", "--json", "--pack-destination", packDir));
   const shipped = packed.files.map((f) => f.path).sort();
   assert.deepEqual(

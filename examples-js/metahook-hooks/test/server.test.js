@@ -1,7 +1,7 @@
 // The server, listening on port 0 and called over real HTTP.
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
-import { existsSync, mkdtempSync, writeFileSync } from "node:fs";
+import { existsSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import http from "node:http";
 import net from "node:net";
 import { tmpdir } from "node:os";
@@ -9,6 +9,17 @@ import { join } from "node:path";
 import { after, before, test } from "node:test";
 
 import { RetryLater, compositeResponse, createHookServer, listenAddress, serve } from "../index.js";
+
+// Scratch directories of this file's tests, removed when they are done (they used to pile up in /tmp).
+const scratchDirs = [];
+function scratch(prefix) {
+  const dir = mkdtempSync(join(tmpdir(), prefix));
+  scratchDirs.push(dir);
+  return dir;
+}
+after(() => {
+  for (const dir of scratchDirs) rmSync(dir, { recursive: true, force: true });
+});
 
 const ROUTES = {
   "/sync": (request) => compositeResponse({ children: [], status: { parent: request.parent.metadata.name } }),
@@ -189,7 +200,7 @@ await serve({ "/slow": slow });
 `;
 
 test("SIGTERM drains the calls in flight, then the process exits cleanly", async () => {
-  const dir = mkdtempSync(join(tmpdir(), "drain-"));
+  const dir = scratch("drain-");
   const started = join(dir, "started");
   const release = join(dir, "release");
   const port = await freePort();
