@@ -338,7 +338,7 @@ impl Controller {
             .get_or_compile(&ObjectKey::of(parent), &version, scope, || child_selector(&self.cc, parent))
     }
 
-    async fn sync_parent(&self, key: &ObjectKey, delayed: bool) -> Result<Option<Duration>, SyncError> {
+    async fn sync_parent(&self, key: &ObjectKey, only_delayed: bool) -> Result<Option<Duration>, SyncError> {
         // Taken first: whatever happens below, the mark belongs to this sync.
         let Ok(echo) = self.echoes.take(key) else {
             tracing::debug!("only the echo of our own writes, which this hook has not needed; skipped");
@@ -355,7 +355,7 @@ impl Controller {
             deleting: parent.metadata.deletion_timestamp.is_some(),
         };
         let Some(finalizing) = follow_plan(&api, &parent, &self.finalizer, facts).await? else { return Ok(None) };
-        self.metrics.hook_sync(cause_of(echo, delayed));
+        self.metrics.hook_sync(cause_of(echo, only_delayed));
 
         let selector = self.selector_of(&parent)?;
         let observed = claim(&self.hub.client, &parent, parent_resource, &selector, &self.children).await?;
@@ -558,8 +558,8 @@ impl Syncer for Controller {
         self.parent.get(key)
     }
 
-    async fn sync(&self, key: &ObjectKey, delayed: bool) -> Result<Option<Duration>, SyncError> {
-        self.sync_parent(key, delayed).await
+    async fn sync(&self, key: &ObjectKey, only_delayed: bool) -> Result<Option<Duration>, SyncError> {
+        self.sync_parent(key, only_delayed).await
     }
 
     fn resync_period(&self, key: &ObjectKey) -> Option<Duration> {

@@ -422,7 +422,7 @@ impl Controller {
             .collect()
     }
 
-    async fn sync_target(&self, key: &TargetKey, delayed: bool) -> Result<Option<Duration>, SyncError> {
+    async fn sync_target(&self, key: &TargetKey, only_delayed: bool) -> Result<Option<Duration>, SyncError> {
         // Taken first: whatever happens below, the mark belongs to this sync.
         let Ok(echo) = self.echoes.take(key) else {
             tracing::debug!("only the echo of our own writes, which this hook has not needed; skipped");
@@ -440,7 +440,7 @@ impl Controller {
             deleting: target.metadata.deletion_timestamp.is_some(),
         };
         let Some(finalizing) = follow_plan(&api, &target, &self.finalizer, facts).await? else { return Ok(None) };
-        self.metrics.hook_sync(cause_of(echo, delayed));
+        self.metrics.hook_sync(cause_of(echo, only_delayed));
         let hook =
             if finalizing { hooks.finalize.as_ref() } else { hooks.sync.as_ref() }.ok_or(SyncError::NoSyncHook)?;
         let scope = ParentScope {
@@ -608,8 +608,8 @@ impl Syncer for Controller {
         self.targets.get(key.target_type)?.informer.get(&key.key)
     }
 
-    async fn sync(&self, key: &TargetKey, delayed: bool) -> Result<Option<Duration>, SyncError> {
-        self.sync_target(key, delayed).await
+    async fn sync(&self, key: &TargetKey, only_delayed: bool) -> Result<Option<Duration>, SyncError> {
+        self.sync_target(key, only_delayed).await
     }
 
     fn resync_period(&self, key: &TargetKey) -> Option<Duration> {

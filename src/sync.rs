@@ -147,9 +147,13 @@ pub(crate) trait Syncer: Send + Sync + 'static {
     fn sync_requests(&self) -> &crate::trigger::SyncRequests<Self::Key>;
     /// The cached object a key stands for (where failure Events go).
     fn object(&self, key: &Self::Key) -> Option<Arc<DynamicObject>>;
-    /// Syncs one object; returns when to sync it again, if its hook asked. `delayed`: only its delay
-    /// (see [`Syncer::delayed`]) queued the key, no change: the sync's `cause` in the metrics.
-    fn sync(&self, key: &Self::Key, delayed: bool) -> impl Future<Output = Result<Option<Duration>, SyncError>> + Send;
+    /// Syncs one object; returns when to sync it again, if its hook asked. `only_delayed`: only its
+    /// delay (see [`Syncer::delayed`]) queued the key, no change: the sync's `cause` in the metrics.
+    fn sync(
+        &self,
+        key: &Self::Key,
+        only_delayed: bool,
+    ) -> impl Future<Output = Result<Option<Duration>, SyncError>> + Send;
     /// The controller's `resyncPeriodSeconds`, if the object is still cached (a deleted one needs no
     /// more resyncs).
     fn resync_period(&self, key: &Self::Key) -> Option<Duration>;
@@ -257,11 +261,11 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
 }
 
 /// What queued a sync, for [`crate::metrics::ControllerMetrics::hook_sync`]: `echo` as
-/// [`crate::echoes::Echoes::take`] said, `delayed` as the queue did (a key back by its delay has its
-/// echo mark cleared first, so the two never both hold).
-pub(crate) fn cause_of(echo: Option<crate::echoes::Echo>, delayed: bool) -> crate::metrics::Cause {
+/// [`crate::echoes::Echoes::take`] said, `only_delayed` as the queue did (a key back by its delay has
+/// its echo mark cleared first, so the two never both hold).
+pub(crate) fn cause_of(echo: Option<crate::echoes::Echo>, only_delayed: bool) -> crate::metrics::Cause {
     use crate::metrics::Cause;
-    match (echo, delayed) {
+    match (echo, only_delayed) {
         (Some(_), _) => Cause::Echo,
         (None, true) => Cause::Delay,
         (None, false) => Cause::Change,

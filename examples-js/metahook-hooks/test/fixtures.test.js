@@ -1,22 +1,12 @@
 // The fixture helper builds the request the hub would send, keyed as the hub keys it.
 import assert from "node:assert/strict";
-import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
-import { tmpdir } from "node:os";
+import { readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
-import { after, test } from "node:test";
+import { test } from "node:test";
 
 import { child, childrenOf, compositeResponse, event, fixtureRequest, loadObjects, runHookOnFixtures } from "../index.js";
 
-// Scratch directories of this file's tests, removed when they are done (they used to pile up in /tmp).
-const scratchDirs = [];
-function scratch(prefix) {
-  const dir = mkdtempSync(join(tmpdir(), prefix));
-  scratchDirs.push(dir);
-  return dir;
-}
-after(() => {
-  for (const dir of scratchDirs) rmSync(dir, { recursive: true, force: true });
-});
+import { scratch } from "./scratch.js";
 
 const fixture = (name) => new URL(`fixtures/${name}`, import.meta.url);
 const CONTROLLER = fixture("controller.json");

@@ -4,23 +4,13 @@
 // compiler), a TypeScript consumer is also compiled against the installed package's types.
 import assert from "node:assert/strict";
 import { execFileSync, spawn } from "node:child_process";
-import { mkdtempSync, readdirSync, rmSync, writeFileSync } from "node:fs";
+import { readdirSync, writeFileSync } from "node:fs";
 import http from "node:http";
-import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
-import { after, test } from "node:test";
+import { test } from "node:test";
 
-// Scratch directories of this file's tests, removed when they are done (they used to pile up in /tmp).
-const scratchDirs = [];
-function scratch(prefix) {
-  const dir = mkdtempSync(join(tmpdir(), prefix));
-  scratchDirs.push(dir);
-  return dir;
-}
-after(() => {
-  for (const dir of scratchDirs) rmSync(dir, { recursive: true, force: true });
-});
+import { scratch } from "./scratch.js";
 
 const LIBRARY = fileURLToPath(new URL("..", import.meta.url));
 const NPM = process.platform === "win32" ? "npm.cmd" : "npm";

@@ -1,25 +1,15 @@
 // The server, listening on port 0 and called over real HTTP.
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
-import { existsSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { existsSync, writeFileSync } from "node:fs";
 import http from "node:http";
 import net from "node:net";
-import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { after, before, test } from "node:test";
 
 import { RetryLater, compositeResponse, createHookServer, listenAddress, serve } from "../index.js";
 
-// Scratch directories of this file's tests, removed when they are done (they used to pile up in /tmp).
-const scratchDirs = [];
-function scratch(prefix) {
-  const dir = mkdtempSync(join(tmpdir(), prefix));
-  scratchDirs.push(dir);
-  return dir;
-}
-after(() => {
-  for (const dir of scratchDirs) rmSync(dir, { recursive: true, force: true });
-});
+import { scratch } from "./scratch.js";
 
 const ROUTES = {
   "/sync": (request) => compositeResponse({ children: [], status: { parent: request.parent.metadata.name } }),
