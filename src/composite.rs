@@ -178,7 +178,7 @@ impl Controller {
 
     /// Queues a parent for a change made by someone else (or a resync): a full sync.
     fn enqueue(&self, key: ObjectKey) {
-        self.echoes.queued(&key);
+        let _ = self.echoes.queued(&key);
         self.queue.add(key);
     }
 
@@ -566,8 +566,8 @@ impl Syncer for Controller {
         resync_period(self.cc.spec.resync_period_seconds).filter(|_| self.parent.contains(key))
     }
 
-    fn delayed(&self, key: &ObjectKey) {
-        self.echoes.queued(key);
+    fn delayed(&self, key: &ObjectKey) -> bool {
+        self.echoes.queued(key)
     }
 }
 

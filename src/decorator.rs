@@ -313,7 +313,7 @@ impl Controller {
 
     /// Queues a target for a change made by someone else (or a resync): a full sync.
     fn enqueue(&self, key: TargetKey) {
-        self.echoes.queued(&key);
+        let _ = self.echoes.queued(&key);
         self.queue.add(key);
     }
 
@@ -617,8 +617,8 @@ impl Syncer for Controller {
         resync_period(self.dc.spec.resync_period_seconds).filter(|_| cached)
     }
 
-    fn delayed(&self, key: &TargetKey) {
-        self.echoes.queued(key);
+    fn delayed(&self, key: &TargetKey) -> bool {
+        self.echoes.queued(key)
     }
 }
 

@@ -165,9 +165,10 @@ impl<K: Clone + Eq + Hash> Echoes<K> {
         true
     }
 
-    /// A parent was queued for a reason other than an echo: its next sync is not an echo sync.
-    pub fn queued(&self, parent: &K) {
-        self.marks.lock().expect("echoes lock").echo_only.remove(parent);
+    /// A parent was queued for a reason other than an echo: its next sync is not an echo sync. Says
+    /// whether an echo alone had queued it until now.
+    pub fn queued(&self, parent: &K) -> bool {
+        self.marks.lock().expect("echoes lock").echo_only.remove(parent).is_some()
     }
 
     /// Called as a sync starts: whether (and by which echo) it runs only because of an echo. `Err`: it
@@ -369,7 +370,8 @@ mod tests {
     fn a_parent_queued_for_another_reason_is_not_an_echo_sync() {
         let echoes: Echoes<&str> = Echoes::default();
         assert!(echoes.should_sync(&"p", Echo::Parent, false));
-        echoes.queued(&"p");
+        assert!(echoes.queued(&"p"), "an echo alone had queued it");
+        assert!(!echoes.queued(&"p"), "not any more");
         assert_eq!(echoes.take(&"p"), Ok(None));
         assert!(echoes.should_sync(&"q", Echo::Parent, false));
         assert!(echoes.should_sync(&"q", Echo::Child, false));

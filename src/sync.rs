@@ -158,8 +158,9 @@ pub(crate) trait Syncer: Send + Sync + 'static {
     /// more resyncs).
     fn resync_period(&self, key: &Self::Key) -> Option<Duration>;
     /// `key` came back by its delay (a resync, a retry, `resyncAfterSeconds`): its coming sync is a
-    /// full one, even if an echo queued the key too.
-    fn delayed(&self, key: &Self::Key);
+    /// full one, even if an echo queued the key too. Returns whether an echo had queued it: then the
+    /// delay, not that echo, is what the sync is for.
+    fn delayed(&self, key: &Self::Key) -> bool;
 }
 
 /// Numbers the syncs of this process, so every log line of one sync can be told apart.
@@ -184,11 +185,10 @@ async fn handle<S: Syncer>(syncer: &S, queue: &WorkQueue<S::Key>, key: &S::Key) 
     use crate::metrics::Outcome;
     let started = std::time::Instant::now();
     let delayed = queue.take_delayed(key);
-    if delayed {
-        syncer.delayed(key);
-    }
-    // For the metrics' cause: a key its delay brought back and a change moved up counts as a change.
-    let only_delayed = delayed && !queue.taken_for_change(key);
+    let echo_moved_up = delayed && syncer.delayed(key);
+    // For the metrics' cause: a key its delay brought back and a change moved up counts as a change;
+    // moved up by an echo that would not have been synced on its own, it is still the delay's sync.
+    let only_delayed = delayed && (echo_moved_up || !queue.taken_for_change(key));
     debug!(delayed, only_delayed, "sync started");
     let result = AssertUnwindSafe(syncer.sync(key, only_delayed))
         .catch_unwind()
@@ -540,6 +540,10 @@ mod tests {
         metrics: Arc<crate::metrics::ControllerMetrics>,
         requests: crate::trigger::SyncRequests<&'static str>,
         calls: std::sync::Mutex<Vec<(&'static str, tokio::time::Instant)>>,
+        /// Each sync's key and its `only_delayed`.
+        causes: std::sync::Mutex<Vec<(&'static str, bool)>>,
+        /// Keys an echo alone queued (what `Echoes::queued` would report).
+        echo_queued: std::sync::Mutex<std::collections::HashSet<&'static str>>,
         panic_first: bool,
         /// `resyncPeriodSeconds`, for every key but "gone".
         period: Option<Duration>,
@@ -554,6 +558,8 @@ mod tests {
                 metrics: metrics.controller("Test", "panicky"),
                 requests: crate::trigger::SyncRequests::default(),
                 calls: std::sync::Mutex::default(),
+                causes: std::sync::Mutex::default(),
+                echo_queued: std::sync::Mutex::default(),
                 panic_first,
                 period,
             })
@@ -586,7 +592,11 @@ mod tests {
         fn object(&self, _: &&'static str) -> Option<Arc<DynamicObject>> {
             None
         }
-        async fn sync(&self, key: &&'static str, _delayed: bool) -> Result<Option<Duration>, SyncError> {
+        async fn sync(&self, key: &&'static str, only_delayed: bool) -> Result<Option<Duration>, SyncError> {
+            self.causes.lock().unwrap().push((key, only_delayed));
+            if *key == "slow" {
+                tokio::time::sleep(Duration::from_secs(2)).await;
+            }
             let first = {
                 let mut calls = self.calls.lock().unwrap();
                 calls.push((key, tokio::time::Instant::now()));
@@ -598,7 +608,35 @@ mod tests {
         fn resync_period(&self, key: &&'static str) -> Option<Duration> {
             self.period.filter(|_| *key != "gone")
         }
-        fn delayed(&self, _: &&'static str) {}
+        fn delayed(&self, key: &&'static str) -> bool {
+            self.echo_queued.lock().unwrap().remove(key)
+        }
+    }
+
+    /// A key waiting for a change when its resync comes due is synced as a change; waiting only for an
+    /// echo (one its controller would not have synced for), it is synced for its resync.
+    #[tokio::test(start_paused = true)]
+    async fn a_resync_moved_up_by_an_echo_is_still_the_resyncs_sync() {
+        let syncer = Panicky::new(&crate::metrics::Metrics::default(), false, Some(Duration::from_secs(10)));
+        let worker = tokio::spawn(work(Arc::clone(&syncer)));
+        syncer.queue.add("echoed");
+        syncer.queue.add("changed");
+        tokio::time::sleep(Duration::from_secs(9)).await;
+        // One worker, busy from 9 s to 11 s: both keys wait in the change lane while their resyncs come due.
+        syncer.queue.add("slow");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        syncer.echo_queued.lock().unwrap().insert("echoed");
+        syncer.queue.add("echoed");
+        syncer.queue.add("changed");
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let causes = syncer.causes.lock().unwrap().clone();
+        assert_eq!(
+            causes,
+            [("echoed", false), ("changed", false), ("slow", false), ("echoed", true), ("changed", false)],
+            "first syncs and a change are changes; the echo did not make the resync one"
+        );
+        syncer.queue.shut_down();
+        worker.await.unwrap();
     }
 
     /// Each object is resynced a period after its first sync and every period after that, whatever
