@@ -11,6 +11,7 @@ use std::time::Duration;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::api::DynamicObject;
 use serde_json::{Value, json};
+use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
@@ -155,9 +156,12 @@ impl Controller {
     /// Runs watches-to-queue mapping and the workers until `cancel` fires.
     pub async fn run(self: Arc<Self>, cancel: CancellationToken) {
         let mut tasks = JoinSet::new();
-        tasks.spawn(Arc::clone(&self).map_parent_events());
-        for index in 0..self.children.len() {
-            tasks.spawn(Arc::clone(&self).map_child_events(index));
+        // Children's changes from now on first, then every parent: each parent is queued once at start,
+        // and a child change either comes through its stream or is cached before that parent's sync.
+        let child_changes: Vec<_> = self.children.iter().map(|c| c.informer.subscribe_changes()).collect();
+        tasks.spawn(Arc::clone(&self).map_parent_events(self.parent.subscribe()));
+        for (index, changes) in child_changes.into_iter().enumerate() {
+            tasks.spawn(Arc::clone(&self).map_child_events(index, changes));
         }
         let workers = self.hub.config.workers;
         run_workers(self, workers, tasks, cancel).await;
@@ -191,9 +195,8 @@ impl Controller {
         }
     }
 
-    async fn map_parent_events(self: Arc<Self>) {
+    async fn map_parent_events(self: Arc<Self>, mut changes: mpsc::UnboundedReceiver<Change>) {
         let ignore_status = self.cc.spec.parent_resource.ignore_status_changes == Some(true);
-        let mut changes = self.parent.subscribe();
         while let Some(change) = changes.recv().await {
             let key = ObjectKey::of(change.object());
             let new = match &change {
@@ -240,9 +243,8 @@ impl Controller {
         }
     }
 
-    async fn map_child_events(self: Arc<Self>, index: usize) {
+    async fn map_child_events(self: Arc<Self>, index: usize, mut changes: mpsc::UnboundedReceiver<Change>) {
         let resource = Arc::clone(self.children[index].resource());
-        let mut changes = self.children[index].informer.subscribe();
         while let Some(change) = changes.recv().await {
             match &change {
                 Change::Applied { old: Some(old), new } => {

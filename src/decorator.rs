@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use kube::api::{DynamicObject, Patch, PatchParams};
 use serde_json::{Map, Value, json};
+use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
@@ -250,11 +251,15 @@ impl Controller {
     /// Runs watches-to-queue mapping and the workers until `cancel` fires.
     pub async fn run(self: Arc<Self>, cancel: CancellationToken) {
         let mut tasks = JoinSet::new();
-        for target_type in 0..self.targets.len() {
-            tasks.spawn(Arc::clone(&self).map_target_events(target_type));
+        // Attachments' changes from now on first, then every target: each target is queued once at
+        // start, and an attachment change either comes through its stream or is cached before that
+        // target's sync.
+        let attachment_changes: Vec<_> = self.attachments.iter().map(|a| a.informer.subscribe_changes()).collect();
+        for (target_type, target) in self.targets.iter().enumerate() {
+            tasks.spawn(Arc::clone(&self).map_target_events(target_type, target.informer.subscribe()));
         }
-        for index in 0..self.attachments.len() {
-            tasks.spawn(Arc::clone(&self).map_attachment_events(index));
+        for (index, changes) in attachment_changes.into_iter().enumerate() {
+            tasks.spawn(Arc::clone(&self).map_attachment_events(index, changes));
         }
         let workers = self.hub.config.workers;
         run_workers(self, workers, tasks, cancel).await;
@@ -272,9 +277,8 @@ impl Controller {
         queued
     }
 
-    async fn map_target_events(self: Arc<Self>, target_type: usize) {
+    async fn map_target_events(self: Arc<Self>, target_type: usize, mut changes: mpsc::UnboundedReceiver<Change>) {
         let target = &self.targets[target_type];
-        let mut changes = target.informer.subscribe();
         while let Some(change) = changes.recv().await {
             let key = TargetKey { target_type, key: ObjectKey::of(change.object()) };
             match &change {
@@ -347,9 +351,8 @@ impl Controller {
         }
     }
 
-    async fn map_attachment_events(self: Arc<Self>, index: usize) {
+    async fn map_attachment_events(self: Arc<Self>, index: usize, mut changes: mpsc::UnboundedReceiver<Change>) {
         let resource = Arc::clone(self.attachments[index].resource());
-        let mut changes = self.attachments[index].informer.subscribe();
         while let Some(change) = changes.recv().await {
             let version = match &change {
                 Change::Applied { old: Some(old), new }

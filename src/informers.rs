@@ -416,6 +416,18 @@ impl Informer {
         self.shared.subscribers.lock().expect("subscribers lock").push(tx);
         rx
     }
+
+    /// A stream of the changes from now on, without the objects already cached. For a controller's
+    /// children: its parents' subscription, taken after this one, queues every parent once anyway, and
+    /// a child that changed before this call is in the cache those syncs read. Replaying the children
+    /// too decoded every one of them at start and queued their parents a second time, after some had
+    /// been synced already.
+    #[must_use]
+    pub fn subscribe_changes(&self) -> mpsc::UnboundedReceiver<Change> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        self.shared.subscribers.lock().expect("subscribers lock").push(tx);
+        rx
+    }
 }
 
 /// Hands out shared informers, starting a watch on first use of a type.
