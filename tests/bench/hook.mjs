@@ -5,12 +5,15 @@
 //
 //   POST /sync                 the hook
 //   GET  /stats                {"calls": n}
+//   GET  /call?n=K             {"at": <unix ms of the K-th call>} or {"at": null}
 //   GET  /seen?key=NS/NAME@VER {"at": <unix ms when first asked>} or {"at": null}
 //
 // No dependencies. Listens on 127.0.0.1:$PORT and prints "PORT <n>" once listening.
 import http from "node:http";
 
 let calls = 0;
+// When each call came (unix ms), so the bench can time "the N-th call" exactly instead of by polling.
+const callTimes = [];
 const seen = new Map();
 
 function sync(request) {
@@ -34,6 +37,10 @@ const server = http.createServer((req, res) => {
     res.end(JSON.stringify({ calls }));
     return;
   }
+  if (req.method === "GET" && url.pathname === "/call") {
+    res.end(JSON.stringify({ at: callTimes[Number(url.searchParams.get("n")) - 1] ?? null }));
+    return;
+  }
   if (req.method === "GET" && url.pathname === "/seen") {
     res.end(JSON.stringify({ at: seen.get(url.searchParams.get("key")) ?? null }));
     return;
@@ -42,6 +49,7 @@ const server = http.createServer((req, res) => {
   req.on("data", (c) => chunks.push(c));
   req.on("end", () => {
     calls += 1;
+    callTimes.push(Date.now());
     const body = JSON.stringify(sync(JSON.parse(Buffer.concat(chunks).toString())));
     res.writeHead(200, { "Content-Type": "application/json" });
     res.end(body);

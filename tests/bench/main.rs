@@ -12,8 +12,9 @@
 //! - `baseline`, only with `BASELINE_BIN=<another build of the hub>`: the same as `metahook` with that
 //!   binary, so a change is measured before and after in one run, against the same raw figures.
 //!
-//! Phases: backlog converge; idle (writes, hook calls, hub CPU); spec-bump update; restart with nothing
-//! changed (writes and time until quiet); latency from a parent change to the hook call at idle. Writes
+//! Phases: backlog converge; idle (writes, hook calls, hub CPU); spec-bump update; latency from a parent
+//! change to the hook call at idle; restarts with nothing changed (`RESTARTS`, 3 by default: writes, and
+//! the median time from starting the process to the hook's call for the last parent). Writes
 //! and reads are counted by the API server itself (`apiserver_request_total`), CPU from `/proc`.
 //!
 //! Output: a markdown table on stdout, `target/bench/fanout-<N>.json`, and `target/bench/fanout-<N>.png`
@@ -67,6 +68,8 @@ struct Settings {
     n: usize,
     idle: Duration,
     latency_changes: usize,
+    /// Hub restarts over the converged world (`RESTARTS`, 3 by default).
+    restarts: usize,
     mem: bool,
     hub_bin: PathBuf,
     /// `BASELINE_BIN`: another build of the hub, run as a fourth system.
@@ -79,10 +82,10 @@ impl Settings {
         let full = std::env::args().any(|a| a == "--full") || std::env::var_os("BENCH_FULL").is_some();
         let mem = std::env::var("MEM").is_ok_and(|v| v == "1");
         let num = |key: &str, default: usize| std::env::var(key).ok().and_then(|v| v.parse().ok()).unwrap_or(default);
-        let (n, idle, latency) = match (mem, full) {
-            (true, _) => (num("N", 10_000), 10, 0),
-            (false, true) => (num("N", 1000), num("IDLE", 60), num("LATENCY", 200)),
-            (false, false) => (num("N", 20), num("IDLE", 2), num("LATENCY", 5)),
+        let (n, idle, latency, restarts) = match (mem, full) {
+            (true, _) => (num("N", 10_000), 10, 0, 0),
+            (false, true) => (num("N", 1000), num("IDLE", 60), num("LATENCY", 200), num("RESTARTS", 3).max(1)),
+            (false, false) => (num("N", 20), num("IDLE", 2), num("LATENCY", 5), 1),
         };
         let hub_bin =
             std::env::var_os("HUB_BIN").map_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_metahook")), PathBuf::from);
@@ -91,6 +94,7 @@ impl Settings {
             n,
             idle: Duration::from_secs(idle as u64),
             latency_changes: latency,
+            restarts,
             mem,
             hub_bin,
             baseline_bin,
@@ -121,8 +125,12 @@ struct SystemFigures {
     backlog: Phase,
     idle: Phase,
     update: Phase,
+    /// Writes over all restarts; `seconds` is the median time to quiet.
     restart: Option<Phase>,
-    /// Time of one LIST of all parents and children (the yardstick of "quiet within 2x list time").
+    /// Time to quiet of each restart.
+    restart_quiet_s: Vec<f64>,
+    /// Time of one LIST of all parents and children, the median of three (the yardstick of "quiet
+    /// within 2x list time").
     list_s: f64,
     latency_p50_ms: Option<f64>,
     latency_p99_ms: Option<f64>,
@@ -205,6 +213,11 @@ impl System {
     }
 }
 
+/// Says on stderr which phase a system enters, with the time (to line up a profile or the hub's log).
+fn phase(system: System, what: &str) {
+    eprintln!("[bench] {:.3} {}: {what}", unix_ms() / 1000.0, system.name());
+}
+
 /// One system through every phase, in a namespace of its own.
 async fn run_system(client: &Client, settings: &Settings, hook: &Hook, system: System) -> SystemFigures {
     let ns = support::TestNamespace::create(client, &format!("bench-{}", system.name().replace('+', "-"))).await;
@@ -219,6 +232,7 @@ async fn run_system(client: &Client, settings: &Settings, hook: &Hook, system: S
         watches = raw_watches(client);
     }
     // Backlog.
+    phase(system, "backlog");
     let mut hub_pid: Option<HubHandle> = None;
     let meter = Meter::start(client, hook, None).await;
     let mut hub = None;
@@ -247,11 +261,13 @@ async fn run_system(client: &Client, settings: &Settings, hook: &Hook, system: S
     }
 
     // Idle.
+    phase(system, "idle");
     let meter = Meter::start(client, hook, hub_pid).await;
     tokio::time::sleep(settings.idle).await;
     figures.idle = meter.stop(client, hook, hub_pid).await;
 
     // Spec bump.
+    phase(system, "update");
     let meter = Meter::start(client, hook, hub_pid).await;
     world.bump("2").await;
     if hub.is_none() {
@@ -260,10 +276,15 @@ async fn run_system(client: &Client, settings: &Settings, hook: &Hook, system: S
     tracker.wait("2", settings.n).await;
     figures.update = meter.stop(client, hook, hub_pid).await;
 
-    figures.list_s = world.list_time().await;
+    let mut lists = Vec::new();
+    for _ in 0..3 {
+        lists.push(world.list_time().await);
+    }
+    figures.list_s = median(&lists);
     if let Some(process) = hub.take() {
         figures.rss_mib = process.rss_mib();
         // Latency at idle, one change at a time.
+        phase(system, "latency");
         let mut latencies = Vec::new();
         for i in 0..settings.latency_changes {
             let parent = format!("p{}", i % settings.n);
@@ -281,26 +302,39 @@ async fn run_system(client: &Client, settings: &Settings, hook: &Hook, system: S
             figures.latency_p50_ms = Some(percentile(&latencies, 0.50));
             figures.latency_p99_ms = Some(percentile(&latencies, 0.99));
         }
-        // Restart with nothing changed: settle, then a new hub process over the same world.
+        // Restart with nothing changed: settle, then new hub processes over the same world, one after
+        // the other. A restart is over in about a second, so one run is mostly noise: the figure is
+        // the median of `RESTARTS`.
         tokio::time::sleep(Duration::from_secs(3)).await;
         figures.peak_rss_mib = process.peak_rss_mib();
         process.stop().await;
-        let calls_before = hook.calls().await;
-        let meter = Meter::start(client, hook, None).await;
-        let restarted = HubRun::start(system.hub_bin(settings).expect("a hub system"), &label);
-        let pid = restarted.handle();
-        // Quiet: every parent synced once again, then nothing written for 2 s.
-        let started = Instant::now();
-        let deadline = started + TIMEOUT;
-        while hook.calls().await < calls_before + settings.n as u64 && Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(100)).await;
+        phase(system, "restart");
+        let mut meter = Some(Meter::start(client, hook, None).await);
+        let mut quiet = Vec::new();
+        for round in 0..settings.restarts {
+            let calls_before = hook.calls().await;
+            let spawned = unix_ms();
+            let restarted = HubRun::start(system.hub_bin(settings).expect("a hub system"), &label);
+            // Quiet: every parent synced once again (timed by the hook's clock at that call), then
+            // nothing written for 2 s.
+            let target = calls_before + settings.n as u64;
+            let deadline = Instant::now() + TIMEOUT;
+            while hook.calls().await < target && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            let at = hook.call_at(target).await.unwrap_or_else(unix_ms);
+            quiet.push(((at - spawned) / 1000.0).max(0.0));
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            if round + 1 == settings.restarts
+                && let Some(meter) = meter.take()
+            {
+                let mut restart = meter.stop(client, hook, Some(restarted.handle())).await;
+                restart.seconds = median(&quiet);
+                figures.restart = Some(restart);
+            }
+            restarted.stop().await;
         }
-        let quiet_at = started.elapsed();
-        tokio::time::sleep(Duration::from_secs(2)).await;
-        let mut restart = meter.stop(client, hook, Some(pid)).await;
-        restart.seconds = quiet_at.as_secs_f64();
-        figures.restart = Some(restart);
-        restarted.stop().await;
+        figures.restart_quiet_s = quiet;
     }
     drop(watches);
     world.delete_controller(&label).await;
@@ -745,6 +779,12 @@ fn unix_ms() -> f64 {
     SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs_f64() * 1000.0
 }
 
+fn median(values: &[f64]) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    if sorted.is_empty() { 0.0 } else { percentile(&sorted, 0.5) }
+}
+
 fn percentile(sorted: &[f64], q: f64) -> f64 {
     let index = ((sorted.len() as f64 - 1.0) * q).round() as usize;
     sorted[index.min(sorted.len() - 1)]
@@ -862,6 +902,11 @@ impl Hook {
         self.get("/stats").await["calls"].as_u64().unwrap_or(0)
     }
 
+    /// When (unix ms) the hook got its `n`-th call, if it has had that many.
+    async fn call_at(&self, n: u64) -> Option<f64> {
+        self.get(&format!("/call?n={n}")).await["at"].as_f64()
+    }
+
     /// When the hook was first called for `key` (`parent@version`), waiting for it.
     async fn seen_at(&self, key: &str) -> f64 {
         let deadline = Instant::now() + Duration::from_secs(60);
@@ -936,9 +981,15 @@ fn table(settings: &Settings, results: &[SystemFigures]) -> String {
     };
     out.push_str(&hub_row("hook syncs per parent by cause, change / echo / delay (backlog)", &|h| causes(&h.backlog)));
     out.push_str(&hub_row("hook syncs per parent by cause, change / echo / delay (update)", &|h| causes(&h.update)));
-    out.push_str(&hub_row("restart, nothing changed: writes / time to quiet (s) / one LIST of everything (s)", &|h| {
-        h.restart.as_ref().map_or("-".into(), |r| format!("{} / {:.2} / {:.2}", r.writes, r.seconds, h.list_s))
-    }));
+    out.push_str(&hub_row(
+        "restart, nothing changed: writes / time to quiet (s, median) / one LIST of everything (s, median of 3)",
+        &|h| {
+            h.restart.as_ref().map_or("-".into(), |r| {
+                let each: Vec<String> = h.restart_quiet_s.iter().map(|q| format!("{q:.2}")).collect();
+                format!("{} / {:.2} ({}) / {:.2}", r.writes, r.seconds, each.join(", "), h.list_s)
+            })
+        },
+    ));
     out.push_str(&hub_row(
         &format!("change -> hook call at idle, p50 / p99 (ms, {} changes)", settings.latency_changes),
         &|h| format!("{} / {}", ms(h.latency_p50_ms), ms(h.latency_p99_ms)),
