@@ -689,6 +689,28 @@ mod tests {
         assert!(last_error.as_deref().is_some_and(|e| e.contains("list")), "{err}");
     }
 
+    /// `subscribe` starts with what is cached, `subscribe_changes` only with what changes next.
+    #[tokio::test]
+    async fn a_subscription_for_changes_only_does_not_replay_the_cache() {
+        let client = Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap())).unwrap();
+        let resource = Arc::new(ResolvedResource {
+            api_resource: kube::core::ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&()),
+            namespaced: true,
+            has_status: false,
+        });
+        let informer = Informers::new(client).get(&resource);
+        let add = |obj: Arc<DynamicObject>| informer.shared.publish(|store| refresh(store, obj).into_iter().collect());
+        add(object("a", "cached", "1", None));
+        let mut everything = informer.subscribe();
+        let mut changes = informer.subscribe_changes();
+        add(object("a", "new", "2", None));
+        let names = |rx: &mut mpsc::UnboundedReceiver<Change>| {
+            std::iter::from_fn(|| rx.try_recv().ok()).map(|c| ObjectKey::of(c.object()).name).collect::<Vec<_>>()
+        };
+        assert_eq!(names(&mut everything), ["cached", "new"]);
+        assert_eq!(names(&mut changes), ["new"]);
+    }
+
     #[test]
     fn watch_backoff_stays_short_and_resets() {
         use kube::runtime::utils::Backoff as _;
