@@ -514,6 +514,40 @@ async fn hub_restart_mid_sync_creates_no_duplicates() {
     w.finish().await;
 }
 
+/// What changed while no hub ran is put right when one starts: the start syncs every parent once (the
+/// children's cache is not replayed as changes; the parents' replay must cover a child deleted, a child
+/// edited by someone else, and a parent changed meanwhile).
+#[tokio::test]
+async fn changes_made_while_the_hub_was_down_are_put_right_when_it_starts() {
+    let mut w = World::new("down-changes", GREETER).await;
+    w.controller(sync_spec(&w.hook, "InPlace")).await;
+    for name in ["a", "b", "c"] {
+        w.thing(name, json!({"greeting": "hi"})).await;
+    }
+    let greeting = |cm: &DynamicObject| cm.data["data"]["greeting"].as_str().map(str::to_owned);
+    for name in ["a-cm", "b-cm", "c-cm"] {
+        eventually(WAIT, || async { w.config_map(name).await.filter(|cm| greeting(cm).as_deref() == Some("hi")) })
+            .await;
+    }
+    w.stop_hub().await;
+    let cms = w.config_maps().await;
+    cms.delete("a-cm", &DeleteParams::default()).await.unwrap();
+    eventually(WAIT, || async { w.config_map("a-cm").await.is_none().then_some(()) }).await;
+    let someone = PatchParams { field_manager: Some("someone-else".into()), ..PatchParams::default() };
+    cms.patch("b-cm", &someone, &Patch::Merge(json!({"data": {"greeting": "tampered"}}))).await.unwrap();
+    w.thing("c", json!({"greeting": "hello"})).await;
+
+    w.hub = Some(support::Hub::start(&w.client, &w.label));
+    for (name, want) in [("a-cm", "hi"), ("b-cm", "hi"), ("c-cm", "hello")] {
+        let cm =
+            eventually(WAIT, || async { w.config_map(name).await.filter(|cm| greeting(cm).as_deref() == Some(want)) })
+                .await;
+        let owner = cm.metadata.owner_references.unwrap_or_default();
+        assert!(owner.iter().any(|r| r.controller == Some(true) && r.name == name.trim_end_matches("-cm")), "{name}");
+    }
+    w.finish().await;
+}
+
 const LABELLER: &str = r#"
 def a(req):
     return {"children": [{"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": req["parent"]["metadata"]["name"]}, "data": {"hook": "a"}}]}
