@@ -670,16 +670,20 @@ mod tests {
         })
     }
 
-    #[tokio::test]
-    async fn a_cache_that_cannot_fill_gives_up_after_the_timeout_naming_the_last_watch_error() {
-        // Nothing listens on port 9 of the loopback: every list fails to connect.
+    /// A `ConfigMap` informer whose lists all fail: nothing listens on port 9 of the loopback.
+    fn unreachable_config_maps() -> Informer {
         let client = Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap())).unwrap();
         let resource = Arc::new(ResolvedResource {
             api_resource: kube::core::ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&()),
             namespaced: true,
             has_status: false,
         });
-        let informer = Informers::new(client).get(&resource);
+        Informers::new(client).get(&resource)
+    }
+
+    #[tokio::test]
+    async fn a_cache_that_cannot_fill_gives_up_after_the_timeout_naming_the_last_watch_error() {
+        let informer = unreachable_config_maps();
         // However loaded the machine, the first failed list comes before the (short) timeout is measured.
         let mut failed = informer.shared.last_error.subscribe();
         tokio::time::timeout(Duration::from_secs(60), failed.wait_for(Option::is_some)).await.unwrap().unwrap();
@@ -692,13 +696,7 @@ mod tests {
     /// `subscribe` starts with what is cached, `subscribe_changes` only with what changes next.
     #[tokio::test]
     async fn a_subscription_for_changes_only_does_not_replay_the_cache() {
-        let client = Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap())).unwrap();
-        let resource = Arc::new(ResolvedResource {
-            api_resource: kube::core::ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&()),
-            namespaced: true,
-            has_status: false,
-        });
-        let informer = Informers::new(client).get(&resource);
+        let informer = unreachable_config_maps();
         let add = |obj: Arc<DynamicObject>| informer.shared.publish(|store| refresh(store, obj).into_iter().collect());
         add(object("a", "cached", "1", None));
         let mut everything = informer.subscribe();
