@@ -164,7 +164,7 @@ pub async fn client_for(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<
         }
         None => kube::Config::infer().await.context("inferring Kubernetes config")?,
     };
-    Client::try_from(config).context("building Kubernetes client")
+    crate::client::connect(config).context("building Kubernetes client")
 }
 
 async fn run(args: RunArgs) -> anyhow::Result<()> {
