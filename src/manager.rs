@@ -333,9 +333,13 @@ async fn supervise<K: Managed>(hub: Hub, obj: Arc<K>, slot: Arc<OnceLock<Arc<K::
                 info!(controller = %name, kind = %kind, "controller started");
                 hub.health.set(&kind, &name, ControllerState::Running);
                 let _ = slot.set(Arc::clone(&controller));
-                report(&hub, &*obj, true, "Running", "controller is running".into()).await;
-                hub.events.normal(&reference(&*obj), "Started", "Controller started: caches synced".into()).await;
-                K::run(controller, cancel).await;
+                // Said while the controller runs: its first syncs need not wait for the status write
+                // and the Event (60-70 ms of a restart's 0.75 s at 1,000 parents).
+                let announce = async {
+                    report(&hub, &*obj, true, "Running", "controller is running".into()).await;
+                    hub.events.normal(&reference(&*obj), "Started", "Controller started: caches synced".into()).await;
+                };
+                tokio::join!(announce, K::run(controller, cancel));
                 return;
             }
             Err(err) => {
