@@ -1,7 +1,7 @@
 //! `make bench`: how close metahook comes to the API server's own limit, measured side by side in one run.
 //!
 //! Workload "fanout": a namespaced CRD, a CompositeController with `generateSelector`,
-//! `resyncPeriodSeconds: 10`, three `InPlace` ConfigMap children per parent, and a Node hook that answers
+//! `resyncPeriodSeconds: 10` (`RESYNC=` to change), three `InPlace` ConfigMap children per parent, and a Node hook that answers
 //! at once (`hook.mjs`). All N parents are created before the system under test starts. Three systems run
 //! one after the other, each in a fresh namespace:
 //! - `raw`: a kube-rs client doing exactly the writes a perfect controller would (three server-side applies
@@ -70,6 +70,9 @@ struct Settings {
     latency_changes: usize,
     /// Hub restarts over the converged world (`RESTARTS`, 3 by default).
     restarts: usize,
+    /// The controller's `resyncPeriodSeconds` (`RESYNC`, 10 by default, the workload's). A period longer
+    /// than a phase shows its hook calls without the resyncs that come due in it.
+    resync_s: usize,
     mem: bool,
     hub_bin: PathBuf,
     /// `BASELINE_BIN`: another build of the hub, run as a fourth system.
@@ -95,6 +98,7 @@ impl Settings {
             idle: Duration::from_secs(idle as u64),
             latency_changes: latency,
             restarts,
+            resync_s: num("RESYNC", 10).max(1),
             mem,
             hub_bin,
             baseline_bin,
@@ -150,7 +154,13 @@ async fn main() {
     let out = support::repo_root().join("target/bench");
     std::fs::create_dir_all(&out).unwrap();
     let hook = Hook::start().await;
-    eprintln!("[bench] N={} idle={:?} hub={}", settings.n, settings.idle, settings.hub_bin.display());
+    eprintln!(
+        "[bench] N={} idle={:?} resync={}s hub={}",
+        settings.n,
+        settings.idle,
+        settings.resync_s,
+        settings.hub_bin.display()
+    );
 
     if settings.mem {
         mem_mode(&client, &settings, &hook, &out, &settings.hub_bin, "").await;
@@ -172,7 +182,7 @@ async fn main() {
     let table = table(&settings, &results);
     println!("{table}");
     let json = json!({
-        "workload": "fanout", "n": settings.n, "children_per_parent": CHILDREN, "hub": settings.hub_bin,
+        "workload": "fanout", "n": settings.n, "resync_period_s": settings.resync_s, "children_per_parent": CHILDREN, "hub": settings.hub_bin,
         "baseline": settings.baseline_bin,
         "machine": machine(), "systems": results,
     });
@@ -222,7 +232,7 @@ fn phase(system: System, what: &str) {
 async fn run_system(client: &Client, settings: &Settings, hook: &Hook, system: System) -> SystemFigures {
     let ns = support::TestNamespace::create(client, &format!("bench-{}", system.name().replace('+', "-"))).await;
     let label = ns.name.clone();
-    let world = Bench { client: client.clone(), ns: ns.name.clone(), n: settings.n };
+    let world = Bench { client: client.clone(), ns: ns.name.clone(), n: settings.n, resync_s: settings.resync_s };
     world.create_parents("1").await;
     let tracker = Convergence::start(client, &ns.name).await;
     let mut figures = SystemFigures { name: system.name().into(), ..SystemFigures::default() };
@@ -347,7 +357,7 @@ async fn run_system(client: &Client, settings: &Settings, hook: &Hook, system: S
 async fn mem_mode(client: &Client, settings: &Settings, hook: &Hook, out: &Path, hub_bin: &Path, prefix: &str) {
     let ns = support::TestNamespace::create(client, "bench-mem").await;
     let label = ns.name.clone();
-    let world = Bench { client: client.clone(), ns: ns.name.clone(), n: settings.n };
+    let world = Bench { client: client.clone(), ns: ns.name.clone(), n: settings.n, resync_s: settings.resync_s };
     // The hub's own footprint first: running, watching nothing of ours yet.
     eprintln!("[bench] memory of {}", hub_bin.display());
     let empty = HubRun::start(hub_bin, "nothing-matches-this");
@@ -393,6 +403,7 @@ struct Bench {
     client: Client,
     ns: String,
     n: usize,
+    resync_s: usize,
 }
 
 impl Bench {
@@ -443,7 +454,7 @@ impl Bench {
             &self.client,
             &json!({"apiVersion": "metacontroller.k8s.io/v1alpha1", "kind": "CompositeController",
                 "metadata": {"name": label, "labels": {"metahook-test": label}},
-                "spec": {"generateSelector": true, "resyncPeriodSeconds": 10,
+                "spec": {"generateSelector": true, "resyncPeriodSeconds": self.resync_s,
                     "parentResource": {"apiVersion": "bench.metahook.dev/v1", "resource": "benchthings",
                                        "labelSelector": {"matchLabels": {"bench": self.ns}}},
                     "childResources": [{"apiVersion": "v1", "resource": "configmaps", "updateStrategy": {"method": "InPlace"}}],
@@ -560,7 +571,7 @@ impl Convergence {
         let children: Arc<Mutex<BTreeMap<String, String>>> = Arc::default();
         let parents: Arc<Mutex<BTreeMap<String, String>>> = Arc::default();
         let cms: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
-        let things = Bench { client: client.clone(), ns: ns.into(), n: 0 }.parents();
+        let things = Bench { client: client.clone(), ns: ns.into(), n: 0, resync_s: 10 }.parents();
         let c = Arc::clone(&children);
         let t1 = tokio::spawn(async move {
             let mut events = watcher(cms, watcher::Config::default()).boxed();
@@ -932,8 +943,9 @@ fn table(settings: &Settings, results: &[SystemFigures]) -> String {
     let names: Vec<&str> = hubs.iter().map(|h| h.name.as_str()).collect();
     let ratio_heads: String = names.iter().map(|h| format!(" {h} / raw | {h} / raw+watch |")).collect();
     let mut out = format!(
-        "### fanout, N = {} parents x {CHILDREN} children{}\n\n| figure | raw | raw+watch |{} {ratio_heads}\n|{}\n",
+        "### fanout, N = {} parents x {CHILDREN} children{}{}\n\n| figure | raw | raw+watch |{} {ratio_heads}\n|{}\n",
         settings.n,
+        if settings.resync_s == 10 { String::new() } else { format!(", resync every {} s", settings.resync_s) },
         if settings.smoke { " (smoke size: figures are not meaningful)" } else { "" },
         names.iter().map(|h| format!(" {h} |")).collect::<String>(),
         "---|".repeat(3 + 3 * hubs.len()),
