@@ -177,9 +177,15 @@ async fn check_manifests(example: Example) {
         .collect();
     assert_eq!(shipped, example.library_files(), "the library in the Pod is the library in the repository");
 
-    // Server-side dry-run of every object, strict field validation.
+    // Server-side dry-run of every object, strict field validation. The Namespace and the CRDs are
+    // applied for real first (the dry run then checks them as patches): the tests that run the hook
+    // create the same CRDs concurrently, and kubectl's dry-run create of an object that appeared
+    // after its read fails with AlreadyExists.
     let namespace = one(&docs, "Namespace");
     support::apply_value(&client, namespace).await;
+    for crd in docs.iter().filter(|d| d["kind"] == "CustomResourceDefinition") {
+        support::apply_value(&client, crd).await;
+    }
     let dir = tempfile::tempdir().unwrap();
     let rendered = dir.path().join("rendered.yaml");
     let text: String = docs.iter().map(|d| format!("---\n{}", serde_yaml::to_string(d).unwrap())).collect();
