@@ -37,6 +37,27 @@ use tokio_util::time::DelayQueue;
 /// about two years, and `Instant + Duration` overflows near 9e18 seconds).
 pub const MAX_DELAY: Duration = Duration::from_secs(24 * 60 * 60);
 
+/// Delays of [`SLOTTED_FROM`] or more (resyncs) come due on a boundary of this slot, counted from the
+/// queue's creation. Each parent is resynced a period after its own sync, so at idle their resyncs come
+/// one by one (100 a second at 1,000 parents and 10 s); in slots they come in groups, and a group's
+/// syncs share the wake-ups of the timer and of the workers.
+pub const SLOT: Duration = Duration::from_millis(100);
+
+/// The shortest delay put in a [`SLOT`]: backoff retries (5 ms doubling) and short `resyncAfterSeconds`
+/// keep their exact time.
+pub const SLOTTED_FROM: Duration = Duration::from_secs(1);
+
+/// When a key added after `delay` at `now` comes due.
+fn due(origin: Instant, now: Instant, delay: Duration) -> Instant {
+    let at = now + delay;
+    if delay < SLOTTED_FROM {
+        return at;
+    }
+    let slot = SLOT.as_nanos();
+    let slots = at.saturating_duration_since(origin).as_nanos().div_ceil(slot);
+    origin + Duration::from_nanos(u64::try_from(slots * slot).unwrap_or(u64::MAX))
+}
+
 /// Per-key exponential backoff: `base * 2^failures`, capped at `max`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Backoff {
@@ -149,6 +170,8 @@ struct Inner<K> {
     timer: mpsc::UnboundedSender<(K, Instant)>,
     backoff: Backoff,
     stats: QueueStats,
+    /// Where [`SLOT`]s are counted from.
+    origin: Instant,
 }
 
 /// Handle to a queue; clones share it. Must be created inside a Tokio runtime (it spawns its timer).
@@ -192,6 +215,7 @@ where
             timer,
             backoff,
             stats,
+            origin: Instant::now(),
         });
         tokio::spawn(run_timer(Arc::downgrade(&inner), requests));
         Self { inner }
@@ -203,14 +227,15 @@ where
         add_as(&self.inner, key, Lane::Change);
     }
 
-    /// Queues `key` after `delay` (at most [`MAX_DELAY`]). Of several pending delays for one key the
-    /// earliest wins.
+    /// Queues `key` after `delay` (at most [`MAX_DELAY`]; from [`SLOTTED_FROM`] on, rounded up to the
+    /// next [`SLOT`]). Of several pending delays for one key the earliest wins.
     pub fn add_after(&self, key: K, delay: Duration) {
         if delay.is_zero() {
             add_as(&self.inner, key, Lane::Delayed);
         } else {
+            let at = due(self.inner.origin, Instant::now(), delay.min(MAX_DELAY));
             // The timer task lives as long as `inner`, so the send cannot fail while we hold it.
-            let _ = self.inner.timer.send((key, Instant::now() + delay.min(MAX_DELAY)));
+            let _ = self.inner.timer.send((key, at));
         }
     }
 
@@ -389,6 +414,20 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn long_delays_come_due_on_a_slot_boundary_and_short_ones_exactly() {
+        let origin = Instant::now();
+        let now = origin + Duration::from_millis(1234);
+        // Two resyncs asked for 20 ms apart come due together, at the next slot boundary after each.
+        assert_eq!(due(origin, now, Duration::from_secs(10)), origin + Duration::from_millis(11_300));
+        let later = now + Duration::from_millis(20);
+        assert_eq!(due(origin, later, Duration::from_secs(10)), origin + Duration::from_millis(11_300));
+        // Never earlier than asked; a deadline on a boundary stays.
+        assert_eq!(due(origin, origin, Duration::from_secs(2)), origin + Duration::from_secs(2));
+        // Retries keep their exact time.
+        assert_eq!(due(origin, now, Duration::from_millis(5)), now + Duration::from_millis(5));
+    }
 
     #[tokio::test(start_paused = true)]
     async fn a_key_back_by_its_delay_says_so_once() {
