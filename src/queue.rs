@@ -41,11 +41,11 @@ pub const MAX_DELAY: Duration = Duration::from_secs(24 * 60 * 60);
 /// queue's creation. Each parent is resynced a period after its own sync, so at idle their resyncs come
 /// one by one (100 a second at 1,000 parents and 10 s); in slots they come in groups, and a group's
 /// syncs share the wake-ups of the timer and of the workers.
-pub const SLOT: Duration = Duration::from_millis(100);
+const SLOT: Duration = Duration::from_millis(100);
 
 /// The shortest delay put in a [`SLOT`]: backoff retries (5 ms doubling) and short `resyncAfterSeconds`
 /// keep their exact time.
-pub const SLOTTED_FROM: Duration = Duration::from_secs(1);
+const SLOTTED_FROM: Duration = Duration::from_secs(1);
 
 /// When a key added after `delay` at `now` comes due.
 fn due(origin: Instant, now: Instant, delay: Duration) -> Instant {

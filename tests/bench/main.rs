@@ -1,8 +1,8 @@
 //! `make bench`: how close metahook comes to the API server's own limit, measured side by side in one run.
 //!
 //! Workload "fanout": a namespaced CRD, a CompositeController with `generateSelector`,
-//! `resyncPeriodSeconds: 10` (`RESYNC=` to change), three `InPlace` ConfigMap children per parent, and a Node hook that answers
-//! at once (`hook.mjs`). All N parents are created before the system under test starts. Three systems run
+//! `resyncPeriodSeconds: 10` (`RESYNC=` to change), three `InPlace` ConfigMap children per parent, and a
+//! Node hook that answers at once (`hook.mjs`). All N parents are created before the system under test starts. Three systems run
 //! one after the other, each in a fresh namespace:
 //! - `raw`: a kube-rs client doing exactly the writes a perfect controller would (three server-side applies
 //!   and one status patch per parent, 5 workers, no client-side rate limit);
@@ -61,6 +61,8 @@ spec:
 
 const CHILDREN: usize = 3;
 const WORKERS: usize = 5;
+/// The workload's `resyncPeriodSeconds`.
+const RESYNC_S: usize = 10;
 const TIMEOUT: Duration = Duration::from_secs(1800);
 
 #[derive(Debug, Clone)]
@@ -98,7 +100,7 @@ impl Settings {
             idle: Duration::from_secs(idle as u64),
             latency_changes: latency,
             restarts,
-            resync_s: num("RESYNC", 10).max(1),
+            resync_s: num("RESYNC", RESYNC_S).max(1),
             mem,
             hub_bin,
             baseline_bin,
@@ -399,6 +401,17 @@ async fn mem_mode(client: &Client, settings: &Settings, hook: &Hook, out: &Path,
 
 // ---- the world: parents, controller, raw writes ------------------------------------------------
 
+/// The parents' type.
+fn bench_things() -> kube::core::ApiResource {
+    kube::core::ApiResource {
+        group: "bench.metahook.dev".into(),
+        version: "v1".into(),
+        api_version: "bench.metahook.dev/v1".into(),
+        kind: "BenchThing".into(),
+        plural: "benchthings".into(),
+    }
+}
+
 struct Bench {
     client: Client,
     ns: String,
@@ -408,14 +421,7 @@ struct Bench {
 
 impl Bench {
     fn parents(&self) -> Api<DynamicObject> {
-        let ar = kube::core::ApiResource {
-            group: "bench.metahook.dev".into(),
-            version: "v1".into(),
-            api_version: "bench.metahook.dev/v1".into(),
-            kind: "BenchThing".into(),
-            plural: "benchthings".into(),
-        };
-        Api::namespaced_with(self.client.clone(), &self.ns, &ar)
+        Api::namespaced_with(self.client.clone(), &self.ns, &bench_things())
     }
 
     async fn create_parents(&self, version: &str) {
@@ -531,16 +537,7 @@ where
 
 /// Watches a controller needs: the parent type and the child type, cluster-wide.
 fn raw_watches(client: &Client) -> Vec<tokio::task::JoinHandle<()>> {
-    let parents = Api::<DynamicObject>::all_with(
-        client.clone(),
-        &kube::core::ApiResource {
-            group: "bench.metahook.dev".into(),
-            version: "v1".into(),
-            api_version: "bench.metahook.dev/v1".into(),
-            kind: "BenchThing".into(),
-            plural: "benchthings".into(),
-        },
-    );
+    let parents = Api::<DynamicObject>::all_with(client.clone(), &bench_things());
     let cms: Api<ConfigMap> = Api::all(client.clone());
     vec![
         tokio::spawn(async move { watcher(parents, watcher::Config::default()).for_each(|_| async {}).await }),
@@ -571,7 +568,7 @@ impl Convergence {
         let children: Arc<Mutex<BTreeMap<String, String>>> = Arc::default();
         let parents: Arc<Mutex<BTreeMap<String, String>>> = Arc::default();
         let cms: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
-        let things = Bench { client: client.clone(), ns: ns.into(), n: 0, resync_s: 10 }.parents();
+        let things: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &bench_things());
         let c = Arc::clone(&children);
         let t1 = tokio::spawn(async move {
             let mut events = watcher(cms, watcher::Config::default()).boxed();
@@ -945,7 +942,7 @@ fn table(settings: &Settings, results: &[SystemFigures]) -> String {
     let mut out = format!(
         "### fanout, N = {} parents x {CHILDREN} children{}{}\n\n| figure | raw | raw+watch |{} {ratio_heads}\n|{}\n",
         settings.n,
-        if settings.resync_s == 10 { String::new() } else { format!(", resync every {} s", settings.resync_s) },
+        if settings.resync_s == RESYNC_S { String::new() } else { format!(", resync every {} s", settings.resync_s) },
         if settings.smoke { " (smoke size: figures are not meaningful)" } else { "" },
         names.iter().map(|h| format!(" {h} |")).collect::<String>(),
         "---|".repeat(3 + 3 * hubs.len()),
