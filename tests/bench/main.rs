@@ -351,7 +351,11 @@ async fn run_system(client: &Client, settings: &Settings, hook: &Hook, system: S
     drop(watches);
     world.delete_controller(&label).await;
     ns.delete().await;
-    wait_namespace_gone(client, &world.ns).await;
+    // The next system must not be measured while this one's namespace is torn down (the namespace
+    // controller deletes 4 objects per parent); a smoke run's figures mean nothing, so it goes on.
+    if !settings.smoke {
+        wait_namespace_gone(client, &world.ns).await;
+    }
     figures
 }
 
