@@ -234,7 +234,7 @@ fn phase(system: System, what: &str) {
 async fn run_system(client: &Client, settings: &Settings, hook: &Hook, system: System) -> SystemFigures {
     let ns = support::TestNamespace::create(client, &format!("bench-{}", system.name().replace('+', "-"))).await;
     let label = ns.name.clone();
-    let world = Bench { client: client.clone(), ns: ns.name.clone(), n: settings.n, resync_s: settings.resync_s };
+    let world = Bench::new(client, &ns.name, settings);
     world.create_parents("1").await;
     let tracker = Convergence::start(client, &ns.name).await;
     let mut figures = SystemFigures { name: system.name().into(), ..SystemFigures::default() };
@@ -348,7 +348,10 @@ async fn run_system(client: &Client, settings: &Settings, hook: &Hook, system: S
         }
         figures.restart_quiet_s = quiet;
     }
-    drop(watches);
+    // Dropping a JoinHandle only detaches its task: the watches would stay open through the next systems.
+    for watch in watches {
+        watch.abort();
+    }
     world.delete_controller(&label).await;
     ns.delete().await;
     // The next system must not be measured while this one's namespace is torn down (the namespace
@@ -363,7 +366,7 @@ async fn run_system(client: &Client, settings: &Settings, hook: &Hook, system: S
 async fn mem_mode(client: &Client, settings: &Settings, hook: &Hook, out: &Path, hub_bin: &Path, prefix: &str) {
     let ns = support::TestNamespace::create(client, "bench-mem").await;
     let label = ns.name.clone();
-    let world = Bench { client: client.clone(), ns: ns.name.clone(), n: settings.n, resync_s: settings.resync_s };
+    let world = Bench::new(client, &ns.name, settings);
     // The hub's own footprint first: running, watching nothing of ours yet.
     eprintln!("[bench] memory of {}", hub_bin.display());
     let empty = HubRun::start(hub_bin, "nothing-matches-this");
@@ -424,6 +427,10 @@ struct Bench {
 }
 
 impl Bench {
+    fn new(client: &Client, ns: &str, settings: &Settings) -> Self {
+        Self { client: client.clone(), ns: ns.to_owned(), n: settings.n, resync_s: settings.resync_s }
+    }
+
     fn parents(&self) -> Api<DynamicObject> {
         Api::namespaced_with(self.client.clone(), &self.ns, &bench_things())
     }
