@@ -1,15 +1,19 @@
 //! Makes one object match its desired state with server-side apply, honouring the child update method.
 //!
-//! A fingerprint of what was last applied (desired-state hash + the object's UID and generation, or
-//! resourceVersion for kinds without generation, Metacontroller #1177) lets a resync skip objects
-//! nobody touched: no API call, no write. Any change by someone else moves generation/resourceVersion
-//! and the next sync applies again, which reverts drift under `InPlace`.
+//! An apply is left out only when it is known to change nothing, in one of two ways:
+//! - the object is at the very resourceVersion the hub's last apply of this desired state left (or
+//!   found) it at — a fingerprint in memory of (desired-state hash, UID, resourceVersion). Every change
+//!   moves the resourceVersion (labels and `/scale` included, which leave `metadata.generation` alone), so
+//!   this is identical work;
+//! - otherwise every field the apply would set (the desired state, plus the hash of it in the
+//!   `metahook.dev/applied` annotation) already has that value on the object. A field someone changed or
+//!   removed, even while no hub ran, is a difference and is put back; a field the hub stopped asking for
+//!   changes the hash, and the apply removes it. Lists must match item by item: a list of another length
+//!   counts as a difference, and an apply that then changes nothing costs one request (after which the
+//!   fingerprint covers it).
 //!
-//! The fingerprints live in memory, so they also go on the objects: every apply writes the desired
-//! state's hash into the `metahook.dev/applied` annotation. After a restart (an empty memory) an object
-//! whose annotation matches the desired state, and that no other field manager has written since the
-//! hub's last apply (the cache keeps who wrote when, from `managedFields`), is current: a restart of a
-//! converged hub writes nothing. Fingerprints are dropped when their object goes away.
+//! So a resync of a converged hub, and a restarted hub, write nothing, and any drift of what a hook
+//! asked for is reverted on the parent's next sync. Fingerprints are dropped when their object goes away.
 //!
 //! Server-side apply is an upsert, so every apply carries a precondition that keeps it from writing an
 //! object the hub does not own:
@@ -88,10 +92,13 @@ impl ApplyError {
 /// Last applied fingerprint by (apiVersion, kind, namespace/name).
 type AppliedCache = HashMap<(String, String, ObjectKey), Fingerprint>;
 
+/// The object at `version` is known to be what applying `desired` (a hash) makes of it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Fingerprint {
     desired: String,
     uid: String,
+    /// The object's resourceVersion: never its generation, which labels, annotations and `/scale`
+    /// edits leave alone.
     version: String,
 }
 
@@ -213,14 +220,17 @@ impl Applier {
         let current = fingerprint(desired_hash.clone(), observed);
         if matches!(method, UpdateMethod::Recreate | UpdateMethod::RollingRecreate) {
             // Only recreate when applying would really change the object: a dry run shows the result
-            // including defaults, so fields set by others or by defaulting don't trigger a delete.
-            match api.patch(&key.name, &self.params().dry_run(), &Patch::Apply(&body)).await {
+            // including defaults, so fields set by others or by defaulting don't trigger a delete. It
+            // carries the observed resourceVersion: compared with an object that moved on since (our
+            // cache was behind), a difference would say nothing, so that is a quiet retry.
+            let exact = with_precondition_version(&body, observed);
+            match api.patch(&key.name, &self.params().dry_run(), &Patch::Apply(&exact)).await {
                 Ok(result) if sanitized(&result) == sanitized(observed) => {
                     self.remember(cache_key, current);
                     return Ok(Applied::Unchanged);
                 }
                 Ok(_) => {}
-                Err(kube::Error::Api(status)) if replaced(&status) => {
+                Err(kube::Error::Api(status)) if replaced(&status) || moved_on(&status) => {
                     return Err(ApplyError::Stale { kind: kind(), key });
                 }
                 // Immutable fields (most of a Pod's spec) can only change by recreating, which is what
@@ -232,16 +242,19 @@ impl Applier {
                 Err(source) => return Err(ApplyError::Apply { kind: kind(), key, source }),
             }
             // Deleting is only safe if the replacement will be accepted: ask the API server first.
-            self.dry_run_create(&api, desired).await.map_err(|source| ApplyError::Unrecreatable {
+            self.replacement_accepted(&api, desired, observed).await.map_err(|source| ApplyError::Unrecreatable {
                 kind: kind(),
                 key: key.clone(),
                 source,
             })?;
-            if !self.delete(resource, observed).await? {
+            // The delete, too, only of the object as observed: one changed meanwhile is compared again.
+            return match self.delete_observed(resource, observed).await {
+                Ok(true) => Ok(Applied::Deleted { uid: observed.metadata.uid.clone().unwrap_or_default() }),
                 // Gone already: nothing was written here; the deletion's event syncs the parent again.
-                return Ok(Applied::Unchanged);
-            }
-            return Ok(Applied::Deleted { uid: observed.metadata.uid.clone().unwrap_or_default() });
+                Ok(false) => Ok(Applied::Unchanged),
+                Err(kube::Error::Api(status)) if status.code == 409 => Err(ApplyError::Stale { kind: kind(), key }),
+                Err(source) => Err(ApplyError::Delete { kind: kind(), key, source }),
+            };
         }
         let result = match api.patch(&key.name, &self.params(), &Patch::Apply(&body)).await {
             Ok(result) => result,
@@ -258,8 +271,8 @@ impl Applier {
     }
 
     /// Whether applying `desired` over `observed` is known to change nothing, so no request is needed:
-    /// the child is left alone by its method, or was applied from this very desired state and nobody
-    /// changed it since.
+    /// the child is left alone by its method, or is at the version the hub's last apply of this desired
+    /// state left it at, or already has every value the apply would set (see the module doc).
     #[must_use]
     pub fn is_current(
         &self,
@@ -273,38 +286,15 @@ impl Applier {
         }
         let cache_key = (resource.api_version().to_owned(), resource.kind().to_owned(), key_of(desired));
         let current = fingerprint(hash(desired), observed);
-        let mut applied = self.applied.lock().expect("applied lock");
-        match applied.get(&cache_key) {
-            Some(remembered) => *remembered == current,
-            // Nothing in memory (a restart): the object itself says what it was applied from, and its
-            // managedFields whether anyone else wrote it since.
-            None if self.applied_and_untouched(observed, &current.desired) => {
-                applied.insert(cache_key, current);
-                true
-            }
-            None => false,
+        if self.applied.lock().expect("applied lock").get(&cache_key) == Some(&current) {
+            return true;
         }
-    }
-
-    /// Whether `observed` carries `desired_hash` in its applied annotation and no other field manager
-    /// wrote its main resource after the hub's last apply (equal times count as after: the API server
-    /// stores seconds).
-    fn applied_and_untouched(&self, observed: &DynamicObject, desired_hash: &str) -> bool {
-        let annotation = observed.metadata.annotations.as_ref().and_then(|a| a.get(APPLIED_ANNOTATION));
-        if annotation.map(String::as_str) != Some(desired_hash) {
+        // What Metacontroller wrote is taken over on the first write, whatever the values say.
+        if self.take_over.is_needed(observed) || !holds_applied_state(observed, &annotated(desired, &current.desired)) {
             return false;
         }
-        let entries = observed.metadata.managed_fields.as_deref().unwrap_or_default();
-        let main = |e: &&k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry| {
-            e.subresource.as_deref().unwrap_or_default().is_empty()
-        };
-        let ours = |e: &&k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry| {
-            e.manager.as_deref() == Some(self.field_manager.as_str()) && e.operation.as_deref() == Some("Apply")
-        };
-        let Some(our_time) = entries.iter().filter(main).filter(ours).find_map(|e| e.time.as_ref()) else {
-            return false;
-        };
-        entries.iter().filter(main).filter(|e| !ours(e)).all(|e| e.time.as_ref().is_some_and(|t| t.0 < our_time.0))
+        self.remember(cache_key, current);
+        true
     }
 
     /// Forgets what was applied to an object that is gone.
@@ -343,17 +333,59 @@ impl Applier {
         }
     }
 
-    /// Whether the API server would accept `desired` as a new object (under a generated name, so the
-    /// existing one is not in the way).
-    async fn dry_run_create(&self, api: &Api<DynamicObject>, desired: &Value) -> Result<(), kube::Error> {
-        let mut candidate = desired.clone();
-        if let Some(meta) = candidate.get_mut("metadata").and_then(Value::as_object_mut) {
-            let name = meta.remove("name").and_then(|n| n.as_str().map(str::to_owned)).unwrap_or_default();
-            meta.insert("generateName".into(), Value::String(format!("{name}-")));
+    /// Whether the API server would accept `desired` as the replacement of `observed` once `observed` is
+    /// deleted. A dry-run create of `desired` under its own name runs every check (validation, admission,
+    /// quota, allocations) before the one that must fail while the original exists, `AlreadyExists`; so
+    /// that refusal alone means yes. Any other refusal may be the new form's fault (an invalid child: the
+    /// original must stay) or only the original's presence (its nodePort still allocated, a quota at its
+    /// limit, a uniqueness webhook). The original's own form, asked the same way, tells which: refused for
+    /// the same causes (or more), the refusal is about what exists, which the delete frees. That form is
+    /// the original restricted to the fields the desired state sets (see [`project`]): what the hub
+    /// asked of it, without what the API server allocated on its own (a clusterIP), which would be
+    /// refused first and hide the rest.
+    async fn replacement_accepted(
+        &self,
+        api: &Api<DynamicObject>,
+        desired: &Value,
+        observed: &DynamicObject,
+    ) -> Result<(), kube::Error> {
+        let refused = match self.dry_run_create(api, desired).await {
+            Ok(()) => return Ok(()),
+            Err(kube::Error::Api(status)) if already_exists(&status) => return Ok(()),
+            Err(kube::Error::Api(status)) => status,
+            Err(other) => return Err(other),
+        };
+        let original = project(&serde_json::to_value(observed).map_err(kube::Error::SerdeError)?, desired);
+        match self.dry_run_create(api, &original).await {
+            Err(kube::Error::Api(status)) if refused_alike(&refused, &status) => Ok(()),
+            _ => Err(kube::Error::Api(refused)),
         }
-        let candidate: DynamicObject = serde_json::from_value(candidate).map_err(kube::Error::SerdeError)?;
+    }
+
+    /// A dry-run create of `object` as it is (name included).
+    async fn dry_run_create(&self, api: &Api<DynamicObject>, object: &Value) -> Result<(), kube::Error> {
+        let candidate: DynamicObject = serde_json::from_value(object.clone()).map_err(kube::Error::SerdeError)?;
         let params = PostParams { dry_run: true, field_manager: Some(self.field_manager.clone()) };
         api.create(&params, &candidate).await.map(drop)
+    }
+
+    /// Deletes `obj` only if it is still exactly as observed (UID and resourceVersion preconditions), for
+    /// `Recreate`: `Ok(false)` when it is gone; a conflict (it changed) is the caller's to retry.
+    async fn delete_observed(&self, resource: &ResolvedResource, obj: &DynamicObject) -> Result<bool, kube::Error> {
+        let key = ObjectKey::of(obj);
+        let params = DeleteParams {
+            propagation_policy: Some(PropagationPolicy::Background),
+            preconditions: Some(Preconditions {
+                uid: obj.metadata.uid.clone(),
+                resource_version: obj.metadata.resource_version.clone(),
+            }),
+            ..DeleteParams::default()
+        };
+        match self.api(resource, key.namespace.as_deref()).delete(&key.name, &params).await {
+            Ok(_) => Ok(true),
+            Err(kube::Error::Api(status)) if status.code == 404 => Ok(false),
+            Err(e) => Err(e),
+        }
     }
 
     /// Deletes `obj` in the background, only if it is still the same object (UID precondition). `Ok(false)`:
@@ -384,6 +416,88 @@ fn with_precondition_uid(desired: &Value, observed: &DynamicObject) -> Value {
         meta.insert("uid".into(), Value::String(uid.clone()));
     }
     body
+}
+
+/// `body` with the resourceVersion of `observed`: the API server then refuses it (409) if the object
+/// changed since it was observed.
+fn with_precondition_version(body: &Value, observed: &DynamicObject) -> Value {
+    let mut body = body.clone();
+    if let (Some(meta), Some(version)) =
+        (body.get_mut("metadata").and_then(Value::as_object_mut), &observed.metadata.resource_version)
+    {
+        meta.insert("resourceVersion".into(), Value::String(version.clone()));
+    }
+    body
+}
+
+/// Whether a refused write means the object changed since it was read (a resourceVersion
+/// precondition failed).
+fn moved_on(status: &Status) -> bool {
+    status.code == 409 && status.reason == "Conflict" && status.message.contains("has been modified")
+}
+
+/// Whether a refused create means only that an object of that name exists.
+fn already_exists(status: &Status) -> bool {
+    status.code == 409 && status.reason == "AlreadyExists"
+}
+
+/// Whether `new` (a replacement's refusal) is a refusal the original's own form gets too: the same
+/// code and reason, and every cause of `new` (field, reason, message) among the original's — or, with
+/// no causes, the same message. Messages name the values (a port, a quota's figures), so a new form
+/// that asks for something else than the original is not taken for it.
+fn refused_alike(new: &Status, original: &Status) -> bool {
+    let causes = |s: &Status| -> Vec<(String, String, String)> {
+        s.details
+            .iter()
+            .flat_map(|d| &d.causes)
+            .map(|c| (c.field.clone(), c.reason.clone(), c.message.clone()))
+            .collect()
+    };
+    let (new_causes, original_causes) = (causes(new), causes(original));
+    new.code == original.code
+        && new.reason == original.reason
+        && if new_causes.is_empty() {
+            new.message == original.message
+        } else {
+            new_causes.iter().all(|c| original_causes.contains(c))
+        }
+}
+
+/// `have` restricted to the fields `shape` has (objects field by field; a list or a value whole, as
+/// `have` holds it).
+fn project(have: &Value, shape: &Value) -> Value {
+    match (have, shape) {
+        (Value::Object(have), Value::Object(shape)) => {
+            Value::Object(shape.keys().filter_map(|k| Some((k.clone(), project(have.get(k)?, &shape[k])))).collect())
+        }
+        _ => have.clone(),
+    }
+}
+
+/// Whether `observed` already holds every value of `applied` (an apply body): a field the body sets
+/// is there with that value (objects field by field, lists item by item and of the same length; a
+/// `null` matches a missing field). Conservative: whatever it cannot show to be equal is a difference.
+fn holds_applied_state(observed: &DynamicObject, applied: &Value) -> bool {
+    let Some(fields) = applied.as_object() else { return false };
+    fields.iter().all(|(field, want)| match field.as_str() {
+        "apiVersion" => observed.types.as_ref().map(|t| t.api_version.as_str()) == want.as_str(),
+        "kind" => observed.types.as_ref().map(|t| t.kind.as_str()) == want.as_str(),
+        "metadata" => serde_json::to_value(&observed.metadata).is_ok_and(|have| contains(&have, want)),
+        other => observed.data.get(other).map_or(want.is_null(), |have| contains(have, want)),
+    })
+}
+
+/// Whether `have` holds every value of `want` (see [`holds_applied_state`]).
+fn contains(have: &Value, want: &Value) -> bool {
+    match (have, want) {
+        (Value::Object(have), Value::Object(want)) => {
+            want.iter().all(|(k, w)| have.get(k).map_or(w.is_null(), |h| contains(h, w)))
+        }
+        (Value::Array(have), Value::Array(want)) => {
+            have.len() == want.len() && have.iter().zip(want).all(|(h, w)| contains(h, w))
+        }
+        _ => have == want,
+    }
 }
 
 /// `desired` with a resourceVersion no stored object has: apply then only creates (see the module doc).
@@ -457,11 +571,11 @@ fn annotated(desired: &Value, desired_hash: &str) -> Value {
 }
 
 fn fingerprint(desired: String, obj: &DynamicObject) -> Fingerprint {
-    let version = match obj.metadata.generation {
-        Some(g) if g > 0 => format!("g{g}"),
-        _ => format!("rv{}", obj.metadata.resource_version.as_deref().unwrap_or_default()),
-    };
-    Fingerprint { desired, uid: obj.metadata.uid.clone().unwrap_or_default(), version }
+    Fingerprint {
+        desired,
+        uid: obj.metadata.uid.clone().unwrap_or_default(),
+        version: obj.metadata.resource_version.clone().unwrap_or_default(),
+    }
 }
 
 /// The parts of an object a desired state can change: everything but server bookkeeping and status.
@@ -473,8 +587,9 @@ fn sanitized(obj: &DynamicObject) -> Value {
             for field in ["resourceVersion", "managedFields", "generation", "creationTimestamp", "selfLink"] {
                 meta.remove(field);
             }
-            // The cache drops the last-applied copies (see informers::prepare), and the applied hash says
-            // nothing about the object itself; a dry run's result has them all.
+            // The cache drops kubectl's last-applied copy (see informers::prepare), Metacontroller's is
+            // taken over before this compares, and the applied hash says nothing about the object
+            // itself; a dry run's result has them all.
             if let Some(annotations) = meta.get_mut("annotations").and_then(Value::as_object_mut) {
                 annotations.remove("kubectl.kubernetes.io/last-applied-configuration");
                 annotations.remove("metacontroller.k8s.io/last-applied-configuration");
@@ -602,13 +717,128 @@ mod tests {
     }
 
     #[test]
-    fn fingerprint_uses_generation_when_present_else_resource_version() {
+    fn a_fingerprint_is_of_the_resource_version_never_the_generation() {
         let mut obj: DynamicObject = serde_json::from_value(serde_json::json!({
-            "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "a", "uid": "u", "resourceVersion": "7"}
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "a", "uid": "u", "resourceVersion": "7", "generation": 3}
         }))
         .unwrap();
-        assert_eq!(fingerprint("h".into(), &obj).version, "rv7");
-        obj.metadata.generation = Some(3);
-        assert_eq!(fingerprint("h".into(), &obj).version, "g3");
+        let before = fingerprint("h".into(), &obj);
+        // A label edit moves the resourceVersion, not the generation.
+        obj.metadata.resource_version = Some("8".into());
+        assert_ne!(fingerprint("h".into(), &obj), before);
+    }
+
+    fn config_map(value: serde_json::Value) -> DynamicObject {
+        serde_json::from_value(value).unwrap()
+    }
+
+    #[test]
+    fn an_object_holds_the_applied_state_only_if_every_value_is_there() {
+        let applied = serde_json::json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "a", "namespace": "n", "labels": {"app": "x"},
+                         "annotations": {APPLIED_ANNOTATION: "h1"}},
+            "data": {"k": "v", "list": "1"}, "binaryData": null
+        });
+        let live = serde_json::json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "a", "namespace": "n", "uid": "u", "resourceVersion": "9",
+                         "labels": {"app": "x", "someone": "else"},
+                         "annotations": {APPLIED_ANNOTATION: "h1", "other": "y"}},
+            "data": {"k": "v", "list": "1", "extra": "kept by others"}
+        });
+        assert!(holds_applied_state(&config_map(live.clone()), &applied), "others' fields do not matter");
+        let mut edits: Vec<(&str, serde_json::Value)> = Vec::new();
+        let mut changed = live.clone();
+        changed["data"]["k"] = "w".into();
+        edits.push(("a changed value", changed));
+        let mut removed = live.clone();
+        removed["data"].as_object_mut().unwrap().remove("list");
+        edits.push(("a removed key", removed));
+        let mut label = live.clone();
+        label["metadata"]["labels"]["app"] = "y".into();
+        edits.push(("a changed label", label));
+        let mut hash = live.clone();
+        hash["metadata"]["annotations"][APPLIED_ANNOTATION] = "h0".into();
+        edits.push(("applied from another desired state", hash));
+        let mut kind = live;
+        kind["apiVersion"] = "v2".into();
+        edits.push(("another version", kind));
+        for (what, edited) in edits {
+            assert!(!holds_applied_state(&config_map(edited), &applied), "{what}");
+        }
+    }
+
+    #[test]
+    fn lists_are_held_item_by_item_and_only_at_the_same_length() {
+        let want = serde_json::json!([{"name": "c", "image": "i:1"}]);
+        assert!(contains(
+            &serde_json::json!([{"name": "c", "image": "i:1", "imagePullPolicy": "IfNotPresent"}]),
+            &want
+        ));
+        assert!(!contains(&serde_json::json!([{"name": "c", "image": "i:2"}]), &want));
+        assert!(!contains(&serde_json::json!([{"name": "c", "image": "i:1"}, {"name": "d"}]), &want));
+        assert!(!contains(&serde_json::json!({}), &serde_json::json!({"k": {}})), "an empty object is not nothing");
+        assert!(contains(&serde_json::json!({}), &serde_json::json!({"k": null})));
+    }
+
+    #[test]
+    fn the_original_form_is_what_the_desired_state_sets_of_it() {
+        let original = serde_json::json!({"apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": "s", "uid": "u", "labels": {"version": "1", "other": "x"}},
+            "spec": {"clusterIP": "10.0.0.9", "ports": [{"port": 80, "nodePort": 30080, "protocol": "TCP"}]},
+            "status": {}});
+        let desired = serde_json::json!({"apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": "s", "labels": {"version": "2"}, "annotations": {"a": "b"}},
+            "spec": {"ports": [{"port": 80, "nodePort": 30080}]}});
+        assert_eq!(
+            project(&original, &desired),
+            serde_json::json!({"apiVersion": "v1", "kind": "Service",
+                "metadata": {"name": "s", "labels": {"version": "1"}},
+                "spec": {"ports": [{"port": 80, "nodePort": 30080, "protocol": "TCP"}]}})
+        );
+    }
+
+    fn refusal(code: u16, reason: &str, message: &str, causes: &[(&str, &str, &str)]) -> Status {
+        let mut status = status(code, message, causes);
+        status.reason = reason.into();
+        status
+    }
+
+    #[test]
+    fn a_replacement_refused_only_for_what_the_original_holds_may_be_recreated() {
+        let port =
+            ("FieldValueInvalid", "Invalid value: 30080: provided port is already allocated", "spec.ports[0].nodePort");
+        let ip =
+            ("FieldValueInvalid", "Invalid value: \"10.0.0.9\": provided IP is already allocated", "spec.clusterIPs");
+        let new = refusal(422, "Invalid", "Service \"s\" is invalid", &[port]);
+        let original = refusal(422, "Invalid", "Service \"s\" is invalid: two causes", &[port, ip]);
+        assert!(refused_alike(&new, &original), "the original holds the port (and its IP) itself");
+        let bad = (
+            "FieldValueInvalid",
+            "Invalid value: 99999: must be between 30000-32767, inclusive",
+            "spec.ports[0].nodePort",
+        );
+        let invalid = refusal(422, "Invalid", "Service \"s\" is invalid", &[bad]);
+        assert!(!refused_alike(&invalid, &original), "the new form itself is invalid");
+        let quota = |requested: &str| {
+            refusal(
+                403,
+                "Forbidden",
+                &format!("configmaps \"c\" is forbidden: exceeded quota: q, requested: {requested}"),
+                &[],
+            )
+        };
+        assert!(refused_alike(&quota("count/configmaps=1"), &quota("count/configmaps=1")));
+        assert!(!refused_alike(&quota("cpu=2"), &quota("cpu=1")), "asking for more than the original had");
+        assert!(already_exists(&refusal(409, "AlreadyExists", "configmaps \"c\" already exists", &[])));
+        let modified = refusal(
+            409,
+            "Conflict",
+            "Operation cannot be fulfilled on configmaps \"c\": the object has been modified; please apply your changes to the latest version and try again",
+            &[],
+        );
+        assert!(moved_on(&modified) && !replaced(&modified));
     }
 }
