@@ -401,11 +401,12 @@ impl<'a> Plan<'a> {
             match result {
                 Ok(Applied::Created { version } | Applied::Updated { version }) => {
                     tracing::info!(kind, child = %key, "child written");
-                    executed.writes.push(Written { type_index: index, key, version });
+                    executed.writes.push(Written { type_index: index, key, version, recreate: false });
                 }
                 Ok(Applied::Deleted { uid }) => {
                     tracing::info!(kind, child = %key, "child deleted to be recreated");
-                    executed.writes.push(Written { type_index: index, key, version: deleted_version(&uid) });
+                    let version = deleted_version(&uid);
+                    executed.writes.push(Written { type_index: index, key, version, recreate: true });
                 }
                 Ok(Applied::Unchanged) => {}
                 Err(e) => executed.errors.push(e),
@@ -441,7 +442,8 @@ impl<'a> Plan<'a> {
                     let key = ObjectKey::of(obj);
                     tracing::info!(kind = self.types[index].resource().kind(), child = %key, "child deleted");
                     let uid = obj.metadata.uid.clone().unwrap_or_default();
-                    executed.writes.push(Written { type_index: index, key, version: deleted_version(&uid) });
+                    let version = deleted_version(&uid);
+                    executed.writes.push(Written { type_index: index, key, version, recreate: false });
                 }
                 Err(e) => executed.errors.push(e),
             }
@@ -480,12 +482,17 @@ pub struct Written {
     pub key: ObjectKey,
     /// The resourceVersion after a create or update; [`deleted_version`] of the UID after a delete.
     pub version: String,
+    /// A delete of a child that its update method recreates: the next sync creates it again.
+    pub recreate: bool,
 }
+
+/// What [`deleted_version`] puts before the UID; no resourceVersion starts with it.
+pub const DELETED_PREFIX: &str = "deleted:";
 
 /// The version a delete leaves behind, as [`Written::version`]: the deleted object's UID.
 #[must_use]
 pub fn deleted_version(uid: &str) -> String {
-    format!("deleted:{uid}")
+    format!("{DELETED_PREFIX}{uid}")
 }
 
 /// Annotation on a CompositeController or DecoratorController that turns on the safe-delete guard: the

@@ -15,23 +15,24 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+use crate::answered::{Answered, RequestId};
 use crate::api::{CompositeController, labels_of};
 use crate::children::{
     ChildMap, ChildType, DeletionGuard, Executed, Plan, WriteObserver, claim, deleted_version, desired_children,
     live_parent, request_map, resources,
 };
 use crate::discovery::ResolvedResource;
-use crate::echoes::{Echo, Echoes, Seen, Settled, Watched};
+use crate::echoes::{Echo, EchoPolicy, Echoes, Seen, Settled, Watched};
 use crate::events::Events;
 use crate::hooks::{CompositeRequest, CompositeResponse, ControllerHooks};
 use crate::hub::Hub;
-use crate::informers::{Change, Informer, ObjectKey, controller_uid};
-use crate::queue::WorkQueue;
+use crate::informers::{Change, Event, Informer, ObjectKey, controller_uid};
+use crate::queue::{Reason, Reasons, WorkQueue};
 use crate::related::{ParentScope, Related};
 use crate::revisions::{self, Rollouts};
 use crate::selector::{Selector, SelectorIndex};
 use crate::sync::{
-    Facts, StartError, SyncError, Syncer, api_for, cause_of, controller_queue, follow_plan, gc_finalizing,
+    Facts, StartError, SyncError, Syncer, api_for, ask_hook, controller_queue, follow_plan, gc_finalizing,
     has_finalizer, lifecycle_changed, meaningful_parent_change, record_hook_events, replace_status, resync_after,
     resync_period, run_workers, set_finalizer,
 };
@@ -64,6 +65,10 @@ pub struct Controller {
     selectors: Mutex<SelectorIndex<ObjectKey>>,
     /// What this controller's syncs wrote, to tell the echo from others' changes.
     echoes: Echoes<ObjectKey>,
+    /// Which echoes sync their parent (`metahook.dev/sync-on-own-writes`).
+    echo_policy: EchoPolicy,
+    /// Each parent's last hook request, and whether its answer was applied in full.
+    answered: Answered<ObjectKey>,
     queue: WorkQueue<ObjectKey>,
 }
 
@@ -84,6 +89,8 @@ impl Controller {
         )?;
         let deletion_guard =
             DeletionGuard::from_annotations(cc.metadata.annotations.as_ref()).map_err(StartError::Annotation)?;
+        let echo_policy =
+            EchoPolicy::from_annotations(cc.metadata.annotations.as_ref()).map_err(StartError::Annotation)?;
         let parent_rule = &spec.parent_resource;
         let parent_resource = hub
             .discovery
@@ -148,6 +155,8 @@ impl Controller {
             rollouts,
             selectors: Mutex::default(),
             echoes: Echoes::default(),
+            echo_policy,
+            answered: Answered::default(),
             queue,
             cc,
         }))
@@ -173,37 +182,39 @@ impl Controller {
         let mut queued = 0;
         for parent in self.parent.list(None) {
             if self.parent_selector.matches(&labels_of(&parent.metadata)) || has_finalizer(&parent, &self.finalizer) {
-                self.enqueue(ObjectKey::of(&parent));
+                self.queue.add_for(ObjectKey::of(&parent), Reason::Requested);
                 queued += 1;
             }
         }
         queued
     }
 
-    /// Queues a parent for a change made by someone else (or a resync): a full sync.
+    /// Queues a parent for a change made by someone else.
     fn enqueue(&self, key: ObjectKey) {
-        let _ = self.echoes.queued(&key);
         self.queue.add(key);
     }
 
-    /// Queues a parent for the echo of its own sync's write, if such echoes still teach its hook anything.
+    /// Queues a parent for the echo of its own sync's write, unless the controller said its hook needs no
+    /// such sync (see [`crate::echoes`]).
     fn enqueue_echo(&self, key: ObjectKey, kind: Echo) {
-        if self.echoes.should_sync(&key, kind, self.queue.is_pending(&key)) {
-            self.queue.add(key);
+        if self.echo_policy.syncs(kind) {
+            self.queue.add_for(key, Reason::Echo);
         } else {
-            tracing::trace!(parent = %key, ?kind, "echo of own write; no sync needed");
+            tracing::trace!(parent = %key, ?kind, "echo of own write; the controller needs no sync for it");
+            self.metrics.hook_call_saved(crate::metrics::Saved::OwnWrite);
         }
     }
 
-    async fn map_parent_events(self: Arc<Self>, mut changes: mpsc::UnboundedReceiver<Change>) {
+    async fn map_parent_events(self: Arc<Self>, mut changes: mpsc::UnboundedReceiver<Event>) {
         let ignore_status = self.cc.spec.parent_resource.ignore_status_changes == Some(true);
-        while let Some(change) = changes.recv().await {
+        while let Some(Event { change, relisted }) = changes.recv().await {
             let key = ObjectKey::of(change.object());
             let new = match &change {
                 Change::Deleted(obj) => {
                     self.related.forget(&key);
                     self.requests.forget(&key);
                     self.echoes.forget(&key);
+                    self.answered.forget(&key);
                     self.selectors.lock().expect("selectors lock").remove(&key);
                     if has_finalizer(obj, &self.finalizer) || self.parent_selector.matches(&labels_of(&obj.metadata)) {
                         self.enqueue(key);
@@ -226,6 +237,7 @@ impl Controller {
                 {
                     continue;
                 }
+                Change::Applied { .. } if relisted => self.echoes.forget_object(Watched::Parent, &key),
                 Change::Applied { new, .. } => {
                     let version = new.metadata.resource_version.as_deref().unwrap_or_default();
                     match self.echoes.classify(Watched::Parent, &key, version) {
@@ -243,9 +255,12 @@ impl Controller {
         }
     }
 
-    async fn map_child_events(self: Arc<Self>, index: usize, mut changes: mpsc::UnboundedReceiver<Change>) {
+    async fn map_child_events(self: Arc<Self>, index: usize, mut changes: mpsc::UnboundedReceiver<Event>) {
         let resource = Arc::clone(self.children[index].resource());
-        while let Some(change) = changes.recv().await {
+        while let Some(Event { change, relisted }) = changes.recv().await {
+            if relisted {
+                self.echoes.forget_object(Watched::Child(index), &ObjectKey::of(change.object()));
+            }
             match &change {
                 Change::Applied { old: Some(old), new } => {
                     if old.metadata.resource_version == new.metadata.resource_version {
@@ -255,19 +270,19 @@ impl Controller {
                     if controller_uid(old) != controller_uid(new) {
                         self.enqueue_owner_of(old, false);
                     }
-                    if !self.echo(index, new, new.metadata.resource_version.as_deref()) {
+                    if relisted || !self.echo(index, new, new.metadata.resource_version.as_deref()) {
                         self.enqueue_owner_of(new, true);
                     }
                 }
                 Change::Applied { old: None, new } => {
-                    if !self.echo(index, new, new.metadata.resource_version.as_deref()) {
+                    if relisted || !self.echo(index, new, new.metadata.resource_version.as_deref()) {
                         self.enqueue_owner_of(new, true);
                     }
                 }
                 Change::Deleted(obj) => {
                     self.hub.applier.forget(&resource, &ObjectKey::of(obj));
                     let version = obj.metadata.uid.as_deref().map(deleted_version);
-                    if !self.echo(index, obj, version.as_deref()) {
+                    if relisted || !self.echo(index, obj, version.as_deref()) {
                         self.enqueue_owner_of(obj, false);
                     }
                 }
@@ -281,7 +296,7 @@ impl Controller {
         let Some(version) = version else { return false };
         match self.echoes.classify(Watched::Child(index), &ObjectKey::of(child), version) {
             Seen::Echo(parent) => {
-                self.enqueue_echo(parent, Echo::Child);
+                self.enqueue_echo(parent, Echo::of_child(version));
                 true
             }
             Seen::Held => true,
@@ -340,12 +355,7 @@ impl Controller {
             .get_or_compile(&ObjectKey::of(parent), &version, scope, || child_selector(&self.cc, parent))
     }
 
-    async fn sync_parent(&self, key: &ObjectKey, only_delayed: bool) -> Result<Option<Duration>, SyncError> {
-        // Taken first: whatever happens below, the mark belongs to this sync.
-        let Ok(echo) = self.echoes.take(key) else {
-            tracing::debug!("only the echo of our own writes, which this hook has not needed; skipped");
-            return Ok(None);
-        };
+    async fn sync_parent(&self, key: &ObjectKey, reasons: Reasons) -> Result<Option<Duration>, SyncError> {
         let Some(parent) = self.parent.get(key) else { return Ok(None) };
         let hooks = self.cc.spec.hooks.as_ref().ok_or(SyncError::NoSyncHook)?;
         let parent_resource = self.parent.resource();
@@ -357,7 +367,6 @@ impl Controller {
             deleting: parent.metadata.deletion_timestamp.is_some(),
         };
         let Some(finalizing) = follow_plan(&api, &parent, &self.finalizer, facts).await? else { return Ok(None) };
-        self.metrics.hook_sync(cause_of(echo, only_delayed));
 
         let selector = self.selector_of(&parent)?;
         let observed = claim(&self.hub.client, &parent, parent_resource, &selector, &self.children).await?;
@@ -373,6 +382,11 @@ impl Controller {
         let related = self.related.gather(key, &parent, scope).await?;
         let parent_json = crate::hooks::for_hooks(&parent);
         let children = request_map(&self.child_resources, scope.version, scope.namespace, &observed);
+        // Rolling updates build their requests from ControllerRevisions too: always asked.
+        let request = self.rollouts.is_none().then(|| RequestId::of(&parent, finalizing, &children, &related));
+        if !ask_hook(&self.answered, &self.metrics, key, request, reasons) {
+            return Ok(None);
+        }
         let call = HookCall { children: &children, related: &related, finalizing, selector: &selector };
         let outcome = match &self.rollouts {
             None => Outcome::from(self.answer(&parent, &parent_json, &call).await?),
@@ -430,17 +444,18 @@ impl Controller {
         let status_written = replace_status(&api, &parent, status, true).await;
         let version = status_written.as_ref().ok().and_then(Option::as_deref);
         self.settle(self.echoes.finish(Watched::Parent, key, version), Echo::Parent);
-        let status_written = status_written?;
-        if let Some(kind) = echo {
-            self.echoes
-                .learn(kind, !executed.writes.is_empty() || !executed.errors.is_empty() || status_written.is_some());
-        }
+        status_written?;
         if !executed.errors.is_empty() {
             return Err(SyncError::Apply(executed.errors));
         }
         if finalizing && finalized {
             set_finalizer(&api, &parent, &self.finalizer, false).await?;
         }
+        if executed.writes.iter().any(|w| w.recreate) {
+            // A child deleted to be recreated: the next sync creates it, whatever becomes of the echo.
+            self.queue.add_for(key.clone(), Reason::Echo);
+        }
+        self.answered.applied(key);
         Ok(resync)
     }
 
@@ -480,7 +495,7 @@ impl WriteObserver for ChildWrites<'_> {
 
     fn finished(&self, type_index: usize, key: &ObjectKey, version: Option<&str>) {
         let settled = self.controller.echoes.finish(Watched::Child(type_index), key, version);
-        self.controller.settle(settled, Echo::Child);
+        self.controller.settle(settled, version.map_or(Echo::Write, Echo::of_child));
     }
 }
 
@@ -560,16 +575,12 @@ impl Syncer for Controller {
         self.parent.get(key)
     }
 
-    async fn sync(&self, key: &ObjectKey, only_delayed: bool) -> Result<Option<Duration>, SyncError> {
-        self.sync_parent(key, only_delayed).await
+    async fn sync(&self, key: &ObjectKey, reasons: Reasons) -> Result<Option<Duration>, SyncError> {
+        self.sync_parent(key, reasons).await
     }
 
     fn resync_period(&self, key: &ObjectKey) -> Option<Duration> {
         resync_period(self.cc.spec.resync_period_seconds).filter(|_| self.parent.contains(key))
-    }
-
-    fn delayed(&self, key: &ObjectKey) -> bool {
-        self.echoes.queued(key)
     }
 }
 

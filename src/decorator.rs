@@ -17,21 +17,22 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+use crate::answered::{Answered, RequestId};
 use crate::api::{DecoratorController, labels_of};
 use crate::children::{
     ChildMap, ChildType, DeletionGuard, Executed, Plan, WriteObserver, deleted_version, desired_children, live_parent,
     request_map, resources,
 };
-use crate::echoes::{Echo, Echoes, Seen, Settled, Watched};
+use crate::echoes::{Echo, EchoPolicy, Echoes, Seen, Settled, Watched};
 use crate::events::Events;
 use crate::hooks::{DecoratorRequest, DecoratorResponse};
 use crate::hub::Hub;
-use crate::informers::{Change, Informer, ObjectKey, controller_uid};
-use crate::queue::WorkQueue;
+use crate::informers::{Change, Event, Informer, ObjectKey, controller_uid};
+use crate::queue::{Reason, Reasons, WorkQueue};
 use crate::related::{ParentScope, Related};
 use crate::selector::Selector;
 use crate::sync::{
-    Facts, StartError, SyncError, Syncer, api_for, cause_of, controller_queue, follow_plan, gc_finalizing,
+    Facts, StartError, SyncError, Syncer, api_for, ask_hook, controller_queue, follow_plan, gc_finalizing,
     has_finalizer, lifecycle_changed, meaningful_parent_change, record_hook_events, replace_status, resync_after,
     resync_period, run_workers, set_finalizer,
 };
@@ -160,6 +161,10 @@ pub struct Controller {
     deletion_guard: Option<DeletionGuard>,
     /// What this controller's syncs wrote, to tell the echo from others' changes.
     echoes: Echoes<TargetKey>,
+    /// Which echoes sync their target (`metahook.dev/sync-on-own-writes`).
+    echo_policy: EchoPolicy,
+    /// Each target's last hook request, and whether its answer was applied in full.
+    answered: Answered<TargetKey>,
     metrics: Arc<crate::metrics::ControllerMetrics>,
     requests: crate::trigger::SyncRequests<TargetKey>,
     queue: WorkQueue<TargetKey>,
@@ -175,6 +180,8 @@ impl Controller {
         let hooks = &spec.hooks;
         let deletion_guard =
             DeletionGuard::from_annotations(dc.metadata.annotations.as_ref()).map_err(StartError::Annotation)?;
+        let echo_policy =
+            EchoPolicy::from_annotations(dc.metadata.annotations.as_ref()).map_err(StartError::Annotation)?;
         let name = dc.metadata.name.clone().unwrap_or_default();
         let endpoints = hub.hooks.controller_hooks(
             "DecoratorController",
@@ -239,6 +246,8 @@ impl Controller {
             finalizer: finalizer_name(&name),
             deletion_guard,
             echoes: Echoes::default(),
+            echo_policy,
+            answered: Answered::default(),
             name,
             targets,
             attachment_resources: resources(&attachments),
@@ -270,16 +279,16 @@ impl Controller {
         let mut queued = 0;
         for (target_type, target) in self.targets.iter().enumerate() {
             for obj in target.informer.list(None).into_iter().filter(|o| target.selects(o)) {
-                self.enqueue(TargetKey { target_type, key: ObjectKey::of(&obj) });
+                self.queue.add_for(TargetKey { target_type, key: ObjectKey::of(&obj) }, Reason::Requested);
                 queued += 1;
             }
         }
         queued
     }
 
-    async fn map_target_events(self: Arc<Self>, target_type: usize, mut changes: mpsc::UnboundedReceiver<Change>) {
+    async fn map_target_events(self: Arc<Self>, target_type: usize, mut changes: mpsc::UnboundedReceiver<Event>) {
         let target = &self.targets[target_type];
-        while let Some(change) = changes.recv().await {
+        while let Some(Event { change, relisted }) = changes.recv().await {
             let key = TargetKey { target_type, key: ObjectKey::of(change.object()) };
             match &change {
                 Change::Applied { old, new }
@@ -295,10 +304,12 @@ impl Controller {
                     self.related.forget(&key);
                     self.requests.forget(&key);
                     self.echoes.forget(&key);
+                    self.answered.forget(&key);
                     continue;
                 }
                 // Objects neither selected nor carrying our finalizer are none of our business.
                 Change::Applied { new, .. } if !target.selects(new) && !has_finalizer(new, &self.finalizer) => continue,
+                Change::Applied { .. } if relisted => self.echoes.forget_object(Watched::Parent, &key.key),
                 Change::Applied { new, .. } => {
                     let version = new.metadata.resource_version.as_deref().unwrap_or_default();
                     match self.echoes.classify(Watched::Parent, &key.key, version) {
@@ -315,9 +326,8 @@ impl Controller {
         }
     }
 
-    /// Queues a target for a change made by someone else (or a resync): a full sync.
+    /// Queues a target for a change made by someone else.
     fn enqueue(&self, key: TargetKey) {
-        let _ = self.echoes.queued(&key);
         self.queue.add(key);
     }
 
@@ -336,24 +346,27 @@ impl Controller {
         &self,
         key: &TargetKey,
         write: impl Future<Output = Result<Option<String>, SyncError>>,
-    ) -> Result<bool, SyncError> {
+    ) -> Result<(), SyncError> {
         self.echoes.begin(key, Watched::Parent, &key.key);
         let result = write.await;
         let version = result.as_ref().ok().and_then(Option::as_deref);
         self.settle(self.echoes.finish(Watched::Parent, &key.key, version), Echo::Parent);
-        result.map(|v| v.is_some())
+        result.map(drop)
     }
 
-    /// Queues a target for the echo of its own sync's write, if such echoes still teach its hook anything.
+    /// Queues a target for the echo of its own sync's write, unless the controller said its hook needs no
+    /// such sync (see [`crate::echoes`]).
     fn enqueue_echo(&self, key: TargetKey, kind: Echo) {
-        if self.echoes.should_sync(&key, kind, self.queue.is_pending(&key)) {
-            self.queue.add(key);
+        if self.echo_policy.syncs(kind) {
+            self.queue.add_for(key, Reason::Echo);
+        } else {
+            self.metrics.hook_call_saved(crate::metrics::Saved::OwnWrite);
         }
     }
 
-    async fn map_attachment_events(self: Arc<Self>, index: usize, mut changes: mpsc::UnboundedReceiver<Change>) {
+    async fn map_attachment_events(self: Arc<Self>, index: usize, mut changes: mpsc::UnboundedReceiver<Event>) {
         let resource = Arc::clone(self.attachments[index].resource());
-        while let Some(change) = changes.recv().await {
+        while let Some(Event { change, relisted }) = changes.recv().await {
             let version = match &change {
                 Change::Applied { old: Some(old), new }
                     if old.metadata.resource_version == new.metadata.resource_version =>
@@ -367,9 +380,15 @@ impl Controller {
                 }
             };
             let object = ObjectKey::of(change.object());
-            let seen = version.map_or(Seen::Other, |v| self.echoes.classify(Watched::Child(index), &object, &v));
+            if relisted {
+                self.echoes.forget_object(Watched::Child(index), &object);
+            }
+            let seen = match &version {
+                Some(v) if !relisted => self.echoes.classify(Watched::Child(index), &object, v),
+                _ => Seen::Other,
+            };
             match seen {
-                Seen::Echo(target) => self.enqueue_echo(target, Echo::Child),
+                Seen::Echo(target) => self.enqueue_echo(target, Echo::of_child(version.as_deref().unwrap_or_default())),
                 Seen::Held => {}
                 Seen::Other => {
                     if let Some(key) = self.owner_of(change.object()) {
@@ -425,12 +444,7 @@ impl Controller {
             .collect()
     }
 
-    async fn sync_target(&self, key: &TargetKey, only_delayed: bool) -> Result<Option<Duration>, SyncError> {
-        // Taken first: whatever happens below, the mark belongs to this sync.
-        let Ok(echo) = self.echoes.take(key) else {
-            tracing::debug!("only the echo of our own writes, which this hook has not needed; skipped");
-            return Ok(None);
-        };
+    async fn sync_target(&self, key: &TargetKey, reasons: Reasons) -> Result<Option<Duration>, SyncError> {
         let target_type = &self.targets[key.target_type];
         let Some(target) = target_type.informer.get(&key.key) else { return Ok(None) };
         let hooks = &self.dc.spec.hooks;
@@ -443,7 +457,6 @@ impl Controller {
             deleting: target.metadata.deletion_timestamp.is_some(),
         };
         let Some(finalizing) = follow_plan(&api, &target, &self.finalizer, facts).await? else { return Ok(None) };
-        self.metrics.hook_sync(cause_of(echo, only_delayed));
         let hook =
             if finalizing { hooks.finalize.as_ref() } else { hooks.sync.as_ref() }.ok_or(SyncError::NoSyncHook)?;
         let scope = ParentScope {
@@ -454,6 +467,10 @@ impl Controller {
         let related = self.related.gather(key, &target, scope).await?;
         let object = crate::hooks::for_hooks(&target);
         let attachments = request_map(&self.attachment_resources, scope.version, scope.namespace, &observed);
+        let request = RequestId::of(&target, finalizing, &attachments, &related);
+        if !ask_hook(&self.answered, &self.metrics, key, Some(request), reasons) {
+            return Ok(None);
+        }
         let request = DecoratorRequest {
             controller: &self.dc_json,
             object: &object,
@@ -492,10 +509,8 @@ impl Controller {
                 Some(_) => plan.execute(&self.hub.applier, &writes).await,
             }
         };
-        let mut target_written = false;
         if let Some(status) = status {
-            target_written |=
-                self.write_target(key, replace_status(&api, &target, status, resource.has_status)).await?;
+            self.write_target(key, replace_status(&api, &target, status, resource.has_status)).await?;
         }
         if let Some(patch) = metadata_patch {
             let name = target.metadata.name.as_deref().unwrap_or_default();
@@ -511,10 +526,7 @@ impl Controller {
                     Err(e) => Err(SyncError::Write { what: "labels and annotations", source: Box::new(e) }),
                 }
             };
-            target_written |= self.write_target(key, write).await?;
-        }
-        if let Some(kind) = echo {
-            self.echoes.learn(kind, !executed.writes.is_empty() || !executed.errors.is_empty() || target_written);
+            self.write_target(key, write).await?;
         }
         if !executed.errors.is_empty() {
             return Err(SyncError::Apply(executed.errors));
@@ -522,6 +534,11 @@ impl Controller {
         if finalizing && response.finalized {
             set_finalizer(&api, &target, &self.finalizer, false).await?;
         }
+        if executed.writes.iter().any(|w| w.recreate) {
+            // An attachment deleted to be recreated: the next sync creates it, whatever becomes of the echo.
+            self.queue.add_for(key.clone(), Reason::Echo);
+        }
+        self.answered.applied(key);
         Ok(resync_after(response.resync_after_seconds))
     }
 }
@@ -539,7 +556,7 @@ impl WriteObserver for AttachmentWrites<'_> {
 
     fn finished(&self, type_index: usize, key: &ObjectKey, version: Option<&str>) {
         let settled = self.controller.echoes.finish(Watched::Child(type_index), key, version);
-        self.controller.settle(settled, Echo::Child);
+        self.controller.settle(settled, version.map_or(Echo::Write, Echo::of_child));
     }
 }
 
@@ -611,17 +628,13 @@ impl Syncer for Controller {
         self.targets.get(key.target_type)?.informer.get(&key.key)
     }
 
-    async fn sync(&self, key: &TargetKey, only_delayed: bool) -> Result<Option<Duration>, SyncError> {
-        self.sync_target(key, only_delayed).await
+    async fn sync(&self, key: &TargetKey, reasons: Reasons) -> Result<Option<Duration>, SyncError> {
+        self.sync_target(key, reasons).await
     }
 
     fn resync_period(&self, key: &TargetKey) -> Option<Duration> {
         let cached = self.targets.get(key.target_type).is_some_and(|t| t.informer.contains(&key.key));
         resync_period(self.dc.spec.resync_period_seconds).filter(|_| cached)
-    }
-
-    fn delayed(&self, key: &TargetKey) -> bool {
-        self.echoes.queued(key)
     }
 }
 

@@ -1,42 +1,76 @@
-//! The echo of the hub's own writes: telling it from changes made by others, and not paying a second
-//! hook call for it when that call has nothing to learn.
+//! The echo of the hub's own writes: telling it from changes made by others.
 //!
 //! Every write of a sync (a child created, updated or deleted, the parent's status) comes back through
-//! the watch. Metacontroller syncs the parent again for each such echo, so every change costs two hook
-//! calls. client-go's controllers keep "expectations" of their own writes; here a sync records the
+//! the watch. client-go's controllers keep "expectations" of their own writes; here a sync records the
 //! resourceVersion (or, for a delete, the UID) each of its writes left behind, and an event that carries
-//! exactly that version is known to be the echo.
+//! exactly that version is known to be the echo. Anything else — another version, an event of an
+//! object nobody here wrote, a relist after the watch expired — is a change by someone else.
 //!
-//! Whether the echo still deserves a sync depends on the hook, not on the hub: a hook whose status
-//! counts its observed children must see the children it just asked for, one whose answer only depends
-//! on the parent learns nothing. So each controller finds out, separately for echoes of child writes and
-//! of status writes: the first echoes are synced as Metacontroller does, and once [`LEARN_AFTER`] of them
-//! in a row changed nothing at all (no write, same status), further echoes of that kind are not synced,
-//! except one in [`PROBE_ONE_IN`], which keeps checking that this is still so. An echo sync that does
-//! write something sends the controller back to syncing every echo of that kind.
-//!
-//! The probe is drawn once per parent and kind between two of its syncs (a sync's three child writes
-//! come back as three echoes: one draw, not three), and a drawn probe is kept: the sync it queued runs.
+//! An echo still changes what the hook observes (a status that counts its children must see the
+//! children it just asked for), so by default it syncs its parent, as Metacontroller does, and the queue
+//! only marks the sync as one for an echo ([`crate::queue::Reason::Echo`]). A controller annotated
+//! [`SYNC_ON_OWN_WRITES_ANNOTATION`]` = "false"` declares that its hook's answer depends on the parent
+//! alone: then the echoes of its creates, updates and status writes queue nothing. The echo of a delete
+//! always does: after `Recreate` deleted a child, the next sync must create it again.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::hash::Hash;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU32, Ordering};
 
 use crate::informers::ObjectKey;
 
-/// Echo syncs in a row that changed nothing before echoes of that kind are no longer synced.
-pub const LEARN_AFTER: u32 = 3;
-/// Once learned, one echo in this many is still synced, to notice a hook that changed its ways.
-pub const PROBE_ONE_IN: u32 = 64;
+/// Annotation on a CompositeController or DecoratorController: `"false"` says the hook's answer depends
+/// only on the parent, so the echoes of the hub's own creates, updates and status writes need no sync.
+pub const SYNC_ON_OWN_WRITES_ANNOTATION: &str = "metahook.dev/sync-on-own-writes";
 
 /// Which write an echo comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Echo {
-    /// A child (or attachment) the sync created, updated or deleted.
-    Child,
-    /// The parent's own status or finalizers.
+    /// A child (or attachment) the sync created or updated.
+    Write,
+    /// A child the sync deleted (no longer desired, or to be recreated).
+    Delete,
+    /// The parent's own status, labels, annotations or finalizers.
     Parent,
+}
+
+impl Echo {
+    /// The echo of a child write that left `version` behind ([`crate::children::deleted_version`] for
+    /// a delete).
+    #[must_use]
+    pub fn of_child(version: &str) -> Self {
+        if version.starts_with(crate::children::DELETED_PREFIX) { Self::Delete } else { Self::Write }
+    }
+}
+
+/// Which echoes sync their parent, from the controller's [`SYNC_ON_OWN_WRITES_ANNOTATION`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EchoPolicy {
+    /// Whether echoes of creates, updates and status writes sync (the default, as Metacontroller).
+    own_writes: bool,
+}
+
+impl Default for EchoPolicy {
+    fn default() -> Self {
+        Self { own_writes: true }
+    }
+}
+
+impl EchoPolicy {
+    /// The policy a controller's annotations ask for; a value other than `"true"` or `"false"` is refused.
+    pub fn from_annotations(annotations: Option<&std::collections::BTreeMap<String, String>>) -> Result<Self, String> {
+        match annotations.and_then(|a| a.get(SYNC_ON_OWN_WRITES_ANNOTATION)).map(|v| v.trim()) {
+            None | Some("true") => Ok(Self::default()),
+            Some("false") => Ok(Self { own_writes: false }),
+            Some(other) => Err(format!("{SYNC_ON_OWN_WRITES_ANNOTATION}: {other:?} is neither \"true\" nor \"false\"")),
+        }
+    }
+
+    /// Whether an echo of this kind syncs its parent.
+    #[must_use]
+    pub fn syncs(self, echo: Echo) -> bool {
+        self.own_writes || echo == Echo::Delete
+    }
 }
 
 /// Watched type of a write: a child type's index, or the parent type.
@@ -52,7 +86,7 @@ type Written<K> = HashMap<(Watched, ObjectKey), (Vec<String>, K)>;
 /// Writes in flight: (type, object) → (parent whose sync writes it, versions seen meanwhile).
 type InFlight<K> = HashMap<(Watched, ObjectKey), (K, Vec<String>)>;
 
-/// What one controller's syncs wrote and have not seen come back yet, and what it learned about echoes.
+/// What one controller's syncs wrote and have not seen come back yet.
 ///
 /// A write's echo may arrive before the write's own response does, so a write is announced before it is
 /// sent ([`Echoes::begin`]): events of that object are held until the write is settled
@@ -60,20 +94,11 @@ type InFlight<K> = HashMap<(Watched, ObjectKey), (K, Vec<String>)>;
 pub struct Echoes<K> {
     written: Mutex<Written<K>>,
     pending: Mutex<InFlight<K>>,
-    marks: Mutex<Marks<K>>,
-    child: Learner,
-    parent: Learner,
 }
 
 impl<K: Clone + Eq + Hash> Default for Echoes<K> {
     fn default() -> Self {
-        Self {
-            written: Mutex::default(),
-            pending: Mutex::default(),
-            marks: Mutex::new(Marks { echo_only: HashMap::new(), declined: HashSet::new() }),
-            child: Learner::default(),
-            parent: Learner::default(),
-        }
+        Self { written: Mutex::default(), pending: Mutex::default() }
     }
 }
 
@@ -136,80 +161,15 @@ impl<K: Clone + Eq + Hash> Echoes<K> {
         }
     }
 
-    /// Whether an echo of `kind` should sync its parent. When it should, `queued_already` says whether
-    /// the parent is already waiting for a sync for another reason (then the sync is not an echo sync).
-    pub fn should_sync(&self, parent: &K, kind: Echo, queued_already: bool) -> bool {
-        let learner = self.learner(kind);
-        if queued_already {
-            // Not an echo sync either way; once learned, the echo does not move the key up the queue.
-            return !learner.learned();
-        }
-        let mut marks = self.marks.lock().expect("echoes lock");
-        if let Some((queued, _)) = marks.echo_only.get_mut(parent) {
-            if kind == Echo::Child {
-                *queued = Echo::Child;
-            }
-            return true;
-        }
-        let probe = if learner.learned() {
-            // One draw per parent and kind until its next sync: its other echoes follow that draw.
-            if marks.declined.contains(&(parent.clone(), kind)) || !learner.draw() {
-                marks.declined.insert((parent.clone(), kind));
-                return false;
-            }
-            true
-        } else {
-            false
-        };
-        marks.echo_only.insert(parent.clone(), (kind, probe));
-        true
-    }
-
-    /// A parent was queued for a reason other than an echo: its next sync is not an echo sync. Says
-    /// whether an echo alone had queued it until now.
-    pub fn queued(&self, parent: &K) -> bool {
-        self.marks.lock().expect("echoes lock").echo_only.remove(parent).is_some()
-    }
-
-    /// Called as a sync starts: whether (and by which echo) it runs only because of an echo. `Err`: it
-    /// does, and what was learned since it was queued says to skip it (in a backlog, every parent's echo
-    /// is queued before the first echo sync has run, so the decision is taken again here; a probe,
-    /// queued after learning, is not taken again). Its echoes from now on are a new round of draws.
-    pub fn take(&self, parent: &K) -> Result<Option<Echo>, Echo> {
-        let mut marks = self.marks.lock().expect("echoes lock");
-        marks.forget_draws(parent);
-        match marks.echo_only.remove(parent) {
-            Some((kind, false)) if self.learner(kind).learned() && !self.learner(kind).draw() => Err(kind),
-            other => Ok(other.map(|(kind, _)| kind)),
-        }
-    }
-
-    /// What an echo sync of `kind` did: wrote something (the hook had something to learn) or nothing.
-    pub fn learn(&self, kind: Echo, wrote: bool) {
-        tracing::debug!(?kind, wrote, "echo sync");
-        self.learner(kind).learn(wrote);
+    /// Forgets what is recorded of `object`: an event that is not a plain watch event (a relist after
+    /// the watch expired) must never be taken for an echo, nor leave a record a later event could match.
+    pub fn forget_object(&self, watched: Watched, object: &ObjectKey) {
+        self.written.lock().expect("echoes lock").remove(&(watched, object.clone()));
     }
 
     /// Forgets a parent that is gone, and the writes it left unseen.
     pub fn forget(&self, parent: &K) {
-        let mut marks = self.marks.lock().expect("echoes lock");
-        marks.echo_only.remove(parent);
-        marks.forget_draws(parent);
-        drop(marks);
         self.written.lock().expect("echoes lock").retain(|_, (_, p)| p != parent);
-    }
-
-    fn learner(&self, kind: Echo) -> &Learner {
-        match kind {
-            Echo::Child => &self.child,
-            Echo::Parent => &self.parent,
-        }
-    }
-
-    /// Parents waiting with an echo-only mark (for tests and metrics).
-    #[must_use]
-    pub fn echo_only_parents(&self) -> HashSet<K> {
-        self.marks.lock().expect("echoes lock").echo_only.keys().cloned().collect()
     }
 }
 
@@ -236,49 +196,6 @@ pub enum Seen<K> {
     Held,
     /// A change by someone else.
     Other,
-}
-
-/// Parents queued by echoes only, with the kind of echo (a child echo wins over a parent echo) and
-/// whether it was a probe; and the (parent, kind) whose probe was drawn and declined since its last sync.
-struct Marks<K> {
-    echo_only: HashMap<K, (Echo, bool)>,
-    declined: HashSet<(K, Echo)>,
-}
-
-impl<K: Clone + Eq + Hash> Marks<K> {
-    fn forget_draws(&mut self, parent: &K) {
-        for kind in [Echo::Child, Echo::Parent] {
-            self.declined.remove(&(parent.clone(), kind));
-        }
-    }
-}
-
-/// Counts echo syncs in a row that changed nothing.
-#[derive(Default)]
-struct Learner {
-    idle_in_a_row: AtomicU32,
-    probes: AtomicU32,
-}
-
-impl Learner {
-    /// Whether enough echo syncs in a row changed nothing.
-    fn learned(&self) -> bool {
-        self.idle_in_a_row.load(Ordering::Relaxed) >= LEARN_AFTER
-    }
-
-    /// One draw: whether this is the one in [`PROBE_ONE_IN`] that is synced anyway.
-    fn draw(&self) -> bool {
-        (self.probes.fetch_add(1, Ordering::Relaxed) + 1).is_multiple_of(PROBE_ONE_IN)
-    }
-
-    fn learn(&self, wrote: bool) {
-        if wrote {
-            self.idle_in_a_row.store(0, Ordering::Relaxed);
-        } else {
-            let _ =
-                self.idle_in_a_row.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| Some(n.saturating_add(1)));
-        }
-    }
 }
 
 #[cfg(test)]
@@ -336,47 +253,29 @@ mod tests {
     }
 
     #[test]
-    fn echoes_are_synced_until_enough_of_them_changed_nothing_then_only_probed() {
+    fn a_relisted_object_forgets_its_records() {
         let echoes: Echoes<&str> = Echoes::default();
-        // A backlog: every echo is queued before the first echo sync runs.
-        for parent in ["p1", "p2", "p3", "p4", "p5"] {
-            assert!(echoes.should_sync(&parent, Echo::Child, false));
-        }
-        for parent in ["p1", "p2", "p3"] {
-            assert_eq!(echoes.take(&parent), Ok(Some(Echo::Child)));
-            echoes.learn(Echo::Child, false);
-        }
-        assert_eq!(echoes.take(&"p4"), Err(Echo::Child), "learned meanwhile: skipped when it comes up");
-        let mut probes = 0;
-        for _ in 0..PROBE_ONE_IN * 2 {
-            // One sync's three child writes come back as three echoes: one draw.
-            let synced = (0..3).filter(|_| echoes.should_sync(&"p", Echo::Child, false)).count();
-            assert!(synced == 0 || synced == 3, "the echoes of one sync follow one draw, got {synced} of 3");
-            if synced == 3 {
-                probes += 1;
-                assert_eq!(echoes.take(&"p"), Ok(Some(Echo::Child)), "a drawn probe runs; it is not drawn again");
-            } else {
-                assert_eq!(echoes.take(&"p"), Ok(None), "declined: nothing queued it");
-            }
-        }
-        assert_eq!(probes, 2, "one probe in {PROBE_ONE_IN} syncs");
-        assert!(echoes.should_sync(&"p", Echo::Parent, false), "parent echoes learn on their own");
-        assert_eq!(echoes.take(&"p"), Ok(Some(Echo::Parent)));
-        echoes.learn(Echo::Child, true);
-        assert!(echoes.should_sync(&"p", Echo::Child, false), "an echo sync that wrote resets the learning");
+        echoes.wrote(&"parent", Watched::Child(0), key("c"), "7".into());
+        echoes.forget_object(Watched::Child(0), &key("c"));
+        assert_eq!(echoes.classify(Watched::Child(0), &key("c"), "7"), Seen::Other);
     }
 
     #[test]
-    fn a_parent_queued_for_another_reason_is_not_an_echo_sync() {
-        let echoes: Echoes<&str> = Echoes::default();
-        assert!(echoes.should_sync(&"p", Echo::Parent, false));
-        assert!(echoes.queued(&"p"), "an echo alone had queued it");
-        assert!(!echoes.queued(&"p"), "not any more");
-        assert_eq!(echoes.take(&"p"), Ok(None));
-        assert!(echoes.should_sync(&"q", Echo::Parent, false));
-        assert!(echoes.should_sync(&"q", Echo::Child, false));
-        assert_eq!(echoes.take(&"q"), Ok(Some(Echo::Child)));
-        assert!(echoes.should_sync(&"r", Echo::Child, true));
-        assert_eq!(echoes.take(&"r"), Ok(None), "already queued for another reason");
+    fn every_echo_syncs_unless_the_controller_says_its_hook_reads_only_the_parent() {
+        let default = EchoPolicy::from_annotations(None).unwrap();
+        assert!([Echo::Write, Echo::Delete, Echo::Parent].into_iter().all(|e| default.syncs(e)));
+        let annotations =
+            |v: &str| std::collections::BTreeMap::from([(SYNC_ON_OWN_WRITES_ANNOTATION.to_owned(), v.to_owned())]);
+        assert_eq!(EchoPolicy::from_annotations(Some(&annotations("true"))).unwrap(), default);
+        let parent_only = EchoPolicy::from_annotations(Some(&annotations("false"))).unwrap();
+        assert!(!parent_only.syncs(Echo::Write) && !parent_only.syncs(Echo::Parent));
+        assert!(parent_only.syncs(Echo::Delete), "a deleted child must be created again (Recreate)");
+        assert!(EchoPolicy::from_annotations(Some(&annotations("no"))).is_err());
+    }
+
+    #[test]
+    fn a_delete_leaves_an_echo_of_its_own_kind() {
+        assert_eq!(Echo::of_child(&crate::children::deleted_version("u-1")), Echo::Delete);
+        assert_eq!(Echo::of_child("12345"), Echo::Write);
     }
 }

@@ -48,6 +48,16 @@ impl std::fmt::Display for ObjectKey {
     }
 }
 
+/// What a subscriber receives: a change, and whether a relist found it (see [`Event::relisted`]).
+#[derive(Clone, Debug)]
+pub struct Event {
+    pub change: Change,
+    /// Found by a list (the watch's first, or a relist after it expired or broke) rather than told by a
+    /// watch event: whatever happened meanwhile is summed up in it, so it is never taken for the echo of
+    /// one of the hub's writes.
+    pub relisted: bool,
+}
+
 /// A change seen by the watch. A subscriber first receives `Applied { old: None }` for every cached object.
 #[derive(Clone, Debug)]
 pub enum Change {
@@ -230,7 +240,7 @@ fn unindex<I: Eq + std::hash::Hash>(map: &mut HashMap<I, BTreeSet<Key>>, index: 
 struct Shared {
     resource: Arc<ResolvedResource>,
     store: RwLock<Store>,
-    subscribers: Mutex<Vec<mpsc::UnboundedSender<Change>>>,
+    subscribers: Mutex<Vec<mpsc::UnboundedSender<Event>>>,
     synced: watch::Sender<bool>,
     /// The watch's last error since it last listed or received an event (what a start that cannot
     /// sync reports).
@@ -285,15 +295,16 @@ impl Drop for Shared {
 
 impl Shared {
     /// Applies changes to the store and tells subscribers, under the store lock so that a subscriber
-    /// joining concurrently sees each change exactly once (in its snapshot or as an event).
-    fn publish(&self, apply: impl FnOnce(&mut Store) -> Vec<Change>) {
+    /// joining concurrently sees each change exactly once (in its snapshot or as an event). `relisted`:
+    /// the changes come from a list, not a watch event.
+    fn publish(&self, relisted: bool, apply: impl FnOnce(&mut Store) -> Vec<Change>) {
         let mut store = self.store.write().expect("store lock");
         let changes = apply(&mut store);
         if changes.is_empty() {
             return;
         }
         let mut subscribers = self.subscribers.lock().expect("subscribers lock");
-        subscribers.retain(|tx| changes.iter().all(|c| tx.send(c.clone()).is_ok()));
+        subscribers.retain(|tx| changes.iter().all(|c| tx.send(Event { change: c.clone(), relisted }).is_ok()));
     }
 }
 
@@ -407,11 +418,11 @@ impl Informer {
 
     /// A stream of changes, starting with every object already cached.
     #[must_use]
-    pub fn subscribe(&self) -> mpsc::UnboundedReceiver<Change> {
+    pub fn subscribe(&self) -> mpsc::UnboundedReceiver<Event> {
         let (tx, rx) = mpsc::unbounded_channel();
         let store = self.shared.store.read().expect("store lock");
         for obj in store.all() {
-            let _ = tx.send(Change::Applied { old: None, new: obj });
+            let _ = tx.send(Event { change: Change::Applied { old: None, new: obj }, relisted: true });
         }
         self.shared.subscribers.lock().expect("subscribers lock").push(tx);
         rx
@@ -423,7 +434,7 @@ impl Informer {
     /// too decoded every one of them at start and queued their parents a second time, after some had
     /// been synced already.
     #[must_use]
-    pub fn subscribe_changes(&self) -> mpsc::UnboundedReceiver<Change> {
+    pub fn subscribe_changes(&self) -> mpsc::UnboundedReceiver<Event> {
         let (tx, rx) = mpsc::unbounded_channel();
         self.shared.subscribers.lock().expect("subscribers lock").push(tx);
         rx
@@ -545,24 +556,24 @@ async fn run_watch(client: Client, shared: Weak<Shared>) {
             Ok(watcher::Event::InitApply(obj)) => {
                 let obj = prepare(obj, &resource);
                 relisted.get_or_insert_with(HashSet::new).insert(ObjectKey::of(&obj));
-                shared.publish(|store| refresh(store, obj).into_iter().collect());
+                shared.publish(true, |store| refresh(store, obj).into_iter().collect());
             }
             Ok(watcher::Event::InitDone) => {
                 let seen = relisted.take().unwrap_or_default();
-                shared.publish(|store| remove_unseen(store, &seen));
+                shared.publish(true, |store| remove_unseen(store, &seen));
                 shared.synced.send_replace(true);
                 debug!(resource = %resource.api_resource.plural, "cache synced");
             }
             Ok(watcher::Event::Apply(obj)) => {
                 let obj = prepare(obj, &resource);
-                shared.publish(|store| {
+                shared.publish(false, |store| {
                     let old = store.insert(&obj);
                     vec![Change::Applied { old, new: obj }]
                 });
             }
             Ok(watcher::Event::Delete(obj)) => {
                 let key = ObjectKey::of(&obj);
-                shared.publish(|store| store.remove(&key).map(Change::Deleted).into_iter().collect());
+                shared.publish(false, |store| store.remove(&key).map(Change::Deleted).into_iter().collect());
             }
         }
     }
@@ -697,13 +708,14 @@ mod tests {
     #[tokio::test]
     async fn a_subscription_for_changes_only_does_not_replay_the_cache() {
         let informer = unreachable_config_maps();
-        let add = |obj: Arc<DynamicObject>| informer.shared.publish(|store| refresh(store, obj).into_iter().collect());
+        let add =
+            |obj: Arc<DynamicObject>| informer.shared.publish(false, |store| refresh(store, obj).into_iter().collect());
         add(object("a", "cached", "1", None));
         let mut everything = informer.subscribe();
         let mut changes = informer.subscribe_changes();
         add(object("a", "new", "2", None));
-        let names = |rx: &mut mpsc::UnboundedReceiver<Change>| {
-            std::iter::from_fn(|| rx.try_recv().ok()).map(|c| ObjectKey::of(c.object()).name).collect::<Vec<_>>()
+        let names = |rx: &mut mpsc::UnboundedReceiver<Event>| {
+            std::iter::from_fn(|| rx.try_recv().ok()).map(|e| ObjectKey::of(e.change.object()).name).collect::<Vec<_>>()
         };
         assert_eq!(names(&mut everything), ["cached", "new"]);
         assert_eq!(names(&mut changes), ["new"]);

@@ -7,6 +7,7 @@
 #![warn(clippy::pedantic)]
 #![allow(clippy::module_name_repetitions, clippy::missing_errors_doc, clippy::missing_panics_doc)]
 
+pub mod answered;
 pub mod api;
 pub mod apply;
 pub mod children;

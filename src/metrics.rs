@@ -50,6 +50,13 @@ struct CauseLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SavedLabels {
+    kind: String,
+    controller: String,
+    why: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct QueueLabels {
     name: String,
 }
@@ -89,20 +96,56 @@ pub enum Cause {
     /// Something observed: an event of the object, a child or a related object; a sync request; the
     /// first sync after start.
     Change,
-    /// Only the echo of the controller's own writes (while it learns, or as a probe).
+    /// The echo of the controller's own writes (nothing else queued it).
     Echo,
-    /// Back by its delay only (a resync, a retry, `resyncAfterSeconds`), nothing changed meanwhile.
+    /// Back by its delay (a resync, a retry, `resyncAfterSeconds`), nothing observed meanwhile.
     Delay,
+    /// The same request as the last one its hook answered, though neither a delay nor a request asked
+    /// for it again: the last answer was not applied in full (a write failed). Identical work.
+    Redundant,
 }
 
 impl Cause {
-    const ALL: [Self; 3] = [Self::Change, Self::Echo, Self::Delay];
+    const ALL: [Self; 4] = [Self::Change, Self::Echo, Self::Delay, Self::Redundant];
 
     fn label(self) -> &'static str {
         match self {
             Self::Change => "change",
             Self::Echo => "echo",
             Self::Delay => "delay",
+            Self::Redundant => "redundant",
+        }
+    }
+}
+
+impl From<crate::queue::Reason> for Cause {
+    fn from(reason: crate::queue::Reason) -> Self {
+        use crate::queue::Reason;
+        match reason {
+            Reason::Change | Reason::Requested => Self::Change,
+            Reason::Echo => Self::Echo,
+            Reason::Delay => Self::Delay,
+        }
+    }
+}
+
+/// Why a hook call was left out (the `why` label of `metahook_hook_calls_saved_total`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Saved {
+    /// The request would have been the same as the last one, whose answer was applied in full.
+    IdenticalRequest,
+    /// The echo of the controller's own create, update or status write, under
+    /// `metahook.dev/sync-on-own-writes: "false"` (counted per echo event).
+    OwnWrite,
+}
+
+impl Saved {
+    const ALL: [Self; 2] = [Self::IdenticalRequest, Self::OwnWrite];
+
+    fn label(self) -> &'static str {
+        match self {
+            Self::IdenticalRequest => "identical_request",
+            Self::OwnWrite => "own_write",
         }
     }
 }
@@ -120,6 +163,7 @@ pub struct ControllerMetrics {
     duration: Histogram,
     guard_refusals: Counter,
     hook_syncs: Family<CauseLabels, Counter>,
+    saved: Family<SavedLabels, Counter>,
 }
 
 impl ControllerMetrics {
@@ -141,6 +185,12 @@ impl ControllerMetrics {
     pub fn hook_sync(&self, cause: Cause) {
         let labels = CauseLabels { kind: self.kind.clone(), controller: self.controller.clone(), cause: cause.label() };
         self.hook_syncs.get_or_create(&labels).inc();
+    }
+
+    /// Counts a hook call left out, and why.
+    pub fn hook_call_saved(&self, why: Saved) {
+        let labels = SavedLabels { kind: self.kind.clone(), controller: self.controller.clone(), why: why.label() };
+        self.saved.get_or_create(&labels).inc();
     }
 
     /// Counts a sync the safe-delete guard refused.
@@ -174,6 +224,7 @@ pub struct Metrics {
     work_duration: Family<QueueLabels, Histogram>,
     guard_refusals: Family<ControllerLabels, Counter>,
     hook_syncs: Family<CauseLabels, Counter>,
+    hook_calls_saved: Family<SavedLabels, Counter>,
     pub apply: ApplyMetrics,
 }
 
@@ -189,6 +240,7 @@ impl Default for Metrics {
             work_duration: Family::new_with_constructor(queue_histogram),
             guard_refusals: Family::default(),
             hook_syncs: Family::default(),
+            hook_calls_saved: Family::default(),
             apply: ApplyMetrics::default(),
         }
     }
@@ -219,8 +271,15 @@ impl Metrics {
         );
         registry.register(
             "metahook_hook_syncs",
-            "Syncs that called their hook, by what queued them (change, echo of own writes, delay).",
+            "Syncs that called their hook, by what queued them (change, echo of own writes, delay), or \
+             redundant: the same request as the last one answered.",
             self.hook_syncs.clone(),
+        );
+        registry.register(
+            "metahook_hook_calls_saved",
+            "Hook calls left out: the same request as the last one answered and applied in full \
+             (identical_request), or echoes of own writes under sync-on-own-writes=false (own_write).",
+            self.hook_calls_saved.clone(),
         );
         registry.register("workqueue_depth", "Keys waiting in a controller's queue.", self.queue_depth.clone());
         registry.register("workqueue_adds", "Keys added to a controller's queue.", self.queue_adds.clone());
@@ -252,6 +311,7 @@ impl Metrics {
             duration: self.reconcile_duration.get_or_create(&labels).clone(),
             guard_refusals: self.guard_refusals.get_or_create(&labels).clone(),
             hook_syncs: self.hook_syncs.clone(),
+            saved: self.hook_calls_saved.clone(),
         })
     }
 
@@ -285,6 +345,13 @@ impl Metrics {
                 kind: kind.to_owned(),
                 controller: name.to_owned(),
                 cause: cause.label(),
+            });
+        }
+        for why in Saved::ALL {
+            self.hook_calls_saved.remove(&SavedLabels {
+                kind: kind.to_owned(),
+                controller: name.to_owned(),
+                why: why.label(),
             });
         }
         let queue = queue_labels(kind, name);
@@ -599,6 +666,7 @@ mod tests {
         web.hook_sync(Cause::Delay);
         web.hook_sync(Cause::Delay);
         web.hook_sync(Cause::Echo);
+        web.hook_call_saved(Saved::IdenticalRequest);
         let text = render(&registry);
         let labels = "kind=\"CompositeController\",controller=\"web\"";
         assert!(text.contains(&format!("metahook_reconcile_total{{{labels},result=\"success\"}} 1")), "{text}");
@@ -609,6 +677,7 @@ mod tests {
         assert!(text.contains("metahook_apply_total{kind=\"ConfigMap\",result=\"created\"} 1"));
         assert!(text.contains(&format!("metahook_hook_syncs_total{{{labels},cause=\"delay\"}} 2")), "{text}");
         assert!(text.contains(&format!("metahook_hook_syncs_total{{{labels},cause=\"echo\"}} 1")));
+        assert!(text.contains(&format!("metahook_hook_calls_saved_total{{{labels},why=\"identical_request\"}} 1")));
         metrics.remove("CompositeController", "web");
         assert!(!render(&registry).contains("controller=\"web\""));
     }

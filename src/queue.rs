@@ -4,8 +4,12 @@
 //! kube-runtime's `Controller` has a scheduler but couples it to its own watches and gives no
 //! per-item exponential backoff or queue depth to export, so metahook keeps its own queue here.
 //!
-//! Keys wait in two lines. One holds keys queued for something observed (a watch event, a sync
-//! request); the other keys that came back by their delay (a resync, a retry, `resyncAfterSeconds`).
+//! Every key carries the [`Reasons`] it was queued for (a change by someone else, the echo of the hub's
+//! own write, its delay), merged while it waits, so the sync that takes it knows why it runs without
+//! reconstructing it (as kube-runtime's `ReconcileRequest` carries its reason).
+//!
+//! Keys wait in two lines. One holds keys queued for something observed (a watch event, an echo, a
+//! sync request); the other keys that came back by their delay (a resync, a retry, `resyncAfterSeconds`).
 //! A worker takes from the second only when the first is empty, so a change is never stuck behind a
 //! period's worth of resyncs: with 3,000 parents resynced every 10 s, 300 resyncs a second were queued
 //! ahead of the change a user had just made. controller-runtime's priority queue does the same (events
@@ -18,7 +22,7 @@
 //!   stale entry behind, skipped when reached);
 //! - a key added while being processed is parked in `dirty` and queued again by [`WorkQueue::done`].
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::hash::Hash;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -107,6 +111,77 @@ impl Default for QueueStats {
     }
 }
 
+/// Why a key was queued.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reason {
+    /// Something was observed: the object, one of its children or related objects changed (by someone
+    /// else than this controller), or a sync was requested.
+    Change,
+    /// The watch event of one of this controller's own writes for the key (its echo).
+    Echo,
+    /// It came back by its delay: a resync, a retry, `resyncAfterSeconds`.
+    Delay,
+    /// Someone asked for its hook to be called again (a sync requested on the controller object).
+    Requested,
+}
+
+/// The reasons a key was queued for since a worker last took it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Reasons(u8);
+
+impl Reasons {
+    const fn bit(reason: Reason) -> u8 {
+        match reason {
+            Reason::Change => 1,
+            Reason::Echo => 2,
+            Reason::Delay => 4,
+            Reason::Requested => 8,
+        }
+    }
+
+    /// Just `reason`.
+    #[must_use]
+    pub const fn of(reason: Reason) -> Self {
+        Self(Self::bit(reason))
+    }
+
+    /// These reasons and `reason`.
+    #[must_use]
+    pub const fn and(self, reason: Reason) -> Self {
+        Self(self.0 | Self::bit(reason))
+    }
+
+    /// Whether `reason` is among them.
+    #[must_use]
+    pub const fn has(self, reason: Reason) -> bool {
+        self.0 & Self::bit(reason) != 0
+    }
+
+    /// The reason that names the sync: a change (or request) before an echo before a delay. (A key with
+    /// no reason, which a worker never gets, counts as a change.)
+    #[must_use]
+    pub const fn main(self) -> Reason {
+        if self.has(Reason::Change) || self.has(Reason::Requested) || self.0 == 0 {
+            Reason::Change
+        } else if self.has(Reason::Echo) {
+            Reason::Echo
+        } else {
+            Reason::Delay
+        }
+    }
+
+    /// Whether the hook must be asked even if the request is the same as last time: a resync or retry
+    /// (the hook may read state outside the cluster), or a sync someone asked for.
+    #[must_use]
+    pub const fn asks_again(self) -> bool {
+        self.has(Reason::Delay) || self.has(Reason::Requested)
+    }
+
+    fn lane(self) -> Lane {
+        if self.0 == Self::bit(Reason::Delay) { Lane::Delayed } else { Lane::Change }
+    }
+}
+
 /// The line a queued key waits in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Lane {
@@ -122,16 +197,13 @@ struct State<K> {
     /// Keys waiting in a line: which one, and the ticket of their live entry there.
     queued: HashMap<K, (Lane, u64)>,
     tickets: u64,
-    /// Keys waiting to be processed, and the line they go to (a change wins over a delay).
-    dirty: HashMap<K, Lane>,
-    /// Keys handed to a worker, with the line they came from.
-    processing: HashMap<K, Lane>,
+    /// Keys waiting to be processed, and why (their line follows: anything observed wins over a delay).
+    dirty: HashMap<K, Reasons>,
+    /// Keys handed to a worker, with the reasons they were taken for.
+    processing: HashMap<K, Reasons>,
     failures: HashMap<K, u32>,
     /// When each key in `queue` was queued, and when each key in `processing` was handed out (metrics).
     since: HashMap<K, Instant>,
-    /// Keys that came back by their delay (a resync, a retry, `resyncAfterSeconds`) since the syncer
-    /// last asked ([`WorkQueue::take_delayed`]): such a sync is a full one, whatever else queued the key.
-    delayed: HashSet<K>,
     shutting_down: bool,
 }
 
@@ -208,7 +280,6 @@ where
                 processing: HashMap::new(),
                 failures: HashMap::new(),
                 since: HashMap::new(),
-                delayed: HashSet::new(),
                 shutting_down: false,
             }),
             ready: Notify::new(),
@@ -224,14 +295,19 @@ where
     /// Queues `key` now for a change, unless it is already waiting (a key waiting in the delay line
     /// moves to the end of the change line).
     pub fn add(&self, key: K) {
-        add_as(&self.inner, key, Lane::Change);
+        add_as(&self.inner, key, Reason::Change);
+    }
+
+    /// Queues `key` now for `reason` (a [`Reason::Delay`] goes to the delay line), as [`WorkQueue::add`].
+    pub fn add_for(&self, key: K, reason: Reason) {
+        add_as(&self.inner, key, reason);
     }
 
     /// Queues `key` after `delay` (at most [`MAX_DELAY`]; from [`SLOTTED_FROM`] on, rounded up to the
     /// next [`SLOT`]). Of several pending delays for one key the earliest wins.
     pub fn add_after(&self, key: K, delay: Duration) {
         if delay.is_zero() {
-            add_as(&self.inner, key, Lane::Delayed);
+            add_as(&self.inner, key, Reason::Delay);
         } else {
             let at = due(self.inner.origin, Instant::now(), delay.min(MAX_DELAY));
             // The timer task lives as long as `inner`, so the send cannot fail while we hold it.
@@ -280,8 +356,8 @@ where
                     if let Some(queued) = state.since.insert(key.clone(), Instant::now()) {
                         report.queue_duration.observe(queued.elapsed().as_secs_f64());
                     }
-                    let lane = state.dirty.remove(&key).unwrap_or(Lane::Change);
-                    state.processing.insert(key.clone(), lane);
+                    let reasons = state.dirty.remove(&key).unwrap_or_default();
+                    state.processing.insert(key.clone(), reasons);
                     return Some(key);
                 }
             }
@@ -289,16 +365,10 @@ where
         }
     }
 
-    /// Whether `key` came back by its delay since the last call for it (and forgets that it did).
-    pub fn take_delayed(&self, key: &K) -> bool {
-        self.inner.state.lock().expect("queue lock").delayed.remove(key)
-    }
-
-    /// Whether the worker holding `key` got it for a change (a key that came back by its delay and was
-    /// changed meanwhile counts as a change), not only for its delay.
+    /// Why the worker holding `key` got it: every reason it was queued for since it was last taken.
     #[must_use]
-    pub fn taken_for_change(&self, key: &K) -> bool {
-        self.inner.state.lock().expect("queue lock").processing.get(key) == Some(&Lane::Change)
+    pub fn reasons(&self, key: &K) -> Reasons {
+        self.inner.state.lock().expect("queue lock").processing.get(key).copied().unwrap_or_default()
     }
 
     /// Marks `key` as no longer being processed; queues it again if it was added meanwhile.
@@ -308,7 +378,8 @@ where
         if let Some(started) = state.since.remove(key) {
             self.inner.stats.work_duration.observe(started.elapsed().as_secs_f64());
         }
-        if let Some(&lane) = state.dirty.get(key) {
+        if let Some(reasons) = state.dirty.get(key) {
+            let lane = reasons.lane();
             state.push(key.clone(), lane, &self.inner.stats);
             drop(state);
             self.inner.ready.notify_one();
@@ -345,33 +416,30 @@ where
     }
 }
 
-/// Queues `key` in `lane` (a delayed key is also noted in [`State::delayed`]).
-fn add_as<K: Clone + Eq + Hash>(inner: &Inner<K>, key: K, lane: Lane) {
+/// Queues `key` for `reason`, in the line its reasons ask for.
+fn add_as<K: Clone + Eq + Hash>(inner: &Inner<K>, key: K, reason: Reason) {
     let mut state = inner.state.lock().expect("queue lock");
     if state.shutting_down {
         return;
     }
-    if lane == Lane::Delayed {
-        state.delayed.insert(key.clone());
-    }
-    match state.dirty.get(&key) {
-        Some(Lane::Change) => return,
-        Some(Lane::Delayed) if lane == Lane::Delayed => return,
-        Some(Lane::Delayed) => {
-            // Already waiting, but now for a change: it moves up (or, parked, goes back in that line).
-            state.dirty.insert(key.clone(), Lane::Change);
-            if !state.queued.contains_key(&key) {
-                return;
-            }
+    let lane = if let Some(reasons) = state.dirty.get_mut(&key) {
+        let before = reasons.lane();
+        *reasons = reasons.and(reason);
+        // Already waiting: only a key that now waits for something observed moves up (a parked one goes
+        // back in that line when its worker is done).
+        if before == reasons.lane() || !state.queued.contains_key(&key) {
+            return;
         }
-        None => {
-            inner.stats.adds.inc();
-            state.dirty.insert(key.clone(), lane);
-            if state.processing.contains_key(&key) {
-                return;
-            }
+        Lane::Change
+    } else {
+        inner.stats.adds.inc();
+        let reasons = Reasons::of(reason);
+        state.dirty.insert(key.clone(), reasons);
+        if state.processing.contains_key(&key) {
+            return;
         }
-    }
+        reasons.lane()
+    };
     state.push(key, lane, &inner.stats);
     drop(state);
     inner.ready.notify_one();
@@ -405,7 +473,7 @@ where
                 let key = expired.into_inner();
                 pending.remove(&key);
                 let Some(inner) = inner.upgrade() else { return };
-                add_as(&inner, key, Lane::Delayed);
+                add_as(&inner, key, Reason::Delay);
             }
         }
     }
@@ -429,18 +497,46 @@ mod tests {
         assert_eq!(due(origin, now, Duration::from_millis(5)), now + Duration::from_millis(5));
     }
 
+    /// Takes every waiting key with its reasons, in order.
+    async fn drain(q: &WorkQueue<&'static str>) -> Vec<(&'static str, Reasons)> {
+        let mut taken = Vec::new();
+        while let Some(key) = tokio::time::timeout(Duration::from_millis(10), q.next()).await.ok().flatten() {
+            taken.push((key, q.reasons(&key)));
+            q.done(&key);
+        }
+        taken
+    }
+
     #[tokio::test(start_paused = true)]
-    async fn a_key_back_by_its_delay_says_so_once() {
+    async fn a_key_carries_every_reason_it_was_queued_for_once() {
         let q = WorkQueue::new(Backoff::default());
         q.add("now");
         q.add("both");
         q.add_after("both", Duration::from_secs(1));
         q.add_after("later", Duration::from_secs(1));
+        q.add_for("echoed", Reason::Echo);
+        q.add_for("echoed-and-changed", Reason::Echo);
+        q.add("echoed-and-changed");
         tokio::time::sleep(Duration::from_secs(2)).await;
-        assert!(!q.take_delayed(&"now"), "added at once");
-        assert!(q.take_delayed(&"both"), "its delay came while it was queued for something else");
-        assert!(q.take_delayed(&"later"));
-        assert!(!q.take_delayed(&"later"), "told once");
+        let change_and_delay = Reasons::of(Reason::Change).and(Reason::Delay);
+        let echo_and_change = Reasons::of(Reason::Echo).and(Reason::Change);
+        assert_eq!(
+            drain(&q).await,
+            [
+                ("now", Reasons::of(Reason::Change)),
+                ("both", change_and_delay),
+                ("echoed", Reasons::of(Reason::Echo)),
+                ("echoed-and-changed", echo_and_change),
+                ("later", Reasons::of(Reason::Delay)),
+            ]
+        );
+        assert_eq!(change_and_delay.main(), Reason::Change);
+        assert_eq!(echo_and_change.main(), Reason::Change, "a change is a change, whatever else queued it");
+        assert_eq!(Reasons::of(Reason::Echo).and(Reason::Delay).main(), Reason::Echo);
+        assert!(change_and_delay.asks_again() && Reasons::of(Reason::Requested).asks_again());
+        assert!(!echo_and_change.asks_again(), "only a delay or a request asks the same question twice");
+        q.add("now");
+        assert_eq!(drain(&q).await, [("now", Reasons::of(Reason::Change))], "taken reasons are not told again");
     }
 
     #[tokio::test(start_paused = true)]
@@ -452,14 +548,10 @@ mod tests {
         tokio::time::sleep(Duration::from_secs(2)).await;
         assert_eq!(q.len(), 3);
         q.add("change");
-        q.add("moved");
+        q.add_for("moved", Reason::Echo);
         assert_eq!(q.len(), 4, "a key moved to the change line is still one key");
-        let mut order = Vec::new();
-        while let Some(key) = tokio::time::timeout(Duration::from_millis(10), q.next()).await.ok().flatten() {
-            order.push(key);
-            q.done(&key);
-        }
-        assert_eq!(order, ["change", "moved", "resync-1", "resync-2"], "each key once, changes first");
+        let order: Vec<_> = drain(&q).await.into_iter().map(|(key, _)| key).collect();
+        assert_eq!(order, ["change", "moved", "resync-1", "resync-2"], "each key once, observed first");
         assert!(q.is_empty());
     }
 
@@ -475,9 +567,9 @@ mod tests {
         q.done(&busy);
         assert_eq!(q.len(), 2);
         assert_eq!(q.next().await, Some("busy"), "its change wins over the older resync");
-        assert!(q.taken_for_change(&"busy"));
+        assert_eq!(q.reasons(&"busy"), Reasons::of(Reason::Change).and(Reason::Delay));
         assert_eq!(q.next().await, Some("resync"));
-        assert!(!q.taken_for_change(&"resync"), "only its delay queued it");
+        assert_eq!(q.reasons(&"resync"), Reasons::of(Reason::Delay), "only its delay queued it");
     }
 
     #[tokio::test]

@@ -16,12 +16,13 @@ use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use serde_json::{Value, json};
 use tracing::{Instrument as _, debug, info_span, warn};
 
+use crate::answered::{Answered, RequestId};
 use crate::apply::ApplyError;
 use crate::children::{ClaimError, PlanError};
 use crate::discovery::{DiscoveryError, ResolvedResource};
 use crate::events::{Events, reference};
 use crate::hooks::{HookError, HookEvent};
-use crate::queue::WorkQueue;
+use crate::queue::{Reasons, WorkQueue};
 use crate::selector::SelectorError;
 
 /// Why a controller object cannot run (reported in its `Ready` condition).
@@ -147,20 +148,16 @@ pub(crate) trait Syncer: Send + Sync + 'static {
     fn sync_requests(&self) -> &crate::trigger::SyncRequests<Self::Key>;
     /// The cached object a key stands for (where failure Events go).
     fn object(&self, key: &Self::Key) -> Option<Arc<DynamicObject>>;
-    /// Syncs one object; returns when to sync it again, if its hook asked. `only_delayed`: only its
-    /// delay (see [`Syncer::delayed`]) queued the key, no change: the sync's `cause` in the metrics.
+    /// Syncs one object; returns when to sync it again, if its hook asked. `reasons`: what queued the
+    /// key since its last sync (whether the hook must be asked again, and the metrics' `cause`).
     fn sync(
         &self,
         key: &Self::Key,
-        only_delayed: bool,
+        reasons: Reasons,
     ) -> impl Future<Output = Result<Option<Duration>, SyncError>> + Send;
     /// The controller's `resyncPeriodSeconds`, if the object is still cached (a deleted one needs no
     /// more resyncs).
     fn resync_period(&self, key: &Self::Key) -> Option<Duration>;
-    /// `key` came back by its delay (a resync, a retry, `resyncAfterSeconds`): its coming sync is a
-    /// full one, even if an echo queued the key too. Returns whether an echo had queued it: then the
-    /// delay, not that echo, is what the sync is for.
-    fn delayed(&self, key: &Self::Key) -> bool;
 }
 
 /// Numbers the syncs of this process, so every log line of one sync can be told apart.
@@ -184,13 +181,9 @@ pub(crate) async fn work<S: Syncer>(syncer: Arc<S>) {
 async fn handle<S: Syncer>(syncer: &S, queue: &WorkQueue<S::Key>, key: &S::Key) {
     use crate::metrics::Outcome;
     let started = std::time::Instant::now();
-    let delayed = queue.take_delayed(key);
-    let echo_moved_up = delayed && syncer.delayed(key);
-    // For the metrics' cause: a key its delay brought back and a change moved up counts as a change;
-    // moved up by an echo that would not have been synced on its own, it is still the delay's sync.
-    let only_delayed = delayed && (echo_moved_up || !queue.taken_for_change(key));
-    debug!(delayed, only_delayed, "sync started");
-    let result = AssertUnwindSafe(syncer.sync(key, only_delayed))
+    let reasons = queue.reasons(key);
+    debug!(?reasons, "sync started");
+    let result = AssertUnwindSafe(syncer.sync(key, reasons))
         .catch_unwind()
         .await
         .unwrap_or_else(|panic| Err(SyncError::Panicked(panic_message(&*panic))));
@@ -260,16 +253,31 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
         .unwrap_or_else(|| "unknown panic".to_owned())
 }
 
-/// What queued a sync, for [`crate::metrics::ControllerMetrics::hook_sync`]: `echo` as
-/// [`crate::echoes::Echoes::take`] said, `only_delayed` as the queue did (a key back by its delay has
-/// its echo mark cleared first, so the two never both hold).
-pub(crate) fn cause_of(echo: Option<crate::echoes::Echo>, only_delayed: bool) -> crate::metrics::Cause {
-    use crate::metrics::Cause;
-    match (echo, only_delayed) {
-        (Some(_), _) => Cause::Echo,
-        (None, true) => Cause::Delay,
-        (None, false) => Cause::Change,
+/// Whether a sync for `reasons` asks its hook `request`, given what was asked last: not when it is the
+/// very request whose answer was last applied in full and nothing asks to ask again (a resync, a retry,
+/// a requested sync; see [`crate::answered`]). When it asks, the metrics count it by cause, `redundant`
+/// for a repeat of the last request (its answer was not applied in full).
+pub(crate) fn ask_hook<K: Clone + Eq + Hash>(
+    answered: &Answered<K>,
+    metrics: &crate::metrics::ControllerMetrics,
+    key: &K,
+    request: Option<RequestId>,
+    reasons: Reasons,
+) -> bool {
+    use crate::metrics::{Cause, Saved};
+    let seen = request.and_then(|r| answered.seen(key, r));
+    if seen == Some(true) && !reasons.asks_again() {
+        debug!("the same request as the last one, whose answer was applied in full: not asked again");
+        metrics.hook_call_saved(Saved::IdenticalRequest);
+        return false;
     }
+    let cause = if seen.is_some() && !reasons.asks_again() { Cause::Redundant } else { reasons.main().into() };
+    metrics.hook_sync(cause);
+    match request {
+        Some(request) => answered.asked(key, request),
+        None => answered.forget(key),
+    }
+    true
 }
 
 /// What to do with an object, given its finalizer state.
@@ -540,10 +548,8 @@ mod tests {
         metrics: Arc<crate::metrics::ControllerMetrics>,
         requests: crate::trigger::SyncRequests<&'static str>,
         calls: std::sync::Mutex<Vec<(&'static str, tokio::time::Instant)>>,
-        /// Each sync's key and its `only_delayed`.
-        causes: std::sync::Mutex<Vec<(&'static str, bool)>>,
-        /// Keys an echo alone queued (what `Echoes::queued` would report).
-        echo_queued: std::sync::Mutex<std::collections::HashSet<&'static str>>,
+        /// Each sync's key and the reasons it was queued for.
+        causes: std::sync::Mutex<Vec<(&'static str, Reasons)>>,
         panic_first: bool,
         /// `resyncPeriodSeconds`, for every key but "gone".
         period: Option<Duration>,
@@ -559,7 +565,6 @@ mod tests {
                 requests: crate::trigger::SyncRequests::default(),
                 calls: std::sync::Mutex::default(),
                 causes: std::sync::Mutex::default(),
-                echo_queued: std::sync::Mutex::default(),
                 panic_first,
                 period,
             })
@@ -592,8 +597,8 @@ mod tests {
         fn object(&self, _: &&'static str) -> Option<Arc<DynamicObject>> {
             None
         }
-        async fn sync(&self, key: &&'static str, only_delayed: bool) -> Result<Option<Duration>, SyncError> {
-            self.causes.lock().unwrap().push((key, only_delayed));
+        async fn sync(&self, key: &&'static str, reasons: Reasons) -> Result<Option<Duration>, SyncError> {
+            self.causes.lock().unwrap().push((key, reasons));
             if *key == "slow" {
                 tokio::time::sleep(Duration::from_secs(2)).await;
             }
@@ -608,32 +613,35 @@ mod tests {
         fn resync_period(&self, key: &&'static str) -> Option<Duration> {
             self.period.filter(|_| *key != "gone")
         }
-        fn delayed(&self, key: &&'static str) -> bool {
-            self.echo_queued.lock().unwrap().remove(key)
-        }
     }
 
-    /// A key waiting for a change when its resync comes due is synced as a change; waiting only for an
-    /// echo (one its controller would not have synced for), it is synced for its resync.
+    /// A sync is told every reason its key was queued for since the last one: a resync that came due
+    /// while an echo or a change waited is one sync, for all of them.
     #[tokio::test(start_paused = true)]
-    async fn a_resync_moved_up_by_an_echo_is_still_the_resyncs_sync() {
+    async fn a_sync_is_told_every_reason_its_key_waited_for() {
+        use crate::queue::Reason;
         let syncer = Panicky::new(&crate::metrics::Metrics::default(), false, Some(Duration::from_secs(10)));
         let worker = tokio::spawn(work(Arc::clone(&syncer)));
         syncer.queue.add("echoed");
         syncer.queue.add("changed");
         tokio::time::sleep(Duration::from_secs(9)).await;
-        // One worker, busy from 9 s to 11 s: both keys wait in the change lane while their resyncs come due.
+        // One worker, busy from 9 s to 11 s: both keys wait while their resyncs come due.
         syncer.queue.add("slow");
         tokio::time::sleep(Duration::from_millis(500)).await;
-        syncer.echo_queued.lock().unwrap().insert("echoed");
-        syncer.queue.add("echoed");
+        syncer.queue.add_for("echoed", Reason::Echo);
         syncer.queue.add("changed");
         tokio::time::sleep(Duration::from_secs(2)).await;
         let causes = syncer.causes.lock().unwrap().clone();
+        let change = Reasons::of(Reason::Change);
         assert_eq!(
             causes,
-            [("echoed", false), ("changed", false), ("slow", false), ("echoed", true), ("changed", false)],
-            "first syncs and a change are changes; the echo did not make the resync one"
+            [
+                ("echoed", change),
+                ("changed", change),
+                ("slow", change),
+                ("echoed", Reasons::of(Reason::Echo).and(Reason::Delay)),
+                ("changed", change.and(Reason::Delay)),
+            ],
         );
         syncer.queue.shut_down();
         worker.await.unwrap();
