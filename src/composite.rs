@@ -33,8 +33,8 @@ use crate::revisions::{self, Rollouts};
 use crate::selector::{Selector, SelectorIndex};
 use crate::sync::{
     Facts, StartError, SyncError, Syncer, api_for, ask_hook, controller_queue, follow_plan, gc_finalizing,
-    has_finalizer, lifecycle_changed, meaningful_parent_change, record_hook_events, replace_status, resync_after,
-    resync_period, run_workers, set_finalizer,
+    has_finalizer, lifecycle_changed, meaningful_parent_change, record_hook_events, remove_finalizer, replace_status,
+    resync_after, resync_period, run_workers,
 };
 
 pub use crate::revisions::CONTROLLER_UID_LABEL;
@@ -449,7 +449,7 @@ impl Controller {
             return Err(SyncError::Apply(executed.errors));
         }
         if finalizing && finalized {
-            set_finalizer(&api, &parent, &self.finalizer, false).await?;
+            remove_finalizer(&api, &parent, &self.finalizer).await?;
         }
         if executed.writes.iter().any(|w| w.recreate) {
             // A child deleted to be recreated: the next sync creates it, whatever becomes of the echo.

@@ -33,8 +33,8 @@ use crate::related::{ParentScope, Related};
 use crate::selector::Selector;
 use crate::sync::{
     Facts, StartError, SyncError, Syncer, api_for, ask_hook, controller_queue, follow_plan, gc_finalizing,
-    has_finalizer, lifecycle_changed, meaningful_parent_change, record_hook_events, replace_status, resync_after,
-    resync_period, run_workers, set_finalizer,
+    has_finalizer, lifecycle_changed, meaningful_parent_change, record_hook_events, remove_finalizer, replace_status,
+    resync_after, resync_period, run_workers,
 };
 
 /// Annotation naming the DecoratorController that manages an attachment.
@@ -532,7 +532,7 @@ impl Controller {
             return Err(SyncError::Apply(executed.errors));
         }
         if finalizing && response.finalized {
-            set_finalizer(&api, &target, &self.finalizer, false).await?;
+            remove_finalizer(&api, &target, &self.finalizer).await?;
         }
         if executed.writes.iter().any(|w| w.recreate) {
             // An attachment deleted to be recreated: the next sync creates it, whatever becomes of the echo.

@@ -434,6 +434,38 @@ pub(crate) async fn set_finalizer(
     }
 }
 
+/// How often [`remove_finalizer`] re-reads the object after a conflict before the sync is retried.
+const FINALIZER_ATTEMPTS: usize = 5;
+
+/// Removes `finalizer` from `obj`, re-reading it after a conflict. The sync that lets go has usually
+/// just written the object's status, so the copy it read is stale by then; a finalize hook whose status
+/// changes on every call (a timestamp, a counter) would otherwise conflict on every retry, and the
+/// object (and its namespace) could never be deleted. A re-read object that is gone, replaced (another
+/// UID) or without our finalizer needs nothing more.
+pub(crate) async fn remove_finalizer(
+    api: &Api<DynamicObject>,
+    obj: &DynamicObject,
+    finalizer: &str,
+) -> Result<(), SyncError> {
+    let name = obj.metadata.name.as_deref().unwrap_or_default();
+    let mut current = std::borrow::Cow::Borrowed(obj);
+    for _ in 0..FINALIZER_ATTEMPTS {
+        if !has_finalizer(&current, finalizer) {
+            return Ok(());
+        }
+        match set_finalizer(api, &current, finalizer, false).await {
+            Err(SyncError::Conflict(_)) => {}
+            done => return done,
+        }
+        match api.get_opt(name).await {
+            Ok(Some(live)) if live.metadata.uid == obj.metadata.uid => current = std::borrow::Cow::Owned(live),
+            Ok(_) => return Ok(()),
+            Err(e) => return Err(SyncError::Write { what: "finalizers", source: Box::new(e) }),
+        }
+    }
+    Err(SyncError::Conflict("finalizers"))
+}
+
 /// Replaces `.status` (through `/status` when the type has that subresource), unless it already is
 /// `status`. Guarded by UID, so a recreated object of the same name is never written. Returns the
 /// resourceVersion the write left behind, if it wrote.
