@@ -521,16 +521,17 @@ fn prepare(mut obj: DynamicObject, resource: &ResolvedResource) -> Arc<DynamicOb
     // compares its own apply time with others' after a restart. Hooks never see this summary.
     // (`migrate` also reads whether Metacontroller's managers wrote it, to take it over.)
     crate::migrate::slim_managed_fields(&mut obj);
-    // kubectl's and Metacontroller's copies of an earlier desired state: large, and read by nobody here.
+    // kubectl's copy of an earlier desired state: large, and read by nobody here. Metacontroller's copy
+    // stays: it marks an object to take over (`migrate`) even when another manager name wrote it, as
+    // `metahook migrate --dry-run` (which reads live objects) says; and hooks see it as they did under
+    // Metacontroller. It goes away with the hub's first write to the object.
     if let Some(annotations) = &mut obj.metadata.annotations {
         annotations.remove(KUBECTL_LAST_APPLIED);
-        annotations.remove(METACONTROLLER_LAST_APPLIED);
     }
     Arc::new(obj)
 }
 
 const KUBECTL_LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
-const METACONTROLLER_LAST_APPLIED: &str = "metacontroller.k8s.io/last-applied-configuration";
 
 async fn run_watch(client: Client, shared: Weak<Shared>) {
     let resource = match shared.upgrade() {
