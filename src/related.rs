@@ -237,10 +237,13 @@ impl<K: Clone + Eq + Hash + Send + Sync + 'static> Related<K> {
             return informer.clone();
         }
         let informer = self.hub.informers.get(resource);
-        let mut changes = informer.subscribe();
+        // Changes from now on only: a parent whose rules name this type reads its related objects from
+        // the cache after this (in the same sync), so replaying what is cached would only queue that
+        // parent a second time for objects it has just seen.
+        let mut changes = informer.subscribe_changes();
         let this = Arc::downgrade(self);
         let task = tokio::spawn(async move {
-            while let Some(change) = changes.recv().await {
+            while let Some(crate::informers::Event { change, .. }) = changes.recv().await {
                 let Some(this) = this.upgrade() else { return };
                 if let Change::Applied { old: Some(old), new } = &change {
                     if old.metadata.resource_version == new.metadata.resource_version {
