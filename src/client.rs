@@ -9,7 +9,9 @@
 //! controllers sync at once, the hub never has more than `maxRequestsInFlight` requests open (watches
 //! count only until their response starts streaming).
 //!
-//! The client itself ([`connect`]) is kube's stack with one change: its sockets set `TCP_NODELAY`.
+//! The client itself ([`connect`]) is kube's stack with two changes: its sockets set `TCP_NODELAY`, and
+//! each attempt of a leader's write — retries included — passes the leader's write gate
+//! ([`crate::leader::WriteGateLayer`]).
 
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -20,18 +22,30 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use kube::Client;
 use kube::client::retry::RetryPolicy;
-use kube::client::{Body, ConfigExt as _};
+use kube::client::{Body, ClientBuilder, ConfigExt as _};
 use tokio::sync::{Mutex, Semaphore};
 use tokio::time::Instant;
 use tower::ServiceBuilder;
+use tower::buffer::BufferLayer;
 use tower::retry::RetryLayer;
 use tower_http::trace::TraceLayer;
+
+use crate::leader::WriteGateLayer;
 
 /// The user agent of every request the hub makes.
 pub const USER_AGENT: &str = concat!("metahook/", env!("CARGO_PKG_VERSION"));
 
 /// A client for `config`, built as kube's `ClientBuilder` builds it (TLS, timeouts, retry of 429/503/504,
-/// auth, extra headers, a debug span per request) except that its sockets set `TCP_NODELAY`.
+/// auth, extra headers, a debug span per request) except that its sockets set `TCP_NODELAY` and that
+/// the leader's write gate sits at the bottom of the stack.
+///
+/// The gate ([`WriteGateLayer`]) checks every attempt of a write that [`crate::leader::gated`] marked,
+/// just before it goes to the connection pool. It must be below the retry layer: kube retries a 429,
+/// 503 or 504 after the server's `Retry-After` (up to 1000 s) inside this stack, and a retry that went
+/// out unchecked could land long after the leader's renew deadline, beside the new leader's writes.
+/// Below auth too, so that a slow credential refresh comes before the check, not between it and the
+/// wire. Unmarked requests (reads, the elector's Lease writes, a hub without leader election) pass
+/// through it untouched.
 ///
 /// kube-client opens them with Nagle's algorithm on. On a resumed TLS session rustls writes the
 /// handshake's `Finished` and the first request separately, so the request waits for the API server's
@@ -43,10 +57,16 @@ pub const USER_AGENT: &str = concat!("metahook/", env!("CARGO_PKG_VERSION"));
 ///
 /// One thing of kube's builder is left out: the expiry of a client certificate from an exec plugin
 /// (`Client::valid_until`), which the hub never reads. With a proxy configured this is kube's own
-/// builder: proxies are its business.
-pub fn connect(config: kube::Config) -> Result<Client, kube::Error> {
+/// builder (proxies are its business) with its retry moved above the gate (and a buffer, as kube's
+/// retry needs a service it can clone).
+pub fn connect(mut config: kube::Config) -> Result<Client, kube::Error> {
     if config.proxy_url.is_some() {
-        return Client::try_from(config);
+        let retry = std::mem::replace(&mut config.default_retry, false);
+        return Ok(ClientBuilder::try_from(config)?
+            .with_layer(&WriteGateLayer)
+            .with_layer(&BufferLayer::new(1024))
+            .with_layer(&tower::util::option_layer(retry.then(|| RetryLayer::new(RetryPolicy::server_retry()))))
+            .build());
     }
     let https = config.rustls_https_connector_with_connector(api_connector())?;
     let mut timed = hyper_timeout::TimeoutConnector::new(https);
@@ -73,6 +93,7 @@ pub fn connect(config: kube::Config) -> Result<Client, kube::Error> {
                 })
                 .on_eos(|_: Option<&http::HeaderMap>, _: Duration, _: &tracing::Span| tracing::debug!("stream closed")),
         )
+        .layer(WriteGateLayer)
         .map_err(tower::BoxError::from)
         .service(http);
     Ok(Client::new(service, config.default_namespace))
@@ -178,6 +199,91 @@ mod tests {
         // A bare connector leaves it off: the check tells the two apart.
         let bare = HttpConnector::new().call(uri).await.unwrap();
         assert!(!bare.inner().nodelay().unwrap());
+    }
+
+    /// A stand-in API server on loopback: answers the first request 503 with `Retry-After: 1` and every
+    /// later one 200 `{}`. Returns its URL and the number of requests it received.
+    async fn serve_unavailable_once() -> (http::Uri, Arc<std::sync::atomic::AtomicUsize>) {
+        use std::sync::atomic::Ordering;
+        use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let uri = format!("http://{}", listener.local_addr().unwrap()).parse().unwrap();
+        let received = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counter = Arc::clone(&received);
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let counter = Arc::clone(&counter);
+                tokio::spawn(async move {
+                    let mut stream = tokio::io::BufReader::new(stream);
+                    // One request per connection (`Connection: close`): the head, then its body.
+                    let mut length = 0;
+                    loop {
+                        let mut line = String::new();
+                        if stream.read_line(&mut line).await.unwrap_or(0) == 0 {
+                            return;
+                        }
+                        if let Some((name, value)) = line.split_once(':')
+                            && name.eq_ignore_ascii_case("content-length")
+                        {
+                            length = value.trim().parse().unwrap();
+                        }
+                        if line == "\r\n" {
+                            break;
+                        }
+                    }
+                    let mut body = vec![0; length];
+                    stream.read_exact(&mut body).await.unwrap();
+                    let answer = if counter.fetch_add(1, Ordering::SeqCst) == 0 {
+                        "HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                    } else {
+                        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}"
+                    };
+                    let _ = stream.write_all(answer.as_bytes()).await;
+                    let _ = stream.shutdown().await;
+                });
+            }
+        });
+        (uri, received)
+    }
+
+    fn create_config_map() -> http::Request<Body> {
+        http::Request::post("/api/v1/namespaces/default/configmaps")
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .body(Body::from(br#"{"apiVersion":"v1","kind":"ConfigMap"}"#.to_vec()))
+            .unwrap()
+    }
+
+    /// The stack `connect` builds checks the gate below its retry: a write whose retry comes due after
+    /// the renew deadline is refused then, and the API server sees only the first attempt. Real time
+    /// (a real socket and kube's real retry, `Retry-After: 1`), so about a second.
+    #[tokio::test]
+    async fn connect_checks_each_retry_of_a_gated_write_against_the_gate() {
+        use std::sync::atomic::Ordering;
+        let (uri, received) = serve_unavailable_once().await;
+        let leadership = crate::leader::Leadership::new("a_1".into(), "ns/metahook".into());
+        let client = crate::leader::gated(connect(kube::Config::new(uri)).unwrap(), leadership.clone());
+        // Half a second for the first attempt on loopback, well before the retry comes due.
+        let started = Instant::now();
+        leadership.open_until(started + Duration::from_millis(500));
+        let err = client.send(create_config_map()).await.expect_err("the retry falls after the deadline");
+        assert!(err.to_string().contains("write refused"), "{err:?}");
+        assert_eq!(received.load(Ordering::SeqCst), 1, "the retry was not sent");
+        assert!(started.elapsed() >= Duration::from_secs(1), "refused when the retry came due, after Retry-After");
+        assert!(!leadership.may_write());
+    }
+
+    /// The same with the gate open throughout: the retry is sent and answered, so the refusal above is
+    /// the gate's doing and `connect` still retries as kube does.
+    #[tokio::test]
+    async fn connect_retries_a_gated_write_while_the_gate_is_open() {
+        use std::sync::atomic::Ordering;
+        let (uri, received) = serve_unavailable_once().await;
+        let leadership = crate::leader::Leadership::new("a_1".into(), "ns/metahook".into());
+        let client = crate::leader::gated(connect(kube::Config::new(uri)).unwrap(), leadership.clone());
+        leadership.open_until(Instant::now() + Duration::from_secs(30));
+        let response = client.send(create_config_map()).await.expect("retried after the 503");
+        assert_eq!(response.status(), http::StatusCode::OK);
+        assert_eq!(received.load(Ordering::SeqCst), 2);
     }
 
     #[test]

@@ -26,11 +26,20 @@
 //!   by cancelling controllers: cancellation takes effect at the next await point, the gate at once.
 //!   What no client-side scheme can fence (client-go neither) is a process paused for longer than the
 //!   margin between its gate check and the request reaching the server.
+//! - The gate is checked on every *attempt*, not once per request. kube's client retries a 429, 503 or
+//!   504 inside its own stack, after the server's `Retry-After` (up to 1000 s, 15 times): a check above
+//!   that stack would let a retry go out long after the deadline. So [`gated`] only marks a write
+//!   ([`GatedBy`]) and [`WriteGateLayer`], at the bottom of the stack `client::connect` builds (below the
+//!   retry and the auth layer, just above the connection pool), admits or refuses each attempt.
 //! - On loss (deadline passed, or the Lease found held by another) controllers are cancelled; on a
-//!   graceful shutdown they are stopped first and the Lease is then released (holder cleared), so a
-//!   standby — which watches the Lease — takes over at once instead of after `leaseDuration`.
+//!   graceful shutdown they are stopped first, the gate is closed, the writes still on the wire are
+//!   waited for, and only then is the Lease released (holder cleared), so a standby — which watches the
+//!   Lease — takes over at once instead of after `leaseDuration`, and never while the old leader's
+//!   write is still on its way. Stopping a controller drops its futures, but a dropped write may
+//!   already be on the wire: an admitted attempt therefore runs to its response in a task of its own,
+//!   and counts as in flight until then ([`Leadership`] owns that count beside the gate).
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -42,9 +51,10 @@ use k8s_openapi::jiff::Timestamp;
 use kube::Client;
 use kube::api::{Api, ObjectMeta, PostParams};
 use kube::runtime::{WatchStreamExt as _, watcher};
-use tokio::sync::Notify;
+use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument as _;
 use tracing::{debug, info, warn};
 
 use crate::config::LeaderElection;
@@ -56,10 +66,15 @@ pub enum LeaderError {
     Api { lease: String, source: Box<kube::Error> },
 }
 
-/// Whether this hub may write, and who leads. Shared by the elector, the gated client and `/readyz`.
+/// Whether this hub may write, who leads, and which writes are on the wire. Shared by the elector, the
+/// gated client and `/readyz`.
 #[derive(Clone, Debug)]
 pub struct Leadership {
-    inner: Arc<Mutex<LeaderState>>,
+    /// One owner for the gate and the writes it let through: admitting a write and closing the gate
+    /// are each one step on this state, so a release that closed the gate and then counts no write in
+    /// flight cannot miss one admitted meanwhile. A `watch` so that a release can wait for the count to
+    /// fall to zero.
+    state: Arc<watch::Sender<LeaderState>>,
     /// This process's identity in the Lease.
     pub identity: String,
     /// `namespace/name` of the Lease.
@@ -72,44 +87,94 @@ struct LeaderState {
     writes_until: Option<Instant>,
     /// Holder of the Lease as last seen.
     holder: Option<String>,
+    /// Write attempts the gate let through whose response has not come back yet.
+    writes_in_flight: usize,
+}
+
+impl LeaderState {
+    fn may_write(&self, now: Instant) -> bool {
+        self.writes_until.is_some_and(|until| now < until)
+    }
 }
 
 impl Leadership {
     #[must_use]
     pub fn new(identity: String, lease: String) -> Self {
-        Self { inner: Arc::default(), identity, lease }
+        Self { state: Arc::new(watch::Sender::new(LeaderState::default())), identity, lease }
     }
 
     /// Whether a write sent now is safe: we hold the Lease and renewed it less than `renewDeadline` ago.
     #[must_use]
     pub fn may_write(&self) -> bool {
-        self.state().writes_until.is_some_and(|until| Instant::now() < until)
+        self.state.borrow().may_write(Instant::now())
     }
 
     /// The holder of the Lease as last seen (this process's identity while it leads).
     #[must_use]
     pub fn holder(&self) -> Option<String> {
-        self.state().holder.clone()
+        self.state.borrow().holder.clone()
     }
 
-    fn open_until(&self, until: Instant) {
-        let mut state = self.state();
-        state.writes_until = Some(until);
-        state.holder = Some(self.identity.clone());
+    /// Lets one write attempt through the gate if a write sent now is safe, and counts it as in flight
+    /// until the returned token is dropped (when its response has come back).
+    ///
+    /// # Errors
+    /// [`NotLeader`] when the gate is closed: not leading, or the renew deadline passed.
+    pub fn admit_write(&self) -> Result<WriteInFlight, NotLeader> {
+        let mut admitted = false;
+        // A rising count wakes nobody: only a release waits, and only for the count to reach zero.
+        self.state.send_if_modified(|state| {
+            admitted = state.may_write(Instant::now());
+            state.writes_in_flight += usize::from(admitted);
+            false
+        });
+        if admitted {
+            Ok(WriteInFlight { state: Arc::clone(&self.state) })
+        } else {
+            Err(NotLeader { lease: self.lease.clone() })
+        }
+    }
+
+    /// Waits until no admitted write is in flight, but not past `until`; whether none is.
+    pub async fn writes_landed_by(&self, until: Instant) -> bool {
+        let mut state = self.state.subscribe();
+        let landed = state.wait_for(|state| state.writes_in_flight == 0);
+        tokio::time::timeout_at(until, landed).await.is_ok_and(|waited| waited.is_ok())
+    }
+
+    /// Opens the gate until `until` (the elector, after a successful renewal; tests of the client stack).
+    pub(crate) fn open_until(&self, until: Instant) {
+        self.state.send_modify(|state| {
+            state.writes_until = Some(until);
+            state.holder = Some(self.identity.clone());
+        });
     }
 
     fn close(&self, holder: Option<String>) {
-        let mut state = self.state();
-        state.writes_until = None;
-        state.holder = holder;
+        self.state.send_modify(|state| {
+            state.writes_until = None;
+            state.holder = holder;
+        });
     }
 
     fn deadline(&self) -> Option<Instant> {
-        self.state().writes_until
+        self.state.borrow().writes_until
     }
+}
 
-    fn state(&self) -> std::sync::MutexGuard<'_, LeaderState> {
-        self.inner.lock().expect("leadership lock")
+/// A write attempt the gate let through; it counts as in flight until this is dropped.
+#[derive(Debug)]
+#[must_use = "the write counts as in flight only while this is held"]
+pub struct WriteInFlight {
+    state: Arc<watch::Sender<LeaderState>>,
+}
+
+impl Drop for WriteInFlight {
+    fn drop(&mut self) {
+        self.state.send_if_modified(|state| {
+            state.writes_in_flight -= 1;
+            state.writes_in_flight == 0
+        });
     }
 }
 
@@ -121,6 +186,12 @@ pub struct NotLeader {
 }
 
 /// A client that sends reads always and writes only while `leadership` allows them.
+///
+/// Each write is refused here at once if the gate is closed, and otherwise marked ([`GatedBy`]) so that
+/// every attempt of it — the first and each retry — is admitted again by the [`WriteGateLayer`] at the
+/// bottom of `client`'s stack and counted as in flight. `client` must therefore come from
+/// [`crate::client::connect`], which places that layer below its retry; another client (a test's
+/// `Client::try_from`) gets the check here only, on the first attempt.
 #[must_use]
 pub fn gated(client: Client, leadership: Leadership) -> Client {
     let namespace = client.default_namespace().to_owned();
@@ -142,14 +213,85 @@ impl tower_service::Service<http::Request<kube::client::Body>> for Gated {
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, request: http::Request<kube::client::Body>) -> Self::Future {
+    fn call(&mut self, mut request: http::Request<kube::client::Body>) -> Self::Future {
         let reads = matches!(*request.method(), http::Method::GET | http::Method::HEAD | http::Method::OPTIONS);
-        if !reads && !self.leadership.may_write() {
-            let refused = NotLeader { lease: self.leadership.lease.clone() };
-            return Box::pin(async move { Err(refused.into()) });
+        if !reads {
+            if !self.leadership.may_write() {
+                let refused = NotLeader { lease: self.leadership.lease.clone() };
+                return Box::pin(async move { Err(refused.into()) });
+            }
+            request.extensions_mut().insert(GatedBy(self.leadership.clone()));
         }
         let client = self.client.clone();
         Box::pin(async move { client.send(request).await.map_err(Into::into) })
+    }
+}
+
+/// Marks a request (an `http` extension) as a write that may go to the API server only while this
+/// leadership allows writes. kube's retry policy copies extensions to each retry, so every attempt
+/// carries it down to the [`WriteGateLayer`].
+#[derive(Clone, Debug)]
+pub struct GatedBy(pub Leadership);
+
+/// Checks every attempt of a write marked [`GatedBy`] against the gate, just before it goes to the
+/// connection pool; unmarked requests (reads, and the elector's own Lease writes) pass untouched.
+///
+/// It must sit *below* any retry layer: a retry re-enters the stack under the retry layer, so only a
+/// check down here sees it (see the module doc). An admitted attempt runs to its response in a task of
+/// its own: a caller that gives up (a controller stopped mid-write) does not recall bytes already on
+/// the wire, so the attempt stays counted as in flight — and a graceful release keeps waiting for it —
+/// until the API server has answered.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct WriteGateLayer;
+
+impl<S> tower::Layer<S> for WriteGateLayer {
+    type Service = WriteGate<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        WriteGate { inner }
+    }
+}
+
+/// The service of [`WriteGateLayer`].
+#[derive(Clone, Debug)]
+pub struct WriteGate<S> {
+    inner: S,
+}
+
+impl<S, B> tower_service::Service<http::Request<B>> for WriteGate<S>
+where
+    S: tower_service::Service<http::Request<B>>,
+    S::Future: Send + 'static,
+    S::Response: Send + 'static,
+    S::Error: Into<tower::BoxError> + Send + 'static,
+{
+    type Response = S::Response;
+    type Error = tower::BoxError;
+    type Future = BoxFuture<'static, Result<S::Response, tower::BoxError>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        let Some(GatedBy(leadership)) = request.extensions().get::<GatedBy>() else {
+            let attempt = self.inner.call(request);
+            return Box::pin(async move { attempt.await.map_err(Into::into) });
+        };
+        let admitted = match leadership.admit_write() {
+            Ok(admitted) => admitted,
+            Err(refused) => return Box::pin(async move { Err(refused.into()) }),
+        };
+        let attempt = self.inner.call(request);
+        let attempt = tokio::spawn(
+            async move {
+                let response = attempt.await;
+                drop(admitted);
+                response
+            }
+            .in_current_span(),
+        );
+        Box::pin(async move { attempt.await?.map_err(Into::into) })
     }
 }
 
@@ -242,11 +384,22 @@ impl Elector {
         }
     }
 
-    /// Gives the Lease up (after the controllers stopped), so a standby takes over at once.
+    /// Gives the Lease up (after the controllers stopped), so a standby takes over at once — but only
+    /// once no write of ours is on the wire: the gate closes first, then the writes it let through are
+    /// waited for.
+    ///
+    /// The wait lasts at most until the gate would have closed by itself (the renew deadline). A write
+    /// still in flight then is in the case the timing argument covers anyway (as after a crash): the
+    /// Lease is left to expire, and the standby takes over `leaseDuration − renewDeadline` after that.
+    /// Releasing it instead would let the standby write at once, beside our write.
     pub async fn release(&mut self) {
+        let deadline = self.leadership.deadline();
         let holding = self.leadership.may_write();
         self.leadership.close(None);
-        if !holding {
+        let Some(deadline) = deadline.filter(|_| holding) else { return };
+        if !self.leadership.writes_landed_by(deadline).await {
+            let lease = &self.leadership.lease;
+            warn!(%lease, "writes still in flight at the renew deadline: leaving the lease to expire, not releasing it");
             return;
         }
         let Some(mut lease) = self.current.clone() else { return };
@@ -450,6 +603,246 @@ mod tests {
         assert!(!leadership.may_write(), "the gate closes at the deadline by itself");
         leadership.close(Some("b_2".into()));
         assert_eq!(leadership.holder().as_deref(), Some("b_2"));
+    }
+
+    /// A stand-in for the API server below the client stack: records each request (method and path)
+    /// and answers from `script` in turn, then with a 200 echoing the request body.
+    #[derive(Clone, Default)]
+    struct FakeApi {
+        requests: Arc<std::sync::Mutex<Vec<(http::Method, String, bytes::Bytes)>>>,
+        script: Arc<std::sync::Mutex<std::collections::VecDeque<http::Response<kube::client::Body>>>>,
+    }
+
+    impl FakeApi {
+        fn answering(script: Vec<http::Response<kube::client::Body>>) -> Self {
+            let fake = Self::default();
+            fake.script.lock().unwrap().extend(script);
+            fake
+        }
+
+        fn requests(&self, method: &http::Method) -> Vec<(String, bytes::Bytes)> {
+            let requests = self.requests.lock().unwrap();
+            requests
+                .iter()
+                .filter(|(m, _, _)| m == method)
+                .map(|(_, path, body)| (path.clone(), body.clone()))
+                .collect()
+        }
+
+        /// The stack `client::connect` builds, as far as the gate is concerned: kube's retry above the
+        /// gate, the API server below.
+        fn client(&self) -> Client {
+            let fake = self.clone();
+            let api = tower::service_fn(move |request: http::Request<kube::client::Body>| {
+                let fake = fake.clone();
+                async move {
+                    use http_body_util::BodyExt as _;
+                    let (parts, body) = request.into_parts();
+                    let body = body.collect().await?.to_bytes();
+                    fake.requests.lock().unwrap().push((parts.method, parts.uri.path().to_owned(), body.clone()));
+                    let scripted = fake.script.lock().unwrap().pop_front();
+                    Ok::<_, tower::BoxError>(scripted.unwrap_or_else(|| http::Response::new(body.into())))
+                }
+            });
+            let stack = tower::ServiceBuilder::new()
+                .layer(tower::retry::RetryLayer::new(kube::client::retry::RetryPolicy::server_retry()))
+                .layer(WriteGateLayer)
+                .service(api);
+            Client::new(stack, "default")
+        }
+    }
+
+    fn unavailable_retry_after(seconds: u64) -> http::Response<kube::client::Body> {
+        http::Response::builder()
+            .status(http::StatusCode::SERVICE_UNAVAILABLE)
+            .header(http::header::RETRY_AFTER, seconds.to_string())
+            .body(kube::client::Body::empty())
+            .unwrap()
+    }
+
+    fn request(method: http::Method) -> http::Request<kube::client::Body> {
+        http::Request::builder()
+            .method(method)
+            .uri("/api/v1/namespaces/default/configmaps")
+            .body(kube::client::Body::from(br#"{"kind":"ConfigMap"}"#.to_vec()))
+            .unwrap()
+    }
+
+    fn is_not_leader(err: &kube::Error) -> bool {
+        let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(err);
+        while let Some(err) = cause {
+            if err.is::<NotLeader>() {
+                return true;
+            }
+            cause = err.source();
+        }
+        false
+    }
+
+    fn in_flight(leadership: &Leadership) -> usize {
+        leadership.state.borrow().writes_in_flight
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_retry_after_the_renew_deadline_is_refused_and_never_sent() {
+        let api = FakeApi::answering(vec![unavailable_retry_after(2)]);
+        let leadership = Leadership::new("a_1".into(), "ns/metahook".into());
+        leadership.open_until(Instant::now() + Duration::from_secs(1));
+        let client = gated(api.client(), leadership.clone());
+        let started = Instant::now();
+        let err = client.send(request(http::Method::POST)).await.expect_err("the retry is refused");
+        assert!(is_not_leader(&err), "{err:?}");
+        assert_eq!(api.requests(&http::Method::POST).len(), 1, "only the attempt made while leading was sent");
+        assert_eq!(started.elapsed(), Duration::from_secs(2), "refused when the retry came due (Retry-After)");
+        assert_eq!(in_flight(&leadership), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_retry_within_the_renew_deadline_is_sent() {
+        // The same retry with the gate open throughout: the refusal above is the gate's, not the stack's.
+        let api = FakeApi::answering(vec![unavailable_retry_after(2)]);
+        let leadership = Leadership::new("a_1".into(), "ns/metahook".into());
+        leadership.open_until(Instant::now() + Duration::from_secs(10));
+        let client = gated(api.client(), leadership.clone());
+        let response = client.send(request(http::Method::POST)).await.expect("retried and answered");
+        assert_eq!(response.status(), http::StatusCode::OK);
+        assert_eq!(api.requests(&http::Method::POST).len(), 2, "the 503 was retried");
+        assert_eq!(in_flight(&leadership), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn reads_pass_a_closed_gate_and_writes_do_not() {
+        let api = FakeApi::default();
+        let leadership = Leadership::new("a_1".into(), "ns/metahook".into());
+        let client = gated(api.client(), leadership);
+        client.send(request(http::Method::GET)).await.expect("a standby reads");
+        let err = client.send(request(http::Method::PATCH)).await.expect_err("a standby does not write");
+        assert!(is_not_leader(&err), "{err:?}");
+        assert_eq!(api.requests(&http::Method::GET).len(), 1);
+        assert!(api.requests(&http::Method::PATCH).is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_gate_layer_checks_marked_requests_even_when_the_mark_came_from_elsewhere() {
+        // The bottom layer refuses on its own, whatever the layers above checked: a write marked while
+        // the gate was open and sent after it closed (the retry's case) does not go out.
+        let api = FakeApi::default();
+        let leadership = Leadership::new("a_1".into(), "ns/metahook".into());
+        let mut marked = request(http::Method::PUT);
+        marked.extensions_mut().insert(GatedBy(leadership));
+        let err = api.client().send(marked).await.expect_err("refused at the bottom of the stack");
+        assert!(is_not_leader(&err), "{err:?}");
+        assert!(api.requests(&http::Method::PUT).is_empty());
+        // An unmarked write (the elector's own Lease write) is not the gate's business.
+        api.client().send(request(http::Method::PUT)).await.expect("unmarked writes pass");
+        assert_eq!(api.requests(&http::Method::PUT).len(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_write_counts_as_in_flight_until_answered_even_if_its_caller_gives_up() {
+        let (answer, answered) = tokio::sync::oneshot::channel::<()>();
+        let answered = Arc::new(tokio::sync::Mutex::new(Some(answered)));
+        let api = tower::service_fn(move |_: http::Request<kube::client::Body>| {
+            let answered = Arc::clone(&answered);
+            async move {
+                let wait = answered.lock().await.take().expect("one request");
+                let _ = wait.await;
+                Ok::<_, tower::BoxError>(http::Response::new(kube::client::Body::empty()))
+            }
+        });
+        let leadership = Leadership::new("a_1".into(), "ns/metahook".into());
+        leadership.open_until(Instant::now() + Duration::from_secs(10));
+        let client = gated(
+            Client::new(tower::ServiceBuilder::new().layer(WriteGateLayer).service(api), "default"),
+            leadership.clone(),
+        );
+        let caller = tokio::spawn(async move { client.send(request(http::Method::POST)).await });
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert_eq!(in_flight(&leadership), 1);
+        // The caller is dropped (a controller stopped mid-write); the request may be on the wire still.
+        caller.abort();
+        assert!(caller.await.unwrap_err().is_cancelled());
+        assert!(!leadership.writes_landed_by(Instant::now() + Duration::from_secs(1)).await);
+        assert_eq!(in_flight(&leadership), 1, "a write given up by its caller is still in flight");
+        answer.send(()).unwrap();
+        assert!(leadership.writes_landed_by(Instant::now() + Duration::from_secs(1)).await);
+        assert_eq!(in_flight(&leadership), 0);
+    }
+
+    fn fast_election() -> LeaderElection {
+        LeaderElection {
+            enabled: true,
+            lease_duration: Duration::from_secs(6),
+            renew_deadline: Duration::from_secs(4),
+            retry_period: Duration::from_secs(1),
+            ..LeaderElection::default()
+        }
+    }
+
+    /// An elector that holds the Lease `ns/metahook` (as after a renewal just now), on `api`.
+    fn holding_elector(api: &FakeApi) -> Elector {
+        let mut elector = Elector::new(api.client(), "ns", fast_election(), "a_1".into());
+        let lease = Lease {
+            metadata: ObjectMeta {
+                name: Some("metahook".into()),
+                resource_version: Some("7".into()),
+                ..ObjectMeta::default()
+            },
+            spec: Some(elector.record(None)),
+        };
+        elector.observe(&lease);
+        elector.leadership.open_until(Instant::now() + elector.settings.renew_deadline);
+        elector
+    }
+
+    fn lease_holder(body: &[u8]) -> Option<String> {
+        let lease: Lease = serde_json::from_slice(body).expect("a Lease");
+        lease.spec.and_then(|spec| spec.holder_identity)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn release_closes_the_gate_then_waits_for_the_write_in_flight_before_clearing_the_holder() {
+        let api = FakeApi::default();
+        let mut elector = holding_elector(&api);
+        let leadership = elector.leadership().clone();
+        let write = leadership.admit_write().expect("the leader writes");
+        let started = Instant::now();
+        let release = tokio::spawn(async move { elector.release().await });
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(leadership.admit_write().is_err(), "no write is let through once the release began");
+        assert!(api.requests(&http::Method::PUT).is_empty(), "the holder is cleared only after the write landed");
+        drop(write);
+        release.await.unwrap();
+        let released = api.requests(&http::Method::PUT);
+        assert_eq!(released.len(), 1, "released once: {released:?}");
+        assert_eq!(released[0].0, "/apis/coordination.k8s.io/v1/namespaces/ns/leases/metahook");
+        assert_eq!(lease_holder(&released[0].1), None, "the holder is cleared");
+        assert_eq!(started.elapsed(), Duration::from_secs(1), "released as soon as the write landed");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn release_leaves_the_lease_to_expire_when_a_write_outlasts_the_renew_deadline() {
+        let api = FakeApi::default();
+        let mut elector = holding_elector(&api);
+        let leadership = elector.leadership().clone();
+        let _write = leadership.admit_write().expect("the leader writes");
+        let started = Instant::now();
+        elector.release().await;
+        assert_eq!(started.elapsed(), Duration::from_secs(4), "waited until the gate would have closed by itself");
+        assert!(api.requests(&http::Method::PUT).is_empty(), "a Lease with a write still in flight is not released");
+        assert!(!leadership.may_write());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn release_with_no_write_in_flight_does_not_wait() {
+        let api = FakeApi::default();
+        let mut elector = holding_elector(&api);
+        let started = Instant::now();
+        elector.release().await;
+        assert_eq!(started.elapsed(), Duration::ZERO);
+        let released = api.requests(&http::Method::PUT);
+        assert_eq!(released.len(), 1);
+        assert_eq!(lease_holder(&released[0].1), None);
     }
 
     #[test]

@@ -174,7 +174,8 @@ pub async fn run_until(client: Client, config: Config, cancel: CancellationToken
 
 /// Terms of leadership, one after the other: acquire the Lease, run the controllers with a client whose
 /// writes stop at the renew deadline, and stop them when the term is lost. On `cancel` the controllers
-/// stop first and the Lease is released after, so a standby takes over at once.
+/// stop first and the Lease is released after, once their writes still on the wire have been answered
+/// (`Elector::release`), so a standby takes over at once and never beside one of our writes.
 async fn run_elected(client: Client, config: Config, cancel: CancellationToken) {
     let settings = config.leader_election.clone();
     let namespace = crate::leader::namespace(&settings, &client);
