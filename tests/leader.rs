@@ -34,19 +34,51 @@ const PARENTS: usize = 12;
 const CHILDREN_PER_PARENT: usize = 3;
 
 /// Three ConfigMaps per parent carrying its `spec.version`; slow enough (0.1 s a call, one worker) that a
-/// rollout takes a few seconds and a kill lands in the middle of it.
+/// rollout takes a few seconds and a kill lands in the middle of it. Preceded by the settings [`hook`]
+/// writes: a sync of the parent and version `HOLD` names is held open until the file `RELEASE` exists,
+/// and each answered call of that parent is recorded (a line `name version`) in the file `ANSWERED`.
 const HOOK: &str = r#"
+import os
 import time
 
 def sync(req):
     time.sleep(0.1)
     parent = req["parent"]
     name, version = parent["metadata"]["name"], parent["spec"]["version"]
+    if HOLD is not None and name == HOLD[0]:
+        while version == HOLD[1] and not os.path.exists(RELEASE):
+            time.sleep(0.05)
+        with open(ANSWERED, "a") as log:
+            log.write("%s %s\n" % (name, version))
     children = [{"apiVersion": "v1", "kind": "ConfigMap",
                  "metadata": {"name": "%s-%d" % (name, i)}, "data": {"version": version}}
                 for i in range(3)]
     return {"status": {"version": version}, "children": children}
 "#;
+
+/// A sync call the hook holds open: that of `parent` at `version`, until the file `release` exists.
+struct Hold<'a> {
+    parent: &'a str,
+    version: &'a str,
+    release: &'a std::path::Path,
+    answered: &'a std::path::Path,
+}
+
+/// The source of [`HOOK`], holding the call `hold` names if any.
+fn hook(hold: Option<&Hold<'_>>) -> String {
+    let path = |p: &std::path::Path| format!("{:?}", p.to_str().expect("a UTF-8 path"));
+    let settings = hold.map_or_else(
+        || "HOLD = None\n".to_owned(),
+        |h| {
+            let (release, answered) = (path(h.release), path(h.answered));
+            format!("HOLD = ({:?}, {:?})\nRELEASE = {release}\nANSWERED = {answered}\n", h.parent, h.version)
+        },
+    );
+    format!("{settings}{HOOK}")
+}
+
+/// The parent whose v2 sync the paused-leader test holds open, so that the pause lands mid-sync.
+const HELD_PARENT: &str = "p6";
 
 struct Replica {
     name: &'static str,
@@ -76,11 +108,15 @@ struct Setup {
 
 impl Setup {
     async fn new(test: &str) -> Self {
+        Self::with_hook(test, &hook(None)).await
+    }
+
+    async fn with_hook(test: &str, hook: &str) -> Self {
         let client = support::client().await;
         support::install_metahook_crds(&client).await;
         support::install_crds(&client, include_str!("fixtures/test-crds.yaml")).await;
         let ns = TestNamespace::create(&client, test).await;
-        let hook = HookServer::start(HOOK).await;
+        let hook = HookServer::start(hook).await;
         let label = ns.name.clone();
         let setup = Self { client, ns, label, hook, dir: tempfile::tempdir().unwrap() };
         std::fs::write(setup.config_path(), setup.config()).unwrap();
@@ -92,7 +128,9 @@ impl Setup {
                 "parentResource": {"apiVersion": "test.metahook.dev/v1", "resource": "things",
                                    "labelSelector": {"matchLabels": {"metahook-test": setup.label}}},
                 "childResources": [{"apiVersion": "v1", "resource": "configmaps", "updateStrategy": {"method": "InPlace"}}],
-                "hooks": {"sync": {"webhook": {"url": setup.hook.url("/sync")}}},
+                // Long enough that a call a test holds open (the paused leader's) is still open when the
+                // test lets it go; the hook answers in 0.1 s otherwise.
+                "hooks": {"sync": {"webhook": {"url": setup.hook.url("/sync"), "timeout": "60s"}}},
             },
         }))
         .await;
@@ -239,6 +277,12 @@ impl Audit {
         self.writes.lock().unwrap().iter().filter(|(_, v)| v == version).count()
     }
 
+    /// Writes of `parent`'s children (`<parent>-<i>`) at `version`.
+    fn written_of(&self, parent: &str, version: &str) -> usize {
+        let prefix = format!("{parent}-");
+        self.writes.lock().unwrap().iter().filter(|(name, v)| name.starts_with(&prefix) && v == version).count()
+    }
+
     /// Writes beyond one per child (each child must go to the new version exactly once).
     fn finish(self) -> (usize, BTreeMap<String, Vec<String>>) {
         self.task.abort();
@@ -375,21 +419,57 @@ async fn a_terminated_leader_releases_the_lease_and_the_standby_takes_over_at_on
 
 /// A leader frozen (SIGSTOP: a long GC-like pause, or a partition) loses the Lease; when it wakes up its
 /// renew deadline is long past, so its client refuses every write, even of a sync it was in the middle of.
+///
+/// The pause lands mid-sync by construction: the hook holds hub-a's v2 call for [`HELD_PARENT`] open,
+/// and hub-a is stopped while that call is open and none of that parent's children is written. The
+/// call is then let go, so the frozen hub-a has its answer waiting when it wakes (after hub-b rolled
+/// the children on to v3): its writes of v2 would revert them, unless the gate refuses them. Whether
+/// the woken hub-a first notices its deadline (and stops the sync) or first tries those writes (and is
+/// refused) is up to its scheduler; either way nothing may be written, and the figures say which.
 #[tokio::test]
 async fn a_paused_leader_writes_nothing_after_it_wakes_up() {
-    let setup = Setup::new("leader_pause").await;
+    let held = tempfile::tempdir().unwrap();
+    let (release, answered) = (held.path().join("release"), held.path().join("answered"));
+    let hold = Hold { parent: HELD_PARENT, version: "v2", release: &release, answered: &answered };
+    let setup = Setup::with_hook("leader_pause", &hook(Some(&hold))).await;
+    let calls_of_held = || {
+        let requests = setup.hook.requests("/sync");
+        let held = |r: &&serde_json::Value| {
+            r["parent"]["metadata"]["name"] == HELD_PARENT && r["parent"]["spec"]["version"] == "v2"
+        };
+        requests.iter().filter(held).count()
+    };
+    let answers_of_held = || {
+        std::fs::read_to_string(&answered)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| *l == format!("{HELD_PARENT} v2"))
+            .count()
+    };
     setup.parents("v1").await;
     let mut replicas = two_replicas(&setup).await;
     setup.wait_all_at("v1").await;
-    // Freeze hub-a in the middle of rolling out v2.
+    // Roll out v2 and freeze hub-a in the held sync.
     let audit = Audit::start(setup.config_maps().await).await;
     setup.parents("v2").await;
-    eventually(WAIT, || async { (audit.written("v2") >= 3).then_some(()) }).await;
+    eventually(WAIT, || async { (calls_of_held() > 0).then_some(()) }).await;
+    assert_eq!(setup.holder().await.as_deref(), Some("hub-a"), "the held call is the leader's");
     let paused = replicas.remove(0);
     paused.signal("STOP");
     let stopped = Instant::now();
+    let (calls_at_pause, answers_at_pause) = (calls_of_held(), answers_of_held());
+    let (held_children_at_pause, done_at_pause) = (audit.written_of(HELD_PARENT, "v2"), audit.written("v2"));
+    let total = PARENTS * CHILDREN_PER_PARENT;
+    assert_eq!(
+        (calls_at_pause, answers_at_pause),
+        (1, 0),
+        "hub-a must be paused with its hook call for {HELD_PARENT} at v2 open (calls, answers)"
+    );
+    assert_eq!(held_children_at_pause, 0, "hub-a must be paused before writing {HELD_PARENT}'s children at v2");
     setup.wait_for_holder("hub-b", WAIT).await;
     let takeover = stopped.elapsed();
+    // Let the held calls go: hub-b's, and the frozen hub-a's, whose answer waits in its socket.
+    std::fs::write(&release, "").unwrap();
     setup.wait_all_at("v2").await;
     // Move on to v3 under hub-b; hub-a's frozen sync still holds v2.
     setup.parents("v3").await;
@@ -401,8 +481,11 @@ async fn a_paused_leader_writes_nothing_after_it_wakes_up() {
     let reverted: usize =
         by_child.values().map(|w| w.windows(2).filter(|p| p[0] == "v3" && p[1] != "v3").count()).sum();
     let writes: usize = by_child.values().map(Vec::len).sum();
+    let refused = setup.log("hub-a").matches("write refused").count();
     println!(
-        "SIGSTOP: hub-b took over {:.2} s after hub-a froze; {writes} child writes for v2+v3; after SIGCONT reverted={reverted}",
+        "SIGSTOP: hub-a froze with its hook call for {HELD_PARENT} open ({done_at_pause}/{total} children at v2); \
+         hub-b took over {:.2} s after; {writes} child writes for v2+v3; after SIGCONT reverted={reverted}, \
+         hub-a logged {refused} refused writes (none: its sync was stopped first)",
         takeover.as_secs_f64()
     );
     assert_eq!(reverted, 0, "the woken hub wrote stale children: {by_child:?}");
