@@ -60,7 +60,8 @@ fn assert_nowhere(secrets: &[&str], events: &str) {
 
 /// The certificates `tests/hooks/make_pki.sh` makes: a CA, a second CA nobody uses, a client CA; server
 /// certificates for 127.0.0.1 and for `greeter.hooks` only, signed by the CA; a client certificate
-/// signed by the client CA.
+/// signed by the client CA, and an X.509 v1 one (`v1-client`, CN `metacontroller`) signed by it as
+/// Metacontroller's `webhook-auth` example signs its own.
 struct Pki {
     dir: tempfile::TempDir,
 }
@@ -118,7 +119,7 @@ impl Hook {
         format!("{scheme}://127.0.0.1:{}/sync", self.port)
     }
 
-    /// The requests answered so far: `{path, status, ifNoneMatch, clientCert}`.
+    /// The requests answered so far: `{path, status, ifNoneMatch, clientCert, clientCertSubject}`.
     fn requests(&self) -> Vec<Value> {
         std::fs::read_to_string(&self.log)
             .unwrap_or_default()
@@ -300,6 +301,35 @@ async fn mutual_tls_hook_accepts_the_client_certificate_and_refuses_a_hub_withou
     let key = pki.pem("client.key");
     let key_body = key.lines().nth(1).unwrap();
     assert_nowhere(&[key_body], &t.events().await);
+    t.finish().await;
+}
+
+#[tokio::test]
+async fn mutual_tls_works_with_an_x509_v1_client_certificate_as_openssl_x509_req_makes_it() {
+    let pki = Pki::new();
+    let text = std::process::Command::new("openssl")
+        .args(["x509", "-noout", "-text", "-in", &pki.path("v1-client.crt")])
+        .output()
+        .expect("running openssl");
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(text.contains("Version: 1 (0x0)") && !text.contains("X509v3"), "not a v1 certificate:\n{text}");
+    let tls =
+        json!({"cert": pki.path("server.crt"), "key": pki.path("server.key"), "client_ca": pki.path("client-ca.crt")});
+    let hook = Hook::start(json!({"tls": tls})).await;
+    let t = Setup::new("v1-client-cert", config()).await;
+    t.secret("client-cert", &[("tls.crt", &pki.pem("v1-client.crt")), ("tls.key", &pki.pem("v1-client.key"))]).await;
+    let webhook = json!({"url": hook.url("https"), "caBundle": {"inline": pki.pem("ca.crt")},
+                         "clientTLS": {"secretRef": {"name": "client-cert", "namespace": t.ns.name}}});
+    t.controller("v1", webhook, json!({})).await;
+    t.thing("one", "v1", "hello").await;
+
+    t.wait_greeting("one", "hello").await;
+    let requests = hook.requests();
+    assert!(
+        !requests.is_empty() && requests.iter().all(|r| r["clientCertSubject"] == "metacontroller"),
+        "the hook saw the v1 certificate on every call: {requests:?}"
+    );
+    assert!(warnings_for(&t.client, &t.ns.name, "one").await.is_empty());
     t.finish().await;
 }
 

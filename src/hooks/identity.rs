@@ -12,6 +12,7 @@ use http::HeaderValue;
 use rustls::RootCertStore;
 use rustls::pki_types::pem::PemObject as _;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::sign::{CertifiedKey, SingleCertAndKey};
 
 /// Roots from PEM text: every `CERTIFICATE` block, at least one, all of them valid.
 pub fn roots_from_pem(pem: &[u8]) -> Result<RootCertStore, String> {
@@ -41,50 +42,116 @@ pub fn system_roots() -> Arc<RootCertStore> {
     }))
 }
 
-/// A client certificate chain and its private key, from PEM.
-pub struct ClientCert {
-    chain: Vec<CertificateDer<'static>>,
-    key: PrivateKeyDer<'static>,
-}
+/// A client certificate chain with its private key, ready to present.
+///
+/// The hub presents this certificate; it does not validate it — the hook's server does. So the chain
+/// is checked only for what the hub itself needs: PEM that parses, a key the crypto provider can sign
+/// with, and a first certificate whose public key is the key's. rustls's own check
+/// (`with_client_auth_cert`) parses the certificate with webpki, which reads X.509 v3 only and so
+/// refuses a v1 certificate (`UnsupportedCertVersion`) — the kind `openssl x509 -req` without
+/// `-extfile` makes, and Go's `tls.X509KeyPair` (Metacontroller) accepts.
+#[derive(Clone)]
+pub struct ClientCert(Arc<CertifiedKey>);
 
 impl fmt::Debug for ClientCert {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ClientCert").field("chain", &self.chain.len()).finish_non_exhaustive()
+        f.debug_struct("ClientCert").field("chain", &self.0.cert.len()).finish_non_exhaustive()
     }
 }
 
-impl Clone for ClientCert {
-    fn clone(&self) -> Self {
-        Self { chain: self.chain.clone(), key: self.key.clone_key() }
-    }
-}
-
-/// Parses a certificate chain (`cert_pem`) and private key (`key_pem`). Errors say which one is wrong.
+/// Parses a certificate chain (`cert_pem`) and private key (`key_pem`) and checks that they belong
+/// together. Errors say which one is wrong, never what it holds.
 pub fn client_cert(cert_pem: &[u8], key_pem: &[u8]) -> Result<ClientCert, (&'static str, String)> {
     let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert_pem)
         .collect::<Result<_, _>>()
         .map_err(|e| ("certificate", format!("not PEM: {e}")))?;
-    if chain.is_empty() {
+    let Some(end_entity) = chain.first() else {
         return Err(("certificate", "no PEM certificates found".to_owned()));
-    }
+    };
+    let cert_key =
+        subject_public_key_info(end_entity).ok_or_else(|| ("certificate", "not an X.509 certificate".to_owned()))?;
     let key =
         PrivateKeyDer::from_pem_slice(key_pem).map_err(|e| ("private key", format!("not a PEM private key: {e}")))?;
-    Ok(ClientCert { chain, key })
+    let key = provider()
+        .key_provider
+        .load_private_key(key)
+        .map_err(|e| ("private key", format!("not a usable private key: {e}")))?;
+    // A key whose public half the provider cannot say is left to the handshake, as rustls does.
+    if key.public_key().is_some_and(|spki| spki.as_ref() != cert_key) {
+        return Err(("private key", "does not match the certificate's public key".to_owned()));
+    }
+    Ok(ClientCert(Arc::new(CertifiedKey::new(chain, key))))
 }
 
-/// A rustls client configuration trusting `roots`, presenting `client` if given.
+/// The `SubjectPublicKeyInfo` (whole, tag and length included) of a DER X.509 certificate of any
+/// version: v1 certificates simply lack the `[0]` version field and the extensions.
+fn subject_public_key_info(cert: &[u8]) -> Option<&[u8]> {
+    const SEQUENCE: u8 = 0x30;
+    const INTEGER: u8 = 0x02;
+    const VERSION: u8 = 0xa0; // [0] EXPLICIT, constructed
+    let certificate = Der::read(cert, SEQUENCE)?;
+    let tbs = Der::read(certificate.contents, SEQUENCE)?;
+    let mut rest = tbs.contents;
+    if let Some(version) = Der::read(rest, VERSION) {
+        rest = version.rest;
+    }
+    // serialNumber, signature, issuer, validity, subject.
+    for tag in [INTEGER, SEQUENCE, SEQUENCE, SEQUENCE, SEQUENCE] {
+        rest = Der::read(rest, tag)?.rest;
+    }
+    Some(Der::read(rest, SEQUENCE)?.whole)
+}
+
+/// One DER element at the start of some input.
+struct Der<'a> {
+    /// Tag, length and contents.
+    whole: &'a [u8],
+    contents: &'a [u8],
+    /// The input after this element.
+    rest: &'a [u8],
+}
+
+impl<'a> Der<'a> {
+    /// The element at the start of `input` if it has tag `tag` (single-byte tags only: all that an
+    /// X.509 certificate's outer structure uses) and a definite length that fits the input.
+    fn read(input: &'a [u8], tag: u8) -> Option<Self> {
+        let (&found, after_tag) = input.split_first()?;
+        if found != tag {
+            return None;
+        }
+        let (&first, mut after) = after_tag.split_first()?;
+        let len = if first < 0x80 {
+            usize::from(first)
+        } else {
+            let count = usize::from(first & 0x7f);
+            if count == 0 || count > 4 {
+                return None; // indefinite (not DER), or longer than any certificate
+            }
+            let (bytes, after_len) = after.split_at_checked(count)?;
+            after = after_len;
+            bytes.iter().fold(0, |len, &b| (len << 8) | usize::from(b))
+        };
+        let (contents, rest) = after.split_at_checked(len)?;
+        let header = input.len() - after.len();
+        Some(Self { whole: &input[..header + len], contents, rest })
+    }
+}
+
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// A rustls client configuration trusting `roots`, presenting `client` if given. The hook's server
+/// certificate is verified against `roots` by webpki as usual.
 pub fn tls_config(roots: Arc<RootCertStore>, client: Option<ClientCert>) -> Result<rustls::ClientConfig, String> {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let builder = rustls::ClientConfig::builder_with_provider(provider)
+    let builder = rustls::ClientConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
         .map_err(|e| e.to_string())?
         .with_root_certificates(roots);
-    match client {
-        Some(ClientCert { chain, key }) => {
-            builder.with_client_auth_cert(chain, key).map_err(|e| format!("client certificate and key: {e}"))
-        }
-        None => Ok(builder.with_no_client_auth()),
-    }
+    Ok(match client {
+        Some(ClientCert(certified)) => builder.with_client_cert_resolver(Arc::new(SingleCertAndKey::from(certified))),
+        None => builder.with_no_client_auth(),
+    })
 }
 
 /// A value for the `Authorization` header. Marked sensitive (HTTP libraries then never print it) and
@@ -181,6 +248,95 @@ mod tests {
     fn header_values_with_control_characters_are_refused_without_quoting_them() {
         let err = AuthHeader::scheme("Bearer", b"abc\ndef-secret").unwrap_err();
         assert!(!err.contains("secret"), "{err}");
+    }
+
+    /// Runs openssl in `dir`.
+    fn openssl(dir: &std::path::Path, args: &[&str]) -> String {
+        let out = std::process::Command::new("openssl").args(args).current_dir(dir).output().expect("running openssl");
+        assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// A CA, and a client key and certificate signed by it exactly as Metacontroller's `webhook-auth`
+    /// example signs its client certificate: `openssl x509 -req` without `-extfile`, which OpenSSL 3.0
+    /// makes an X.509 v1 certificate. `newkey` is `openssl req -newkey`'s argument.
+    fn v1_client(dir: &std::path::Path, newkey: &[&str]) -> (Vec<u8>, Vec<u8>) {
+        let req = |extra: &[&str]| openssl(dir, &[&["req", "-newkey"], newkey, &["-nodes"], extra].concat());
+        req(&["-x509", "-keyout", "ca.key", "-out", "ca.crt", "-days", "2", "-subj", "/CN=test-ca"]);
+        req(&["-keyout", "client.key", "-out", "client.csr", "-subj", "/CN=metacontroller"]);
+        openssl(
+            dir,
+            &[
+                "x509",
+                "-req",
+                "-in",
+                "client.csr",
+                "-CA",
+                "ca.crt",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-out",
+                "client.crt",
+                "-days",
+                "2",
+            ],
+        );
+        let text = openssl(dir, &["x509", "-in", "client.crt", "-noout", "-text"]);
+        assert!(text.contains("Version: 1 (0x0)") && !text.contains("X509v3"), "not a v1 certificate:\n{text}");
+        (std::fs::read(dir.join("client.crt")).unwrap(), std::fs::read(dir.join("client.key")).unwrap())
+    }
+
+    #[test]
+    fn an_x509_v1_client_certificate_is_presented_as_go_would() {
+        for newkey in [&["ec", "-pkeyopt", "ec_paramgen_curve:P-256"][..], &["rsa:2048"]] {
+            let dir = tempfile::tempdir().unwrap();
+            let (cert, key) = v1_client(dir.path(), newkey);
+            let client = client_cert(&cert, &key).unwrap_or_else(|e| panic!("{newkey:?}: {e:?}"));
+            let roots = Arc::new(roots_from_pem(&std::fs::read(dir.path().join("ca.crt")).unwrap()).unwrap());
+            let config = tls_config(roots, Some(client)).unwrap();
+            assert!(config.client_auth_cert_resolver.has_certs(), "{newkey:?}");
+        }
+    }
+
+    #[test]
+    fn a_private_key_that_is_not_the_certificates_is_refused_without_quoting_either() {
+        let dir = tempfile::tempdir().unwrap();
+        let (cert, _) = v1_client(dir.path(), &["ec", "-pkeyopt", "ec_paramgen_curve:P-256"]);
+        let other = std::fs::read(dir.path().join("ca.key")).unwrap();
+        let (part, reason) = client_cert(&cert, &other).unwrap_err();
+        assert_eq!((part, reason.as_str()), ("private key", "does not match the certificate's public key"));
+        let (part, _) =
+            client_cert(&cert, b"-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n").unwrap_err();
+        assert_eq!(part, "private key");
+    }
+
+    #[test]
+    fn the_public_key_is_found_in_v1_and_v3_certificates_and_in_no_truncated_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let (v1, _) = v1_client(dir.path(), &["ec", "-pkeyopt", "ec_paramgen_curve:P-256"]);
+        let v3 = std::fs::read(dir.path().join("ca.crt")).unwrap();
+        for pem in [v1, v3] {
+            let der = CertificateDer::from_pem_slice(&pem).unwrap();
+            let spki = subject_public_key_info(&der).unwrap();
+            assert_eq!(spki.first(), Some(&0x30));
+            for len in 0..der.len() {
+                assert_eq!(subject_public_key_info(&der[..len]), None, "a certificate cut to {len} bytes");
+            }
+        }
+        let (part, reason) =
+            client_cert(b"-----BEGIN CERTIFICATE-----\nMAA=\n-----END CERTIFICATE-----\n", b"").unwrap_err();
+        assert_eq!((part, reason.as_str()), ("certificate", "not an X.509 certificate"));
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn any_bytes_are_read_without_panicking(bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..300)) {
+            let _ = subject_public_key_info(&bytes);
+            let mut framed = vec![0x30, 0x82, 0x01, 0x00];
+            framed.extend_from_slice(&bytes);
+            let _ = subject_public_key_info(&framed);
+        }
     }
 
     #[test]

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Test certificates for the hook-transport tests and benchmark, made in the current directory:
 # ca, wrong-ca (signs nothing) and client-ca; server (127.0.0.1, localhost) and greeter (greeter.hooks
-# only), signed by ca; client, signed by client-ca. EC P-256, valid two days. Never committed.
+# only), signed by ca; client, signed by client-ca; v1-client, signed by client-ca the way Metacontroller's
+# webhook-auth example signs its client certificate. EC P-256, valid two days. Never committed.
 set -euo pipefail
 key() { openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$1.key"; }
 ca() {
@@ -20,3 +21,8 @@ ca ca; ca wrong-ca; ca client-ca
 leaf server ca "IP:127.0.0.1,DNS:localhost" serverAuth
 leaf greeter ca "DNS:greeter.hooks" serverAuth
 leaf client client-ca "DNS:metahook-client" clientAuth
+# `openssl x509 -req` without -extfile: OpenSSL 3.0 makes an X.509 v1 certificate, no extensions at all.
+openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -keyout v1-client.key -out v1-client.csr -nodes \
+  -subj "/CN=metacontroller"
+openssl x509 -req -in v1-client.csr -CA client-ca.crt -CAkey client-ca.key -CAcreateserial -out v1-client.crt \
+  -days 2

@@ -10,7 +10,8 @@ CONFIG keys (all optional):
   auth:  {"bearer_file": file}  expect "Authorization: Bearer <file contents>", re-read on every call
          so a test can rotate the token; {"basic": {"username": u, "password": p}}
   etag:  true  answer with an ETag (a digest of the parent's spec) and 304 to a matching If-None-Match
-  log:   file  one JSON line per request: path, status, ifNoneMatch, clientCert
+  log:   file  one JSON line per request: path, status, ifNoneMatch, clientCert, clientCertSubject (the
+         client certificate's CN)
   nagle: true  leave Nagle's algorithm on, as http.server does by default (only the benchmark sets it,
          to show what that costs on kept-alive connections)
 
@@ -93,8 +94,9 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(data)
         if CONFIG.get("log"):
             cert = self.request.getpeercert() if isinstance(self.request, ssl.SSLSocket) else None
+            subject = dict(rdn[0] for rdn in cert["subject"]) if cert else {}
             entry = {"path": self.path, "status": code, "ifNoneMatch": self.headers.get("If-None-Match"),
-                     "clientCert": bool(cert)}
+                     "clientCert": bool(cert), "clientCertSubject": subject.get("commonName")}
             with open(CONFIG["log"], "a", encoding="utf-8") as log:
                 log.write(json.dumps(entry) + "\n")
 
