@@ -16,7 +16,7 @@ use serde_json::Value;
 
 use super::credentials::{CredentialError, Sensitive, Watched};
 use super::etag::{EtagCache, RootKey};
-use super::identity::AuthHeader;
+use super::identity::{self, AuthHeader, REDACTED};
 use super::metrics::HookLabels;
 use super::pool::{HttpClient, IdentityError, Part, TlsIdentity};
 use super::settings::{self, AuthSource, CaSource, Settings, SettingsError};
@@ -190,8 +190,7 @@ impl Endpoint {
             return serde_json::from_slice(&body).map_err(|source| HookError::Decode { url: url(), source });
         }
         if status != 200 {
-            let text: String = String::from_utf8_lossy(&bytes).chars().take(QUOTED_BODY).collect();
-            let body = auth.as_ref().map_or_else(|| text.clone(), |a| a.scrub(&text));
+            let body = quoted_body(&bytes, &auth);
             return Err(HookError::Status { url: url(), code: status, body });
         }
         let value = serde_json::from_slice(&bytes).map_err(|source| HookError::Decode { url: url(), source })?;
@@ -289,6 +288,26 @@ impl Endpoint {
     }
 }
 
+/// A non-200 body as quoted in an error: the credentials sent scrubbed from the whole body first, then
+/// cut to [`QUOTED_BODY`] characters. Cutting first could split a secret at the cut, so that it no
+/// longer matches and its first part is quoted; the cut keeps whole characters and drops a
+/// [`REDACTED`] marker it would split.
+fn quoted_body<'a>(bytes: &[u8], sent: impl IntoIterator<Item = &'a AuthHeader>) -> String {
+    let scrubbed = identity::scrub(sent, &String::from_utf8_lossy(bytes));
+    cut(&scrubbed, QUOTED_BODY).to_owned()
+}
+
+/// The first `max_chars` characters of `text`, less a [`REDACTED`] marker the cut would split.
+fn cut(text: &str, max_chars: usize) -> &str {
+    let Some((end, _)) = text.char_indices().nth(max_chars) else {
+        return text;
+    };
+    // The marker is ASCII: one that straddles `end` starts less than its length before it.
+    let split_marker = (end.saturating_sub(REDACTED.len() - 1)..end)
+        .find(|&start| text.is_char_boundary(start) && text[start..].starts_with(REDACTED));
+    &text[..split_marker.unwrap_or(end)]
+}
+
 fn invalid(what: &'static str, source: &Watched, key: &str, reason: String) -> CredentialError {
     CredentialError::Invalid { what, object: source.object().clone(), key: key.to_owned(), reason }
 }
@@ -332,4 +351,63 @@ async fn read_limited(
         }
     }
     Ok(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    const TOKEN: &str = "s3cr3t-token-0123456789";
+
+    fn bearer() -> AuthHeader {
+        AuthHeader::scheme("Bearer", TOKEN.as_bytes()).unwrap()
+    }
+
+    #[test]
+    fn a_secret_straddling_the_quoting_limit_is_scrubbed_not_half_quoted() {
+        // Cut first, the body would end in "s3cr" and the scrub would no longer match the token.
+        let body = format!("{}{TOKEN} and more", "a".repeat(QUOTED_BODY - 4));
+        let quoted = quoted_body(body.as_bytes(), [&bearer()]);
+        assert_eq!(quoted, "a".repeat(QUOTED_BODY - 4), "the split marker is left out whole");
+        let body = format!("{}{TOKEN} and more", "a".repeat(QUOTED_BODY - 20));
+        let quoted = quoted_body(body.as_bytes(), [&bearer()]);
+        assert_eq!(quoted, format!("{}<redacted> and more", "a".repeat(QUOTED_BODY - 20)));
+    }
+
+    #[test]
+    fn the_cut_counts_characters_keeps_whole_ones_and_never_splits_a_marker() {
+        assert_eq!(cut("héllo", 2), "hé");
+        assert_eq!(cut("short", 10), "short");
+        assert_eq!(cut("ab<redacted>cd", 12), "ab<redacted>", "a marker ending at the cut stays");
+        for max in 3..12 {
+            assert_eq!(cut("ab<redacted>cd", max), "ab", "cut at {max}");
+        }
+        assert_eq!(cut("éé<redacted>", 5), "éé");
+        let long = "é".repeat(QUOTED_BODY * 2);
+        assert_eq!(quoted_body(long.as_bytes(), []).chars().count(), QUOTED_BODY);
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+        /// Wherever the secret sits relative to the limit, no character of it is quoted: the filler
+        /// around it is drawn from characters the secret does not have (some of them multi-byte).
+        #[test]
+        fn no_part_of_a_secret_is_ever_quoted(
+            before in "[é· ]{0,1100}",
+            after in "[é· ]{0,40}",
+            secret in "[a-z0-9]{4,40}",
+            copies in 1_usize..3,
+        ) {
+            let header = AuthHeader::scheme("Bearer", secret.as_bytes()).unwrap();
+            let body = format!("{before}{}{after}", secret.repeat(copies));
+            let quoted = quoted_body(body.as_bytes(), [&header]);
+            prop_assert!(quoted.chars().count() <= QUOTED_BODY);
+            prop_assert!(body.starts_with(quoted.split(REDACTED).next().unwrap()));
+            let rest = quoted.replace(REDACTED, "");
+            prop_assert!(!rest.chars().any(|c| c.is_ascii_alphanumeric()), "{quoted}");
+        }
+    }
 }

@@ -211,11 +211,53 @@ impl AuthHeader {
         &self.value
     }
 
-    /// `text` with every secret part of this header replaced by `<redacted>`.
+    /// `text` with every secret part of this header replaced by [`REDACTED`].
     #[must_use]
     pub fn scrub(&self, text: &str) -> String {
-        self.secrets.iter().fold(text.to_owned(), |text, secret| text.replace(secret.as_str(), "<redacted>"))
+        scrub([self], text)
     }
+}
+
+/// What a scrubbed secret reads as.
+pub const REDACTED: &str = "<redacted>";
+
+/// `text` with every occurrence of a secret part of any of `headers` replaced by [`REDACTED`].
+///
+/// All occurrences are found in the original text first and overlapping ones merged, so that no
+/// replacement can break another secret's match and leave a piece of it behind (the password inside
+/// an echoed `user:password`, a token that ends where another begins, `aaaa` in `aaaaa`).
+#[must_use]
+pub fn scrub<'a>(headers: impl IntoIterator<Item = &'a AuthHeader>, text: &str) -> String {
+    let mut spans: Vec<(usize, usize)> = Vec::new();
+    for secret in headers.into_iter().flat_map(|h| &h.secrets) {
+        let mut from = 0;
+        while let Some(at) = text[from..].find(secret.as_str()) {
+            let start = from + at;
+            spans.push((start, start + secret.len()));
+            // The next occurrence may overlap this one: search again from the next character.
+            from = start + text[start..].chars().next().map_or(1, char::len_utf8);
+        }
+    }
+    if spans.is_empty() {
+        return text.to_owned();
+    }
+    spans.sort_unstable();
+    let mut scrubbed = String::with_capacity(text.len());
+    let mut copied = 0; // text[..copied] is done
+    let mut spans = spans.into_iter().peekable();
+    while let Some((start, mut end)) = spans.next() {
+        while let Some(&(next_start, next_end)) = spans.peek()
+            && next_start <= end
+        {
+            end = end.max(next_end);
+            spans.next();
+        }
+        scrubbed.push_str(&text[copied..start]);
+        scrubbed.push_str(REDACTED);
+        copied = end;
+    }
+    scrubbed.push_str(&text[copied..]);
+    scrubbed
 }
 
 #[cfg(test)]

@@ -12,6 +12,8 @@ CONFIG keys (all optional):
   etag:  true  answer with an ETag (a digest of the parent's spec) and 304 to a matching If-None-Match
   log:   file  one JSON line per request: path, status, ifNoneMatch, clientCert, clientCertSubject (the
          client certificate's CN)
+  pad:   n  put n characters before the 401 body's quote of the Authorization header, to place the
+         credentials where the hub cuts what it quotes of a body
   nagle: true  leave Nagle's algorithm on, as http.server does by default (only the benchmark sets it,
          to show what that costs on kept-alive connections)
 
@@ -70,7 +72,8 @@ class Handler(BaseHTTPRequestHandler):
         expected = expected_authorization()
         received = self.headers.get("Authorization")
         if expected is not None and received != expected:
-            self.reply(401, f"bad credentials: {received}", {"Content-Type": "text/plain"})
+            pad = "x" * CONFIG.get("pad", 0)
+            self.reply(401, f"{pad}bad credentials: {received}", {"Content-Type": "text/plain"})
             return
         headers = {"Content-Type": "application/json"}
         if CONFIG.get("etag"):
