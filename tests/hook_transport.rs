@@ -388,6 +388,51 @@ async fn basic_auth_is_built_from_the_secret_and_a_colon_in_the_username_is_refu
 }
 
 #[tokio::test]
+async fn url_userinfo_is_sent_as_basic_auth_unless_the_hook_sets_a_header_and_never_shows() {
+    let (user, password, wrong) = ("hook-user", "p@ss-w0rd-5e1f", "wr0ng-pa55-77c2");
+    let basic = json!({"basic": {"username": user, "password": password}});
+    let hook = Hook::start(json!({"auth": basic})).await;
+    let metrics_port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let config = metahook::config::Config { metrics_address: format!("127.0.0.1:{metrics_port}"), ..config() };
+    let t = Setup::new("url-userinfo", config).await;
+    // Percent-encoded as a URL must carry an '@'; Go decodes it before building the header.
+    let with_userinfo = |userinfo: &str| format!("http://{userinfo}@127.0.0.1:{}/sync", hook.port);
+    let right_url = with_userinfo(&format!("{user}:p%40ss-w0rd-5e1f"));
+    let wrong_url = with_userinfo(&format!("{user}:{wrong}"));
+    t.secret("creds", &[("username", user), ("password", password)]).await;
+    t.controller("url", json!({"url": right_url}), json!({})).await;
+    t.controller("wrong", json!({"url": wrong_url}), json!({})).await;
+    // Go sets the header from the URL only when the request has none: basicAuth wins.
+    let basic_auth = json!({"secretRef": {"name": "creds", "namespace": t.ns.name}});
+    t.controller("header-wins", json!({"url": wrong_url, "basicAuth": basic_auth}), json!({})).await;
+    for id in ["url", "wrong", "header-wins"] {
+        t.thing(id, id, "hello").await;
+    }
+
+    t.wait_greeting("url", "hello").await;
+    t.wait_greeting("header-wins", "hello").await;
+    let error = t.sync_error("wrong").await;
+    assert!(error.contains(&format!("hook {} answered", hook.url("http"))), "the URL without userinfo: {error}");
+    assert!(error.contains("bad credentials: Basic <redacted>"), "the hook's echo is scrubbed: {error}");
+    assert_eq!(t.greeting("wrong").await, None);
+
+    let metrics = eventually(WAIT, || async {
+        let text = reqwest::get(format!("http://127.0.0.1:{metrics_port}/metrics")).await.ok()?.text().await.ok()?;
+        text.contains("code=\"401\"").then_some(text)
+    })
+    .await;
+    assert!(metrics.contains(&format!("controller=\"{}-url\",hook=\"sync\",code=\"200\"", t.label)), "{metrics}");
+    let encode = |pair: String| base64::engine::general_purpose::STANDARD.encode(pair);
+    let (right_b64, wrong_b64) = (encode(format!("{user}:{password}")), encode(format!("{user}:{wrong}")));
+    let secrets = [password, "p%40ss-w0rd-5e1f", wrong, &right_b64, &wrong_b64];
+    for secret in secrets.iter().chain([&user]) {
+        assert!(!metrics.contains(secret), "a credential appears in the metrics: {metrics}");
+    }
+    assert_nowhere(&secrets, &t.events().await);
+    t.finish().await;
+}
+
+#[tokio::test]
 async fn credentials_where_the_hub_cuts_a_quoted_body_are_scrubbed_before_the_cut() {
     let dir = tempfile::tempdir().unwrap();
     let token_file = dir.path().join("token");

@@ -1,6 +1,10 @@
 //! One hook of one controller, ready to call: its URL, timeout and decoding mode, the live sources of
 //! its TLS identity and `Authorization` header, its ETag cache and its metric labels.
 //!
+//! A URL with `user:password@` is called as Go's HTTP client (and so Metacontroller) calls it: the
+//! userinfo becomes `Authorization: Basic ...` unless the hook's settings supply an `Authorization`
+//! header, and it is never part of the URL dialled, nor of any error, Event or log line.
+//!
 //! Built when the controller starts (bad settings are refused then); credentials are read at call time
 //! from the watched Secrets and `ConfigMap`s, so a rotation applies to the next call. The HTTP client is
 //! looked up again only when the TLS material it was built from has changed.
@@ -49,6 +53,9 @@ struct Inner {
     ca: Option<Ca>,
     client_cert: Option<ClientCertSource>,
     auth: Option<Auth>,
+    /// Basic auth from the URL's userinfo: sent only when `auth` is `None`, as Go sets the header from
+    /// the URL only when the request has none.
+    url_auth: Option<AuthHeader>,
     etag: Option<EtagCache>,
     /// The client for the TLS material last used, with the versions of the objects it was read from.
     client: Mutex<Option<(Vec<u64>, Arc<HttpClient>)>>,
@@ -80,7 +87,8 @@ impl Endpoint {
         labels: HookLabels,
     ) -> Result<Self, SettingsError> {
         let at = format!("hooks.{}.webhook", labels.hook);
-        let uri = settings::hook_uri(&at, &hook.webhook)?;
+        let settings::HookUrl { uri, userinfo } = settings::hook_url(&at, &hook.webhook)?;
+        let url_auth = userinfo.map(|u| AuthHeader::url_userinfo(&u.username, u.password.expose()));
         let Settings { ca, client_cert, auth } = settings::resolve(&at, &hook.webhook, &uri, endpoint_configs)?;
         let credentials = &shared.credentials;
         let ca = ca.map(|ca| match ca {
@@ -112,13 +120,14 @@ impl Endpoint {
             ca,
             client_cert,
             auth,
+            url_auth,
             etag: EtagCache::new(hook.webhook.etag.as_ref()),
             client: Mutex::default(),
             shared,
         })))
     }
 
-    /// The URL called (the `service` form spelled out).
+    /// The URL called (the `service` form spelled out), without userinfo.
     #[must_use]
     pub fn url(&self) -> &str {
         &self.0.url
@@ -166,7 +175,7 @@ impl Endpoint {
         let mut request = Request::post(inner.uri.clone())
             .header(header::CONTENT_TYPE, "application/json")
             .header(header::USER_AGENT, USER_AGENT);
-        if let Some(auth) = &auth {
+        if let Some(auth) = auth.as_ref().or(inner.url_auth.as_ref()) {
             request = request.header(header::AUTHORIZATION, auth.value().clone());
         }
         if let Some((_, _, Some(tag))) = &cached {
@@ -190,7 +199,7 @@ impl Endpoint {
             return serde_json::from_slice(&body).map_err(|source| HookError::Decode { url: url(), source });
         }
         if status != 200 {
-            let body = quoted_body(&bytes, &auth);
+            let body = quoted_body(&bytes, auth.iter().chain(&inner.url_auth));
             return Err(HookError::Status { url: url(), code: status, body });
         }
         let value = serde_json::from_slice(&bytes).map_err(|source| HookError::Decode { url: url(), source })?;
@@ -387,6 +396,16 @@ mod tests {
         assert_eq!(cut("éé<redacted>", 5), "éé");
         let long = "é".repeat(QUOTED_BODY * 2);
         assert_eq!(quoted_body(long.as_bytes(), []).chars().count(), QUOTED_BODY);
+    }
+
+    #[test]
+    fn url_userinfo_and_header_credentials_are_both_scrubbed() {
+        let from_url = AuthHeader::url_userinfo(b"user", b"p@ss-w0rd");
+        let encoded = base64::Engine::encode(&base64::engine::general_purpose::STANDARD, "user:p@ss-w0rd");
+        assert_eq!(from_url.value().to_str().unwrap(), format!("Basic {encoded}"));
+        let body = format!("got Bearer {TOKEN}; expected Basic {encoded} (user:p@ss-w0rd)");
+        let quoted = quoted_body(body.as_bytes(), [&bearer(), &from_url]);
+        assert_eq!(quoted, "got Bearer <redacted>; expected Basic <redacted> (user:<redacted>)");
     }
 
     proptest! {

@@ -188,13 +188,24 @@ impl AuthHeader {
         if username.contains(&b':') {
             return Err("the username must not contain ':'".to_owned());
         }
+        Ok(Self::basic_pair(username, password))
+    }
+
+    /// `Basic base64(username:password)` from a hook URL's `user:password@`, taken as they are: Go's
+    /// HTTP client (and so Metacontroller) sends exactly that, without trimming or refusing anything.
+    #[must_use]
+    pub fn url_userinfo(username: &[u8], password: &[u8]) -> Self {
+        Self::basic_pair(username, password)
+    }
+
+    fn basic_pair(username: &[u8], password: &[u8]) -> Self {
         let mut pair = Vec::with_capacity(username.len() + 1 + password.len());
         pair.extend_from_slice(username);
         pair.push(b':');
         pair.extend_from_slice(password);
         let encoded = base64::engine::general_purpose::STANDARD.encode(&pair);
         let secrets = vec![String::from_utf8_lossy(password).into_owned(), encoded.clone()];
-        Self::new(format!("Basic {encoded}").as_bytes(), secrets)
+        Self::new(format!("Basic {encoded}").as_bytes(), secrets).expect("base64 is a valid header value")
     }
 
     fn new(bytes: &[u8], secrets: Vec<String>) -> Result<Self, String> {

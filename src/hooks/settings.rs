@@ -9,7 +9,7 @@
 use http::Uri;
 
 use super::authority::{Authority, default_port};
-use super::credentials::{ObjectKind, ObjectRef};
+use super::credentials::{ObjectKind, ObjectRef, Sensitive};
 use crate::api::{Authorization, BasicAuth, CaBundle, ClientTls, EndpointConfig, Webhook};
 
 /// Default key of a CA bundle in a Secret or `ConfigMap`.
@@ -78,11 +78,34 @@ pub enum SettingsError {
     InlineCa { at: String, reason: String },
 }
 
+/// A hook URL's `user:password@` part, percent-decoded as Go's `url.Parse` does. Go's HTTP client
+/// sends it as basic auth, and so does the hub; it is never part of the URL dialled or printed.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Userinfo {
+    pub username: Vec<u8>,
+    /// Empty when the URL has none (`http://user@host/`): Go then sends `user:`.
+    pub password: Sensitive,
+}
+
+impl std::fmt::Debug for Userinfo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Userinfo(<redacted>)")
+    }
+}
+
+/// Where a hook is called: its URL without userinfo, and the userinfo it had.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HookUrl {
+    pub uri: Uri,
+    pub userinfo: Option<Userinfo>,
+}
+
 /// The URL a hook is called at: `url`, or `<protocol>://<name>.<namespace>:<port><path>` for the
 /// `service` form (port 80 and `http` by default), which must be `http` or `https` with a host.
-pub fn hook_uri(at: &str, webhook: &Webhook) -> Result<Uri, SettingsError> {
+/// Userinfo is taken out of the URL (errors print the URL without it, too).
+pub fn hook_url(at: &str, webhook: &Webhook) -> Result<HookUrl, SettingsError> {
     let url = webhook.resolved_url().ok_or_else(|| SettingsError::NoUrl { at: at.to_owned() })?;
-    let bad = |reason: String| SettingsError::BadUrl { at: at.to_owned(), url: url.clone(), reason };
+    let bad = |reason: String| SettingsError::BadUrl { at: at.to_owned(), url: without_userinfo(&url), reason };
     let uri: Uri = url.parse().map_err(|e: http::uri::InvalidUri| bad(e.to_string()))?;
     match uri.scheme_str() {
         Some(s) if default_port(s).is_some() => {}
@@ -91,7 +114,55 @@ pub fn hook_uri(at: &str, webhook: &Webhook) -> Result<Uri, SettingsError> {
     if uri.host().is_none_or(str::is_empty) {
         return Err(bad("no host".into()));
     }
-    Ok(uri)
+    // `http` leaves the port unchecked: in `http://user:pa/ss@h/` the password would pass for one.
+    let authority = uri.authority().map_or("", |a| a.as_str());
+    let host_port = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    if let Some((_, port)) = host_port.rsplit_once(':').filter(|(_, p)| !p.ends_with(']'))
+        && !port.is_empty()
+        && port.parse::<u16>().is_err()
+    {
+        return Err(bad("the port must be a number up to 65535".into()));
+    }
+    let Some((userinfo, host_port)) = uri.authority().and_then(|a| a.as_str().rsplit_once('@')) else {
+        return Ok(HookUrl { uri, userinfo: None });
+    };
+    // Go splits at the first ':', so the password may hold more of them.
+    let (username, password) = userinfo.split_once(':').unwrap_or((userinfo, ""));
+    let decode =
+        |part: &str| percent_decode(part).ok_or_else(|| bad("invalid percent-encoding in the userinfo".into()));
+    let userinfo = Userinfo { username: decode(username)?, password: Sensitive::new(decode(password)?) };
+    let authority = host_port.parse().map_err(|e: http::uri::InvalidUri| bad(e.to_string()))?;
+    let mut parts = uri.into_parts();
+    parts.authority = Some(authority);
+    let uri = Uri::from_parts(parts).map_err(|e| bad(e.to_string()))?;
+    Ok(HookUrl { uri, userinfo: Some(userinfo) })
+}
+
+/// `url` with everything between `://` and the last `@` taken out, for error messages about a URL
+/// that may not even parse. Cutting at the last `@` of the whole text over-redacts a URL with `@` in
+/// its path, which only costs a less precise message; cutting at the first `/` would print a password
+/// that holds a `/`.
+fn without_userinfo(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme_end), Some(at)) if at > scheme_end => format!("{}://{}", &url[..scheme_end], &url[at + 1..]),
+        _ => url.to_owned(),
+    }
+}
+
+/// `%XX` escapes decoded; `None` for a `%` not followed by two hex digits (Go refuses those too).
+fn percent_decode(text: &str) -> Option<Vec<u8>> {
+    let mut bytes = text.bytes();
+    let mut decoded = Vec::with_capacity(text.len());
+    while let Some(b) = bytes.next() {
+        if b == b'%' {
+            let hex = |d: Option<u8>| char::from(d?).to_digit(16);
+            let (high, low) = (hex(bytes.next())?, hex(bytes.next())?);
+            decoded.push(u8::try_from(high * 16 + low).ok()?);
+        } else {
+            decoded.push(b);
+        }
+    }
+    Some(decoded)
 }
 
 /// The settings that apply to `webhook` (called at `uri`), following Metacontroller's resolution.
@@ -212,8 +283,8 @@ mod tests {
 
     fn settings(hook: serde_json::Value, endpoint_configs: &[EndpointConfig]) -> Result<Settings, SettingsError> {
         let hook = webhook(hook);
-        let uri = hook_uri("hooks.sync.webhook", &hook)?;
-        resolve("hooks.sync.webhook", &hook, &uri, endpoint_configs)
+        let url = hook_url("hooks.sync.webhook", &hook)?;
+        resolve("hooks.sync.webhook", &hook, &url.uri, endpoint_configs)
     }
 
     const TOKEN: &str = r#"{"secretRef": {"name": "t", "namespace": "ops", "key": "token"}}"#;
@@ -225,25 +296,66 @@ mod tests {
     #[test]
     fn service_form_defaults_to_http_on_port_80() {
         let uri =
-            hook_uri("h", &webhook(json!({"service": {"name": "greeter", "namespace": "hooks"}, "path": "/sync"})))
-                .unwrap();
+            hook_url("h", &webhook(json!({"service": {"name": "greeter", "namespace": "hooks"}, "path": "/sync"})))
+                .unwrap()
+                .uri;
         assert_eq!(uri.to_string(), "http://greeter.hooks:80/sync");
-        let uri = hook_uri(
+        let uri = hook_url(
             "h",
             &webhook(
                 json!({"service": {"name": "g", "namespace": "n", "port": 8443, "protocol": "https"}, "path": "/s"}),
             ),
         )
-        .unwrap();
+        .unwrap()
+        .uri;
         assert_eq!(uri.to_string(), "https://g.n:8443/s");
     }
 
     #[test]
     fn urls_must_be_http_or_https_with_a_host() {
-        assert!(matches!(hook_uri("h", &webhook(json!({"path": "/s"}))), Err(SettingsError::NoUrl { .. })));
-        let err = hook_uri("h", &webhook(json!({"url": "ftp://x/s"}))).unwrap_err();
+        assert!(matches!(hook_url("h", &webhook(json!({"path": "/s"}))), Err(SettingsError::NoUrl { .. })));
+        let err = hook_url("h", &webhook(json!({"url": "ftp://x/s"}))).unwrap_err();
         assert!(err.to_string().contains("http or https"), "{err}");
-        assert!(hook_uri("h", &webhook(json!({"url": "/relative"}))).is_err());
+        assert!(hook_url("h", &webhook(json!({"url": "/relative"}))).is_err());
+        let err = hook_url("h", &webhook(json!({"url": "http://h:http/s"}))).unwrap_err();
+        assert!(err.to_string().contains("the port must be a number"), "{err}");
+        for url in ["http://[::1]/s", "http://[::1]:8080/s", "http://h:/s"] {
+            assert!(hook_url("h", &webhook(json!({"url": url}))).is_ok(), "{url}");
+        }
+    }
+
+    fn userinfo_of(url: &str) -> (String, Option<(String, String)>) {
+        let HookUrl { uri, userinfo } = hook_url("h", &webhook(json!({"url": url}))).unwrap();
+        let text = |b: &[u8]| String::from_utf8(b.to_vec()).unwrap();
+        (uri.to_string(), userinfo.map(|u| (text(&u.username), text(u.password.expose()))))
+    }
+
+    #[test]
+    fn userinfo_is_taken_out_of_the_url_and_percent_decoded_as_go_does() {
+        let pair = |u: &str, p: &str| Some((u.to_owned(), p.to_owned()));
+        assert_eq!(
+            userinfo_of("http://user:p%40ss@127.0.0.1:8080/sync?x=1"),
+            ("http://127.0.0.1:8080/sync?x=1".to_owned(), pair("user", "p@ss"))
+        );
+        // Go splits user from password at the first ':' and the host off at the last '@'.
+        assert_eq!(userinfo_of("https://a:b:c@d@h/s"), ("https://h/s".to_owned(), pair("a", "b:c@d")));
+        assert_eq!(userinfo_of("http://us%3Aer@h:81/s"), ("http://h:81/s".to_owned(), pair("us:er", "")));
+        assert_eq!(userinfo_of("http://:pw@h/s"), ("http://h/s".to_owned(), pair("", "pw")));
+        assert_eq!(userinfo_of("http://h/s"), ("http://h/s".to_owned(), None));
+        let url = hook_url("h", &webhook(json!({"url": "http://user:hunter2@h/s"}))).unwrap();
+        assert!(!format!("{url:?}").contains("hunter2"), "{url:?}");
+    }
+
+    #[test]
+    fn a_bad_url_is_reported_without_its_userinfo() {
+        for url in ["http://alice:s3cret%zz@h/s", "http://alice:s3cret/x@h:1/s", "ftp://alice:s3cret@h/s"] {
+            let err = hook_url("h", &webhook(json!({"url": url}))).unwrap_err();
+            assert!(matches!(err, SettingsError::BadUrl { .. }), "{err}");
+            let message = err.to_string();
+            assert!(!message.contains("s3cret") && !message.contains("alice"), "{message}");
+        }
+        assert_eq!(without_userinfo("http://h/a@b"), "http://b", "over-redacts rather than risk a leak");
+        assert_eq!(without_userinfo("not a url"), "not a url");
     }
 
     #[test]
