@@ -48,14 +48,16 @@ const LAST_APPLIED: &str = "metacontroller.k8s.io/last-applied-configuration";
 /// named `metacontroller`. The API server records a create or update without `fieldManager` under the
 /// part before the first `/`.
 async fn metacontroller_client() -> Client {
+    client_named("metacontroller/v0.0.0 (linux/amd64) kubernetes/$Format").await
+}
+
+/// A client whose writes without `fieldManager` are recorded under the first part of `user_agent`.
+async fn client_named(user_agent: &'static str) -> Client {
     let kubeconfig = Kubeconfig::read_from(support::kubeconfig_path()).expect("reading .cluster/kubeconfig");
     let mut config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
         .await
         .expect("loading .cluster/kubeconfig");
-    config.headers.push((
-        http::header::USER_AGENT,
-        http::HeaderValue::from_static("metacontroller/v0.0.0 (linux/amd64) kubernetes/$Format"),
-    ));
+    config.headers.push((http::header::USER_AGENT, http::HeaderValue::from_static(user_agent)));
     Client::try_from(config).expect("building client")
 }
 
@@ -493,5 +495,50 @@ async fn dry_run_lists_what_a_switch_would_change_and_writes_nothing() {
     assert!(!report.contains("ssa: ownership moves from metacontroller/Apply to metahook;"), "{report}");
     let after = versions(config_maps.list(&ListParams::default()).await.unwrap().items);
     assert_eq!(before, after, "a dry run writes nothing");
+    w.finish("CompositeController").await;
+}
+
+/// A child Metacontroller wrote under another binary name (so another field manager, which the hub is
+/// not told to take over from) carries only Metacontroller's last-applied annotation as its trace. The
+/// preview says it takes the child over (removes the annotation), and the engine then does just that.
+#[tokio::test]
+async fn the_engine_takes_over_what_the_preview_says_it_will() {
+    let mut w = World::new("migrate-agree", CHILDREN).await;
+    w.stop_hub().await;
+    let parent = w.thing("p", json!({"selector": {"matchLabels": {"app": "mig"}}, "keys": ["keep"]})).await;
+    let renamed = Api::namespaced_with(
+        client_named("mc-fork/v0.0.0 (linux/amd64) kubernetes/$Format").await,
+        &w.ns.name,
+        &kube::core::ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&()),
+    );
+    let created = create_like_dynamic_apply(&renamed, &child("created", &["keep"]), &parent).await;
+    assert!(managers(&created).contains(&"mc-fork/Update".to_owned()), "{:?}", managers(&created));
+    w.composite("InPlace").await;
+
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("metahook.yaml");
+    std::fs::write(&config, format!("targetLabelSelector: \"metahook-test={}\"\n", w.label)).unwrap();
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_metahook"))
+        .args(["migrate", "--dry-run", "--config"])
+        .arg(&config)
+        .arg("--kubeconfig")
+        .arg(support::kubeconfig_path())
+        .output()
+        .await
+        .unwrap();
+    let report = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{report}\n{}", String::from_utf8_lossy(&out.stderr));
+    let line = format!("ConfigMap {}/created", w.ns.name);
+    let said = report.lines().find(|l| l.contains(&line)).unwrap_or_else(|| panic!("{line} not listed:\n{report}"));
+    assert!(said.contains("the last-applied annotation is removed"), "{said}");
+
+    w.hub = Some(support::Hub::start(&w.client, &w.label));
+    let config_maps = w.config_maps().await;
+    let taken = eventually(WAIT, || async {
+        let obj = config_maps.get("created").await.ok()?;
+        (!obj.annotations().contains_key(LAST_APPLIED)).then_some(obj)
+    })
+    .await;
+    assert_eq!(taken.metadata.uid, created.metadata.uid, "taken over, not re-created");
     w.finish("CompositeController").await;
 }
