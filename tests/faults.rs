@@ -831,8 +831,9 @@ async fn the_create_precondition_holds_on_this_api_server() {
 
 /// A child deleted by someone else (the garbage collector, a user) while the hub deletes it too: the
 /// hub's delete reports that it deleted nothing, so the other deletion's watch event is not taken for the
-/// echo of the hub's own write (a learned echo is not synced, and the parent would wait for its next
-/// resync to see its child gone). The replaced-child case: same name, new UID, left alone.
+/// echo of the hub's own write (under `sync-on-own-writes: "false"` an echo is not synced, and the parent
+/// would wait for its next resync to see its child gone). The replaced-child case: same name, new UID,
+/// left alone.
 #[tokio::test]
 async fn a_delete_that_finds_the_child_gone_or_replaced_claims_nothing() {
     let _api = API_SERVER.read().await;

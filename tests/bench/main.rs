@@ -9,6 +9,8 @@
 //! - `raw+watch`: the same, with the watches a controller needs open (the parent type and the child type,
 //!   cluster-wide);
 //! - `metahook`: the hub as its own process (the binary of this build, or `HUB_BIN`);
+//! - `metahook parent-only`: the same hub with the controller annotated `metahook.dev/sync-on-own-writes:
+//!   "false"` (the workload's hook answers from the parent alone), to show what that opt-in saves;
 //! - `baseline`, only with `BASELINE_BIN=<another build of the hub>`: the same as `metahook` with that
 //!   binary, so a change is measured before and after in one run, against the same raw figures.
 //!
@@ -118,8 +120,12 @@ struct Phase {
     /// GETs of single parents or children (e.g. a controller's fresh reads).
     reads: u64,
     hook_calls: u64,
+    /// Requests identical to the previous one for the same parent, as the hook saw them: resyncs, and
+    /// any redundant call.
+    hook_identical: u64,
     /// The hub's own count of syncs that called the hook, by what queued them
-    /// (`metahook_hook_syncs_total`: change, echo, delay); empty for a build without it.
+    /// (`metahook_hook_syncs_total`: change, echo, delay, redundant), and of calls it left out
+    /// (`metahook_hook_calls_saved_total`, as `saved:<why>`); empty for a build without them.
     hook_syncs: BTreeMap<String, u64>,
     hub_cpu_s: f64,
     apiserver_cpu_s: f64,
@@ -176,7 +182,8 @@ async fn main() {
     // `SYSTEMS=metahook,baseline`: only those (e.g. to profile a hub); ratios to a system not run show "-".
     let only = std::env::var("SYSTEMS").ok().filter(|s| !s.is_empty());
     let chosen = |system: &System| only.as_ref().is_none_or(|o| o.split(',').any(|s| s.trim() == system.name()));
-    for system in [System::Raw, System::RawWatch, System::Metahook].into_iter().chain(baseline).filter(chosen) {
+    let systems = [System::Raw, System::RawWatch, System::Metahook, System::ParentOnly];
+    for system in systems.into_iter().chain(baseline).filter(chosen) {
         let figures = run_system(&client, &settings, &hook, system).await;
         eprintln!("[bench] {} done: backlog {:.2}s", figures.name, figures.backlog.seconds);
         results.push(figures);
@@ -202,6 +209,8 @@ enum System {
     Raw,
     RawWatch,
     Metahook,
+    /// The hub, its controller annotated `metahook.dev/sync-on-own-writes: "false"`.
+    ParentOnly,
     Baseline,
 }
 
@@ -211,6 +220,7 @@ impl System {
             Self::Raw => "raw",
             Self::RawWatch => "raw+watch",
             Self::Metahook => "metahook",
+            Self::ParentOnly => "parent-only",
             Self::Baseline => "baseline",
         }
     }
@@ -219,8 +229,16 @@ impl System {
     fn hub_bin(self, settings: &Settings) -> Option<&Path> {
         match self {
             Self::Raw | Self::RawWatch => None,
-            Self::Metahook => Some(&settings.hub_bin),
+            Self::Metahook | Self::ParentOnly => Some(&settings.hub_bin),
             Self::Baseline => settings.baseline_bin.as_deref(),
+        }
+    }
+
+    /// The controller's annotations.
+    fn annotations(self) -> Value {
+        match self {
+            Self::ParentOnly => json!({"metahook.dev/sync-on-own-writes": "false"}),
+            _ => json!({}),
         }
     }
 }
@@ -251,7 +269,7 @@ async fn run_system(client: &Client, settings: &Settings, hook: &Hook, system: S
     let timeline = tracker.sample("1", settings.n);
     match system.hub_bin(settings) {
         Some(bin) => {
-            world.controller(&label, hook.port).await;
+            world.controller(&label, hook.port, &system.annotations()).await;
             let process = HubRun::start(bin, &label);
             hub_pid = Some(process.handle());
             hub = Some(process);
@@ -261,7 +279,7 @@ async fn run_system(client: &Client, settings: &Settings, hook: &Hook, system: S
     tracker.wait("1", settings.n).await;
     figures.backlog = meter.stop(client, hook, hub_pid).await;
     figures.timeline = timeline.finish();
-    if system == System::Metahook {
+    if matches!(system, System::Metahook | System::ParentOnly) {
         // The hub says what queued each sync that called the hook: every parent's first is a change.
         let changes = figures.backlog.hook_syncs.get("change").copied().unwrap_or(0);
         assert!(
@@ -376,7 +394,7 @@ async fn mem_mode(client: &Client, settings: &Settings, hook: &Hook, out: &Path,
     eprintln!("[bench] creating {} parents", settings.n);
     world.create_parents("1").await;
     let tracker = Convergence::start(client, &ns.name).await;
-    world.controller(&label, hook.port).await;
+    world.controller(&label, hook.port, &json!({})).await;
     let started = Instant::now();
     let hub = HubRun::start(hub_bin, &label);
     tracker.wait("1", settings.n).await;
@@ -466,11 +484,11 @@ impl Bench {
             .await;
     }
 
-    async fn controller(&self, label: &str, hook_port: u16) {
+    async fn controller(&self, label: &str, hook_port: u16, annotations: &Value) {
         support::apply_value(
             &self.client,
             &json!({"apiVersion": "metacontroller.k8s.io/v1alpha1", "kind": "CompositeController",
-                "metadata": {"name": label, "labels": {"metahook-test": label}},
+                "metadata": {"name": label, "labels": {"metahook-test": label}, "annotations": annotations},
                 "spec": {"generateSelector": true, "resyncPeriodSeconds": self.resync_s,
                     "parentResource": {"apiVersion": "bench.metahook.dev/v1", "resource": "benchthings",
                                        "labelSelector": {"matchLabels": {"bench": self.ns}}},
@@ -686,6 +704,7 @@ struct Meter {
     started: Instant,
     requests: BTreeMap<String, u64>,
     hook_calls: u64,
+    hook_identical: u64,
     hook_syncs: BTreeMap<String, u64>,
     hub_cpu: f64,
     apiserver_cpu: f64,
@@ -697,6 +716,7 @@ impl Meter {
             started: Instant::now(),
             requests: api_requests(client).await,
             hook_calls: hook.calls().await,
+            hook_identical: hook.identical().await,
             hook_syncs: match hub {
                 Some(h) => hook_syncs(h.metrics_port).await,
                 None => BTreeMap::new(),
@@ -717,6 +737,7 @@ impl Meter {
             writes: delta("writes"),
             reads: delta("reads"),
             hook_calls: hook.calls().await - self.hook_calls,
+            hook_identical: hook.identical().await - self.hook_identical,
             hook_syncs: match hub {
                 Some(h) => hook_syncs(h.metrics_port)
                     .await
@@ -734,7 +755,8 @@ impl Meter {
     }
 }
 
-/// `metahook_hook_syncs_total` by cause, from a hub's `/metrics` (empty if it has no such metric).
+/// `metahook_hook_syncs_total` by cause, and `metahook_hook_calls_saved_total` by why (as `saved:<why>`),
+/// from a hub's `/metrics` (empty if it has no such metrics).
 async fn hook_syncs(port: u16) -> BTreeMap<String, u64> {
     let url = format!("http://127.0.0.1:{port}/metrics");
     let text = match reqwest::get(&url).await {
@@ -742,10 +764,16 @@ async fn hook_syncs(port: u16) -> BTreeMap<String, u64> {
         Err(_) => String::new(),
     };
     let mut totals = BTreeMap::new();
-    for line in text.lines().filter(|l| l.starts_with("metahook_hook_syncs_total{")) {
-        let Some((labels, value)) = line.rsplit_once(' ') else { continue };
-        let Some(cause) = labels.split("cause=\"").nth(1).and_then(|rest| rest.split('"').next()) else { continue };
-        *totals.entry(cause.to_owned()).or_insert(0) += value.parse::<f64>().unwrap_or(0.0) as u64;
+    for (family, label, prefix) in
+        [("metahook_hook_syncs_total{", "cause", ""), ("metahook_hook_calls_saved_total{", "why", "saved:")]
+    {
+        for line in text.lines().filter(|l| l.starts_with(family)) {
+            let Some((labels, value)) = line.rsplit_once(' ') else { continue };
+            let Some(name) = labels.split(&format!("{label}=\"")).nth(1).and_then(|rest| rest.split('"').next()) else {
+                continue;
+            };
+            *totals.entry(format!("{prefix}{name}")).or_insert(0) += value.parse::<f64>().unwrap_or(0.0) as u64;
+        }
     }
     totals
 }
@@ -921,6 +949,11 @@ impl Hook {
         self.get("/stats").await["calls"].as_u64().unwrap_or(0)
     }
 
+    /// Requests identical to the previous one for their parent (see `hook.mjs`).
+    async fn identical(&self) -> u64 {
+        self.get("/stats").await["identical"].as_u64().unwrap_or(0)
+    }
+
     /// When (unix ms) the hook got its `n`-th call, if it has had that many.
     async fn call_at(&self, n: u64) -> Option<f64> {
         self.get(&format!("/call?n={n}")).await["at"].as_f64()
@@ -945,7 +978,7 @@ fn table(settings: &Settings, results: &[SystemFigures]) -> String {
     let find = |name: &str| results.iter().find(|r| r.name == name).cloned();
     let (raw, watch) = (find("raw").unwrap_or_default(), find("raw+watch").unwrap_or_default());
     // The hubs, each with its ratios to both raw systems: metahook, and the baseline build when set.
-    let hubs: Vec<SystemFigures> = ["metahook", "baseline"].into_iter().filter_map(find).collect();
+    let hubs: Vec<SystemFigures> = ["metahook", "parent-only", "baseline"].into_iter().filter_map(find).collect();
     let n = settings.n as f64;
     let ratio = |a: f64, b: f64| if b > 0.0 { format!("{:.2}", a / b) } else { "-".into() };
     let names: Vec<&str> = hubs.iter().map(|h| h.name.as_str()).collect();
@@ -997,10 +1030,31 @@ fn table(settings: &Settings, results: &[SystemFigures]) -> String {
             return "-".to_owned();
         }
         let per_parent = |cause: &str| phase.hook_syncs.get(cause).copied().unwrap_or(0) as f64 / n;
-        format!("{:.2} / {:.2} / {:.2}", per_parent("change"), per_parent("echo"), per_parent("delay"))
+        format!(
+            "{:.2} / {:.2} / {:.2} / {:.2}",
+            per_parent("change"),
+            per_parent("echo"),
+            per_parent("delay"),
+            per_parent("redundant")
+        )
     };
-    out.push_str(&hub_row("hook syncs per parent by cause, change / echo / delay (backlog)", &|h| causes(&h.backlog)));
-    out.push_str(&hub_row("hook syncs per parent by cause, change / echo / delay (update)", &|h| causes(&h.update)));
+    let title = "hook calls per parent by cause, change / echo / resync / redundant";
+    out.push_str(&hub_row(&format!("{title} (backlog)"), &|h| causes(&h.backlog)));
+    out.push_str(&hub_row(&format!("{title} (update)"), &|h| causes(&h.update)));
+    // The hook's own count, beside the hub's: an identical request is a resync or a redundant call, so
+    // it can never exceed the hub's resync + redundant count without the hub misnaming its calls.
+    let identical = |phase: &Phase| {
+        let named = ["delay", "redundant"].iter().map(|c| phase.hook_syncs.get(*c).copied().unwrap_or(0)).sum::<u64>();
+        format!("{:.2} (hub: {:.2})", phase.hook_identical as f64 / n, named as f64 / n)
+    };
+    out.push_str(&hub_row(
+        "requests identical to the parent's last, per parent, at the hook (hub's resync + redundant), backlog",
+        &|h| identical(&h.backlog),
+    ));
+    out.push_str(&hub_row("hook calls left out per parent, identical request / own-write echo (backlog)", &|h| {
+        let saved = |why: &str| h.backlog.hook_syncs.get(&format!("saved:{why}")).copied().unwrap_or(0) as f64 / n;
+        format!("{:.2} / {:.2}", saved("identical_request"), saved("own_write"))
+    }));
     out.push_str(&hub_row(
         "restart, nothing changed: writes / time to quiet (s, median) / one LIST of everything (s, median of 3)",
         &|h| {
