@@ -59,8 +59,8 @@ bench: cluster-up ## fanout benchmark vs raw clients, then hook call overhead (r
 bench-hooks: ## hook client per-call overhead, with and without keep-alive, against a Python hook (prints figures)
 	cargo bench --locked --bench hooks
 
-crds: ## regenerate crds/ from src/api.rs, and deploy/'s copies of them
-	METAHOOK_UPDATE_CRDS=1 cargo test --lib crds::tests::checked_in_crds_match_the_rust_types
+crds: ## regenerate crds/ from src/api/, and deploy/'s copies of them
+	METAHOOK_UPDATE_CRDS=1 cargo test --lib tools::crds::tests::checked_in_crds_match_the_rust_types
 	bash deploy/sync.sh
 
 image: ## OCI image archive dist/metahook-image.tar from the release binary, offline (deploy/image/build.sh)

@@ -1,4 +1,4 @@
-//! The `metahook` binary: parses the command line and hands over to [`metahook::cli`].
+//! The `metahook` binary: parses the command line and hands over to [`metahook::tools::cli`].
 
 /// mimalloc instead of glibc's malloc: `perf` at idle with 3,000 parents resynced every 10 s put a
 /// third of the hub's CPU in glibc's allocator (`_int_malloc`, `malloc_consolidate`, `free`), for the
@@ -8,5 +8,5 @@
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> std::process::ExitCode {
-    metahook::cli::main()
+    metahook::tools::cli::main()
 }

@@ -13,7 +13,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use metahook::config::{Config, ConfigOverrides};
+use metahook::ops::config::{Config, ConfigOverrides};
 use serde_json::Value;
 
 fn kubeconfig() -> PathBuf {
@@ -169,7 +169,7 @@ async fn kustomization_and_chart_render_and_pass_server_side_dry_run() {
         .iter()
         .find(|o| o["kind"] == "ClusterRole" && o["metadata"]["name"] == "hub-cluster-admin-like")
         .expect("rbac.mode=cluster-admin-like ships a */*/* role");
-    assert_eq!(admin["metadata"]["labels"][metahook::rbac::AGGREGATE_LABEL], "true");
+    assert_eq!(admin["metadata"]["labels"][metahook::tools::rbac::AGGREGATE_LABEL], "true");
     assert_eq!(admin["rules"], serde_json::json!([{"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]}]));
     check_leader_election(&overrides, "helm overrides");
 }
@@ -191,8 +191,8 @@ fn check_leader_election(objs: &[Value], what: &str) {
         "{what}: POD_NAMESPACE from the downward API"
     );
     let role = one(objs, "Role");
-    let rules = serde_json::to_value(metahook::rbac::lease_rules(&lease)).unwrap();
-    assert_eq!(role["rules"], rules, "{what}: the Lease Role is what metahook::rbac::lease_rules says");
+    let rules = serde_json::to_value(metahook::tools::rbac::lease_rules(&lease)).unwrap();
+    assert_eq!(role["rules"], rules, "{what}: the Lease Role is what metahook::tools::rbac::lease_rules says");
     let binding = one(objs, "RoleBinding");
     assert_eq!(binding["roleRef"]["name"], role["metadata"]["name"], "{what}: RoleBinding");
     assert_eq!(binding["subjects"][0]["name"], pod["serviceAccountName"], "{what}: bound to the hub's ServiceAccount");
@@ -205,7 +205,7 @@ fn check_least_privilege(objs: &[Value], what: &str) {
     let hub =
         roles.iter().find(|r| r["metadata"]["name"] == binding["roleRef"]["name"]).expect("the bound ClusterRole");
     assert_eq!(
-        hub["aggregationRule"]["clusterRoleSelectors"][0]["matchLabels"][metahook::rbac::AGGREGATE_LABEL],
+        hub["aggregationRule"]["clusterRoleSelectors"][0]["matchLabels"][metahook::tools::rbac::AGGREGATE_LABEL],
         "true",
         "{what}: the hub's ClusterRole aggregates labelled roles"
     );
@@ -214,8 +214,8 @@ fn check_least_privilege(objs: &[Value], what: &str) {
         .iter()
         .find(|r| r["metadata"]["name"].as_str().is_some_and(|n| n.ends_with("-base")))
         .expect("the base role");
-    assert_eq!(base["metadata"]["labels"][metahook::rbac::AGGREGATE_LABEL], "true");
-    assert_eq!(base["rules"], serde_json::to_value(metahook::rbac::base_rules()).unwrap(), "{what}: base rules");
+    assert_eq!(base["metadata"]["labels"][metahook::tools::rbac::AGGREGATE_LABEL], "true");
+    assert_eq!(base["rules"], serde_json::to_value(metahook::tools::rbac::base_rules()).unwrap(), "{what}: base rules");
 }
 
 /// The Grafana dashboard in deploy/ queries only metrics the hub exports.
@@ -223,17 +223,17 @@ fn check_least_privilege(objs: &[Value], what: &str) {
 fn grafana_dashboard_queries_only_exported_metrics() {
     let path = support::repo_root().join("deploy/grafana/metahook.json");
     let dashboard: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-    let metrics = metahook::metrics::Metrics::default();
+    let metrics = metahook::engine::metrics::Metrics::default();
     let mut registry = prometheus_client::registry::Registry::default();
     metrics.register(&mut registry);
     // Families render once they have a sample.
     metrics
         .controller("CompositeController", "c")
-        .record(std::time::Duration::ZERO, metahook::metrics::Outcome::Success);
+        .record(std::time::Duration::ZERO, metahook::engine::metrics::Outcome::Success);
     let _queue = metrics.queue("CompositeController", "c");
     metrics.apply.record("Pod", "created");
-    let mut families = metahook::metrics::family_names(&registry);
-    families.extend(metahook::metrics::SCRAPE_TIME_FAMILIES.iter().map(|f| (*f).to_owned()));
+    let mut families = metahook::engine::metrics::family_names(&registry);
+    families.extend(metahook::engine::metrics::SCRAPE_TIME_FAMILIES.iter().map(|f| (*f).to_owned()));
     let mut queried = BTreeSet::new();
     for panel in dashboard["panels"].as_array().unwrap() {
         for target in panel["targets"].as_array().unwrap() {
@@ -267,5 +267,5 @@ fn chart_values_schema_knows_exactly_the_hub_config_keys() {
     let in_schema: BTreeSet<&str> = config["properties"].as_object().unwrap().keys().map(String::as_str).collect();
     let hub = serde_json::to_value(Config::default()).unwrap();
     let in_hub: BTreeSet<&str> = hub.as_object().unwrap().keys().map(String::as_str).collect();
-    assert_eq!(in_schema, in_hub, "deploy/helm/metahook/values.schema.json vs metahook::config::Config");
+    assert_eq!(in_schema, in_hub, "deploy/helm/metahook/values.schema.json vs metahook::ops::config::Config");
 }

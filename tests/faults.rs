@@ -840,12 +840,12 @@ async fn a_delete_that_finds_the_child_gone_or_replaced_claims_nothing() {
     let client = support::client().await;
     let ns = support::TestNamespace::create(&client, "delete-gone").await;
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns.name);
-    let resource = metahook::discovery::ResolvedResource {
+    let resource = metahook::cache::discovery::ResolvedResource {
         api_resource: kube::core::ApiResource::erase::<ConfigMap>(&()),
         namespaced: true,
         has_status: false,
     };
-    let applier = metahook::apply::Applier::new(client.clone(), "metahook".into());
+    let applier = metahook::write::apply::Applier::new(client.clone(), "metahook".into());
     let create = |name: &str| {
         serde_json::from_value::<ConfigMap>(json!({"metadata": {"name": name, "namespace": ns.name}})).unwrap()
     };

@@ -139,7 +139,7 @@ struct Setup {
 }
 
 impl Setup {
-    async fn new(test: &str, config: metahook::config::Config) -> Self {
+    async fn new(test: &str, config: metahook::ops::config::Config) -> Self {
         capture_logs();
         let client = support::client().await;
         support::install_metahook_crds(&client).await;
@@ -248,8 +248,8 @@ impl Setup {
     }
 }
 
-fn config() -> metahook::config::Config {
-    metahook::config::Config::default()
+fn config() -> metahook::ops::config::Config {
+    metahook::ops::config::Config::default()
 }
 
 #[tokio::test]
@@ -393,7 +393,7 @@ async fn url_userinfo_is_sent_as_basic_auth_unless_the_hook_sets_a_header_and_ne
     let basic = json!({"basic": {"username": user, "password": password}});
     let hook = Hook::start(json!({"auth": basic})).await;
     let metrics_port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let config = metahook::config::Config { metrics_address: format!("127.0.0.1:{metrics_port}"), ..config() };
+    let config = metahook::ops::config::Config { metrics_address: format!("127.0.0.1:{metrics_port}"), ..config() };
     let t = Setup::new("url-userinfo", config).await;
     // Percent-encoded as a URL must carry an '@'; Go decodes it before building the header.
     let with_userinfo = |userinfo: &str| format!("http://{userinfo}@127.0.0.1:{}/sync", hook.port);
@@ -531,7 +531,7 @@ async fn rotated_token_is_used_without_touching_the_controller() {
 async fn etag_304_reuses_the_cached_response_and_is_counted() {
     let hook = Hook::start(json!({"etag": true})).await;
     let metrics_port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let config = metahook::config::Config { metrics_address: format!("127.0.0.1:{metrics_port}"), ..config() };
+    let config = metahook::ops::config::Config { metrics_address: format!("127.0.0.1:{metrics_port}"), ..config() };
     let t = Setup::new("etag", config).await;
     let etag = json!({"enabled": true, "cacheTimeoutSeconds": 600, "cacheCleanupSeconds": 60});
     t.controller("cached", json!({"url": hook.url("http"), "etag": etag}), json!({"resyncPeriodSeconds": 1})).await;
@@ -574,7 +574,7 @@ async fn service_form_hook_is_reached_through_hook_hosts_and_verified_by_its_own
     // The certificate names only greeter.hooks, not the 127.0.0.1 the connection goes to.
     let hook = Hook::start(json!({"tls": {"cert": pki.path("greeter.crt"), "key": pki.path("greeter.key")}})).await;
     let hosts = [("greeter.hooks:8443".to_owned(), format!("127.0.0.1:{}", hook.port))].into();
-    let t = Setup::new("service-hook-hosts", metahook::config::Config { hook_hosts: hosts, ..config() }).await;
+    let t = Setup::new("service-hook-hosts", metahook::ops::config::Config { hook_hosts: hosts, ..config() }).await;
     let webhook = json!({
         "service": {"name": "greeter", "namespace": "hooks", "port": 8443, "protocol": "https"},
         "path": "/sync",

@@ -364,9 +364,9 @@ async fn hub_calls_the_hook_by_its_service_name(example: Example) {
         ns.name,
         service["spec"]["ports"][0]["port"]
     );
-    let config = metahook::config::Config {
+    let config = metahook::ops::config::Config {
         hook_hosts: BTreeMap::from([(authority, format!("127.0.0.1:{}", pod.port))]),
-        ..metahook::config::Config::default()
+        ..metahook::ops::config::Config::default()
     };
     let hub = support::Hub::start_with_config(&client, &label, config);
 

@@ -13,7 +13,7 @@ use k8s_openapi::api::rbac::v1::{AggregationRule, ClusterRole, ClusterRoleBindin
 use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::config::{AuthInfo, KubeConfigOptions, Kubeconfig};
 use kube::{Client, ResourceExt};
-use metahook::rbac::AGGREGATE_LABEL;
+use metahook::tools::rbac::AGGREGATE_LABEL;
 use serde_json::{Value, json};
 use support::{ExampleHook, HookServer, TestNamespace, World, api, apply_docs, apply_value, eventually, example_docs};
 use tokio_util::sync::CancellationToken;
@@ -150,12 +150,12 @@ async fn a_hub_with_only_the_printed_roles_runs_an_example_and_reports_a_forbidd
 
     // The hub starts before its roles exist: it cannot list its controllers, so it is not ready.
     let address = free_address();
-    let config = metahook::config::Config {
+    let config = metahook::ops::config::Config {
         target_label_selector: format!("metahook-test={label}"),
         discovery_interval: Duration::from_secs(2),
         cache_sync_timeout: Duration::from_secs(20),
         metrics_address: address.clone(),
-        ..metahook::config::Config::default()
+        ..metahook::ops::config::Config::default()
     };
     let cancel = CancellationToken::new();
     let hub = tokio::spawn(metahook::run_until(token_client(&token).await, config, cancel.clone()));
@@ -308,7 +308,7 @@ async fn the_sync_requested_at_annotation_syncs_a_parent_or_every_parent_at_once
     eventually(WAIT, || async { calls("b").await }).await;
 
     // On a parent: it is synced at once, and an Event says when.
-    let annotate = |at: &str| json!({"metadata": {"annotations": {metahook::trigger::SYNC_REQUESTED_AT: at}}});
+    let annotate = |at: &str| json!({"metadata": {"annotations": {metahook::engine::trigger::SYNC_REQUESTED_AT: at}}});
     things.patch("a", &PatchParams::default(), &Patch::Merge(&annotate("2030-01-01T00:00:00Z"))).await.unwrap();
     eventually(WAIT, || async { calls("a").await.filter(|c| *c > before) }).await;
     let note = eventually(WAIT, || async {

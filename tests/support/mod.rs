@@ -254,14 +254,14 @@ impl Hub {
     /// Like [`Hub::start`], serving metrics and health on `metrics_address` (tests run many hubs at
     /// once, so by default they serve none).
     pub fn start_with(client: &Client, label: &str, metrics_address: String) -> Self {
-        let config = metahook::config::Config { metrics_address, ..metahook::config::Config::default() };
+        let config = metahook::ops::config::Config { metrics_address, ..metahook::ops::config::Config::default() };
         Self::start_with_config(client, label, config)
     }
 
     /// Like [`Hub::start`], with `config` (its target label selector and discovery interval are set
     /// for the test).
-    pub fn start_with_config(client: &Client, label: &str, config: metahook::config::Config) -> Self {
-        let config = metahook::config::Config {
+    pub fn start_with_config(client: &Client, label: &str, config: metahook::ops::config::Config) -> Self {
+        let config = metahook::ops::config::Config {
             target_label_selector: format!("metahook-test={label}"),
             discovery_interval: Duration::from_secs(2),
             ..config

@@ -71,7 +71,7 @@ pub struct Config {
 }
 
 /// Leader election on a `coordination.k8s.io/v1` Lease: only the holder runs controllers.
-/// See [`crate::leader`] for why `renewDeadline < leaseDuration` keeps two hubs from writing at once.
+/// See [`crate::ops::leader`] for why `renewDeadline < leaseDuration` keeps two hubs from writing at once.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", default, deny_unknown_fields)]
 pub struct LeaderElection {
@@ -122,7 +122,7 @@ impl Default for Config {
             api_qps: 0.0,
             api_burst: 100,
             max_requests_in_flight: 64,
-            take_over_field_managers: vec![crate::migrate::METACONTROLLER_MANAGER.to_owned()],
+            take_over_field_managers: vec![crate::write::take_over::METACONTROLLER_MANAGER.to_owned()],
         }
     }
 }
@@ -212,8 +212,8 @@ impl Config {
 
     /// The limits of the hub's API client.
     #[must_use]
-    pub fn client_limits(&self) -> crate::client::Limits {
-        crate::client::Limits { qps: self.api_qps, burst: self.api_burst, in_flight: self.max_requests_in_flight }
+    pub fn client_limits(&self) -> crate::ops::client::Limits {
+        crate::ops::client::Limits { qps: self.api_qps, burst: self.api_burst, in_flight: self.max_requests_in_flight }
     }
 
     /// How the hub's hook client is set up.
@@ -260,7 +260,7 @@ impl Config {
         self.leader_election.validate()?;
         crate::hooks::dial::check_hook_hosts(&self.hook_hosts)
             .map_err(|reason| ConfigError::Invalid { field: "hookHosts", reason })?;
-        crate::selector::parse_selector_string(&self.target_label_selector)
+        crate::cache::selector::parse_selector_string(&self.target_label_selector)
             .map_err(|e| ConfigError::Invalid { field: "targetLabelSelector", reason: e.to_string() })?;
         Ok(())
     }
@@ -268,7 +268,7 @@ impl Config {
 
 impl LeaderElection {
     /// client-go's rule: `leaseDuration > renewDeadline > retryPeriod`, all positive. The first
-    /// inequality is what keeps an old leader from writing after a new one took over ([`crate::leader`]).
+    /// inequality is what keeps an old leader from writing after a new one took over ([`crate::ops::leader`]).
     fn validate(&self) -> Result<(), ConfigError> {
         let invalid = |field, reason: &str| Err(ConfigError::Invalid { field, reason: reason.to_owned() });
         if self.lease_name.is_empty() {

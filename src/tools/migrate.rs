@@ -18,16 +18,17 @@ use kube::api::{Api, DynamicObject, ListParams, PostParams};
 use kube::{Client, ResourceExt as _};
 use serde_json::{Value, json};
 
-use super::{LAST_APPLIED_ANNOTATION, TakeOver, fields};
 use crate::api::{CompositeController, DecoratorController, UpdateMethod, labels_of};
-use crate::children::{ChildMap, desired_children, request_map};
-use crate::composite::{child_selector, validate_response};
-use crate::config::{Config, ConfigOverrides};
-use crate::decorator::DECORATOR_ANNOTATION;
-use crate::discovery::{Discovery, ResolvedResource};
+use crate::cache::discovery::{Discovery, ResolvedResource};
+use crate::cache::informers::{ObjectKey, controller_uid};
+use crate::cache::selector::Selector;
+use crate::controllers::composite::{child_selector, validate_response};
+use crate::controllers::decorator::DECORATOR_ANNOTATION;
 use crate::hooks::{CompositeRequest, DecoratorRequest, HookClient, HookKind, HookLabels, ObjectMaps};
-use crate::informers::{ObjectKey, controller_uid};
-use crate::selector::Selector;
+use crate::ops::config::{Config, ConfigOverrides};
+use crate::write::children::{ChildMap, desired_children, request_map};
+use crate::write::fields;
+use crate::write::take_over::{LAST_APPLIED_ANNOTATION, TakeOver, main_resource};
 
 /// Arguments of `metahook migrate`.
 #[derive(Debug, Clone, clap::Args)]
@@ -61,7 +62,7 @@ pub fn main(args: &MigrateArgs) -> ExitCode {
     let run = async {
         let config = Config::load(args.config.as_deref(), &ConfigOverrides::default())
             .map_err(|e| DryRunError::Config(e.to_string()))?;
-        let client = crate::cli::client_for(args.kubeconfig.as_deref())
+        let client = crate::tools::cli::client_for(args.kubeconfig.as_deref())
             .await
             .map_err(|e| DryRunError::Connect(format!("{e:#}")))?;
         report(&client, &config).await
@@ -84,7 +85,7 @@ pub fn main(args: &MigrateArgs) -> ExitCode {
 
 /// The report for every controller `config` selects on the cluster `client` talks to.
 pub async fn report(client: &Client, config: &Config) -> Result<String, DryRunError> {
-    let selector = crate::selector::parse_selector_string(&config.target_label_selector)
+    let selector = crate::cache::selector::parse_selector_string(&config.target_label_selector)
         .map_err(|e| DryRunError::Config(e.to_string()))?;
     let mut run = DryRun {
         client: client.clone(),
@@ -470,7 +471,7 @@ impl DryRun {
         };
         let others: Vec<&Value> = upgraded
             .iter()
-            .filter(|e| !self.take_over.is_ours(e) && super::main_resource(e))
+            .filter(|e| !self.take_over.is_ours(e) && main_resource(e))
             .filter_map(|e| e.fields_v1.as_ref().map(|f| &f.0))
             .collect();
         fields::missing_from(&set.0, wanted)

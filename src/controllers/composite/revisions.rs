@@ -20,12 +20,12 @@ use serde_json::{Map, Value, json};
 use sha1::{Digest as _, Sha1};
 
 use crate::api::{ChildResourceRule, CompositeControllerSpec, StatusConditionCheck, UpdateMethod};
-use crate::apply::{Applier, ApplyError};
-use crate::children::{ChildMap, owner_reference};
-use crate::discovery::ResolvedResource;
+use crate::cache::discovery::ResolvedResource;
+use crate::cache::informers::{Informer, ObjectKey};
+use crate::engine::sync::SyncError;
 use crate::hooks::CompositeResponse;
-use crate::informers::{Informer, ObjectKey};
-use crate::sync::SyncError;
+use crate::write::apply::{Applier, ApplyError};
+use crate::write::children::{ChildMap, owner_reference};
 
 /// Label that ties children (and revisions) to their parent when `generateSelector` is on.
 pub const CONTROLLER_UID_LABEL: &str = "controller-uid";

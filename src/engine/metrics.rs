@@ -4,7 +4,7 @@
 //! Names follow the conventions dashboards already know: controller-runtime's reconcile totals by
 //! result and duration histograms (`metahook_reconcile_*`, labelled `kind`, `controller`), client-go's
 //! `workqueue_*` (labelled `name` = `<kind>/<controller>`), client-go's `leader_election_master_status`.
-//! Every family is registered in one [`Registry`] built by [`crate::hub::Hub::new`]; another part of the
+//! Every family is registered in one [`Registry`] built by [`crate::engine::hub::Hub::new`]; another part of the
 //! hub adds its own families with one `register(&mut registry)` call there.
 //!
 //! A whole HTTP framework for three GET routes would outweigh the rest of the hub's dependencies, so
@@ -26,8 +26,8 @@ use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpListener;
 use tracing::{debug, info, warn};
 
-use crate::leader::Leadership;
-use crate::queue::QueueStats;
+use crate::engine::queue::QueueStats;
+use crate::ops::leader::Leadership;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ControllerLabels {
@@ -118,9 +118,9 @@ impl Cause {
     }
 }
 
-impl From<crate::queue::Reason> for Cause {
-    fn from(reason: crate::queue::Reason) -> Self {
-        use crate::queue::Reason;
+impl From<crate::engine::queue::Reason> for Cause {
+    fn from(reason: crate::engine::queue::Reason) -> Self {
+        use crate::engine::queue::Reason;
         match reason {
             Reason::Change | Reason::Requested => Self::Change,
             Reason::Echo => Self::Echo,
@@ -476,7 +476,7 @@ impl Health {
 /// Scrape-time gauges: controllers by state, informer caches, leadership.
 struct Snapshot {
     health: Health,
-    informers: crate::informers::Informers,
+    informers: crate::cache::informers::Informers,
 }
 
 impl std::fmt::Debug for Snapshot {
@@ -580,7 +580,7 @@ pub fn family_names(registry: &Registry) -> std::collections::BTreeSet<String> {
 }
 
 /// Registers the scrape-time gauges (caches, controllers, leadership).
-pub fn register_snapshot(registry: &mut Registry, health: Health, informers: crate::informers::Informers) {
+pub fn register_snapshot(registry: &mut Registry, health: Health, informers: crate::cache::informers::Informers) {
     registry.register_collector(Box::new(Snapshot { health, informers }));
 }
 

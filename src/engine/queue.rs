@@ -86,7 +86,7 @@ impl Backoff {
 }
 
 /// What the queue reports, as client-go's `workqueue_*` metrics: handles into the hub's metric families
-/// ([`crate::metrics::Metrics::queue`]), or detached ones ([`QueueStats::default`]) nobody scrapes.
+/// ([`crate::engine::metrics::Metrics::queue`]), or detached ones ([`QueueStats::default`]) nobody scrapes.
 #[derive(Clone, Debug)]
 pub struct QueueStats {
     pub adds: Counter,

@@ -57,7 +57,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 use tracing::{debug, info, warn};
 
-use crate::config::LeaderElection;
+use crate::ops::config::LeaderElection;
 
 /// Errors of the election itself (the Lease could not be read or written).
 #[derive(Debug, thiserror::Error)]
@@ -190,7 +190,7 @@ pub struct NotLeader {
 /// Each write is refused here at once if the gate is closed, and otherwise marked ([`GatedBy`]) so that
 /// every attempt of it — the first and each retry — is admitted again by the [`WriteGateLayer`] at the
 /// bottom of `client`'s stack and counted as in flight. `client` must therefore come from
-/// [`crate::client::connect`], which places that layer below its retry; another client (a test's
+/// [`crate::ops::client::connect`], which places that layer below its retry; another client (a test's
 /// `Client::try_from`) gets the check here only, on the first attempt.
 #[must_use]
 pub fn gated(client: Client, leadership: Leadership) -> Client {

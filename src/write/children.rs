@@ -14,13 +14,13 @@ use kube::Client;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use serde_json::{Value, json};
 
+use crate::api::validation;
 use crate::api::{HookVersion, UpdateMethod, labels_of};
-use crate::apply::{Applied, Applier, ApplyError, holder, strip_server_fields};
-use crate::discovery::ResolvedResource;
+use crate::cache::discovery::ResolvedResource;
+use crate::cache::informers::{Informer, ObjectKey, controller_uid};
+use crate::cache::selector::Selector;
 use crate::hooks::{ObjectMaps, WireObject, group_version_kind_key, object_key};
-use crate::informers::{Informer, ObjectKey, controller_uid};
-use crate::selector::Selector;
-use crate::validation;
+use crate::write::apply::{Applied, Applier, ApplyError, holder, strip_server_fields};
 
 /// The resolved types of `types`, in order.
 #[must_use]

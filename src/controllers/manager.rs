@@ -4,12 +4,12 @@
 //!
 //! Metadata-only edits (labels, annotations) do not restart a controller, as in Metacontroller, except
 //! the safe-delete guard annotation, which configures the running controller; the
-//! `metahook.dev/sync-requested-at` annotation ([`crate::trigger`]) queues every object it manages. When a
+//! `metahook.dev/sync-requested-at` annotation ([`crate::engine::trigger`]) queues every object it manages. When a
 //! controller object is deleted, the finalizers it put on parents/targets are removed (Metacontroller
 //! leaves them behind, #1062, and those objects can then never be deleted). Starts, failures to start
 //! and stops are Events on the controller object.
 //!
-//! With leader election ([`crate::leader`]) all of this runs only while this hub holds the Lease, with a
+//! With leader election ([`crate::ops::leader`]) all of this runs only while this hub holds the Lease, with a
 //! client whose writes stop at the renew deadline.
 
 use std::collections::HashMap;
@@ -32,12 +32,12 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::api::{CompositeController, ControllerStatus, DecoratorController};
-use crate::children::MAX_DELETIONS_ANNOTATION;
-use crate::config::Config;
-use crate::hub::Hub;
-use crate::leader::{Elector, Lost};
-use crate::metrics::ControllerState;
-use crate::sync::{StartError, api_for};
+use crate::engine::hub::Hub;
+use crate::engine::metrics::ControllerState;
+use crate::engine::sync::{StartError, api_for};
+use crate::ops::config::Config;
+use crate::ops::leader::{Elector, Lost};
+use crate::write::children::MAX_DELETIONS_ANNOTATION;
 
 /// A kind of controller object the manager runs.
 pub trait Managed:
@@ -59,7 +59,7 @@ pub trait Managed:
 
 impl Managed for CompositeController {
     type Spec = crate::api::CompositeControllerSpec;
-    type Running = crate::composite::Controller;
+    type Running = crate::controllers::composite::Controller;
     fn spec(&self) -> &Self::Spec {
         &self.spec
     }
@@ -67,7 +67,7 @@ impl Managed for CompositeController {
         self.status.as_ref()
     }
     async fn start(hub: &Hub, obj: Arc<Self>) -> Result<Arc<Self::Running>, StartError> {
-        crate::composite::Controller::start(hub, obj).await
+        crate::controllers::composite::Controller::start(hub, obj).await
     }
     async fn run(running: Arc<Self::Running>, cancel: CancellationToken) {
         running.run(cancel).await;
@@ -86,7 +86,7 @@ impl Managed for CompositeController {
 
 impl Managed for DecoratorController {
     type Spec = crate::api::DecoratorControllerSpec;
-    type Running = crate::decorator::Controller;
+    type Running = crate::controllers::decorator::Controller;
     fn spec(&self) -> &Self::Spec {
         &self.spec
     }
@@ -94,7 +94,7 @@ impl Managed for DecoratorController {
         self.status.as_ref()
     }
     async fn start(hub: &Hub, obj: Arc<Self>) -> Result<Arc<Self::Running>, StartError> {
-        crate::decorator::Controller::start(hub, obj).await
+        crate::controllers::decorator::Controller::start(hub, obj).await
     }
     async fn run(running: Arc<Self::Running>, cancel: CancellationToken) {
         running.run(cancel).await;
@@ -104,7 +104,7 @@ impl Managed for DecoratorController {
     }
     fn finalizer(&self) -> (String, Vec<(String, String)>) {
         let types = self.spec.resources.iter().map(|r| (r.api_version.clone(), r.resource.clone())).collect();
-        (crate::decorator::finalizer_name(&self.name_any()), types)
+        (crate::controllers::decorator::finalizer_name(&self.name_any()), types)
     }
 }
 
@@ -165,7 +165,7 @@ pub async fn run_until(client: Client, config: Config, cancel: CancellationToken
     }
     let hub = Hub::new(client, config);
     let server =
-        crate::metrics::start(&hub.config.metrics_address, Arc::clone(&hub.registry), hub.health.clone()).await;
+        crate::engine::metrics::start(&hub.config.metrics_address, Arc::clone(&hub.registry), hub.health.clone()).await;
     run_controllers(hub, cancel).await;
     if let Some(server) = server {
         server.abort();
@@ -178,13 +178,13 @@ pub async fn run_until(client: Client, config: Config, cancel: CancellationToken
 /// (`Elector::release`), so a standby takes over at once and never beside one of our writes.
 async fn run_elected(client: Client, config: Config, cancel: CancellationToken) {
     let settings = config.leader_election.clone();
-    let namespace = crate::leader::namespace(&settings, &client);
-    let mut elector = Elector::new(client.clone(), &namespace, settings, crate::leader::identity());
+    let namespace = crate::ops::leader::namespace(&settings, &client);
+    let mut elector = Elector::new(client.clone(), &namespace, settings, crate::ops::leader::identity());
     let leadership = elector.leadership().clone();
-    let gated = crate::leader::gated(client, leadership.clone());
+    let gated = crate::ops::leader::gated(client, leadership.clone());
     let hub = Hub::with_leadership(gated, config, Some(leadership.clone()));
     let server =
-        crate::metrics::start(&hub.config.metrics_address, Arc::clone(&hub.registry), hub.health.clone()).await;
+        crate::engine::metrics::start(&hub.config.metrics_address, Arc::clone(&hub.registry), hub.health.clone()).await;
     info!(identity = %leadership.identity, lease = %leadership.lease, "waiting to lead");
     while elector.acquire(&cancel).await {
         hub.health.reset();
@@ -232,7 +232,7 @@ async fn watch_controllers<K: Managed>(hub: Hub, cancel: CancellationToken) {
     if !hub.config.target_label_selector.is_empty() {
         config = config.labels(&hub.config.target_label_selector);
     }
-    let mut events = crate::informers::resilient(watcher(api, config)).boxed();
+    let mut events = crate::cache::informers::resilient(watcher(api, config)).boxed();
     let mut running: HashMap<String, Running<K>> = HashMap::new();
     let mut relisted: Option<Vec<String>> = None;
     loop {
@@ -285,7 +285,7 @@ async fn stop<K: Managed>(hub: &Hub, running: &mut HashMap<String, Running<K>>, 
 async fn reconcile<K: Managed>(hub: &Hub, running: &mut HashMap<String, Running<K>>, obj: K) {
     let name = obj.name_any();
     let guard = obj.meta().annotations.as_ref().and_then(|a| a.get(MAX_DELETIONS_ANNOTATION)).cloned();
-    let requested = crate::trigger::requested_at(obj.meta()).map(str::to_owned);
+    let requested = crate::engine::trigger::requested_at(obj.meta()).map(str::to_owned);
     if let Some(current) = running.get_mut(&name) {
         if &current.spec == obj.spec() && current.uid == obj.meta().uid && current.guard == guard {
             if requested.is_some() && requested != current.requested {
@@ -392,9 +392,9 @@ async fn release_finalizers<K: Managed>(hub: &Hub, obj: &K) {
             .list(&kube::api::ListParams::default())
             .await;
         let Ok(list) = list else { continue };
-        for item in list.items.iter().filter(|o| crate::sync::has_finalizer(o, &finalizer)) {
+        for item in list.items.iter().filter(|o| crate::engine::sync::has_finalizer(o, &finalizer)) {
             let api = api_for(&hub.client, &resolved, item);
-            if let Err(err) = crate::sync::set_finalizer(&api, item, &finalizer, false).await {
+            if let Err(err) = crate::engine::sync::set_finalizer(&api, item, &finalizer, false).await {
                 warn!(object = %item.name_any(), "could not remove finalizer {finalizer}: {err}");
             } else {
                 info!(object = %item.name_any(), finalizer, "removed finalizer of deleted controller");

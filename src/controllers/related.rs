@@ -12,14 +12,14 @@ use kube::api::DynamicObject;
 use serde_json::Value;
 
 use crate::api::{HookVersion, labels_of};
-use crate::discovery::ResolvedResource;
+use crate::cache::discovery::ResolvedResource;
+use crate::cache::informers::{Change, Informer, ObjectKey};
+use crate::cache::selector::Selector;
+use crate::engine::hub::Hub;
+use crate::engine::sync::SyncError;
 use crate::hooks::{
     CustomizeRequest, Endpoint, ObjectMaps, RelatedResourceRule, WireObject, group_version_kind_key, object_key,
 };
-use crate::hub::Hub;
-use crate::informers::{Change, Informer, ObjectKey};
-use crate::selector::Selector;
-use crate::sync::SyncError;
 
 /// A rule with its selectors parsed and its type resolved.
 struct Rule {
@@ -243,7 +243,7 @@ impl<K: Clone + Eq + Hash + Send + Sync + 'static> Related<K> {
         let mut changes = informer.subscribe_changes();
         let this = Arc::downgrade(self);
         let task = tokio::spawn(async move {
-            while let Some(crate::informers::Event { change, .. }) = changes.recv().await {
+            while let Some(crate::cache::informers::Event { change, .. }) = changes.recv().await {
                 let Some(this) = this.upgrade() else { return };
                 if let Change::Applied { old: Some(old), new } = &change {
                     if old.metadata.resource_version == new.metadata.resource_version {
@@ -278,7 +278,8 @@ impl<K: Clone + Eq + Hash + Send + Sync + 'static> Related<K> {
             let selects = rules.is_some_and(|rules| {
                 rules.iter().any(|r| {
                     (type_id == NAMESPACES && r.namespaces.is_some())
-                        || (crate::related::type_id(r.informer.resource()) == type_id && self.matches(r, obj))
+                        || (crate::controllers::related::type_id(r.informer.resource()) == type_id
+                            && self.matches(r, obj))
                 })
             });
             if selects {

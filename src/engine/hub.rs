@@ -1,7 +1,7 @@
 //! The hub: the services every controller shares (one client, discovery, one watch per type, one hook
 //! client, one applier, one event recorder, metrics and health).
 //!
-//! It depends on nothing above it: controllers take a [`Hub`], and [`crate::manager`] builds one and
+//! It depends on nothing above it: controllers take a [`Hub`], and [`crate::controllers::manager`] builds one and
 //! runs them.
 
 use std::sync::Arc;
@@ -9,14 +9,14 @@ use std::sync::Arc;
 use kube::Client;
 use prometheus_client::registry::Registry;
 
-use crate::apply::Applier;
-use crate::config::Config;
-use crate::discovery::Discovery;
-use crate::events::Events;
+use crate::cache::discovery::Discovery;
+use crate::cache::informers::Informers;
+use crate::engine::events::Events;
+use crate::engine::metrics::{Health, Metrics};
 use crate::hooks::HookClient;
-use crate::informers::Informers;
-use crate::leader::Leadership;
-use crate::metrics::{Health, Metrics};
+use crate::ops::config::Config;
+use crate::ops::leader::Leadership;
+use crate::write::apply::Applier;
 
 /// Shared services handed to every controller. Cheap to clone.
 #[derive(Clone)]
@@ -44,14 +44,14 @@ impl Hub {
     /// A hub whose `/readyz` and metrics report `leadership` (when it runs for a Lease).
     #[must_use]
     pub fn with_leadership(client: Client, config: Config, leadership: Option<Leadership>) -> Self {
-        let client = crate::client::limited(client, config.client_limits());
+        let client = crate::ops::client::limited(client, config.client_limits());
         let metrics = Metrics::default();
         let health = Health::new(leadership);
         let informers = Informers::new(client.clone());
         let hooks = HookClient::new(&config.hook_client(), Some(client.clone()));
         let mut registry = Registry::default();
         metrics.register(&mut registry);
-        crate::metrics::register_snapshot(&mut registry, health.clone(), informers.clone());
+        crate::engine::metrics::register_snapshot(&mut registry, health.clone(), informers.clone());
         // Families owned by other parts of the hub register here, one line each.
         hooks.metrics().register(&mut registry);
         Self {

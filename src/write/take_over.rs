@@ -20,15 +20,13 @@
 //! The watch cache keeps only who wrote an object (manager and operation), which is all [`TakeOver::
 //! is_needed`] looks at; the full `managedFields` are read with a GET once per object, when taking over.
 
-pub mod dry_run;
-pub mod fields;
-
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry};
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use serde_json::{Value, json};
 
-use crate::apply::ApplyError;
-use crate::informers::ObjectKey;
+use super::fields;
+use crate::cache::informers::ObjectKey;
+use crate::write::apply::ApplyError;
 
 /// The annotation Metacontroller's `dynamic-apply` keeps its last applied desired state in.
 pub const LAST_APPLIED_ANNOTATION: &str = "metacontroller.k8s.io/last-applied-configuration";
@@ -45,7 +43,7 @@ const ANNOTATION_PATH: [&str; 3] =
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TakeOver {
     /// The hub's field manager: owner of everything taken over, as an `Apply` manager.
-    to: String,
+    pub(crate) to: String,
     /// Field managers whose ownership moves to `to` (any operation, main resource only).
     from: Vec<String>,
 }
@@ -90,11 +88,11 @@ impl TakeOver {
 
     /// Whether an entry is one of the managers taken over from (main resource only: Metacontroller
     /// never writes a child's subresources, and someone else's status writes are theirs).
-    fn is_theirs(&self, entry: &ManagedFieldsEntry) -> bool {
+    pub(crate) fn is_theirs(&self, entry: &ManagedFieldsEntry) -> bool {
         main_resource(entry) && entry.manager.as_ref().is_some_and(|m| self.from.contains(m))
     }
 
-    fn is_ours(&self, entry: &ManagedFieldsEntry) -> bool {
+    pub(crate) fn is_ours(&self, entry: &ManagedFieldsEntry) -> bool {
         main_resource(entry)
             && entry.manager.as_deref() == Some(&self.to)
             && entry.operation.as_deref() == Some("Apply")
@@ -222,7 +220,8 @@ impl TakeOver {
     }
 }
 
-fn main_resource(entry: &ManagedFieldsEntry) -> bool {
+/// Whether a managedFields entry is of the main resource (not a subresource such as status).
+pub(crate) fn main_resource(entry: &ManagedFieldsEntry) -> bool {
     entry.subresource.as_deref().is_none_or(str::is_empty)
 }
 
@@ -242,7 +241,7 @@ fn comparable(obj: &DynamicObject) -> Value {
         meta.remove("managedFields");
         meta.remove("resourceVersion");
         if let Some(annotations) = meta.get_mut("annotations").and_then(Value::as_object_mut) {
-            annotations.remove(crate::apply::APPLIED_ANNOTATION);
+            annotations.remove(crate::write::apply::APPLIED_ANNOTATION);
             if annotations.is_empty() {
                 meta.remove("annotations");
             }

@@ -36,9 +36,9 @@ use kube::core::Status;
 use serde_json::Value;
 
 use crate::api::UpdateMethod;
-use crate::discovery::ResolvedResource;
-use crate::informers::ObjectKey;
-use crate::migrate::TakeOver;
+use crate::cache::discovery::ResolvedResource;
+use crate::cache::informers::ObjectKey;
+use crate::write::take_over::TakeOver;
 
 /// The annotation that carries the hash of the desired state an object was last applied from.
 pub const APPLIED_ANNOTATION: &str = "metahook.dev/applied";
@@ -108,27 +108,28 @@ pub struct Applier {
     client: Client,
     field_manager: String,
     applied: Arc<Mutex<AppliedCache>>,
-    metrics: crate::metrics::ApplyMetrics,
-    /// What Metacontroller wrote is taken over on the first write to it (see [`crate::migrate`]).
+    metrics: crate::engine::metrics::ApplyMetrics,
+    /// What Metacontroller wrote is taken over on the first write to it (see [`crate::write::take_over`]).
     take_over: Arc<TakeOver>,
 }
 
 impl Applier {
     #[must_use]
     pub fn new(client: Client, field_manager: String) -> Self {
-        let take_over = Arc::new(TakeOver::new(&field_manager, vec![crate::migrate::METACONTROLLER_MANAGER.into()]));
+        let take_over =
+            Arc::new(TakeOver::new(&field_manager, vec![crate::write::take_over::METACONTROLLER_MANAGER.into()]));
         Self {
             client,
             field_manager,
             applied: Arc::default(),
-            metrics: crate::metrics::ApplyMetrics::default(),
+            metrics: crate::engine::metrics::ApplyMetrics::default(),
             take_over,
         }
     }
 
     /// Counts every apply in `metrics` (`metahook_apply_total`).
     #[must_use]
-    pub fn with_metrics(self, metrics: crate::metrics::ApplyMetrics) -> Self {
+    pub fn with_metrics(self, metrics: crate::engine::metrics::ApplyMetrics) -> Self {
         Self { metrics, ..self }
     }
 
@@ -202,7 +203,7 @@ impl Applier {
             return Ok(Applied::Unchanged);
         }
         let body = with_precondition_uid(&annotated(desired, &desired_hash), observed);
-        // What Metacontroller wrote is taken over first, once per object (see `crate::migrate`).
+        // What Metacontroller wrote is taken over first, once per object (see `crate::write::take_over`).
         let taken_over;
         let observed = match self.take_over.run_if_needed(&api, observed, &body).await {
             Ok(None) => observed,
@@ -324,7 +325,7 @@ impl Applier {
             .and_then(|r| r.get("uid"))
             .and_then(Value::as_str);
         match api.get_opt(&key.name).await {
-            Ok(Some(existing)) if crate::informers::controller_uid(&existing) == ours => {
+            Ok(Some(existing)) if crate::cache::informers::controller_uid(&existing) == ours => {
                 ApplyError::Stale { kind, key }
             }
             Ok(Some(existing)) => ApplyError::NotOurs { kind, key, holder: holder(&existing) },
@@ -551,7 +552,7 @@ fn key_of(obj: &Value) -> ObjectKey {
 /// processes and versions of the hub, as the annotation that carries it must be.
 fn hash(value: &Value) -> String {
     use sha1::Digest as _;
-    let digest = sha1::Sha1::digest(crate::revisions::canonical_json(value).as_bytes());
+    let digest = sha1::Sha1::digest(crate::controllers::composite::revisions::canonical_json(value).as_bytes());
     digest.iter().take(16).fold(String::with_capacity(32), |mut hex, b| {
         let _ = write!(hex, "{b:02x}");
         hex

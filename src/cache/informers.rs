@@ -22,8 +22,8 @@ use kube::runtime::{WatchStreamExt as _, watcher};
 use tokio::sync::{mpsc, watch};
 use tracing::{debug, warn};
 
-use crate::discovery::ResolvedResource;
-use crate::selector::Selector;
+use crate::cache::discovery::ResolvedResource;
+use crate::cache::selector::Selector;
 
 /// Namespace (None for cluster-scoped objects) and name.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -520,7 +520,7 @@ fn prepare(mut obj: DynamicObject, resource: &ResolvedResource) -> Arc<DynamicOb
     // Who wrote the object last, without what they own (`fieldsV1`, most of the size): the applier
     // compares its own apply time with others' after a restart. Hooks never see this summary.
     // (`migrate` also reads whether Metacontroller's managers wrote it, to take it over.)
-    crate::migrate::slim_managed_fields(&mut obj);
+    crate::write::take_over::slim_managed_fields(&mut obj);
     // kubectl's copy of an earlier desired state: large, and read by nobody here. Metacontroller's copy
     // stays: it marks an object to take over (`migrate`) even when another manager name wrote it, as
     // `metahook migrate --dry-run` (which reads live objects) says; and hooks see it as they did under

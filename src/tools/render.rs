@@ -8,8 +8,8 @@
 //! object the hub would never touch is shown as ignored, never as deleted. Types are resolved offline:
 //! kinds from the fixtures (or `--kind`), plurals by kube-core's rules, scope from the fixtures.
 //!
-//! [`composite::validate_response`]: crate::composite::validate_response
-//! [`decorator::validate_response`]: crate::decorator::validate_response
+//! [`composite::validate_response`]: crate::controllers::composite::validate_response
+//! [`decorator::validate_response`]: crate::controllers::decorator::validate_response
 
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
@@ -25,15 +25,15 @@ use serde_json::{Value, json};
 use crate::api::{
     ChildResourceRule, CompositeController, DecoratorController, Hook, HookVersion, UpdateMethod, Webhook,
 };
-use crate::children::{ChildMap, Claim, claim_of, owner_reference, request_map};
-use crate::composite::child_selector;
-use crate::decorator::{DECORATOR_ANNOTATION, is_attachment_of};
-use crate::discovery::ResolvedResource;
+use crate::cache::discovery::ResolvedResource;
+use crate::cache::informers::ObjectKey;
+use crate::controllers::composite::child_selector;
+use crate::controllers::decorator::{DECORATOR_ANNOTATION, is_attachment_of};
 use crate::hooks::{
     CompositeRequest, DecoratorRequest, Endpoint, HookClient, HookEvent, HookKind, HookLabels, ObjectMaps, WireObject,
     group_version_kind_key, object_key,
 };
-use crate::informers::ObjectKey;
+use crate::write::children::{ChildMap, Claim, claim_of, owner_reference, request_map};
 
 /// Arguments of `metahook render`.
 #[derive(Debug, Clone, clap::Args)]
@@ -198,9 +198,15 @@ async fn render_composite(args: &RenderArgs, controller: Value) -> Result<Report
     let endpoint =
         endpoint(&hook, &cc.spec.endpoint_configs, "CompositeController", cc.metadata.name.as_deref(), args)?;
     let response = endpoint.composite(&request).await.map_err(|e| invalid(&e))?;
-    let (desired, status) =
-        crate::composite::validate_response(&cc, &parent, &parent_resource, &types.resources, &response, &selector)
-            .map_err(|e| invalid(&e))?;
+    let (desired, status) = crate::controllers::composite::validate_response(
+        &cc,
+        &parent,
+        &parent_resource,
+        &types.resources,
+        &response,
+        &selector,
+    )
+    .map_err(|e| invalid(&e))?;
 
     let methods: Vec<UpdateMethod> = cc.spec.child_resources.iter().map(ChildResourceRule::method).collect();
     let mut changes = child_changes(&desired, &observed, &adopted, &methods);
@@ -287,8 +293,9 @@ async fn render_decorator(args: &RenderArgs, controller: Value) -> Result<Report
     let endpoint =
         endpoint(&hook, &dc.spec.endpoint_configs, "DecoratorController", dc.metadata.name.as_deref(), args)?;
     let response = endpoint.decorator(&request).await.map_err(|e| invalid(&e))?;
-    let answer = crate::decorator::validate_response(&name, &types.resources, &target, &resource, &response)
-        .map_err(|e| invalid(&e))?;
+    let answer =
+        crate::controllers::decorator::validate_response(&name, &types.resources, &target, &resource, &response)
+            .map_err(|e| invalid(&e))?;
 
     let methods: Vec<UpdateMethod> = dc.spec.attachments.iter().map(ChildResourceRule::method).collect();
     let mut changes = child_changes(&answer.desired, &observed, &BTreeSet::new(), &methods);
@@ -310,12 +317,13 @@ async fn render_decorator(args: &RenderArgs, controller: Value) -> Result<Report
 
 /// Whether a decorator rule's label and annotation selectors match the target.
 fn selects(rule: &crate::api::DecoratorResourceRule, target: &DynamicObject) -> Result<bool, RenderError> {
-    let setup = |e: crate::selector::SelectorError| RenderError::Setup(format!("the controller's selector: {e}"));
-    let labels = rule.label_selector.as_ref().map(crate::selector::Selector::from_label_selector).transpose();
+    let setup =
+        |e: crate::cache::selector::SelectorError| RenderError::Setup(format!("the controller's selector: {e}"));
+    let labels = rule.label_selector.as_ref().map(crate::cache::selector::Selector::from_label_selector).transpose();
     let annotations = rule
         .annotation_selector
         .as_ref()
-        .map(|a| crate::selector::Selector::from_label_selector(&a.as_label_selector()))
+        .map(|a| crate::cache::selector::Selector::from_label_selector(&a.as_label_selector()))
         .transpose();
     let (labels, annotations) = (labels.map_err(setup)?, annotations.map_err(setup)?);
     Ok(labels.is_none_or(|s| s.matches(&crate::api::labels_of(&target.metadata)))

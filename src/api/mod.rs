@@ -1,8 +1,13 @@
-//! The `metacontroller.k8s.io/v1alpha1` resources that users write: field for field what Metacontroller
-//! accepts, so existing controller YAML applies unchanged.
+//! Stage 0, api: the `metacontroller.k8s.io/v1alpha1` resources that users write, field for field what
+//! Metacontroller accepts, so existing controller YAML applies unchanged; and the API server's own rules
+//! for names, labels and sizes ([`validation`]).
+//!
+//! May import: nothing of the crate (the ground floor).
 //!
 //! These are data: defaults and derived facts (hook URL, timeout, update method) live in small methods here;
-//! what the engine does with them lives in [`crate::composite`].
+//! what the engine does with them lives in [`crate::controllers::composite`].
+
+pub mod validation;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -100,7 +105,7 @@ pub struct AnnotationSelector {
 }
 
 impl AnnotationSelector {
-    /// The same requirements as a `LabelSelector`, to evaluate with [`crate::selector::Selector`].
+    /// The same requirements as a `LabelSelector`, to evaluate with [`crate::cache::selector::Selector`].
     #[must_use]
     pub fn as_label_selector(&self) -> LabelSelector {
         LabelSelector {

@@ -8,7 +8,7 @@
 //!
 //! An echo still changes what the hook observes (a status that counts its children must see the
 //! children it just asked for), so by default it syncs its parent, as Metacontroller does, and the queue
-//! only marks the sync as one for an echo ([`crate::queue::Reason::Echo`]). A controller annotated
+//! only marks the sync as one for an echo ([`crate::engine::queue::Reason::Echo`]). A controller annotated
 //! [`SYNC_ON_OWN_WRITES_ANNOTATION`]` = "false"` declares that its hook's answer depends on the parent
 //! alone: then the echoes of its creates, updates and status writes queue nothing. The echo of a delete
 //! always does: after `Recreate` deleted a child, the next sync must create it again.
@@ -17,7 +17,7 @@ use std::collections::HashMap;
 use std::hash::Hash;
 use std::sync::Mutex;
 
-use crate::informers::ObjectKey;
+use crate::cache::informers::ObjectKey;
 
 /// Annotation on a CompositeController or DecoratorController: `"false"` says the hook's answer depends
 /// only on the parent, so the echoes of the hub's own creates, updates and status writes need no sync.
@@ -35,11 +35,11 @@ pub enum Echo {
 }
 
 impl Echo {
-    /// The echo of a child write that left `version` behind ([`crate::children::deleted_version`] for
+    /// The echo of a child write that left `version` behind ([`crate::write::children::deleted_version`] for
     /// a delete).
     #[must_use]
     pub fn of_child(version: &str) -> Self {
-        if version.starts_with(crate::children::DELETED_PREFIX) { Self::Delete } else { Self::Write }
+        if version.starts_with(crate::write::children::DELETED_PREFIX) { Self::Delete } else { Self::Write }
     }
 }
 
@@ -275,7 +275,7 @@ mod tests {
 
     #[test]
     fn a_delete_leaves_an_echo_of_its_own_kind() {
-        assert_eq!(Echo::of_child(&crate::children::deleted_version("u-1")), Echo::Delete);
+        assert_eq!(Echo::of_child(&crate::write::children::deleted_version("u-1")), Echo::Delete);
         assert_eq!(Echo::of_child("12345"), Echo::Write);
     }
 }

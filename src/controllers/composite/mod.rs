@@ -4,6 +4,8 @@
 //! Nothing is written until the hook's whole response has been validated, so a failing or garbage
 //! hook never deletes or corrupts existing children or status.
 
+pub mod revisions;
+
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -15,29 +17,29 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::answered::{Answered, RequestId};
+use self::revisions::Rollouts;
 use crate::api::{CompositeController, labels_of};
-use crate::children::{
-    ChildMap, ChildType, DeletionGuard, Executed, Plan, WriteObserver, claim, deleted_version, desired_children,
-    live_parent, request_map, resources,
-};
-use crate::discovery::ResolvedResource;
-use crate::echoes::{Echo, EchoPolicy, Echoes, Seen, Settled, Watched};
-use crate::events::Events;
-use crate::hooks::{CompositeRequest, CompositeResponse, ControllerHooks};
-use crate::hub::Hub;
-use crate::informers::{Change, Event, Informer, ObjectKey, controller_uid};
-use crate::queue::{Reason, Reasons, WorkQueue};
-use crate::related::{ParentScope, Related};
-use crate::revisions::{self, Rollouts};
-use crate::selector::{Selector, SelectorIndex};
-use crate::sync::{
+use crate::cache::discovery::ResolvedResource;
+use crate::cache::informers::{Change, Event, Informer, ObjectKey, controller_uid};
+use crate::cache::selector::{Selector, SelectorIndex};
+use crate::controllers::related::{ParentScope, Related};
+use crate::engine::answered::{Answered, RequestId};
+use crate::engine::echoes::{Echo, EchoPolicy, Echoes, Seen, Settled, Watched};
+use crate::engine::events::Events;
+use crate::engine::hub::Hub;
+use crate::engine::queue::{Reason, Reasons, WorkQueue};
+use crate::engine::sync::{
     Facts, StartError, SyncError, Syncer, api_for, ask_hook, controller_queue, follow_plan, gc_finalizing,
     has_finalizer, lifecycle_changed, meaningful_parent_change, record_hook_events, remove_finalizer, replace_status,
     resync_after, resync_period, run_workers,
 };
+use crate::hooks::{CompositeRequest, CompositeResponse, ControllerHooks};
+use crate::write::children::{
+    ChildMap, ChildType, DeletionGuard, Executed, Plan, WriteObserver, claim, deleted_version, desired_children,
+    live_parent, request_map, resources,
+};
 
-pub use crate::revisions::CONTROLLER_UID_LABEL;
+pub use crate::controllers::composite::revisions::CONTROLLER_UID_LABEL;
 
 /// A CompositeController whose types are resolved and whose caches are synced.
 pub struct Controller {
@@ -59,8 +61,8 @@ pub struct Controller {
     finalizer: String,
     /// The safe-delete guard, from the controller's annotation.
     deletion_guard: Option<DeletionGuard>,
-    metrics: Arc<crate::metrics::ControllerMetrics>,
-    requests: crate::trigger::SyncRequests<ObjectKey>,
+    metrics: Arc<crate::engine::metrics::ControllerMetrics>,
+    requests: crate::engine::trigger::SyncRequests<ObjectKey>,
     /// Every parent's child selector, compiled once per parent version, found by a child's labels.
     selectors: Mutex<SelectorIndex<ObjectKey>>,
     /// What this controller's syncs wrote, to tell the echo from others' changes.
@@ -140,7 +142,7 @@ impl Controller {
         let (queue, metrics, enqueue) = controller_queue(hub, "CompositeController", &name);
         Ok(Arc::new(Self {
             metrics,
-            requests: crate::trigger::SyncRequests::default(),
+            requests: crate::engine::trigger::SyncRequests::default(),
             related: Related::new(hub.clone(), endpoints.customize.clone(), cc_json.clone(), enqueue),
             endpoints,
             hub: hub.clone(),
@@ -195,13 +197,13 @@ impl Controller {
     }
 
     /// Queues a parent for the echo of its own sync's write, unless the controller said its hook needs no
-    /// such sync (see [`crate::echoes`]).
+    /// such sync (see [`crate::engine::echoes`]).
     fn enqueue_echo(&self, key: ObjectKey, kind: Echo) {
         if self.echo_policy.syncs(kind) {
             self.queue.add_for(key, Reason::Echo);
         } else {
             tracing::trace!(parent = %key, ?kind, "echo of own write; the controller needs no sync for it");
-            self.metrics.hook_call_saved(crate::metrics::Saved::OwnWrite);
+            self.metrics.hook_call_saved(crate::engine::metrics::Saved::OwnWrite);
         }
     }
 
@@ -563,11 +565,11 @@ impl Syncer for Controller {
         &self.hub.events
     }
 
-    fn metrics(&self) -> &crate::metrics::ControllerMetrics {
+    fn metrics(&self) -> &crate::engine::metrics::ControllerMetrics {
         &self.metrics
     }
 
-    fn sync_requests(&self) -> &crate::trigger::SyncRequests<ObjectKey> {
+    fn sync_requests(&self) -> &crate::engine::trigger::SyncRequests<ObjectKey> {
         &self.requests
     }
 

@@ -1,7 +1,7 @@
 //! The hook wire protocol (Metacontroller v1 and v2) and the client that calls hooks.
 //!
 //! Wire types mirror the JSON exactly; what the engine does with a response (validation, applying)
-//! lives in [`crate::composite`]. Objects travel as `serde_json::Value` because hooks may return any
+//! lives in [`crate::controllers::composite`]. Objects travel as `serde_json::Value` because hooks may return any
 //! kind, including kinds this binary has never heard of.
 //!
 //! How a call travels lives in the submodules: [`settings`] decides which TLS/auth settings apply,

@@ -11,7 +11,7 @@ use kube::Client;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use tracing::{error, info};
 
-use crate::config::{Config, ConfigOverrides};
+use crate::ops::config::{Config, ConfigOverrides};
 
 /// metahook: write Kubernetes controllers as small HTTP hooks in any language.
 #[derive(Debug, Parser)]
@@ -31,11 +31,11 @@ enum Command {
     Crds,
     /// Run a CompositeController's or DecoratorController's hook on YAML fixtures, without a cluster, and show
     /// what the hub would do.
-    Render(crate::render::RenderArgs),
+    Render(crate::tools::render::RenderArgs),
     /// Print the `ClusterRole` each controller in the files needs, labelled to be aggregated into the hub's.
     Rbac(RbacArgs),
     /// List what switching this cluster from Metacontroller to metahook would change (`--dry-run`).
-    Migrate(crate::migrate::dry_run::MigrateArgs),
+    Migrate(crate::tools::migrate::MigrateArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -87,21 +87,21 @@ pub fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Command::Crds => {
-            print!("{}", crate::crds::all_yaml());
+            print!("{}", crate::tools::crds::all_yaml());
             ExitCode::SUCCESS
         }
         Command::Render(args) => {
             let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build();
             let result = match runtime {
-                Ok(rt) => rt.block_on(crate::render::render(&args)),
-                Err(e) => Err(crate::render::RenderError::Setup(e.to_string())),
+                Ok(rt) => rt.block_on(crate::tools::render::render(&args)),
+                Err(e) => Err(crate::tools::render::RenderError::Setup(e.to_string())),
             };
             match result {
                 Ok(report) => {
                     print!("{report}");
                     ExitCode::SUCCESS
                 }
-                Err(err @ crate::render::RenderError::Invalid(_)) => {
+                Err(err @ crate::tools::render::RenderError::Invalid(_)) => {
                     eprintln!("metahook render: {err}");
                     ExitCode::from(1)
                 }
@@ -116,7 +116,7 @@ pub fn main() -> ExitCode {
                 eprintln!("metahook rbac: give -f FILE (controllers) and/or --base");
                 return ExitCode::from(2);
             }
-            match crate::rbac::render(&args.files, &args.related, args.base) {
+            match crate::tools::rbac::render(&args.files, &args.related, args.base) {
                 Ok(yaml) => {
                     print!("{yaml}");
                     ExitCode::SUCCESS
@@ -127,7 +127,7 @@ pub fn main() -> ExitCode {
                 }
             }
         }
-        Command::Migrate(args) => crate::migrate::dry_run::main(&args),
+        Command::Migrate(args) => crate::tools::migrate::main(&args),
         Command::Run(args) => {
             init_tracing(args.log_format);
             let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build();
@@ -164,7 +164,7 @@ pub async fn client_for(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<
         }
         None => kube::Config::infer().await.context("inferring Kubernetes config")?,
     };
-    crate::client::connect(config).context("building Kubernetes client")
+    crate::ops::client::connect(config).context("building Kubernetes client")
 }
 
 async fn run(args: RunArgs) -> anyhow::Result<()> {
@@ -172,6 +172,6 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let client = client_for(args.kubeconfig.as_deref()).await?;
     let version = client.apiserver_version().await.context("asking the API server for its version")?;
     info!(server = %version.git_version, platform = %version.platform, "connected to Kubernetes");
-    crate::manager::run(client, config).await?;
+    crate::controllers::manager::run(client, config).await?;
     Ok(())
 }

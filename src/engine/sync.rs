@@ -1,7 +1,7 @@
 //! What every controller kind shares between "a key came off the queue" and "the cluster matches":
 //! the error types, the worker loop, the finalizer decision, status writes and hook-requested Events.
 //!
-//! [`crate::composite`] and [`crate::decorator`] are thin consumers of these pieces.
+//! [`crate::controllers::composite`] and [`crate::controllers::decorator`] are thin consumers of these pieces.
 
 use std::fmt::Display;
 use std::future::Future;
@@ -16,14 +16,14 @@ use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use serde_json::{Value, json};
 use tracing::{Instrument as _, debug, info_span, warn};
 
-use crate::answered::{Answered, RequestId};
-use crate::apply::ApplyError;
-use crate::children::{ClaimError, PlanError};
-use crate::discovery::{DiscoveryError, ResolvedResource};
-use crate::events::{Events, reference};
+use crate::cache::discovery::{DiscoveryError, ResolvedResource};
+use crate::cache::selector::SelectorError;
+use crate::engine::answered::{Answered, RequestId};
+use crate::engine::events::{Events, reference};
+use crate::engine::queue::{Reasons, WorkQueue};
 use crate::hooks::{HookError, HookEvent};
-use crate::queue::{Reasons, WorkQueue};
-use crate::selector::SelectorError;
+use crate::write::apply::ApplyError;
+use crate::write::children::{ClaimError, PlanError};
 
 /// Why a controller object cannot run (reported in its `Ready` condition).
 #[derive(Debug, thiserror::Error)]
@@ -42,7 +42,7 @@ pub enum StartError {
     Annotation(String),
     /// A cache could not be filled: the type may not be listed/watched, or the API did not answer.
     #[error("{0}")]
-    CacheSync(#[from] crate::informers::SyncTimeout),
+    CacheSync(#[from] crate::cache::informers::SyncTimeout),
     #[error("{0}")]
     InvalidHookSetting(#[from] crate::hooks::SettingsError),
 }
@@ -62,8 +62,8 @@ impl StartError {
             Self::RollingNeedsNamespacedParent => "UnsupportedUpdateMethod",
             Self::Selector(_) => "InvalidSelector",
             Self::Annotation(_) => "InvalidAnnotation",
-            Self::CacheSync(crate::informers::SyncTimeout::Forbidden { .. }) => "Forbidden",
-            Self::CacheSync(crate::informers::SyncTimeout::NotSynced { .. }) => "WatchFailed",
+            Self::CacheSync(crate::cache::informers::SyncTimeout::Forbidden { .. }) => "Forbidden",
+            Self::CacheSync(crate::cache::informers::SyncTimeout::NotSynced { .. }) => "WatchFailed",
             Self::InvalidHookSetting(_) => "InvalidHookSetting",
         }
     }
@@ -143,9 +143,9 @@ pub(crate) trait Syncer: Send + Sync + 'static {
     fn queue(&self) -> &WorkQueue<Self::Key>;
     fn events(&self) -> &Events;
     /// Where sync counts and durations go.
-    fn metrics(&self) -> &crate::metrics::ControllerMetrics;
+    fn metrics(&self) -> &crate::engine::metrics::ControllerMetrics;
     /// Sync requests (`metahook.dev/sync-requested-at`) waiting for a successful sync.
-    fn sync_requests(&self) -> &crate::trigger::SyncRequests<Self::Key>;
+    fn sync_requests(&self) -> &crate::engine::trigger::SyncRequests<Self::Key>;
     /// The cached object a key stands for (where failure Events go).
     fn object(&self, key: &Self::Key) -> Option<Arc<DynamicObject>>;
     /// Syncs one object; returns when to sync it again, if its hook asked. `reasons`: what queued the
@@ -179,7 +179,7 @@ pub(crate) async fn work<S: Syncer>(syncer: Arc<S>) {
 }
 
 async fn handle<S: Syncer>(syncer: &S, queue: &WorkQueue<S::Key>, key: &S::Key) {
-    use crate::metrics::Outcome;
+    use crate::engine::metrics::Outcome;
     let started = std::time::Instant::now();
     let reasons = queue.reasons(key);
     debug!(?reasons, "sync started");
@@ -255,16 +255,16 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
 
 /// Whether a sync for `reasons` asks its hook `request`, given what was asked last: not when it is the
 /// very request whose answer was last applied in full and nothing asks to ask again (a resync, a retry,
-/// a requested sync; see [`crate::answered`]). When it asks, the metrics count it by cause, `redundant`
+/// a requested sync; see [`crate::engine::answered`]). When it asks, the metrics count it by cause, `redundant`
 /// for a repeat of the last request (its answer was not applied in full).
 pub(crate) fn ask_hook<K: Clone + Eq + Hash>(
     answered: &Answered<K>,
-    metrics: &crate::metrics::ControllerMetrics,
+    metrics: &crate::engine::metrics::ControllerMetrics,
     key: &K,
     request: Option<RequestId>,
     reasons: Reasons,
 ) -> bool {
-    use crate::metrics::{Cause, Saved};
+    use crate::engine::metrics::{Cause, Saved};
     let seen = request.and_then(|r| answered.seen(key, r));
     if seen == Some(true) && !reasons.asks_again() {
         debug!("the same request as the last one, whose answer was applied in full: not asked again");
@@ -338,13 +338,13 @@ pub(crate) async fn follow_plan(
 pub(crate) type Enqueue<K> = Arc<dyn Fn(K) + Send + Sync>;
 
 /// A controller's queue reporting `workqueue_*` metrics, its reconcile metrics, and a handle that adds to it
-/// (what [`crate::related::Related`] calls when a related object changes).
+/// (what [`crate::controllers::related::Related`] calls when a related object changes).
 pub(crate) fn controller_queue<K: Clone + Eq + Hash + Send + Sync + 'static>(
-    hub: &crate::hub::Hub,
+    hub: &crate::engine::hub::Hub,
     kind: &str,
     name: &str,
-) -> (WorkQueue<K>, Arc<crate::metrics::ControllerMetrics>, Enqueue<K>) {
-    let backoff = crate::queue::Backoff { base: hub.config.backoff_base, max: hub.config.backoff_max };
+) -> (WorkQueue<K>, Arc<crate::engine::metrics::ControllerMetrics>, Enqueue<K>) {
+    let backoff = crate::engine::queue::Backoff { base: hub.config.backoff_base, max: hub.config.backoff_max };
     let queue = WorkQueue::with_stats(backoff, hub.metrics.queue(kind, name));
     let metrics = hub.metrics.controller(kind, name);
     let enqueue = {
@@ -530,9 +530,9 @@ pub(crate) async fn record_hook_events(events: &Events, obj: &DynamicObject, req
 }
 
 /// `resyncAfterSeconds` as a delay; zero, negative, absent or NaN means none, and more than
-/// [`crate::queue::MAX_DELAY`] (a hook asking for a year, or for 1e300 seconds) means that maximum.
+/// [`crate::engine::queue::MAX_DELAY`] (a hook asking for a year, or for 1e300 seconds) means that maximum.
 pub(crate) fn resync_after(seconds: Option<f64>) -> Option<Duration> {
-    let max = crate::queue::MAX_DELAY;
+    let max = crate::engine::queue::MAX_DELAY;
     seconds.filter(|s| *s > 0.0).map(|s| Duration::try_from_secs_f64(s).map_or(max, |d| d.min(max)))
 }
 
@@ -577,8 +577,8 @@ mod tests {
     struct Panicky {
         queue: WorkQueue<&'static str>,
         events: Events,
-        metrics: Arc<crate::metrics::ControllerMetrics>,
-        requests: crate::trigger::SyncRequests<&'static str>,
+        metrics: Arc<crate::engine::metrics::ControllerMetrics>,
+        requests: crate::engine::trigger::SyncRequests<&'static str>,
         calls: std::sync::Mutex<Vec<(&'static str, tokio::time::Instant)>>,
         /// Each sync's key and the reasons it was queued for.
         causes: std::sync::Mutex<Vec<(&'static str, Reasons)>>,
@@ -588,13 +588,13 @@ mod tests {
     }
 
     impl Panicky {
-        fn new(metrics: &crate::metrics::Metrics, panic_first: bool, period: Option<Duration>) -> Arc<Self> {
+        fn new(metrics: &crate::engine::metrics::Metrics, panic_first: bool, period: Option<Duration>) -> Arc<Self> {
             let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
             Arc::new(Self {
-                queue: WorkQueue::new(crate::queue::Backoff::default()),
+                queue: WorkQueue::new(crate::engine::queue::Backoff::default()),
                 events: Events::new(Client::try_from(config).unwrap()),
                 metrics: metrics.controller("Test", "panicky"),
-                requests: crate::trigger::SyncRequests::default(),
+                requests: crate::engine::trigger::SyncRequests::default(),
                 calls: std::sync::Mutex::default(),
                 causes: std::sync::Mutex::default(),
                 panic_first,
@@ -620,10 +620,10 @@ mod tests {
         fn events(&self) -> &Events {
             &self.events
         }
-        fn metrics(&self) -> &crate::metrics::ControllerMetrics {
+        fn metrics(&self) -> &crate::engine::metrics::ControllerMetrics {
             &self.metrics
         }
-        fn sync_requests(&self) -> &crate::trigger::SyncRequests<&'static str> {
+        fn sync_requests(&self) -> &crate::engine::trigger::SyncRequests<&'static str> {
             &self.requests
         }
         fn object(&self, _: &&'static str) -> Option<Arc<DynamicObject>> {
@@ -651,8 +651,8 @@ mod tests {
     /// while an echo or a change waited is one sync, for all of them.
     #[tokio::test(start_paused = true)]
     async fn a_sync_is_told_every_reason_its_key_waited_for() {
-        use crate::queue::Reason;
-        let syncer = Panicky::new(&crate::metrics::Metrics::default(), false, Some(Duration::from_secs(10)));
+        use crate::engine::queue::Reason;
+        let syncer = Panicky::new(&crate::engine::metrics::Metrics::default(), false, Some(Duration::from_secs(10)));
         let worker = tokio::spawn(work(Arc::clone(&syncer)));
         syncer.queue.add("echoed");
         syncer.queue.add("changed");
@@ -683,7 +683,7 @@ mod tests {
     /// synced it in between; an object no longer cached is not.
     #[tokio::test(start_paused = true)]
     async fn resyncs_come_a_period_apart_per_object() {
-        let syncer = Panicky::new(&crate::metrics::Metrics::default(), false, Some(Duration::from_secs(10)));
+        let syncer = Panicky::new(&crate::engine::metrics::Metrics::default(), false, Some(Duration::from_secs(10)));
         let worker = tokio::spawn(work(Arc::clone(&syncer)));
         syncer.queue.add("a");
         syncer.queue.add("gone");
@@ -703,7 +703,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_panicking_sync_is_retried_and_the_worker_lives_on() {
-        let metrics = crate::metrics::Metrics::default();
+        let metrics = crate::engine::metrics::Metrics::default();
         let syncer = Panicky::new(&metrics, true, None);
         let worker = tokio::spawn(work(Arc::clone(&syncer)));
         syncer.queue.add("a");
@@ -737,8 +737,8 @@ mod tests {
         assert_eq!(resync_after(Some(0.0)), None);
         assert_eq!(resync_after(Some(-3.0)), None);
         assert_eq!(resync_after(Some(f64::NAN)), None);
-        assert_eq!(resync_after(Some(9e18)), Some(crate::queue::MAX_DELAY));
-        assert_eq!(resync_after(Some(f64::INFINITY)), Some(crate::queue::MAX_DELAY));
+        assert_eq!(resync_after(Some(9e18)), Some(crate::engine::queue::MAX_DELAY));
+        assert_eq!(resync_after(Some(f64::INFINITY)), Some(crate::engine::queue::MAX_DELAY));
         assert_eq!(resync_period(Some(0)), Some(Duration::from_secs(1)));
         assert_eq!(resync_period(Some(30)), Some(Duration::from_secs(30)));
     }

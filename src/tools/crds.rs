@@ -14,7 +14,7 @@ pub fn all() -> Vec<(&'static str, CustomResourceDefinition)> {
     let mut all = vec![
         ("compositecontrollers.yaml", CompositeController::crd()),
         ("decoratorcontrollers.yaml", DecoratorController::crd()),
-        ("controllerrevisions.yaml", crate::revisions::crd()),
+        ("controllerrevisions.yaml", crate::controllers::composite::revisions::crd()),
     ];
     for (_, crd) in &mut all {
         annotate(crd);

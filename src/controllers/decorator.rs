@@ -17,24 +17,24 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::answered::{Answered, RequestId};
 use crate::api::{DecoratorController, labels_of};
-use crate::children::{
-    ChildMap, ChildType, DeletionGuard, Executed, Plan, WriteObserver, deleted_version, desired_children, live_parent,
-    request_map, resources,
-};
-use crate::echoes::{Echo, EchoPolicy, Echoes, Seen, Settled, Watched};
-use crate::events::Events;
-use crate::hooks::{DecoratorRequest, DecoratorResponse};
-use crate::hub::Hub;
-use crate::informers::{Change, Event, Informer, ObjectKey, controller_uid};
-use crate::queue::{Reason, Reasons, WorkQueue};
-use crate::related::{ParentScope, Related};
-use crate::selector::Selector;
-use crate::sync::{
+use crate::cache::informers::{Change, Event, Informer, ObjectKey, controller_uid};
+use crate::cache::selector::Selector;
+use crate::controllers::related::{ParentScope, Related};
+use crate::engine::answered::{Answered, RequestId};
+use crate::engine::echoes::{Echo, EchoPolicy, Echoes, Seen, Settled, Watched};
+use crate::engine::events::Events;
+use crate::engine::hub::Hub;
+use crate::engine::queue::{Reason, Reasons, WorkQueue};
+use crate::engine::sync::{
     Facts, StartError, SyncError, Syncer, api_for, ask_hook, controller_queue, follow_plan, gc_finalizing,
     has_finalizer, lifecycle_changed, meaningful_parent_change, record_hook_events, remove_finalizer, replace_status,
     resync_after, resync_period, run_workers,
+};
+use crate::hooks::{DecoratorRequest, DecoratorResponse};
+use crate::write::children::{
+    ChildMap, ChildType, DeletionGuard, Executed, Plan, WriteObserver, deleted_version, desired_children, live_parent,
+    request_map, resources,
 };
 
 /// Annotation naming the DecoratorController that manages an attachment.
@@ -44,7 +44,7 @@ pub const DECORATOR_ANNOTATION: &str = "metacontroller.k8s.io/decorator-controll
 /// the target and marked with the controller's annotation. The engine and `metahook render` both use it.
 #[must_use]
 pub fn is_attachment_of(obj: &DynamicObject, target_uid: &str, controller: &str) -> bool {
-    crate::informers::controller_uid(obj) == Some(target_uid)
+    crate::cache::informers::controller_uid(obj) == Some(target_uid)
         && obj.metadata.annotations.as_ref().and_then(|a| a.get(DECORATOR_ANNOTATION)).map(String::as_str)
             == Some(controller)
 }
@@ -64,9 +64,9 @@ pub struct Answer {
 /// this, so a hook tested offline is judged the same way.
 pub fn validate_response(
     controller: &str,
-    attachment_resources: &[Arc<crate::discovery::ResolvedResource>],
+    attachment_resources: &[Arc<crate::cache::discovery::ResolvedResource>],
     target: &DynamicObject,
-    resource: &crate::discovery::ResolvedResource,
+    resource: &crate::cache::discovery::ResolvedResource,
     response: &DecoratorResponse,
 ) -> Result<Answer, SyncError> {
     let desired = desired_children(attachment_resources, target, resource, &response.attachments, |meta| {
@@ -152,7 +152,7 @@ pub struct Controller {
     targets: Vec<Target>,
     attachments: Vec<ChildType>,
     /// The resolved types of `attachments`, computed once (every sync needs them).
-    attachment_resources: Vec<Arc<crate::discovery::ResolvedResource>>,
+    attachment_resources: Vec<Arc<crate::cache::discovery::ResolvedResource>>,
     related: Arc<Related<TargetKey>>,
     /// The hooks, ready to call (`related` holds the `customize` one too).
     endpoints: crate::hooks::ControllerHooks,
@@ -165,8 +165,8 @@ pub struct Controller {
     echo_policy: EchoPolicy,
     /// Each target's last hook request, and whether its answer was applied in full.
     answered: Answered<TargetKey>,
-    metrics: Arc<crate::metrics::ControllerMetrics>,
-    requests: crate::trigger::SyncRequests<TargetKey>,
+    metrics: Arc<crate::engine::metrics::ControllerMetrics>,
+    requests: crate::engine::trigger::SyncRequests<TargetKey>,
     queue: WorkQueue<TargetKey>,
 }
 
@@ -238,7 +238,7 @@ impl Controller {
         let (queue, metrics, enqueue) = controller_queue(hub, "DecoratorController", &name);
         Ok(Arc::new(Self {
             metrics,
-            requests: crate::trigger::SyncRequests::default(),
+            requests: crate::engine::trigger::SyncRequests::default(),
             related: Related::new(hub.clone(), endpoints.customize.clone(), dc_json.clone(), enqueue),
             endpoints,
             hub: hub.clone(),
@@ -355,12 +355,12 @@ impl Controller {
     }
 
     /// Queues a target for the echo of its own sync's write, unless the controller said its hook needs no
-    /// such sync (see [`crate::echoes`]).
+    /// such sync (see [`crate::engine::echoes`]).
     fn enqueue_echo(&self, key: TargetKey, kind: Echo) {
         if self.echo_policy.syncs(kind) {
             self.queue.add_for(key, Reason::Echo);
         } else {
-            self.metrics.hook_call_saved(crate::metrics::Saved::OwnWrite);
+            self.metrics.hook_call_saved(crate::engine::metrics::Saved::OwnWrite);
         }
     }
 
@@ -584,7 +584,7 @@ fn metadata_patch(
     };
     let proposed: Map<String, Value> =
         [("labels".to_owned(), set(labels)), ("annotations".to_owned(), set(annotations))].into_iter().collect();
-    crate::validation::check_metadata_maps(&proposed)?;
+    crate::api::validation::check_metadata_maps(&proposed)?;
     let labels = changes(obj.metadata.labels.as_ref(), labels);
     let annotations = changes(obj.metadata.annotations.as_ref(), annotations);
     if labels.is_empty() && annotations.is_empty() {
@@ -616,11 +616,11 @@ impl Syncer for Controller {
         &self.hub.events
     }
 
-    fn metrics(&self) -> &crate::metrics::ControllerMetrics {
+    fn metrics(&self) -> &crate::engine::metrics::ControllerMetrics {
         &self.metrics
     }
 
-    fn sync_requests(&self) -> &crate::trigger::SyncRequests<TargetKey> {
+    fn sync_requests(&self) -> &crate::engine::trigger::SyncRequests<TargetKey> {
         &self.requests
     }
 

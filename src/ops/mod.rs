@@ -1,0 +1,8 @@
+//! Stage 6, operations: running the hub as a cluster add-on. Its configuration ([`config`]), its manners
+//! towards the API server ([`client`]), leader election and the write gate ([`leader`]).
+//!
+//! May import: every stage below (api, cache, hooks, write, engine, controllers).
+
+pub mod client;
+pub mod config;
+pub mod leader;

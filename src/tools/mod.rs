@@ -1,0 +1,11 @@
+//! Stage 7, tools: the command line ([`cli`]) and what it runs besides the hub — `metahook render`
+//! ([`render`]), `metahook migrate --dry-run` ([`migrate`]), the CRDs ([`crds`]) and least-privilege roles
+//! ([`rbac`]).
+//!
+//! May import: anything.
+
+pub mod cli;
+pub mod crds;
+pub mod migrate;
+pub mod rbac;
+pub mod render;

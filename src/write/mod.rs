@@ -1,0 +1,10 @@
+//! Stage 3, write: turning a validated answer into API writes that cannot destroy what the hub does not
+//! own. Claiming children ([`children`]: adopt, release, plan, carry out in a safe order), applying one
+//! object ([`apply`]), and taking over what Metacontroller wrote ([`take_over`], [`fields`]).
+//!
+//! May import: [`crate::api`], [`crate::cache`], [`crate::hooks`].
+
+pub mod apply;
+pub mod children;
+pub mod fields;
+pub mod take_over;
