@@ -7,7 +7,12 @@
 //! These are data: defaults and derived facts (hook URL, timeout, update method) live in small methods here;
 //! what the engine does with them lives in [`crate::controllers::composite`].
 
+pub mod json;
 pub mod validation;
+
+/// The annotation that carries the hash of the desired state an object was last applied from (written
+/// with every apply; see [`crate::write::apply`]).
+pub const APPLIED_ANNOTATION: &str = "metahook.dev/applied";
 
 use std::collections::BTreeMap;
 use std::time::Duration;

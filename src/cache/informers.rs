@@ -520,7 +520,7 @@ fn prepare(mut obj: DynamicObject, resource: &ResolvedResource) -> Arc<DynamicOb
     // Who wrote the object last, without what they own (`fieldsV1`, most of the size): the applier
     // compares its own apply time with others' after a restart. Hooks never see this summary.
     // (`migrate` also reads whether Metacontroller's managers wrote it, to take it over.)
-    crate::write::take_over::slim_managed_fields(&mut obj);
+    slim_managed_fields(&mut obj);
     // kubectl's copy of an earlier desired state: large, and read by nobody here. Metacontroller's copy
     // stays: it marks an object to take over (`migrate`) even when another manager name wrote it, as
     // `metahook migrate --dry-run` (which reads live objects) says; and hooks see it as they did under
@@ -532,6 +532,28 @@ fn prepare(mut obj: DynamicObject, resource: &ResolvedResource) -> Arc<DynamicOb
 }
 
 const KUBECTL_LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
+/// Whether a managedFields entry is of the main resource (not a subresource such as status).
+pub fn main_resource(entry: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry) -> bool {
+    entry.subresource.as_deref().is_none_or(str::is_empty)
+}
+
+/// Reduces cached `managedFields` to who wrote the object's main resource and when (manager,
+/// operation, time): enough for [`crate::write::take_over::TakeOver::is_needed`] and for the applier's "written by anyone
+/// since" check after a restart, without the field sets that make up most of their size.
+pub fn slim_managed_fields(obj: &mut DynamicObject) {
+    let Some(entries) = &mut obj.metadata.managed_fields else { return };
+    // Subresource entries (status writers) matter to neither, and most parents carry one.
+    entries.retain(main_resource);
+    for entry in entries.iter_mut() {
+        entry.fields_v1 = None;
+        entry.fields_type = None;
+        entry.api_version = None;
+    }
+    if entries.is_empty() {
+        obj.metadata.managed_fields = None;
+    }
+}
 
 async fn run_watch(client: Client, shared: Weak<Shared>) {
     let resource = match shared.upgrade() {

@@ -61,12 +61,6 @@ struct QueueLabels {
     name: String,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ApplyLabels {
-    kind: String,
-    result: &'static str,
-}
-
 /// How one sync ended, as the `result` label of `metahook_reconcile_total` (controller-runtime's values).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Outcome {
@@ -199,19 +193,6 @@ impl ControllerMetrics {
     }
 }
 
-/// Apply results by child kind (`metahook_apply_total`): writes (`created`, `updated`, `deleted`),
-/// skips (`unchanged`: nothing to write) and failures (`error`).
-#[derive(Clone, Default)]
-pub struct ApplyMetrics {
-    applied: Family<ApplyLabels, Counter>,
-}
-
-impl ApplyMetrics {
-    pub fn record(&self, kind: &str, result: &'static str) {
-        self.applied.get_or_create(&ApplyLabels { kind: kind.to_owned(), result }).inc();
-    }
-}
-
 /// Every family of the hub's own metrics. Cheap to clone.
 #[derive(Clone)]
 pub struct Metrics {
@@ -225,7 +206,7 @@ pub struct Metrics {
     guard_refusals: Family<ControllerLabels, Counter>,
     hook_syncs: Family<CauseLabels, Counter>,
     hook_calls_saved: Family<SavedLabels, Counter>,
-    pub apply: ApplyMetrics,
+    pub apply: crate::write::apply::ApplyMetrics,
 }
 
 impl Default for Metrics {
@@ -241,7 +222,7 @@ impl Default for Metrics {
             guard_refusals: Family::default(),
             hook_syncs: Family::default(),
             hook_calls_saved: Family::default(),
-            apply: ApplyMetrics::default(),
+            apply: crate::write::apply::ApplyMetrics::default(),
         }
     }
 }
@@ -261,9 +242,7 @@ impl Metrics {
             "Time one sync took (observe, hooks, apply, status).",
             self.reconcile_duration.clone(),
         );
-        registry.register("metahook_apply", "Child and attachment writes and skips, by kind and result.", {
-            self.apply.applied.clone()
-        });
+        self.apply.register(registry);
         registry.register(
             "metahook_deletion_guard_refusals",
             "Syncs refused because they would delete more children than the controller's safe-delete guard allows.",

@@ -20,6 +20,7 @@ use serde_json::{Value, json};
 
 use crate::api::{CompositeController, DecoratorController, UpdateMethod, labels_of};
 use crate::cache::discovery::{Discovery, ResolvedResource};
+use crate::cache::informers::main_resource;
 use crate::cache::informers::{ObjectKey, controller_uid};
 use crate::cache::selector::Selector;
 use crate::controllers::composite::{child_selector, validate_response};
@@ -28,7 +29,7 @@ use crate::hooks::{CompositeRequest, DecoratorRequest, HookClient, HookKind, Hoo
 use crate::ops::config::{Config, ConfigOverrides};
 use crate::write::children::{ChildMap, desired_children, request_map};
 use crate::write::fields;
-use crate::write::take_over::{LAST_APPLIED_ANNOTATION, TakeOver, main_resource};
+use crate::write::take_over::{LAST_APPLIED_ANNOTATION, TakeOver};
 
 /// Arguments of `metahook migrate`.
 #[derive(Debug, Clone, clap::Args)]

@@ -33,15 +33,17 @@ use std::sync::{Arc, Mutex};
 use kube::Client;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams, Preconditions, PropagationPolicy};
 use kube::core::Status;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry;
 use serde_json::Value;
 
+use crate::api::APPLIED_ANNOTATION;
 use crate::api::UpdateMethod;
 use crate::cache::discovery::ResolvedResource;
 use crate::cache::informers::ObjectKey;
-use crate::write::take_over::TakeOver;
-
-/// The annotation that carries the hash of the desired state an object was last applied from.
-pub const APPLIED_ANNOTATION: &str = "metahook.dev/applied";
+use crate::write::take_over::{TakeOver, TakeOverError};
 
 /// What applying did. Writes name the resourceVersion (or, for a delete, the UID) they left behind, so
 /// that their echo in the watch can be told from a change by someone else.
@@ -81,6 +83,40 @@ pub enum ApplyError {
     Stale { kind: String, key: ObjectKey },
 }
 
+/// The applier's error for an object whose take-over failed.
+fn taken_over_error(error: TakeOverError, kind: String, key: ObjectKey) -> ApplyError {
+    match error {
+        TakeOverError::Changed => ApplyError::Stale { kind, key },
+        TakeOverError::Api(source) => ApplyError::Apply { kind, key, source },
+    }
+}
+
+/// Apply results by child kind (`metahook_apply_total`): writes (`created`, `updated`, `deleted`),
+/// skips (`unchanged`: nothing to write) and failures (`error`).
+#[derive(Clone, Default)]
+pub struct ApplyMetrics {
+    applied: Family<ApplyLabels, Counter>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ApplyLabels {
+    kind: String,
+    result: &'static str,
+}
+
+impl ApplyMetrics {
+    pub fn record(&self, kind: &str, result: &'static str) {
+        self.applied.get_or_create(&ApplyLabels { kind: kind.to_owned(), result }).inc();
+    }
+
+    /// Registers `metahook_apply_total` in `registry`.
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register("metahook_apply", "Child and attachment writes and skips, by kind and result.", {
+            self.applied.clone()
+        });
+    }
+}
+
 impl ApplyError {
     /// Whether a quiet retry is the right answer (nothing the user must hear about).
     #[must_use]
@@ -108,7 +144,7 @@ pub struct Applier {
     client: Client,
     field_manager: String,
     applied: Arc<Mutex<AppliedCache>>,
-    metrics: crate::engine::metrics::ApplyMetrics,
+    metrics: ApplyMetrics,
     /// What Metacontroller wrote is taken over on the first write to it (see [`crate::write::take_over`]).
     take_over: Arc<TakeOver>,
 }
@@ -118,18 +154,12 @@ impl Applier {
     pub fn new(client: Client, field_manager: String) -> Self {
         let take_over =
             Arc::new(TakeOver::new(&field_manager, vec![crate::write::take_over::METACONTROLLER_MANAGER.into()]));
-        Self {
-            client,
-            field_manager,
-            applied: Arc::default(),
-            metrics: crate::engine::metrics::ApplyMetrics::default(),
-            take_over,
-        }
+        Self { client, field_manager, applied: Arc::default(), metrics: ApplyMetrics::default(), take_over }
     }
 
     /// Counts every apply in `metrics` (`metahook_apply_total`).
     #[must_use]
-    pub fn with_metrics(self, metrics: crate::engine::metrics::ApplyMetrics) -> Self {
+    pub fn with_metrics(self, metrics: ApplyMetrics) -> Self {
         Self { metrics, ..self }
     }
 
@@ -216,7 +246,7 @@ impl Applier {
                 taken_over = took.object;
                 &taken_over
             }
-            Err(e) => return Err(e.into_apply_error(kind(), key)),
+            Err(e) => return Err(taken_over_error(e, kind(), key)),
         };
         let current = fingerprint(desired_hash.clone(), observed);
         if matches!(method, UpdateMethod::Recreate | UpdateMethod::RollingRecreate) {
@@ -552,7 +582,7 @@ fn key_of(obj: &Value) -> ObjectKey {
 /// processes and versions of the hub, as the annotation that carries it must be.
 fn hash(value: &Value) -> String {
     use sha1::Digest as _;
-    let digest = sha1::Sha1::digest(crate::controllers::composite::revisions::canonical_json(value).as_bytes());
+    let digest = sha1::Sha1::digest(crate::api::json::canonical_json(value).as_bytes());
     digest.iter().take(16).fold(String::with_capacity(32), |mut hex, b| {
         let _ = write!(hex, "{b:02x}");
         hex

@@ -26,7 +26,7 @@ use serde_json::{Value, json};
 
 use super::fields;
 use crate::cache::informers::ObjectKey;
-use crate::write::apply::ApplyError;
+use crate::cache::informers::main_resource;
 
 /// The annotation Metacontroller's `dynamic-apply` keeps its last applied desired state in.
 pub const LAST_APPLIED_ANNOTATION: &str = "metacontroller.k8s.io/last-applied-configuration";
@@ -65,17 +65,6 @@ pub enum TakeOverError {
     Changed,
     #[error("taking it over from Metacontroller: {0}")]
     Api(#[source] kube::Error),
-}
-
-impl TakeOverError {
-    /// The applier's error for the object this was about.
-    #[must_use]
-    pub fn into_apply_error(self, kind: String, key: ObjectKey) -> ApplyError {
-        match self {
-            Self::Changed => ApplyError::Stale { kind, key },
-            Self::Api(source) => ApplyError::Apply { kind, key, source },
-        }
-    }
 }
 
 impl TakeOver {
@@ -220,11 +209,6 @@ impl TakeOver {
     }
 }
 
-/// Whether a managedFields entry is of the main resource (not a subresource such as status).
-pub(crate) fn main_resource(entry: &ManagedFieldsEntry) -> bool {
-    entry.subresource.as_deref().is_none_or(str::is_empty)
-}
-
 /// Whether the API server refused a JSON patch because one of its tests failed: it answers that with a
 /// bare 422 ("the server rejected our request due to an error in our request") naming no field, where
 /// an invalid result would name the offending fields.
@@ -241,7 +225,7 @@ fn comparable(obj: &DynamicObject) -> Value {
         meta.remove("managedFields");
         meta.remove("resourceVersion");
         if let Some(annotations) = meta.get_mut("annotations").and_then(Value::as_object_mut) {
-            annotations.remove(crate::write::apply::APPLIED_ANNOTATION);
+            annotations.remove(crate::api::APPLIED_ANNOTATION);
             if annotations.is_empty() {
                 meta.remove("annotations");
             }
@@ -250,26 +234,10 @@ fn comparable(obj: &DynamicObject) -> Value {
     value
 }
 
-/// Reduces cached `managedFields` to who wrote the object's main resource and when (manager,
-/// operation, time): enough for [`TakeOver::is_needed`] and for the applier's "written by anyone
-/// since" check after a restart, without the field sets that make up most of their size.
-pub fn slim_managed_fields(obj: &mut DynamicObject) {
-    let Some(entries) = &mut obj.metadata.managed_fields else { return };
-    // Subresource entries (status writers) matter to neither, and most parents carry one.
-    entries.retain(main_resource);
-    for entry in entries.iter_mut() {
-        entry.fields_v1 = None;
-        entry.fields_type = None;
-        entry.api_version = None;
-    }
-    if entries.is_empty() {
-        obj.metadata.managed_fields = None;
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cache::informers::slim_managed_fields;
 
     fn entry(manager: &str, operation: &str, api_version: &str, fields: Value) -> ManagedFieldsEntry {
         ManagedFieldsEntry {
