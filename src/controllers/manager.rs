@@ -181,7 +181,7 @@ async fn run_elected(client: Client, config: Config, cancel: CancellationToken) 
     let namespace = crate::ops::leader::namespace(&settings, &client);
     let mut elector = Elector::new(client.clone(), &namespace, settings, crate::ops::leader::identity());
     let leadership = elector.leadership().clone();
-    let gated = crate::ops::leader::gated(client, leadership.clone());
+    let gated = crate::ops::gate::gated(client, leadership.clone());
     let hub = Hub::with_leadership(gated, config, Some(leadership.clone()));
     let server =
         crate::engine::metrics::start(&hub.config.metrics_address, Arc::clone(&hub.registry), hub.health.clone()).await;

@@ -15,7 +15,7 @@ use crate::engine::events::Events;
 use crate::engine::metrics::{Health, Metrics};
 use crate::hooks::HookClient;
 use crate::ops::config::Config;
-use crate::ops::leader::Leadership;
+use crate::ops::gate::Leadership;
 use crate::write::apply::Applier;
 
 /// Shared services handed to every controller. Cheap to clone.

@@ -27,7 +27,7 @@ use tokio::net::TcpListener;
 use tracing::{debug, info, warn};
 
 use crate::engine::queue::QueueStats;
-use crate::ops::leader::Leadership;
+use crate::ops::gate::Leadership;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ControllerLabels {

@@ -11,7 +11,7 @@
 //!
 //! The client itself ([`connect`]) is kube's stack with two changes: its sockets set `TCP_NODELAY`, and
 //! each attempt of a leader's write — retries included — passes the leader's write gate
-//! ([`crate::ops::leader::WriteGateLayer`]).
+//! ([`crate::ops::gate::WriteGateLayer`]).
 
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -30,7 +30,7 @@ use tower::buffer::BufferLayer;
 use tower::retry::RetryLayer;
 use tower_http::trace::TraceLayer;
 
-use crate::ops::leader::WriteGateLayer;
+use crate::ops::gate::WriteGateLayer;
 
 /// The user agent of every request the hub makes.
 pub const USER_AGENT: &str = concat!("metahook/", env!("CARGO_PKG_VERSION"));
@@ -39,7 +39,7 @@ pub const USER_AGENT: &str = concat!("metahook/", env!("CARGO_PKG_VERSION"));
 /// auth, extra headers, a debug span per request) except that its sockets set `TCP_NODELAY` and that
 /// the leader's write gate sits at the bottom of the stack.
 ///
-/// The gate ([`WriteGateLayer`]) checks every attempt of a write that [`crate::ops::leader::gated`] marked,
+/// The gate ([`WriteGateLayer`]) checks every attempt of a write that [`crate::ops::gate::gated`] marked,
 /// just before it goes to the connection pool. It must be below the retry layer: kube retries a 429,
 /// 503 or 504 after the server's `Retry-After` (up to 1000 s) inside this stack, and a retry that went
 /// out unchecked could land long after the leader's renew deadline, beside the new leader's writes.
@@ -97,6 +97,37 @@ pub fn connect(mut config: kube::Config) -> Result<Client, kube::Error> {
         .map_err(tower::BoxError::from)
         .service(http);
     Ok(Client::new(service, config.default_namespace))
+}
+
+/// Why no client could be built.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    #[error("reading kubeconfig {}: {source}", path.display())]
+    Kubeconfig {
+        path: std::path::PathBuf,
+        #[source]
+        source: kube::config::KubeconfigError,
+    },
+    #[error("inferring Kubernetes config: {0}")]
+    Infer(#[source] kube::config::InferConfigError),
+    #[error("building Kubernetes client: {0}")]
+    Client(#[source] kube::Error),
+}
+
+/// A client ([`connect`]) from an explicit kubeconfig path, or from the inferred config (environment,
+/// home directory, in-cluster).
+pub async fn client_for(kubeconfig: Option<&std::path::Path>) -> Result<Client, ConnectError> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let failed = |source| ConnectError::Kubeconfig { path: path.to_owned(), source };
+            let kubeconfig = kube::config::Kubeconfig::read_from(path).map_err(failed)?;
+            kube::Config::from_custom_kubeconfig(kubeconfig, &kube::config::KubeConfigOptions::default())
+                .await
+                .map_err(failed)?
+        }
+        None => kube::Config::infer().await.map_err(ConnectError::Infer)?,
+    };
+    connect(config).map_err(ConnectError::Client)
 }
 
 /// The TCP connector under the API client's TLS: Nagle off (see [`connect`]); `https` URLs pass
@@ -260,8 +291,8 @@ mod tests {
     async fn connect_checks_each_retry_of_a_gated_write_against_the_gate() {
         use std::sync::atomic::Ordering;
         let (uri, received) = serve_unavailable_once().await;
-        let leadership = crate::ops::leader::Leadership::new("a_1".into(), "ns/metahook".into());
-        let client = crate::ops::leader::gated(connect(kube::Config::new(uri)).unwrap(), leadership.clone());
+        let leadership = crate::ops::gate::Leadership::new("a_1".into(), "ns/metahook".into());
+        let client = crate::ops::gate::gated(connect(kube::Config::new(uri)).unwrap(), leadership.clone());
         // Half a second for the first attempt on loopback, well before the retry comes due.
         let started = Instant::now();
         leadership.open_until(started + Duration::from_millis(500));
@@ -278,8 +309,8 @@ mod tests {
     async fn connect_retries_a_gated_write_while_the_gate_is_open() {
         use std::sync::atomic::Ordering;
         let (uri, received) = serve_unavailable_once().await;
-        let leadership = crate::ops::leader::Leadership::new("a_1".into(), "ns/metahook".into());
-        let client = crate::ops::leader::gated(connect(kube::Config::new(uri)).unwrap(), leadership.clone());
+        let leadership = crate::ops::gate::Leadership::new("a_1".into(), "ns/metahook".into());
+        let client = crate::ops::gate::gated(connect(kube::Config::new(uri)).unwrap(), leadership.clone());
         leadership.open_until(Instant::now() + Duration::from_secs(30));
         let response = client.send(create_config_map()).await.expect("retried after the 503");
         assert_eq!(response.status(), http::StatusCode::OK);

@@ -1,8 +1,10 @@
 //! Stage 6, operations: running the hub as a cluster add-on. Its configuration ([`config`]), its manners
-//! towards the API server ([`client`]), leader election and the write gate ([`leader`]).
+//! towards the API server ([`client`]), leader election ([`leader`]) and the write gate that makes it safe
+//! ([`gate`]).
 //!
 //! May import: every stage below (api, cache, hooks, write, engine, controllers).
 
 pub mod client;
 pub mod config;
+pub mod gate;
 pub mod leader;

@@ -7,8 +7,6 @@ use std::process::ExitCode;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
-use kube::Client;
-use kube::config::{KubeConfigOptions, Kubeconfig};
 use tracing::{error, info};
 
 use crate::ops::config::{Config, ConfigOverrides};
@@ -153,23 +151,9 @@ fn init_tracing(format: LogFormat) {
     }
 }
 
-/// Builds a client from an explicit kubeconfig path, or infers one (env, home, in-cluster).
-pub async fn client_for(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<Client> {
-    let config = match kubeconfig {
-        Some(path) => {
-            let kc = Kubeconfig::read_from(path).with_context(|| format!("reading kubeconfig {}", path.display()))?;
-            kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
-                .await
-                .with_context(|| format!("loading kubeconfig {}", path.display()))?
-        }
-        None => kube::Config::infer().await.context("inferring Kubernetes config")?,
-    };
-    crate::ops::client::connect(config).context("building Kubernetes client")
-}
-
 async fn run(args: RunArgs) -> anyhow::Result<()> {
     let config = Config::load(args.config.as_deref(), &args.overrides)?;
-    let client = client_for(args.kubeconfig.as_deref()).await?;
+    let client = crate::ops::client::client_for(args.kubeconfig.as_deref()).await?;
     let version = client.apiserver_version().await.context("asking the API server for its version")?;
     info!(server = %version.git_version, platform = %version.platform, "connected to Kubernetes");
     crate::controllers::manager::run(client, config).await?;

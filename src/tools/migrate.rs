@@ -63,7 +63,7 @@ pub fn main(args: &MigrateArgs) -> ExitCode {
     let run = async {
         let config = Config::load(args.config.as_deref(), &ConfigOverrides::default())
             .map_err(|e| DryRunError::Config(e.to_string()))?;
-        let client = crate::tools::cli::client_for(args.kubeconfig.as_deref())
+        let client = crate::ops::client::client_for(args.kubeconfig.as_deref())
             .await
             .map_err(|e| DryRunError::Connect(format!("{e:#}")))?;
         report(&client, &config).await
