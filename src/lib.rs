@@ -19,5 +19,5 @@ pub mod ops;
 pub mod tools;
 pub mod write;
 
-pub use controllers::manager::{HubError, run, run_until};
 pub use engine::hub::Hub;
+pub use ops::run::{HubError, run, run_until};

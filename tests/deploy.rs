@@ -232,8 +232,8 @@ fn grafana_dashboard_queries_only_exported_metrics() {
         .record(std::time::Duration::ZERO, metahook::engine::metrics::Outcome::Success);
     let _queue = metrics.queue("CompositeController", "c");
     metrics.apply.record("Pod", "created");
-    let mut families = metahook::engine::metrics::family_names(&registry);
-    families.extend(metahook::engine::metrics::SCRAPE_TIME_FAMILIES.iter().map(|f| (*f).to_owned()));
+    let mut families = metahook::ops::metrics::family_names(&registry);
+    families.extend(metahook::ops::metrics::SCRAPE_TIME_FAMILIES.iter().map(|f| (*f).to_owned()));
     let mut queried = BTreeSet::new();
     for panel in dashboard["panels"].as_array().unwrap() {
         for target in panel["targets"].as_array().unwrap() {

@@ -232,7 +232,7 @@ impl Controller {
             attachments.push(ChildType { method, informer: hub.informers.get(&resource) });
         }
         for informer in targets.iter().map(|t| &t.informer).chain(attachments.iter().map(|a| &a.informer)) {
-            informer.wait_synced(hub.config.cache_sync_timeout).await?;
+            informer.wait_synced(hub.settings.cache_sync_timeout).await?;
         }
         let dc_json = serde_json::to_value(&*dc).unwrap_or(Value::Null);
         let (queue, metrics, enqueue) = controller_queue(hub, "DecoratorController", &name);
@@ -270,7 +270,7 @@ impl Controller {
         for (index, changes) in attachment_changes.into_iter().enumerate() {
             tasks.spawn(Arc::clone(&self).map_attachment_events(index, changes));
         }
-        let workers = self.hub.config.workers;
+        let workers = self.hub.settings.workers;
         run_workers(self, workers, tasks, cancel).await;
     }
 

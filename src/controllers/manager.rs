@@ -9,8 +9,8 @@
 //! leaves them behind, #1062, and those objects can then never be deleted). Starts, failures to start
 //! and stops are Events on the controller object.
 //!
-//! With leader election ([`crate::ops::leader`]) all of this runs only while this hub holds the Lease, with a
-//! client whose writes stop at the renew deadline.
+//! [`crate::ops::run`] runs it, with leader election only while this hub holds the Lease, with a client
+//! whose writes stop at the renew deadline.
 
 use std::collections::HashMap;
 use std::fmt::Debug;
@@ -24,7 +24,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams};
 use kube::core::ClusterResourceScope;
 use kube::runtime::watcher;
-use kube::{Client, Resource, ResourceExt as _};
+use kube::{Resource, ResourceExt as _};
 use serde::de::DeserializeOwned;
 use serde_json::json;
 use tokio::task::JoinHandle;
@@ -32,11 +32,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::api::{CompositeController, ControllerStatus, DecoratorController};
+use crate::engine::health::ControllerState;
 use crate::engine::hub::Hub;
-use crate::engine::metrics::ControllerState;
 use crate::engine::sync::{StartError, api_for};
-use crate::ops::config::Config;
-use crate::ops::leader::{Elector, Lost};
 use crate::write::children::MAX_DELETIONS_ANNOTATION;
 
 /// A kind of controller object the manager runs.
@@ -128,13 +126,6 @@ impl<K: Managed> Running<K> {
     }
 }
 
-/// Errors that stop the hub.
-#[derive(Debug, thiserror::Error)]
-pub enum HubError {
-    #[error("waiting for shutdown signal: {0}")]
-    Signal(#[from] std::io::Error),
-}
-
 /// A reference to a controller object, for Events (cluster-scoped: they go to `default`).
 fn reference<K: Managed>(obj: &K) -> k8s_openapi::api::core::v1::ObjectReference {
     k8s_openapi::api::core::v1::ObjectReference {
@@ -146,91 +137,20 @@ fn reference<K: Managed>(obj: &K) -> k8s_openapi::api::core::v1::ObjectReference
     }
 }
 
-/// Runs every CompositeController and DecoratorController until Ctrl-C / SIGTERM.
-pub async fn run(client: Client, config: Config) -> Result<(), HubError> {
-    let cancel = CancellationToken::new();
-    let hub = tokio::spawn(run_until(client, config, cancel.clone()));
-    shutdown_signal().await?;
-    info!("shutting down");
-    cancel.cancel();
-    let _ = hub.await;
-    Ok(())
-}
-
-/// Runs every CompositeController and DecoratorController until `cancel` fires (how tests and embedders
-/// run a hub). With `leaderElection.enabled`, only while this hub holds the Lease.
-pub async fn run_until(client: Client, config: Config, cancel: CancellationToken) {
-    if config.leader_election.enabled {
-        return run_elected(client, config, cancel).await;
-    }
-    let hub = Hub::new(client, config);
-    let server =
-        crate::engine::metrics::start(&hub.config.metrics_address, Arc::clone(&hub.registry), hub.health.clone()).await;
-    run_controllers(hub, cancel).await;
-    if let Some(server) = server {
-        server.abort();
-    }
-}
-
-/// Terms of leadership, one after the other: acquire the Lease, run the controllers with a client whose
-/// writes stop at the renew deadline, and stop them when the term is lost. On `cancel` the controllers
-/// stop first and the Lease is released after, once their writes still on the wire have been answered
-/// (`Elector::release`), so a standby takes over at once and never beside one of our writes.
-async fn run_elected(client: Client, config: Config, cancel: CancellationToken) {
-    let settings = config.leader_election.clone();
-    let namespace = crate::ops::leader::namespace(&settings, &client);
-    let mut elector = Elector::new(client.clone(), &namespace, settings, crate::ops::leader::identity());
-    let leadership = elector.leadership().clone();
-    let gated = crate::ops::gate::gated(client, leadership.clone());
-    let hub = Hub::with_leadership(gated, config, Some(leadership.clone()));
-    let server =
-        crate::engine::metrics::start(&hub.config.metrics_address, Arc::clone(&hub.registry), hub.health.clone()).await;
-    info!(identity = %leadership.identity, lease = %leadership.lease, "waiting to lead");
-    while elector.acquire(&cancel).await {
-        hub.health.reset();
-        let term = CancellationToken::new();
-        let controllers = tokio::spawn(run_controllers(hub.clone(), term.clone()));
-        let lost = tokio::select! {
-            lost = elector.hold() => Some(lost),
-            () = cancel.cancelled() => None,
-        };
-        term.cancel();
-        let _ = controllers.await;
-        match lost {
-            None => {
-                elector.release().await;
-                break;
-            }
-            Some(Lost::TakenBy(holder)) => warn!(?holder, "another hub took the lease; standing by"),
-            Some(Lost::RenewDeadline) => warn!("could not renew the lease in time; standing by"),
-        }
-    }
-    if let Some(server) = server {
-        server.abort();
-    }
-}
-
-/// Runs the controllers of both kinds until `cancel` fires.
-async fn run_controllers(hub: Hub, cancel: CancellationToken) {
-    let composites = Box::pin(watch_controllers::<CompositeController>(hub.clone(), cancel.clone()));
-    let decorators = Box::pin(watch_controllers::<DecoratorController>(hub, cancel));
+/// Runs the controllers of both kinds (those whose objects match `selector`, a label selector; empty =
+/// all) until `cancel` fires.
+pub async fn run_controllers(hub: Hub, selector: String, cancel: CancellationToken) {
+    let composites = Box::pin(watch_controllers::<CompositeController>(hub.clone(), selector.clone(), cancel.clone()));
+    let decorators = Box::pin(watch_controllers::<DecoratorController>(hub, selector, cancel));
     tokio::join!(composites, decorators);
 }
 
-async fn shutdown_signal() -> std::io::Result<()> {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    tokio::select! {
-        r = tokio::signal::ctrl_c() => r,
-        _ = term.recv() => Ok(()),
-    }
-}
-
 /// Watches controller objects of kind `K` (those matching the target label selector) until `cancel` fires.
-async fn watch_controllers<K: Managed>(hub: Hub, cancel: CancellationToken) {
+async fn watch_controllers<K: Managed>(hub: Hub, selector: String, cancel: CancellationToken) {
     let api: Api<K> = Api::all(hub.client.clone());
     let mut config = watcher::Config::default();
-    if !hub.config.target_label_selector.is_empty() {
-        config = config.labels(&hub.config.target_label_selector);
+    if !selector.is_empty() {
+        config = config.labels(&selector);
     }
     let mut events = crate::cache::informers::resilient(watcher(api, config)).boxed();
     let mut running: HashMap<String, Running<K>> = HashMap::new();

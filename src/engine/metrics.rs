@@ -1,33 +1,21 @@
-//! Prometheus metrics (through `prometheus-client`) and the health endpoints `/metrics`, `/healthz`,
-//! `/readyz` on `metricsAddress`.
+//! The controllers' metrics (through `prometheus-client`): what the engine counts of every sync.
 //!
 //! Names follow the conventions dashboards already know: controller-runtime's reconcile totals by
 //! result and duration histograms (`metahook_reconcile_*`, labelled `kind`, `controller`), client-go's
-//! `workqueue_*` (labelled `name` = `<kind>/<controller>`), client-go's `leader_election_master_status`.
-//! Every family is registered in one [`Registry`] built by [`crate::engine::hub::Hub::new`]; another part of the
-//! hub adds its own families with one `register(&mut registry)` call there.
-//!
-//! A whole HTTP framework for three GET routes would outweigh the rest of the hub's dependencies, so
-//! the responder is a small hand-written one.
+//! `workqueue_*` (labelled `name` = `<kind>/<controller>`). The families live here, beside what they
+//! count; [`crate::ops::metrics`] registers them with every other stage's in one registry and serves it.
 
-use std::collections::BTreeMap;
-use std::fmt::Write as _;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric as _};
+use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-use tokio::net::TcpListener;
-use tracing::{debug, info, warn};
 
 use crate::engine::queue::QueueStats;
-use crate::ops::gate::Leadership;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ControllerLabels {
@@ -346,286 +334,6 @@ fn queue_labels(kind: &str, name: &str) -> QueueLabels {
     QueueLabels { name: format!("{}/{name}", kind.to_lowercase()) }
 }
 
-/// What a controller is doing, for `/readyz` and `metahook_controllers`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum ControllerState {
-    /// Resolving types and waiting for caches (bounded by `cacheSyncTimeout`).
-    Starting,
-    Running,
-    /// Could not start; retried with backoff. Its `Ready` condition says why.
-    Failed(String),
-}
-
-impl ControllerState {
-    fn label(&self) -> &'static str {
-        match self {
-            Self::Starting => "starting",
-            Self::Running => "running",
-            Self::Failed(_) => "failed",
-        }
-    }
-}
-
-#[derive(Debug, Default)]
-struct HealthState {
-    controllers: BTreeMap<(String, String), ControllerState>,
-    /// Controller kinds whose objects have been listed since the controllers (re)started.
-    listed: Vec<String>,
-}
-
-/// What `/readyz` answers from: the controllers' states, whether the controller objects were listed,
-/// and leadership. Cheap to clone.
-#[derive(Clone, Debug, Default)]
-pub struct Health {
-    state: Arc<Mutex<HealthState>>,
-    leadership: Option<Leadership>,
-}
-
-/// The controller kinds the manager lists before the hub is ready.
-const KINDS: [&str; 2] = ["CompositeController", "DecoratorController"];
-
-impl Health {
-    #[must_use]
-    pub fn new(leadership: Option<Leadership>) -> Self {
-        Self { state: Arc::default(), leadership }
-    }
-
-    /// Forgets everything (a new leadership term starts its controllers afresh).
-    pub fn reset(&self) {
-        *self.lock() = HealthState::default();
-    }
-
-    pub fn listed(&self, kind: &str) {
-        let mut state = self.lock();
-        if !state.listed.iter().any(|k| k == kind) {
-            state.listed.push(kind.to_owned());
-        }
-    }
-
-    pub fn set(&self, kind: &str, name: &str, controller: ControllerState) {
-        self.lock().controllers.insert((kind.to_owned(), name.to_owned()), controller);
-    }
-
-    pub fn remove(&self, kind: &str, name: &str) {
-        self.lock().controllers.remove(&(kind.to_owned(), name.to_owned()));
-    }
-
-    /// Ready, and a body saying why (or why not): a standby is ready (it must be, for a rolling update
-    /// to proceed); the leader, or a hub without election, once both controller kinds are listed and no
-    /// controller is still waiting for its caches. A controller that failed to start does not hold the
-    /// hub back: its own `Ready=False` condition says why.
-    #[must_use]
-    pub fn readiness(&self) -> (bool, String) {
-        let mut body = String::new();
-        if let Some(leadership) = &self.leadership {
-            if !leadership.may_write() {
-                let holder = leadership.holder().unwrap_or_else(|| "nobody".to_owned());
-                return (true, format!("ok: standby (identity {}; leader {holder})\n", leadership.identity));
-            }
-            let _ = writeln!(body, "leader: {} (lease {})", leadership.identity, leadership.lease);
-        }
-        let state = self.lock();
-        let mut ready = true;
-        for kind in KINDS {
-            if !state.listed.iter().any(|k| k == kind) {
-                ready = false;
-                let _ = writeln!(body, "{kind}s: not listed yet");
-            }
-        }
-        for ((kind, name), controller) in &state.controllers {
-            let line = match controller {
-                ControllerState::Starting => {
-                    ready = false;
-                    "waiting for caches".to_owned()
-                }
-                ControllerState::Running => "running".to_owned(),
-                ControllerState::Failed(reason) => format!("not running: {reason}"),
-            };
-            let _ = writeln!(body, "{kind}/{name}: {line}");
-        }
-        let verdict = if ready { "ok\n" } else { "not ready\n" };
-        (ready, format!("{verdict}{body}"))
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, HealthState> {
-        self.state.lock().expect("health lock")
-    }
-}
-
-/// Scrape-time gauges: controllers by state, informer caches, leadership.
-struct Snapshot {
-    health: Health,
-    informers: crate::cache::informers::Informers,
-}
-
-impl std::fmt::Debug for Snapshot {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Snapshot").field("health", &self.health).finish_non_exhaustive()
-    }
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ResourceLabels {
-    resource: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct StateLabels {
-    state: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct LeaseLabels {
-    name: String,
-}
-
-impl Collector for Snapshot {
-    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let caches = self.informers.stats();
-        let gauge = ConstGauge::new(i64::try_from(caches.len()).unwrap_or(i64::MAX));
-        gauge.encode(encoder.encode_descriptor(
-            "metahook_watched_types",
-            "Resource types with a shared watch.",
-            None,
-            gauge.metric_type(),
-        )?)?;
-        let mut objects = encoder.encode_descriptor(
-            "metahook_informer_objects",
-            "Objects in the shared cache of a type.",
-            None,
-            prometheus_client::metrics::MetricType::Gauge,
-        )?;
-        for cache in &caches {
-            let labels = ResourceLabels { resource: cache.resource.clone() };
-            ConstGauge::new(i64::try_from(cache.objects).unwrap_or(i64::MAX))
-                .encode(objects.encode_family(&labels)?)?;
-        }
-        let mut synced = encoder.encode_descriptor(
-            "metahook_informer_synced",
-            "1 once the cache of a type holds its first full list.",
-            None,
-            prometheus_client::metrics::MetricType::Gauge,
-        )?;
-        for cache in &caches {
-            let labels = ResourceLabels { resource: cache.resource.clone() };
-            ConstGauge::new(i64::from(cache.synced)).encode(synced.encode_family(&labels)?)?;
-        }
-        let mut by_state: BTreeMap<&'static str, i64> =
-            [("starting", 0), ("running", 0), ("failed", 0)].into_iter().collect();
-        for controller in self.health.lock().controllers.values() {
-            *by_state.entry(controller.label()).or_default() += 1;
-        }
-        let mut controllers = encoder.encode_descriptor(
-            "metahook_controllers",
-            "Controllers by state (starting: waiting for caches; failed: see their Ready condition).",
-            None,
-            prometheus_client::metrics::MetricType::Gauge,
-        )?;
-        for (state, count) in by_state {
-            ConstGauge::new(count).encode(controllers.encode_family(&StateLabels { state })?)?;
-        }
-        if let Some(leadership) = &self.health.leadership {
-            let mut leader = encoder.encode_descriptor(
-                "leader_election_master_status",
-                "1 while this hub holds the leader Lease and may write.",
-                None,
-                prometheus_client::metrics::MetricType::Gauge,
-            )?;
-            let labels = LeaseLabels { name: leadership.lease.clone() };
-            ConstGauge::new(i64::from(leadership.may_write())).encode(leader.encode_family(&labels)?)?;
-        }
-        Ok(())
-    }
-}
-
-/// The families [`register_snapshot`] computes when scraped.
-pub const SCRAPE_TIME_FAMILIES: [&str; 5] = [
-    "metahook_watched_types",
-    "metahook_informer_objects",
-    "metahook_informer_synced",
-    "metahook_controllers",
-    "leader_election_master_status",
-];
-
-/// Names of the families in `registry` (as `# TYPE` declares them, without sample suffixes).
-#[must_use]
-pub fn family_names(registry: &Registry) -> std::collections::BTreeSet<String> {
-    render(registry)
-        .lines()
-        .filter_map(|l| l.strip_prefix("# TYPE "))
-        .filter_map(|l| l.split_whitespace().next())
-        .map(str::to_owned)
-        .collect()
-}
-
-/// Registers the scrape-time gauges (caches, controllers, leadership).
-pub fn register_snapshot(registry: &mut Registry, health: Health, informers: crate::cache::informers::Informers) {
-    registry.register_collector(Box::new(Snapshot { health, informers }));
-}
-
-/// The `OpenMetrics` text of every registered family.
-#[must_use]
-pub fn render(registry: &Registry) -> String {
-    let mut out = String::new();
-    if let Err(err) = prometheus_client::encoding::text::encode(&mut out, registry) {
-        warn!("encoding metrics: {err}");
-    }
-    out
-}
-
-/// Serves `/metrics`, `/healthz` and `/readyz` on `listener` until the task is dropped.
-pub async fn serve(listener: TcpListener, registry: Arc<Registry>, health: Health) {
-    loop {
-        let Ok((mut stream, _)) = listener.accept().await else { continue };
-        let registry = Arc::clone(&registry);
-        let health = health.clone();
-        tokio::spawn(async move {
-            let mut buffer = [0_u8; 1024];
-            let Ok(read) = stream.read(&mut buffer).await else { return };
-            let request = String::from_utf8_lossy(&buffer[..read]);
-            let path = request.split_whitespace().nth(1).unwrap_or("/");
-            let text = "text/plain; charset=utf-8";
-            let (status, content_type, body) = match path {
-                "/metrics" => {
-                    ("200 OK", "application/openmetrics-text; version=1.0.0; charset=utf-8", render(&registry))
-                }
-                "/healthz" => ("200 OK", text, "ok\n".to_owned()),
-                "/readyz" => match health.readiness() {
-                    (true, body) => ("200 OK", text, body),
-                    (false, body) => ("503 Service Unavailable", text, body),
-                },
-                _ => ("404 Not Found", text, "not found\n".to_owned()),
-            };
-            let response = format!(
-                "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                body.len()
-            );
-            if let Err(err) = stream.write_all(response.as_bytes()).await {
-                debug!("metrics client went away: {err}");
-            }
-        });
-    }
-}
-
-/// Binds `address` (empty = disabled) and serves on it in the background.
-pub async fn start(address: &str, registry: Arc<Registry>, health: Health) -> Option<tokio::task::JoinHandle<()>> {
-    if address.is_empty() {
-        return None;
-    }
-    match TcpListener::bind(address).await {
-        Ok(listener) => {
-            if let Ok(local) = listener.local_addr() {
-                info!(address = %local, "serving /metrics, /healthz and /readyz");
-            }
-            Some(tokio::spawn(serve(listener, registry, health)))
-        }
-        Err(err) => {
-            warn!(address, "cannot serve metrics and health endpoints: {err}");
-            None
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -646,6 +354,11 @@ mod tests {
         web.hook_sync(Cause::Delay);
         web.hook_sync(Cause::Echo);
         web.hook_call_saved(Saved::IdenticalRequest);
+        let render = |registry: &Registry| {
+            let mut out = String::new();
+            prometheus_client::encoding::text::encode(&mut out, registry).unwrap();
+            out
+        };
         let text = render(&registry);
         let labels = "kind=\"CompositeController\",controller=\"web\"";
         assert!(text.contains(&format!("metahook_reconcile_total{{{labels},result=\"success\"}} 1")), "{text}");
@@ -659,30 +372,5 @@ mod tests {
         assert!(text.contains(&format!("metahook_hook_calls_saved_total{{{labels},why=\"identical_request\"}} 1")));
         metrics.remove("CompositeController", "web");
         assert!(!render(&registry).contains("controller=\"web\""));
-    }
-
-    #[test]
-    fn ready_only_when_listed_and_no_controller_is_waiting_for_caches() {
-        let health = Health::new(None);
-        assert!(!health.readiness().0, "nothing listed yet");
-        health.listed("CompositeController");
-        health.listed("DecoratorController");
-        assert!(health.readiness().0);
-        health.set("CompositeController", "web", ControllerState::Starting);
-        let (ready, body) = health.readiness();
-        assert!(!ready && body.contains("CompositeController/web: waiting for caches"), "{body}");
-        health.set("CompositeController", "web", ControllerState::Failed("Forbidden".into()));
-        assert!(health.readiness().0, "a controller that cannot start reports on itself, not on the hub");
-        health.set("CompositeController", "web", ControllerState::Running);
-        assert!(health.readiness().0);
-    }
-
-    #[test]
-    fn a_standby_is_ready_and_says_who_leads() {
-        let leadership = Leadership::new("b_1".into(), "ns/metahook".into());
-        let health = Health::new(Some(leadership));
-        let (ready, body) = health.readiness();
-        assert!(ready, "a standby must be ready, or a rolling update never finishes");
-        assert!(body.contains("standby"), "{body}");
     }
 }

@@ -1,14 +1,15 @@
 //! Stage 4, engine: what every controller kind shares between "something changed" and "the cluster
 //! matches". The work [`queue`] and its reasons, the worker loop and the sync's phases ([`sync`]), the
 //! echoes of the hub's own writes ([`echoes`]), the last request asked ([`answered`]), Events
-//! ([`events`]), sync requests ([`trigger`]), the controllers' metrics ([`metrics`]) and the services a
-//! controller runs with ([`hub`]).
+//! ([`events`]), sync requests ([`trigger`]), the controllers' metrics ([`metrics`]) and states
+//! ([`health`]), and the services a controller runs with ([`hub`]).
 //!
 //! May import: [`crate::api`], [`crate::cache`], [`crate::hooks`], [`crate::write`].
 
 pub mod answered;
 pub mod echoes;
 pub mod events;
+pub mod health;
 pub mod hub;
 pub mod metrics;
 pub mod queue;

@@ -344,8 +344,7 @@ pub(crate) fn controller_queue<K: Clone + Eq + Hash + Send + Sync + 'static>(
     kind: &str,
     name: &str,
 ) -> (WorkQueue<K>, Arc<crate::engine::metrics::ControllerMetrics>, Enqueue<K>) {
-    let backoff = crate::engine::queue::Backoff { base: hub.config.backoff_base, max: hub.config.backoff_max };
-    let queue = WorkQueue::with_stats(backoff, hub.metrics.queue(kind, name));
+    let queue = WorkQueue::with_stats(hub.settings.backoff, hub.metrics.queue(kind, name));
     let metrics = hub.metrics.controller(kind, name);
     let enqueue = {
         let queue = queue.clone();

@@ -210,6 +210,16 @@ impl Config {
         Ok(config)
     }
 
+    /// How controllers run.
+    #[must_use]
+    pub fn engine_settings(&self) -> crate::engine::hub::Settings {
+        crate::engine::hub::Settings {
+            workers: self.workers,
+            cache_sync_timeout: self.cache_sync_timeout,
+            backoff: crate::engine::queue::Backoff { base: self.backoff_base, max: self.backoff_max },
+        }
+    }
+
     /// The limits of the hub's API client.
     #[must_use]
     pub fn client_limits(&self) -> crate::ops::client::Limits {

@@ -1,6 +1,6 @@
 //! Stage 6, operations: running the hub as a cluster add-on. Its configuration ([`config`]), its manners
 //! towards the API server ([`client`]), leader election ([`leader`]) and the write gate that makes it safe
-//! ([`gate`]).
+//! ([`gate`]), `/metrics` and health ([`metrics`]), and running it all ([`run`]).
 //!
 //! May import: every stage below (api, cache, hooks, write, engine, controllers).
 
@@ -8,3 +8,5 @@ pub mod client;
 pub mod config;
 pub mod gate;
 pub mod leader;
+pub mod metrics;
+pub mod run;

@@ -156,6 +156,6 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let client = crate::ops::client::client_for(args.kubeconfig.as_deref()).await?;
     let version = client.apiserver_version().await.context("asking the API server for its version")?;
     info!(server = %version.git_version, platform = %version.platform, "connected to Kubernetes");
-    crate::controllers::manager::run(client, config).await?;
+    crate::ops::run::run(client, config).await?;
     Ok(())
 }

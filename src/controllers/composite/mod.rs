@@ -127,16 +127,16 @@ impl Controller {
                 .await
                 .map_err(|source| StartError::NotFound { role: "controllerrevision", source })?;
             let informer = hub.informers.get(&resource);
-            informer.wait_synced(hub.config.cache_sync_timeout).await?;
+            informer.wait_synced(hub.settings.cache_sync_timeout).await?;
             let child_resources = resources(&children);
             Some(Rollouts::new(informer, Arc::clone(&parent_resource), child_resources, spec))
         } else {
             None
         };
         let parent = hub.informers.get(&parent_resource);
-        parent.wait_synced(hub.config.cache_sync_timeout).await?;
+        parent.wait_synced(hub.settings.cache_sync_timeout).await?;
         for child in &children {
-            child.informer.wait_synced(hub.config.cache_sync_timeout).await?;
+            child.informer.wait_synced(hub.settings.cache_sync_timeout).await?;
         }
         let cc_json = serde_json::to_value(&*cc).unwrap_or(Value::Null);
         let (queue, metrics, enqueue) = controller_queue(hub, "CompositeController", &name);
@@ -174,7 +174,7 @@ impl Controller {
         for (index, changes) in child_changes.into_iter().enumerate() {
             tasks.spawn(Arc::clone(&self).map_child_events(index, changes));
         }
-        let workers = self.hub.config.workers;
+        let workers = self.hub.settings.workers;
         run_workers(self, workers, tasks, cancel).await;
     }
 

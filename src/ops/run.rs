@@ -1,0 +1,122 @@
+//! Running the hub: builds the shared [`Hub`] from the configuration, serves `/metrics` and health, and
+//! runs the controllers ([`run_controllers`]) — at once, or with leader election only while this hub
+//! holds the Lease, with a client whose writes stop at the renew deadline ([`crate::ops::gate`]).
+
+use std::sync::Arc;
+
+use kube::Client;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::cache::discovery::Discovery;
+use crate::cache::informers::Informers;
+use crate::controllers::manager::run_controllers;
+use crate::engine::events::Events;
+use crate::engine::health::Health;
+use crate::engine::hub::Hub;
+use crate::engine::metrics::Metrics;
+use crate::hooks::HookClient;
+use crate::ops::config::Config;
+use crate::ops::leader::{Elector, Lost};
+use crate::ops::metrics::{self, Readiness};
+use crate::write::apply::Applier;
+
+/// Errors that stop the hub.
+#[derive(Debug, thiserror::Error)]
+pub enum HubError {
+    #[error("waiting for shutdown signal: {0}")]
+    Signal(#[from] std::io::Error),
+}
+
+/// The hub's shared services for `config`, all on `client` (with the hub's manners: user agent,
+/// requests in flight, optional rate limit).
+#[must_use]
+pub fn build(client: Client, config: &Config) -> Hub {
+    let client = crate::ops::client::limited(client, config.client_limits());
+    let metrics = Metrics::default();
+    Hub {
+        discovery: Discovery::new(client.clone(), config.discovery_interval),
+        informers: Informers::new(client.clone()),
+        hooks: HookClient::new(&config.hook_client(), Some(client.clone())),
+        applier: Applier::new(client.clone(), config.field_manager.clone())
+            .with_metrics(metrics.apply.clone())
+            .taking_over_from(config.take_over_field_managers.clone()),
+        events: Events::new(client.clone()),
+        settings: config.engine_settings(),
+        metrics,
+        health: Health::default(),
+        client,
+    }
+}
+
+/// Runs every CompositeController and DecoratorController until Ctrl-C / SIGTERM.
+pub async fn run(client: Client, config: Config) -> Result<(), HubError> {
+    let cancel = CancellationToken::new();
+    let hub = tokio::spawn(run_until(client, config, cancel.clone()));
+    shutdown_signal().await?;
+    info!("shutting down");
+    cancel.cancel();
+    let _ = hub.await;
+    Ok(())
+}
+
+/// Runs every CompositeController and DecoratorController until `cancel` fires (how tests and embedders
+/// run a hub). With `leaderElection.enabled`, only while this hub holds the Lease.
+pub async fn run_until(client: Client, config: Config, cancel: CancellationToken) {
+    if config.leader_election.enabled {
+        return run_elected(client, config, cancel).await;
+    }
+    let hub = build(client, &config);
+    let ready = Readiness { health: hub.health.clone(), leadership: None };
+    let server = metrics::start(&config.metrics_address, Arc::new(metrics::registry(&hub, &ready)), ready).await;
+    run_controllers(hub, config.target_label_selector.clone(), cancel).await;
+    if let Some(server) = server {
+        server.abort();
+    }
+}
+
+/// Terms of leadership, one after the other: acquire the Lease, run the controllers with a client whose
+/// writes stop at the renew deadline, and stop them when the term is lost. On `cancel` the controllers
+/// stop first and the Lease is released after, once their writes still on the wire have been answered
+/// (`Elector::release`), so a standby takes over at once and never beside one of our writes.
+async fn run_elected(client: Client, config: Config, cancel: CancellationToken) {
+    let settings = config.leader_election.clone();
+    let namespace = crate::ops::leader::namespace(&settings, &client);
+    let mut elector = Elector::new(client.clone(), &namespace, settings, crate::ops::leader::identity());
+    let leadership = elector.leadership().clone();
+    let hub = build(crate::ops::gate::gated(client, leadership.clone()), &config);
+    let ready = Readiness { health: hub.health.clone(), leadership: Some(leadership.clone()) };
+    let server = metrics::start(&config.metrics_address, Arc::new(metrics::registry(&hub, &ready)), ready).await;
+    info!(identity = %leadership.identity, lease = %leadership.lease, "waiting to lead");
+    while elector.acquire(&cancel).await {
+        hub.health.reset();
+        let term = CancellationToken::new();
+        let controllers =
+            tokio::spawn(run_controllers(hub.clone(), config.target_label_selector.clone(), term.clone()));
+        let lost = tokio::select! {
+            lost = elector.hold() => Some(lost),
+            () = cancel.cancelled() => None,
+        };
+        term.cancel();
+        let _ = controllers.await;
+        match lost {
+            None => {
+                elector.release().await;
+                break;
+            }
+            Some(Lost::TakenBy(holder)) => warn!(?holder, "another hub took the lease; standing by"),
+            Some(Lost::RenewDeadline) => warn!("could not renew the lease in time; standing by"),
+        }
+    }
+    if let Some(server) = server {
+        server.abort();
+    }
+}
+
+async fn shutdown_signal() -> std::io::Result<()> {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        r = tokio::signal::ctrl_c() => r,
+        _ = term.recv() => Ok(()),
+    }
+}
