@@ -32,9 +32,10 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::api::{CompositeController, ControllerStatus, DecoratorController};
+use crate::engine::error::StartError;
 use crate::engine::health::ControllerState;
 use crate::engine::hub::Hub;
-use crate::engine::sync::{StartError, api_for};
+use crate::engine::sync::api_for;
 use crate::write::children::MAX_DELETIONS_ANNOTATION;
 
 /// A kind of controller object the manager runs.
@@ -312,9 +313,9 @@ async fn release_finalizers<K: Managed>(hub: &Hub, obj: &K) {
             .list(&kube::api::ListParams::default())
             .await;
         let Ok(list) = list else { continue };
-        for item in list.items.iter().filter(|o| crate::engine::sync::has_finalizer(o, &finalizer)) {
+        for item in list.items.iter().filter(|o| crate::engine::finalizer::has_finalizer(o, &finalizer)) {
             let api = api_for(&hub.client, &resolved, item);
-            if let Err(err) = crate::engine::sync::set_finalizer(&api, item, &finalizer, false).await {
+            if let Err(err) = crate::engine::finalizer::set_finalizer(&api, item, &finalizer, false).await {
                 warn!(object = %item.name_any(), "could not remove finalizer {finalizer}: {err}");
             } else {
                 info!(object = %item.name_any(), finalizer, "removed finalizer of deleted controller");

@@ -15,8 +15,8 @@ use crate::api::{HookVersion, labels_of};
 use crate::cache::discovery::ResolvedResource;
 use crate::cache::informers::{Change, Informer, ObjectKey};
 use crate::cache::selector::Selector;
+use crate::engine::error::SyncError;
 use crate::engine::hub::Hub;
-use crate::engine::sync::SyncError;
 use crate::hooks::{
     CustomizeRequest, Endpoint, ObjectMaps, RelatedResourceRule, WireObject, group_version_kind_key, object_key,
 };

@@ -8,10 +8,14 @@
 
 pub mod answered;
 pub mod echoes;
+pub mod error;
 pub mod events;
+pub mod finalizer;
 pub mod health;
 pub mod hub;
 pub mod metrics;
 pub mod queue;
+pub mod status;
 pub mod sync;
 pub mod trigger;
+pub mod worker;

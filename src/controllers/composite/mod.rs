@@ -25,14 +25,14 @@ use crate::cache::selector::{Selector, SelectorIndex};
 use crate::controllers::related::{ParentScope, Related};
 use crate::engine::answered::{Answered, RequestId};
 use crate::engine::echoes::{Echo, EchoPolicy, Echoes, Seen, Settled, Watched};
+use crate::engine::error::{StartError, SyncError};
 use crate::engine::events::Events;
+use crate::engine::finalizer::{Facts, follow_plan, gc_finalizing, has_finalizer, lifecycle_changed, remove_finalizer};
 use crate::engine::hub::Hub;
 use crate::engine::queue::{Reason, Reasons, WorkQueue};
-use crate::engine::sync::{
-    Facts, StartError, SyncError, Syncer, api_for, ask_hook, controller_queue, follow_plan, gc_finalizing,
-    has_finalizer, lifecycle_changed, meaningful_parent_change, record_hook_events, remove_finalizer, replace_status,
-    resync_after, resync_period, run_workers,
-};
+use crate::engine::status::{record_hook_events, replace_status};
+use crate::engine::sync::{api_for, ask_hook, meaningful_parent_change};
+use crate::engine::worker::{Syncer, controller_queue, resync_after, resync_period, run_workers};
 use crate::hooks::{CompositeRequest, CompositeResponse, ControllerHooks};
 use crate::write::children::{
     ChildMap, ChildType, DeletionGuard, Executed, Plan, WriteObserver, claim, deleted_version, desired_children,

@@ -23,7 +23,7 @@ use sha1::{Digest as _, Sha1};
 use crate::api::{ChildResourceRule, CompositeControllerSpec, StatusConditionCheck, UpdateMethod};
 use crate::cache::discovery::ResolvedResource;
 use crate::cache::informers::{Informer, ObjectKey};
-use crate::engine::sync::SyncError;
+use crate::engine::error::SyncError;
 use crate::hooks::CompositeResponse;
 use crate::write::apply::{Applier, ApplyError};
 use crate::write::children::{ChildMap, owner_reference};

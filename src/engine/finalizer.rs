@@ -1,0 +1,192 @@
+//! The controller's finalizer: when to call the finalize hook instead of the sync hook, and putting the
+//! finalizer on and taking it off (re-reading the object on a conflict) — one helper owns both ends.
+
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use serde_json::json;
+
+use crate::engine::error::SyncError;
+
+/// What to do with an object, given its finalizer state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Step {
+    /// Not ours to sync (not selected, or going away without our finalizer).
+    Skip,
+    /// The finalize hook was removed from the spec: drop our finalizer, nothing else.
+    DropFinalizer,
+    /// Call the hook. `add_finalizer`: put ours on first.
+    Sync { finalizing: bool, add_finalizer: bool },
+}
+
+/// What the finalizer decision depends on.
+#[derive(Debug, Clone, Copy)]
+#[allow(clippy::struct_excessive_bools)] // four independent facts; an enum would hide which is which
+pub(crate) struct Facts {
+    pub finalize_hook: bool,
+    pub selected: bool,
+    pub has_finalizer: bool,
+    pub deleting: bool,
+}
+
+/// Metacontroller's finalizer rules: a finalize hook is called on deletion, and when the object stops
+/// matching the controller's selector, for as long as our finalizer is on it.
+pub(crate) fn plan(facts: Facts) -> Step {
+    let Facts { finalize_hook: has_finalize_hook, selected, has_finalizer, deleting } = facts;
+    let finalizing = has_finalize_hook && (deleting || !selected);
+    match (has_finalize_hook, has_finalizer) {
+        (false, true) => Step::DropFinalizer,
+        _ if finalizing && has_finalizer => Step::Sync { finalizing: true, add_finalizer: false },
+        _ if deleting || !selected => Step::Skip,
+        _ => Step::Sync { finalizing: false, add_finalizer: has_finalize_hook && !has_finalizer },
+    }
+}
+
+/// Carries out [`plan`] for `obj`: adds or drops our finalizer as needed. Returns `None` when there is
+/// nothing more to do, else whether the hook is called to finalize.
+pub(crate) async fn follow_plan(
+    api: &Api<DynamicObject>,
+    obj: &DynamicObject,
+    finalizer: &str,
+    facts: Facts,
+) -> Result<Option<bool>, SyncError> {
+    match plan(facts) {
+        Step::Skip => Ok(None),
+        Step::DropFinalizer => set_finalizer(api, obj, finalizer, false).await.map(|()| None),
+        Step::Sync { finalizing, add_finalizer } => {
+            if add_finalizer {
+                set_finalizer(api, obj, finalizer, true).await?;
+            }
+            Ok(Some(finalizing))
+        }
+    }
+}
+
+/// Whether `live` is at another stage of its life than `cached` (the copy a hook was called with):
+/// deletion started, or a finalizer came or went (the garbage collector's among them). Writing the
+/// hook's answer then could act for a stage that is over, so the sync is retried with the fresh copy.
+/// `ours` (the hub's own finalizer) does not count: this very sync may just have added it, and the cached
+/// copy cannot show that yet.
+pub(crate) fn lifecycle_changed(cached: &DynamicObject, live: &DynamicObject, ours: &str) -> bool {
+    let others = |obj: &DynamicObject| -> Vec<String> {
+        obj.metadata.finalizers.iter().flatten().filter(|f| *f != ours).cloned().collect()
+    };
+    cached.metadata.deletion_timestamp != live.metadata.deletion_timestamp || others(cached) != others(live)
+}
+
+/// Whether `obj` carries `finalizer`.
+pub(crate) fn has_finalizer(obj: &DynamicObject, finalizer: &str) -> bool {
+    obj.metadata.finalizers.iter().flatten().any(|f| f == finalizer)
+}
+
+/// Whether the garbage collector is deleting `obj`'s dependents its own way: `orphan` (`kubectl delete
+/// --cascade=orphan`, the user keeps the children) or `foregroundDeletion` (the GC deletes them first).
+/// Either way the children are no longer the hub's to write, as in Metacontroller: the finalize hook is
+/// still called, but no child is created, changed or deleted.
+pub(crate) fn gc_finalizing(obj: &DynamicObject) -> bool {
+    obj.metadata.deletion_timestamp.is_some()
+        && obj.metadata.finalizers.iter().flatten().any(|f| f == "orphan" || f == "foregroundDeletion")
+}
+
+/// Adds or removes `finalizer`, guarded by the object's resourceVersion (a conflict retries the sync).
+pub(crate) async fn set_finalizer(
+    api: &Api<DynamicObject>,
+    obj: &DynamicObject,
+    finalizer: &str,
+    present: bool,
+) -> Result<(), SyncError> {
+    let mut finalizers: Vec<&String> = obj.metadata.finalizers.iter().flatten().filter(|f| *f != finalizer).collect();
+    let ours = finalizer.to_owned();
+    if present {
+        finalizers.push(&ours);
+    }
+    let patch = json!({"metadata": {"finalizers": finalizers, "resourceVersion": obj.metadata.resource_version}});
+    let name = obj.metadata.name.as_deref().unwrap_or_default();
+    match api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 409 => Err(SyncError::Conflict("finalizers")),
+        Err(e) => Err(SyncError::Write { what: "finalizers", source: Box::new(e) }),
+    }
+}
+
+/// How often [`remove_finalizer`] re-reads the object after a conflict before the sync is retried.
+const FINALIZER_ATTEMPTS: usize = 5;
+
+/// Removes `finalizer` from `obj`, re-reading it after a conflict. The sync that lets go has usually
+/// just written the object's status, so the copy it read is stale by then; a finalize hook whose status
+/// changes on every call (a timestamp, a counter) would otherwise conflict on every retry, and the
+/// object (and its namespace) could never be deleted. A re-read object that is gone, replaced (another
+/// UID) or without our finalizer needs nothing more.
+pub(crate) async fn remove_finalizer(
+    api: &Api<DynamicObject>,
+    obj: &DynamicObject,
+    finalizer: &str,
+) -> Result<(), SyncError> {
+    let name = obj.metadata.name.as_deref().unwrap_or_default();
+    let mut current = std::borrow::Cow::Borrowed(obj);
+    for _ in 0..FINALIZER_ATTEMPTS {
+        if !has_finalizer(&current, finalizer) {
+            return Ok(());
+        }
+        match set_finalizer(api, &current, finalizer, false).await {
+            Err(SyncError::Conflict(_)) => {}
+            done => return done,
+        }
+        match api.get_opt(name).await {
+            Ok(Some(live)) if live.metadata.uid == obj.metadata.uid => current = std::borrow::Cow::Owned(live),
+            Ok(_) => return Ok(()),
+            Err(e) => return Err(SyncError::Write { what: "finalizers", source: Box::new(e) }),
+        }
+    }
+    Err(SyncError::Conflict("finalizers"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    /// Facts in the order (finalize hook, selected, has our finalizer, deleting) keep the table readable.
+    #[allow(clippy::fn_params_excessive_bools)]
+    fn f(finalize_hook: bool, selected: bool, has_finalizer: bool, deleting: bool) -> Facts {
+        Facts { finalize_hook, selected, has_finalizer, deleting }
+    }
+
+    #[test]
+    fn selected_live_objects_sync_and_get_our_finalizer_when_there_is_a_finalize_hook() {
+        assert_eq!(plan(f(true, true, false, false)), Step::Sync { finalizing: false, add_finalizer: true });
+        assert_eq!(plan(f(true, true, true, false)), Step::Sync { finalizing: false, add_finalizer: false });
+        assert_eq!(plan(f(false, true, false, false)), Step::Sync { finalizing: false, add_finalizer: false });
+    }
+
+    #[test]
+    fn deletion_or_opt_out_finalizes_only_while_our_finalizer_is_on() {
+        assert_eq!(plan(f(true, true, true, true)), Step::Sync { finalizing: true, add_finalizer: false });
+        assert_eq!(plan(f(true, false, true, false)), Step::Sync { finalizing: true, add_finalizer: false });
+        assert_eq!(plan(f(true, true, false, true)), Step::Skip);
+        assert_eq!(plan(f(true, false, false, false)), Step::Skip);
+        assert_eq!(plan(f(false, true, false, true)), Step::Skip);
+    }
+
+    #[test]
+    fn removed_finalize_hook_drops_the_finalizer() {
+        assert_eq!(plan(f(false, true, true, false)), Step::DropFinalizer);
+        assert_eq!(plan(f(false, false, true, true)), Step::DropFinalizer);
+    }
+
+    #[test]
+    fn only_other_finalizers_and_deletion_change_a_parents_stage() {
+        let with = |finalizers: &[&str], deleting: bool| {
+            let mut obj =
+                DynamicObject::new("p", &kube::core::ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&()));
+            obj.metadata.finalizers = Some(finalizers.iter().map(|f| (*f).to_owned()).collect());
+            if deleting {
+                obj.metadata.deletion_timestamp =
+                    Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now()));
+            }
+            obj
+        };
+        let ours = "metacontroller.io/compositecontroller-c";
+        assert!(!lifecycle_changed(&with(&[], false), &with(&[ours], false), ours), "our own finalizer was just added");
+        assert!(lifecycle_changed(&with(&[ours], false), &with(&[ours, "orphan"], false), ours));
+        assert!(lifecycle_changed(&with(&[ours, "foregroundDeletion"], true), &with(&[ours], true), ours));
+        assert!(lifecycle_changed(&with(&[ours], false), &with(&[ours], true), ours));
+    }
+}
