@@ -5,52 +5,13 @@ mod support;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
+use kube::api::{DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
 use serde_json::{Value, json};
 use support::{HookServer, World, api, apply_value, eventually, warnings_for};
 
 const WAIT: Duration = Duration::from_secs(60);
 
 impl World {
-    /// Applies a CompositeController named after the test, labelled for this test's hub. Unless the spec
-    /// says otherwise, it selects only this test's parents: tests share the parent CRDs.
-    async fn controller(&self, mut spec: Value) -> DynamicObject {
-        if spec["parentResource"].get("labelSelector").is_none() {
-            spec["parentResource"]["labelSelector"] = json!({"matchLabels": {"metahook-test": self.label}});
-        }
-        apply_value(
-            &self.client,
-            &json!({
-                "apiVersion": "metacontroller.k8s.io/v1alpha1", "kind": "CompositeController",
-                "metadata": {"name": self.label, "labels": {"metahook-test": self.label}},
-                "spec": spec,
-            }),
-        )
-        .await
-    }
-
-    async fn thing(&self, name: &str, spec: Value) -> DynamicObject {
-        apply_value(
-            &self.client,
-            &json!({"apiVersion": "test.metahook.dev/v1", "kind": "Thing",
-                    "metadata": {"name": name, "namespace": self.ns.name, "labels": {"metahook-test": self.label}},
-                    "spec": spec}),
-        )
-        .await
-    }
-
-    async fn things(&self) -> Api<DynamicObject> {
-        api(&self.client, "test.metahook.dev/v1", "Thing", Some(&self.ns.name)).await
-    }
-
-    async fn config_maps(&self) -> Api<DynamicObject> {
-        api(&self.client, "v1", "ConfigMap", Some(&self.ns.name)).await
-    }
-
-    async fn config_map(&self, name: &str) -> Option<DynamicObject> {
-        self.config_maps().await.get_opt(name).await.unwrap()
-    }
-
     /// Names of ConfigMaps in the namespace controlled by something (ignores kube-root-ca.crt).
     async fn owned_config_maps(&self) -> BTreeSet<String> {
         self.config_maps()
@@ -63,14 +24,6 @@ impl World {
             .filter(|cm| cm.metadata.owner_references.as_ref().is_some_and(|r| !r.is_empty()))
             .filter_map(|cm| cm.metadata.name)
             .collect()
-    }
-
-    async fn finish(mut self) {
-        self.stop_hub().await;
-        let ccs: Api<DynamicObject> =
-            api(&self.client, "metacontroller.k8s.io/v1alpha1", "CompositeController", None).await;
-        let _ = ccs.delete(&self.label, &DeleteParams::default()).await;
-        self.ns.delete().await;
     }
 }
 
@@ -103,7 +56,7 @@ fn data(obj: &DynamicObject, key: &str) -> Option<String> {
 #[tokio::test]
 async fn sync_creates_children_and_status_with_observed_generation() {
     let w = World::new("sync-creates", GREETER).await;
-    w.controller(sync_spec(&w.hook, "InPlace")).await;
+    w.composite(sync_spec(&w.hook, "InPlace")).await;
     let parent = w.thing("one", json!({"greeting": "hello"})).await;
 
     let cm = eventually(WAIT, || async { w.config_map("one-cm").await }).await;
@@ -129,7 +82,7 @@ async fn sync_creates_children_and_status_with_observed_generation() {
         (w.things().await.get("one").await.unwrap().data["status"]["observedGeneration"] == 2).then_some(())
     })
     .await;
-    w.finish().await;
+    w.finish("CompositeController").await;
 }
 
 /// Echoes the children keys it receives into status, so the test can see the wire format.
@@ -153,18 +106,15 @@ async fn children_are_keyed_by_name_in_v1_and_namespace_slash_name_in_v2() {
         [("v1", "Thing", "things"), ("v2", "Thing", "things"), ("v1", "ClusterThing", "clusterthings")]
     {
         let cc_name = format!("{}-{version}-{resource}", w.label);
-        apply_value(
-            &w.client,
-            &json!({
-                "apiVersion": "metacontroller.k8s.io/v1alpha1", "kind": "CompositeController",
-                "metadata": {"name": cc_name, "labels": {"metahook-test": w.label}},
-                "spec": {
-                    "generateSelector": true,
-                    "parentResource": {"apiVersion": "test.metahook.dev/v1", "resource": resource,
-                                       "labelSelector": {"matchLabels": {"proto": version, "test": w.label}}},
-                    "childResources": [{"apiVersion": "v1", "resource": "configmaps"}, {"apiVersion": "v1", "resource": "secrets"}],
-                    "hooks": {"sync": {"version": version, "webhook": {"url": w.hook.url("/sync")}}},
-                },
+        w.controller(
+            "CompositeController",
+            &cc_name,
+            json!({
+                "generateSelector": true,
+                "parentResource": {"apiVersion": "test.metahook.dev/v1", "resource": resource,
+                                   "labelSelector": {"matchLabels": {"proto": version, "test": w.label}}},
+                "childResources": [{"apiVersion": "v1", "resource": "configmaps"}, {"apiVersion": "v1", "resource": "secrets"}],
+                "hooks": {"sync": {"version": version, "webhook": {"url": w.hook.url("/sync")}}},
             }),
         )
         .await;
@@ -191,11 +141,10 @@ async fn children_are_keyed_by_name_in_v1_and_namespace_slash_name_in_v2() {
         if parent_kind == "ClusterThing" {
             parents.delete(&name, &DeleteParams::default()).await.unwrap();
         }
-        let ccs: Api<DynamicObject> =
-            api(&w.client, "metacontroller.k8s.io/v1alpha1", "CompositeController", None).await;
+        let ccs = w.controllers("CompositeController").await;
         ccs.delete(&cc_name, &DeleteParams::default()).await.unwrap();
     }
-    w.finish().await;
+    w.finish("CompositeController").await;
 }
 
 /// One child per declared type, each carrying `spec.version`.
@@ -213,7 +162,7 @@ def sync(req):
 #[tokio::test]
 async fn update_strategies_update_in_place_recreate_or_wait_for_deletion() {
     let w = World::new("strategies", VERSIONED).await;
-    w.controller(json!({
+    w.composite(json!({
         "generateSelector": true,
         "parentResource": {"apiVersion": "test.metahook.dev/v1", "resource": "things"},
         "childResources": [
@@ -256,7 +205,7 @@ async fn update_strategies_update_in_place_recreate_or_wait_for_deletion() {
         eventually(WAIT, || async { sas.get_opt("s").await.unwrap().filter(|s| s.metadata.uid != sa1.metadata.uid) })
             .await;
     assert_eq!(sa2.metadata.annotations.as_ref().unwrap()["v"], "2", "OnDelete recreates with the new state");
-    w.finish().await;
+    w.finish("CompositeController").await;
 }
 
 /// `spec.count` ConfigMaps.
@@ -272,20 +221,20 @@ def sync(req):
 #[tokio::test]
 async fn children_missing_from_the_response_are_deleted() {
     let w = World::new("removed-children", COUNTER).await;
-    w.controller(sync_spec(&w.hook, "InPlace")).await;
+    w.composite(sync_spec(&w.hook, "InPlace")).await;
     w.thing("c", json!({"count": 3})).await;
     let all = BTreeSet::from(["c-0".to_owned(), "c-1".to_owned(), "c-2".to_owned()]);
     eventually(WAIT, || async { (w.owned_config_maps().await == all).then_some(()) }).await;
     w.thing("c", json!({"count": 1})).await;
     eventually(WAIT, || async { (w.owned_config_maps().await == BTreeSet::from(["c-0".to_owned()])).then_some(()) })
         .await;
-    w.finish().await;
+    w.finish("CompositeController").await;
 }
 
 #[tokio::test]
 async fn out_of_band_edits_are_reverted_under_in_place() {
     let w = World::new("revert-drift", GREETER).await;
-    w.controller(sync_spec(&w.hook, "InPlace")).await;
+    w.composite(sync_spec(&w.hook, "InPlace")).await;
     w.thing("d", json!({"greeting": "hello"})).await;
     let cms = w.config_maps().await;
     eventually(WAIT, || async { cms.get_opt("d-cm").await.unwrap() }).await;
@@ -294,7 +243,7 @@ async fn out_of_band_edits_are_reverted_under_in_place() {
         cms.get_opt("d-cm").await.unwrap().filter(|c| data(c, "greeting").as_deref() == Some("hello"))
     })
     .await;
-    w.finish().await;
+    w.finish("CompositeController").await;
 }
 
 /// Desires exactly the ConfigMap named in `spec.want`, labelled to match `spec.selector`.
@@ -327,7 +276,7 @@ async fn matching_orphans_are_adopted_and_non_matching_children_released() {
                                           "uid": parent.metadata.uid, "controller": true}]}}),
     )
     .await;
-    w.controller(json!({
+    w.composite(json!({
         "parentResource": {"apiVersion": "test.metahook.dev/v1", "resource": "things"},
         "childResources": [{"apiVersion": "v1", "resource": "configmaps", "updateStrategy": {"method": "InPlace"}}],
         "hooks": {"sync": {"webhook": {"url": w.hook.url("/sync")}}},
@@ -352,7 +301,7 @@ async fn matching_orphans_are_adopted_and_non_matching_children_released() {
         (w.things().await.get("a").await.unwrap().data["status"]["observed"] == json!(["orphan"])).then_some(())
     })
     .await;
-    w.finish().await;
+    w.finish("CompositeController").await;
 }
 
 /// Sync makes one ConfigMap; finalize deletes children and finishes once the parent is annotated `done`.
@@ -370,7 +319,7 @@ async fn finalize_hook_runs_until_it_reports_finalized() {
     let w = World::new("finalize", FINALIZER_HOOK).await;
     let mut spec = sync_spec(&w.hook, "InPlace");
     spec["hooks"]["finalize"] = json!({"webhook": {"url": w.hook.url("/sync")}});
-    w.controller(spec).await;
+    w.composite(spec).await;
     w.thing("f", json!({})).await;
     let things = w.things().await;
     let finalizer = format!("metacontroller.io/compositecontroller-{}", w.label);
@@ -391,7 +340,7 @@ async fn finalize_hook_runs_until_it_reports_finalized() {
         .await
         .unwrap();
     eventually(WAIT, || async { things.get_opt("f").await.unwrap().is_none().then_some(()) }).await;
-    w.finish().await;
+    w.finish("CompositeController").await;
 }
 
 const RESYNC_AFTER: &str = r#"
@@ -402,10 +351,10 @@ def sync(req):
 #[tokio::test]
 async fn resync_after_seconds_calls_the_hook_again() {
     let w = World::new("resync-after", RESYNC_AFTER).await;
-    w.controller(sync_spec(&w.hook, "InPlace")).await;
+    w.composite(sync_spec(&w.hook, "InPlace")).await;
     w.thing("r", json!({})).await;
     eventually(WAIT, || async { (w.hook.requests("/sync").len() >= 5).then_some(()) }).await;
-    w.finish().await;
+    w.finish("CompositeController").await;
 }
 
 const QUIET: &str = r#"
@@ -418,7 +367,7 @@ async fn resync_period_seconds_resyncs_every_parent() {
     let w = World::new("resync-period", QUIET).await;
     let mut spec = sync_spec(&w.hook, "InPlace");
     spec["resyncPeriodSeconds"] = json!(1);
-    w.controller(spec).await;
+    w.composite(spec).await;
     w.thing("r1", json!({})).await;
     w.thing("r2", json!({})).await;
     eventually(WAIT, || async {
@@ -427,7 +376,7 @@ async fn resync_period_seconds_resyncs_every_parent() {
         (per_parent("r1") >= 4 && per_parent("r2") >= 4).then_some(())
     })
     .await;
-    w.finish().await;
+    w.finish("CompositeController").await;
 }
 
 /// Behaves according to the parent's `spec.mode`; "ok" desires one ConfigMap.
@@ -457,7 +406,7 @@ async fn failing_or_invalid_hooks_leave_children_and_status_untouched() {
     let w = World::new("bad-hooks", MISBEHAVING).await;
     let mut spec = sync_spec(&w.hook, "InPlace");
     spec["hooks"]["sync"]["webhook"]["timeout"] = json!("1s");
-    w.controller(spec).await;
+    w.composite(spec).await;
     w.thing("b", json!({"mode": "ok"})).await;
     let before = eventually(WAIT, || async { w.config_map("keep").await }).await;
     let things = w.things().await;
@@ -485,7 +434,7 @@ async fn failing_or_invalid_hooks_leave_children_and_status_untouched() {
         let status = things.get("b").await.unwrap().data["status"].clone();
         assert_eq!(status["mode"], "ok", "{mode}: status must not change");
     }
-    w.finish().await;
+    w.finish("CompositeController").await;
 }
 
 const SLOW: &str = r#"
@@ -498,7 +447,7 @@ def sync(req):
 #[tokio::test]
 async fn hub_restart_mid_sync_creates_no_duplicates() {
     let mut w = World::new("restart", SLOW).await;
-    w.controller(sync_spec(&w.hook, "InPlace")).await;
+    w.composite(sync_spec(&w.hook, "InPlace")).await;
     w.thing("x", json!({})).await;
     eventually(WAIT, || async { (!w.hook.requests("/sync").is_empty()).then_some(()) }).await;
     w.restart_hub().await; // the first sync was still waiting for the hook
@@ -511,7 +460,7 @@ async fn hub_restart_mid_sync_creates_no_duplicates() {
     assert_eq!(w.owned_config_maps().await, want);
     let second = uids(w.config_maps().await.list(&ListParams::default()).await.unwrap().items);
     assert_eq!(first, second, "a restarted hub must not recreate existing children");
-    w.finish().await;
+    w.finish("CompositeController").await;
 }
 
 /// What changed while no hub ran is put right when one starts: the start syncs every parent once (the
@@ -520,7 +469,7 @@ async fn hub_restart_mid_sync_creates_no_duplicates() {
 #[tokio::test]
 async fn changes_made_while_the_hub_was_down_are_put_right_when_it_starts() {
     let mut w = World::new("down-changes", GREETER).await;
-    w.controller(sync_spec(&w.hook, "InPlace")).await;
+    w.composite(sync_spec(&w.hook, "InPlace")).await;
     for name in ["a", "b", "c"] {
         w.thing(name, json!({"greeting": "hi"})).await;
     }
@@ -537,7 +486,7 @@ async fn changes_made_while_the_hub_was_down_are_put_right_when_it_starts() {
     cms.patch("b-cm", &someone, &Patch::Merge(json!({"data": {"greeting": "tampered"}}))).await.unwrap();
     w.thing("c", json!({"greeting": "hello"})).await;
 
-    w.hub = Some(support::Hub::start(&w.client, &w.label));
+    w.start_hub();
     for (name, want) in [("a-cm", "hi"), ("b-cm", "hi"), ("c-cm", "hello")] {
         let cm =
             eventually(WAIT, || async { w.config_map(name).await.filter(|cm| greeting(cm).as_deref() == Some(want)) })
@@ -545,7 +494,7 @@ async fn changes_made_while_the_hub_was_down_are_put_right_when_it_starts() {
         let owner = cm.metadata.owner_references.unwrap_or_default();
         assert!(owner.iter().any(|r| r.controller == Some(true) && r.name == name.trim_end_matches("-cm")), "{name}");
     }
-    w.finish().await;
+    w.finish("CompositeController").await;
 }
 
 const LABELLER: &str = r#"
@@ -560,15 +509,15 @@ async fn spec_change_restarts_the_controller_and_deletion_stops_it() {
     let w = World::new("restart-on-spec", LABELLER).await;
     let mut spec = sync_spec(&w.hook, "InPlace");
     spec["hooks"]["sync"]["webhook"]["url"] = json!(w.hook.url("/a"));
-    w.controller(spec.clone()).await;
+    w.composite(spec.clone()).await;
     w.thing("one", json!({})).await;
     eventually(WAIT, || async { w.config_map("one").await.filter(|c| data(c, "hook").as_deref() == Some("a")) }).await;
-    let ccs: Api<DynamicObject> = api(&w.client, "metacontroller.k8s.io/v1alpha1", "CompositeController", None).await;
+    let ccs = w.controllers("CompositeController").await;
     let cc = ccs.get(&w.label).await.unwrap();
     assert_eq!(cc.data["status"]["conditions"][0]["status"], "True", "Ready condition");
 
     spec["hooks"]["sync"]["webhook"]["url"] = json!(w.hook.url("/b"));
-    w.controller(spec).await;
+    w.composite(spec).await;
     eventually(WAIT, || async { w.config_map("one").await.filter(|c| data(c, "hook").as_deref() == Some("b")) }).await;
 
     ccs.delete(&w.label, &DeleteParams::default()).await.unwrap();
@@ -579,13 +528,13 @@ async fn spec_change_restarts_the_controller_and_deletion_stops_it() {
     tokio::time::sleep(Duration::from_secs(4)).await;
     assert!(w.config_map("two").await.is_none(), "a deleted controller must not sync");
     assert_eq!(w.hook.requests("/b").len(), calls, "a deleted controller must not call its hook");
-    w.finish().await;
+    w.finish("CompositeController").await;
 }
 
 #[tokio::test]
 async fn controllers_that_cannot_run_say_why_in_their_ready_condition() {
     let w = World::new("not-ready", QUIET).await;
-    let ccs: Api<DynamicObject> = api(&w.client, "metacontroller.k8s.io/v1alpha1", "CompositeController", None).await;
+    let ccs = w.controllers("CompositeController").await;
     for (suffix, parent, child, reason) in [
         (
             "nostatus",
@@ -620,16 +569,9 @@ async fn controllers_that_cannot_run_say_why_in_their_ready_condition() {
             webhook["basicAuth"] = json!({"secretRef": {"name": "creds", "namespace": "default"}});
             webhook["authorization"] = json!({"secretRef": {"name": "token", "namespace": "default", "key": "t"}});
         }
-        apply_value(
-            &w.client,
-            &json!({
-                "apiVersion": "metacontroller.k8s.io/v1alpha1", "kind": "CompositeController",
-                "metadata": {"name": name, "labels": {"metahook-test": w.label}},
-                "spec": {"parentResource": parent, "childResources": [{"apiVersion": "v1", "resource": child}],
-                         "hooks": {"sync": {"webhook": webhook}}},
-            }),
-        )
-        .await;
+        let spec = json!({"parentResource": parent, "childResources": [{"apiVersion": "v1", "resource": child}],
+                          "hooks": {"sync": {"webhook": webhook}}});
+        w.controller("CompositeController", &name, spec).await;
         let condition = eventually(WAIT, || async {
             let cc = ccs.get(&name).await.unwrap();
             let c = cc.data["status"]["conditions"][0].clone();
@@ -640,7 +582,7 @@ async fn controllers_that_cannot_run_say_why_in_their_ready_condition() {
         assert!(!condition["message"].as_str().unwrap().is_empty());
         ccs.delete(&name, &DeleteParams::default()).await.unwrap();
     }
-    w.finish().await;
+    w.finish("CompositeController").await;
 }
 
 /// A controller whose parents are Namespaces (a built-in type Metacontroller refuses, #714).
@@ -658,7 +600,7 @@ def sync(req):
 #[tokio::test]
 async fn built_in_types_can_be_parents() {
     let w = World::new("builtin-parent", NAMESPACE_HOOK).await;
-    w.controller(json!({
+    w.composite(json!({
         "generateSelector": true,
         "parentResource": {"apiVersion": "v1", "resource": "namespaces",
                            "labelSelector": {"matchLabels": {"greet": w.label}}},
@@ -677,7 +619,7 @@ async fn built_in_types_can_be_parents() {
     })
     .await;
     assert_eq!(ns.data["status"]["phase"], "Active");
-    w.finish().await;
+    w.finish("CompositeController").await;
 }
 
 #[tokio::test]
@@ -685,7 +627,7 @@ async fn resyncs_write_nothing_when_nothing_changed() {
     let w = World::new("no-write-resync", GREETER).await;
     let mut spec = sync_spec(&w.hook, "InPlace");
     spec["resyncPeriodSeconds"] = json!(1);
-    w.controller(spec).await;
+    w.composite(spec).await;
     w.thing("q", json!({"greeting": "hello"})).await;
     let things = w.things().await;
     eventually(WAIT, || async { (things.get("q").await.unwrap().data["status"]["configMaps"] == 1).then_some(()) })
@@ -697,7 +639,7 @@ async fn resyncs_write_nothing_when_nothing_changed() {
     eventually(WAIT, || async { (w.hook.requests("/sync").len() >= calls + 3).then_some(()) }).await;
     assert_eq!(w.config_map("q-cm").await.unwrap().metadata.resource_version, cm_version, "child rewritten on resync");
     assert_eq!(things.get("q").await.unwrap().metadata.resource_version, parent_version, "status rewritten on resync");
-    w.finish().await;
+    w.finish("CompositeController").await;
 }
 
 /// Answers 429 with Retry-After on the first call, then desires one ConfigMap.
@@ -713,19 +655,19 @@ def sync(req):
 #[tokio::test]
 async fn too_many_requests_is_retried_after_the_delay_without_an_error_event() {
     let w = World::new("retry-after", BUSY_ONCE).await;
-    w.controller(sync_spec(&w.hook, "InPlace")).await;
+    w.composite(sync_spec(&w.hook, "InPlace")).await;
     w.thing("r", json!({})).await;
     eventually(WAIT, || async { w.config_map("after-429").await }).await;
     assert!(w.hook.requests("/sync").len() >= 2);
     let warnings = warnings_for(&w.client, &w.ns.name, "r").await;
     assert!(warnings.is_empty(), "429 is not an error: {warnings:?}");
-    w.finish().await;
+    w.finish("CompositeController").await;
 }
 
 #[tokio::test]
 async fn malformed_controllers_are_rejected_at_admission() {
     let w = World::new("admission", QUIET).await;
-    let ccs = api(&w.client, "metacontroller.k8s.io/v1alpha1", "CompositeController", None).await;
+    let ccs = w.controllers("CompositeController").await;
     let base = json!({
         "apiVersion": "metacontroller.k8s.io/v1alpha1", "kind": "CompositeController",
         "metadata": {"name": format!("{}-bad", w.label)},
@@ -748,7 +690,7 @@ async fn malformed_controllers_are_rejected_at_admission() {
         let err = ccs.create(&kube::api::PostParams::default(), &obj).await.expect_err("admission must refuse it");
         assert!(err.to_string().contains(expected), "{err}");
     }
-    w.finish().await;
+    w.finish("CompositeController").await;
 }
 
 #[tokio::test]
@@ -757,7 +699,7 @@ async fn hub_serves_health_and_per_controller_metrics() {
     w.stop_hub().await;
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     w.hub = Some(support::Hub::start_with(&w.client, &w.label, format!("127.0.0.1:{port}")));
-    w.controller(sync_spec(&w.hook, "InPlace")).await;
+    w.composite(sync_spec(&w.hook, "InPlace")).await;
     w.thing("m", json!({"greeting": "hi"})).await;
     eventually(WAIT, || async { w.config_map("m-cm").await }).await;
 
@@ -778,5 +720,5 @@ async fn hub_serves_health_and_per_controller_metrics() {
     assert!(syncs >= 1, "{text}");
     assert!(text.contains(&format!("workqueue_depth{{name=\"compositecontroller/{}\"}}", w.label)), "{text}");
     assert!(text.contains("metahook_watched_types "), "{text}");
-    w.finish().await;
+    w.finish("CompositeController").await;
 }

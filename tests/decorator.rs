@@ -4,41 +4,11 @@ mod support;
 
 use std::time::Duration;
 
-use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams};
+use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams};
 use serde_json::{Value, json};
 use support::{World, api, apply_value, eventually};
 
 const WAIT: Duration = Duration::from_secs(60);
-
-impl World {
-    async fn decorator(&self, spec: Value) {
-        apply_value(
-            &self.client,
-            &json!({"apiVersion": "metacontroller.k8s.io/v1alpha1", "kind": "DecoratorController",
-                    "metadata": {"name": self.label, "labels": {"metahook-test": self.label}}, "spec": spec}),
-        )
-        .await;
-    }
-
-    async fn decorators(&self) -> Api<DynamicObject> {
-        api(&self.client, "metacontroller.k8s.io/v1alpha1", "DecoratorController", None).await
-    }
-
-    async fn things(&self) -> Api<DynamicObject> {
-        api(&self.client, "test.metahook.dev/v1", "Thing", Some(&self.ns.name)).await
-    }
-
-    async fn config_maps(&self) -> Api<DynamicObject> {
-        api(&self.client, "v1", "ConfigMap", Some(&self.ns.name)).await
-    }
-
-    async fn finish(mut self) {
-        let decorators = self.decorators().await;
-        self.stop_hub().await;
-        let _ = decorators.delete(&self.label, &DeleteParams::default()).await;
-        self.ns.delete().await;
-    }
-}
 
 fn label(obj: &DynamicObject, key: &str) -> Option<String> {
     obj.metadata.labels.as_ref()?.get(key).cloned()
@@ -65,16 +35,12 @@ def sync(req):
 async fn decorator_merges_labels_writes_status_and_keeps_attachments_as_desired() {
     let w = World::new("dec-merge", DECORATE).await;
     w.decorator(json!({
-        "resources": [{"apiVersion": "test.metahook.dev/v1", "resource": "things",
-                       "labelSelector": {"matchLabels": {"metahook-test": w.label}}}],
+        "resources": [{"apiVersion": "test.metahook.dev/v1", "resource": "things"}],
         "attachments": [{"apiVersion": "v1", "resource": "configmaps", "updateStrategy": {"method": "InPlace"}}],
         "hooks": {"sync": {"webhook": {"url": w.hook.url("/sync")}}},
     }))
     .await;
-    apply_value(&w.client, &json!({"apiVersion": "test.metahook.dev/v1", "kind": "Thing",
-        "metadata": {"name": "t", "namespace": w.ns.name, "labels": {"metahook-test": w.label, "remove-me": "x", "keep": "k"}},
-        "spec": {"note": "first"}}))
-    .await;
+    w.thing_labelled("t", &json!({"remove-me": "x", "keep": "k"}), json!({"note": "first"})).await;
     let things = w.things().await;
     let thing = eventually(WAIT, || async {
         things
@@ -104,7 +70,7 @@ async fn decorator_merges_labels_writes_status_and_keeps_attachments_as_desired(
     })
     .await;
     assert_eq!(again.data["data"]["note"], "first");
-    w.finish().await;
+    w.finish("DecoratorController").await;
 }
 
 const FINALIZING: &str = r#"
@@ -128,9 +94,7 @@ async fn opting_out_finalizes_and_deleting_the_decorator_releases_its_finalizers
     .await;
     let finalizer = format!("metacontroller.io/decoratorcontroller-{}", w.label);
     for name in ["leaves", "stays"] {
-        apply_value(&w.client, &json!({"apiVersion": "test.metahook.dev/v1", "kind": "Thing",
-            "metadata": {"name": name, "namespace": w.ns.name, "labels": {"metahook-test": w.label, "decorate": "yes"}}}))
-        .await;
+        w.thing_labelled(name, &json!({"decorate": "yes"}), Value::Null).await;
     }
     let things = w.things().await;
     let cms = w.config_maps().await;
@@ -160,7 +124,7 @@ async fn opting_out_finalizes_and_deleting_the_decorator_releases_its_finalizers
     );
     eventually(WAIT, || async { cms.get_opt("leaves-att").await.unwrap().is_none().then_some(()) }).await;
 
-    w.decorators().await.delete(&w.label, &DeleteParams::default()).await.unwrap();
+    w.controllers("DecoratorController").await.delete(&w.label, &DeleteParams::default()).await.unwrap();
     eventually(WAIT, || async {
         things
             .get("stays")
@@ -169,7 +133,7 @@ async fn opting_out_finalizes_and_deleting_the_decorator_releases_its_finalizers
             .filter(|t| !t.metadata.finalizers.as_ref().is_some_and(|f| f.contains(&finalizer)))
     })
     .await;
-    w.finish().await;
+    w.finish("DecoratorController").await;
 }
 
 const CLUSTER_TARGET: &str = r#"
@@ -183,8 +147,7 @@ def sync(req):
 async fn cluster_scoped_targets_get_namespaced_attachments() {
     let w = World::new("dec-cluster", CLUSTER_TARGET).await;
     w.decorator(json!({
-        "resources": [{"apiVersion": "test.metahook.dev/v1", "resource": "clusterthings",
-                       "labelSelector": {"matchLabels": {"metahook-test": w.label}}}],
+        "resources": [{"apiVersion": "test.metahook.dev/v1", "resource": "clusterthings"}],
         "attachments": [{"apiVersion": "v1", "resource": "configmaps"}],
         "hooks": {"sync": {"webhook": {"url": w.hook.url("/sync")}}},
     }))
@@ -202,5 +165,5 @@ async fn cluster_scoped_targets_get_namespaced_attachments() {
     assert_eq!((owner.kind.as_str(), Some(&owner.uid)), ("ClusterThing", target.metadata.uid.as_ref()));
     let cluster_things = api(&w.client, "test.metahook.dev/v1", "ClusterThing", None).await;
     cluster_things.delete(&name, &DeleteParams::default()).await.unwrap();
-    w.finish().await;
+    w.finish("DecoratorController").await;
 }

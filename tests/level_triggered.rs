@@ -11,7 +11,7 @@ mod support;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
+use kube::api::{DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
 use serde_json::{Value, json};
 use support::{World, api, apply_value, eventually};
 
@@ -22,41 +22,16 @@ fn someone_else() -> PatchParams {
     PatchParams { field_manager: Some("someone-else".into()), ..PatchParams::default() }
 }
 
-/// A CompositeController over the test's Things, selecting only this test's parents.
+/// The test's CompositeController over its Things (selecting only its own), with `annotations`.
 async fn controller(w: &World, annotations: Value, mut spec: Value) {
-    spec["parentResource"] = json!({"apiVersion": "test.metahook.dev/v1", "resource": "things",
-                                    "labelSelector": {"matchLabels": {"metahook-test": w.label}}});
+    spec["parentResource"] = json!({"apiVersion": "test.metahook.dev/v1", "resource": "things"});
     spec["generateSelector"] = json!(true);
-    apply_value(
-        &w.client,
-        &json!({"apiVersion": "metacontroller.k8s.io/v1alpha1", "kind": "CompositeController",
-                "metadata": {"name": w.label, "labels": {"metahook-test": w.label}, "annotations": annotations},
-                "spec": spec}),
-    )
-    .await;
-}
-
-async fn thing(w: &World, name: &str, spec: Value) {
-    apply_value(
-        &w.client,
-        &json!({"apiVersion": "test.metahook.dev/v1", "kind": "Thing",
-                "metadata": {"name": name, "namespace": w.ns.name, "labels": {"metahook-test": w.label}},
-                "spec": spec}),
-    )
-    .await;
-}
-
-async fn things(w: &World) -> Api<DynamicObject> {
-    api(&w.client, "test.metahook.dev/v1", "Thing", Some(&w.ns.name)).await
-}
-
-async fn config_maps(w: &World) -> Api<DynamicObject> {
-    api(&w.client, "v1", "ConfigMap", Some(&w.ns.name)).await
+    w.composite_annotated(annotations, spec).await;
 }
 
 /// Names of the ConfigMaps controlled by the parent `owner`.
 async fn children_of(w: &World, owner: &str) -> BTreeSet<String> {
-    let list = config_maps(w).await.list(&ListParams::default()).await.unwrap().items;
+    let list = w.config_maps().await.list(&ListParams::default()).await.unwrap().items;
     list.into_iter()
         .filter(|cm| cm.metadata.owner_references.iter().flatten().any(|r| r.name == owner))
         .filter(|cm| cm.metadata.deletion_timestamp.is_none())
@@ -65,14 +40,7 @@ async fn children_of(w: &World, owner: &str) -> BTreeSet<String> {
 }
 
 async fn status_of(w: &World, name: &str) -> Value {
-    things(w).await.get(name).await.unwrap().data["status"].clone()
-}
-
-async fn finish(mut w: World) {
-    w.stop_hub().await;
-    let ccs: Api<DynamicObject> = api(&w.client, "metacontroller.k8s.io/v1alpha1", "CompositeController", None).await;
-    let _ = ccs.delete(&w.label, &DeleteParams::default()).await;
-    w.ns.delete().await;
+    w.things().await.get(name).await.unwrap().data["status"].clone()
 }
 
 /// `spec.count` ConfigMaps (default 3) carrying `spec.message`; the status counts the ConfigMaps it
@@ -106,7 +74,7 @@ async fn a_status_counting_its_children_stays_right_after_many_quiet_echoes() {
     controller(&w, json!({}), with_hook(in_place(), &w)).await;
     let first: Vec<String> = (0..4).map(|i| format!("old-{i}")).collect();
     for name in &first {
-        thing(&w, name, json!({"message": "m0"})).await;
+        w.thing(name, json!({"message": "m0"})).await;
     }
     for name in &first {
         eventually(WAIT, || async { (status_of(&w, name).await["configMaps"] == 3).then_some(()) }).await;
@@ -114,12 +82,12 @@ async fn a_status_counting_its_children_stays_right_after_many_quiet_echoes() {
     for round in 1..=6 {
         let message = format!("m{round}");
         for name in &first {
-            thing(&w, name, json!({"message": message})).await;
+            w.thing(name, json!({"message": message})).await;
         }
         for name in &first {
             let cm = format!("{name}-2");
             eventually(WAIT, || async {
-                let cm = config_maps(&w).await.get(&cm).await.unwrap();
+                let cm = w.config_maps().await.get(&cm).await.unwrap();
                 (cm.data["data"]["message"] == message.as_str()).then_some(())
             })
             .await;
@@ -128,7 +96,7 @@ async fn a_status_counting_its_children_stays_right_after_many_quiet_echoes() {
     let started = std::time::Instant::now();
     let new: Vec<String> = (0..8).map(|i| format!("new-{i}")).collect();
     for name in &new {
-        thing(&w, name, json!({})).await;
+        w.thing(name, json!({})).await;
     }
     for name in &new {
         // The bug showed as "0 forever"; the bound is the machine's noise, not a goal.
@@ -139,14 +107,14 @@ async fn a_status_counting_its_children_stays_right_after_many_quiet_echoes() {
     }
     println!("8 new parents counted their 3 children after {:?}", started.elapsed());
     for count in [1, 4, 2] {
-        thing(&w, "new-0", json!({"count": count})).await;
+        w.thing("new-0", json!({"count": count})).await;
         eventually(Duration::from_secs(20), || async {
             let status = status_of(&w, "new-0").await;
             (status["configMaps"] == count && children_of(&w, "new-0").await.len() == count).then_some(())
         })
         .await;
     }
-    finish(w).await;
+    w.finish("CompositeController").await;
 }
 
 /// With `sync-on-own-writes: "false"` the controller says its hook reads only the parent: the echoes of
@@ -179,7 +147,7 @@ def sync(req):
         let mut spec = with_hook(in_place(), &w);
         spec["hooks"]["customize"] = json!({"webhook": {"url": w.hook.url("/customize")}});
         controller(&w, annotations, spec).await;
-        thing(&w, "p", json!({})).await;
+        w.thing("p", json!({})).await;
         eventually(WAIT, || async { (status_of(&w, "p").await["colour"] == "red").then_some(()) }).await;
         eventually(WAIT, || async { (children_of(&w, "p").await.len() == 3).then_some(()) }).await;
         tokio::time::sleep(Duration::from_secs(3)).await;
@@ -189,13 +157,13 @@ def sync(req):
         } else {
             assert_eq!(calls, 1, "the hook reads only the parent: no echo sync");
         }
-        config_maps(&w)
+        w.config_maps()
             .await
             .patch("settings", &someone_else(), &Patch::Merge(json!({"data": {"colour": "blue"}})))
             .await
             .unwrap();
         eventually(WAIT, || async { (status_of(&w, "p").await["colour"] == "blue").then_some(()) }).await;
-        finish(w).await;
+        w.finish("CompositeController").await;
     }
 }
 
@@ -226,7 +194,7 @@ fn drifting_spec(w: &World) -> Value {
 
 /// Whether the children are exactly as the hook asked (others' additions aside).
 async fn as_asked(w: &World) -> bool {
-    let Some(cm) = config_maps(w).await.get_opt("d-cm").await.unwrap() else { return false };
+    let Some(cm) = w.config_maps().await.get_opt("d-cm").await.unwrap() else { return false };
     let deps = api(&w.client, "apps/v1", "Deployment", Some(&w.ns.name)).await;
     let Some(dep) = deps.get_opt("d-dep").await.unwrap() else { return false };
     let labelled = |o: &DynamicObject| {
@@ -246,7 +214,7 @@ async fn as_asked(w: &World) -> bool {
 /// Every kind of drift someone else can make to what the hook asked for; asserts on the API server's
 /// answer that it took (the hub may put it back before anyone could read it again).
 async fn drift(w: &World, what: &str) {
-    let cms = config_maps(w).await;
+    let cms = w.config_maps().await;
     let deps = api(&w.client, "apps/v1", "Deployment", Some(&w.ns.name)).await;
     let json_patch = |ops: Value| Patch::<()>::Json(serde_json::from_value(ops).unwrap());
     let label = |o: &DynamicObject, key: &str| o.metadata.labels.as_ref().and_then(|l| l.get(key)).cloned();
@@ -291,7 +259,7 @@ const DRIFTS: [&str; 6] =
 async fn every_drift_of_what_the_hook_asked_for_is_put_back_while_the_hub_runs() {
     let w = World::new("lt-drift", DRIFTING).await;
     controller(&w, json!({}), drifting_spec(&w)).await;
-    thing(&w, "d", json!({})).await;
+    w.thing("d", json!({})).await;
     eventually(WAIT, || async { as_asked(&w).await.then_some(()) }).await;
     // Let it run a while: many resyncs that find nothing to do.
     tokio::time::sleep(Duration::from_secs(5)).await;
@@ -299,7 +267,7 @@ async fn every_drift_of_what_the_hook_asked_for_is_put_back_while_the_hub_runs()
         drift(&w, what).await;
         eventually(Duration::from_secs(30), || async { as_asked(&w).await.then_some(()) }).await;
     }
-    finish(w).await;
+    w.finish("CompositeController").await;
 }
 
 /// What drifted while no hub ran is put back when one starts (the editor's managedFields entry may
@@ -308,30 +276,30 @@ async fn every_drift_of_what_the_hook_asked_for_is_put_back_while_the_hub_runs()
 async fn drift_made_while_no_hub_ran_is_put_back_and_a_restart_without_drift_writes_nothing() {
     let mut w = World::new("lt-drift-restart", DRIFTING).await;
     controller(&w, json!({}), drifting_spec(&w)).await;
-    thing(&w, "d", json!({})).await;
+    w.thing("d", json!({})).await;
     eventually(WAIT, || async { as_asked(&w).await.then_some(()) }).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
 
     // Nothing drifted: the restarted hub syncs (the hook is called) and writes nothing.
-    let cm_version = config_maps(&w).await.get("d-cm").await.unwrap().metadata.resource_version;
-    let parent_version = things(&w).await.get("d").await.unwrap().metadata.resource_version;
+    let cm_version = w.config_maps().await.get("d-cm").await.unwrap().metadata.resource_version;
+    let parent_version = w.things().await.get("d").await.unwrap().metadata.resource_version;
     let deps = api(&w.client, "apps/v1", "Deployment", Some(&w.ns.name)).await;
     let dep_generation = deps.get("d-dep").await.unwrap().metadata.generation;
     w.restart_hub().await;
     let calls = w.hook.requests("/sync").len();
     eventually(WAIT, || async { (w.hook.requests("/sync").len() >= calls + 3).then_some(()) }).await;
-    assert_eq!(config_maps(&w).await.get("d-cm").await.unwrap().metadata.resource_version, cm_version);
-    assert_eq!(things(&w).await.get("d").await.unwrap().metadata.resource_version, parent_version);
+    assert_eq!(w.config_maps().await.get("d-cm").await.unwrap().metadata.resource_version, cm_version);
+    assert_eq!(w.things().await.get("d").await.unwrap().metadata.resource_version, parent_version);
     assert_eq!(deps.get("d-dep").await.unwrap().metadata.generation, dep_generation);
 
     for what in ["removed key", "removed label", "deployment label", "deployment annotation", "scale"] {
         w.stop_hub().await;
         drift(&w, what).await;
         assert!(!as_asked(&w).await, "the drift {what:?} stays while no hub runs");
-        w.hub = Some(support::Hub::start(&w.client, &w.label));
+        w.start_hub();
         eventually(Duration::from_secs(30), || async { as_asked(&w).await.then_some(()) }).await;
     }
-    finish(w).await;
+    w.finish("CompositeController").await;
 }
 
 /// Children under `Recreate`; the status ignores them, so every echo sync changes nothing.
@@ -352,24 +320,24 @@ async fn recreate_finishes_what_it_starts_after_many_quiet_echoes() {
         let spec = json!({"childResources": [
             {"apiVersion": "v1", "resource": "configmaps", "updateStrategy": {"method": "Recreate"}}]});
         controller(&w, annotations.clone(), with_hook(spec, &w)).await;
-        thing(&w, "r", json!({"round": 0})).await;
+        w.thing("r", json!({"round": 0})).await;
         eventually(WAIT, || async { (children_of(&w, "r").await.len() == 2).then_some(()) }).await;
         for round in 1..=7 {
-            thing(&w, "r", json!({"round": round})).await;
+            w.thing("r", json!({"round": round})).await;
             eventually(WAIT, || async { (status_of(&w, "r").await["round"] == round).then_some(()) }).await;
         }
-        let before = config_maps(&w).await.get("r-0").await.unwrap().metadata.uid;
-        thing(&w, "r", json!({"round": 7, "message": "two"})).await;
+        let before = w.config_maps().await.get("r-0").await.unwrap().metadata.uid;
+        w.thing("r", json!({"round": 7, "message": "two"})).await;
         for name in ["r-0", "r-1"] {
             eventually(Duration::from_secs(20), || async {
-                let cm = config_maps(&w).await.get_opt(name).await.unwrap()?;
+                let cm = w.config_maps().await.get_opt(name).await.unwrap()?;
                 (cm.data["data"]["message"] == "two" && cm.metadata.deletion_timestamp.is_none()).then_some(())
             })
             .await;
         }
-        let after = config_maps(&w).await.get("r-0").await.unwrap().metadata.uid;
+        let after = w.config_maps().await.get("r-0").await.unwrap().metadata.uid;
         assert_ne!(before, after, "recreated, not updated ({annotations})");
-        finish(w).await;
+        w.finish("CompositeController").await;
     }
 }
 
@@ -393,10 +361,10 @@ def sync(req):
     controller(&w, json!({}), with_hook(spec, &w)).await;
     // A port of its own: tests share the cluster's node port range.
     let port = 30_000 + u32::from(std::process::id() as u16 % 2_700);
-    thing(&w, "svc", json!({"version": 1, "nodePort": port})).await;
+    w.thing("svc", json!({"version": 1, "nodePort": port})).await;
     let services = api(&w.client, "v1", "Service", Some(&w.ns.name)).await;
     let first = eventually(WAIT, || async { services.get_opt("svc").await.unwrap() }).await;
-    thing(&w, "svc", json!({"version": 2, "nodePort": port})).await;
+    w.thing("svc", json!({"version": 2, "nodePort": port})).await;
     let second = eventually(WAIT, || async {
         let s = services.get_opt("svc").await.unwrap()?;
         (s.metadata.uid != first.metadata.uid && s.metadata.labels.as_ref()?.get("version")? == "2").then_some(s)
@@ -406,7 +374,7 @@ def sync(req):
 
     // (Not an out-of-range nodePort: the API server's dry run does not check the range, only whether
     // a port is taken, so no dry run can tell that replacement is refused.)
-    thing(&w, "svc", json!({"version": 3, "nodePort": port, "targetPort": "Not_A_Port_Name"})).await;
+    w.thing("svc", json!({"version": 3, "nodePort": port, "targetPort": "Not_A_Port_Name"})).await;
     let warning = eventually(WAIT, || async {
         support::warnings_for(&w.client, &w.ns.name, "svc").await.into_iter().find(|e| e.contains("not recreating"))
     })
@@ -414,7 +382,7 @@ def sync(req):
     assert!(warning.contains("targetPort"), "{warning}");
     let still = services.get("svc").await.unwrap();
     assert_eq!(still.metadata.uid, second.metadata.uid, "the running Service stays");
-    finish(w).await;
+    w.finish("CompositeController").await;
 }
 
 /// A finalize hook whose status changes on every call (a timestamp) still lets its parent go: removing
@@ -430,17 +398,17 @@ def sync(req):
     let mut spec = with_hook(in_place(), &w);
     spec["hooks"]["finalize"] = json!({"webhook": {"url": w.hook.url("/sync")}});
     controller(&w, json!({}), spec).await;
-    thing(&w, "f", json!({})).await;
+    w.thing("f", json!({})).await;
     let finalizer = format!("metacontroller.io/compositecontroller-{}", w.label);
     eventually(WAIT, || async {
-        let parent = things(&w).await.get("f").await.unwrap();
+        let parent = w.things().await.get("f").await.unwrap();
         parent.metadata.finalizers.filter(|f| f.contains(&finalizer))
     })
     .await;
-    things(&w).await.delete("f", &DeleteParams::default()).await.unwrap();
+    w.things().await.delete("f", &DeleteParams::default()).await.unwrap();
     eventually(Duration::from_secs(10), || async {
-        things(&w).await.get_opt("f").await.unwrap().is_none().then_some(())
+        w.things().await.get_opt("f").await.unwrap().is_none().then_some(())
     })
     .await;
-    finish(w).await;
+    w.finish("CompositeController").await;
 }

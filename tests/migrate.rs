@@ -33,13 +33,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt as _;
-use kube::api::{
-    Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams,
-};
-use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
 use kube::{Client, ResourceExt as _};
 use serde_json::{Value, json};
-use support::{World, api, apply_value, eventually};
+use support::{World, api, eventually};
 
 const WAIT: Duration = Duration::from_secs(90);
 const LAST_APPLIED: &str = "metacontroller.k8s.io/last-applied-configuration";
@@ -48,17 +45,41 @@ const LAST_APPLIED: &str = "metacontroller.k8s.io/last-applied-configuration";
 /// named `metacontroller`. The API server records a create or update without `fieldManager` under the
 /// part before the first `/`.
 async fn metacontroller_client() -> Client {
-    client_named("metacontroller/v0.0.0 (linux/amd64) kubernetes/$Format").await
+    client_named(METACONTROLLER).await
 }
+
+/// client-go's default User-Agent for a binary named `metacontroller`.
+const METACONTROLLER: &str = "metacontroller/v0.0.0 (linux/amd64) kubernetes/$Format";
 
 /// A client whose writes without `fieldManager` are recorded under the first part of `user_agent`.
 async fn client_named(user_agent: &'static str) -> Client {
-    let kubeconfig = Kubeconfig::read_from(support::kubeconfig_path()).expect("reading .cluster/kubeconfig");
-    let mut config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-        .await
-        .expect("loading .cluster/kubeconfig");
+    let mut config = support::config().await;
     config.headers.push((http::header::USER_AGENT, http::HeaderValue::from_static(user_agent)));
     Client::try_from(config).expect("building client")
+}
+
+/// The ConfigMaps in the test's namespace, written by a client with this User-Agent (see [`client_named`]).
+async fn config_maps_as(w: &World, user_agent: &'static str) -> Api<DynamicObject> {
+    let config_map = kube::core::ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&());
+    Api::namespaced_with(client_named(user_agent).await, &w.ns.name, &config_map)
+}
+
+/// `metahook migrate --dry-run` over this test's controllers: its report, once it has succeeded.
+async fn dry_run(w: &World) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("metahook.yaml");
+    std::fs::write(&config, format!("targetLabelSelector: \"metahook-test={}\"\n", w.label)).unwrap();
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_metahook"))
+        .args(["migrate", "--dry-run", "--config"])
+        .arg(&config)
+        .arg("--kubeconfig")
+        .arg(support::kubeconfig_path())
+        .output()
+        .await
+        .unwrap();
+    let report = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{report}\n{}", String::from_utf8_lossy(&out.stderr));
+    report
 }
 
 /// Metacontroller's controller ownerRef (`common.MakeControllerRef`).
@@ -161,45 +182,13 @@ impl Drop for Writes {
     }
 }
 
-impl World {
-    async fn config_maps(&self) -> Api<DynamicObject> {
-        api(&self.client, "v1", "ConfigMap", Some(&self.ns.name)).await
-    }
-
-    async fn things(&self) -> Api<DynamicObject> {
-        api(&self.client, "test.metahook.dev/v1", "Thing", Some(&self.ns.name)).await
-    }
-
-    async fn thing(&self, name: &str, spec: Value) -> DynamicObject {
-        apply_value(
-            &self.client,
-            &json!({"apiVersion": "test.metahook.dev/v1", "kind": "Thing",
-            "metadata": {"name": name, "namespace": self.ns.name, "labels": {"metahook-test": self.label}},
-            "spec": spec}),
-        )
-        .await
-    }
-
-    async fn composite(&self, method: &str) {
-        apply_value(&self.client, &json!({
-            "apiVersion": "metacontroller.k8s.io/v1alpha1", "kind": "CompositeController",
-            "metadata": {"name": self.label, "labels": {"metahook-test": self.label}},
-            "spec": {
-                "parentResource": {"apiVersion": "test.metahook.dev/v1", "resource": "things",
-                                   "labelSelector": {"matchLabels": {"metahook-test": self.label}}},
-                "childResources": [{"apiVersion": "v1", "resource": "configmaps", "updateStrategy": {"method": method}}],
-                "hooks": {"sync": {"webhook": {"url": self.hook.url("/sync")}}},
-            },
-        }))
-        .await;
-    }
-
-    async fn finish(mut self, kind: &str) {
-        self.stop_hub().await;
-        let controllers = api(&self.client, "metacontroller.k8s.io/v1alpha1", kind, None).await;
-        let _ = controllers.delete(&self.label, &DeleteParams::default()).await;
-        self.ns.delete().await;
-    }
+/// The test's CompositeController over Things, with ConfigMap children under `method`.
+fn controller_spec(w: &World, method: &str) -> Value {
+    json!({
+        "parentResource": {"apiVersion": "test.metahook.dev/v1", "resource": "things"},
+        "childResources": [{"apiVersion": "v1", "resource": "configmaps", "updateStrategy": {"method": method}}],
+        "hooks": {"sync": {"webhook": {"url": w.hook.url("/sync")}}},
+    })
 }
 
 /// The hook: ConfigMaps `created`, `updated`, `ssa` and `switched`, each with a key per `spec.keys`.
@@ -225,11 +214,7 @@ fn child(name: &str, keys: &[&str]) -> Value {
 async fn children_written_by_metacontroller_are_taken_over_with_one_write_and_then_follow_the_hook() {
     let w = World::new("migrate-children", CHILDREN).await;
     let parent = w.thing("p", json!({"selector": {"matchLabels": {"app": "mig"}}, "keys": ["keep", "drop"]})).await;
-    let mc = Api::namespaced_with(
-        metacontroller_client().await,
-        &w.ns.name,
-        &kube::core::ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&()),
-    );
+    let mc = config_maps_as(&w, METACONTROLLER).await;
     let both = ["keep", "drop"];
     create_like_dynamic_apply(&mc, &child("created", &both), &parent).await;
     create_like_dynamic_apply(&mc, &child("updated", &["keep"]), &parent).await;
@@ -255,7 +240,7 @@ async fn children_written_by_metacontroller_are_taken_over_with_one_write_and_th
     assert!(managers(&before["ssa"]).contains(&"metacontroller/Apply".to_owned()));
 
     let writes = Writes::start(&config_maps).await;
-    w.composite("InPlace").await;
+    w.composite(controller_spec(&w, "InPlace")).await;
     let things = w.things().await;
     eventually(WAIT, || async {
         let all_taken = {
@@ -344,7 +329,7 @@ async fn a_rolling_parent_keeps_the_revision_metacontroller_named_and_its_childr
         .map(|c| c.metadata.uid)
         .collect();
 
-    w.composite("RollingRecreate").await;
+    w.composite(controller_spec(&w, "RollingRecreate")).await;
     let things = w.things().await;
     let condition = eventually(WAIT, || async {
         let status = things.get("p").await.ok()?.data["status"].clone();
@@ -396,11 +381,7 @@ def sync(req):
 async fn decorator_attachments_written_by_metacontroller_are_taken_over() {
     let w = World::new("migrate-decorator", DECORATE).await;
     let target = w.thing("t", json!({"keys": ["keep", "drop"]})).await;
-    let mc = Api::namespaced_with(
-        metacontroller_client().await,
-        &w.ns.name,
-        &kube::core::ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&()),
-    );
+    let mc = config_maps_as(&w, METACONTROLLER).await;
     let desired = json!({"apiVersion": "v1", "kind": "ConfigMap",
         "metadata": {"name": "t-att", "annotations": {"metacontroller.k8s.io/decorator-controller": w.label}},
         "data": {"keep": "value-keep", "drop": "value-drop"}});
@@ -409,17 +390,11 @@ async fn decorator_attachments_written_by_metacontroller_are_taken_over() {
     let config_maps = w.config_maps().await;
     let writes = Writes::start(&config_maps).await;
 
-    apply_value(
-        &w.client,
-        &json!({"apiVersion": "metacontroller.k8s.io/v1alpha1", "kind": "DecoratorController",
-        "metadata": {"name": w.label, "labels": {"metahook-test": w.label}},
-        "spec": {
-            "resources": [{"apiVersion": "test.metahook.dev/v1", "resource": "things",
-                           "labelSelector": {"matchLabels": {"metahook-test": w.label}}}],
-            "attachments": [{"apiVersion": "v1", "resource": "configmaps", "updateStrategy": {"method": "InPlace"}}],
-            "hooks": {"sync": {"webhook": {"url": w.hook.url("/sync")}}},
-        }}),
-    )
+    w.decorator(json!({
+        "resources": [{"apiVersion": "test.metahook.dev/v1", "resource": "things"}],
+        "attachments": [{"apiVersion": "v1", "resource": "configmaps", "updateStrategy": {"method": "InPlace"}}],
+        "hooks": {"sync": {"webhook": {"url": w.hook.url("/sync")}}},
+    }))
     .await;
     eventually(WAIT, || async {
         let obj = config_maps.get("t-att").await.ok()?;
@@ -449,33 +424,17 @@ async fn dry_run_lists_what_a_switch_would_change_and_writes_nothing() {
     let mut w = World::new("migrate-dry-run", CHILDREN).await;
     w.stop_hub().await; // Metacontroller is still in charge: no hub runs the controller.
     let parent = w.thing("p", json!({"selector": {"matchLabels": {"app": "mig"}}, "keys": ["keep"]})).await;
-    let mc = Api::namespaced_with(
-        metacontroller_client().await,
-        &w.ns.name,
-        &kube::core::ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&()),
-    );
+    let mc = config_maps_as(&w, METACONTROLLER).await;
     create_like_dynamic_apply(&mc, &child("created", &["keep", "drop"]), &parent).await;
     apply_like_metacontroller_ssa(&mc, &child("ssa", &["keep"]), &parent).await;
-    w.composite("InPlace").await;
+    w.composite(controller_spec(&w, "InPlace")).await;
     let config_maps = w.config_maps().await;
     let versions = |list: Vec<DynamicObject>| -> BTreeMap<String, Option<String>> {
         list.into_iter().map(|o| (o.name_any(), o.metadata.resource_version)).collect()
     };
     let before = versions(config_maps.list(&ListParams::default()).await.unwrap().items);
 
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("metahook.yaml");
-    std::fs::write(&config, format!("targetLabelSelector: \"metahook-test={}\"\n", w.label)).unwrap();
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_metahook"))
-        .args(["migrate", "--dry-run", "--config"])
-        .arg(&config)
-        .arg("--kubeconfig")
-        .arg(support::kubeconfig_path())
-        .output()
-        .await
-        .unwrap();
-    let report = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{report}\n{}", String::from_utf8_lossy(&out.stderr));
+    let report = dry_run(&w).await;
     let ns = &w.ns.name;
     for expected in [
         format!("CompositeController {}", w.label),
@@ -506,33 +465,17 @@ async fn the_engine_takes_over_what_the_preview_says_it_will() {
     let mut w = World::new("migrate-agree", CHILDREN).await;
     w.stop_hub().await;
     let parent = w.thing("p", json!({"selector": {"matchLabels": {"app": "mig"}}, "keys": ["keep"]})).await;
-    let renamed = Api::namespaced_with(
-        client_named("mc-fork/v0.0.0 (linux/amd64) kubernetes/$Format").await,
-        &w.ns.name,
-        &kube::core::ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&()),
-    );
+    let renamed = config_maps_as(&w, "mc-fork/v0.0.0 (linux/amd64) kubernetes/$Format").await;
     let created = create_like_dynamic_apply(&renamed, &child("created", &["keep"]), &parent).await;
     assert!(managers(&created).contains(&"mc-fork/Update".to_owned()), "{:?}", managers(&created));
-    w.composite("InPlace").await;
+    w.composite(controller_spec(&w, "InPlace")).await;
 
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("metahook.yaml");
-    std::fs::write(&config, format!("targetLabelSelector: \"metahook-test={}\"\n", w.label)).unwrap();
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_metahook"))
-        .args(["migrate", "--dry-run", "--config"])
-        .arg(&config)
-        .arg("--kubeconfig")
-        .arg(support::kubeconfig_path())
-        .output()
-        .await
-        .unwrap();
-    let report = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{report}\n{}", String::from_utf8_lossy(&out.stderr));
+    let report = dry_run(&w).await;
     let line = format!("ConfigMap {}/created", w.ns.name);
     let said = report.lines().find(|l| l.contains(&line)).unwrap_or_else(|| panic!("{line} not listed:\n{report}"));
     assert!(said.contains("the last-applied annotation is removed"), "{said}");
 
-    w.hub = Some(support::Hub::start(&w.client, &w.label));
+    w.start_hub();
     let config_maps = w.config_maps().await;
     let taken = eventually(WAIT, || async {
         let obj = config_maps.get("created").await.ok()?;

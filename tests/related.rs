@@ -12,22 +12,16 @@ use support::{World, api, apply_value, eventually, warnings_for};
 const WAIT: Duration = Duration::from_secs(60);
 
 impl World {
-    async fn composite(&self, parent_resource: &str, version: &str, children: Value) {
-        apply_value(
-            &self.client,
-            &json!({
-                "apiVersion": "metacontroller.k8s.io/v1alpha1", "kind": "CompositeController",
-                "metadata": {"name": self.label, "labels": {"metahook-test": self.label}},
-                "spec": {
-                    "generateSelector": true,
-                    "parentResource": {"apiVersion": "test.metahook.dev/v1", "resource": parent_resource,
-                                       "labelSelector": {"matchLabels": {"metahook-test": self.label}}},
-                    "childResources": children,
-                    "hooks": {"sync": {"version": version, "webhook": {"url": self.hook.url("/sync")}},
-                              "customize": {"version": version, "webhook": {"url": self.hook.url("/customize")}}},
-                },
-            }),
-        )
+    /// The test's CompositeController over `parent_resource` with `children`, its sync and customize
+    /// hooks at `version`.
+    async fn composite_with_customize(&self, parent_resource: &str, version: &str, children: Value) {
+        self.composite(json!({
+            "generateSelector": true,
+            "parentResource": {"apiVersion": "test.metahook.dev/v1", "resource": parent_resource},
+            "childResources": children,
+            "hooks": {"sync": {"version": version, "webhook": {"url": self.hook.url("/sync")}},
+                      "customize": {"version": version, "webhook": {"url": self.hook.url("/customize")}}},
+        }))
         .await;
     }
 
@@ -36,16 +30,6 @@ impl World {
         let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name, "labels": labels}})).unwrap();
         Api::<Namespace>::all(self.client.clone()).create(&PostParams::default(), &ns).await.unwrap();
         name
-    }
-
-    async fn finish(mut self, extra_namespaces: &[String]) {
-        self.stop_hub().await;
-        let ccs = api(&self.client, "metacontroller.k8s.io/v1alpha1", "CompositeController", None).await;
-        let _ = ccs.delete(&self.label, &DeleteParams::default()).await;
-        for ns in extra_namespaces {
-            let _ = Api::<Namespace>::all(self.client.clone()).delete(ns, &DeleteParams::default()).await;
-        }
-        self.ns.delete().await;
     }
 }
 
@@ -81,7 +65,7 @@ async fn configmap_propagation_follows_the_source_and_namespace_labels() {
     .await;
     let a = w.namespace("a", json!({"copy-to": w.label})).await;
     let b = w.namespace("b", json!({})).await;
-    w.composite(
+    w.composite_with_customize(
         "clusterthings",
         "v1",
         json!([{"apiVersion": "v1", "resource": "configmaps", "updateStrategy": {"method": "InPlace"}}]),
@@ -103,7 +87,7 @@ async fn configmap_propagation_follows_the_source_and_namespace_labels() {
         .await;
 
     // A change to the related source re-syncs the parent.
-    let source = api(&w.client, "v1", "ConfigMap", Some(&w.ns.name)).await;
+    let source = w.config_maps().await;
     source.patch("shared", &PatchParams::default(), &Patch::Merge(json!({"data": {"k": "2"}}))).await.unwrap();
     eventually(WAIT, || async { in_a.get_opt("shared").await.unwrap().filter(|c| c.data["data"]["k"] == "2") }).await;
 
@@ -116,7 +100,7 @@ async fn configmap_propagation_follows_the_source_and_namespace_labels() {
     eventually(WAIT, || async { (parents.get(&parent).await.unwrap().data["status"]["copies"] == 2).then_some(()) })
         .await;
     parents.delete(&parent, &DeleteParams::default()).await.unwrap();
-    w.finish(&[a, b]).await;
+    w.finish_with_namespaces("CompositeController", &[a, b]).await;
 }
 
 /// Asks for a ConfigMap in the namespace `spec.relatedNamespace` and a Namespace; echoes related keys.
@@ -136,21 +120,15 @@ def sync(req):
 async fn v1_hooks_cannot_ask_for_another_namespace() {
     let w = World::new("related-v1", CROSS_NAMESPACE).await;
     let other = w.namespace("other", json!({})).await;
-    w.composite("things", "v1", json!([{"apiVersion": "v1", "resource": "configmaps"}])).await;
-    apply_value(
-        &w.client,
-        &json!({"apiVersion": "test.metahook.dev/v1", "kind": "Thing",
-        "metadata": {"name": "p", "namespace": w.ns.name, "labels": {"metahook-test": w.label}},
-        "spec": {"relatedNamespace": other}}),
-    )
-    .await;
+    w.composite_with_customize("things", "v1", json!([{"apiVersion": "v1", "resource": "configmaps"}])).await;
+    w.thing("p", json!({"relatedNamespace": other})).await;
     let expected =
         format!("requested related object namespace {other} differs from parent object namespace {}", w.ns.name);
     eventually(WAIT, || async {
         warnings_for(&w.client, &w.ns.name, "p").await.into_iter().find(|e| e.contains(&expected))
     })
     .await;
-    w.finish(&[other]).await;
+    w.finish_with_namespaces("CompositeController", &[other]).await;
 }
 
 #[tokio::test]
@@ -162,22 +140,16 @@ async fn v2_hooks_see_related_objects_in_other_namespaces_and_cluster_scoped_one
         &json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "wanted", "namespace": other}}),
     )
     .await;
-    w.composite("things", "v2", json!([{"apiVersion": "v1", "resource": "configmaps"}])).await;
-    apply_value(
-        &w.client,
-        &json!({"apiVersion": "test.metahook.dev/v1", "kind": "Thing",
-        "metadata": {"name": "p", "namespace": w.ns.name, "labels": {"metahook-test": w.label}},
-        "spec": {"relatedNamespace": other}}),
-    )
-    .await;
-    let things = api(&w.client, "test.metahook.dev/v1", "Thing", Some(&w.ns.name)).await;
+    w.composite_with_customize("things", "v2", json!([{"apiVersion": "v1", "resource": "configmaps"}])).await;
+    w.thing("p", json!({"relatedNamespace": other})).await;
+    let things = w.things().await;
     let related = eventually(WAIT, || async {
         let p = things.get("p").await.unwrap();
         p.data["status"].get("related").cloned()
     })
     .await;
     assert_eq!(related, json!({"ConfigMap.v1": [format!("{other}/wanted")], "Namespace.v1": [other]}));
-    w.finish(&[other]).await;
+    w.finish_with_namespaces("CompositeController", &[other]).await;
 }
 
 /// Each parent relates to the ConfigMap named in its spec; counts how often each parent is synced.
@@ -200,15 +172,9 @@ async fn a_related_change_resyncs_only_the_parents_that_select_it() {
         )
         .await;
     }
-    w.composite("things", "v1", json!([{"apiVersion": "v1", "resource": "secrets"}])).await;
+    w.composite_with_customize("things", "v1", json!([{"apiVersion": "v1", "resource": "secrets"}])).await;
     for (parent, cm) in [("pa", "watched-a"), ("pb", "watched-b")] {
-        apply_value(
-            &w.client,
-            &json!({"apiVersion": "test.metahook.dev/v1", "kind": "Thing",
-            "metadata": {"name": parent, "namespace": w.ns.name, "labels": {"metahook-test": w.label}},
-            "spec": {"watch": cm}}),
-        )
-        .await;
+        w.thing(parent, json!({"watch": cm})).await;
     }
     let syncs =
         |parent: &str| w.hook.requests("/sync").iter().filter(|r| r["parent"]["metadata"]["name"] == parent).count();
@@ -217,11 +183,11 @@ async fn a_related_change_resyncs_only_the_parents_that_select_it() {
     let (before_a, before_b) = (syncs("pa"), syncs("pb"));
     let customizes = w.hook.requests("/customize").len();
 
-    let cms = api(&w.client, "v1", "ConfigMap", Some(&w.ns.name)).await;
+    let cms = w.config_maps().await;
     cms.patch("watched-a", &PatchParams::default(), &Patch::Merge(json!({"data": {"v": "1"}}))).await.unwrap();
     eventually(WAIT, || async { (syncs("pa") > before_a).then_some(()) }).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(syncs("pb"), before_b, "a parent whose rules do not select the object is not re-synced");
     assert_eq!(w.hook.requests("/customize").len(), customizes, "customize is cached per parent generation");
-    w.finish(&[]).await;
+    w.finish("CompositeController").await;
 }

@@ -7,7 +7,7 @@ mod support;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use kube::api::{Api, DeleteParams, DynamicObject, ListParams};
+use kube::api::{DynamicObject, ListParams};
 use serde_json::{Value, json};
 use support::{World, api, apply_value, eventually};
 
@@ -42,22 +42,18 @@ def sync(req):
 "#;
 
 impl World {
-    async fn controller(&self, pod_method: &str) {
-        apply_value(&self.client, &json!({
-            "apiVersion": "metacontroller.k8s.io/v1alpha1", "kind": "CompositeController",
-            "metadata": {"name": self.label, "labels": {"metahook-test": self.label}},
-            "spec": {
-                "parentResource": {"apiVersion": "test.metahook.dev/v1", "resource": "catsets",
-                                   "labelSelector": {"matchLabels": {"metahook-test": self.label}},
-                                   "revisionHistory": {"fieldPaths": ["spec.template"]}},
-                "childResources": [
-                    {"apiVersion": "v1", "resource": "pods",
-                     "updateStrategy": {"method": pod_method, "statusChecks": {"conditions": [{"type": "Ready", "status": "True"}]}}},
-                    {"apiVersion": "v1", "resource": "persistentvolumeclaims", "updateStrategy": {"method": "OnDelete"}},
-                    {"apiVersion": "v1", "resource": "services", "updateStrategy": {"method": "InPlace"}},
-                ],
-                "hooks": {"sync": {"webhook": {"url": self.hook.url("/sync")}}},
-            },
+    /// The test's CatSet controller, rolling its Pods with `pod_method`.
+    async fn catset_controller(&self, pod_method: &str) {
+        self.composite(json!({
+            "parentResource": {"apiVersion": "test.metahook.dev/v1", "resource": "catsets",
+                               "revisionHistory": {"fieldPaths": ["spec.template"]}},
+            "childResources": [
+                {"apiVersion": "v1", "resource": "pods",
+                 "updateStrategy": {"method": pod_method, "statusChecks": {"conditions": [{"type": "Ready", "status": "True"}]}}},
+                {"apiVersion": "v1", "resource": "persistentvolumeclaims", "updateStrategy": {"method": "OnDelete"}},
+                {"apiVersion": "v1", "resource": "services", "updateStrategy": {"method": "InPlace"}},
+            ],
+            "hooks": {"sync": {"webhook": {"url": self.hook.url("/sync")}}},
         }))
         .await;
     }
@@ -95,14 +91,6 @@ impl World {
     async fn revisions(&self) -> Vec<DynamicObject> {
         let api = api(&self.client, "metacontroller.k8s.io/v1alpha1", "ControllerRevision", Some(&self.ns.name)).await;
         api.list(&ListParams::default()).await.unwrap().items
-    }
-
-    async fn finish(mut self) {
-        self.stop_hub().await;
-        let ccs: Api<DynamicObject> =
-            api(&self.client, "metacontroller.k8s.io/v1alpha1", "CompositeController", None).await;
-        let _ = ccs.delete(&self.label, &DeleteParams::default()).await;
-        self.ns.delete().await;
     }
 }
 
@@ -152,10 +140,18 @@ async fn settle(w: &World, names: &[&str], version: &str) {
     .await;
 }
 
+/// Rolls the two-Pod CatSet to v2 (see [`roll_to`]): the Pods' UIDs before, and the Pods after.
+async fn roll_two_pods_to_v2(w: &World) -> (BTreeMap<String, Option<String>>, BTreeMap<String, DynamicObject>) {
+    let before = w.pods().await.into_iter().map(|(n, p)| (n, p.metadata.uid)).collect();
+    w.catset(2, "v2", json!({})).await;
+    roll_to(w, &["cats-0", "cats-1"], "v2").await;
+    (before, w.pods().await)
+}
+
 #[tokio::test]
 async fn catset_scales_and_rolls_pods_one_at_a_time_waiting_for_ready() {
     let w = World::new("catset-roll", CATSET).await;
-    w.controller("RollingRecreate").await;
+    w.catset_controller("RollingRecreate").await;
     w.catset(3, "v1", json!({})).await;
     eventually(WAIT, || async {
         let pods = w.pods().await;
@@ -177,11 +173,7 @@ async fn catset_scales_and_rolls_pods_one_at_a_time_waiting_for_ready() {
     w.catset(2, "v1", json!({})).await;
     eventually(WAIT, || async { (w.pods().await.len() == 2).then_some(()) }).await;
 
-    let before: BTreeMap<String, Option<String>> =
-        w.pods().await.into_iter().map(|(n, p)| (n, p.metadata.uid)).collect();
-    w.catset(2, "v2", json!({})).await;
-    roll_to(&w, &["cats-0", "cats-1"], "v2").await;
-    let after = w.pods().await;
+    let (before, after) = roll_two_pods_to_v2(&w).await;
     for (name, uid) in before {
         assert_ne!(after[&name].metadata.uid, uid, "{name} was recreated (RollingRecreate)");
     }
@@ -192,13 +184,13 @@ async fn catset_scales_and_rolls_pods_one_at_a_time_waiting_for_ready() {
     .await;
     assert!(updated_condition(&status)["message"].as_str().unwrap().contains("latest ControllerRevision"));
     eventually(WAIT, || async { (w.revisions().await.len() == 1).then_some(()) }).await;
-    w.finish().await;
+    w.finish("CompositeController").await;
 }
 
 #[tokio::test]
 async fn a_pod_that_never_becomes_ready_halts_the_rollout_across_hub_restarts() {
     let mut w = World::new("catset-halt", CATSET).await;
-    w.controller("RollingRecreate").await;
+    w.catset_controller("RollingRecreate").await;
     w.catset(2, "v1", json!({})).await;
     settle(&w, &["cats-0", "cats-1"], "v1").await;
     let old_1 = w.pods().await["cats-1"].metadata.uid.clone();
@@ -225,23 +217,19 @@ async fn a_pod_that_never_becomes_ready_halts_the_rollout_across_hub_restarts() 
 
     w.catset(2, "v3", json!({})).await;
     roll_to(&w, &["cats-0", "cats-1"], "v3").await;
-    w.finish().await;
+    w.finish("CompositeController").await;
 }
 
 #[tokio::test]
 async fn rolling_in_place_updates_pods_without_recreating_them() {
     let w = World::new("catset-inplace", CATSET).await;
-    w.controller("RollingInPlace").await;
+    w.catset_controller("RollingInPlace").await;
     w.catset(2, "v1", json!({})).await;
     settle(&w, &["cats-0", "cats-1"], "v1").await;
-    let before: BTreeMap<String, Option<String>> =
-        w.pods().await.into_iter().map(|(n, p)| (n, p.metadata.uid)).collect();
-    w.catset(2, "v2", json!({})).await;
-    roll_to(&w, &["cats-0", "cats-1"], "v2").await;
-    let after = w.pods().await;
+    let (before, after) = roll_two_pods_to_v2(&w).await;
     for (name, uid) in before {
         assert_eq!(after[&name].metadata.uid, uid, "{name} was updated in place");
         assert_eq!(after[&name].data["spec"]["containers"][0]["image"], "registry.invalid/cat:v2");
     }
-    w.finish().await;
+    w.finish("CompositeController").await;
 }

@@ -18,6 +18,7 @@ use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::core::ApiResource;
 use kube::{Client, ResourceExt as _};
+use serde_json::{Value, json};
 use tokio::io::AsyncBufReadExt as _;
 use tokio_util::sync::CancellationToken;
 
@@ -47,11 +48,16 @@ pub async fn client() -> Client {
             assert!(status.success(), "tests/cluster/up.sh failed; see .cluster/logs/");
         }
     });
+    Client::try_from(config().await).expect("building client")
+}
+
+/// The client configuration for the local control plane, from [`kubeconfig_path`] (which [`client`]
+/// makes sure of).
+pub async fn config() -> kube::Config {
     let kubeconfig = Kubeconfig::read_from(kubeconfig_path()).expect("reading .cluster/kubeconfig");
-    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+    kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
         .await
-        .expect("loading .cluster/kubeconfig");
-    Client::try_from(config).expect("building client")
+        .expect("loading .cluster/kubeconfig")
 }
 
 /// A fresh namespace, named after the test. Deleted by [`TestNamespace::delete`].
@@ -437,6 +443,105 @@ impl World {
 
     pub async fn restart_hub(&mut self) {
         self.stop_hub().await;
+        self.start_hub();
+    }
+
+    /// A hub again, after [`World::stop_hub`].
+    pub fn start_hub(&mut self) {
         self.hub = Some(Hub::start(&self.client, &self.label));
     }
+
+    /// Applies a `kind` controller (`CompositeController`, `DecoratorController`) called `name`, labelled
+    /// for this test's hub, with `spec` as given.
+    pub async fn controller(&self, kind: &str, name: &str, spec: Value) -> DynamicObject {
+        apply_value(&self.client, &self.controller_object(kind, name, spec)).await
+    }
+
+    fn controller_object(&self, kind: &str, name: &str, spec: Value) -> Value {
+        json!({"apiVersion": CONTROLLERS, "kind": kind,
+               "metadata": {"name": name, "labels": {"metahook-test": self.label}}, "spec": spec})
+    }
+
+    /// Applies the test's CompositeController: named after the test, labelled for its hub and, unless
+    /// the spec says otherwise, selecting only this test's parents (tests share the parent CRDs).
+    pub async fn composite(&self, spec: Value) -> DynamicObject {
+        self.composite_annotated(Value::Null, spec).await
+    }
+
+    /// [`World::composite`] with `annotations` on the controller (`Null`: none).
+    pub async fn composite_annotated(&self, annotations: Value, mut spec: Value) -> DynamicObject {
+        if spec["parentResource"].get("labelSelector").is_none() {
+            spec["parentResource"]["labelSelector"] = json!({"matchLabels": {"metahook-test": self.label}});
+        }
+        let mut controller = self.controller_object("CompositeController", &self.label, spec);
+        if !annotations.is_null() {
+            controller["metadata"]["annotations"] = annotations;
+        }
+        apply_value(&self.client, &controller).await
+    }
+
+    /// Applies the test's DecoratorController, named after the test and labelled for its hub. Its
+    /// resource rules without a label selector select only this test's objects.
+    pub async fn decorator(&self, mut spec: Value) -> DynamicObject {
+        for rule in spec["resources"].as_array_mut().into_iter().flatten() {
+            if rule.get("labelSelector").is_none() {
+                rule["labelSelector"] = json!({"matchLabels": {"metahook-test": self.label}});
+            }
+        }
+        self.controller("DecoratorController", &self.label, spec).await
+    }
+
+    /// The controllers of `kind` (cluster-scoped).
+    pub async fn controllers(&self, kind: &str) -> Api<DynamicObject> {
+        api(&self.client, CONTROLLERS, kind, None).await
+    }
+
+    /// Applies the Thing `name` in the test's namespace, labelled for the test.
+    pub async fn thing(&self, name: &str, spec: Value) -> DynamicObject {
+        self.thing_labelled(name, &json!({}), spec).await
+    }
+
+    /// [`World::thing`] with more labels; a `Null` spec leaves the Thing without one.
+    pub async fn thing_labelled(&self, name: &str, labels: &Value, spec: Value) -> DynamicObject {
+        let mut thing = json!({"apiVersion": "test.metahook.dev/v1", "kind": "Thing",
+                               "metadata": {"name": name, "namespace": self.ns.name, "labels": labels}});
+        thing["metadata"]["labels"]["metahook-test"] = json!(self.label);
+        if !spec.is_null() {
+            thing["spec"] = spec;
+        }
+        apply_value(&self.client, &thing).await
+    }
+
+    /// The Things in the test's namespace.
+    pub async fn things(&self) -> Api<DynamicObject> {
+        api(&self.client, "test.metahook.dev/v1", "Thing", Some(&self.ns.name)).await
+    }
+
+    /// The ConfigMaps in the test's namespace.
+    pub async fn config_maps(&self) -> Api<DynamicObject> {
+        api(&self.client, "v1", "ConfigMap", Some(&self.ns.name)).await
+    }
+
+    /// The ConfigMap `name` in the test's namespace, if there is one.
+    pub async fn config_map(&self, name: &str) -> Option<DynamicObject> {
+        self.config_maps().await.get_opt(name).await.unwrap()
+    }
+
+    /// Stops the hub, then deletes the test's `kind` controller and its namespace.
+    pub async fn finish(self, kind: &str) {
+        self.finish_with_namespaces(kind, &[]).await;
+    }
+
+    /// [`World::finish`], deleting the test's other `namespaces` too.
+    pub async fn finish_with_namespaces(mut self, kind: &str, namespaces: &[String]) {
+        self.stop_hub().await;
+        let _ = self.controllers(kind).await.delete(&self.label, &DeleteParams::default()).await;
+        for ns in namespaces {
+            let _ = Api::<Namespace>::all(self.client.clone()).delete(ns, &DeleteParams::default()).await;
+        }
+        self.ns.delete().await;
+    }
 }
+
+/// The API group and version of the controllers (Metacontroller's).
+pub const CONTROLLERS: &str = "metacontroller.k8s.io/v1alpha1";
