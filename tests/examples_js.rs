@@ -18,45 +18,19 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::Client;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
-use support::{
-    ExampleHook, Hub, TestNamespace, api, apply_docs, apply_value, eventually, example_docs, install_metahook_crds,
-    unique_suffix, warnings_for,
-};
+use support::{Example, api, apply_docs, apply_value, eventually, unique_suffix, warnings_for};
 
 const WAIT: Duration = Duration::from_secs(60);
 
-/// One example under test: its hook process, a namespace, and a hub that runs only its controllers.
-struct Example {
-    client: Client,
-    ns: TestNamespace,
-    dir: String,
-    label: String,
-    hook: ExampleHook,
-    hub: Hub,
-    /// (kind, name) of the controllers applied, deleted by [`Example::finish`].
-    controllers: Vec<(String, String)>,
-}
-
 impl Example {
-    async fn start(name: &str) -> Self {
-        let client = support::client().await;
-        install_metahook_crds(&client).await;
-        let ns = TestNamespace::create(&client, &format!("js-{name}")).await;
-        let dir = format!("examples-js/{name}");
-        let hook = ExampleHook::start(&dir, "node", &["hook.mjs"]).await;
-        let label = ns.name.clone();
-        let hub = Hub::start(&client, &label);
-        Self { client, ns, dir, label, hook, hub, controllers: Vec::new() }
-    }
-
-    /// The documents of one of the example's files, prepared for this test (see [`example_docs`]).
-    fn docs(&self, file: &str) -> Vec<Value> {
-        example_docs(&format!("{}/{file}", self.dir), self.hook.port, &self.label, &self.ns.name)
+    /// The example `examples-js/<name>`, its own `hook.mjs` running.
+    async fn node(name: &str) -> Self {
+        Self::start(&format!("js-{name}"), &format!("examples-js/{name}"), "node", &["hook.mjs"]).await
     }
 
     /// Applies the example's `crd.yaml`, if it has one.
     async fn install_crd(&self) {
-        apply_docs(&self.client, &self.docs("crd.yaml")).await;
+        self.apply(&self.docs("crd.yaml")).await;
     }
 
     /// Applies the example's `controller.yaml` with each controller renamed for this run, after `narrow`
@@ -72,7 +46,7 @@ impl Example {
             self.controllers.push((doc["kind"].as_str().unwrap().to_owned(), new.clone()));
             names.insert(old, new);
         }
-        apply_docs(&self.client, &docs).await;
+        self.apply(&docs).await;
         names
     }
 
@@ -80,21 +54,6 @@ impl Example {
     async fn assert_no_warnings(&self, name: &str) {
         let warnings = warnings_for(&self.client, &self.ns.name, name).await;
         assert!(warnings.is_empty(), "warnings on {name}: {warnings:?}");
-    }
-
-    async fn api(&self, api_version: &str, kind: &str) -> Api<DynamicObject> {
-        api(&self.client, api_version, kind, Some(&self.ns.name)).await
-    }
-
-    /// Stops the hub, then deletes the controllers and the namespace. The examples' CRDs stay installed,
-    /// as the shared test CRDs do: a quick re-run would otherwise race with their deletion.
-    async fn finish(self) {
-        self.hub.stop().await;
-        for (kind, name) in &self.controllers {
-            let controllers = api(&self.client, "metacontroller.k8s.io/v1alpha1", kind, None).await;
-            let _ = controllers.delete(name, &DeleteParams::default()).await;
-        }
-        self.ns.delete().await;
     }
 }
 
@@ -139,11 +98,11 @@ fn replica_set_ready(rs: &DynamicObject, n: i64) -> bool {
 
 #[tokio::test]
 async fn blue_green_switches_the_service_only_once_the_new_color_is_ready() {
-    let mut ex = Example::start("blue-green").await;
+    let mut ex = Example::node("blue-green").await;
     ex.install_crd().await;
     ex.apply_controllers(|_| {}).await;
     let mut sample = ex.docs("bluegreen.yaml");
-    apply_docs(&ex.client, &sample).await;
+    ex.apply(&sample).await;
     let bgds = ex.api("js.examples.metahook.dev/v1", "BlueGreenDeployment").await;
     let replica_sets = ex.api("apps/v1", "ReplicaSet").await;
     let services = ex.api("v1", "Service").await;
@@ -171,7 +130,7 @@ async fn blue_green_switches_the_service_only_once_the_new_color_is_ready() {
 
     // A template change rolls out to green; the Service switches only when green is all Ready.
     sample[0]["spec"]["template"]["spec"]["containers"][0]["image"] = json!("nginx:1.28");
-    apply_docs(&ex.client, &sample).await;
+    ex.apply(&sample).await;
     eventually(WAIT, || async {
         let service = services.get("web").await.ok()?;
         (service.data["spec"]["selector"][COLOR] == "green").then_some(())
@@ -197,7 +156,7 @@ async fn blue_green_switches_the_service_only_once_the_new_color_is_ready() {
 
     // Rolling back to the first template scales blue up again and switches back.
     sample[0]["spec"]["template"]["spec"]["containers"][0]["image"] = json!("nginx:1.27");
-    apply_docs(&ex.client, &sample).await;
+    ex.apply(&sample).await;
     eventually(WAIT, status("blue")).await;
     assert_eq!(uid(&replica_sets.get("web-blue").await.unwrap()), uid(&blue), "the old ReplicaSet was reused");
     eventually(WAIT, || async { replica_sets.get("web-green").await.ok().filter(|rs| replica_set_ready(rs, 0)) }).await;
@@ -206,7 +165,7 @@ async fn blue_green_switches_the_service_only_once_the_new_color_is_ready() {
     let containers = sample[0]["spec"]["template"]["spec"]["containers"].clone();
     sample[0]["spec"]["template"]["spec"] =
         json!({"containers": containers, "nodeSelector": {"js.examples.metahook.dev/no-such-node": "true"}});
-    apply_docs(&ex.client, &sample).await;
+    ex.apply(&sample).await;
     let rolling_out = tokio::time::timeout(
         WAIT,
         eventually(WAIT * 2, || async {
@@ -229,7 +188,7 @@ async fn blue_green_switches_the_service_only_once_the_new_color_is_ready() {
     // ...and fixing it replaces those Pending Pods before green is switched to (Preparing, then RollingOut).
     sample[0]["spec"]["template"]["spec"] = json!({"containers": containers});
     sample[0]["spec"]["template"]["spec"]["containers"][0]["image"] = json!("nginx:1.29");
-    apply_docs(&ex.client, &sample).await;
+    ex.apply(&sample).await;
     eventually(WAIT, status("green")).await;
     let green_pods = pods.list(&ListParams::default().labels(&format!("app=web,{COLOR}=green"))).await.unwrap();
     let images: Vec<&Value> = green_pods
@@ -259,13 +218,13 @@ fn only_this_test(label: &str) -> impl Fn(&mut Value) + use<> {
 
 #[tokio::test]
 async fn service_per_pod_gives_each_pod_a_label_and_a_service_that_follow_the_scale() {
-    let mut ex = Example::start("service-per-pod").await;
+    let mut ex = Example::node("service-per-pod").await;
     let names = ex.apply_controllers(only_this_test(&ex.label)).await;
     let mut sample = ex.docs("statefulset.yaml");
     let set = sample.iter_mut().find(|d| d["kind"] == "StatefulSet").unwrap();
     set["metadata"]["labels"]["metahook-test"] = json!(ex.label);
     set["spec"]["template"]["metadata"]["labels"]["metahook-test"] = json!(ex.label);
-    apply_docs(&ex.client, &sample).await;
+    ex.apply(&sample).await;
     let pods = ex.api("v1", "Pod").await;
     let services = ex.api("v1", "Service").await;
     let slices = ex.api("discovery.k8s.io/v1", "EndpointSlice").await;
@@ -314,11 +273,11 @@ async fn service_per_pod_gives_each_pod_a_label_and_a_service_that_follow_the_sc
     // Scaling up adds a Service; scaling down removes the extra ones.
     let set = sample.iter_mut().find(|d| d["kind"] == "StatefulSet").unwrap();
     set["spec"]["replicas"] = json!(3);
-    apply_docs(&ex.client, &sample).await;
+    ex.apply(&sample).await;
     check_pod("web-2".to_owned()).await;
     let set = sample.iter_mut().find(|d| d["kind"] == "StatefulSet").unwrap();
     set["spec"]["replicas"] = json!(1);
-    apply_docs(&ex.client, &sample).await;
+    ex.apply(&sample).await;
     eventually(WAIT, || async {
         let gone =
             services.get_opt("web-1").await.unwrap().is_none() && services.get_opt("web-2").await.unwrap().is_none();
@@ -346,7 +305,7 @@ async fn may(client: &Client, user: &str, verb: &str, group: &str, resource: &st
 
 #[tokio::test]
 async fn crd_roles_attach_a_reader_cluster_role_that_grants_exactly_read_access() {
-    let mut ex = Example::start("crd-roles").await;
+    let mut ex = Example::node("crd-roles").await;
     let names = ex.apply_controllers(only_this_test(&ex.label)).await;
     let decorator = names["js-crd-roles"].clone();
     let client = ex.client.clone();
@@ -447,7 +406,7 @@ async fn crd_roles_attach_a_reader_cluster_role_that_grants_exactly_read_access(
 
 #[tokio::test]
 async fn cross_namespace_config_merges_sources_from_another_namespace_and_its_namespace_labels() {
-    let mut ex = Example::start("cross-namespace-config").await;
+    let mut ex = Example::node("cross-namespace-config").await;
     ex.install_crd().await;
     ex.apply_controllers(|_| {}).await;
     let client = ex.client.clone();
@@ -548,9 +507,10 @@ fn image(pod: &DynamicObject) -> &str {
     pod.data["spec"]["containers"][0]["image"].as_str().unwrap_or_default()
 }
 
-#[tokio::test]
-async fn catset_rolls_the_pod_template_one_pod_at_a_time() {
-    let mut ex = Example::start("catset").await;
+/// The catset example with its controller narrowed to this test's CatSets, and its sample CatSet
+/// (labelled for the test) applied; returns the sample for the test to change.
+async fn start_catset() -> (Example, Vec<Value>) {
+    let mut ex = Example::node("catset").await;
     ex.install_crd().await;
     let label = ex.label.clone();
     ex.apply_controllers(move |cc| {
@@ -559,7 +519,13 @@ async fn catset_rolls_the_pod_template_one_pod_at_a_time() {
     .await;
     let mut sample = ex.docs("catset.yaml");
     sample[0]["metadata"]["labels"] = json!({"metahook-test": ex.label});
-    apply_docs(&ex.client, &sample).await;
+    ex.apply(&sample).await;
+    (ex, sample)
+}
+
+#[tokio::test]
+async fn catset_rolls_the_pod_template_one_pod_at_a_time() {
+    let (ex, mut sample) = start_catset().await;
     let pods = ex.api("v1", "Pod").await;
     let catsets = ex.api("js.examples.metahook.dev/v1", "CatSet").await;
     let names = ["nginx-0", "nginx-1", "nginx-2"];
@@ -578,7 +544,7 @@ async fn catset_rolls_the_pod_template_one_pod_at_a_time() {
 
     // Change the template: Pods are replaced one at a time, never more than one unavailable.
     sample[0]["spec"]["template"]["spec"]["containers"][0]["image"] = json!("nginx:1.28");
-    apply_docs(&ex.client, &sample).await;
+    ex.apply(&sample).await;
     let deadline = tokio::time::Instant::now() + WAIT;
     loop {
         let now = snapshot().await;
@@ -646,17 +612,8 @@ fn bound(names: std::ops::Range<u32>) -> BTreeMap<String, String> {
 
 #[tokio::test]
 async fn catset_with_claims_scales_in_order_and_its_finalize_hook_scales_to_zero() {
-    let mut ex = Example::start("catset").await;
-    ex.install_crd().await;
-    let label = ex.label.clone();
-    ex.apply_controllers(move |cc| {
-        cc["spec"]["parentResource"]["labelSelector"] = json!({"matchLabels": {"metahook-test": label}});
-    })
-    .await;
     // As shipped: one claim template `www`, which the cluster's default StorageClass provisions.
-    let mut sample = ex.docs("catset.yaml");
-    sample[0]["metadata"]["labels"] = json!({"metahook-test": ex.label});
-    apply_docs(&ex.client, &sample).await;
+    let (ex, mut sample) = start_catset().await;
     scale_to(&ex, 3).await;
     assert_eq!(claim_phases(&ex).await, bound(0..3), "a bound claim per Pod");
     let pods = ex.api("v1", "Pod").await;
@@ -675,12 +632,12 @@ async fn catset_with_claims_scales_in_order_and_its_finalize_hook_scales_to_zero
     }
 
     sample[0]["spec"]["replicas"] = json!(4);
-    apply_docs(&ex.client, &sample).await;
+    ex.apply(&sample).await;
     scale_to(&ex, 4).await;
     eventually(WAIT, || async { (claim_phases(&ex).await == bound(0..4)).then_some(()) }).await;
 
     sample[0]["spec"]["replicas"] = json!(2);
-    apply_docs(&ex.client, &sample).await;
+    ex.apply(&sample).await;
     scale_to(&ex, 2).await;
     assert_eq!(claim_phases(&ex).await, bound(0..4), "claims stay after a scale-down, as a StatefulSet's");
 

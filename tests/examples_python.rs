@@ -11,44 +11,36 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use k8s_openapi::api::events::v1::Event;
-use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
 use kube::{Client, ResourceExt as _};
 use serde_json::{Value, json};
-use support::{ExampleHook, Hub, TestNamespace, api, apply_docs, eventually, example_docs, install_metahook_crds};
+use support::{Example, eventually};
 
 const WAIT: Duration = Duration::from_secs(60);
 
-/// One example under test: its hook process, a hub that runs only this test's controllers, and a namespace.
-struct Example {
-    client: Client,
-    dir: &'static str,
-    ns: TestNamespace,
-    /// The test's `metahook-test` label value and its controller's name (the namespace's name).
-    label: String,
-    hook: ExampleHook,
-    hub: Hub,
-    /// Namespaces the test made besides `ns`, deleted by [`Example::finish`].
-    namespaces: Vec<String>,
-}
-
 impl Example {
-    async fn start(test: &str, dir: &'static str) -> Self {
-        let client = support::client().await;
-        install_metahook_crds(&client).await;
-        let ns = TestNamespace::create(&client, test).await;
-        let label = ns.name.clone();
-        let hook = ExampleHook::start(dir, "python3", &["hook.py"]).await;
-        let hub = Hub::start(&client, &label);
-        Self { client, dir, ns, label, hook, hub, namespaces: Vec::new() }
+    /// The example in `dir`, its own `hook.py` running; whatever controllers it applies are the test's.
+    async fn python(test: &str, dir: &str) -> Self {
+        let mut ex = Self::start(test, dir, "python3", &["hook.py"]).await;
+        for kind in ["CompositeController", "DecoratorController"] {
+            ex.controllers.push((kind.to_owned(), ex.label.clone()));
+        }
+        ex
     }
 
     /// The documents of one of the example's files, scoped to this test (see [`Example::scope`]).
-    fn docs(&self, file: &str) -> Vec<Value> {
-        let mut docs = example_docs(&format!("{}/{file}", self.dir), self.hook.port, &self.label, &self.ns.name);
+    fn scoped_docs(&self, file: &str) -> Vec<Value> {
+        let mut docs = self.docs(file);
         for doc in &mut docs {
             self.scope(doc);
         }
         docs
+    }
+
+    /// Applies the example's `files`, in order, scoped to this test.
+    async fn apply_files(&self, files: &[&str]) {
+        let docs: Vec<Value> = files.iter().flat_map(|file| self.scoped_docs(file)).collect();
+        self.apply(&docs).await;
     }
 
     /// Controllers get the test's name and select only objects labelled for the test; every other
@@ -69,40 +61,6 @@ impl Example {
             }
             _ => doc["metadata"]["labels"]["metahook-test"] = label,
         }
-    }
-
-    async fn apply(&self, docs: &[Value]) {
-        apply_docs(&self.client, docs).await;
-    }
-
-    /// A namespace for this test, `<test namespace>-<suffix>`, with `labels` (plus the test's label).
-    async fn namespace(&mut self, suffix: &str, labels: &Value) -> String {
-        let name = format!("{}-{suffix}", self.ns.name);
-        let mut labels = labels.clone();
-        labels["metahook-test"] = json!(self.label);
-        let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name, "labels": labels}})).unwrap();
-        Api::<Namespace>::all(self.client.clone()).create(&PostParams::default(), &ns).await.unwrap();
-        self.namespaces.push(name.clone());
-        name
-    }
-
-    async fn api(&self, api_version: &str, kind: &str, namespace: Option<&str>) -> Api<DynamicObject> {
-        api(&self.client, api_version, kind, namespace).await
-    }
-
-    /// Stops the hub, then deletes the test's controllers and namespaces (and with them what the
-    /// controllers made there). Cluster-scoped objects are the test's to delete before.
-    async fn finish(self) {
-        self.hub.stop().await;
-        for kind in ["CompositeController", "DecoratorController"] {
-            let controllers = api(&self.client, "metacontroller.k8s.io/v1alpha1", kind, None).await;
-            let _ = controllers.delete(&self.label, &DeleteParams::default()).await;
-        }
-        let namespaces = Api::<Namespace>::all(self.client.clone());
-        for ns in &self.namespaces {
-            let _ = namespaces.delete(ns, &DeleteParams::default()).await;
-        }
-        self.ns.delete().await;
     }
 }
 
@@ -125,10 +83,10 @@ async fn status_where(objects: &Api<DynamicObject>, name: &str, check: impl Fn(&
 
 #[tokio::test]
 async fn hello_world_runs_ready_greeting_pods_and_scales_them() {
-    let ex = Example::start("py-hello-world", "examples-python/hello-world").await;
-    ex.apply(&[ex.docs("crd.yaml"), ex.docs("controller.yaml"), ex.docs("hello.yaml")].concat()).await;
-    let worlds = ex.api("example.metahook.dev/v1", "HelloWorld", Some(&ex.ns.name)).await;
-    let pods = ex.api("v1", "Pod", Some(&ex.ns.name)).await;
+    let ex = Example::python("py-hello-world", "examples-python/hello-world").await;
+    ex.apply_files(&["crd.yaml", "controller.yaml", "hello.yaml"]).await;
+    let worlds = ex.api("example.metahook.dev/v1", "HelloWorld").await;
+    let pods = ex.api("v1", "Pod").await;
 
     let status = eventually(WAIT, || status_where(&worlds, "world", |s| s["readyPods"] == 2)).await;
     assert_eq!(status["message"], "Hello, World!");
@@ -151,29 +109,18 @@ async fn hello_world_runs_ready_greeting_pods_and_scales_them() {
 
 #[tokio::test]
 async fn configmap_propagation_copies_the_source_into_selected_namespaces_and_follows_it() {
-    let mut ex = Example::start("py-cm-propagation", "examples-python/configmap-propagation").await;
-    ex.apply(&[ex.docs("crd.yaml"), ex.docs("controller.yaml")].concat()).await;
+    let mut ex = Example::python("py-cm-propagation", "examples-python/configmap-propagation").await;
+    ex.apply_files(&["crd.yaml", "controller.yaml"]).await;
     // The sample's source moves to the test namespace; its selector picks namespaces labelled for this test.
     let team = ex.label.clone();
     let blue = ex.namespace("blue", &json!({"team": team})).await;
     let other = ex.namespace("other", &json!({})).await;
     let parent = format!("{}-settings", ex.label);
-    let mut docs = ex.docs("propagation.yaml");
-    for doc in &mut docs {
-        if doc["kind"] == "ConfigMap" {
-            doc["metadata"]["namespace"] = json!(ex.ns.name);
-        } else {
-            doc["metadata"].as_object_mut().unwrap().remove("namespace");
-            doc["metadata"]["name"] = json!(parent);
-            doc["spec"]["source"]["namespace"] = json!(ex.ns.name);
-            doc["spec"]["namespaceSelector"] = json!({"matchLabels": {"team": team}});
-        }
-    }
-    ex.apply(&docs).await;
+    ex.apply(&propagation_docs(&ex, &parent, &team)).await;
 
-    let propagations = ex.api("python.examples.metahook.dev/v1", "ConfigMapPropagation", None).await;
-    let in_blue = ex.api("v1", "ConfigMap", Some(&blue)).await;
-    let in_other = ex.api("v1", "ConfigMap", Some(&other)).await;
+    let propagations = ex.api_in("python.examples.metahook.dev/v1", "ConfigMapPropagation", None).await;
+    let in_blue = ex.api_in("v1", "ConfigMap", Some(&blue)).await;
+    let in_other = ex.api_in("v1", "ConfigMap", Some(&other)).await;
     let copy = eventually(WAIT, || copy_with_log_level(&in_blue, "info")).await;
     assert_eq!(copy.data["data"], json!({"log-level": "info", "region": "eu-west-1"}));
     assert_eq!(
@@ -186,7 +133,7 @@ async fn configmap_propagation_copies_the_source_into_selected_namespaces_and_fo
     assert!(in_other.get_opt("team-settings").await.unwrap().is_none(), "unselected namespaces get no copy");
 
     // Changing the source updates the copy in place.
-    let sources = ex.api("v1", "ConfigMap", Some(&ex.ns.name)).await;
+    let sources = ex.api("v1", "ConfigMap").await;
     merge(&sources, "team-settings", &json!({"data": {"log-level": "debug"}})).await;
     let updated = eventually(WAIT, || copy_with_log_level(&in_blue, "debug")).await;
     assert_eq!(uid(&updated), uid(&copy), "InPlace keeps the same object");
@@ -202,6 +149,23 @@ async fn configmap_propagation_copies_the_source_into_selected_namespaces_and_fo
 
     propagations.delete(&parent, &DeleteParams::default()).await.unwrap();
     ex.finish().await;
+}
+
+/// The sample `propagation.yaml` of configmap-propagation for this test: its source ConfigMap in the
+/// test's namespace, and the ConfigMapPropagation `parent` copying it to namespaces labelled `team=<team>`.
+fn propagation_docs(ex: &Example, parent: &str, team: &str) -> Vec<Value> {
+    let mut docs = ex.scoped_docs("propagation.yaml");
+    for doc in &mut docs {
+        if doc["kind"] == "ConfigMap" {
+            doc["metadata"]["namespace"] = json!(ex.ns.name);
+        } else {
+            doc["metadata"].as_object_mut().unwrap().remove("namespace");
+            doc["metadata"]["name"] = json!(parent);
+            doc["spec"]["source"]["namespace"] = json!(ex.ns.name);
+            doc["spec"]["namespaceSelector"] = json!({"matchLabels": {"team": team}});
+        }
+    }
+    docs
 }
 
 /// The copy of `team-settings` in that namespace, once it has this log level.
@@ -226,12 +190,12 @@ async fn events_for(client: &Client, namespace: &str, uid: &str) -> Vec<(String,
 
 #[tokio::test]
 async fn secret_propagation_follows_a_namespace_selector_with_v2_hooks() {
-    let mut ex = Example::start("py-secret-propagation", "examples-python/secret-propagation").await;
-    ex.apply(&[ex.docs("crd.yaml"), ex.docs("controller.yaml")].concat()).await;
+    let mut ex = Example::python("py-secret-propagation", "examples-python/secret-propagation").await;
+    ex.apply_files(&["crd.yaml", "controller.yaml"]).await;
     let prod = ex.namespace("prod", &json!({"environment": "production"})).await;
     let dev = ex.namespace("dev", &json!({"environment": "dev"})).await;
     let parent = format!("{}-registry", ex.label);
-    let docs = ex.docs("propagation.yaml");
+    let docs = ex.scoped_docs("propagation.yaml");
     let (mut source, mut propagation) = (docs[0].clone(), docs[1].clone());
     source["metadata"]["namespace"] = json!(ex.ns.name);
     propagation["metadata"].as_object_mut().unwrap().remove("namespace");
@@ -242,7 +206,7 @@ async fn secret_propagation_follows_a_namespace_selector_with_v2_hooks() {
 
     // Without its source, the propagation says so: status and a Warning Event from the hook.
     ex.apply(std::slice::from_ref(&propagation)).await;
-    let propagations = ex.api("python.examples.metahook.dev/v1", "SecretPropagation", None).await;
+    let propagations = ex.api_in("python.examples.metahook.dev/v1", "SecretPropagation", None).await;
     let status = eventually(WAIT, || status_where(&propagations, &parent, |s| s["sourceFound"] == false)).await;
     assert_eq!(status["copies"], 0);
     let parent_uid = uid(&propagations.get(&parent).await.unwrap());
@@ -273,7 +237,7 @@ async fn secret_propagation_follows_a_namespace_selector_with_v2_hooks() {
     );
 
     // A new password reaches the copy in place.
-    let sources = ex.api("v1", "Secret", Some(&ex.ns.name)).await;
+    let sources = ex.api("v1", "Secret").await;
     merge(&sources, "registry-credentials", &json!({"stringData": {"password": "rotated"}})).await;
     let rotated = eventually(WAIT, || secret_with_password(&in_prod, "rotated")).await;
     assert_eq!(rotated.metadata.uid, copy.metadata.uid);
@@ -312,10 +276,10 @@ async fn secret_with_password(secrets: &Api<Secret>, password: &str) -> Option<S
 
 #[tokio::test]
 async fn indexed_job_runs_one_pod_per_index_within_parallelism_until_all_succeed() {
-    let ex = Example::start("py-indexed-job", "examples-python/indexed-job").await;
-    ex.apply(&[ex.docs("crd.yaml"), ex.docs("controller.yaml"), ex.docs("job.yaml")].concat()).await;
-    let jobs = ex.api("python.examples.metahook.dev/v1", "IndexedJob", Some(&ex.ns.name)).await;
-    let pods = ex.api("v1", "Pod", Some(&ex.ns.name)).await;
+    let ex = Example::python("py-indexed-job", "examples-python/indexed-job").await;
+    ex.apply_files(&["crd.yaml", "controller.yaml", "job.yaml"]).await;
+    let jobs = ex.api("python.examples.metahook.dev/v1", "IndexedJob").await;
+    let pods = ex.api("v1", "Pod").await;
 
     // Pods complete on the fake nodes thanks to the template's examples.metahook.dev/fake-complete label.
     let most_running = std::cell::Cell::new(0);
@@ -357,18 +321,18 @@ async fn indexed_job_runs_one_pod_per_index_within_parallelism_until_all_succeed
 
 #[tokio::test]
 async fn namespace_defaults_decorates_opted_in_namespaces_with_a_quota_a_configmap_and_an_annotation() {
-    let mut ex = Example::start("py-namespace-defaults", "examples-python/namespace-defaults").await;
-    ex.apply(&ex.docs("controller.yaml")).await;
+    let mut ex = Example::python("py-namespace-defaults", "examples-python/namespace-defaults").await;
+    ex.apply_files(&["controller.yaml"]).await;
     let bystander = ex.namespace("bystander", &json!({"defaults.examples.metahook.dev/tier": "large"})).await;
-    let mut team = ex.docs("namespace.yaml").remove(0);
+    let mut team = ex.scoped_docs("namespace.yaml").remove(0);
     let name = format!("{}-team-a", ex.label);
     team["metadata"]["name"] = json!(name);
     ex.apply(std::slice::from_ref(&team)).await;
     ex.namespaces.push(name.clone());
 
     let namespaces = Api::<Namespace>::all(ex.client.clone());
-    let quotas = ex.api("v1", "ResourceQuota", Some(&name)).await;
-    let settings = ex.api("v1", "ConfigMap", Some(&name)).await;
+    let quotas = ex.api_in("v1", "ResourceQuota", Some(&name)).await;
+    let settings = ex.api_in("v1", "ConfigMap", Some(&name)).await;
     let quota = eventually(WAIT, || quota_with_pods(&quotas, "10")).await;
     assert_eq!(quota.data["spec"]["hard"]["requests.memory"], "4Gi");
     let ns_uid = namespaces.get(&name).await.unwrap().metadata.uid.unwrap();
@@ -401,7 +365,7 @@ async fn namespace_defaults_decorates_opted_in_namespaces_with_a_quota_a_configm
     .await;
 
     // A namespace that has not opted in is left alone until it does.
-    let bystander_quotas = ex.api("v1", "ResourceQuota", Some(&bystander)).await;
+    let bystander_quotas = ex.api_in("v1", "ResourceQuota", Some(&bystander)).await;
     assert!(bystander_quotas.get_opt("defaults").await.unwrap().is_none());
     assert!(namespaces.get(&bystander).await.unwrap().annotations().is_empty());
     let patch = json!({"metadata": {"labels": {"defaults.examples.metahook.dev/enabled": "true"}}});
@@ -423,11 +387,11 @@ async fn applied_tier(namespaces: &Api<Namespace>, name: &str, tier: &str) -> Op
 
 #[tokio::test]
 async fn update_strategies_show_in_place_recreate_and_on_delete_side_by_side() {
-    let ex = Example::start("py-update-strategies", "examples-python/update-strategies").await;
-    ex.apply(&[ex.docs("crd.yaml"), ex.docs("controller.yaml"), ex.docs("demo.yaml")].concat()).await;
-    let demos = ex.api("python.examples.metahook.dev/v1", "UpdateStrategyDemo", Some(&ex.ns.name)).await;
-    let pods = ex.api("v1", "Pod", Some(&ex.ns.name)).await;
-    let configmaps = ex.api("v1", "ConfigMap", Some(&ex.ns.name)).await;
+    let ex = Example::python("py-update-strategies", "examples-python/update-strategies").await;
+    ex.apply_files(&["crd.yaml", "controller.yaml", "demo.yaml"]).await;
+    let demos = ex.api("python.examples.metahook.dev/v1", "UpdateStrategyDemo").await;
+    let pods = ex.api("v1", "Pod").await;
+    let configmaps = ex.api("v1", "ConfigMap").await;
 
     let all_say = |message: &'static str| {
         move |s: &Value| ["inPlace", "recreate", "onDelete"].iter().all(|k| s[k]["message"] == message)
@@ -450,7 +414,7 @@ async fn update_strategies_show_in_place_recreate_and_on_delete_side_by_side() {
     assert_eq!(pod.data["spec"]["containers"][0]["env"], json!([{"name": "MESSAGE", "value": "first"}]));
 
     // Hand edits: InPlace puts the content back, Recreate replaces the object, OnDelete keeps the edit.
-    let secrets = ex.api("v1", "Secret", Some(&ex.ns.name)).await;
+    let secrets = ex.api("v1", "Secret").await;
     let edit = json!({"metadata": {"annotations": {"python.examples.metahook.dev/message": "edited by hand"}}});
     merge(&pods, "demo-ondelete", &edit).await;
     merge(&secrets, "demo-recreate", &json!({"stringData": {"message": "edited by hand"}})).await;
@@ -477,10 +441,10 @@ async fn update_strategies_show_in_place_recreate_and_on_delete_side_by_side() {
 
 #[tokio::test]
 async fn hello_world_recreates_its_pods_for_a_new_greeting() {
-    let ex = Example::start("py-hello-recreate", "examples-python/hello-world").await;
-    ex.apply(&[ex.docs("crd.yaml"), ex.docs("controller.yaml"), ex.docs("hello.yaml")].concat()).await;
-    let worlds = ex.api("example.metahook.dev/v1", "HelloWorld", Some(&ex.ns.name)).await;
-    let pods = ex.api("v1", "Pod", Some(&ex.ns.name)).await;
+    let ex = Example::python("py-hello-recreate", "examples-python/hello-world").await;
+    ex.apply_files(&["crd.yaml", "controller.yaml", "hello.yaml"]).await;
+    let worlds = ex.api("example.metahook.dev/v1", "HelloWorld").await;
+    let pods = ex.api("v1", "Pod").await;
     eventually(WAIT, || status_where(&worlds, "world", |s| s["readyPods"] == 2)).await;
     let mut first = Vec::new();
     for name in ["world-0", "world-1"] {
@@ -503,20 +467,14 @@ async fn hello_world_recreates_its_pods_for_a_new_greeting() {
 
 #[tokio::test]
 async fn configmap_propagation_removes_the_copy_from_a_namespace_that_stops_matching() {
-    let mut ex = Example::start("py-cm-unlabel", "examples-python/configmap-propagation").await;
-    ex.apply(&[ex.docs("crd.yaml"), ex.docs("controller.yaml")].concat()).await;
+    let mut ex = Example::python("py-cm-unlabel", "examples-python/configmap-propagation").await;
+    ex.apply_files(&["crd.yaml", "controller.yaml"]).await;
     let team = ex.label.clone();
     let blue = ex.namespace("blue", &json!({"team": team})).await;
     let parent = format!("{}-settings", ex.label);
-    let mut docs = ex.docs("propagation.yaml");
-    docs[0]["metadata"]["namespace"] = json!(ex.ns.name);
-    docs[1]["metadata"].as_object_mut().unwrap().remove("namespace");
-    docs[1]["metadata"]["name"] = json!(parent);
-    docs[1]["spec"]["source"]["namespace"] = json!(ex.ns.name);
-    docs[1]["spec"]["namespaceSelector"] = json!({"matchLabels": {"team": team}});
-    ex.apply(&docs).await;
-    let propagations = ex.api("python.examples.metahook.dev/v1", "ConfigMapPropagation", None).await;
-    let in_blue = ex.api("v1", "ConfigMap", Some(&blue)).await;
+    ex.apply(&propagation_docs(&ex, &parent, &team)).await;
+    let propagations = ex.api_in("python.examples.metahook.dev/v1", "ConfigMapPropagation", None).await;
+    let in_blue = ex.api_in("v1", "ConfigMap", Some(&blue)).await;
     eventually(WAIT, || copy_with_log_level(&in_blue, "info")).await;
     eventually(WAIT, || status_where(&propagations, &parent, |s| s["copies"] == 1)).await;
     tokio::time::sleep(Duration::from_secs(2)).await; // let the syncs that status change caused settle

@@ -71,11 +71,6 @@ fn kubectl() -> PathBuf {
     support::repo_root().join("tests/cluster/bin/kubectl")
 }
 
-fn kubeconfig() -> PathBuf {
-    std::env::var_os("METAHOOK_TEST_KUBECONFIG")
-        .map_or_else(|| support::repo_root().join(".cluster/kubeconfig"), PathBuf::from)
-}
-
 fn one<'a>(docs: &'a [Value], kind: &str) -> &'a Value {
     let mut found = docs.iter().filter(|d| d["kind"] == kind);
     let doc = found.next().unwrap_or_else(|| panic!("no {kind} rendered"));
@@ -193,7 +188,7 @@ async fn check_manifests(example: Example) {
     let out = Command::new(kubectl())
         .args(["apply", "--dry-run=server", "--validate=strict", "-f"])
         .arg(&rendered)
-        .env("KUBECONFIG", kubeconfig())
+        .env("KUBECONFIG", support::kubeconfig_path())
         .output()
         .expect("running kubectl apply --dry-run=server");
     let stdout = String::from_utf8_lossy(&out.stdout);

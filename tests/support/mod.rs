@@ -370,6 +370,84 @@ impl ExampleHook {
     }
 }
 
+/// One example under test (`examples-python/*`, `examples-js/*`): its own hook process, a namespace, and a
+/// hub that runs only this test's controllers.
+pub struct Example {
+    pub client: Client,
+    /// The example's directory, relative to the repository root.
+    pub dir: String,
+    pub ns: TestNamespace,
+    /// The test's `metahook-test` label value (the namespace's name).
+    pub label: String,
+    pub hook: ExampleHook,
+    pub hub: Hub,
+    /// (kind, name) of the controllers [`Example::finish`] deletes.
+    pub controllers: Vec<(String, String)>,
+    /// Namespaces the test made besides `ns`, deleted by [`Example::finish`].
+    pub namespaces: Vec<String>,
+}
+
+impl Example {
+    /// The example in `dir`, its hook started as `program args...` there (see [`ExampleHook::start`]),
+    /// with the metahook CRDs installed, a namespace named after `test`, and a hub.
+    pub async fn start(test: &str, dir: &str, program: &str, args: &[&str]) -> Self {
+        let client = client().await;
+        install_metahook_crds(&client).await;
+        let ns = TestNamespace::create(&client, test).await;
+        let label = ns.name.clone();
+        let hook = ExampleHook::start(dir, program, args).await;
+        let hub = Hub::start(&client, &label);
+        Self { client, dir: dir.to_owned(), ns, label, hook, hub, controllers: Vec::new(), namespaces: Vec::new() }
+    }
+
+    /// The documents of one of the example's files, prepared for this test (see [`example_docs`]).
+    pub fn docs(&self, file: &str) -> Vec<Value> {
+        example_docs(&format!("{}/{file}", self.dir), self.hook.port, &self.label, &self.ns.name)
+    }
+
+    pub async fn apply(&self, docs: &[Value]) {
+        apply_docs(&self.client, docs).await;
+    }
+
+    /// The `kind` objects in the test's namespace.
+    pub async fn api(&self, api_version: &str, kind: &str) -> Api<DynamicObject> {
+        self.api_in(api_version, kind, Some(&self.ns.name)).await
+    }
+
+    /// The `kind` objects in `namespace` (`None`: cluster-wide).
+    pub async fn api_in(&self, api_version: &str, kind: &str, namespace: Option<&str>) -> Api<DynamicObject> {
+        api(&self.client, api_version, kind, namespace).await
+    }
+
+    /// A namespace for this test, `<test namespace>-<suffix>`, with `labels` (plus the test's label).
+    pub async fn namespace(&mut self, suffix: &str, labels: &Value) -> String {
+        let name = format!("{}-{suffix}", self.ns.name);
+        let mut labels = labels.clone();
+        labels["metahook-test"] = json!(self.label);
+        let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name, "labels": labels}})).unwrap();
+        Api::<Namespace>::all(self.client.clone()).create(&PostParams::default(), &ns).await.unwrap();
+        self.namespaces.push(name.clone());
+        name
+    }
+
+    /// Stops the hub, then deletes the test's controllers and namespaces (and with them what the
+    /// controllers made there). Cluster-scoped objects are the test's to delete before. The examples'
+    /// CRDs stay installed, as the shared test CRDs do: a quick re-run would otherwise race with their
+    /// deletion.
+    pub async fn finish(self) {
+        self.hub.stop().await;
+        for (kind, name) in &self.controllers {
+            let controllers = api(&self.client, CONTROLLERS, kind, None).await;
+            let _ = controllers.delete(name, &DeleteParams::default()).await;
+        }
+        let namespaces = Api::<Namespace>::all(self.client.clone());
+        for ns in &self.namespaces {
+            let _ = namespaces.delete(ns, &DeleteParams::default()).await;
+        }
+        self.ns.delete().await;
+    }
+}
+
 /// The YAML documents of an example file, ready for a test: hook URLs point at `port` (examples use
 /// `127.0.0.1:18080`), controllers carry the `metahook-test=<label>` label their test hub selects, and
 /// namespaced objects without a namespace go to `namespace`.
