@@ -18,7 +18,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::Client;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
-use support::{Example, api, apply_docs, apply_value, eventually, unique_suffix, warnings_for};
+use support::{Example, api, apply_docs, apply_value, events_on, eventually, unique_suffix, warnings_for};
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -59,15 +59,7 @@ impl Example {
 
 /// Reasons of the Events recorded on the object `name` in `namespace`.
 async fn event_reasons(client: &Client, namespace: &str, name: &str) -> Vec<String> {
-    let api: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), namespace);
-    api.list(&ListParams::default())
-        .await
-        .map(|list| list.items)
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
-        .filter_map(|e| e.reason)
-        .collect()
+    events_on(client, namespace, name).await.into_iter().filter_map(|e| e.reason).collect()
 }
 
 fn label<'a>(obj: &'a DynamicObject, key: &str) -> Option<&'a str> {

@@ -15,7 +15,9 @@ use kube::config::{AuthInfo, KubeConfigOptions, Kubeconfig};
 use kube::{Client, ResourceExt};
 use metahook::tools::rbac::AGGREGATE_LABEL;
 use serde_json::{Value, json};
-use support::{ExampleHook, HookServer, TestNamespace, World, api, apply_docs, apply_value, eventually, example_docs};
+use support::{
+    ExampleHook, HookServer, TestNamespace, World, api, apply_docs, apply_value, events_on, eventually, example_docs,
+};
 use tokio_util::sync::CancellationToken;
 
 const WAIT: Duration = Duration::from_secs(90);
@@ -45,28 +47,14 @@ fn sample(metrics: &str, prefix: &str) -> Option<f64> {
 
 /// (reason, note) of Events about the cluster-scoped object `name` (they are recorded in `default`).
 async fn controller_events(client: &Client, name: &str) -> Vec<(String, String)> {
-    let api: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), "default");
-    api.list(&Default::default())
-        .await
-        .map(|l| l.items)
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
-        .map(|e| (e.reason.unwrap_or_default(), e.note.unwrap_or_default()))
-        .collect()
+    let events = events_on(client, "default", name).await;
+    events.into_iter().map(|e| (e.reason.unwrap_or_default(), e.note.unwrap_or_default())).collect()
 }
 
 /// "reason: note" of every Event about `name` in `namespace`.
 async fn events_for(client: &Client, namespace: &str, name: &str) -> Vec<String> {
-    let api: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), namespace);
-    api.list(&Default::default())
-        .await
-        .map(|l| l.items)
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
-        .map(|e| format!("{}: {}", e.reason.unwrap_or_default(), e.note.unwrap_or_default()))
-        .collect()
+    let events = events_on(client, namespace, name).await;
+    events.into_iter().map(|e| format!("{}: {}", e.reason.unwrap_or_default(), e.note.unwrap_or_default())).collect()
 }
 
 async fn ready_condition(client: &Client, name: &str) -> Option<Value> {

@@ -13,6 +13,7 @@ use std::sync::Once;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
@@ -327,17 +328,25 @@ impl Drop for HubProcess {
     }
 }
 
-/// Warning events recorded on an object with this name in `namespace`, as "reason: note".
-pub async fn warnings_for(client: &Client, namespace: &str, name: &str) -> Vec<String> {
-    let api: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), namespace);
+/// The Events recorded on an object with this name in `namespace` (a cluster-scoped object's are in
+/// `default`).
+pub async fn events_on(client: &Client, namespace: &str, name: &str) -> Vec<Event> {
+    let api: Api<Event> = Api::namespaced(client.clone(), namespace);
     api.list(&Default::default())
         .await
         .map(|list| list.items)
         .unwrap_or_default()
         .into_iter()
-        .filter(|e| {
-            e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name) && e.type_.as_deref() == Some("Warning")
-        })
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+        .collect()
+}
+
+/// Warning events recorded on an object with this name in `namespace`, as "reason: note".
+pub async fn warnings_for(client: &Client, namespace: &str, name: &str) -> Vec<String> {
+    events_on(client, namespace, name)
+        .await
+        .into_iter()
+        .filter(|e| e.type_.as_deref() == Some("Warning"))
         .map(|e| format!("{}: {}", e.reason.unwrap_or_default(), e.note.unwrap_or_default()))
         .collect()
 }
