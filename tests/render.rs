@@ -1,6 +1,8 @@
 //! `metahook render` runs real Python and Node hooks on fixtures, with no cluster.
-
-use std::process::Command;
+//!
+//! Table-driven: each test is the list of runs it makes, each a [`Case`] (arguments, exit code, what
+//! stdout and stderr must and must not contain), and [`check`] runs and checks them all, naming the case
+//! in every failure. The tests that read `-o json` or set files up check the rest themselves.
 
 use support_free::render;
 
@@ -24,119 +26,198 @@ fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
+/// One `metahook render` run and what it must show.
+#[derive(Clone, Copy)]
+struct Case<'a> {
+    /// Which of its test's runs this is, named in every failure.
+    name: &'a str,
+    args: &'a [&'a str],
+    /// The exit code, if the test checks it.
+    exit: Option<i32>,
+    /// What stdout must contain.
+    stdout: &'a [&'a str],
+    /// What stderr must contain.
+    stderr: &'a [&'a str],
+    /// What stdout must not contain.
+    not_in_stdout: &'a [&'a str],
+    /// The last line of stdout.
+    last_line: Option<&'a str>,
+    /// Nothing at all on stdout.
+    empty_stdout: bool,
+}
+
+/// A run that succeeds and is checked for nothing more (rows say what else they check).
+const OK: Case<'static> = Case {
+    name: "render",
+    args: &[],
+    exit: Some(0),
+    stdout: &[],
+    stderr: &[],
+    not_in_stdout: &[],
+    last_line: None,
+    empty_stdout: false,
+};
+
+impl Case<'_> {
+    /// Runs `metahook render` with the case's arguments and checks all it says; returns stdout.
+    fn check(&self) -> String {
+        let out = render(self.args);
+        let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+        let name = self.name;
+        if let Some(exit) = self.exit {
+            assert_eq!(out.status.code(), Some(exit), "{name}: exit code; stderr: {stderr}");
+        }
+        for wanted in self.stdout {
+            assert!(stdout.contains(wanted), "{name}: no {wanted:?} on stdout:\n{stdout}");
+        }
+        for wanted in self.stderr {
+            assert!(stderr.contains(wanted), "{name}: no {wanted:?} on stderr:\n{stderr}");
+        }
+        for unwanted in self.not_in_stdout {
+            assert!(!stdout.contains(unwanted), "{name}: {unwanted:?} on stdout:\n{stdout}");
+        }
+        if let Some(last) = self.last_line {
+            assert_eq!(stdout.lines().last(), Some(last), "{name}: the last line of stdout");
+        }
+        if self.empty_stdout {
+            assert!(stdout.is_empty(), "{name}: stdout must be empty: {stdout}");
+        }
+        stdout
+    }
+}
+
+/// The one loop: every case of a test, in order.
+fn check(cases: &[Case]) {
+    for case in cases {
+        case.check();
+    }
+}
+
+/// hello-world's controller, sample and hook, with observed Pods of every kind the hub's claim rules know.
+const HELLO_WORLD_OBSERVED: &[&str] = &[
+    "--controller",
+    "examples-python/hello-world/controller.yaml",
+    "--parent",
+    "examples-python/hello-world/hello.yaml",
+    "--children",
+    "tests/fixtures/render/observed-pods.yaml",
+    "--hook-cmd",
+    "python3 examples-python/hello-world/hook.py",
+];
+
 #[test]
 fn python_hook_renders_desired_children_status_and_diff_against_observed() {
-    let out = render(&[
-        "--controller",
-        "examples-python/hello-world/controller.yaml",
-        "--parent",
-        "examples-python/hello-world/hello.yaml",
-        "--children",
-        "tests/fixtures/render/observed-pods.yaml",
-        "--hook-cmd",
-        "python3 examples-python/hello-world/hook.py",
-    ]);
-    let stdout = text(&out.stdout);
-    assert!(out.status.success(), "stderr: {}", text(&out.stderr));
-    assert!(stdout.contains("message: Hello, World!"), "{stdout}");
-    assert!(stdout.contains("pods: 2"), "observed children reached the hook: {stdout}");
-    assert!(stdout.contains("# update Pod default/world-0"), "{stdout}");
-    assert!(stdout.contains("-     - Hi, World!") && stdout.contains("+     - Hello, World!"), "{stdout}");
-    assert!(stdout.contains("# create Pod default/world-1"), "{stdout}");
-    assert!(stdout.contains("# delete Pod default/world-9"), "{stdout}");
-    assert!(stdout.contains("controller-uid: 00000000-0000-0000-0000-000000000000"), "generateSelector label added");
+    check(&[Case {
+        args: HELLO_WORLD_OBSERVED,
+        stdout: &[
+            "message: Hello, World!",
+            "pods: 2", // observed children reached the hook
+            "# update Pod default/world-0",
+            "-     - Hi, World!",
+            "+     - Hello, World!",
+            "# create Pod default/world-1",
+            "# delete Pod default/world-9",
+            "controller-uid: 00000000-0000-0000-0000-000000000000", // generateSelector label added
+        ],
+        ..OK
+    }]);
 }
 
 #[test]
 fn node_hook_renders_with_v2_keys_and_its_status() {
-    let out = render(&[
-        "--controller",
-        "tests/fixtures/render/controller.yaml",
-        "--parent",
-        "tests/fixtures/render/parent.yaml",
-        "--hook-cmd",
-        "node tests/fixtures/render/hook.mjs",
-    ]);
-    let stdout = text(&out.stdout);
-    assert!(out.status.success(), "stderr: {}", text(&out.stderr));
-    for i in 0..3 {
-        assert!(stdout.contains(&format!("# create ConfigMap shop/w-{i}")), "{stdout}");
-    }
-    assert!(stdout.contains("size: 3"), "{stdout}");
+    check(&[Case {
+        args: &[
+            "--controller",
+            "tests/fixtures/render/controller.yaml",
+            "--parent",
+            "tests/fixtures/render/parent.yaml",
+            "--hook-cmd",
+            "node tests/fixtures/render/hook.mjs",
+        ],
+        stdout: &[
+            "# create ConfigMap shop/w-0",
+            "# create ConfigMap shop/w-1",
+            "# create ConfigMap shop/w-2",
+            "size: 3",
+        ],
+        ..OK
+    }]);
 }
 
 #[test]
 fn invalid_response_exits_non_zero_with_the_reason() {
-    let out = render(&[
-        "--controller",
-        "tests/fixtures/render/controller.yaml",
-        "--parent",
-        "tests/fixtures/render/parent-bad.yaml",
-        "--hook-cmd",
-        "node tests/fixtures/render/hook.mjs",
-    ]);
-    assert_eq!(out.status.code(), Some(1));
-    let stderr = text(&out.stderr);
-    assert!(stderr.contains("v1/Secret is not a declared child resource"), "{stderr}");
-    assert!(out.stdout.is_empty(), "nothing is rendered from an invalid response");
+    check(&[Case {
+        args: &[
+            "--controller",
+            "tests/fixtures/render/controller.yaml",
+            "--parent",
+            "tests/fixtures/render/parent-bad.yaml",
+            "--hook-cmd",
+            "node tests/fixtures/render/hook.mjs",
+        ],
+        exit: Some(1),
+        stderr: &["v1/Secret is not a declared child resource"],
+        empty_stdout: true, // nothing is rendered from an invalid response
+        ..OK
+    }]);
 }
 
 #[test]
 fn unusable_input_exits_with_two() {
-    let out = render(&["--controller", "does/not/exist.yaml", "--parent", "tests/fixtures/render/parent.yaml"]);
-    assert_eq!(out.status.code(), Some(2));
-    assert!(text(&out.stderr).contains("does/not/exist.yaml"));
-    let status = Command::new(env!("CARGO_BIN_EXE_metahook")).arg("render").arg("--help").output().unwrap();
-    assert!(text(&status.stdout).contains("--hook-cmd"));
+    check(&[
+        Case {
+            name: "a controller file that does not exist",
+            args: &["--controller", "does/not/exist.yaml", "--parent", "tests/fixtures/render/parent.yaml"],
+            exit: Some(2),
+            stderr: &["does/not/exist.yaml"],
+            ..OK
+        },
+        Case { name: "--help", args: &["--help"], exit: None, stdout: &["--hook-cmd"], ..OK },
+    ]);
 }
 
 #[test]
 fn objects_the_hub_would_not_own_are_shown_as_ignored_or_released_never_deleted() {
-    let out = render(&[
-        "--controller",
-        "examples-python/hello-world/controller.yaml",
-        "--parent",
-        "examples-python/hello-world/hello.yaml",
-        "--children",
-        "tests/fixtures/render/observed-pods.yaml",
-        "--hook-cmd",
-        "python3 examples-python/hello-world/hook.py",
-    ]);
-    let stdout = text(&out.stdout);
-    assert!(out.status.success(), "stderr: {}", text(&out.stderr));
-    // The hub's claim rules: an orphan the selector matches is adopted, and only then updated or deleted.
-    assert!(stdout.contains("# update Pod default/world-0 (adopted first"), "{stdout}");
-    assert!(stdout.contains("# delete Pod default/world-9 (adopted first"), "{stdout}");
-    // Another app's Pod, and one another controller owns: none of this parent's business.
-    assert!(stdout.contains("# ignore Pod default/other-app (no controller, and the parent's selector"), "{stdout}");
-    assert!(stdout.contains("# ignore Pod default/owned-elsewhere (controlled by another owner)"), "{stdout}");
-    // Owned by the parent, but no longer selected: released (ownerReference removed), not deleted.
-    assert!(stdout.contains("# release Pod default/world-relabelled"), "{stdout}");
-    for name in ["other-app", "owned-elsewhere", "world-relabelled"] {
-        assert!(!stdout.contains(&format!("# delete Pod default/{name}")), "{name} must not be deleted: {stdout}");
-    }
-    assert!(stdout.contains("pods: 2"), "the hook saw only the claimed children: {stdout}");
-    let summary = stdout.lines().last().unwrap();
-    assert_eq!(summary, "# summary: 1 created, 1 updated, 1 deleted, 2 adopted, 1 released, 2 ignored, status changed");
+    check(&[Case {
+        args: HELLO_WORLD_OBSERVED,
+        stdout: &[
+            // The hub's claim rules: an orphan the selector matches is adopted, and only then updated or deleted.
+            "# update Pod default/world-0 (adopted first",
+            "# delete Pod default/world-9 (adopted first",
+            // Another app's Pod, and one another controller owns: none of this parent's business.
+            "# ignore Pod default/other-app (no controller, and the parent's selector",
+            "# ignore Pod default/owned-elsewhere (controlled by another owner)",
+            // Owned by the parent, but no longer selected: released (ownerReference removed), not deleted.
+            "# release Pod default/world-relabelled",
+            "pods: 2", // the hook saw only the claimed children
+        ],
+        not_in_stdout: &[
+            "# delete Pod default/other-app",
+            "# delete Pod default/owned-elsewhere",
+            "# delete Pod default/world-relabelled",
+        ],
+        last_line: Some("# summary: 1 created, 1 updated, 1 deleted, 2 adopted, 1 released, 2 ignored, status changed"),
+        ..OK
+    }]);
 }
 
 #[test]
 fn hook_output_goes_to_stderr_and_the_report_alone_to_stdout() {
-    let out = render(&[
-        "--controller",
-        "examples-python/hello-world/controller.yaml",
-        "--parent",
-        "examples-python/hello-world/hello.yaml",
-        "--hook-cmd",
-        "python3 examples-python/hello-world/hook.py",
-    ]);
-    assert!(out.status.success(), "stderr: {}", text(&out.stderr));
-    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
-    // hello-world's hook prints its address on stdout and logs each call on stderr.
-    assert!(stderr.contains("hello-world hook listening on 127.0.0.1:"), "{stderr}");
-    assert!(stderr.contains("POST /sync"), "{stderr}");
-    assert!(!stdout.contains("listening"), "{stdout}");
-    assert_eq!(stdout.lines().last(), Some("# summary: 2 created, 0 updated, 0 deleted, status changed"));
+    check(&[Case {
+        args: &[
+            "--controller",
+            "examples-python/hello-world/controller.yaml",
+            "--parent",
+            "examples-python/hello-world/hello.yaml",
+            "--hook-cmd",
+            "python3 examples-python/hello-world/hook.py",
+        ],
+        // hello-world's hook prints its address on stdout and logs each call on stderr.
+        stderr: &["hello-world hook listening on 127.0.0.1:", "POST /sync"],
+        not_in_stdout: &["listening"],
+        last_line: Some("# summary: 2 created, 0 updated, 0 deleted, status changed"),
+        ..OK
+    }]);
 }
 
 #[test]
@@ -144,36 +225,26 @@ fn an_unreachable_hook_is_reported_with_the_root_cause() {
     // A port nothing listens on: bound, then closed.
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let url = format!("http://127.0.0.1:{port}/sync");
-    let out = render(&[
-        "--controller",
-        "tests/fixtures/render/controller.yaml",
-        "--parent",
-        "tests/fixtures/render/parent.yaml",
-        "--hook",
-        &url,
-    ]);
-    assert_eq!(out.status.code(), Some(1));
-    let stderr = text(&out.stderr);
-    assert!(stderr.contains(&url), "{stderr}");
-    assert!(stderr.contains("Connection refused"), "the cause, not only 'error sending request': {stderr}");
+    check(&[Case {
+        args: &[
+            "--controller",
+            "tests/fixtures/render/controller.yaml",
+            "--parent",
+            "tests/fixtures/render/parent.yaml",
+            "--hook",
+            &url,
+        ],
+        exit: Some(1),
+        // The cause, not only "error sending request".
+        stderr: &[&url, "Connection refused"],
+        ..OK
+    }]);
 }
 
 #[test]
 fn json_output_is_one_object_with_actions_and_the_summary() {
-    let out = render(&[
-        "--controller",
-        "examples-python/hello-world/controller.yaml",
-        "--parent",
-        "examples-python/hello-world/hello.yaml",
-        "--children",
-        "tests/fixtures/render/observed-pods.yaml",
-        "--hook-cmd",
-        "python3 examples-python/hello-world/hook.py",
-        "-o",
-        "json",
-    ]);
-    assert!(out.status.success(), "stderr: {}", text(&out.stderr));
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("stdout is one JSON object");
+    let stdout = Case { args: &[HELLO_WORLD_OBSERVED, &["-o", "json"]].concat(), ..OK }.check();
+    let report: serde_json::Value = serde_json::from_str(&stdout).expect("stdout is one JSON object");
     assert_eq!(report["controller"], serde_json::json!({"kind": "CompositeController", "name": "hello-world"}));
     assert_eq!(report["status"]["message"], "Hello, World!");
     let action = |name: &str| {
@@ -197,48 +268,54 @@ fn json_output_is_one_object_with_actions_and_the_summary() {
 
 #[test]
 fn decorator_controllers_render_attachments_merged_labels_and_untouched_objects() {
-    let out = render(&[
-        "--controller",
-        "examples-python/namespace-defaults/controller.yaml",
-        "--target",
-        "examples-python/namespace-defaults/namespace.yaml",
-        "--attachments",
-        "tests/fixtures/render/namespace-attachments.yaml",
-        "--hook-cmd",
-        "python3 examples-python/namespace-defaults/hook.py",
-    ]);
-    let stdout = text(&out.stdout);
-    assert!(out.status.success(), "stderr: {}", text(&out.stderr));
-    assert!(stdout.contains("# status: left alone"), "{stdout}");
-    assert!(stdout.contains("# merged into Namespace team-a"), "{stdout}");
-    assert!(stdout.contains("defaults.examples.metahook.dev/applied-tier: small"), "{stdout}");
-    assert!(stdout.contains("# create ResourceQuota team-a/defaults"), "{stdout}");
-    assert!(stdout.contains("# update ConfigMap team-a/namespace-defaults"), "{stdout}");
-    assert!(stdout.contains("-   tier: large") && stdout.contains("+   tier: small"), "{stdout}");
-    assert!(stdout.contains("metacontroller.k8s.io/decorator-controller: namespace-defaults"), "{stdout}");
-    assert!(stdout.contains("# ignore ConfigMap team-a/team-settings (not an attachment of this target"), "{stdout}");
-    assert!(stdout.contains("# ignore ConfigMap team-a/other-decorator (not an attachment"), "{stdout}");
-    assert_eq!(
-        stdout.lines().last(),
-        Some("# summary: 1 created, 1 updated, 0 deleted, 2 ignored, status unchanged, labels/annotations changed")
-    );
+    check(&[Case {
+        args: &[
+            "--controller",
+            "examples-python/namespace-defaults/controller.yaml",
+            "--target",
+            "examples-python/namespace-defaults/namespace.yaml",
+            "--attachments",
+            "tests/fixtures/render/namespace-attachments.yaml",
+            "--hook-cmd",
+            "python3 examples-python/namespace-defaults/hook.py",
+        ],
+        stdout: &[
+            "# status: left alone",
+            "# merged into Namespace team-a",
+            "defaults.examples.metahook.dev/applied-tier: small",
+            "# create ResourceQuota team-a/defaults",
+            "# update ConfigMap team-a/namespace-defaults",
+            "-   tier: large",
+            "+   tier: small",
+            "metacontroller.k8s.io/decorator-controller: namespace-defaults",
+            "# ignore ConfigMap team-a/team-settings (not an attachment of this target",
+            "# ignore ConfigMap team-a/other-decorator (not an attachment",
+        ],
+        last_line: Some(
+            "# summary: 1 created, 1 updated, 0 deleted, 2 ignored, status unchanged, labels/annotations changed",
+        ),
+        ..OK
+    }]);
 }
 
 #[test]
 fn a_node_decorator_renders_its_finalize_hook() {
-    let out = render(&[
-        "--controller",
-        "examples-js/crd-roles/controller.yaml",
-        "--target",
-        "examples-js/crd-roles/gadgets-crd.yaml",
-        "--finalizing",
-        "--hook-cmd",
-        "node examples-js/crd-roles/hook.mjs",
-        "-o",
-        "json",
-    ]);
-    assert!(out.status.success(), "stderr: {}", text(&out.stderr));
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let stdout = Case {
+        args: &[
+            "--controller",
+            "examples-js/crd-roles/controller.yaml",
+            "--target",
+            "examples-js/crd-roles/gadgets-crd.yaml",
+            "--finalizing",
+            "--hook-cmd",
+            "node examples-js/crd-roles/hook.mjs",
+            "-o",
+            "json",
+        ],
+        ..OK
+    }
+    .check();
+    let report: serde_json::Value = serde_json::from_str(&stdout).unwrap();
     assert_eq!(report["controller"]["kind"], "DecoratorController");
     assert_eq!(report["finalized"], true, "no roles left: finalized");
     assert_eq!(report["attachments"], serde_json::json!([]));
@@ -246,69 +323,96 @@ fn a_node_decorator_renders_its_finalize_hook() {
 
 #[test]
 fn plurals_come_from_kube_rules_so_boxes_are_boxes() {
-    let out = render(&[
-        "--controller",
-        "tests/fixtures/render/boxes-controller.yaml",
-        "--parent",
-        "tests/fixtures/render/boxes-parent.yaml",
-        "--children",
-        "tests/fixtures/render/boxes-observed.yaml",
-        "--hook-cmd",
-        "python3 tests/fixtures/render/boxes_hook.py",
-    ]);
-    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
-    assert!(out.status.success(), "stderr: {stderr}");
-    assert!(stderr.contains("boxes hook: 3 observed children"), "{stderr}");
-    for (kind, name) in [("Box", "depot-box"), ("Policy", "depot-policy"), ("Gateway", "depot-gateway")] {
-        assert!(stdout.contains(&format!("# unchanged {kind} shop/{name}")), "{stdout}");
-    }
-    assert!(stdout.contains("# create Box shop/depot-box-2"), "{stdout}");
+    check(&[Case {
+        args: &[
+            "--controller",
+            "tests/fixtures/render/boxes-controller.yaml",
+            "--parent",
+            "tests/fixtures/render/boxes-parent.yaml",
+            "--children",
+            "tests/fixtures/render/boxes-observed.yaml",
+            "--hook-cmd",
+            "python3 tests/fixtures/render/boxes_hook.py",
+        ],
+        stderr: &["boxes hook: 3 observed children"],
+        stdout: &[
+            "# unchanged Box shop/depot-box",
+            "# unchanged Policy shop/depot-policy",
+            "# unchanged Gateway shop/depot-gateway",
+            "# create Box shop/depot-box-2",
+        ],
+        ..OK
+    }]);
 }
 
+/// The examples call serve() without a port: it comes from $PORT, which render sets.
 #[test]
 fn example_hooks_that_read_port_render_with_hook_cmd() {
-    // The examples call serve() without a port: it comes from $PORT, which render sets.
-    let python = render(&[
-        "--controller",
-        "examples-python/indexed-job/controller.yaml",
-        "--parent",
-        "examples-python/indexed-job/job.yaml",
-        "--hook-cmd",
-        "python3 examples-python/indexed-job/hook.py",
+    check(&[
+        Case {
+            name: "python: indexed-job",
+            args: &[
+                "--controller",
+                "examples-python/indexed-job/controller.yaml",
+                "--parent",
+                "examples-python/indexed-job/job.yaml",
+                "--hook-cmd",
+                "python3 examples-python/indexed-job/hook.py",
+            ],
+            stdout: &["reason: Running"], // the Complete condition, set with set_condition
+            ..OK
+        },
+        Case {
+            name: "node: catset",
+            args: &[
+                "--controller",
+                "examples-js/catset/controller.yaml",
+                "--parent",
+                "examples-js/catset/catset.yaml",
+                "--hook-cmd",
+                "node examples-js/catset/hook.mjs",
+            ],
+            stdout: &["# create Service"],
+            ..OK
+        },
     ]);
-    let stdout = text(&python.stdout);
-    assert!(python.status.success(), "stderr: {}", text(&python.stderr));
-    assert!(stdout.contains("reason: Running"), "the Complete condition, set with set_condition: {stdout}");
-    let node = render(&[
-        "--controller",
-        "examples-js/catset/controller.yaml",
-        "--parent",
-        "examples-js/catset/catset.yaml",
-        "--hook-cmd",
-        "node examples-js/catset/hook.mjs",
-    ]);
-    assert!(node.status.success(), "stderr: {}", text(&node.stderr));
-    assert!(text(&node.stdout).contains("# create Service"), "{}", text(&node.stdout));
 }
 
 /// Step 1 of the README's path to the cluster: the in-cluster examples' hooks (whose controllers call a
 /// Service) render on a laptop, the hook started by render on a free port.
 #[test]
 fn in_cluster_example_hooks_render_on_a_laptop() {
-    for (dir, program) in [
-        ("examples-python/in-cluster", "python3 examples-python/in-cluster/hook.py"),
-        ("examples-js/in-cluster", "node examples-js/in-cluster/hook.mjs"),
-    ] {
-        let controller = format!("{dir}/controller.yaml");
-        let parent = format!("{dir}/greeting.yaml");
-        let out = render(&["--controller", &controller, "--parent", &parent, "--hook-cmd", program]);
-        let stdout = text(&out.stdout);
-        assert!(out.status.success(), "{dir}: {}", text(&out.stderr));
-        assert!(stdout.contains("# create ConfigMap default/world-greeting"), "{dir}: {stdout}");
-        assert!(stdout.contains("message: Hello, World!"), "{dir}: {stdout}");
-        assert!(stdout.contains("reason: Publishing"), "{dir}: {stdout}");
-        assert_eq!(stdout.lines().last(), Some("# summary: 1 created, 0 updated, 0 deleted, status changed"), "{dir}");
-    }
+    let in_cluster = Case {
+        stdout: &["# create ConfigMap default/world-greeting", "message: Hello, World!", "reason: Publishing"],
+        last_line: Some("# summary: 1 created, 0 updated, 0 deleted, status changed"),
+        ..OK
+    };
+    check(&[
+        Case {
+            name: "examples-python/in-cluster",
+            args: &[
+                "--controller",
+                "examples-python/in-cluster/controller.yaml",
+                "--parent",
+                "examples-python/in-cluster/greeting.yaml",
+                "--hook-cmd",
+                "python3 examples-python/in-cluster/hook.py",
+            ],
+            ..in_cluster
+        },
+        Case {
+            name: "examples-js/in-cluster",
+            args: &[
+                "--controller",
+                "examples-js/in-cluster/controller.yaml",
+                "--parent",
+                "examples-js/in-cluster/greeting.yaml",
+                "--hook-cmd",
+                "node examples-js/in-cluster/hook.mjs",
+            ],
+            ..in_cluster
+        },
+    ]);
 }
 
 /// The first code block of `section` in a README, with its language tag.
@@ -340,21 +444,26 @@ fn the_readme_hooks_in_20_lines_render_as_shown() {
         dir.path().join("node_modules/metahook-hooks"),
     )
     .unwrap();
-    for command in [format!("python3 {}", python.display()), format!("node {}", node.display())] {
-        let out = render(&[
+    let commands = [format!("python3 {}", python.display()), format!("node {}", node.display())];
+    let args = commands.each_ref().map(|command| {
+        [
             "--controller",
             "tests/fixtures/render/readme-controller.yaml",
             "--parent",
             "tests/fixtures/render/readme-greeting.yaml",
             "--hook-cmd",
-            &command,
-        ]);
-        let stdout = text(&out.stdout);
-        assert!(out.status.success(), "{command}: {}", text(&out.stderr));
-        assert!(
-            stdout.contains("# create Pod default/hello-0") && stdout.contains("# create Pod default/hello-1"),
-            "{stdout}"
-        );
-        assert!(stdout.contains("# event Normal Scaling: 0 -> 2 pods"), "{stdout}");
-    }
+            command.as_str(),
+        ]
+    });
+    let cases = args.each_ref().map(|args| Case {
+        name: args[5],
+        args,
+        stdout: &[
+            "# create Pod default/hello-0",
+            "# create Pod default/hello-1",
+            "# event Normal Scaling: 0 -> 2 pods",
+        ],
+        ..OK
+    });
+    check(&cases);
 }
