@@ -28,8 +28,8 @@ fmt-check:
 clippy:
 	cargo clippy --all-targets --locked -- -D warnings
 
-unit: ## Rust unit tests (no cluster)
-	cargo test --locked --lib --bins
+unit: ## Rust unit tests and the house rules of tests/house.rs (no cluster)
+	cargo test --locked --lib --bins --test house
 
 HOOK_TOOLS ?= $(CURDIR)/target/hook-tools
 
