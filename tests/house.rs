@@ -436,7 +436,6 @@ fn src_graph() -> Graph {
 }
 
 #[test]
-#[ignore = "src/ still has circles; the house refactor removes them"]
 fn src_has_no_import_circle() {
     let graph = src_graph();
     let circles = describe(&circles(&graph));
