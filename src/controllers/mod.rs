@@ -1,10 +1,9 @@
 //! Stage 5, controllers: the two kinds users declare, each a thin consumer of the engine —
-//! [`composite`] (with rolling updates) and [`decorator`] — the `customize` hook's [`related`] objects,
-//! and the [`manager`] that starts, restarts and stops one controller per controller object.
+//! [`composite`] (with rolling updates) and [`decorator`] — and the [`manager`] that starts, restarts
+//! and stops one controller per controller object.
 //!
 //! May import: every stage below (api, cache, hooks, write, engine).
 
 pub mod composite;
 pub mod decorator;
 pub mod manager;
-pub mod related;

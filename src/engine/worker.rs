@@ -140,7 +140,7 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
 pub(crate) type Enqueue<K> = Arc<dyn Fn(K) + Send + Sync>;
 
 /// A controller's queue reporting `workqueue_*` metrics, its reconcile metrics, and a handle that adds to it
-/// (what [`crate::controllers::related::Related`] calls when a related object changes).
+/// (what [`crate::engine::related::Related`] calls when a related object changes).
 pub(crate) fn controller_queue<K: Clone + Eq + Hash + Send + Sync + 'static>(
     hub: &crate::engine::hub::Hub,
     kind: &str,

@@ -278,8 +278,7 @@ impl<K: Clone + Eq + Hash + Send + Sync + 'static> Related<K> {
             let selects = rules.is_some_and(|rules| {
                 rules.iter().any(|r| {
                     (type_id == NAMESPACES && r.namespaces.is_some())
-                        || (crate::controllers::related::type_id(r.informer.resource()) == type_id
-                            && self.matches(r, obj))
+                        || (crate::engine::related::type_id(r.informer.resource()) == type_id && self.matches(r, obj))
                 })
             });
             if selects {
