@@ -1,25 +1,571 @@
-//! The sync every controller kind shares: whether to ask the hook at all ([`ask_hook`]), and the
-//! helpers its phases use.
+//! One sync, the same for every controller kind, in explicit phases:
 //!
-//! [`crate::controllers::composite`] and [`crate::controllers::decorator`] are thin consumers of these pieces.
+//! 1. **observe**: the object from the cache, its finalizer decision, its children as the controller
+//!    claims them ([`Kind::observe`]) and its related objects;
+//! 2. **decide**: whether to ask the hook at all ([`ask_hook`]: not for the very request whose answer was
+//!    last applied in full), the hook's answer checked whole ([`Kind::decide`]), and the plan of writes
+//!    refused before anything is written (a name taken by someone else, the safe-delete guard);
+//! 3. **act**: the children in the order that cannot lose data, then the object's own status and
+//!    metadata — every write announced to the controller's [`Echoes`] through a [`Journal`];
+//! 4. **record**: the finalizer let go, a recreate followed up, the request marked applied in full.
+//!
+//! What differs between CompositeController and DecoratorController is what [`Kind`] supplies; the rest,
+//! including how watch events become queued keys ([`Core::object_event`], [`Core::child_event`]), lives
+//! here once.
 
+use std::fmt::Display;
+use std::future::Future;
 use std::hash::Hash;
+use std::sync::Arc;
+use std::time::Duration;
 
 use kube::Client;
-use kube::api::{Api, DynamicObject};
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use serde_json::Value;
 use tracing::debug;
 
+use crate::api::HookVersion;
 use crate::cache::discovery::ResolvedResource;
+use crate::cache::informers::{Change, Event, Informer, ObjectKey, controller_uid};
 use crate::engine::answered::{Answered, RequestId};
-use crate::engine::queue::Reasons;
+use crate::engine::echoes::{Echo, EchoPolicy, Echoes, Seen, Settled, Watched};
+use crate::engine::error::SyncError;
+use crate::engine::finalizer::{Facts, follow_plan, gc_finalizing, has_finalizer, lifecycle_changed, remove_finalizer};
+use crate::engine::hub::Hub;
+use crate::engine::metrics::ControllerMetrics;
+use crate::engine::queue::{Reason, Reasons, WorkQueue};
+use crate::engine::related::{ParentScope, Related};
+use crate::engine::status::{record_hook_events, replace_status};
+use crate::engine::trigger::SyncRequests;
+use crate::engine::worker::{Syncer, controller_queue, resync_period, run_workers};
+use crate::hooks::{Endpoint, HookEvent, ObjectMaps};
+use crate::write::apply::{Applier, ApplyError};
+use crate::write::children::{
+    ChildMap, ChildType, DeletionGuard, Executed, Plan, WriteObserver, deleted_version, live_parent, request_map,
+    resources,
+};
+
+/// What a controller kind supplies to the engine's sync.
+pub(crate) trait Kind: Send + Sync + 'static {
+    type Key: Clone + Eq + Hash + Display + Send + Sync + 'static;
+    /// Writes a decision needs before any child's (a rollout's `ControllerRevision`s).
+    type Before: Before;
+    /// What the synced object is called in messages ("parent", "target").
+    const OBJECT: &'static str;
+
+    fn core(&self) -> &Core<Self::Key>;
+    /// The caches of the synced objects' types (the parent type; each target type), in type order.
+    fn object_informers(&self) -> Vec<&Informer>;
+    /// The key of an object of synced type `type_index`.
+    fn key_of(&self, type_index: usize, obj: &DynamicObject) -> Self::Key;
+    /// The synced type of `key`.
+    fn type_of(&self, key: &Self::Key) -> usize;
+    /// The cached object `key` stands for, and its type.
+    fn object(&self, key: &Self::Key) -> Option<(Arc<DynamicObject>, Arc<ResolvedResource>)>;
+    /// Whether the object `key` stands for is cached (without decoding it).
+    fn contains(&self, key: &Self::Key) -> bool;
+    /// Whether the controller selects `obj`, of synced type `type_index` (a deselected object with our
+    /// finalizer is finalized).
+    fn selects(&self, type_index: usize, obj: &DynamicObject) -> bool;
+    /// Whether changes of `obj` that touch only its status are of no interest (`ignoreStatusChanges`).
+    fn ignores_status_changes(&self, type_index: usize, obj: &DynamicObject) -> bool;
+    /// Sees every event of a synced object before the engine maps it to the queue (the composite keeps
+    /// its index of child selectors current with it).
+    fn noticed(&self, _event: &Event) {}
+    /// The objects to sync for a change of `child` (see [`Core::child_event`]).
+    fn owners(&self, child: &DynamicObject, adopt: bool) -> Vec<Self::Key>;
+    /// The hook a sync calls, if the controller has one (`finalizing`: the finalize hook).
+    fn hook(&self, finalizing: bool) -> Option<&Endpoint>;
+    /// Whether the controller has a finalize hook (it then puts its finalizer on what it syncs).
+    fn has_finalize_hook(&self) -> bool;
+    /// `resyncPeriodSeconds`.
+    fn resync_period_seconds(&self) -> Option<i32>;
+    /// The object's children (or attachments) as this kind claims them, by declared type; `None` when
+    /// the object went away meanwhile.
+    fn observe(
+        &self,
+        obj: &DynamicObject,
+        resource: &ResolvedResource,
+    ) -> impl Future<Output = Result<Option<Vec<ChildMap<Arc<DynamicObject>>>>, SyncError>> + Send;
+    /// Whether a request is identified by what it shows (see [`crate::engine::answered`]); not with
+    /// rolling updates, whose requests come from `ControllerRevision`s too.
+    fn identifies_requests(&self) -> bool {
+        true
+    }
+    /// Asks the hook and checks its answer whole. Writes nothing.
+    fn decide(
+        &self,
+        obj: &DynamicObject,
+        resource: &ResolvedResource,
+        call: Call<'_>,
+    ) -> impl Future<Output = Result<Decision<Self::Before>, SyncError>> + Send;
+    /// Whether `child`, found in the cache under a desired name but not observed, is `obj`'s own (its
+    /// creation's echo was not cached yet) rather than someone else's.
+    fn ours(&self, obj: &DynamicObject, child: &DynamicObject) -> bool;
+}
+
+/// What a sync asks its hook.
+#[derive(Clone, Copy)]
+pub(crate) struct Call<'a> {
+    pub endpoint: &'a Endpoint,
+    pub children: &'a ObjectMaps,
+    pub related: &'a ObjectMaps,
+    pub finalizing: bool,
+    pub observed: &'a [ChildMap<Arc<DynamicObject>>],
+}
+
+/// What a hook's answer, checked whole, asks to be written.
+pub(crate) struct Decision<B> {
+    /// The desired children by declared type.
+    pub desired: Vec<ChildMap<Value>>,
+    /// The status to write (`None`: leave it as it is).
+    pub status: Option<Value>,
+    /// A merge patch of the object's labels and annotations (`None`: none).
+    pub metadata: Option<Value>,
+    pub resync: Option<Duration>,
+    pub finalized: bool,
+    pub events: Vec<HookEvent>,
+    /// Written before any child, once the whole sync is known to be writable.
+    pub before: Option<B>,
+}
+
+/// Writes that go before the children's.
+pub(crate) trait Before: Send + Sync {
+    /// Whether persisting writes anything.
+    fn writes(&self, applier: &Applier) -> bool;
+    fn persist(&self, applier: &Applier) -> impl Future<Output = Result<(), ApplyError>> + Send;
+}
+
+/// Nothing before the children.
+impl Before for () {
+    fn writes(&self, _: &Applier) -> bool {
+        false
+    }
+
+    async fn persist(&self, _: &Applier) -> Result<(), ApplyError> {
+        Ok(())
+    }
+}
+
+/// What the engine keeps for one running controller, whatever its kind.
+pub(crate) struct Core<K> {
+    pub hub: Hub,
+    /// The controller object's name.
+    pub name: String,
+    pub queue: WorkQueue<K>,
+    pub metrics: Arc<ControllerMetrics>,
+    /// Sync requests (`metahook.dev/sync-requested-at`) waiting for a successful sync.
+    pub requests: SyncRequests<K>,
+    pub related: Arc<Related<K>>,
+    /// What this controller's syncs wrote, to tell the echo from others' changes.
+    pub echoes: Echoes<K>,
+    /// Which echoes sync their object (`metahook.dev/sync-on-own-writes`).
+    pub echo_policy: EchoPolicy,
+    /// Each object's last hook request, and whether its answer was applied in full.
+    pub answered: Answered<K>,
+    /// The finalizer this controller puts on the objects it syncs.
+    pub finalizer: String,
+    /// The safe-delete guard, from the controller's annotation.
+    pub deletion_guard: Option<DeletionGuard>,
+    /// The declared child (or attachment) types.
+    pub children: Vec<ChildType>,
+    /// Their resolved types, computed once (every sync needs them).
+    pub child_resources: Vec<Arc<ResolvedResource>>,
+}
+
+/// How a controller object configures the engine's part.
+pub(crate) struct CoreSettings<'a> {
+    /// `CompositeController` or `DecoratorController`.
+    pub kind: &'static str,
+    pub name: String,
+    pub annotations: Option<&'a std::collections::BTreeMap<String, String>>,
+    pub finalizer: String,
+    pub children: Vec<ChildType>,
+    /// The `customize` hook, if any, and the controller object as hooks receive it.
+    pub customize: Option<Endpoint>,
+    pub controller: Value,
+}
+
+impl<K: Clone + Eq + Hash + Display + Send + Sync + 'static> Core<K> {
+    pub fn new(hub: &Hub, settings: CoreSettings<'_>) -> Result<Self, String> {
+        let CoreSettings { kind, name, annotations, finalizer, children, customize, controller } = settings;
+        let deletion_guard = DeletionGuard::from_annotations(annotations)?;
+        let echo_policy = EchoPolicy::from_annotations(annotations)?;
+        let (queue, metrics, enqueue) = controller_queue(hub, kind, &name);
+        Ok(Self {
+            related: Related::new(hub.clone(), customize, controller, enqueue),
+            hub: hub.clone(),
+            name,
+            queue,
+            metrics,
+            requests: SyncRequests::default(),
+            echoes: Echoes::default(),
+            echo_policy,
+            answered: Answered::default(),
+            finalizer,
+            deletion_guard,
+            child_resources: resources(&children),
+            children,
+        })
+    }
+
+    /// Queues `key` for a change made by someone else.
+    pub fn enqueue(&self, key: K) {
+        self.queue.add(key);
+    }
+
+    /// Queues `key` for the echo of its own sync's write, unless the controller said its hook needs no
+    /// such sync (see [`crate::engine::echoes`]).
+    pub fn enqueue_echo(&self, key: K, echo: Echo) {
+        if self.echo_policy.syncs(echo) {
+            self.queue.add_for(key, Reason::Echo);
+        } else {
+            tracing::trace!(object = %key, ?echo, "echo of own write; the controller needs no sync for it");
+            self.metrics.hook_call_saved(crate::engine::metrics::Saved::OwnWrite);
+        }
+    }
+
+    /// Acts on what a settled write found held: its echo, and changes by others.
+    fn settle(&self, settled: Settled<K>, echo: Echo) {
+        if let Some(key) = settled.foreign {
+            self.enqueue(key);
+        }
+        if let Some(key) = settled.echo {
+            self.enqueue_echo(key, echo);
+        }
+    }
+
+    /// A watch event of a synced object (parent or target) of key `key`: queued unless it changes nothing
+    /// the controller acts on (same version; under `ignoreStatusChanges`, nothing but status) or is the
+    /// echo of its own write. `selected`: the controller selects it; deselected objects matter only while
+    /// they carry our finalizer. A deletion forgets everything kept about the object.
+    pub fn object_event(&self, key: K, event: &Event, selected: bool, ignore_status: bool) {
+        let Event { change, relisted } = event;
+        let new = match change {
+            Change::Deleted(obj) => {
+                self.related.forget(&key);
+                self.requests.forget(&key);
+                self.echoes.forget(&key);
+                self.answered.forget(&key);
+                if selected || has_finalizer(obj, &self.finalizer) {
+                    self.enqueue(key);
+                }
+                return;
+            }
+            Change::Applied { new, .. } => new,
+        };
+        if !selected && !has_finalizer(new, &self.finalizer) {
+            return;
+        }
+        let Change::Applied { old, new } = change else { return };
+        if self.requests.observe(&key, old.as_deref(), new) {
+            self.enqueue(key);
+            return;
+        }
+        if let Some(old) = old
+            && (old.metadata.resource_version == new.metadata.resource_version
+                || (ignore_status && !meaningful_parent_change(old, new)))
+        {
+            return;
+        }
+        let object = ObjectKey::of(new);
+        if *relisted {
+            self.echoes.forget_object(Watched::Parent, &object);
+            self.enqueue(key);
+            return;
+        }
+        let version = new.metadata.resource_version.as_deref().unwrap_or_default();
+        match self.echoes.classify(Watched::Parent, &object, version) {
+            Seen::Echo(_) => self.enqueue_echo(key, Echo::Parent),
+            Seen::Held => {}
+            Seen::Other => self.enqueue(key),
+        }
+    }
+
+    /// A watch event of a child (or attachment) of declared type `index`: the echo of this controller's
+    /// own write queues its object as an echo; anything else queues the objects `owners` names — the
+    /// owner the child had before too, when its controller changed. `owners(child, adopt)`: the object
+    /// controlling `child`, or with `adopt`, for an orphan, those that would adopt it.
+    pub fn child_event(&self, index: usize, event: &Event, owners: impl Fn(&DynamicObject, bool) -> Vec<K>) {
+        let Event { change, relisted } = event;
+        let object = ObjectKey::of(change.object());
+        if *relisted {
+            self.echoes.forget_object(Watched::Child(index), &object);
+        }
+        let (child, version, adopt) = match change {
+            Change::Applied { old: Some(old), new } => {
+                if old.metadata.resource_version == new.metadata.resource_version {
+                    return;
+                }
+                // Ownership may have moved: the previous owner must see its child go.
+                if controller_uid(old) != controller_uid(new) {
+                    for key in owners(old, false) {
+                        self.enqueue(key);
+                    }
+                }
+                (new, new.metadata.resource_version.clone(), true)
+            }
+            Change::Applied { old: None, new } => (new, new.metadata.resource_version.clone(), true),
+            Change::Deleted(obj) => {
+                self.hub.applier.forget(&self.child_resources[index], &object);
+                (obj, obj.metadata.uid.as_deref().map(deleted_version), false)
+            }
+        };
+        let seen = match version {
+            Some(version) if !relisted => match self.echoes.classify(Watched::Child(index), &object, &version) {
+                Seen::Echo(key) => {
+                    self.enqueue_echo(key, Echo::of_child(&version));
+                    return;
+                }
+                seen => seen,
+            },
+            _ => Seen::Other,
+        };
+        if seen == Seen::Other {
+            for key in owners(child, adopt) {
+                self.enqueue(key);
+            }
+        }
+    }
+
+    /// Writes to the object itself (status, labels), announced to the echoes.
+    async fn write_object(
+        &self,
+        key: &K,
+        object: &ObjectKey,
+        write: impl Future<Output = Result<Option<String>, SyncError>>,
+    ) -> Result<(), SyncError> {
+        self.echoes.begin(key, Watched::Parent, object);
+        let result = write.await;
+        let version = result.as_ref().ok().and_then(Option::as_deref);
+        self.settle(self.echoes.finish(Watched::Parent, object, version), Echo::Parent);
+        result.map(drop)
+    }
+}
+
+/// The journal of one sync's child writes: each announced to the controller's echoes before it is sent
+/// and settled when it returns, so its echo is told from others' changes.
+struct Journal<'a, K> {
+    core: &'a Core<K>,
+    key: &'a K,
+}
+
+impl<K: Clone + Eq + Hash + Display + Send + Sync + 'static> WriteObserver for Journal<'_, K> {
+    fn started(&self, type_index: usize, child: &ObjectKey) {
+        self.core.echoes.begin(self.key, Watched::Child(type_index), child);
+    }
+
+    fn finished(&self, type_index: usize, child: &ObjectKey, version: Option<&str>) {
+        let settled = self.core.echoes.finish(Watched::Child(type_index), child, version);
+        self.core.settle(settled, version.map_or(Echo::Write, Echo::of_child));
+    }
+}
+
+/// One sync of `key` (see the module doc); returns when to sync it again, if the hook asked.
+pub(crate) async fn sync<C: Kind>(kind: &C, key: &C::Key, reasons: Reasons) -> Result<Option<Duration>, SyncError> {
+    let core = kind.core();
+    // Observe.
+    let Some((obj, resource)) = kind.object(key) else { return Ok(None) };
+    let api = api_for(&core.hub.client, &resource, &obj);
+    let facts = Facts {
+        finalize_hook: kind.has_finalize_hook(),
+        selected: kind.selects(kind.type_of(key), &obj),
+        has_finalizer: has_finalizer(&obj, &core.finalizer),
+        deleting: obj.metadata.deletion_timestamp.is_some(),
+    };
+    let Some(finalizing) = follow_plan(&api, &obj, &core.finalizer, facts).await? else { return Ok(None) };
+    let endpoint = kind.hook(finalizing).ok_or(SyncError::NoSyncHook)?;
+    let Some(observed) = kind.observe(&obj, &resource).await? else { return Ok(None) };
+    let version: HookVersion = endpoint.version();
+    let namespace = resource.namespaced.then_some(obj.metadata.namespace.as_deref()).flatten();
+    let related = core.related.gather(key, &obj, ParentScope { namespace, version }).await?;
+    let children = request_map(&core.child_resources, version, namespace, &observed);
+
+    // Decide.
+    let request = kind.identifies_requests().then(|| RequestId::of(&obj, finalizing, &children, &related));
+    if !ask_hook(&core.answered, &core.metrics, key, request, reasons) {
+        return Ok(None);
+    }
+    let call = Call { endpoint, children: &children, related: &related, finalizing, observed: &observed };
+    let decision = kind.decide(&obj, &resource, call).await?;
+    let plan = Plan::new(&core.children, &observed, &decision.desired, |child| kind.ours(&obj, child))?;
+    if !finalizing {
+        plan.check_guard(core.deletion_guard, &obj)?;
+    }
+
+    // Act.
+    record_hook_events(&core.hub.events, &obj, &decision.events).await;
+    let Some(executed) = act_on_children::<C>(core, key, &obj, &resource, &plan, decision.before.as_ref()).await?
+    else {
+        return Ok(None);
+    };
+    let object = ObjectKey::of(&obj);
+    if let Some(status) = decision.status {
+        core.write_object(key, &object, replace_status(&api, &obj, status, resource.has_status)).await?;
+    }
+    if let Some(patch) = decision.metadata {
+        core.write_object(key, &object, patch_metadata(&api, &obj, &patch)).await?;
+    }
+
+    // Record.
+    if !executed.errors.is_empty() {
+        return Err(SyncError::Apply(executed.errors));
+    }
+    if finalizing && decision.finalized {
+        remove_finalizer(&api, &obj, &core.finalizer).await?;
+    }
+    if executed.writes.iter().any(|w| w.recreate) {
+        // A child deleted to be recreated: the next sync creates it, whatever becomes of the echo.
+        core.queue.add_for(key.clone(), Reason::Echo);
+    }
+    core.answered.applied(key);
+    Ok(decision.resync)
+}
+
+/// The children's writes of a plan (and the writes before them). `None`: the object is gone.
+async fn act_on_children<C: Kind>(
+    core: &Core<C::Key>,
+    key: &C::Key,
+    obj: &DynamicObject,
+    resource: &ResolvedResource,
+    plan: &Plan<'_>,
+    before: Option<&C::Before>,
+) -> Result<Option<Executed>, SyncError> {
+    let applier = &core.hub.applier;
+    let before_writes = before.is_some_and(|b| b.writes(applier));
+    let journal = Journal { core, key };
+    if gc_finalizing(obj) || !(before_writes || plan.writes(applier)) {
+        return Ok(Some(Executed::default()));
+    }
+    if !before_writes && !plan.creates_or_deletes() {
+        // Updates only: each carries its child's UID, so an object that went away meanwhile cannot get
+        // anything resurrected; no need to ask the API server about it first.
+        return Ok(Some(plan.execute(applier, &journal).await));
+    }
+    // No child created or deleted for an object that is gone or replaced (server-side apply would
+    // re-create children the garbage collector has just deleted), or that changed its stage of life while
+    // the hook was thinking (deleted; the GC's orphan or foreground finalizer came or went): the answer
+    // was for another stage, and the next sync asks again.
+    match live_parent(&core.hub.client, resource, obj).await? {
+        None => Ok(None),
+        Some(live) if lifecycle_changed(obj, &live, &core.finalizer) => Err(SyncError::Conflict(C::OBJECT)),
+        Some(_) => {
+            if let Some(before) = before {
+                before.persist(applier).await.map_err(|e| SyncError::Apply(vec![e]))?;
+            }
+            Ok(Some(plan.execute(applier, &journal).await))
+        }
+    }
+}
+
+/// Merges the labels and annotations a hook asked for (a patch naming the object's UID, so it is
+/// refused rather than applied to a new object of the same name). Returns the version it left behind.
+async fn patch_metadata(
+    api: &Api<DynamicObject>,
+    obj: &DynamicObject,
+    patch: &Value,
+) -> Result<Option<String>, SyncError> {
+    let name = obj.metadata.name.as_deref().unwrap_or_default();
+    match api.patch(name, &PatchParams::default(), &Patch::Merge(patch)).await {
+        Ok(patched) => Ok(patched.metadata.resource_version),
+        // Gone, or replaced (the UID in the patch no longer matches): its own sync follows.
+        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 422 && s.message.contains("metadata.uid") => Ok(None),
+        Err(e) => Err(SyncError::Write { what: "labels and annotations", source: Box::new(e) }),
+    }
+}
+
+/// Runs `kind` until `cancel` fires: its children's changes from now on, then every synced object (each
+/// is queued once at start, and a child change either comes through its stream or is cached before that
+/// object's sync), and its workers.
+pub(crate) async fn run<C: Kind>(kind: Arc<C>, cancel: tokio_util::sync::CancellationToken) {
+    let mut tasks = tokio::task::JoinSet::new();
+    let core = kind.core();
+    let child_changes: Vec<_> = core.children.iter().map(|c| c.informer.subscribe_changes()).collect();
+    for (type_index, informer) in kind.object_informers().into_iter().enumerate() {
+        let mut events = informer.subscribe();
+        let kind = Arc::clone(&kind);
+        tasks.spawn(async move {
+            while let Some(event) = events.recv().await {
+                kind.noticed(&event);
+                let obj = event.change.object();
+                let key = kind.key_of(type_index, obj);
+                let (selected, ignore) = (kind.selects(type_index, obj), kind.ignores_status_changes(type_index, obj));
+                kind.core().object_event(key, &event, selected, ignore);
+            }
+        });
+    }
+    for (index, mut events) in child_changes.into_iter().enumerate() {
+        let kind = Arc::clone(&kind);
+        tasks.spawn(async move {
+            while let Some(event) = events.recv().await {
+                kind.core().child_event(index, &event, |child, adopt| kind.owners(child, adopt));
+            }
+        });
+    }
+    let workers = core.hub.settings.workers;
+    run_workers(kind, workers, tasks, cancel).await;
+}
+
+/// Queues every object `kind` selects or still finalizes, for a sync requested on the controller object
+/// (its hook is asked even if nothing changed); returns how many.
+pub(crate) fn resync_all<C: Kind>(kind: &C) -> usize {
+    let core = kind.core();
+    let mut queued = 0;
+    for (type_index, informer) in kind.object_informers().into_iter().enumerate() {
+        for obj in informer.list(None) {
+            if kind.selects(type_index, &obj) || has_finalizer(&obj, &core.finalizer) {
+                core.queue.add_for(kind.key_of(type_index, &obj), Reason::Requested);
+                queued += 1;
+            }
+        }
+    }
+    queued
+}
+
+/// Every kind runs in the engine's worker.
+impl<C: Kind> Syncer for C {
+    type Key = C::Key;
+
+    fn name(&self) -> &str {
+        &self.core().name
+    }
+
+    fn queue(&self) -> &WorkQueue<C::Key> {
+        &self.core().queue
+    }
+
+    fn events(&self) -> &crate::engine::events::Events {
+        &self.core().hub.events
+    }
+
+    fn metrics(&self) -> &ControllerMetrics {
+        &self.core().metrics
+    }
+
+    fn sync_requests(&self) -> &SyncRequests<C::Key> {
+        &self.core().requests
+    }
+
+    fn object(&self, key: &C::Key) -> Option<Arc<DynamicObject>> {
+        Kind::object(self, key).map(|(obj, _)| obj)
+    }
+
+    async fn sync(&self, key: &C::Key, reasons: Reasons) -> Result<Option<Duration>, SyncError> {
+        sync(self, key, reasons).await
+    }
+
+    fn resync_period(&self, key: &C::Key) -> Option<Duration> {
+        resync_period(self.resync_period_seconds()).filter(|_| self.contains(key))
+    }
+}
 
 /// Whether a sync for `reasons` asks its hook `request`, given what was asked last: not when it is the
 /// very request whose answer was last applied in full and nothing asks to ask again (a resync, a retry,
-/// a requested sync; see [`crate::engine::answered`]). When it asks, the metrics count it by cause, `redundant`
-/// for a repeat of the last request (its answer was not applied in full).
+/// a requested sync; see [`crate::engine::answered`]). When it asks, the metrics count it by cause,
+/// `redundant` for a repeat of the last request (its answer was not applied in full).
 pub(crate) fn ask_hook<K: Clone + Eq + Hash>(
     answered: &Answered<K>,
-    metrics: &crate::engine::metrics::ControllerMetrics,
+    metrics: &ControllerMetrics,
     key: &K,
     request: Option<RequestId>,
     reasons: Reasons,

@@ -16,18 +16,19 @@ use std::sync::Arc;
 
 use kube::api::{Api, DynamicObject, ListParams, PostParams};
 use kube::{Client, ResourceExt as _};
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use crate::api::{CompositeController, DecoratorController, UpdateMethod, labels_of};
 use crate::cache::discovery::{Discovery, ResolvedResource};
 use crate::cache::informers::main_resource;
 use crate::cache::informers::{ObjectKey, controller_uid};
 use crate::cache::selector::Selector;
-use crate::controllers::composite::{child_selector, validate_response};
-use crate::controllers::decorator::DECORATOR_ANNOTATION;
-use crate::hooks::{CompositeRequest, DecoratorRequest, HookClient, HookKind, HookLabels, ObjectMaps};
+use crate::controllers::composite::{self, child_selector};
+use crate::controllers::decorator::{self, DECORATOR_ANNOTATION};
+use crate::engine::error::SyncError;
+use crate::hooks::{HookClient, HookKind, HookLabels, ObjectMaps};
 use crate::ops::config::{Config, ConfigOverrides};
-use crate::write::children::{ChildMap, desired_children, request_map};
+use crate::write::children::{ChildMap, request_map};
 use crate::write::fields;
 use crate::write::take_over::{LAST_APPLIED_ANNOTATION, TakeOver};
 
@@ -55,6 +56,15 @@ pub enum DryRunError {
     Connect(String),
     #[error("listing {what}: {source}")]
     List { what: String, source: kube::Error },
+}
+
+/// What the listing says of a hook answer the engine would not act on: the hook failed, or its answer
+/// is refused (exactly as the engine refuses it).
+fn refusal(error: &SyncError) -> String {
+    match error {
+        SyncError::Hook(e) => format!("the sync hook failed: {e}"),
+        other => format!("the engine would refuse the answer: {other}"),
+    }
 }
 
 /// Entry point of `metahook migrate`: prints the report, exits 1 when it could not be made.
@@ -268,28 +278,25 @@ impl DryRun {
             }
             self.line(2, &heading);
             let children = request_map(&types.resources, hook.version(), namespace, &observed);
-            let parent_json = crate::hooks::for_hooks(parent);
-            let related = ObjectMaps::new();
-            let request = CompositeRequest {
-                controller: &cc_json,
-                parent: &parent_json,
-                children: &children,
-                related: &related,
-                finalizing: false,
-            };
             let labels = HookLabels {
                 kind: "CompositeController".into(),
                 controller: cc.metadata.name.clone().unwrap_or_default(),
                 hook: HookKind::Sync,
             };
-            let called = match self.hooks.endpoint(&hook, &cc.spec.endpoint_configs, labels) {
-                Ok(endpoint) => endpoint.composite(&request).await.map_err(|e| e.to_string()),
-                Err(e) => Err(e.to_string()),
+            let ask = composite::Ask {
+                cc,
+                controller: &cc_json,
+                parent_resource: &parent_resource,
+                child_resources: &types.resources,
             };
-            let desired = match called {
-                Ok(response) => validate_response(cc, parent, &parent_resource, &types.resources, &response, &selector)
-                    .map(|(desired, _)| desired)
-                    .map_err(|e| e.to_string()),
+            let related = ObjectMaps::new();
+            let observed_now = composite::Observed { children: &children, related: &related, finalizing: false };
+            let desired = match self.hooks.endpoint(&hook, &cc.spec.endpoint_configs, labels) {
+                Ok(endpoint) => {
+                    let parent_json = crate::hooks::for_hooks(parent);
+                    let answer = ask.ask(&endpoint, parent, &parent_json, observed_now, &selector).await;
+                    answer.map(|a| a.desired).map_err(|e| refusal(&e))
+                }
                 Err(e) => Err(format!("the sync hook failed: {e}")),
             };
             match desired {
@@ -354,33 +361,19 @@ impl DryRun {
                 }
                 self.line(2, &format!("{} {}", resource.kind(), ObjectKey::of(target)));
                 let attachments = request_map(&types.resources, hook.version(), namespace, &observed);
-                let object = crate::hooks::for_hooks(target);
-                let related = ObjectMaps::new();
-                let request = DecoratorRequest {
-                    controller: &dc_json,
-                    object: &object,
-                    attachments: &attachments,
-                    related: &related,
-                    finalizing: false,
-                };
                 let labels = HookLabels {
                     kind: "DecoratorController".into(),
                     controller: dc.metadata.name.clone().unwrap_or_default(),
                     hook: HookKind::Sync,
                 };
-                let called = match self.hooks.endpoint(&hook, &dc.spec.endpoint_configs, labels) {
-                    Ok(endpoint) => endpoint.decorator(&request).await.map_err(|e| e.to_string()),
-                    Err(e) => Err(e.to_string()),
-                };
-                let desired = match called {
-                    Ok(response) => {
-                        desired_children(&types.resources, target, &resource, &response.attachments, |meta| {
-                            let annotations = meta.entry("annotations").or_insert_with(|| json!({}));
-                            let annotations =
-                                annotations.as_object_mut().ok_or("metadata.annotations is not an object")?;
-                            annotations.insert(DECORATOR_ANNOTATION.into(), Value::String(name.clone()));
-                            Ok(())
-                        })
+                let ask = decorator::Ask { name: &name, controller: &dc_json, attachment_resources: &types.resources };
+                let related = ObjectMaps::new();
+                let observed_now =
+                    decorator::Observed { attachments: &attachments, related: &related, finalizing: false };
+                let desired = match self.hooks.endpoint(&hook, &dc.spec.endpoint_configs, labels) {
+                    Ok(endpoint) => {
+                        let answer = ask.ask(&endpoint, target, &resource, observed_now).await;
+                        answer.map(|(a, _)| a.desired).map_err(|e| refusal(&e))
                     }
                     Err(e) => Err(format!("the sync hook failed: {e}")),
                 };

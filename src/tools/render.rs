@@ -27,11 +27,10 @@ use crate::api::{
 };
 use crate::cache::discovery::ResolvedResource;
 use crate::cache::informers::ObjectKey;
-use crate::controllers::composite::child_selector;
-use crate::controllers::decorator::{DECORATOR_ANNOTATION, is_attachment_of};
+use crate::controllers::composite::{self, child_selector};
+use crate::controllers::decorator::{self, DECORATOR_ANNOTATION, is_attachment_of};
 use crate::hooks::{
-    CompositeRequest, DecoratorRequest, Endpoint, HookClient, HookEvent, HookKind, HookLabels, ObjectMaps, WireObject,
-    group_version_kind_key, object_key,
+    Endpoint, HookClient, HookEvent, HookKind, HookLabels, ObjectMaps, WireObject, group_version_kind_key, object_key,
 };
 use crate::write::children::{ChildMap, Claim, claim_of, owner_reference, request_map};
 
@@ -186,27 +185,20 @@ async fn render_composite(args: &RenderArgs, controller: Value) -> Result<Report
     let version = hook.version();
     let request_children = request_map(&types.resources, version, parent_ns, &observed);
     let related = related_map(&read_objects(&args.related)?, version, parent_ns);
-    let parent_json = serde_json::to_value(&parent).unwrap_or(Value::Null);
-    let request = CompositeRequest {
-        controller: &controller,
-        parent: &parent_json,
-        children: &request_children,
-        related: &related,
-        finalizing: args.finalizing,
-    };
     let (hook, _server) = hook_to_call(hook, args).await?;
     let endpoint =
         endpoint(&hook, &cc.spec.endpoint_configs, "CompositeController", cc.metadata.name.as_deref(), args)?;
-    let response = endpoint.composite(&request).await.map_err(|e| invalid(&e))?;
-    let (desired, status) = crate::controllers::composite::validate_response(
-        &cc,
-        &parent,
-        &parent_resource,
-        &types.resources,
-        &response,
-        &selector,
-    )
-    .map_err(|e| invalid(&e))?;
+    let ask = composite::Ask {
+        cc: &cc,
+        controller: &controller,
+        parent_resource: &parent_resource,
+        child_resources: &types.resources,
+    };
+    let parent_json = crate::hooks::for_hooks(&parent);
+    let observed_now =
+        composite::Observed { children: &request_children, related: &related, finalizing: args.finalizing };
+    let composite::Answer { desired, status, response } =
+        ask.ask(&endpoint, &parent, &parent_json, observed_now, &selector).await.map_err(|e| invalid(&e))?;
 
     let methods: Vec<UpdateMethod> = cc.spec.child_resources.iter().map(ChildResourceRule::method).collect();
     let mut changes = child_changes(&desired, &observed, &adopted, &methods);
@@ -281,21 +273,13 @@ async fn render_decorator(args: &RenderArgs, controller: Value) -> Result<Report
     let version = hook.version();
     let attachments = request_map(&types.resources, version, target_ns, &observed);
     let related = related_map(&read_objects(&args.related)?, version, target_ns);
-    let object = serde_json::to_value(&target).unwrap_or(Value::Null);
-    let request = DecoratorRequest {
-        controller: &controller,
-        object: &object,
-        attachments: &attachments,
-        related: &related,
-        finalizing: args.finalizing,
-    };
     let (hook, _server) = hook_to_call(hook, args).await?;
     let endpoint =
         endpoint(&hook, &dc.spec.endpoint_configs, "DecoratorController", dc.metadata.name.as_deref(), args)?;
-    let response = endpoint.decorator(&request).await.map_err(|e| invalid(&e))?;
-    let answer =
-        crate::controllers::decorator::validate_response(&name, &types.resources, &target, &resource, &response)
-            .map_err(|e| invalid(&e))?;
+    let ask = decorator::Ask { name: &name, controller: &controller, attachment_resources: &types.resources };
+    let observed_now =
+        decorator::Observed { attachments: &attachments, related: &related, finalizing: args.finalizing };
+    let (answer, response) = ask.ask(&endpoint, &target, &resource, observed_now).await.map_err(|e| invalid(&e))?;
 
     let methods: Vec<UpdateMethod> = dc.spec.attachments.iter().map(ChildResourceRule::method).collect();
     let mut changes = child_changes(&answer.desired, &observed, &BTreeSet::new(), &methods);

@@ -580,10 +580,50 @@ pub fn request_map(
     maps
 }
 
+/// What a controller kind requires of each of its desired children, beyond what every child must be.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ChildRules<'a> {
+    /// Labels given to a child that does not set them (`controller-uid` under `generateSelector`).
+    pub default_labels: Option<&'a BTreeMap<String, String>>,
+    /// Annotations set on every child (a decorator's name).
+    pub annotations: Option<&'a BTreeMap<String, String>>,
+    /// The selector every child's labels must match (the parent's child selector).
+    pub selector: Option<&'a Selector>,
+}
+
+impl ChildRules<'_> {
+    /// Applies the rules to one child's metadata, or says why the child is refused.
+    fn apply(&self, meta: &mut serde_json::Map<String, Value>) -> Result<(), String> {
+        if let Some(defaults) = self.default_labels.filter(|d| !d.is_empty()) {
+            let labels = meta.entry("labels").or_insert_with(|| json!({}));
+            let labels = labels.as_object_mut().ok_or("metadata.labels is not an object")?;
+            for (key, value) in defaults {
+                labels.entry(key.clone()).or_insert_with(|| Value::String(value.clone()));
+            }
+        }
+        if let Some(wanted) = self.annotations.filter(|a| !a.is_empty()) {
+            let annotations = meta.entry("annotations").or_insert_with(|| json!({}));
+            let annotations = annotations.as_object_mut().ok_or("metadata.annotations is not an object")?;
+            for (key, value) in wanted {
+                annotations.insert(key.clone(), Value::String(value.clone()));
+            }
+        }
+        if let Some(selector) = self.selector {
+            let labels: BTreeMap<String, String> =
+                serde_json::from_value(meta.get("labels").cloned().unwrap_or(json!({})))
+                    .map_err(|e| format!("labels: {e}"))?;
+            if !selector.matches(&labels) {
+                return Err("labels on desired child don't match parent selector".into());
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Turns a hook's desired objects into complete objects to apply, by declared type. Each must have
 /// apiVersion, kind and a valid name, be of a declared type, land in a namespace the parent may own, carry
-/// valid labels and annotations, fit in the API server's store, and leave ownership to the hub;
-/// `decorate` adds what the controller kind requires (labels, annotations) or rejects the object.
+/// valid labels and annotations, fit in the API server's store, and leave ownership to the hub; `rules`
+/// add what the controller kind requires (labels, annotations) or reject the object.
 /// Any problem rejects the whole list: a partial apply could delete children the hook meant to keep.
 ///
 /// Ownership: the hub makes every child controlled by its parent. References to the parent itself (a
@@ -597,7 +637,7 @@ pub fn desired_children(
     parent: &DynamicObject,
     parent_resource: &ResolvedResource,
     items: &[Value],
-    mut decorate: impl FnMut(&mut serde_json::Map<String, Value>) -> Result<(), String>,
+    rules: ChildRules<'_>,
 ) -> Result<Vec<ChildMap<Value>>, String> {
     let parent_ns = parent_resource.namespaced.then(|| parent.metadata.namespace.clone()).flatten();
     let parent_uid = parent.metadata.uid.as_deref().unwrap_or_default();
@@ -635,7 +675,7 @@ pub fn desired_children(
                 meta.remove("namespace");
             }
         }
-        decorate(meta).map_err(invalid)?;
+        rules.apply(meta).map_err(invalid)?;
         validation::check_metadata_maps(meta).map_err(invalid)?;
         let refs = meta.get("ownerReferences").map_or(Ok(Vec::new()), |refs| {
             serde_json::from_value::<Vec<OwnerReference>>(refs.clone())
@@ -713,7 +753,7 @@ mod tests {
 
     fn desired(items: &[Value]) -> Result<Vec<ChildMap<Value>>, String> {
         let types = vec![Arc::new(resource(true))];
-        desired_children(&types, &parent(), &resource(true), items, |_| Ok(()))
+        desired_children(&types, &parent(), &resource(true), items, ChildRules::default())
     }
 
     fn cm(name: &str) -> Value {
@@ -812,5 +852,24 @@ mod tests {
         let claim = |obj: &DynamicObject| claim_of(obj, &dying, Some("a"), &selector);
         assert_eq!(claim(&object("a", &yes, None, false)), Claim::Ignore(Ignored::Deleting));
         assert_eq!(claim(&object("a", &no, Some("parent"), false)), Claim::Ignore(Ignored::Deleting));
+    }
+
+    #[test]
+    fn child_rules_add_labels_and_annotations_and_hold_children_to_the_selector() {
+        let types = vec![Arc::new(resource(true))];
+        let defaults = BTreeMap::from([("controller-uid".to_owned(), "u-1".to_owned())]);
+        let annotations = BTreeMap::from([("by".to_owned(), "me".to_owned())]);
+        let selector = Selector::from_labels(&defaults);
+        let rules =
+            ChildRules { default_labels: Some(&defaults), annotations: Some(&annotations), selector: Some(&selector) };
+        let item = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "a", "labels": {"x": "y"}}});
+        let desired = desired_children(&types, &parent(), &resource(true), &[item], rules).unwrap();
+        let meta = &desired[0].values().next().unwrap()["metadata"];
+        assert_eq!(meta["labels"], json!({"x": "y", "controller-uid": "u-1"}));
+        assert_eq!(meta["annotations"], json!({"by": "me"}));
+        let other = json!({"apiVersion": "v1", "kind": "ConfigMap",
+                           "metadata": {"name": "b", "labels": {"controller-uid": "someone-else"}}});
+        let refused = desired_children(&types, &parent(), &resource(true), &[other], rules).unwrap_err();
+        assert!(refused.contains("don't match parent selector"), "{refused}");
     }
 }

@@ -9,6 +9,7 @@
 //! [`Rollouts::sync`] runs one rolling sync (every revision's hook call, the claims, persisting); the
 //! pieces it is made of are pure and tested beside the code.
 
+use super::ask::{Answer, CONTROLLER_UID_LABEL};
 use crate::api::json::canonical_json;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -29,7 +30,6 @@ use crate::write::apply::{Applier, ApplyError};
 use crate::write::children::{ChildMap, owner_reference};
 
 /// Label that ties children (and revisions) to their parent when `generateSelector` is on.
-pub const CONTROLLER_UID_LABEL: &str = "controller-uid";
 
 /// Labels Metacontroller puts on revisions, so revisions it wrote are recognised.
 pub const API_GROUP_LABEL: &str = "metacontroller.k8s.io/apiGroup";
@@ -393,15 +393,6 @@ pub fn set_condition(status: &mut Value, condition: Value) {
     } else {
         *conditions = json!([condition]);
     }
-}
-
-/// One revision's hook answer, validated whole.
-pub(crate) struct Answer {
-    /// Desired children by declared type.
-    pub desired: Vec<ChildMap<Value>>,
-    /// The status to write (with `observedGeneration`).
-    pub status: Value,
-    pub response: CompositeResponse,
 }
 
 /// What a rolling sync decided.
