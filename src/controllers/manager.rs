@@ -315,7 +315,7 @@ async fn release_finalizers<K: Managed>(hub: &Hub, obj: &K) {
         let Ok(list) = list else { continue };
         for item in list.items.iter().filter(|o| crate::engine::finalizer::has_finalizer(o, &finalizer)) {
             let api = api_for(&hub.client, &resolved, item);
-            if let Err(err) = crate::engine::finalizer::set_finalizer(&api, item, &finalizer, false).await {
+            if let Err(err) = crate::engine::finalizer::remove_finalizer(&api, item, &finalizer).await {
                 warn!(object = %item.name_any(), "could not remove finalizer {finalizer}: {err}");
             } else {
                 info!(object = %item.name_any(), finalizer, "removed finalizer of deleted controller");

@@ -53,27 +53,45 @@ impl StartError {
 
 /// Why one object's sync failed. Every variant but [`SyncError::Apply`] and [`SyncError::Status`] means
 /// nothing was written: the hook response is validated whole, and the writes planned, before any change.
+/// Each wraps its cause ([`std::error::Error::source`]) where there is one, so a log line or Event can
+/// say it all; [`SyncError::action`] is the one place that decides what the worker does next.
 #[derive(Debug, thiserror::Error)]
 pub enum SyncError {
+    /// The hook could not be called, failed, or answered something undecodable.
     #[error("{0}")]
     Hook(#[from] HookError),
+    /// The hook's answer breaks a rule the hub enforces (names, labels, selector, ownership, size).
     #[error("invalid hook response: {0}")]
     InvalidResponse(String),
     #[error("{0}")]
-    Claim(Box<ClaimError>),
+    Claim(#[source] Box<ClaimError>),
+    /// The parent's `spec.selector` cannot select children.
     #[error("parent .spec.selector: {0}")]
-    ParentSelector(String),
+    ParentSelector(#[source] ParentSelectorError),
     #[error("sync hook not defined")]
     NoSyncHook,
-    #[error("related resources: {0}")]
-    Related(String),
+    /// A rule of the customize hook's answer cannot be followed.
+    #[error("related resources: {rule}: {reason}")]
+    RelatedRule { rule: String, reason: String },
+    /// A related rule names a type the API server does not serve.
+    #[error("related resources: {rule}: {source}")]
+    RelatedType {
+        rule: String,
+        #[source]
+        source: DiscoveryError,
+    },
     /// A related type's cache is still filling; retried quietly.
     #[error("related resource {0} not yet synced")]
     RelatedNotSynced(String),
+    /// Writes of children failed (the others were made; deletes were held back).
     #[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
     Apply(Vec<ApplyError>),
     #[error("updating {what}: {source}")]
-    Write { what: &'static str, source: Box<kube::Error> },
+    Write {
+        what: &'static str,
+        #[source]
+        source: Box<kube::Error>,
+    },
     /// Someone else wrote the object since we read it; retried quietly with the fresh copy, as
     /// client-go's retry-on-conflict would.
     #[error("conflict updating {0}")]
@@ -81,12 +99,41 @@ pub enum SyncError {
     /// The planned writes were refused before any of them was made.
     #[error("{0}")]
     Plan(#[from] PlanError),
-    /// The API server refused the status the hook asked for (e.g. it breaks the CRD's schema).
-    #[error("the API server refused the status: {0}")]
-    Status(String),
+    /// The API server refused the status the hook asked for (e.g. it breaks the CRD's schema); `causes`
+    /// are the API server's, field by field.
+    #[error("the API server refused the status: {causes}")]
+    Status {
+        causes: String,
+        #[source]
+        source: Box<kube::Error>,
+    },
     /// The sync itself failed unexpectedly; the worker survives and the object is retried.
     #[error("sync panicked: {0}")]
     Panicked(String),
+}
+
+/// Why a parent's `spec.selector` cannot select children.
+#[derive(Debug, thiserror::Error)]
+pub enum ParentSelectorError {
+    #[error("{0}")]
+    Decode(#[source] serde_json::Error),
+    #[error(".spec.selector must have either matchLabels, matchExpressions, or both")]
+    Empty,
+    #[error("{0}")]
+    Invalid(#[source] SelectorError),
+}
+
+/// What the worker does after a failed sync: the one retry policy, as kube-runtime's `error_policy`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    /// A transient state that a retry resolves without anyone's help: retried with backoff, logged at
+    /// debug, no Event.
+    RetryQuietly,
+    /// The hook asked to be called again after this long (`429` with `Retry-After`): no Event, no
+    /// backoff, and no resync sooner.
+    RetryAfter(std::time::Duration),
+    /// Someone must hear about it: a Warning Event on the object, and a retry with backoff.
+    Report,
 }
 
 impl SyncError {
@@ -99,20 +146,69 @@ impl SyncError {
         }
     }
 
-    /// Whether this is a transient state that a retry resolves without anyone's help: logged at debug,
-    /// retried with backoff, no Event.
+    /// What the worker does next (see [`Action`]).
     #[must_use]
-    pub fn is_quiet(&self) -> bool {
+    pub fn action(&self) -> Action {
         match self {
-            Self::RelatedNotSynced(_) | Self::Conflict(_) | Self::Plan(PlanError::Stale { .. }) => true,
-            Self::Apply(errors) => !errors.is_empty() && errors.iter().all(ApplyError::is_stale),
-            _ => false,
+            Self::Hook(HookError::TooManyRequests { retry_after, .. }) => Action::RetryAfter(*retry_after),
+            Self::RelatedNotSynced(_) | Self::Conflict(_) | Self::Plan(PlanError::Stale { .. }) => Action::RetryQuietly,
+            Self::Apply(errors) if !errors.is_empty() && errors.iter().all(ApplyError::is_stale) => {
+                Action::RetryQuietly
+            }
+            _ => Action::Report,
         }
     }
+}
+
+/// An error and all its causes, `outer: cause: root cause`, each said once (errors often quote their
+/// source in their own message): "error sending request" alone does not tell a refused connection
+/// from a DNS failure.
+#[must_use]
+pub fn with_causes(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        let said = cause.to_string();
+        if !text.contains(&said) {
+            text.push_str(": ");
+            text.push_str(&said);
+        }
+        source = cause.source();
+    }
+    text
 }
 
 impl From<ClaimError> for SyncError {
     fn from(e: ClaimError) -> Self {
         Self::Claim(Box::new(e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_wrapped_cause_is_kept_and_said() {
+        let err = SyncError::ParentSelector(ParentSelectorError::Invalid(SelectorError::UnknownOperator {
+            key: "app".into(),
+            operator: "Near".into(),
+        }));
+        assert!(std::error::Error::source(&err).is_some(), "the selector error is the source");
+        assert!(err.to_string().starts_with("parent .spec.selector: "), "{err}");
+        assert_eq!(err.action(), Action::Report);
+        assert_eq!(SyncError::Conflict("status").action(), Action::RetryQuietly);
+    }
+
+    #[test]
+    fn error_causes_are_all_said_once() {
+        #[derive(Debug, thiserror::Error)]
+        #[error("calling the hook: {0}")]
+        struct Outer(#[source] Middle);
+        #[derive(Debug, thiserror::Error)]
+        #[error("error sending request")]
+        struct Middle(#[source] std::io::Error);
+        let err = Outer(Middle(std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "connection refused")));
+        assert_eq!(with_causes(&err), "calling the hook: error sending request: connection refused");
     }
 }

@@ -50,7 +50,7 @@ pub(crate) async fn follow_plan(
 ) -> Result<Option<bool>, SyncError> {
     match plan(facts) {
         Step::Skip => Ok(None),
-        Step::DropFinalizer => set_finalizer(api, obj, finalizer, false).await.map(|()| None),
+        Step::DropFinalizer => remove_finalizer(api, obj, finalizer).await.map(|()| None),
         Step::Sync { finalizing, add_finalizer } => {
             if add_finalizer {
                 set_finalizer(api, obj, finalizer, true).await?;
@@ -87,7 +87,7 @@ pub(crate) fn gc_finalizing(obj: &DynamicObject) -> bool {
 }
 
 /// Adds or removes `finalizer`, guarded by the object's resourceVersion (a conflict retries the sync).
-pub(crate) async fn set_finalizer(
+async fn set_finalizer(
     api: &Api<DynamicObject>,
     obj: &DynamicObject,
     finalizer: &str,

@@ -181,7 +181,8 @@ impl<K: Clone + Eq + Hash + Send + Sync + 'static> Related<K> {
 
     /// Validates one rule (Metacontroller's selection rules) and resolves its type.
     async fn compile(self: &Arc<Self>, raw: &RelatedResourceRule, scope: ParentScope<'_>) -> Result<Rule, SyncError> {
-        let invalid = |msg: String| SyncError::Related(format!("{}.{}: {msg}", raw.resource, raw.api_version));
+        let rule = || format!("{}.{}", raw.resource, raw.api_version);
+        let invalid = |reason: String| SyncError::RelatedRule { rule: rule(), reason };
         let has_selector = raw.label_selector.is_some() || raw.namespace_selector.is_some();
         if !raw.names.is_empty() && has_selector {
             return Err(invalid("names cannot be combined with labelSelector or namespaceSelector".into()));
@@ -194,7 +195,7 @@ impl<K: Clone + Eq + Hash + Send + Sync + 'static> Related<K> {
             .discovery
             .resolve(&raw.api_version, &raw.resource)
             .await
-            .map_err(|e| SyncError::Related(e.to_string()))?;
+            .map_err(|source| SyncError::RelatedType { rule: rule(), source })?;
         if raw.namespace_selector.is_some() && !resource.namespaced {
             return Err(invalid("namespaceSelector applies only to namespaced resources".into()));
         }
@@ -216,8 +217,12 @@ impl<K: Clone + Eq + Hash + Send + Sync + 'static> Related<K> {
             }
         }
         if raw.namespace_selector.is_some() {
-            let namespaces =
-                self.hub.discovery.resolve("v1", "namespaces").await.map_err(|e| SyncError::Related(e.to_string()))?;
+            let namespaces = self
+                .hub
+                .discovery
+                .resolve("v1", "namespaces")
+                .await
+                .map_err(|source| SyncError::RelatedType { rule: rule(), source })?;
             let namespaces = self.informer(&namespaces);
             if !namespaces.is_synced() {
                 return Err(SyncError::RelatedNotSynced(NAMESPACES.into()));

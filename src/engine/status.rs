@@ -40,7 +40,9 @@ pub(crate) async fn replace_status(
         // Either the UID test failed (replaced by a new object of the same name, whose own sync follows)
         // or the status itself is refused; only a fresh read tells which.
         Err(kube::Error::Api(s)) if s.code == 422 => match api.get_opt(name).await {
-            Ok(Some(live)) if live.metadata.uid == obj.metadata.uid => Err(SyncError::Status(describe(&s))),
+            Ok(Some(live)) if live.metadata.uid == obj.metadata.uid => {
+                Err(SyncError::Status { causes: describe(&s), source: Box::new(kube::Error::Api(s)) })
+            }
             Ok(_) => Ok(None),
             Err(e) => Err(SyncError::Write { what: "status", source: Box::new(e) }),
         },

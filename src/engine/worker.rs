@@ -12,10 +12,9 @@ use futures::FutureExt as _;
 use kube::api::DynamicObject;
 use tracing::{Instrument as _, debug, info_span, warn};
 
-use crate::engine::error::SyncError;
+use crate::engine::error::{Action, SyncError, with_causes};
 use crate::engine::events::{Events, reference};
 use crate::engine::queue::{Reasons, WorkQueue};
-use crate::hooks::HookError;
 use crate::write::children::PlanError;
 
 /// One controller's sync, driven by [`work`].
@@ -70,12 +69,12 @@ async fn handle<S: Syncer>(syncer: &S, queue: &WorkQueue<S::Key>, key: &S::Key) 
         .catch_unwind()
         .await
         .unwrap_or_else(|panic| Err(SyncError::Panicked(panic_message(&*panic))));
-    let outcome = match &result {
-        Ok(None) => Outcome::Success,
-        Ok(Some(_)) => Outcome::RequeueAfter,
-        Err(SyncError::Hook(HookError::TooManyRequests { .. })) => Outcome::Requeue,
-        Err(err) if err.is_quiet() => Outcome::Requeue,
-        Err(_) => Outcome::Error,
+    let action = result.as_ref().err().map(SyncError::action);
+    let outcome = match (&result, action) {
+        (Ok(None), _) => Outcome::Success,
+        (Ok(Some(_)), _) => Outcome::RequeueAfter,
+        (Err(_), Some(Action::Report)) => Outcome::Error,
+        (Err(_), _) => Outcome::Requeue,
     };
     syncer.metrics().record(started.elapsed(), outcome);
     // The periodic resync runs on each object's own schedule: a period after its first sync, and a
@@ -85,14 +84,12 @@ async fn handle<S: Syncer>(syncer: &S, queue: &WorkQueue<S::Key>, key: &S::Key) 
     // once every period, and in a backlog longer than a period a second call for every parent
     // already synced (hook calls per parent 1.35 in `make bench` at N=1000). A hook's 429 sets its own
     // time: the resync must not call it sooner.
-    let resync = match &result {
-        Err(SyncError::Hook(HookError::TooManyRequests { .. })) => None,
-        _ => syncer.resync_period(key),
-    };
-    if let Some(period) = resync {
+    if !matches!(action, Some(Action::RetryAfter(_)))
+        && let Some(period) = syncer.resync_period(key)
+    {
         queue.add_after(key.clone(), period);
     }
-    match result {
+    let err = match result {
         Ok(resync) => {
             debug!(took = ?started.elapsed(), "sync finished");
             queue.forget(key);
@@ -106,17 +103,21 @@ async fn handle<S: Syncer>(syncer: &S, queue: &WorkQueue<S::Key>, key: &S::Key) 
                 let note = format!("Sync requested at {requested} done");
                 syncer.events().normal(&reference(&obj), "SyncRequested", note).await;
             }
+            return;
         }
-        Err(SyncError::Hook(HookError::TooManyRequests { retry_after, .. })) => {
-            debug!(?retry_after, "hook asked to retry later");
-            queue.add_after(key.clone(), retry_after);
+        Err(err) => err,
+    };
+    match err.action() {
+        Action::RetryAfter(delay) => {
+            debug!(?delay, "hook asked to retry later");
+            queue.add_after(key.clone(), delay);
         }
-        Err(err) if err.is_quiet() => {
-            debug!("retrying: {err}");
+        Action::RetryQuietly => {
+            debug!("retrying: {}", with_causes(&err));
             queue.add_rate_limited(key.clone());
         }
-        Err(err) => {
-            warn!("sync failed: {err}");
+        Action::Report => {
+            warn!("sync failed: {}", with_causes(&err));
             if matches!(err, SyncError::Plan(PlanError::DeletionGuard { .. })) {
                 syncer.metrics().deletion_guard_refused();
             }

@@ -29,6 +29,7 @@ use crate::cache::discovery::ResolvedResource;
 use crate::cache::informers::ObjectKey;
 use crate::controllers::composite::{self, child_selector};
 use crate::controllers::decorator::{self, DECORATOR_ANNOTATION, is_attachment_of};
+use crate::engine::error::with_causes;
 use crate::hooks::{
     Endpoint, HookClient, HookEvent, HookKind, HookLabels, ObjectMaps, WireObject, group_version_kind_key, object_key,
 };
@@ -95,23 +96,6 @@ pub enum RenderError {
     Setup(String),
     #[error("{0}")]
     Invalid(String),
-}
-
-/// An error and all its causes, `outer: cause: root cause`, each said once (errors often quote their
-/// source in their own message): "error sending request" alone does not tell a refused connection
-/// from a DNS failure.
-#[must_use]
-pub fn with_causes(err: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = err.to_string();
-    let mut source = err.source();
-    while let Some(cause) = source {
-        let said = cause.to_string();
-        if !text.contains(&said) {
-            let _ = write!(text, ": {said}");
-        }
-        source = cause.source();
-    }
-    text
 }
 
 fn invalid(err: &(dyn std::error::Error + 'static)) -> RenderError {
@@ -943,18 +927,6 @@ mod tests {
         assert_eq!(plural_of("example.com/v1", "Box"), "boxes");
         assert_eq!(plural_of("example.com/v1", "Policy"), "policies");
         assert_eq!(plural_of("v1", "Endpoints"), "endpoints");
-    }
-
-    #[test]
-    fn error_causes_are_all_said_once() {
-        #[derive(Debug, thiserror::Error)]
-        #[error("calling the hook: {0}")]
-        struct Outer(#[source] Middle);
-        #[derive(Debug, thiserror::Error)]
-        #[error("error sending request")]
-        struct Middle(#[source] std::io::Error);
-        let err = Outer(Middle(std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "connection refused")));
-        assert_eq!(with_causes(&err), "calling the hook: error sending request: connection refused");
     }
 
     #[test]

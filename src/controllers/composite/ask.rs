@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 use crate::api::CompositeController;
 use crate::cache::discovery::ResolvedResource;
 use crate::cache::selector::Selector;
-use crate::engine::error::SyncError;
+use crate::engine::error::{ParentSelectorError, SyncError};
 use crate::engine::sync::{Call, Decision};
 use crate::engine::worker::resync_after;
 use crate::hooks::{CompositeRequest, CompositeResponse, Endpoint, ObjectMaps};
@@ -103,15 +103,14 @@ pub fn child_selector(cc: &CompositeController, parent: &DynamicObject) -> Resul
         return Ok(Selector::from_labels(&BTreeMap::from([(CONTROLLER_UID_LABEL.to_owned(), uid)])));
     }
     let raw = parent.data.pointer("/spec/selector").cloned().unwrap_or(Value::Null);
-    let selector: LabelSelector = serde_json::from_value(raw).map_err(|e| SyncError::ParentSelector(e.to_string()))?;
+    let selector: LabelSelector =
+        serde_json::from_value(raw).map_err(|e| SyncError::ParentSelector(ParentSelectorError::Decode(e)))?;
     if selector.match_labels.as_ref().is_none_or(BTreeMap::is_empty)
         && selector.match_expressions.as_ref().is_none_or(Vec::is_empty)
     {
-        return Err(SyncError::ParentSelector(
-            ".spec.selector must have either matchLabels, matchExpressions, or both".into(),
-        ));
+        return Err(SyncError::ParentSelector(ParentSelectorError::Empty));
     }
-    Selector::from_label_selector(&selector).map_err(|e| SyncError::ParentSelector(e.to_string()))
+    Selector::from_label_selector(&selector).map_err(|e| SyncError::ParentSelector(ParentSelectorError::Invalid(e)))
 }
 
 /// Validates a sync/finalize response whole: the desired children by declared type (each must match

@@ -29,8 +29,6 @@ use crate::hooks::CompositeResponse;
 use crate::write::apply::{Applier, ApplyError};
 use crate::write::children::{ChildMap, owner_reference};
 
-/// Label that ties children (and revisions) to their parent when `generateSelector` is on.
-
 /// Labels Metacontroller puts on revisions, so revisions it wrote are recognised.
 pub const API_GROUP_LABEL: &str = "metacontroller.k8s.io/apiGroup";
 pub const RESOURCE_LABEL: &str = "metacontroller.k8s.io/resource";
