@@ -8,6 +8,7 @@
 //! what the engine does with them lives in [`crate::controllers::composite`].
 
 pub mod json;
+pub mod revision;
 pub mod validation;
 
 /// The annotation that carries the hash of the desired state an object was last applied from (written

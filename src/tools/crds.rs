@@ -14,7 +14,7 @@ pub fn all() -> Vec<(&'static str, CustomResourceDefinition)> {
     let mut all = vec![
         ("compositecontrollers.yaml", CompositeController::crd()),
         ("decoratorcontrollers.yaml", DecoratorController::crd()),
-        ("controllerrevisions.yaml", crate::controllers::composite::revisions::crd()),
+        ("controllerrevisions.yaml", crate::api::revision::crd()),
     ];
     for (_, crd) in &mut all {
         annotate(crd);

@@ -8,6 +8,8 @@
 
 pub mod ask;
 pub mod revisions;
+pub mod rollout;
+pub mod rollouts;
 
 use std::sync::{Arc, Mutex};
 
@@ -15,7 +17,7 @@ use kube::api::DynamicObject;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
-use self::revisions::{Pending, Rollouts};
+use self::rollouts::{Pending, Rollouts};
 use crate::api::{CompositeController, labels_of};
 use crate::cache::discovery::ResolvedResource;
 use crate::cache::informers::{Change, Event, Informer, ObjectKey, controller_uid};
@@ -287,7 +289,7 @@ impl Kind for Controller {
                 ask.ask(call.endpoint, &revision_object, &revision_parent, call, selector).await
             }
         };
-        let revisions::Decision { desired, status, responses, pending } =
+        let rollouts::Decision { desired, status, responses, pending } =
             rollouts.sync(parent, &parent_json, call.observed, answer).await?;
         // The earliest resync wins, all must agree to finalize, and Events come from the latest's answer.
         Ok(Decision {

@@ -1,0 +1,187 @@
+//! One rolling sync of a CompositeController ([`Rollouts::sync`]): every live revision's hook call, the
+//! claims, and the revisions to write before any child ([`Pending`]).
+
+use super::ask::{Answer, CONTROLLER_UID_LABEL};
+use super::revisions::{
+    API_GROUP_LABEL, RESOURCE_LABEL, Revision, apply_patch, live_revisions, parent_patch, persist, revision_name,
+    revision_object, stored_claims,
+};
+use super::rollout::{
+    Rollout, claimed_desired, comparable, is_subset, response_order, roll, set_condition, type_infos,
+};
+use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
+use std::sync::Arc;
+
+use kube::api::DynamicObject;
+use serde_json::Value;
+
+use crate::api::{ChildResourceRule, CompositeControllerSpec, UpdateMethod};
+use crate::cache::discovery::ResolvedResource;
+use crate::cache::informers::{Informer, ObjectKey};
+use crate::engine::error::SyncError;
+use crate::hooks::CompositeResponse;
+use crate::write::apply::{Applier, ApplyError};
+use crate::write::children::{ChildMap, owner_reference};
+
+/// What a rolling sync decided.
+pub(crate) struct Decision {
+    /// What the latest revision wants, each child in the state of the revision that claims it.
+    pub desired: Vec<ChildMap<Value>>,
+    /// The latest revision's status, with the `Updated` condition.
+    pub status: Value,
+    /// Every revision's response, latest first.
+    pub responses: Vec<CompositeResponse>,
+    /// The revisions to write before any child changes.
+    pub pending: Pending,
+}
+
+/// Revisions with their new claims, written before children change so that a restart resumes the
+/// rollout where it stopped.
+pub(crate) struct Pending {
+    resource: Arc<ResolvedResource>,
+    revisions: Vec<Revision>,
+    objects: Vec<Value>,
+}
+
+impl Pending {
+    /// Whether persisting writes anything.
+    pub fn writes(&self, applier: &Applier) -> bool {
+        self.revisions.iter().zip(&self.objects).enumerate().any(|(index, (revision, object))| match &revision.stored {
+            None => index == 0 || !revision.children.values().all(Vec::is_empty),
+            Some(_) if index != 0 && revision.children.values().all(Vec::is_empty) => true,
+            Some(stored) => !applier.is_current(&self.resource, object, stored, UpdateMethod::InPlace),
+        })
+    }
+
+    pub async fn persist(&self, applier: &Applier) -> Result<(), ApplyError> {
+        persist(applier, &self.resource, &self.revisions, &self.objects).await
+    }
+}
+
+/// The rolling-update machinery of one CompositeController.
+pub(crate) struct Rollouts {
+    /// The `ControllerRevision` cache.
+    pub informer: Informer,
+    parent_resource: Arc<ResolvedResource>,
+    child_resources: Vec<Arc<ResolvedResource>>,
+    field_paths: Vec<String>,
+    generate_selector: bool,
+    rules: Vec<ChildResourceRule>,
+}
+
+impl Rollouts {
+    pub fn new(
+        informer: Informer,
+        parent_resource: Arc<ResolvedResource>,
+        child_resources: Vec<Arc<ResolvedResource>>,
+        spec: &CompositeControllerSpec,
+    ) -> Self {
+        let paths = spec.parent_resource.revision_history.as_ref().map(|h| h.field_paths.clone());
+        Self {
+            informer,
+            parent_resource,
+            child_resources,
+            field_paths: paths.filter(|p| !p.is_empty()).unwrap_or_else(|| vec!["spec".to_owned()]),
+            generate_selector: spec.generate_selector == Some(true),
+            rules: spec.child_resources.clone(),
+        }
+    }
+
+    /// One rolling sync: `answer` is called for every live revision's parent (concurrently; any failure
+    /// aborts the whole sync unchanged), children are kept on the revision that claims them and at most
+    /// one moves to the latest. Nothing is written here: the caller persists [`Decision::pending`] before
+    /// any child changes, once it knows the whole sync can be written.
+    pub async fn sync<F, Fut>(
+        &self,
+        parent: &DynamicObject,
+        parent_json: &Value,
+        observed: &[ChildMap<Arc<DynamicObject>>],
+        answer: F,
+    ) -> Result<Decision, SyncError>
+    where
+        F: Fn(Value) -> Fut,
+        Fut: Future<Output = Result<Answer, SyncError>>,
+    {
+        let (parent_resource, child_resources) = (&*self.parent_resource, &self.child_resources[..]);
+        let paths = &self.field_paths;
+        let uid = parent.metadata.uid.clone().unwrap_or_default();
+        let namespace = parent.metadata.namespace.clone().unwrap_or_default();
+        let latest_patch = parent_patch(parent_json, paths);
+        let latest_name = revision_name(parent_resource, &uid, &latest_patch);
+        let mut all = live_revisions(&self.informer, &uid, &namespace, &latest_name, latest_patch);
+
+        let parents = all
+            .iter()
+            .enumerate()
+            .map(|(i, r)| if i == 0 { parent_json.clone() } else { apply_patch(parent_json, &r.patch, paths) });
+        let answers = futures::future::try_join_all(parents.map(answer)).await?;
+        let mut desired_by_revision = Vec::with_capacity(answers.len());
+        let mut responses = Vec::with_capacity(answers.len());
+        let mut latest_status = Value::Null;
+        for (i, Answer { desired, status, response }) in answers.into_iter().enumerate() {
+            if i == 0 {
+                latest_status = status;
+            }
+            desired_by_revision.push(desired);
+            responses.push(response);
+        }
+
+        let claims = stored_claims(&all, child_resources, &namespace);
+        let latest_desired = &desired_by_revision[0];
+        let wanted: BTreeSet<(usize, ObjectKey)> =
+            latest_desired.iter().enumerate().flat_map(|(t, m)| m.keys().map(move |k| (t, k.clone()))).collect();
+        let order = response_order(&responses[0].children, child_resources, &namespace);
+        let observed_by_key: BTreeMap<(usize, ObjectKey), Arc<DynamicObject>> = observed
+            .iter()
+            .enumerate()
+            .flat_map(|(t, m)| m.iter().map(move |(k, o)| ((t, k.clone()), Arc::clone(o))))
+            .collect();
+        let up_to_date = |child: &(usize, ObjectKey)| {
+            let want = latest_desired[child.0].get(&child.1);
+            let have = observed_by_key.get(child);
+            matches!((want, have), (Some(w), Some(h))
+                if is_subset(&comparable(w), &serde_json::to_value(&**h).unwrap_or(Value::Null)))
+        };
+        let types = type_infos(&self.rules, child_resources);
+        let (claims, rollout) = roll(claims, &types, &wanted, &order, &observed_by_key, up_to_date);
+
+        // Persist who owns what before any child changes.
+        for revision in &mut all {
+            revision.children.clear();
+        }
+        for ((t, key), index) in &claims {
+            let resource = &child_resources[*t];
+            let entry = all[*index].children.entry((resource.api_resource.group.clone(), resource.kind().to_owned()));
+            entry.or_default().push(key.name.clone());
+        }
+        let labels = self.labels(parent, parent_resource);
+        let owner = owner_reference(parent, parent_resource);
+        let objects: Vec<Value> = all.iter().map(|r| revision_object(r, &namespace, &labels, &owner)).collect();
+
+        let rollout = match rollout {
+            Rollout::OnLatest { .. } => Rollout::OnLatest { revision: latest_name },
+            other => other,
+        };
+        let mut status = latest_status;
+        set_condition(&mut status, rollout.condition());
+        let pending = Pending { resource: Arc::clone(self.informer.resource()), revisions: all, objects };
+        Ok(Decision { desired: claimed_desired(&desired_by_revision, &claims), status, responses, pending })
+    }
+
+    /// Labels of a revision: the parent's pod-template labels (or `controller-uid`) plus group/resource.
+    fn labels(&self, parent: &DynamicObject, parent_resource: &ResolvedResource) -> BTreeMap<String, String> {
+        let mut labels: BTreeMap<String, String> = if self.generate_selector {
+            BTreeMap::from([(CONTROLLER_UID_LABEL.to_owned(), parent.metadata.uid.clone().unwrap_or_default())])
+        } else {
+            parent
+                .data
+                .pointer("/spec/template/metadata/labels")
+                .and_then(|l| serde_json::from_value(l.clone()).ok())
+                .unwrap_or_default()
+        };
+        labels.insert(API_GROUP_LABEL.to_owned(), parent_resource.api_resource.group.clone());
+        labels.insert(RESOURCE_LABEL.to_owned(), parent_resource.api_resource.plural.clone());
+        labels
+    }
+}
