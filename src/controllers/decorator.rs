@@ -15,16 +15,16 @@ use kube::api::DynamicObject;
 use serde_json::{Map, Value, json};
 use tokio_util::sync::CancellationToken;
 
-use crate::api::{DecoratorController, labels_of};
+use crate::api::{DecoratorController, UpdateMethod, labels_of};
 use crate::cache::discovery::ResolvedResource;
 use crate::cache::informers::{Informer, ObjectKey};
 use crate::cache::selector::Selector;
 use crate::engine::error::{StartError, SyncError};
 use crate::engine::hub::Hub;
-use crate::engine::sync::{Call, Core, CoreSettings, Decision, Kind};
+use crate::engine::sync::{Call, Core, CoreSettings, Decision, Kind, Observed, child_types, controller_hooks};
 use crate::engine::worker::resync_after;
-use crate::hooks::{ControllerHooks, DecoratorRequest, DecoratorResponse, Endpoint, ObjectMaps};
-use crate::write::children::{ChildMap, ChildRules, ChildType, desired_children};
+use crate::hooks::{ControllerHooks, DecoratorRequest, DecoratorResponse, Endpoint};
+use crate::write::children::{ChildMap, ChildRules, desired_children};
 
 /// Annotation naming the DecoratorController that manages an attachment.
 pub const DECORATOR_ANNOTATION: &str = "metacontroller.k8s.io/decorator-controller";
@@ -48,20 +48,6 @@ pub struct Ask<'a> {
     pub attachment_resources: &'a [Arc<ResolvedResource>],
 }
 
-/// What a decorator hook is asked about a target.
-#[derive(Clone, Copy)]
-pub struct Observed<'a> {
-    pub attachments: &'a ObjectMaps,
-    pub related: &'a ObjectMaps,
-    pub finalizing: bool,
-}
-
-impl<'a> From<Call<'a>> for Observed<'a> {
-    fn from(call: Call<'a>) -> Self {
-        Self { attachments: call.children, related: call.related, finalizing: call.finalizing }
-    }
-}
-
 impl Ask<'_> {
     /// Asks `endpoint` about `target` (of type `resource`) and validates the answer whole.
     pub async fn ask(
@@ -76,7 +62,7 @@ impl Ask<'_> {
         let request = DecoratorRequest {
             controller: self.controller,
             object: &object,
-            attachments: observed.attachments,
+            attachments: observed.children,
             related: observed.related,
             finalizing: observed.finalizing,
         };
@@ -190,17 +176,10 @@ impl Controller {
     /// Resolves target and attachment types and waits for their caches.
     pub async fn start(hub: &Hub, dc: Arc<DecoratorController>) -> Result<Arc<Self>, StartError> {
         let spec = &dc.spec;
-        if spec.hooks.sync.is_none() && spec.hooks.finalize.is_none() {
-            return Err(StartError::NoHooks);
-        }
-        let hooks = &spec.hooks;
         let name = dc.metadata.name.clone().unwrap_or_default();
-        let endpoints = hub.hooks.controller_hooks(
-            "DecoratorController",
-            &name,
-            [hooks.sync.as_ref(), hooks.finalize.as_ref(), hooks.customize.as_ref()],
-            &spec.endpoint_configs,
-        )?;
+        let hooks = &spec.hooks;
+        let each = [hooks.sync.as_ref(), hooks.finalize.as_ref(), hooks.customize.as_ref()];
+        let endpoints = controller_hooks(hub, "DecoratorController", &name, Some(each), &spec.endpoint_configs)?;
         let mut targets: Vec<Target> = Vec::new();
         for rule in &spec.resources {
             let resource = hub
@@ -228,21 +207,13 @@ impl Controller {
                 None => targets.push(Target { informer: hub.informers.get(&resource), rules: vec![compiled] }),
             }
         }
-        let mut attachments = Vec::with_capacity(spec.attachments.len());
-        for rule in &spec.attachments {
-            let resource = hub
-                .discovery
-                .resolve(&rule.api_version, &rule.resource)
-                .await
-                .map_err(|source| StartError::NotFound { role: "attachment", source })?;
-            // Decorators have no revisions: rolling methods act like their non-rolling forms (as in Metacontroller).
-            let method = match rule.method() {
-                crate::api::UpdateMethod::RollingRecreate => crate::api::UpdateMethod::Recreate,
-                crate::api::UpdateMethod::RollingInPlace => crate::api::UpdateMethod::InPlace,
-                other => other,
-            };
-            attachments.push(ChildType { method, informer: hub.informers.get(&resource) });
-        }
+        // Decorators have no revisions: rolling methods act like their non-rolling forms (as in Metacontroller).
+        let attachments = child_types(hub, &spec.attachments, "attachment", |method| match method {
+            UpdateMethod::RollingRecreate => UpdateMethod::Recreate,
+            UpdateMethod::RollingInPlace => UpdateMethod::InPlace,
+            other => other,
+        })
+        .await?;
         for informer in targets.iter().map(|t| &t.informer).chain(attachments.iter().map(|a| &a.informer)) {
             informer.wait_synced(hub.settings.cache_sync_timeout).await?;
         }

@@ -24,12 +24,12 @@ use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use serde_json::Value;
 use tracing::debug;
 
-use crate::api::HookVersion;
+use crate::api::{HookVersion, UpdateMethod};
 use crate::cache::discovery::ResolvedResource;
 use crate::cache::informers::{Change, Event, Informer, ObjectKey, controller_uid};
 use crate::engine::answered::{Answered, RequestId};
 use crate::engine::echoes::{Echo, EchoPolicy, Echoes, Seen, Settled, Watched};
-use crate::engine::error::SyncError;
+use crate::engine::error::{StartError, SyncError};
 use crate::engine::finalizer::{Facts, follow_plan, gc_finalizing, has_finalizer, lifecycle_changed, remove_finalizer};
 use crate::engine::hub::Hub;
 use crate::engine::metrics::ControllerMetrics;
@@ -38,7 +38,7 @@ use crate::engine::related::{ParentScope, Related};
 use crate::engine::status::{record_hook_events, replace_status};
 use crate::engine::trigger::SyncRequests;
 use crate::engine::worker::{Syncer, controller_queue, resync_period, run_workers};
-use crate::hooks::{Endpoint, HookEvent, ObjectMaps};
+use crate::hooks::{ControllerHooks, Endpoint, HookEvent, ObjectMaps};
 use crate::write::apply::{Applier, ApplyError};
 use crate::write::children::{
     ChildMap, ChildType, DeletionGuard, Executed, Plan, WriteObserver, deleted_version, live_parent, request_map,
@@ -112,6 +112,59 @@ pub(crate) struct Call<'a> {
     pub related: &'a ObjectMaps,
     pub finalizing: bool,
     pub observed: &'a [ChildMap<Arc<DynamicObject>>],
+}
+
+/// What a hook is asked about an object: its children (or attachments) and related objects, as the
+/// request maps show them, and whether it is finalizing. Each kind's `Ask` takes it, from the engine's
+/// [`Call`] or from `metahook render` and `migrate --dry-run`.
+#[derive(Clone, Copy)]
+pub struct Observed<'a> {
+    pub children: &'a ObjectMaps,
+    pub related: &'a ObjectMaps,
+    pub finalizing: bool,
+}
+
+impl<'a> From<Call<'a>> for Observed<'a> {
+    fn from(call: Call<'a>) -> Self {
+        Self { children: call.children, related: call.related, finalizing: call.finalizing }
+    }
+}
+
+/// The first step of starting any controller: it needs a sync or a finalize hook, and its hooks (sync,
+/// finalize, customize) ready to call (settings checked, credentials watched).
+pub(crate) fn controller_hooks(
+    hub: &Hub,
+    kind: &str,
+    name: &str,
+    hooks: Option<[Option<&crate::api::Hook>; 3]>,
+    endpoint_configs: &[crate::api::EndpointConfig],
+) -> Result<ControllerHooks, StartError> {
+    let hooks = hooks.ok_or(StartError::NoHooks)?;
+    let [sync, finalize, _] = hooks;
+    if sync.is_none() && finalize.is_none() {
+        return Err(StartError::NoHooks);
+    }
+    Ok(hub.hooks.controller_hooks(kind, name, hooks, endpoint_configs)?)
+}
+
+/// The declared child (or attachment) types, resolved, each with the update method `method` says;
+/// `role` names them in the error when one is not served.
+pub(crate) async fn child_types(
+    hub: &Hub,
+    rules: &[crate::api::ChildResourceRule],
+    role: &'static str,
+    method: impl Fn(UpdateMethod) -> UpdateMethod,
+) -> Result<Vec<ChildType>, StartError> {
+    let mut types = Vec::with_capacity(rules.len());
+    for rule in rules {
+        let resource = hub
+            .discovery
+            .resolve(&rule.api_version, &rule.resource)
+            .await
+            .map_err(|source| StartError::NotFound { role, source })?;
+        types.push(ChildType { method: method(rule.method()), informer: hub.informers.get(&resource) });
+    }
+    Ok(types)
 }
 
 /// What a hook's answer, checked whole, asks to be written.

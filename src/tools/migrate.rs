@@ -26,6 +26,7 @@ use crate::cache::selector::Selector;
 use crate::controllers::composite::{self, child_selector};
 use crate::controllers::decorator::{self, DECORATOR_ANNOTATION};
 use crate::engine::error::SyncError;
+use crate::engine::sync::Observed;
 use crate::hooks::{HookClient, HookKind, HookLabels, ObjectMaps};
 use crate::ops::config::{Config, ConfigOverrides};
 use crate::write::children::{ChildMap, request_map};
@@ -290,7 +291,7 @@ impl DryRun {
                 child_resources: &types.resources,
             };
             let related = ObjectMaps::new();
-            let observed_now = composite::Observed { children: &children, related: &related, finalizing: false };
+            let observed_now = Observed { children: &children, related: &related, finalizing: false };
             let desired = match self.hooks.endpoint(&hook, &cc.spec.endpoint_configs, labels) {
                 Ok(endpoint) => {
                     let parent_json = crate::hooks::for_hooks(parent);
@@ -368,8 +369,7 @@ impl DryRun {
                 };
                 let ask = decorator::Ask { name: &name, controller: &dc_json, attachment_resources: &types.resources };
                 let related = ObjectMaps::new();
-                let observed_now =
-                    decorator::Observed { attachments: &attachments, related: &related, finalizing: false };
+                let observed_now = Observed { children: &attachments, related: &related, finalizing: false };
                 let desired = match self.hooks.endpoint(&hook, &dc.spec.endpoint_configs, labels) {
                     Ok(endpoint) => {
                         let answer = ask.ask(&endpoint, target, &resource, observed_now).await;

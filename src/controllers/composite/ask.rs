@@ -14,9 +14,9 @@ use crate::api::CompositeController;
 use crate::cache::discovery::ResolvedResource;
 use crate::cache::selector::Selector;
 use crate::engine::error::{ParentSelectorError, SyncError};
-use crate::engine::sync::{Call, Decision};
+use crate::engine::sync::{Decision, Observed};
 use crate::engine::worker::resync_after;
-use crate::hooks::{CompositeRequest, CompositeResponse, Endpoint, ObjectMaps};
+use crate::hooks::{CompositeRequest, CompositeResponse, Endpoint};
 use crate::write::children::{ChildMap, ChildRules, desired_children};
 
 /// The label `generateSelector` gives a parent's children: the parent's UID.
@@ -52,20 +52,6 @@ impl Answer {
             events: response.events,
             before: None,
         }
-    }
-}
-
-/// What a composite hook is asked about a parent.
-#[derive(Clone, Copy)]
-pub struct Observed<'a> {
-    pub children: &'a ObjectMaps,
-    pub related: &'a ObjectMaps,
-    pub finalizing: bool,
-}
-
-impl<'a> From<Call<'a>> for Observed<'a> {
-    fn from(call: Call<'a>) -> Self {
-        Self { children: call.children, related: call.related, finalizing: call.finalizing }
     }
 }
 

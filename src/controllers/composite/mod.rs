@@ -24,13 +24,13 @@ use crate::cache::informers::{Change, Event, Informer, ObjectKey, controller_uid
 use crate::cache::selector::{Selector, SelectorIndex};
 use crate::engine::error::{StartError, SyncError};
 use crate::engine::hub::Hub;
-use crate::engine::sync::{Before, Call, Core, CoreSettings, Decision, Kind};
+use crate::engine::sync::{Before, Call, Core, CoreSettings, Decision, Kind, child_types, controller_hooks};
 use crate::engine::worker::resync_after;
 use crate::hooks::{ControllerHooks, Endpoint};
 use crate::write::apply::{Applier, ApplyError};
-use crate::write::children::{ChildMap, ChildType, claim, resources};
+use crate::write::children::{ChildMap, claim, resources};
 
-pub use self::ask::{Answer, Ask, CONTROLLER_UID_LABEL, Observed, child_selector, validate_response};
+pub use self::ask::{Answer, Ask, CONTROLLER_UID_LABEL, child_selector, validate_response};
 
 /// A CompositeController whose types are resolved and whose caches are synced.
 pub struct Controller {
@@ -52,17 +52,9 @@ impl Controller {
     /// Resolves the parent and child types, refuses specs it cannot honour, and waits for caches.
     pub async fn start(hub: &Hub, cc: Arc<CompositeController>) -> Result<Arc<Self>, StartError> {
         let spec = &cc.spec;
-        let hooks = spec.hooks.as_ref().ok_or(StartError::NoHooks)?;
-        if hooks.sync.is_none() && hooks.finalize.is_none() {
-            return Err(StartError::NoHooks);
-        }
         let name = cc.metadata.name.clone().unwrap_or_default();
-        let endpoints = hub.hooks.controller_hooks(
-            "CompositeController",
-            &name,
-            [hooks.sync.as_ref(), hooks.finalize.as_ref(), hooks.customize.as_ref()],
-            &spec.endpoint_configs,
-        )?;
+        let hooks = spec.hooks.as_ref().map(|h| [h.sync.as_ref(), h.finalize.as_ref(), h.customize.as_ref()]);
+        let endpoints = controller_hooks(hub, "CompositeController", &name, hooks, &spec.endpoint_configs)?;
         let parent_rule = &spec.parent_resource;
         let parent_resource = hub
             .discovery
@@ -78,15 +70,7 @@ impl Controller {
             Some(s) => Selector::from_label_selector(s)?,
             None => Selector::everything(),
         };
-        let mut children = Vec::with_capacity(spec.child_resources.len());
-        for rule in &spec.child_resources {
-            let resource = hub
-                .discovery
-                .resolve(&rule.api_version, &rule.resource)
-                .await
-                .map_err(|source| StartError::NotFound { role: "child", source })?;
-            children.push(ChildType { method: rule.method(), informer: hub.informers.get(&resource) });
-        }
+        let children = child_types(hub, &spec.child_resources, "child", |method| method).await?;
         let rollouts = if spec.child_resources.iter().any(|r| r.method().is_rolling()) {
             if !parent_resource.namespaced {
                 return Err(StartError::RollingNeedsNamespacedParent);

@@ -32,6 +32,7 @@ use crate::cache::informers::ObjectKey;
 use crate::controllers::composite::{self, child_selector};
 use crate::controllers::decorator::{self, DECORATOR_ANNOTATION, is_attachment_of};
 use crate::engine::error::with_causes;
+use crate::engine::sync::Observed;
 use crate::write::children::{ChildMap, Claim, claim_of, owner_reference, request_map};
 
 use self::args::input;
@@ -122,8 +123,7 @@ async fn render_composite(args: &RenderArgs, controller: Value) -> Result<Report
         child_resources: &types.resources,
     };
     let parent_json = crate::hooks::for_hooks(&parent);
-    let observed_now =
-        composite::Observed { children: &request_children, related: &related, finalizing: args.finalizing };
+    let observed_now = Observed { children: &request_children, related: &related, finalizing: args.finalizing };
     let composite::Answer { desired, status, response } =
         ask.ask(&endpoint, &parent, &parent_json, observed_now, &selector).await.map_err(|e| invalid(&e))?;
 
@@ -204,8 +204,7 @@ async fn render_decorator(args: &RenderArgs, controller: Value) -> Result<Report
     let endpoint =
         endpoint(&hook, &dc.spec.endpoint_configs, "DecoratorController", dc.metadata.name.as_deref(), args)?;
     let ask = decorator::Ask { name: &name, controller: &controller, attachment_resources: &types.resources };
-    let observed_now =
-        decorator::Observed { attachments: &attachments, related: &related, finalizing: args.finalizing };
+    let observed_now = Observed { children: &attachments, related: &related, finalizing: args.finalizing };
     let (answer, response) = ask.ask(&endpoint, &target, &resource, observed_now).await.map_err(|e| invalid(&e))?;
 
     let methods: Vec<UpdateMethod> = dc.spec.attachments.iter().map(ChildResourceRule::method).collect();
