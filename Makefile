@@ -15,18 +15,21 @@ cluster-down: ## stop it and remove .cluster/
 
 # ---- the two commands of the README -------------------------------------------------------------
 
-.PHONY: demo test fmt-check clippy unit integration chaos bench bench-hooks crds hook-libs hook-types image failover
+.PHONY: demo test fmt-check clippy doc unit integration chaos bench bench-hooks crds hook-libs hook-types image failover
 
 demo: ## the hello-world controller end to end on the local control plane
 	@bash examples-python/hello-world/demo.sh
 
-test: fmt-check clippy unit hook-types hook-libs integration ## everything CI runs
+test: fmt-check clippy doc unit hook-types hook-libs integration ## everything CI runs
 
 fmt-check:
 	cargo fmt --check
 
 clippy:
 	cargo clippy --all-targets --locked -- -D warnings
+
+doc: ## the crate's documentation, refusing broken links and other rustdoc warnings
+	RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --locked
 
 unit: ## Rust unit tests and the house rules of tests/house.rs (no cluster)
 	cargo test --locked --lib --bins --test house

@@ -4,8 +4,11 @@
 //! The tree is the data path, one folder per stage; a stage imports only from the stages before it:
 //!
 //! [`api`] (the types users write) → [`cache`] (watch → cache) → [`hooks`] (asking a hook) →
-//! [`write`] (applying an answer safely) → [`engine`] (queue → sync) → [`controllers`] (composite,
+//! [`write`](mod@write) (applying an answer safely) → [`engine`] (queue → sync) → [`controllers`] (composite,
 //! decorator) → [`ops`] (configuration, API client, leader election) → [`tools`] (the command line).
+//!
+//! A reader starts from [`run`] (what `metahook run` does), [`Config`], the [`Hub`] every controller
+//! gets, and `engine::sync`, where one sync of either controller kind happens.
 #![deny(clippy::all)]
 #![warn(clippy::pedantic)]
 #![allow(clippy::module_name_repetitions, clippy::missing_errors_doc, clippy::missing_panics_doc)]
@@ -20,4 +23,5 @@ pub mod tools;
 pub mod write;
 
 pub use engine::hub::Hub;
+pub use ops::config::Config;
 pub use ops::run::{HubError, run, run_until};

@@ -7,7 +7,7 @@
 //!
 //! An [`Informer`] is a handle: controllers that use the same type share one watch and one store, and
 //! the watch stops when the last handle is dropped. The store keeps each object as its JSON (see
-//! [`Entry`]) and hands out freshly decoded `Arc`s, which are never mutated; callers clone before
+//! `Entry`) and hands out freshly decoded `Arc`s, which are never mutated; callers clone before
 //! changing anything.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};

@@ -41,13 +41,13 @@ use tokio_util::time::DelayQueue;
 /// about two years, and `Instant + Duration` overflows near 9e18 seconds).
 pub const MAX_DELAY: Duration = Duration::from_secs(24 * 60 * 60);
 
-/// Delays of [`SLOTTED_FROM`] or more (resyncs) come due on a boundary of this slot, counted from the
+/// Delays of `SLOTTED_FROM` or more (resyncs) come due on a boundary of this slot, counted from the
 /// queue's creation. Each parent is resynced a period after its own sync, so at idle their resyncs come
 /// one by one (100 a second at 1,000 parents and 10 s); in slots they come in groups, and a group's
 /// syncs share the wake-ups of the timer and of the workers.
 const SLOT: Duration = Duration::from_millis(100);
 
-/// The shortest delay put in a [`SLOT`]: backoff retries (5 ms doubling) and short `resyncAfterSeconds`
+/// The shortest delay put in a `SLOT`: backoff retries (5 ms doubling) and short `resyncAfterSeconds`
 /// keep their exact time.
 const SLOTTED_FROM: Duration = Duration::from_secs(1);
 
@@ -242,7 +242,7 @@ struct Inner<K> {
     timer: mpsc::UnboundedSender<(K, Instant)>,
     backoff: Backoff,
     stats: QueueStats,
-    /// Where [`SLOT`]s are counted from.
+    /// Where `SLOT`s are counted from.
     origin: Instant,
 }
 
@@ -303,8 +303,8 @@ where
         add_as(&self.inner, key, reason);
     }
 
-    /// Queues `key` after `delay` (at most [`MAX_DELAY`]; from [`SLOTTED_FROM`] on, rounded up to the
-    /// next [`SLOT`]). Of several pending delays for one key the earliest wins.
+    /// Queues `key` after `delay` (at most [`MAX_DELAY`]; from `SLOTTED_FROM` on, rounded up to the
+    /// next `SLOT`). Of several pending delays for one key the earliest wins.
     pub fn add_after(&self, key: K, delay: Duration) {
         if delay.is_zero() {
             add_as(&self.inner, key, Reason::Delay);

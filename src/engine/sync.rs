@@ -1,16 +1,16 @@
 //! One sync, the same for every controller kind, in explicit phases:
 //!
 //! 1. **observe**: the object from the cache, its finalizer decision, its children as the controller
-//!    claims them ([`Kind::observe`]) and its related objects;
-//! 2. **decide**: whether to ask the hook at all ([`ask_hook`]: not for the very request whose answer was
-//!    last applied in full), the hook's answer checked whole ([`Kind::decide`]), and the plan of writes
+//!    claims them (`Kind::observe`) and its related objects;
+//! 2. **decide**: whether to ask the hook at all (`ask_hook`: not for the very request whose answer was
+//!    last applied in full), the hook's answer checked whole (`Kind::decide`), and the plan of writes
 //!    refused before anything is written (a name taken by someone else, the safe-delete guard);
 //! 3. **act**: the children in the order that cannot lose data, then the object's own status and
-//!    metadata — every write announced to the controller's [`Echoes`] through a [`Journal`];
+//!    metadata — every write announced to the controller's [`Echoes`] through a `Journal`;
 //! 4. **record**: the finalizer let go, a recreate followed up, the request marked applied in full.
 //!
-//! What differs between CompositeController and DecoratorController is what [`Kind`] supplies; the rest,
-//! including how watch events become queued keys ([`Core::object_event`], [`Core::child_event`]), lives
+//! What differs between CompositeController and DecoratorController is what `Kind` supplies; the rest,
+//! including how watch events become queued keys (`Core::object_event`, `Core::child_event`), lives
 //! here once.
 
 use std::fmt::Display;
@@ -72,7 +72,7 @@ pub(crate) trait Kind: Send + Sync + 'static {
     /// Sees every event of a synced object before the engine maps it to the queue (the composite keeps
     /// its index of child selectors current with it).
     fn noticed(&self, _event: &Event) {}
-    /// The objects to sync for a change of `child` (see [`Core::child_event`]).
+    /// The objects to sync for a change of `child` (see `Core::child_event`).
     fn owners(&self, child: &DynamicObject, adopt: bool) -> Vec<Self::Key>;
     /// The hook a sync calls, if the controller has one (`finalizing`: the finalize hook).
     fn hook(&self, finalizing: bool) -> Option<&Endpoint>;
@@ -116,7 +116,7 @@ pub(crate) struct Call<'a> {
 
 /// What a hook is asked about an object: its children (or attachments) and related objects, as the
 /// request maps show them, and whether it is finalizing. Each kind's `Ask` takes it, from the engine's
-/// [`Call`] or from `metahook render` and `migrate --dry-run`.
+/// `Call` or from `metahook render` and `migrate --dry-run`.
 #[derive(Clone, Copy)]
 pub struct Observed<'a> {
     pub children: &'a ObjectMaps,

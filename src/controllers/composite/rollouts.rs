@@ -1,5 +1,5 @@
-//! One rolling sync of a CompositeController ([`Rollouts::sync`]): every live revision's hook call, the
-//! claims, and the revisions to write before any child ([`Pending`]).
+//! One rolling sync of a CompositeController (`Rollouts::sync`): every live revision's hook call, the
+//! claims, and the revisions to write before any child (`Pending`).
 
 use super::ask::{Answer, CONTROLLER_UID_LABEL};
 use super::revisions::{

@@ -11,8 +11,8 @@
 //! [`composite::validate_response`]: crate::controllers::composite::validate_response
 //! [`decorator::validate_response`]: crate::controllers::decorator::validate_response
 //!
-//! What it is given is in [`args`], the fixtures and the offline type table in [`fixtures`], starting
-//! the hook's process in [`hook`], and what is shown in [`report`].
+//! What it is given is in `args`, the fixtures and the offline type table in `fixtures`, starting
+//! the hook's process in `hook`, and what is shown in `report`.
 
 mod args;
 mod fixtures;
