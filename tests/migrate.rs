@@ -485,3 +485,51 @@ async fn the_engine_takes_over_what_the_preview_says_it_will() {
     assert_eq!(taken.metadata.uid, created.metadata.uid, "taken over, not re-created");
     w.finish("CompositeController").await;
 }
+
+/// A decorator hook whose answer breaks a rule the engine enforces beyond the attachments themselves (a
+/// label value the API server refuses, a status that is not an object): the engine refuses it whole and
+/// writes nothing, and `migrate --dry-run` says so instead of approving it (its own copy of the hook call
+/// once checked only the attachments).
+#[tokio::test]
+async fn the_preview_refuses_the_decorator_answers_the_engine_refuses() {
+    const BAD_LABEL: &str = r#"
+def sync(req):
+    obj = req["object"]
+    return {"labels": {"state": "not a valid label value!"},
+            "attachments": [{"apiVersion": "v1", "kind": "ConfigMap",
+                             "metadata": {"name": obj["metadata"]["name"] + "-att"}, "data": {"keep": "value-keep"}}]}
+"#;
+    let mut w = World::new("migrate-agree-dc", BAD_LABEL).await;
+    w.stop_hub().await;
+    let target = w.thing("t", json!({})).await;
+    let mc = config_maps_as(&w, METACONTROLLER).await;
+    let desired = json!({"apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "t-att", "annotations": {"metacontroller.k8s.io/decorator-controller": w.label}},
+        "data": {"keep": "value-keep"}});
+    let created = create_like_dynamic_apply(&mc, &desired, &target).await;
+    w.decorator(json!({
+        "resources": [{"apiVersion": "test.metahook.dev/v1", "resource": "things"}],
+        "attachments": [{"apiVersion": "v1", "resource": "configmaps", "updateStrategy": {"method": "InPlace"}}],
+        "hooks": {"sync": {"webhook": {"url": w.hook.url("/sync")}}},
+    }))
+    .await;
+
+    let report = dry_run(&w).await;
+    let heading = format!("Thing {}/t", w.ns.name);
+    let section: String = report.lines().skip_while(|l| !l.contains(&heading)).take(3).collect::<Vec<_>>().join("\n");
+    assert!(section.contains("the engine would refuse the answer") && section.contains("state"), "{report}");
+
+    w.start_hub();
+    let warning = eventually(WAIT, || async {
+        support::warnings_for(&w.client, &w.ns.name, "t")
+            .await
+            .into_iter()
+            .find(|e| e.contains("invalid hook response"))
+    })
+    .await;
+    assert!(warning.contains("state"), "{warning}");
+    let now = w.config_maps().await.get("t-att").await.unwrap();
+    assert_eq!(now.metadata.resource_version, created.metadata.resource_version, "a refused answer writes nothing");
+    assert!(now.annotations().contains_key(LAST_APPLIED), "not even the take-over");
+    w.finish("DecoratorController").await;
+}
