@@ -68,6 +68,11 @@ pub struct Config {
     /// Field managers whose ownership of children and attachments the hub takes over on its first
     /// write to them (Metacontroller's); empty turns taking over off.
     pub take_over_field_managers: Vec<String>,
+    /// How often every watched type is listed again (Metacontroller's `--cache-flush-interval`): the
+    /// objects that differ from the cache are synced, the safety net against a watch event the hub
+    /// never received. 0 turns it off.
+    #[serde(with = "secs")]
+    pub cache_flush_interval: Duration,
 }
 
 /// Leader election on a `coordination.k8s.io/v1` Lease: only the holder runs controllers.
@@ -123,6 +128,7 @@ impl Default for Config {
             api_burst: 100,
             max_requests_in_flight: 64,
             take_over_field_managers: vec![crate::write::take_over::METACONTROLLER_MANAGER.to_owned()],
+            cache_flush_interval: Duration::from_secs(30 * 60),
         }
     }
 }
