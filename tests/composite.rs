@@ -693,6 +693,46 @@ async fn malformed_controllers_are_rejected_at_admission() {
     w.finish("CompositeController").await;
 }
 
+/// The CRDs default what Metacontroller's default (hook `version: v1`; `Bearer`, `ca.crt`, `tls.crt` /
+/// `tls.key`, `username` / `password` in hook TLS and auth settings): a controller applied without them
+/// is stored with them, and hooks receive it so, exactly as stored — what Metacontroller sends.
+#[tokio::test]
+async fn controllers_are_stored_and_sent_to_hooks_with_metacontroller_defaults() {
+    let handlers = format!("{GREETER}\ndef customize(req):\n    return {{\"relatedResources\": []}}\n");
+    let w = World::new("crd-defaults", &handlers).await;
+    let secret = json!({"name": "creds", "namespace": w.ns.name});
+    let mut spec = sync_spec(&w.hook, "InPlace");
+    spec["hooks"]["customize"] = json!({"webhook": {"url": w.hook.url("/customize")}});
+    // Hosts no hook calls: their settings are stored, never resolved.
+    spec["endpointConfigs"] = json!([
+        {"host": "one.invalid", "caBundle": {"secretRef": secret}, "clientTLS": {"secretRef": secret},
+         "authorization": {"secretRef": {"name": "creds", "namespace": w.ns.name, "key": "token"}}},
+        {"host": "two.invalid", "caBundle": {"configMapRef": secret}, "basicAuth": {"secretRef": secret}},
+    ]);
+    let cc = w.composite(spec).await;
+    let stored = &cc.data["spec"];
+    for hook in ["sync", "customize"] {
+        assert_eq!(stored["hooks"][hook]["version"], "v1", "{hook}: {stored}");
+    }
+    let (one, two) = (&stored["endpointConfigs"][0], &stored["endpointConfigs"][1]);
+    assert_eq!(one["caBundle"]["secretRef"]["key"], "ca.crt");
+    assert_eq!(
+        (&one["clientTLS"]["certKey"], &one["clientTLS"]["privateKeyKey"]),
+        (&json!("tls.crt"), &json!("tls.key"))
+    );
+    assert_eq!(one["authorization"]["type"], "Bearer");
+    assert_eq!(two["caBundle"]["configMapRef"]["key"], "ca.crt");
+    assert_eq!(
+        (&two["basicAuth"]["usernameKey"], &two["basicAuth"]["passwordKey"]),
+        (&json!("username"), &json!("password"))
+    );
+
+    w.thing("one", json!({})).await;
+    let request = eventually(WAIT, || async { w.hook.requests("/sync").into_iter().next() }).await;
+    assert_eq!(request["controller"]["spec"], *stored, "the hook sees the controller as stored, defaults and all");
+    w.finish("CompositeController").await;
+}
+
 #[tokio::test]
 async fn hub_serves_health_and_per_controller_metrics() {
     let mut w = World::new("metrics", GREETER).await;

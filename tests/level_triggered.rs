@@ -12,8 +12,9 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use kube::api::{DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
+use metahook::Config;
 use serde_json::{Value, json};
-use support::{World, api, apply_value, eventually};
+use support::{WatchCut, World, api, apply_value, eventually};
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -411,4 +412,60 @@ def sync(req):
     })
     .await;
     w.finish("CompositeController").await;
+}
+
+/// The safety net of `cacheFlushInterval`: a child edit whose watch event the hub never received is put
+/// back by the next relist, within one interval.
+///
+/// The miss is real: a [`WatchCut`] drops the edit's MODIFIED event from the hub's live ConfigMap watch
+/// (the API server sent it; the connection stays open and later events pass again), so the hub's watch
+/// goes on past it and its cache keeps the child as it was. First, with relisting off, the edit stays
+/// — nothing else would ever tell the hub — which shows the cut makes the hub miss it; then a hub that
+/// relists every 5 s has the same kind of miss put right within those 5 s (plus the sync).
+#[tokio::test]
+async fn a_child_edit_the_watch_never_delivered_is_put_back_by_the_next_relist() {
+    const INTERVAL: Duration = Duration::from_secs(5);
+    let mut w = World::new("lt-flush", COUNTING).await;
+    w.stop_hub().await;
+    controller(&w, json!({}), with_hook(in_place(), &w)).await;
+    w.thing("t", json!({"count": 1, "message": "asked"})).await;
+    let cut = WatchCut::default();
+    let no_relists = Config { cache_flush_interval: Duration::ZERO, ..Config::default() };
+    w.start_hub_with(&cut.client(&w.client), no_relists);
+    eventually(WAIT, || async { (child_message(&w).await? == "asked").then_some(()) }).await;
+    edit_unseen(&w, &cut, "missed").await;
+    tokio::time::sleep(INTERVAL * 2).await;
+    assert_eq!(child_message(&w).await.unwrap(), "missed", "without relists the hub never learns of the edit");
+    w.stop_hub().await;
+
+    let cut = WatchCut::default();
+    let relisting = Config { cache_flush_interval: INTERVAL, ..Config::default() };
+    w.start_hub_with(&cut.client(&w.client), relisting);
+    // A starting hub lists: the edit it missed before is put back.
+    eventually(WAIT, || async { (child_message(&w).await? == "asked").then_some(()) }).await;
+    let edited = std::time::Instant::now();
+    edit_unseen(&w, &cut, "missed again").await;
+    eventually(INTERVAL * 3, || async { (child_message(&w).await? == "asked").then_some(()) }).await;
+    let took = edited.elapsed();
+    println!("an edit the watch never delivered was put back after {took:?}");
+    assert!(took < INTERVAL + Duration::from_secs(2), "put back after {took:?}, not within one interval");
+    w.finish("CompositeController").await;
+}
+
+/// The message of the child `t-0`, if it exists.
+async fn child_message(w: &World) -> Option<Value> {
+    w.config_map("t-0").await.map(|cm| cm.data["data"]["message"].clone())
+}
+
+/// Edits the child `t-0` while the hub's ConfigMap watch is cut, until the cut has dropped the edit's
+/// event; then events pass again.
+async fn edit_unseen(w: &World, cut: &WatchCut, value: &str) {
+    cut.cut("configmaps");
+    let edit = Patch::Merge(json!({"data": {"message": value}}));
+    w.config_maps().await.patch("t-0", &someone_else(), &edit).await.unwrap();
+    eventually(WAIT, || async {
+        cut.dropped().iter().any(|e| e.contains("\"t-0\"") && e.contains(value)).then_some(())
+    })
+    .await;
+    cut.restore();
 }

@@ -191,3 +191,56 @@ async fn a_related_change_resyncs_only_the_parents_that_select_it() {
     assert_eq!(w.hook.requests("/customize").len(), customizes, "customize is cached per parent generation");
     w.finish("CompositeController").await;
 }
+
+/// Names the ConfigMap `answer-1` the first time it is asked, `answer-2` ever after: a customize hook
+/// whose answer depends on more than its parent (here, how often it was asked).
+const ANSWER_CHANGES: &str = r#"
+import itertools
+calls = itertools.count(1)
+
+def customize(req):
+    n = next(calls)
+    return {"relatedResources": [{"apiVersion": "v1", "resource": "configmaps", "names": ["answer-%d" % min(n, 2)]}]}
+
+def sync(req):
+    return {"status": {"related": sorted(req["related"]["ConfigMap.v1"])}, "children": []}
+"#;
+
+/// A customize answer is used by every sync of an unchanged parent until it is older than
+/// `customizeCacheTimeout`; then the hook is asked again (Metacontroller caches it 20 minutes).
+#[tokio::test]
+async fn a_customize_answer_is_asked_again_once_it_expires() {
+    const TIMEOUT: Duration = Duration::from_secs(4);
+    let mut w = World::new("related-expiry", ANSWER_CHANGES).await;
+    w.stop_hub().await;
+    w.start_hub_with(&w.client.clone(), metahook::Config { customize_cache_timeout: TIMEOUT, ..Default::default() });
+    for cm in ["answer-1", "answer-2"] {
+        apply_value(
+            &w.client,
+            &json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": cm, "namespace": w.ns.name}}),
+        )
+        .await;
+    }
+    w.composite(json!({
+        "generateSelector": true,
+        "resyncPeriodSeconds": 1,
+        "parentResource": {"apiVersion": "test.metahook.dev/v1", "resource": "things"},
+        "hooks": {"sync": {"webhook": {"url": w.hook.url("/sync")}},
+                  "customize": {"webhook": {"url": w.hook.url("/customize")}}},
+    }))
+    .await;
+    w.thing("p", json!({})).await;
+    let related = || async { w.things().await.get("p").await.unwrap().data["status"]["related"].clone() };
+    eventually(WAIT, || async { (related().await == json!(["answer-1"])).then_some(()) }).await;
+    eventually(TIMEOUT * 4, || async { (related().await == json!(["answer-2"])).then_some(()) }).await;
+
+    // The hook log in order: between the two customize calls, syncs (one a second) used the first answer.
+    let log = std::fs::read_to_string(&w.hook.log).unwrap();
+    let paths: Vec<String> =
+        log.lines().map(|l| serde_json::from_str::<Value>(l).unwrap()["path"].as_str().unwrap().to_owned()).collect();
+    let asked: Vec<usize> = paths.iter().enumerate().filter(|(_, p)| *p == "/customize").map(|(i, _)| i).collect();
+    assert_eq!(asked.len(), 2, "asked once, then once more after the timeout: {paths:?}");
+    let syncs_between = paths[asked[0]..asked[1]].iter().filter(|p| *p == "/sync").count();
+    assert!(syncs_between >= 3, "the syncs before the timeout used the cached answer: {paths:?}");
+    w.finish("CompositeController").await;
+}

@@ -7,7 +7,7 @@ mod support;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use kube::api::{DynamicObject, ListParams};
+use kube::api::{DeleteParams, DynamicObject, ListParams};
 use serde_json::{Value, json};
 use support::{World, api, apply_value, eventually};
 
@@ -231,5 +231,68 @@ async fn rolling_in_place_updates_pods_without_recreating_them() {
         assert_eq!(after[&name].metadata.uid, uid, "{name} was updated in place");
         assert_eq!(after[&name].data["spec"]["containers"][0]["image"], "registry.invalid/cat:v2");
     }
+    w.finish("CompositeController").await;
+}
+
+/// Metacontroller's documented recovery: a parent deleted with its dependents orphaned, ControllerRevisions
+/// included, then created again, adopts the orphaned revisions (they match its selector and carry its
+/// type's group/resource labels) and resumes the rollout where it stood. Without adoption the new parent
+/// would have no revisions, count every Pod as on the latest revision and replace the v1 Pod at once,
+/// although the v2 Pod before it is not Ready.
+#[tokio::test]
+async fn a_recreated_parent_adopts_orphaned_revisions_and_resumes_the_rollout() {
+    let w = World::new("catset-adopt", CATSET).await;
+    w.catset_controller("RollingRecreate").await;
+    w.catset(2, "v1", json!({})).await;
+    settle(&w, &["cats-0", "cats-1"], "v1").await;
+    w.catset(2, "v2", json!({"nodeSelector": {"metahook.dev/nowhere": "true"}})).await;
+    eventually(WAIT, || async {
+        let c = updated_condition(&w.catset_status().await);
+        (c["reason"] == "RolloutWaiting" && c["message"].as_str().unwrap_or_default().contains("Pod cats-0"))
+            .then_some(())
+    })
+    .await;
+    let v1_pod = w.pods().await["cats-1"].metadata.uid.clone();
+    let names = |revisions: &[DynamicObject]| -> BTreeSet<String> {
+        revisions.iter().filter_map(|r| r.metadata.name.clone()).collect()
+    };
+    let before = names(&w.revisions().await);
+    assert_eq!(before.len(), 2, "the v1 revision still claims cats-1");
+
+    // Delete the CatSet leaving its dependents; the garbage collector orphans them before it goes.
+    let catsets = api(&w.client, "test.metahook.dev/v1", "CatSet", Some(&w.ns.name)).await;
+    catsets.delete("cats", &DeleteParams::orphan()).await.unwrap();
+    eventually(WAIT, || async { catsets.get_opt("cats").await.unwrap().is_none().then_some(()) }).await;
+    let orphaned = w.revisions().await;
+    assert!(orphaned.iter().all(|r| r.metadata.owner_references.as_deref().unwrap_or_default().is_empty()));
+    // Let the hub's caches see the orphans before the new parent's first sync.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    w.catset(2, "v2", json!({"nodeSelector": {"metahook.dev/nowhere": "true"}})).await;
+    let uid = catsets.get("cats").await.unwrap().metadata.uid.unwrap();
+    let adopted = eventually(WAIT, || async {
+        let revisions = w.revisions().await;
+        let ours = |r: &DynamicObject| {
+            r.metadata.owner_references.iter().flatten().any(|o| o.uid == uid && o.controller == Some(true))
+        };
+        (revisions.len() == 2 && revisions.iter().all(ours)).then_some(revisions)
+    })
+    .await;
+    assert_eq!(names(&adopted), before, "the orphaned revisions themselves, the v2 one reused as the latest");
+    eventually(WAIT, || async {
+        let c = updated_condition(&w.catset_status().await);
+        (c["reason"] == "RolloutWaiting" && c["message"].as_str().unwrap_or_default().contains("Pod cats-0"))
+            .then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let pods = w.pods().await;
+    assert_eq!(pods["cats-1"].metadata.uid, v1_pod, "cats-1 stays on the adopted v1 revision");
+    assert_eq!(version(&pods["cats-1"]), "v1");
+
+    // The next rollout goes on from the adopted revisions.
+    w.catset(2, "v3", json!({})).await;
+    roll_to(&w, &["cats-0", "cats-1"], "v3").await;
+    eventually(WAIT, || async { (w.revisions().await.len() == 1).then_some(()) }).await;
     w.finish("CompositeController").await;
 }

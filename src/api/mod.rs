@@ -253,7 +253,9 @@ pub struct CompositeControllerHooks {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Hook {
+    /// `v1` unless set (the CRD default, as Metacontroller's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("default" = "v1"))]
     pub version: Option<HookVersion>,
     pub webhook: Webhook,
 }
@@ -412,6 +414,7 @@ pub struct ResourceKeyRef {
     pub name: String,
     pub namespace: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("default" = "ca.crt"))]
     pub key: Option<String>,
 }
 
@@ -438,8 +441,10 @@ pub struct SecretKeyRef {
 pub struct ClientTls {
     pub secret_ref: SecretRef,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("default" = "tls.crt"))]
     pub cert_key: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("default" = "tls.key"))]
     pub private_key_key: Option<String>,
 }
 
@@ -448,6 +453,7 @@ pub struct ClientTls {
 #[serde(rename_all = "camelCase")]
 pub struct Authorization {
     #[serde(default, rename = "type", skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("default" = "Bearer"))]
     pub type_: Option<String>,
     pub secret_ref: SecretKeyRef,
 }
@@ -458,8 +464,10 @@ pub struct Authorization {
 pub struct BasicAuth {
     pub secret_ref: SecretRef,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("default" = "username"))]
     pub username_key: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("default" = "password"))]
     pub password_key: Option<String>,
 }
 

@@ -23,6 +23,7 @@ use tokio::sync::{mpsc, watch};
 use tracing::{debug, warn};
 
 use crate::cache::discovery::ResolvedResource;
+use crate::cache::relist::relisting;
 use crate::cache::selector::Selector;
 
 /// Namespace (None for cluster-scoped objects) and name.
@@ -445,13 +446,23 @@ impl Informer {
 #[derive(Clone)]
 pub struct Informers {
     client: Client,
+    /// How often each watch lists its type again (see [`crate::cache::relist`]); `None`: never.
+    flush_interval: Option<Duration>,
     live: Arc<Mutex<HashMap<String, Weak<Shared>>>>,
 }
 
 impl Informers {
+    /// Informers on `client` whose watches list their type again every `flush_interval` (zero: never).
     #[must_use]
-    pub fn new(client: Client) -> Self {
-        Self { client, live: Arc::default() }
+    pub fn new(client: Client, flush_interval: Duration) -> Self {
+        Self { client, flush_interval: Some(flush_interval).filter(|d| !d.is_zero()), live: Arc::default() }
+    }
+
+    /// How often watches list their type again; `None`: never. For other watches of the hub (the
+    /// controller objects') to do the same.
+    #[must_use]
+    pub fn flush_interval(&self) -> Option<Duration> {
+        self.flush_interval
     }
 
     /// The informer for `resource`, shared with every other user of the same type.
@@ -472,7 +483,7 @@ impl Informers {
             last_error,
             task: Mutex::default(),
         });
-        let task = tokio::spawn(run_watch(self.client.clone(), Arc::downgrade(&shared)));
+        let task = tokio::spawn(run_watch(self.client.clone(), Arc::downgrade(&shared), self.flush_interval));
         *shared.task.lock().expect("task lock") = Some(task.abort_handle());
         live.retain(|_, weak| weak.strong_count() > 0);
         live.insert(id, Arc::downgrade(&shared));
@@ -555,13 +566,15 @@ pub fn slim_managed_fields(obj: &mut DynamicObject) {
     }
 }
 
-async fn run_watch(client: Client, shared: Weak<Shared>) {
+async fn run_watch(client: Client, shared: Weak<Shared>, flush_interval: Option<Duration>) {
     let resource = match shared.upgrade() {
         Some(s) => Arc::clone(&s.resource),
         None => return,
     };
     let api: Api<DynamicObject> = Api::all_with(client, &resource.api_resource);
-    let mut events = resilient(watcher(api, watcher::Config::default())).boxed();
+    // Listed again every flush interval: what changed unseen reaches subscribers as `relisted` changes.
+    let start = move || resilient(watcher(api.clone(), watcher::Config::default())).boxed();
+    let mut events = relisting(start, flush_interval);
     // Keys seen by a relist in progress: objects go into the store as they arrive (no second full copy
     // of the cache while a relist runs); at InitDone, what the relist did not see is gone.
     let mut relisted: Option<HashSet<ObjectKey>> = None;
@@ -712,7 +725,7 @@ mod tests {
             namespaced: true,
             has_status: false,
         });
-        Informers::new(client).get(&resource)
+        Informers::new(client, Duration::ZERO).get(&resource)
     }
 
     #[tokio::test]

@@ -1,9 +1,11 @@
 //! Stage 1, cache: what the hub knows of the cluster. One shared watch and cache per type
-//! ([`informers`]), the types themselves ([`discovery`]), and label selectors over cached objects
-//! ([`selector`]). Nothing here writes to the API server.
+//! ([`informers`]), listed again every flush interval ([`relist`]), the types themselves
+//! ([`discovery`]), and label selectors over cached objects ([`selector`]). Nothing here writes to the
+//! API server.
 //!
 //! May import: [`crate::api`].
 
 pub mod discovery;
 pub mod informers;
+pub mod relist;
 pub mod selector;

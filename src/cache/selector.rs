@@ -84,6 +84,15 @@ impl Selector {
     pub fn from_labels(labels: &BTreeMap<String, String>) -> Self {
         Self::new(labels.iter().map(|(k, v)| Expression::Equal(k.clone(), v.clone())).collect())
     }
+
+    /// This selector, also requiring each `key=value` pair of `labels` (apimachinery's
+    /// `AddLabelToSelector`).
+    #[must_use]
+    pub fn and_labels(&self, labels: &BTreeMap<String, String>) -> Self {
+        let mut expressions = self.expressions.clone();
+        expressions.extend(labels.iter().map(|(k, v)| Expression::Equal(k.clone(), v.clone())));
+        Self::new(expressions)
+    }
 }
 
 /// The selectors of many parents, each compiled once per version of its parent, found by the labels of
@@ -282,6 +291,10 @@ mod tests {
         assert!(!s.matches(&labels(&[("app", "web"), ("tier", "c")])));
         assert!(!s.matches(&labels(&[("app", "web"), ("tier", "a"), ("canary", "1")])));
         assert!(!s.matches(&labels(&[("tier", "a")])));
+        let narrower = s.and_labels(&labels(&[("kind", "revision")]));
+        assert!(narrower.matches(&labels(&[("app", "web"), ("tier", "a"), ("kind", "revision")])));
+        assert!(!narrower.matches(&labels(&[("app", "web"), ("tier", "a")])), "the added label is required too");
+        assert!(!narrower.matches(&labels(&[("tier", "a"), ("kind", "revision")])), "and so is the rest");
     }
 
     #[test]

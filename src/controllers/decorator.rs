@@ -21,7 +21,9 @@ use crate::cache::informers::{Informer, ObjectKey};
 use crate::cache::selector::Selector;
 use crate::engine::error::{StartError, SyncError};
 use crate::engine::hub::Hub;
-use crate::engine::sync::{Call, Core, CoreSettings, Decision, Kind, Observed, child_types, controller_hooks};
+use crate::engine::sync::{
+    Call, Core, CoreSettings, Decision, Kind, Observation, Observed, child_types, controller_hooks,
+};
 use crate::engine::worker::resync_after;
 use crate::hooks::{ControllerHooks, DecoratorRequest, DecoratorResponse, Endpoint};
 use crate::write::children::{ChildMap, ChildRules, desired_children};
@@ -257,6 +259,7 @@ impl Controller {
 impl Kind for Controller {
     type Key = TargetKey;
     type Before = ();
+    type Claimed = ();
     const OBJECT: &'static str = "target";
 
     fn core(&self) -> &Core<TargetKey> {
@@ -339,7 +342,7 @@ impl Kind for Controller {
         &self,
         target: &DynamicObject,
         resource: &ResolvedResource,
-    ) -> Result<Option<Vec<ChildMap<Arc<DynamicObject>>>>, SyncError> {
+    ) -> Result<Option<Observation<()>>, SyncError> {
         let uid = target.metadata.uid.as_deref().unwrap_or_default();
         let observed = self
             .core
@@ -356,7 +359,7 @@ impl Kind for Controller {
                     .collect()
             })
             .collect();
-        Ok(Some(observed))
+        Ok(Some((observed, ())))
     }
 
     async fn decide(
@@ -364,6 +367,7 @@ impl Kind for Controller {
         target: &DynamicObject,
         resource: &ResolvedResource,
         call: Call<'_>,
+        (): &(),
     ) -> Result<Decision<()>, SyncError> {
         let (Answer { desired, status, metadata_patch }, response) =
             self.ask().ask(call.endpoint, target, resource, call).await?;

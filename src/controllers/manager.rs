@@ -153,7 +153,10 @@ async fn watch_controllers<K: Managed>(hub: Hub, selector: String, cancel: Cance
     if !selector.is_empty() {
         config = config.labels(&selector);
     }
-    let mut events = crate::cache::informers::resilient(watcher(api, config)).boxed();
+    // Listed again every flush interval, as every cache of the hub is: a controller object changed or
+    // deleted unseen is acted on then.
+    let start = move || crate::cache::informers::resilient(watcher(api.clone(), config.clone())).boxed();
+    let mut events = crate::cache::relist::relisting(start, hub.informers.flush_interval());
     let mut running: HashMap<String, Running<K>> = HashMap::new();
     let mut relisted: Option<Vec<String>> = None;
     loop {

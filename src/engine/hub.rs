@@ -41,4 +41,7 @@ pub struct Settings {
     pub cache_sync_timeout: Duration,
     /// Retry backoff per key.
     pub backoff: Backoff,
+    /// How long a customize hook's answer is used before the hook is asked again (see
+    /// [`crate::engine::related`]).
+    pub customize_cache_timeout: Duration,
 }

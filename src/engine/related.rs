@@ -1,15 +1,21 @@
 //! The customize hook and the `related` objects it selects (both controller kinds).
 //!
-//! A parent's rules are cached per (UID, generation), so the hook is called again only when the
-//! parent's spec changes. When a related object changes, only parents that have rules for its type are
-//! looked at (an index by type), and only those whose rules select the object are queued.
+//! A parent's rules are cached per (UID, generation), so the hook is called again when the parent's
+//! spec changes, or once the answer is older than `customizeCacheTimeout` (Metacontroller: 20 minutes),
+//! so a customize hook that reads more than the parent (the time, another system) is asked again now and
+//! then. An expired answer is dropped lazily: the parent's next sync asks again; until then its rules
+//! still say which related changes queue it. When a related object changes, only parents that have
+//! rules for its type are looked at (an index by type), and only those whose rules select the object
+//! are queued.
 
 use std::collections::{HashMap, HashSet};
 use std::hash::Hash;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use kube::api::DynamicObject;
 use serde_json::Value;
+use tokio::time::Instant;
 
 use crate::api::{HookVersion, labels_of};
 use crate::cache::discovery::ResolvedResource;
@@ -34,7 +40,16 @@ struct Rule {
 struct Cached {
     uid: String,
     generation: i64,
+    /// When the hook gave them: they expire `customizeCacheTimeout` later.
+    asked: Instant,
     rules: Arc<Vec<Rule>>,
+}
+
+impl Cached {
+    /// Whether these rules still answer for `parent` (same object and generation) at `now`.
+    fn answers(&self, uid: &str, generation: i64, now: Instant, timeout: Duration) -> bool {
+        self.uid == uid && self.generation == generation && now.saturating_duration_since(self.asked) < timeout
+    }
 }
 
 /// Where a parent lives, for rule defaults.
@@ -143,12 +158,13 @@ impl<K: Clone + Eq + Hash + Send + Sync + 'static> Related<K> {
     ) -> Result<Arc<Vec<Rule>>, SyncError> {
         let uid = parent.metadata.uid.clone().unwrap_or_default();
         let generation = parent.metadata.generation.unwrap_or(0);
+        let timeout = self.hub.settings.customize_cache_timeout;
         if let Some(cached) = self.rules.lock().expect("rules lock").get(key)
-            && cached.uid == uid
-            && cached.generation == generation
+            && cached.answers(&uid, generation, Instant::now(), timeout)
         {
             return Ok(Arc::clone(&cached.rules));
         }
+        let asked = Instant::now();
         let parent_json = crate::hooks::for_hooks(parent);
         let request = CustomizeRequest { controller: &self.controller, parent: &parent_json };
         let response = hook.customize(&request).await?;
@@ -175,7 +191,7 @@ impl<K: Clone + Eq + Hash + Send + Sync + 'static> Related<K> {
         self.rules
             .lock()
             .expect("rules lock")
-            .insert(key.clone(), Cached { uid, generation, rules: Arc::clone(&rules) });
+            .insert(key.clone(), Cached { uid, generation, asked, rules: Arc::clone(&rules) });
         Ok(rules)
     }
 
@@ -340,5 +356,22 @@ impl<K: Clone + Eq + Hash + Send + Sync + 'static> Related<K> {
     /// The namespaces cache, shared with every other user of `v1/namespaces`.
     fn namespaces(&self) -> Option<Informer> {
         self.informers.lock().expect("informers lock").get(NAMESPACES).map(|(i, _)| i.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_answer_holds_for_its_parent_and_generation_until_it_expires() {
+        let asked = Instant::now();
+        let cached = Cached { uid: "u1".into(), generation: 3, asked, rules: Arc::default() };
+        let timeout = Duration::from_secs(1200);
+        assert!(cached.answers("u1", 3, asked, timeout));
+        assert!(cached.answers("u1", 3, asked + Duration::from_secs(1199), timeout));
+        assert!(!cached.answers("u1", 3, asked + timeout, timeout), "expired: the hook is asked again");
+        assert!(!cached.answers("u1", 4, asked, timeout), "a new generation is asked at once");
+        assert!(!cached.answers("u2", 3, asked, timeout), "a new object of the same name too");
     }
 }

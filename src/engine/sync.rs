@@ -1,7 +1,7 @@
 //! One sync, the same for every controller kind, in explicit phases:
 //!
-//! 1. **observe**: the object from the cache, its finalizer decision, its children as the controller
-//!    claims them (`Kind::observe`) and its related objects;
+//! 1. **observe**: the object from the cache, its finalizer decision, its children (and a rollout's
+//!    revisions) as the controller claims them (`Kind::observe`) and its related objects;
 //! 2. **decide**: whether to ask the hook at all (`ask_hook`: not for the very request whose answer was
 //!    last applied in full), the hook's answer checked whole (`Kind::decide`), and the plan of writes
 //!    refused before anything is written (a name taken by someone else, the safe-delete guard);
@@ -50,6 +50,8 @@ pub(crate) trait Kind: Send + Sync + 'static {
     type Key: Clone + Eq + Hash + Display + Send + Sync + 'static;
     /// Writes a decision needs before any child's (a rollout's `ControllerRevision`s).
     type Before: Before;
+    /// What `observe` claims besides the children, for `decide` (a rollout's `ControllerRevision`s).
+    type Claimed: Send + Sync;
     /// What the synced object is called in messages ("parent", "target").
     const OBJECT: &'static str;
 
@@ -80,29 +82,35 @@ pub(crate) trait Kind: Send + Sync + 'static {
     fn has_finalize_hook(&self) -> bool;
     /// `resyncPeriodSeconds`.
     fn resync_period_seconds(&self) -> Option<i32>;
-    /// The object's children (or attachments) as this kind claims them, by declared type; `None` when
-    /// the object went away meanwhile.
+    /// The object's children (or attachments) as this kind claims them, by declared type, and what else
+    /// it claims; `None` when the object went away meanwhile.
     fn observe(
         &self,
         obj: &DynamicObject,
         resource: &ResolvedResource,
-    ) -> impl Future<Output = Result<Option<Vec<ChildMap<Arc<DynamicObject>>>>, SyncError>> + Send;
+    ) -> impl Future<Output = Result<Option<Observation<Self::Claimed>>, SyncError>> + Send;
     /// Whether a request is identified by what it shows (see [`crate::engine::answered`]); not with
     /// rolling updates, whose requests come from `ControllerRevision`s too.
     fn identifies_requests(&self) -> bool {
         true
     }
-    /// Asks the hook and checks its answer whole. Writes nothing.
+    /// Asks the hook and checks its answer whole (`claimed`: what `observe` claimed besides the
+    /// children). Writes nothing.
     fn decide(
         &self,
         obj: &DynamicObject,
         resource: &ResolvedResource,
         call: Call<'_>,
+        claimed: &Self::Claimed,
     ) -> impl Future<Output = Result<Decision<Self::Before>, SyncError>> + Send;
     /// Whether `child`, found in the cache under a desired name but not observed, is `obj`'s own (its
     /// creation's echo was not cached yet) rather than someone else's.
     fn ours(&self, obj: &DynamicObject, child: &DynamicObject) -> bool;
 }
+
+/// What `Kind::observe` claims: the children (or attachments) by declared type, and what else the kind
+/// claims (`Kind::Claimed`).
+pub(crate) type Observation<C> = (Vec<ChildMap<Arc<DynamicObject>>>, C);
 
 /// What a sync asks its hook.
 #[derive(Clone, Copy)]
@@ -428,7 +436,7 @@ pub(crate) async fn sync<C: Kind>(kind: &C, key: &C::Key, reasons: Reasons) -> R
     };
     let Some(finalizing) = follow_plan(&api, &obj, &core.finalizer, facts).await? else { return Ok(None) };
     let endpoint = kind.hook(finalizing).ok_or(SyncError::NoSyncHook)?;
-    let Some(observed) = kind.observe(&obj, &resource).await? else { return Ok(None) };
+    let Some((observed, claimed)) = kind.observe(&obj, &resource).await? else { return Ok(None) };
     let version: HookVersion = endpoint.version();
     let namespace = resource.namespaced.then_some(obj.metadata.namespace.as_deref()).flatten();
     let related = core.related.gather(key, &obj, ParentScope { namespace, version }).await?;
@@ -440,7 +448,7 @@ pub(crate) async fn sync<C: Kind>(kind: &C, key: &C::Key, reasons: Reasons) -> R
         return Ok(None);
     }
     let call = Call { endpoint, children: &children, related: &related, finalizing, observed: &observed };
-    let decision = kind.decide(&obj, &resource, call).await?;
+    let decision = kind.decide(&obj, &resource, call, &claimed).await?;
     let plan = Plan::new(&core.children, &observed, &decision.desired, |child| kind.ours(&obj, child))?;
     if !finalizing {
         plan.check_guard(core.deletion_guard, &obj)?;

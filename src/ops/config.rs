@@ -68,6 +68,16 @@ pub struct Config {
     /// Field managers whose ownership of children and attachments the hub takes over on its first
     /// write to them (Metacontroller's); empty turns taking over off.
     pub take_over_field_managers: Vec<String>,
+    /// How often every watched type is listed again (Metacontroller's `--cache-flush-interval`): the
+    /// objects that differ from the cache are synced, the safety net against a watch event the hub
+    /// never received. 0 turns it off.
+    #[serde(with = "secs")]
+    pub cache_flush_interval: Duration,
+    /// How long a customize hook's answer is used before the hook is asked again, even though the
+    /// parent's generation did not change (Metacontroller: 20 minutes): for customize hooks that read
+    /// more than the parent's spec.
+    #[serde(with = "secs")]
+    pub customize_cache_timeout: Duration,
 }
 
 /// Leader election on a `coordination.k8s.io/v1` Lease: only the holder runs controllers.
@@ -123,6 +133,8 @@ impl Default for Config {
             api_burst: 100,
             max_requests_in_flight: 64,
             take_over_field_managers: vec![crate::write::take_over::METACONTROLLER_MANAGER.to_owned()],
+            cache_flush_interval: Duration::from_secs(30 * 60),
+            customize_cache_timeout: Duration::from_secs(20 * 60),
         }
     }
 }
@@ -217,6 +229,7 @@ impl Config {
             workers: self.workers,
             cache_sync_timeout: self.cache_sync_timeout,
             backoff: crate::engine::queue::Backoff { base: self.backoff_base, max: self.backoff_max },
+            customize_cache_timeout: self.customize_cache_timeout,
         }
     }
 
@@ -263,6 +276,12 @@ impl Config {
         }
         if self.max_requests_in_flight == 0 {
             return Err(ConfigError::Invalid { field: "maxRequestsInFlight", reason: "must be at least 1".into() });
+        }
+        if self.customize_cache_timeout.is_zero() {
+            return Err(ConfigError::Invalid {
+                field: "customizeCacheTimeout",
+                reason: "must be at least 1 second".into(),
+            });
         }
         if self.cache_sync_timeout.is_zero() {
             return Err(ConfigError::Invalid { field: "cacheSyncTimeout", reason: "must be at least 1 second".into() });

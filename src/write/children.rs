@@ -136,7 +136,6 @@ pub async fn claim(
 ) -> Result<Vec<ChildMap<Arc<DynamicObject>>>, ClaimError> {
     let parent_uid = parent.metadata.uid.as_deref().unwrap_or_default();
     let parent_ns = parent_resource.namespaced.then_some(parent.metadata.namespace.as_deref()).flatten();
-    let parent_deleting = parent.metadata.deletion_timestamp.is_some();
     let mut parent_checked = false;
     let mut claimed = Vec::with_capacity(types.len());
     for child_type in types {
@@ -150,28 +149,70 @@ pub async fn claim(
                 Claim::Adopt | Claim::Ignore(_) => {}
             }
         }
-        if !parent_deleting {
-            let orphan_scope = parent_ns.map(Some);
-            // The index narrows the candidates to selected orphans; claim_of still decides.
-            for obj in child_type.informer.orphans_selected(orphan_scope, selector) {
-                if claim_of(&obj, parent, parent_ns, selector) != Claim::Adopt {
-                    continue;
-                }
-                if !parent_checked {
-                    let live = live_parent(client, parent_resource, parent).await?;
-                    if live.is_none_or(|p| p.metadata.deletion_timestamp.is_some()) {
-                        return Ok(Vec::new());
-                    }
-                    parent_checked = true;
-                }
-                let owner = owner_reference(parent, parent_resource);
-                let adopted = adopt(client, child_type.resource(), &obj, owner).await?;
-                children.insert(ObjectKey::of(&adopted), Arc::new(adopted));
-            }
-        }
+        let orphans = Adopter { client, parent, parent_resource, parent_ns, selector };
+        let Some(adopted) = orphans.adopt(&child_type.informer, &mut parent_checked).await? else {
+            return Ok(Vec::new());
+        };
+        children.extend(adopted.into_iter().map(|obj| (ObjectKey::of(&obj), Arc::new(obj))));
         claimed.push(children);
     }
     Ok(claimed)
+}
+
+/// Adopts the orphans of `informer`'s type that `selector` selects, as [`claim`] adopts children: none
+/// while the parent is being deleted, and a live read of the parent before the first adoption. Returns
+/// them as adopted; `None` when the parent turned out gone or being deleted. For objects a parent owns
+/// besides its children (a rollout's `ControllerRevision`s).
+pub async fn adopt_orphans(
+    client: &Client,
+    parent: &DynamicObject,
+    parent_resource: &ResolvedResource,
+    selector: &Selector,
+    informer: &Informer,
+) -> Result<Option<Vec<DynamicObject>>, ClaimError> {
+    let parent_ns = parent_resource.namespaced.then_some(parent.metadata.namespace.as_deref()).flatten();
+    Adopter { client, parent, parent_resource, parent_ns, selector }.adopt(informer, &mut false).await
+}
+
+/// One parent adopting orphans.
+struct Adopter<'a> {
+    client: &'a Client,
+    parent: &'a DynamicObject,
+    parent_resource: &'a ResolvedResource,
+    /// The parent's namespace when it is namespaced: orphans elsewhere are not its.
+    parent_ns: Option<&'a str>,
+    selector: &'a Selector,
+}
+
+impl Adopter<'_> {
+    /// Adopts the selected orphans of `informer`'s type; `parent_checked`: whether the live read of the
+    /// parent was done already (once per claim, however many types).
+    async fn adopt(
+        &self,
+        informer: &Informer,
+        parent_checked: &mut bool,
+    ) -> Result<Option<Vec<DynamicObject>>, ClaimError> {
+        let mut adopted = Vec::new();
+        if self.parent.metadata.deletion_timestamp.is_some() {
+            return Ok(Some(adopted));
+        }
+        // The index narrows the candidates to selected orphans; claim_of still decides.
+        for obj in informer.orphans_selected(self.parent_ns.map(Some), self.selector) {
+            if claim_of(&obj, self.parent, self.parent_ns, self.selector) != Claim::Adopt {
+                continue;
+            }
+            if !*parent_checked {
+                let live = live_parent(self.client, self.parent_resource, self.parent).await?;
+                if live.is_none_or(|p| p.metadata.deletion_timestamp.is_some()) {
+                    return Ok(None);
+                }
+                *parent_checked = true;
+            }
+            let owner = owner_reference(self.parent, self.parent_resource);
+            adopted.push(adopt(self.client, informer.resource(), &obj, owner).await?);
+        }
+        Ok(Some(adopted))
+    }
 }
 
 /// Uncached read of the parent: the live object if it is still the one synced (same UID), `None` when

@@ -538,6 +538,11 @@ impl World {
         self.hub = Some(Hub::start(&self.client, &self.label));
     }
 
+    /// A hub on `client` (e.g. one a [`WatchCut`] made) with `config`, after [`World::stop_hub`].
+    pub fn start_hub_with(&mut self, client: &Client, config: metahook::ops::config::Config) {
+        self.hub = Some(Hub::start_with_config(client, &self.label, config));
+    }
+
     /// Applies a `kind` controller (`CompositeController`, `DecoratorController`) called `name`, labelled
     /// for this test's hub, with `spec` as given.
     pub async fn controller(&self, kind: &str, name: &str, spec: Value) -> DynamicObject {
@@ -632,3 +637,122 @@ impl World {
 
 /// The API group and version of the controllers (Metacontroller's).
 pub const CONTROLLERS: &str = "metacontroller.k8s.io/v1alpha1";
+
+/// A hub's API client with watches a test can cut, to make the hub really miss a watch event.
+///
+/// While a resource's watch is cut, every event the API server sends on the hub's watches of that
+/// resource is dropped before the hub reads it: the connection stays open, the API server goes on
+/// sending, and once the cut is lifted later events pass again. The hub's watch then goes on from a
+/// newer resourceVersion, so it never learns of what it missed; not even a reconnect would replay it.
+/// That is what a plain disconnect cannot do (a watch resumes from the last resourceVersion it saw, and
+/// the API server replays the rest). Lists, reads and writes pass untouched. It sits between the hub's
+/// client stack and the real client, where requests are plain HTTP (TLS is below), and knows a watch by
+/// its `watch=true` query.
+#[derive(Clone, Default)]
+pub struct WatchCut {
+    state: std::sync::Arc<std::sync::Mutex<CutState>>,
+}
+
+#[derive(Default)]
+struct CutState {
+    /// The resource (plural) whose watch events are dropped now.
+    cut: Option<String>,
+    /// The events dropped so far (JSON lines).
+    dropped: Vec<String>,
+}
+
+impl WatchCut {
+    /// A client over `inner` whose watches this cut can cut.
+    pub fn client(&self, inner: &Client) -> Client {
+        let namespace = inner.default_namespace().to_owned();
+        Client::new(CutService { inner: inner.clone(), cut: self.clone() }, namespace)
+    }
+
+    /// From now on, events on watches of `resource` (a plural, `configmaps`) are dropped.
+    pub fn cut(&self, resource: &str) {
+        self.state.lock().unwrap().cut = Some(resource.to_owned());
+    }
+
+    /// Events pass again.
+    pub fn restore(&self) {
+        self.state.lock().unwrap().cut = None;
+    }
+
+    /// The watch events dropped so far, as the API server sent them.
+    pub fn dropped(&self) -> Vec<String> {
+        self.state.lock().unwrap().dropped.clone()
+    }
+
+    /// Whether `line`, an event on a watch of `resource`, is dropped (and if so, records it).
+    fn drops(&self, resource: &str, line: &[u8]) -> bool {
+        let mut state = self.state.lock().unwrap();
+        if state.cut.as_deref() != Some(resource) {
+            return false;
+        }
+        state.dropped.push(String::from_utf8_lossy(line).into_owned());
+        true
+    }
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+type CutBody = http_body_util::combinators::UnsyncBoxBody<bytes::Bytes, BoxError>;
+
+#[derive(Clone)]
+struct CutService {
+    inner: Client,
+    cut: WatchCut,
+}
+
+impl tower_service::Service<http::Request<kube::client::Body>> for CutService {
+    type Response = http::Response<CutBody>;
+    type Error = BoxError;
+    type Future = futures::future::BoxFuture<'static, Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(&mut self, _: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<kube::client::Body>) -> Self::Future {
+        let uri = request.uri();
+        let watch = uri.query().is_some_and(|q| q.split('&').any(|p| p == "watch=true"));
+        let resource = watch.then(|| uri.path().rsplit('/').next().unwrap_or_default().to_owned());
+        let (inner, cut) = (self.inner.clone(), self.cut.clone());
+        Box::pin(async move {
+            use http_body_util::BodyExt as _;
+            let (parts, body) = inner.send(request).await?.into_parts();
+            let body = match resource {
+                Some(resource) => cut_events(body, cut, resource),
+                None => body.map_err(BoxError::from).boxed_unsync(),
+            };
+            Ok(http::Response::from_parts(parts, body))
+        })
+    }
+}
+
+/// A watch response body (one JSON event per line) without the events `cut` drops.
+fn cut_events(body: kube::client::Body, cut: WatchCut, resource: String) -> CutBody {
+    use futures::StreamExt as _;
+    use http_body_util::BodyExt as _;
+    let mut partial: Vec<u8> = Vec::new();
+    let frames = http_body_util::BodyStream::new(body).filter_map(move |frame| {
+        let passed = match frame {
+            Err(e) => Some(Err(BoxError::from(e))),
+            Ok(frame) => match frame.into_data() {
+                Ok(data) => {
+                    partial.extend_from_slice(&data);
+                    let mut passed = Vec::new();
+                    while let Some(end) = partial.iter().position(|b| *b == b'\n') {
+                        let line: Vec<u8> = partial.drain(..=end).collect();
+                        if !cut.drops(&resource, &line) {
+                            passed.extend(line);
+                        }
+                    }
+                    (!passed.is_empty()).then(|| Ok(hyper::body::Frame::data(bytes::Bytes::from(passed))))
+                }
+                Err(trailers) => Some(Ok(trailers)),
+            },
+        };
+        futures::future::ready(passed)
+    });
+    http_body_util::StreamBody::new(frames).boxed_unsync()
+}

@@ -24,11 +24,13 @@ use crate::cache::informers::{Change, Event, Informer, ObjectKey, controller_uid
 use crate::cache::selector::{Selector, SelectorIndex};
 use crate::engine::error::{StartError, SyncError};
 use crate::engine::hub::Hub;
-use crate::engine::sync::{Before, Call, Core, CoreSettings, Decision, Kind, child_types, controller_hooks};
+use crate::engine::sync::{
+    Before, Call, Core, CoreSettings, Decision, Kind, Observation, child_types, controller_hooks,
+};
 use crate::engine::worker::resync_after;
 use crate::hooks::{ControllerHooks, Endpoint};
 use crate::write::apply::{Applier, ApplyError};
-use crate::write::children::{ChildMap, claim, resources};
+use crate::write::children::{claim, resources};
 
 pub use self::ask::{Answer, Ask, CONTROLLER_UID_LABEL, child_selector, validate_response};
 
@@ -156,6 +158,8 @@ impl Controller {
 impl Kind for Controller {
     type Key = ObjectKey;
     type Before = Pending;
+    /// The parent's `ControllerRevision`s (none without rolling updates).
+    type Claimed = Vec<Arc<DynamicObject>>;
     const OBJECT: &'static str = "parent";
 
     fn core(&self) -> &Core<ObjectKey> {
@@ -235,16 +239,28 @@ impl Kind for Controller {
         self.cc.spec.resync_period_seconds
     }
 
-    /// Claims the parent's children (adopting matching orphans, releasing owned ones it no longer selects).
+    /// Claims the parent's children (adopting matching orphans, releasing owned ones it no longer
+    /// selects), then, with rolling updates, its revisions (adopting matching orphans).
     async fn observe(
         &self,
         parent: &DynamicObject,
         resource: &ResolvedResource,
-    ) -> Result<Option<Vec<ChildMap<Arc<DynamicObject>>>>, SyncError> {
+    ) -> Result<Option<Observation<Self::Claimed>>, SyncError> {
+        let client = &self.core.hub.client;
         let selector = self.selector_of(parent)?;
-        let observed = claim(&self.core.hub.client, parent, resource, &selector, &self.core.children).await?;
+        let observed = claim(client, parent, resource, &selector, &self.core.children).await?;
         // Empty: the parent went away while adopting.
-        Ok((observed.len() == self.core.children.len()).then_some(observed))
+        if observed.len() != self.core.children.len() {
+            return Ok(None);
+        }
+        let revisions = match &self.rollouts {
+            Some(rollouts) => match rollouts.claim(client, parent, &selector).await? {
+                Some(revisions) => revisions,
+                None => return Ok(None),
+            },
+            None => Vec::new(),
+        };
+        Ok(Some((observed, revisions)))
     }
 
     fn identifies_requests(&self) -> bool {
@@ -256,6 +272,7 @@ impl Kind for Controller {
         parent: &DynamicObject,
         _: &ResolvedResource,
         call: Call<'_>,
+        revisions: &Self::Claimed,
     ) -> Result<Decision<Pending>, SyncError> {
         let selector = self.selector_of(parent)?;
         let parent_json = crate::hooks::for_hooks(parent);
@@ -274,7 +291,7 @@ impl Kind for Controller {
             }
         };
         let rollouts::Decision { desired, status, responses, pending } =
-            rollouts.sync(parent, &parent_json, call.observed, answer).await?;
+            rollouts.sync(parent, &parent_json, call.observed, revisions, answer).await?;
         // The earliest resync wins, all must agree to finalize, and Events come from the latest's answer.
         Ok(Decision {
             desired,

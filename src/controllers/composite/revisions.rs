@@ -15,7 +15,7 @@ use sha1::{Digest as _, Sha1};
 
 use crate::api::UpdateMethod;
 use crate::cache::discovery::ResolvedResource;
-use crate::cache::informers::{Informer, ObjectKey};
+use crate::cache::informers::ObjectKey;
 use crate::write::apply::{Applier, ApplyError};
 
 /// Labels Metacontroller puts on revisions, so revisions it wrote are recognised.
@@ -155,22 +155,18 @@ pub fn revision_object(
     })
 }
 
-/// The latest revision first (stored, or new with no children), then the other stored ones.
-pub(crate) fn live_revisions(
-    informer: &Informer,
-    uid: &str,
-    namespace: &str,
-    latest_name: &str,
-    latest_patch: Value,
-) -> Vec<Revision> {
-    let mut stored: Vec<Revision> = informer
-        .controlled_by(uid)
-        .into_iter()
-        .filter(|r| r.metadata.namespace.as_deref() == Some(namespace))
-        .map(Revision::from_object)
-        .collect();
+/// The latest revision first, then the other `stored` ones (the parent's, as claimed). The latest is the
+/// stored revision named for the latest patch, else one whose patch is the latest's (an adopted revision,
+/// named after the UID of the parent it was orphaned from: Metacontroller's syncRevisions takes any
+/// revision whose patch equals the latest as the latest), else a new one with no children.
+pub(crate) fn live_revisions(stored: &[Arc<DynamicObject>], latest_name: &str, latest_patch: Value) -> Vec<Revision> {
+    let mut stored: Vec<Revision> = stored.iter().cloned().map(Revision::from_object).collect();
     stored.sort_by(|a, b| a.name.cmp(&b.name));
-    let latest = match stored.iter().position(|r| r.name == latest_name) {
+    let found = stored
+        .iter()
+        .position(|r| r.name == latest_name)
+        .or_else(|| stored.iter().position(|r| r.patch == latest_patch));
+    let latest = match found {
         Some(i) => stored.remove(i),
         None => Revision { name: latest_name.to_owned(), patch: latest_patch, children: BTreeMap::new(), stored: None },
     };
@@ -241,6 +237,34 @@ mod tests {
             revision_name(&resource, "uid-1", &patch),
             "catsets.ctl.example.com-dfbc2bd0f5cd086ca1b55f473e07d583ca11c56a"
         );
+    }
+
+    fn stored(name: &str, patch: &Value) -> Arc<DynamicObject> {
+        Arc::new(
+            serde_json::from_value(
+                json!({"apiVersion": "metacontroller.k8s.io/v1alpha1", "kind": "ControllerRevision",
+                "metadata": {"name": name, "namespace": "ns"}, "parentPatch": patch,
+                "children": [{"apiGroup": "", "kind": "Pod", "names": [format!("{name}-pod")]}]}),
+            )
+            .unwrap(),
+        )
+    }
+
+    #[test]
+    fn the_latest_revision_is_found_by_name_else_by_its_patch() {
+        let (v1, v2) = (json!({"spec": {"v": 1}}), json!({"spec": {"v": 2}}));
+        // An adopted revision, named after its former parent: its patch makes it the latest.
+        let all = live_revisions(&[stored("old-v1", &v1), stored("old-v2", &v2)], "new-v2", v2.clone());
+        let names: Vec<&str> = all.iter().map(|r| r.name.as_str()).collect();
+        assert_eq!(names, ["old-v2", "old-v1"]);
+        assert!(all[0].stored.is_some() && all[0].children[&(String::new(), "Pod".into())] == ["old-v2-pod"]);
+        // One named for the latest patch wins over another with the same patch.
+        let all = live_revisions(&[stored("old-v2", &v2), stored("new-v2", &v2)], "new-v2", v2.clone());
+        assert_eq!(all[0].name, "new-v2");
+        // None: a new latest revision with no children, the stored ones after it.
+        let all = live_revisions(&[stored("old-v1", &v1)], "new-v2", v2.clone());
+        assert_eq!((all[0].name.as_str(), all[0].stored.is_none(), all[0].children.is_empty()), ("new-v2", true, true));
+        assert_eq!(all[1].name, "old-v1");
     }
 
     #[test]

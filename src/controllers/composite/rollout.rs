@@ -106,8 +106,13 @@ pub fn roll(
 pub(crate) fn not_ready(obj: &DynamicObject, info: &TypeInfo<'_>) -> Option<String> {
     let status = obj.data.get("status");
     if info.method == UpdateMethod::RollingInPlace {
+        // Only a child that reports an observedGeneration (> 0) is held to it: 0 is what a controller
+        // that does not track generations leaves (Go's zero value), as absent is. Metacontroller's
+        // rolling_update.go: `if observedGeneration, _, err := GetObservedGeneration(...);
+        // observedGeneration > 0 { ... if observedGeneration < child.GetGeneration() ...`.
         let observed = status.and_then(|s| s.get("observedGeneration")).and_then(Value::as_i64);
         if let (Some(seen), Some(generation)) = (observed, obj.metadata.generation)
+            && seen > 0
             && seen < generation
         {
             return Some(format!("has observedGeneration {seen} < generation {generation}"));
@@ -316,6 +321,26 @@ mod tests {
         assert_eq!(claims.get(&key("new")), Some(&0));
         assert_eq!(claims.get(&key("a")), Some(&0), "already matching the latest state: moves at once");
         assert!(!claims.contains_key(&key("gone")));
+    }
+
+    #[test]
+    fn rolling_in_place_holds_a_child_to_its_observed_generation_only_when_it_reports_one() {
+        let child = |generation: i64, observed: Value| -> DynamicObject {
+            serde_json::from_value(json!({"apiVersion": "v1", "kind": "Thing",
+                "metadata": {"name": "c", "namespace": "ns", "generation": generation},
+                "status": {"observedGeneration": observed}}))
+            .unwrap()
+        };
+        let info = |method| TypeInfo { kind: "Thing", method, checks: &[] };
+        let in_place = info(UpdateMethod::RollingInPlace);
+        assert_eq!(
+            not_ready(&child(3, json!(2)), &in_place).as_deref(),
+            Some("has observedGeneration 2 < generation 3")
+        );
+        assert_eq!(not_ready(&child(3, json!(3)), &in_place), None);
+        assert_eq!(not_ready(&child(3, json!(0)), &in_place), None, "0: the child does not report one");
+        assert_eq!(not_ready(&child(3, Value::Null), &in_place), None, "absent: likewise");
+        assert_eq!(not_ready(&child(3, json!(2)), &info(UpdateMethod::RollingRecreate)), None, "only RollingInPlace");
     }
 
     #[test]

@@ -19,10 +19,11 @@ use serde_json::Value;
 use crate::api::{ChildResourceRule, CompositeControllerSpec, UpdateMethod};
 use crate::cache::discovery::ResolvedResource;
 use crate::cache::informers::{Informer, ObjectKey};
+use crate::cache::selector::Selector;
 use crate::engine::error::SyncError;
 use crate::hooks::CompositeResponse;
 use crate::write::apply::{Applier, ApplyError};
-use crate::write::children::{ChildMap, owner_reference};
+use crate::write::children::{ChildMap, ClaimError, adopt_orphans, owner_reference};
 
 /// What a rolling sync decided.
 pub(crate) struct Decision {
@@ -88,7 +89,8 @@ impl Rollouts {
         }
     }
 
-    /// One rolling sync: `answer` is called for every live revision's parent (concurrently; any failure
+    /// One rolling sync over the parent's `revisions` (as [`Rollouts::claim`] claimed them): `answer` is
+    /// called for every live revision's parent (concurrently; any failure
     /// aborts the whole sync unchanged), children are kept on the revision that claims them and at most
     /// one moves to the latest. Nothing is written here: the caller persists [`Decision::pending`] before
     /// any child changes, once it knows the whole sync can be written.
@@ -97,6 +99,7 @@ impl Rollouts {
         parent: &DynamicObject,
         parent_json: &Value,
         observed: &[ChildMap<Arc<DynamicObject>>],
+        revisions: &[Arc<DynamicObject>],
         answer: F,
     ) -> Result<Decision, SyncError>
     where
@@ -109,7 +112,7 @@ impl Rollouts {
         let namespace = parent.metadata.namespace.clone().unwrap_or_default();
         let latest_patch = parent_patch(parent_json, paths);
         let latest_name = revision_name(parent_resource, &uid, &latest_patch);
-        let mut all = live_revisions(&self.informer, &uid, &namespace, &latest_name, latest_patch);
+        let mut all = live_revisions(revisions, &latest_name, latest_patch);
 
         let parents = all
             .iter()
@@ -160,13 +163,56 @@ impl Rollouts {
         let objects: Vec<Value> = all.iter().map(|r| revision_object(r, &namespace, &labels, &owner)).collect();
 
         let rollout = match rollout {
-            Rollout::OnLatest { .. } => Rollout::OnLatest { revision: latest_name },
+            Rollout::OnLatest { .. } => Rollout::OnLatest { revision: all[0].name.clone() },
             other => other,
         };
         let mut status = latest_status;
         set_condition(&mut status, rollout.condition());
         let pending = Pending { resource: Arc::clone(self.informer.resource()), revisions: all, objects };
         Ok(Decision { desired: claimed_desired(&desired_by_revision, &claims), status, responses, pending })
+    }
+
+    /// The parent's revisions: those it controls in its namespace, and the orphans there that its child
+    /// selector plus the group and resource labels select, adopted first — Metacontroller's
+    /// `claimRevisions` (`composite/controller_revision.go`: `makeSelector(parent, {apiGroup, resource})`,
+    /// then `ClaimControllerRevisions`, which adopts with a controller ownerRef after a live read of the
+    /// parent, `canAdoptFunc`), done here as children are adopted ([`adopt_orphans`]). `None`: the parent
+    /// is gone or being deleted.
+    ///
+    /// One deliberate difference: a revision the parent controls is kept even when the selector no longer
+    /// matches it, where Metacontroller releases it. The hub labels the revisions it writes with the
+    /// parent's `spec.template.metadata.labels`, as Metacontroller does, and a parent whose selector does
+    /// not match those would release its own revisions on every sync (and then fail to create them again,
+    /// Metacontroller #194); kept, its rollout goes on.
+    pub async fn claim(
+        &self,
+        client: &kube::Client,
+        parent: &DynamicObject,
+        selector: &Selector,
+    ) -> Result<Option<Vec<Arc<DynamicObject>>>, ClaimError> {
+        let uid = parent.metadata.uid.as_deref().unwrap_or_default();
+        let mut revisions: Vec<Arc<DynamicObject>> = self
+            .informer
+            .controlled_by(uid)
+            .into_iter()
+            .filter(|r| r.metadata.namespace == parent.metadata.namespace)
+            .collect();
+        let group = &self.parent_resource.api_resource.group;
+        let type_labels = BTreeMap::from([
+            (API_GROUP_LABEL.to_owned(), group.clone()),
+            (RESOURCE_LABEL.to_owned(), self.parent_resource.api_resource.plural.clone()),
+        ]);
+        let selector = selector.and_labels(&type_labels);
+        let Some(adopted) = adopt_orphans(client, parent, &self.parent_resource, &selector, &self.informer).await?
+        else {
+            return Ok(None);
+        };
+        if !adopted.is_empty() {
+            let names: Vec<&str> = adopted.iter().filter_map(|r| r.metadata.name.as_deref()).collect();
+            tracing::info!(parent = %ObjectKey::of(parent), ?names, "adopted orphaned ControllerRevisions");
+        }
+        revisions.extend(adopted.into_iter().map(Arc::new));
+        Ok(Some(revisions))
     }
 
     /// Labels of a revision: the parent's pod-template labels (or `controller-uid`) plus group/resource.
