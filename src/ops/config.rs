@@ -51,6 +51,9 @@ pub struct Config {
     /// Metacontroller's `--health-probe-bind-address`); empty disables them. Unset (`null`): on
     /// `metricsAddress`, beside `/metrics`.
     pub health_probe_address: Option<String>,
+    /// Where CPU and heap profiles are served in pprof's format (`/debug/pprof/profile`,
+    /// `/debug/pprof/heap`); empty disables it. Meant to be on only while gathering a profile.
+    pub pprof_address: String,
     /// Largest hook response body accepted, in bytes; a larger one fails the sync unread.
     pub hook_response_limit: usize,
     /// How long a starting controller waits for its caches before it reports `Ready=False` with the
@@ -132,6 +135,7 @@ impl Default for Config {
             backoff_max: Duration::from_secs(1000),
             metrics_address: "0.0.0.0:9999".to_owned(),
             health_probe_address: None,
+            pprof_address: String::new(),
             hook_response_limit: crate::hooks::DEFAULT_RESPONSE_LIMIT,
             cache_sync_timeout: Duration::from_secs(60),
             leader_election: LeaderElection::default(),

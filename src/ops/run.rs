@@ -1,4 +1,5 @@
-//! Running the hub: builds the shared [`Hub`] from the configuration, serves `/metrics` and health, and
+//! Running the hub: builds the shared [`Hub`] from the configuration, serves `/metrics`, health and
+//! profiles, and
 //! runs the controllers ([`run_controllers`]) — at once, or with leader election only while this hub
 //! holds the Lease, with a client whose writes stop at the renew deadline ([`crate::ops::gate`]).
 
@@ -76,7 +77,7 @@ pub async fn run_until(client: Client, config: Config, cancel: CancellationToken
 }
 
 /// `/metrics` and the probes on `metricsAddress`, or the probes on `healthProbeAddress` when that is set
-/// (both on one listener when the two are the same address).
+/// (both on one listener when the two are the same address); profiles on `pprofAddress`.
 async fn serve_endpoints(config: &Config, hub: &Hub, ready: Readiness) -> Vec<tokio::task::JoinHandle<()>> {
     let registry = Arc::new(metrics::registry(hub, &ready));
     let metrics_address = config.metrics_address.as_str();
@@ -87,7 +88,8 @@ async fn serve_endpoints(config: &Config, hub: &Hub, ready: Readiness) -> Vec<to
         ],
         _ => vec![metrics::start(metrics_address, registry, ready, Routes::ALL).await],
     };
-    servers.into_iter().flatten().collect()
+    let profiles = crate::ops::pprof::start(&config.pprof_address).await;
+    servers.into_iter().chain([profiles]).flatten().collect()
 }
 
 /// Terms of leadership, one after the other: acquire the Lease, run the controllers with a client whose
