@@ -10,6 +10,8 @@
 //! Metacontroller's too; in a Pod the in-cluster config is used) and `--target-label-selector`, so the
 //! hub runs only this test's controller on a cluster other tests share.
 //!
+//! `--pprof-address` serves CPU and heap profiles that parse as pprof's protobuf.
+//!
 //! Ports: the two starts take turns (one lock), on 8081 and 9999 themselves when those are free. When
 //! something else on the machine holds one, only its number is swapped for a free port, and the test
 //! says so on its output.
@@ -270,4 +272,95 @@ async fn a_lock_other_than_leases_exits_2_naming_it() {
     let (code, stderr) = refused(true, &["--apply-strategy=client-side-apply"]).await;
     assert_eq!(code, Some(2), "{stderr}");
     assert!(stderr.contains("--apply-strategy") && stderr.contains("client-side-apply"), "{stderr}");
+}
+
+/// A GET of `path` on `address`: (status, body bytes).
+async fn get_bytes(address: &str, path: &str) -> Option<(u16, Vec<u8>)> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut stream = tokio::net::TcpStream::connect(address).await.ok()?;
+    stream.write_all(format!("GET {path} HTTP/1.1\r\nHost: hub\r\n\r\n").as_bytes()).await.ok()?;
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response).await.ok()?;
+    let end = response.windows(4).position(|w| w == b"\r\n\r\n")?;
+    let head = String::from_utf8_lossy(&response[..end]);
+    let code = head.split_whitespace().nth(1)?.parse().ok()?;
+    Some((code, response[end + 4..].to_vec()))
+}
+
+fn sample_types(profile: &pprof::protos::Profile) -> Vec<String> {
+    let name = |i: i64| profile.string_table[usize::try_from(i).unwrap()].clone();
+    profile.sample_type.iter().map(|t| format!("{}/{}", name(t.ty), name(t.unit))).collect()
+}
+
+/// Names of the functions in the stacks of samples with memory still in use.
+fn in_use_functions(profile: &pprof::protos::Profile) -> Vec<String> {
+    let mut names = Vec::new();
+    for sample in profile.sample.iter().filter(|s| s.value[3] > 0) {
+        for id in &sample.location_id {
+            let location = profile.location.iter().find(|l| l.id == *id).unwrap();
+            for line in &location.line {
+                let function = profile.function.iter().find(|f| f.id == line.function_id).unwrap();
+                names.push(profile.string_table[usize::try_from(function.name).unwrap()].clone());
+            }
+        }
+    }
+    names
+}
+
+#[tokio::test]
+async fn profiles_are_served_in_pprofs_format() {
+    use pprof::protos::Message as _;
+    support::client().await;
+    let port = free_port();
+    let dir = tempfile::tempdir().unwrap();
+    let args: Vec<String> = [
+        format!("--pprof-address=127.0.0.1:{port}"),
+        "--metrics-address=0".to_owned(),
+        "--health-probe-bind-address=0".to_owned(),
+        "--discovery-interval=1s".to_owned(),
+        "--kubeconfig".to_owned(),
+        support::kubeconfig_path().display().to_string(),
+        format!("--target-label-selector=metahook-test=profiles-{}", support::unique_suffix()),
+    ]
+    .into();
+    let mut hub = start(&metacontroller(dir.path()), &args, dir.path());
+    let address = format!("127.0.0.1:{port}");
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let index = loop {
+        if let Some(status) = hub.child.try_wait().unwrap() {
+            panic!("the hub exited ({status}):\n{}", hub.log());
+        }
+        if let Some((200, body)) = get_bytes(&address, "/debug/pprof/").await {
+            break String::from_utf8(body).unwrap();
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no profile listener:\n{}", hub.log());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(index.contains("profile") && index.contains("heap"), "{index}");
+    assert!(hub.log().contains("serving CPU and heap profiles"), "{}", hub.log());
+
+    let (code, body) = get_bytes(&address, "/debug/pprof/profile?seconds=1").await.unwrap();
+    assert_eq!(code, 200, "{}", String::from_utf8_lossy(&body));
+    let cpu = pprof::protos::Profile::parse_from_bytes(&body).expect("a CPU profile in pprof's protobuf");
+    assert_eq!(sample_types(&cpu), ["samples/count", "cpu/nanoseconds"]);
+
+    // The heap samples from the moment profiles are served; the hub allocates as it refreshes
+    // discovery every second, so samples of its own code come.
+    let heap = eventually(WAIT, || async {
+        let (code, body) = get_bytes(&address, "/debug/pprof/heap").await?;
+        assert_eq!(code, 200, "{}", String::from_utf8_lossy(&body));
+        let heap = pprof::protos::Profile::parse_from_bytes(&body).expect("a heap profile in pprof's protobuf");
+        in_use_functions(&heap).iter().any(|f| f.starts_with("metahook::")).then_some(heap)
+    })
+    .await;
+    assert_eq!(
+        sample_types(&heap),
+        ["alloc_objects/count", "alloc_space/bytes", "inuse_objects/count", "inuse_space/bytes"]
+    );
+    assert_eq!(heap.period, 512 * 1024, "Go's sampling rate");
+    assert!(
+        in_use_functions(&heap).iter().all(|f| !f.contains("ops::heap::Sampled")),
+        "the sampler's own frames are left out"
+    );
+    assert!(hub.child.try_wait().unwrap().is_none(), "the hub still runs:\n{}", hub.log());
 }

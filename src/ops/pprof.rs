@@ -1,6 +1,8 @@
 //! Profiles in pprof's format on `pprofAddress` (Metacontroller's `--pprof-address`), for `go tool pprof`
 //! and the tools that read it: `GET /debug/pprof/profile?seconds=N` samples the CPU for N seconds
-//! (default 30, as Go's) with pprof-rs, a `SIGPROF` timer at 100 Hz recording every thread's stack.
+//! (default 30, as Go's) with pprof-rs, a `SIGPROF` timer at 100 Hz recording every thread's stack;
+//! `GET /debug/pprof/heap` is the heap profile [`crate::ops::heap`] samples from the moment profiles
+//! are served (in metahook's own binary, whose allocator it wraps).
 //!
 //! Off unless an address is set: meant to be turned on while gathering a profile, as Metacontroller
 //! says of its own. One CPU profile at a time (the timer is process-wide); a second request is refused.
@@ -41,8 +43,13 @@ pub async fn start(address: &str) -> Option<tokio::task::JoinHandle<()>> {
     }
     match crate::ops::metrics::bind(address).await {
         Ok(listener) => {
+            let heap = crate::ops::heap::start();
             if let Ok(local) = listener.local_addr() {
-                info!(address = %local, "serving CPU profiles at /debug/pprof/profile");
+                if heap {
+                    info!(address = %local, "serving CPU and heap profiles at /debug/pprof/profile and /debug/pprof/heap");
+                } else {
+                    info!(address = %local, "serving CPU profiles at /debug/pprof/profile (no heap profiles: the process's allocator does not sample)");
+                }
             }
             Some(tokio::spawn(serve(listener)))
         }
@@ -88,9 +95,12 @@ async fn respond(target: &str) -> Response {
             Ok(seconds) => cpu_profile(Duration::from_secs(seconds)).await,
             Err(reason) => Response::text("400 Bad Request", format!("{reason}\n")),
         },
-        "/debug/pprof" | "/debug/pprof/" => {
-            Response::text("200 OK", "profile: CPU profile in pprof's format, ?seconds=N (default 30)\n")
-        }
+        "/debug/pprof/heap" => heap_profile().await,
+        "/debug/pprof" | "/debug/pprof/" => Response::text(
+            "200 OK",
+            "profile: CPU profile in pprof's format, ?seconds=N (default 30)\n\
+             heap: heap profile in pprof's format (allocations sampled since profiles are served)\n",
+        ),
         _ => Response::text("404 Not Found", "not found\n"),
     }
 }
@@ -129,6 +139,26 @@ async fn cpu_profile(duration: Duration) -> Response {
         Ok(Ok(body)) => Response::profile(body),
         Ok(Err(err)) => Response::text("500 Internal Server Error", format!("building the CPU profile: {err}\n")),
         Err(err) => Response::text("500 Internal Server Error", format!("building the CPU profile: {err}\n")),
+    }
+}
+
+/// The heap profile so far.
+async fn heap_profile() -> Response {
+    let encoded = tokio::task::spawn_blocking(|| {
+        use pprof::protos::Message as _;
+        crate::ops::heap::profile().map(|profile| profile.write_to_bytes().map_err(|e| e.to_string()))
+    })
+    .await;
+    match encoded {
+        Ok(Some(Ok(body))) => Response::profile(body),
+        Ok(None) => Response::text(
+            "501 Not Implemented",
+            "no heap profile: this process's allocator is not metahook's sampling one\n",
+        ),
+        Ok(Some(Err(err))) => {
+            Response::text("500 Internal Server Error", format!("encoding the heap profile: {err}\n"))
+        }
+        Err(err) => Response::text("500 Internal Server Error", format!("building the heap profile: {err}\n")),
     }
 }
 
