@@ -10,7 +10,9 @@
 //! Metacontroller's too; in a Pod the in-cluster config is used) and `--target-label-selector`, so the
 //! hub runs only this test's controller on a cluster other tests share.
 //!
-//! `--pprof-address` serves CPU and heap profiles that parse as pprof's protobuf.
+//! `--pprof-address` serves CPU and heap profiles that parse as pprof's protobuf, and with
+//! `--leader-election` the Lease is `--leader-election-id` in `--leader-election-namespace` or else
+//! the Pod's namespace.
 //!
 //! Ports: the two starts take turns (one lock), on 8081 and 9999 themselves when those are free. When
 //! something else on the machine holds one, only its number is swapped for a free port, and the test
@@ -121,10 +123,16 @@ impl Drop for Started {
 
 /// Starts `program` with `args`, its output (both streams) into `dir/hub.log`.
 fn start(program: &std::path::Path, args: &[String], dir: &std::path::Path) -> Started {
+    start_with_env(program, args, &[], dir)
+}
+
+/// [`start`] with `env` set.
+fn start_with_env(program: &std::path::Path, args: &[String], env: &[(&str, &str)], dir: &std::path::Path) -> Started {
     let log = dir.join("hub.log");
     let out = std::fs::File::create(&log).unwrap();
     let child = tokio::process::Command::new(program)
         .args(args)
+        .envs(env.iter().copied())
         .stdout(Stdio::from(out.try_clone().unwrap()))
         .stderr(Stdio::from(out))
         .env_remove("METAHOOK_LOG")
@@ -363,4 +371,48 @@ async fn profiles_are_served_in_pprofs_format() {
         "the sampler's own frames are left out"
     );
     assert!(hub.child.try_wait().unwrap().is_none(), "the hub still runs:\n{}", hub.log());
+}
+
+#[tokio::test]
+async fn leader_election_holds_the_lease_named_by_its_id_in_the_flags_or_the_pods_namespace() {
+    use k8s_openapi::api::coordination::v1::Lease;
+    let client = support::client().await;
+    let ns = TestNamespace::create(&client, "mc-cli-lease").await;
+    let leases: kube::Api<Lease> = kube::Api::namespaced(client.clone(), &ns.name);
+    let dir = tempfile::tempdir().unwrap();
+    let program = metacontroller(dir.path());
+    let base = |id: &str| -> Vec<String> {
+        vec![
+            "--leader-election".to_owned(),
+            format!("--leader-election-id={id}"),
+            "--metrics-address=0".to_owned(),
+            "--health-probe-bind-address=0".to_owned(),
+            "--kubeconfig".to_owned(),
+            support::kubeconfig_path().display().to_string(),
+            format!("--target-label-selector=metahook-test={}", ns.name),
+        ]
+    };
+    for (id, flag, pod_namespace) in [
+        // In a Pod without the flag: the Pod's namespace (the chart sets no POD_NAMESPACE, but kube's
+        // in-cluster config reads the same from the service account; this is the explicit form).
+        ("mc-lease-pod", false, ns.name.as_str()),
+        // The flag wins over the Pod's namespace.
+        ("mc-lease-flag", true, "no-such-namespace"),
+    ] {
+        let mut args = base(id);
+        if flag {
+            args.push(format!("--leader-election-namespace={}", ns.name));
+        }
+        let log_dir = tempfile::tempdir().unwrap();
+        let hub = start_with_env(&program, &args, &[("POD_NAMESPACE", pod_namespace)], log_dir.path());
+        let lease = eventually(WAIT, || async {
+            leases.get_opt(id).await.unwrap().filter(|l| l.spec.as_ref().is_some_and(|s| s.holder_identity.is_some()))
+        })
+        .await;
+        let holder = lease.spec.unwrap().holder_identity.unwrap();
+        assert!(!holder.is_empty(), "{id}: held, by {holder}");
+        assert!(hub.log().contains("waiting to lead"), "{id}: {}", hub.log());
+        drop(hub);
+    }
+    ns.delete().await;
 }
