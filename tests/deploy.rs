@@ -142,6 +142,8 @@ async fn kustomization_and_chart_render_and_pass_server_side_dry_run() {
         assert_eq!(one(objs, "PodDisruptionBudget")["spec"]["maxUnavailable"], 1, "{what}: PDB");
         let service = one(objs, "Service");
         assert_eq!(service["spec"]["ports"][0]["port"], 9999, "{what}: metrics Service");
+        let container = &deployment["spec"]["template"]["spec"]["containers"][0];
+        assert_eq!(container["readinessProbe"]["httpGet"]["port"], "metrics", "{what}: probes beside /metrics");
         assert!(
             objs.iter().all(|o| !o["metadata"]["name"].as_str().unwrap_or_default().ends_with("cluster-admin-like"))
         );
@@ -165,6 +167,17 @@ async fn kustomization_and_chart_render_and_pass_server_side_dry_run() {
     assert_eq!(config.leader_election.lease_duration.as_secs(), 30);
     assert_eq!(config.leader_election.renew_deadline.as_secs(), 20);
     assert_eq!(one(&overrides, "Deployment")["spec"]["replicas"], 3);
+    // healthProbeAddress puts the probes on their own port, and the chart points them there.
+    assert_eq!(config.health_probe_address.as_deref(), Some(":8081"));
+    let ports: Vec<(&str, i64)> = container["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| (p["name"].as_str().unwrap(), p["containerPort"].as_i64().unwrap()))
+        .collect();
+    assert_eq!(ports, [("metrics", 9999), ("probes", 8081)]);
+    assert_eq!(container["livenessProbe"]["httpGet"]["port"], "probes");
+    assert_eq!(container["readinessProbe"]["httpGet"]["port"], "probes");
     let admin = overrides
         .iter()
         .find(|o| o["kind"] == "ClusterRole" && o["metadata"]["name"] == "hub-cluster-admin-like")

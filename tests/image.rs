@@ -1,7 +1,9 @@
 //! The image `make image` builds (`deploy/image/build.sh`): an OCI image archive made offline, without a
 //! container engine. The test builds one from the test binary, unpacks it as a runtime would (index →
 //! manifest → config and layers, every blob checked against its digest), and runs `metahook version`
-//! from the unpacked root filesystem with `chroot`, as the image's non-root user.
+//! from the unpacked root filesystem with `chroot`, as the image's non-root user; and
+//! `/usr/bin/metacontroller`, the command of Metacontroller's chart and manifest, which reads
+//! Metacontroller's flags.
 //!
 //! The first run on a fresh machine builds the image tool from the Go module proxy (seconds; see
 //! deploy/README.md). Needs root for chroot (as tests run here); it is skipped with a message otherwise.
@@ -73,6 +75,9 @@ fn the_image_archive_unpacks_to_a_root_filesystem_that_runs_metahook_as_non_root
         assert!(!rootfs.join(shell).exists(), "the image has no shell, but {shell} exists");
     }
     assert!(rootfs.join("etc/ssl/certs/ca-certificates.crt").is_file(), "CA certificates for https hooks");
+    let link = std::fs::symlink_metadata(rootfs.join("usr/bin/metacontroller")).expect("/usr/bin/metacontroller");
+    assert!(link.file_type().is_symlink(), "a link to /metahook, not a second copy of the binary");
+    assert_eq!(std::fs::read_link(rootfs.join("usr/bin/metacontroller")).unwrap(), Path::new("/metahook"));
 
     if run(Command::new("id").arg("-u")).trim() != "0" {
         eprintln!("skipping the chroot run: it needs root");
@@ -82,6 +87,24 @@ fn the_image_archive_unpacks_to_a_root_filesystem_that_runs_metahook_as_non_root
     assert_eq!(version.trim(), format!("metahook {}", env!("CARGO_PKG_VERSION")));
     let crds = run(Command::new("chroot").arg("--userspec=65532:65532").arg(&rootfs).args(["/metahook", "crds"]));
     assert!(crds.contains("compositecontrollers.metacontroller.k8s.io"));
+
+    // Metacontroller's chart runs `command: /usr/bin/metacontroller`: the hub under that name reads
+    // Metacontroller's flags (here `-help`, which needs no cluster; the full start is
+    // tests/metacontroller_cli.rs), and refuses one it does not know with Go's status 2.
+    let usage = run(Command::new("chroot")
+        .arg("--userspec=65532:65532")
+        .arg(&rootfs)
+        .args(["/usr/bin/metacontroller", "-help"]));
+    assert!(usage.contains("-health-probe-bind-address") && usage.contains("-zap-log-level"), "{usage}");
+    let unknown = Command::new("chroot")
+        .arg("--userspec=65532:65532")
+        .arg(&rootfs)
+        .args(["/usr/bin/metacontroller", "--zap-log-level=4", "--no-such-flag"])
+        .output()
+        .unwrap();
+    assert_eq!(unknown.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&unknown.stderr);
+    assert!(stderr.contains("flag provided but not defined: --no-such-flag"), "{stderr}");
     println!(
         "image archive (from the test binary, debug build, stripped): {:.1} MiB, layout {} blobs",
         f64::from(u32::try_from(size).unwrap_or(u32::MAX)) / 1_048_576.0,

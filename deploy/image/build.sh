@@ -2,7 +2,9 @@
 # Builds the metahook OCI image archive offline, without a container engine:
 #   1. builds ocibuild (main.go here, go-containerregistry pinned in go.mod) into tests/cluster/bin/
 #      from the Go module proxy — a no-op when tests/cluster/bin/.ocibuild.stamp matches;
-#   2. lays out a root filesystem: /metahook (stripped), the shared libraries it links (glibc's loader,
+#   2. lays out a root filesystem: /metahook (stripped) and /usr/bin/metacontroller, a symbolic link to it
+#      (Metacontroller's chart and manifest run that path: started under that name, the hub reads
+#      Metacontroller's flags), the shared libraries it links (glibc's loader,
 #      libc, libm, libgcc_s, found with ldd), /etc/ssl/certs/ca-certificates.crt, and /etc/passwd +
 #      /etc/group naming the non-root user 65532 ("nonroot", as distroless). No shell, no package manager;
 #   3. writes an OCI image archive (a tar of an OCI image layout) running /metahook as 65532:65532.
@@ -53,6 +55,9 @@ install -d -m 0755 "$ROOTFS/etc/ssl/certs" "$ROOTFS/tmp"
 chmod 1777 "$ROOTFS/tmp"
 install -m 0755 "$BINARY" "$ROOTFS/metahook"
 strip --strip-debug "$ROOTFS/metahook"
+# A link, not a copy or a hard link (the layer would hold the binary twice); the name is what counts.
+install -d -m 0755 "$ROOTFS/usr/bin"
+ln -s /metahook "$ROOTFS/usr/bin/metacontroller"
 # The dynamic loader and every library the binary links, at the paths ldd resolves them to.
 for lib in $(ldd "$BINARY" | grep -oE '/[^ ]+\.so[^ ]*'); do
   real=$(readlink -f "$lib")

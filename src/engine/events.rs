@@ -5,6 +5,10 @@
 //! and keeps the *first* note, so a second, different hook error on an object would show the first
 //! error's text. Here the note is part of the identity: a repeat of the same message bumps the series
 //! count; a new message is a new Event.
+//!
+//! With a [`Limit`] (Metacontroller's `--events-qps`/`--events-burst`, `eventsQPS`/`eventsBurst`), each
+//! object has a token bucket, as Metacontroller's event correlator gives it (client-go's spam filter):
+//! every Event about the object, a repeat too, takes a token, and one that finds none is dropped.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -17,7 +21,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::Client;
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::json;
-use tracing::warn;
+use tracing::{debug, warn};
 
 /// A repeat within this window is counted on the existing Event instead of creating a new one.
 const SERIES_WINDOW: Duration = Duration::from_secs(6 * 60);
@@ -38,6 +42,55 @@ struct Recorded {
     last: Instant,
 }
 
+/// At most `burst` Events about one object at once, refilled at `qps` per second.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Limit {
+    pub qps: f64,
+    pub burst: u32,
+}
+
+/// One token bucket per object.
+struct Buckets {
+    limit: Limit,
+    by_object: HashMap<String, Bucket>,
+    /// The map is pruned of full buckets when it grows past this (then twice what was left).
+    prune_at: usize,
+}
+
+struct Bucket {
+    tokens: f64,
+    at: Instant,
+}
+
+impl Buckets {
+    const MIN_PRUNE_AT: usize = 1024;
+
+    fn new(limit: Limit) -> Self {
+        Self { limit, by_object: HashMap::new(), prune_at: Self::MIN_PRUNE_AT }
+    }
+
+    /// Takes a token for an Event about `object` at `now`, if there is one.
+    fn allow(&mut self, object: &str, now: Instant) -> bool {
+        let Limit { qps, burst } = self.limit;
+        let burst = f64::from(burst);
+        let refilled = |b: &Bucket| (b.tokens + now.saturating_duration_since(b.at).as_secs_f64() * qps).min(burst);
+        if self.by_object.len() >= self.prune_at {
+            // A full bucket is what a new one would be: forgetting it changes nothing.
+            self.by_object.retain(|_, b| refilled(b) < burst);
+            self.prune_at = (self.by_object.len() * 2).max(Self::MIN_PRUNE_AT);
+        }
+        let bucket = self.by_object.entry(object.to_owned()).or_insert(Bucket { tokens: burst, at: now });
+        bucket.tokens = refilled(bucket);
+        bucket.at = now;
+        if bucket.tokens >= 1.0 {
+            bucket.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+}
+
 /// Publishes Events as the `metahook` component. Failures to publish are logged, never propagated:
 /// an Event is a courtesy, and must not turn a successful sync into a failed one.
 #[derive(Clone)]
@@ -45,13 +98,21 @@ pub struct Events {
     client: Client,
     instance: String,
     recorded: Arc<Mutex<HashMap<Identity, Recorded>>>,
+    buckets: Option<Arc<Mutex<Buckets>>>,
 }
 
 impl Events {
     #[must_use]
     pub fn new(client: Client) -> Self {
         let instance = std::env::var("POD_NAME").unwrap_or_else(|_| COMPONENT.to_owned());
-        Self { client, instance, recorded: Arc::default() }
+        Self { client, instance, recorded: Arc::default(), buckets: None }
+    }
+
+    /// These Events, at most as many per object as `limit` lets through (`None`: all).
+    #[must_use]
+    pub fn limited(mut self, limit: Option<Limit>) -> Self {
+        self.buckets = limit.map(|limit| Arc::new(Mutex::new(Buckets::new(limit))));
+        self
     }
 
     /// A Warning Event on `obj`.
@@ -67,6 +128,16 @@ impl Events {
     async fn publish(&self, obj: &ObjectReference, type_: &'static str, reason: &str, note: String) {
         // The API limits notes to 1 kB; hook error bodies can be longer.
         let note: String = note.chars().take(1000).collect();
+        if let Some(buckets) = &self.buckets {
+            let object = obj.uid.clone().unwrap_or_else(|| {
+                let part = |p: &Option<String>| p.clone().unwrap_or_default();
+                format!("{}/{}/{}/{}", part(&obj.api_version), part(&obj.kind), part(&obj.namespace), part(&obj.name))
+            });
+            if !buckets.lock().expect("events lock").allow(&object, Instant::now()) {
+                debug!(object = ?obj.name, reason, "event dropped: over the per-object limit (eventsQPS, eventsBurst)");
+                return;
+            }
+        }
         let identity = Identity { uid: obj.uid.clone().unwrap_or_default(), type_, reason: reason.to_owned(), note };
         let repeat = {
             let mut recorded = self.recorded.lock().expect("events lock");
@@ -140,5 +211,47 @@ pub fn reference(obj: &DynamicObject) -> ObjectReference {
         uid: obj.metadata.uid.clone(),
         resource_version: None,
         field_path: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_object_gets_its_burst_then_one_event_per_refill() {
+        // Metacontroller's defaults: 25 at once, then one per 5 minutes.
+        let mut buckets = Buckets::new(Limit { qps: 1.0 / 300.0, burst: 25 });
+        let start = Instant::now();
+        for i in 0..25 {
+            assert!(buckets.allow("a", start), "event {i} of the burst");
+        }
+        assert!(!buckets.allow("a", start), "the 26th at once is dropped");
+        assert!(buckets.allow("b", start), "another object has its own bucket");
+        assert!(!buckets.allow("a", start + Duration::from_secs(299)), "not refilled before 5 minutes");
+        assert!(buckets.allow("a", start + Duration::from_secs(300)), "one token after 5 minutes");
+        assert!(!buckets.allow("a", start + Duration::from_secs(301)));
+        // Refilling stops at the burst.
+        let later = start + Duration::from_secs(100 * 300);
+        let allowed = (0..30).filter(|_| buckets.allow("a", later)).count();
+        assert_eq!(allowed, 25);
+    }
+
+    #[test]
+    fn full_buckets_are_forgotten_and_partial_ones_kept() {
+        let mut buckets = Buckets::new(Limit { qps: 1.0, burst: 2 });
+        let start = Instant::now();
+        for i in 0..Buckets::MIN_PRUNE_AT - 1 {
+            assert!(buckets.allow(&i.to_string(), start));
+        }
+        assert!(buckets.allow("0", start) && !buckets.allow("0", start), "object 0 spent its burst");
+        // Two seconds on, every bucket is full again; object 0 spends one of its two.
+        let later = start + Duration::from_secs(2);
+        assert!(buckets.allow("0", later));
+        assert!(buckets.allow("new", later));
+        assert_eq!(buckets.by_object.len(), Buckets::MIN_PRUNE_AT);
+        assert!(buckets.allow("newer", later), "the map is pruned before this one goes in");
+        assert_eq!(buckets.by_object.len(), 3, "only the buckets that are not full are left, and the new one");
+        assert!(buckets.allow("0", later) && !buckets.allow("0", later), "object 0 kept what it had spent");
     }
 }

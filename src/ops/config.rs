@@ -40,8 +40,16 @@ pub struct Config {
     /// Cap of the per-parent exponential backoff.
     #[serde(with = "secs")]
     pub backoff_max: Duration,
-    /// Where `/metrics`, `/healthz` and `/readyz` are served (`host:port`); empty disables them.
+    /// Where `/metrics` is served (`host:port`, or Go's `:port` for every address); empty disables it.
+    /// `/healthz` and `/readyz` are served there too unless `healthProbeAddress` is set.
     pub metrics_address: String,
+    /// Where `/healthz` and `/readyz` are served, on a listener of their own (`host:port` or `:port`; as
+    /// Metacontroller's `--health-probe-bind-address`); empty disables them. Unset (`null`): on
+    /// `metricsAddress`, beside `/metrics`.
+    pub health_probe_address: Option<String>,
+    /// Where CPU and heap profiles are served in pprof's format (`/debug/pprof/profile`,
+    /// `/debug/pprof/heap`); empty disables it. Meant to be on only while gathering a profile.
+    pub pprof_address: String,
     /// Largest hook response body accepted, in bytes; a larger one fails the sync unread.
     pub hook_response_limit: usize,
     /// How long a starting controller waits for its caches before it reports `Ready=False` with the
@@ -63,6 +71,12 @@ pub struct Config {
     pub api_qps: f64,
     /// Requests that may go at once above `apiQPS` (with a rate limit set).
     pub api_burst: u32,
+    /// Events the hub records per object per second on average, as Metacontroller's event correlator
+    /// limits them (`--events-qps`, 1 per 5 minutes); 0 = no limit. Events over it are dropped.
+    #[serde(rename = "eventsQPS")]
+    pub events_qps: f64,
+    /// Events per object that may go at once above `eventsQPS` (with a limit set).
+    pub events_burst: u32,
     /// API requests open at once, for the whole hub.
     pub max_requests_in_flight: usize,
     /// Field managers whose ownership of children and attachments the hub takes over on its first
@@ -125,12 +139,16 @@ impl Default for Config {
             backoff_base: Duration::from_millis(5),
             backoff_max: Duration::from_secs(1000),
             metrics_address: "0.0.0.0:9999".to_owned(),
+            health_probe_address: None,
+            pprof_address: String::new(),
             hook_response_limit: crate::hooks::DEFAULT_RESPONSE_LIMIT,
             cache_sync_timeout: Duration::from_secs(60),
             leader_election: LeaderElection::default(),
             hook_hosts: BTreeMap::new(),
             api_qps: 0.0,
             api_burst: 100,
+            events_qps: 0.0,
+            events_burst: 25,
             max_requests_in_flight: 64,
             take_over_field_managers: vec![crate::write::take_over::METACONTROLLER_MANAGER.to_owned()],
             cache_flush_interval: Duration::from_secs(30 * 60),
@@ -233,6 +251,13 @@ impl Config {
         }
     }
 
+    /// The per-object limit on the hub's Events (`eventsQPS`, `eventsBurst`); `None` without one.
+    #[must_use]
+    pub fn events_limit(&self) -> Option<crate::engine::events::Limit> {
+        (self.events_qps > 0.0)
+            .then_some(crate::engine::events::Limit { qps: self.events_qps, burst: self.events_burst })
+    }
+
     /// The limits of the hub's API client.
     #[must_use]
     pub fn client_limits(&self) -> crate::ops::client::Limits {
@@ -255,7 +280,36 @@ impl Config {
         serde_yaml::from_str(&text).map_err(|source| ConfigError::Parse { path: path.to_owned(), source })
     }
 
-    fn validate(&self) -> Result<(), ConfigError> {
+    /// These settings with those the file at `path` sets put over them: keys the file leaves out keep
+    /// their value here rather than the built-in default (how Metacontroller's defaults and a
+    /// `METAHOOK_CONFIG` file combine). Not validated.
+    pub fn overlaid_with_file(&self, path: &Path) -> Result<Self, ConfigError> {
+        fn overlay(base: &mut serde_yaml::Value, over: serde_yaml::Value) {
+            match (base, over) {
+                (serde_yaml::Value::Mapping(base), serde_yaml::Value::Mapping(over)) => {
+                    for (key, value) in over {
+                        match base.get_mut(&key) {
+                            Some(slot) => overlay(slot, value),
+                            None => drop(base.insert(key, value)),
+                        }
+                    }
+                }
+                (slot, value) => *slot = value,
+            }
+        }
+        let parse = |source| ConfigError::Parse { path: path.to_owned(), source };
+        let text =
+            std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
+        let mut merged = serde_yaml::to_value(self).map_err(parse)?;
+        let over: serde_yaml::Value = serde_yaml::from_str(&text).map_err(parse)?;
+        if !over.is_null() {
+            overlay(&mut merged, over);
+        }
+        serde_yaml::from_value(merged).map_err(parse)
+    }
+
+    /// Checks the settings together; the error names the setting.
+    pub fn validate(&self) -> Result<(), ConfigError> {
         if self.workers == 0 {
             return Err(ConfigError::Invalid { field: "workers", reason: "must be at least 1".into() });
         }
@@ -282,6 +336,18 @@ impl Config {
                 field: "customizeCacheTimeout",
                 reason: "must be at least 1 second".into(),
             });
+        }
+        if !(self.events_qps >= 0.0 && self.events_qps.is_finite()) {
+            return Err(ConfigError::Invalid { field: "eventsQPS", reason: "must be a number, 0 or more".into() });
+        }
+        if self.events_qps > 0.0 && self.events_burst == 0 {
+            return Err(ConfigError::Invalid {
+                field: "eventsBurst",
+                reason: "must be at least 1 with eventsQPS set".into(),
+            });
+        }
+        if self.discovery_interval.is_zero() {
+            return Err(ConfigError::Invalid { field: "discoveryInterval", reason: "must be more than 0".into() });
         }
         if self.cache_sync_timeout.is_zero() {
             return Err(ConfigError::Invalid { field: "cacheSyncTimeout", reason: "must be at least 1 second".into() });
@@ -392,6 +458,41 @@ mod tests {
         assert!(Config::load(None, &overrides).unwrap_err().to_string().contains("renewDeadline"));
         let overrides = ConfigOverrides { leader_elect: Some(true), ..ConfigOverrides::default() };
         assert!(Config::load(None, &overrides).unwrap().leader_election.enabled);
+    }
+
+    #[test]
+    fn a_file_overlays_the_settings_it_is_given_key_by_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("metahook.yaml");
+        std::fs::write(&path, "workers: 7\nleaderElection: {leaseNamespace: hub}\nhealthProbeAddress: \":8081\"\n")
+            .unwrap();
+        let base = Config {
+            api_qps: 5.0,
+            leader_election: LeaderElection { lease_name: "metacontroller".into(), ..LeaderElection::default() },
+            ..Config::default()
+        };
+        let config = base.overlaid_with_file(&path).unwrap();
+        assert_eq!(config.workers, 7);
+        assert_eq!(config.health_probe_address.as_deref(), Some(":8081"));
+        assert!((config.api_qps - 5.0).abs() < f64::EPSILON, "a key the file leaves out keeps the base's value");
+        assert_eq!(config.leader_election.lease_name, "metacontroller", "nested keys merge too");
+        assert_eq!(config.leader_election.lease_namespace, "hub");
+        std::fs::write(&path, "wrkers: 1\n").unwrap();
+        let err = base.overlaid_with_file(&path).unwrap_err();
+        assert!(err.to_string().contains("wrkers"), "{err}");
+        std::fs::write(&path, "").unwrap();
+        assert_eq!(base.overlaid_with_file(&path).unwrap(), base, "an empty file changes nothing");
+    }
+
+    #[test]
+    fn events_are_limited_only_when_configured() {
+        assert_eq!(Config::default().events_limit(), None, "metahook run records every Event, as before");
+        let config: Config = serde_yaml::from_str("eventsQPS: 0.5\neventsBurst: 3").unwrap();
+        assert_eq!(config.events_limit(), Some(crate::engine::events::Limit { qps: 0.5, burst: 3 }));
+        let config: Config = serde_yaml::from_str("eventsQPS: 1\neventsBurst: 0").unwrap();
+        assert!(config.validate().unwrap_err().to_string().contains("eventsBurst"));
+        let config: Config = serde_yaml::from_str("eventsQPS: -1").unwrap();
+        assert!(config.validate().unwrap_err().to_string().contains("eventsQPS"));
     }
 
     #[test]

@@ -1,4 +1,5 @@
-//! `/metrics`, `/healthz` and `/readyz` on `metricsAddress`: one registry for every stage's families
+//! `/metrics`, `/healthz` and `/readyz` on `metricsAddress` (the probes on `healthProbeAddress` instead,
+//! when that is set, as Metacontroller serves them): one registry for every stage's families
 //! (each stage owns its own and registers them with one call, see [`registry`]), gauges computed when
 //! scraped (caches, controllers, leadership), and the readiness a rolling update waits for.
 //!
@@ -179,8 +180,43 @@ pub struct Readiness {
     pub leadership: Option<Leadership>,
 }
 
-/// Serves `/metrics`, `/healthz` and `/readyz` on `listener` until the task is dropped.
-pub async fn serve(listener: TcpListener, registry: Arc<Registry>, ready: Readiness) {
+/// Which endpoints a listener answers; the others are 404.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Routes {
+    /// `/metrics`.
+    pub metrics: bool,
+    /// `/healthz` and `/readyz`.
+    pub probes: bool,
+}
+
+impl Routes {
+    pub const ALL: Self = Self { metrics: true, probes: true };
+    pub const METRICS: Self = Self { metrics: true, probes: false };
+    pub const PROBES: Self = Self { metrics: false, probes: true };
+
+    fn describe(self) -> &'static str {
+        match (self.metrics, self.probes) {
+            (true, true) => "/metrics, /healthz and /readyz",
+            (true, false) => "/metrics",
+            _ => "/healthz and /readyz",
+        }
+    }
+}
+
+/// Binds `address`: `host:port`, or Go's `:port` for every address of the host (IPv6 and IPv4 where
+/// the host has IPv6, else IPv4).
+pub async fn bind(address: &str) -> std::io::Result<TcpListener> {
+    match address.strip_prefix(':') {
+        Some(port) => match TcpListener::bind(format!("[::]:{port}")).await {
+            Ok(listener) => Ok(listener),
+            Err(_) => TcpListener::bind(format!("0.0.0.0:{port}")).await,
+        },
+        None => TcpListener::bind(address).await,
+    }
+}
+
+/// Serves `routes` on `listener` until the task is dropped.
+pub async fn serve(listener: TcpListener, registry: Arc<Registry>, ready: Readiness, routes: Routes) {
     loop {
         let Ok((mut stream, _)) = listener.accept().await else { continue };
         let registry = Arc::clone(&registry);
@@ -192,11 +228,11 @@ pub async fn serve(listener: TcpListener, registry: Arc<Registry>, ready: Readin
             let path = request.split_whitespace().nth(1).unwrap_or("/");
             let text = "text/plain; charset=utf-8";
             let (status, content_type, body) = match path {
-                "/metrics" => {
+                "/metrics" if routes.metrics => {
                     ("200 OK", "application/openmetrics-text; version=1.0.0; charset=utf-8", render(&registry))
                 }
-                "/healthz" => ("200 OK", text, "ok\n".to_owned()),
-                "/readyz" => match readiness(&ready.health, ready.leadership.as_ref()) {
+                "/healthz" if routes.probes => ("200 OK", text, "ok\n".to_owned()),
+                "/readyz" if routes.probes => match readiness(&ready.health, ready.leadership.as_ref()) {
                     (true, body) => ("200 OK", text, body),
                     (false, body) => ("503 Service Unavailable", text, body),
                 },
@@ -213,20 +249,25 @@ pub async fn serve(listener: TcpListener, registry: Arc<Registry>, ready: Readin
     }
 }
 
-/// Binds `address` (empty = disabled) and serves on it in the background.
-pub async fn start(address: &str, registry: Arc<Registry>, ready: Readiness) -> Option<tokio::task::JoinHandle<()>> {
+/// Binds `address` (empty = disabled, see [`bind`]) and serves `routes` on it in the background.
+pub async fn start(
+    address: &str,
+    registry: Arc<Registry>,
+    ready: Readiness,
+    routes: Routes,
+) -> Option<tokio::task::JoinHandle<()>> {
     if address.is_empty() {
         return None;
     }
-    match TcpListener::bind(address).await {
+    match bind(address).await {
         Ok(listener) => {
             if let Ok(local) = listener.local_addr() {
-                info!(address = %local, "serving /metrics, /healthz and /readyz");
+                info!(address = %local, "serving {}", routes.describe());
             }
-            Some(tokio::spawn(serve(listener, registry, ready)))
+            Some(tokio::spawn(serve(listener, registry, ready, routes)))
         }
         Err(err) => {
-            warn!(address, "cannot serve metrics and health endpoints: {err}");
+            warn!(address, "cannot serve {}: {err}", routes.describe());
             None
         }
     }
@@ -235,6 +276,26 @@ pub async fn start(address: &str, registry: Arc<Registry>, ready: Readiness) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn each_listener_answers_its_own_routes_and_go_addresses_bind() {
+        let listener = bind(":0").await.expect("Go's :port form binds every address");
+        let port = listener.local_addr().unwrap().port();
+        let health = Health::default();
+        let ready = Readiness { health, leadership: None };
+        let probes = tokio::spawn(serve(listener, Arc::new(Registry::default()), ready, Routes::PROBES));
+        let get = |path: &'static str| async move {
+            let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+            stream.write_all(format!("GET {path} HTTP/1.1\r\n\r\n").as_bytes()).await.unwrap();
+            let mut response = String::new();
+            stream.read_to_string(&mut response).await.unwrap();
+            response.split_whitespace().nth(1).unwrap().to_owned()
+        };
+        assert_eq!(get("/healthz").await, "200");
+        assert_eq!(get("/readyz").await, "503", "no controllers listed yet");
+        assert_eq!(get("/metrics").await, "404", "metrics are on their own listener");
+        probes.abort();
+    }
 
     #[test]
     fn a_standby_is_ready_and_says_who_leads() {

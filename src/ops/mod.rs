@@ -1,12 +1,14 @@
 //! Stage 6, operations: running the hub as a cluster add-on. Its configuration ([`config`]), its manners
 //! towards the API server ([`client`]), leader election ([`leader`]) and the write gate that makes it safe
-//! ([`gate`]), `/metrics` and health ([`metrics`]), and running it all ([`run`]).
+//! ([`gate`]), `/metrics` and health ([`metrics`]), profiles ([`pprof`], the heap's from [`heap`]), and running it all ([`run`]).
 //!
 //! May import: every stage below (api, cache, hooks, write, engine, controllers).
 
 pub mod client;
 pub mod config;
 pub mod gate;
+pub mod heap;
 pub mod leader;
 pub mod metrics;
+pub mod pprof;
 pub mod run;

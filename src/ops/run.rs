@@ -1,4 +1,5 @@
-//! Running the hub: builds the shared [`Hub`] from the configuration, serves `/metrics` and health, and
+//! Running the hub: builds the shared [`Hub`] from the configuration, serves `/metrics`, health and
+//! profiles, and
 //! runs the controllers ([`run_controllers`]) — at once, or with leader election only while this hub
 //! holds the Lease, with a client whose writes stop at the renew deadline ([`crate::ops::gate`]).
 
@@ -18,7 +19,7 @@ use crate::engine::metrics::Metrics;
 use crate::hooks::HookClient;
 use crate::ops::config::Config;
 use crate::ops::leader::{Elector, Lost};
-use crate::ops::metrics::{self, Readiness};
+use crate::ops::metrics::{self, Readiness, Routes};
 use crate::write::apply::Applier;
 
 /// Errors that stop the hub.
@@ -41,7 +42,7 @@ pub fn build(client: Client, config: &Config) -> Hub {
         applier: Applier::new(client.clone(), config.field_manager.clone())
             .with_metrics(metrics.apply.clone())
             .taking_over_from(config.take_over_field_managers.clone()),
-        events: Events::new(client.clone()),
+        events: Events::new(client.clone()).limited(config.events_limit()),
         settings: config.engine_settings(),
         metrics,
         health: Health::default(),
@@ -68,11 +69,27 @@ pub async fn run_until(client: Client, config: Config, cancel: CancellationToken
     }
     let hub = build(client, &config);
     let ready = Readiness { health: hub.health.clone(), leadership: None };
-    let server = metrics::start(&config.metrics_address, Arc::new(metrics::registry(&hub, &ready)), ready).await;
+    let servers = serve_endpoints(&config, &hub, ready).await;
     run_controllers(hub, config.target_label_selector.clone(), cancel).await;
-    if let Some(server) = server {
+    for server in servers {
         server.abort();
     }
+}
+
+/// `/metrics` and the probes on `metricsAddress`, or the probes on `healthProbeAddress` when that is set
+/// (both on one listener when the two are the same address); profiles on `pprofAddress`.
+async fn serve_endpoints(config: &Config, hub: &Hub, ready: Readiness) -> Vec<tokio::task::JoinHandle<()>> {
+    let registry = Arc::new(metrics::registry(hub, &ready));
+    let metrics_address = config.metrics_address.as_str();
+    let servers = match config.health_probe_address.as_deref() {
+        Some(probes) if probes != metrics_address => vec![
+            metrics::start(metrics_address, registry.clone(), ready.clone(), Routes::METRICS).await,
+            metrics::start(probes, registry, ready, Routes::PROBES).await,
+        ],
+        _ => vec![metrics::start(metrics_address, registry, ready, Routes::ALL).await],
+    };
+    let profiles = crate::ops::pprof::start(&config.pprof_address).await;
+    servers.into_iter().chain([profiles]).flatten().collect()
 }
 
 /// Terms of leadership, one after the other: acquire the Lease, run the controllers with a client whose
@@ -86,7 +103,7 @@ async fn run_elected(client: Client, config: Config, cancel: CancellationToken) 
     let leadership = elector.leadership().clone();
     let hub = build(crate::ops::gate::gated(client, leadership.clone()), &config);
     let ready = Readiness { health: hub.health.clone(), leadership: Some(leadership.clone()) };
-    let server = metrics::start(&config.metrics_address, Arc::new(metrics::registry(&hub, &ready)), ready).await;
+    let servers = serve_endpoints(&config, &hub, ready).await;
     info!(identity = %leadership.identity, lease = %leadership.lease, "waiting to lead");
     while elector.acquire(&cancel).await {
         hub.health.reset();
@@ -108,7 +125,7 @@ async fn run_elected(client: Client, config: Config, cancel: CancellationToken) 
             Some(Lost::RenewDeadline) => warn!("could not renew the lease in time; standing by"),
         }
     }
-    if let Some(server) = server {
+    for server in servers {
         server.abort();
     }
 }

@@ -1,7 +1,9 @@
-//! Command line: `metahook run`, `version`, `crds`, `render`, `rbac` and `migrate`.
+//! Command line: `metahook run`, `version`, `crds`, `render`, `rbac` and `migrate`; and, started as
+//! `metacontroller` or with flags only, Metacontroller's command line ([`crate::tools::metacontroller`]).
 //!
 //! This is the only place that uses `anyhow`: everything below it returns typed errors.
 
+use std::ffi::OsString;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -10,6 +12,9 @@ use clap::{Parser, Subcommand};
 use tracing::{error, info};
 
 use crate::ops::config::{Config, ConfigOverrides};
+use crate::tools::goflag::FlagError;
+use crate::tools::logs::{LogFormat, Logging};
+use crate::tools::metacontroller::{self, Refused};
 
 /// metahook: write Kubernetes controllers as small HTTP hooks in any language.
 #[derive(Debug, Parser)]
@@ -50,16 +55,6 @@ struct RbacArgs {
     base: bool,
 }
 
-/// How log lines are written.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
-pub enum LogFormat {
-    /// One human-readable line per event, with the span fields (controller, object, sync id) in front.
-    #[default]
-    Text,
-    /// One JSON object per line, with the current span's fields and the span list.
-    Json,
-}
-
 #[derive(Debug, clap::Args)]
 struct RunArgs {
     /// Kubeconfig file. Without it: `KUBECONFIG`, then `~/.kube/config`, then in-cluster config.
@@ -78,7 +73,11 @@ struct RunArgs {
 /// Entry point of the binary.
 #[must_use]
 pub fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let args: Vec<OsString> = std::env::args_os().collect();
+    if metacontroller::wanted(&args) {
+        return metacontroller_main(&args[1..]);
+    }
+    let cli = Cli::parse_from(args);
     match cli.command {
         Command::Version => {
             println!("metahook {}", env!("CARGO_PKG_VERSION"));
@@ -127,33 +126,62 @@ pub fn main() -> ExitCode {
         }
         Command::Migrate(args) => crate::tools::migrate::main(&args),
         Command::Run(args) => {
-            init_tracing(args.log_format);
-            let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build();
-            let result = runtime.context("starting the async runtime").and_then(|rt| rt.block_on(run(args)));
-            match result {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(err) => {
-                    error!("{err:#}");
-                    ExitCode::FAILURE
-                }
-            }
+            crate::tools::logs::init(&Logging { format: args.log_format, ..Logging::default() });
+            block_on(async move {
+                let config = Config::load(args.config.as_deref(), &args.overrides)?;
+                run(args.kubeconfig, config).await
+            })
         }
     }
 }
 
-fn init_tracing(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("METAHOOK_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_target(false);
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().with_current_span(true).with_span_list(false).flatten_event(true).init(),
+/// Metacontroller's command line (`args` without the program name): exit status 2 naming the flag when
+/// it is refused, as Go's `flag` package exits.
+fn metacontroller_main(args: &[OsString]) -> ExitCode {
+    let args: Result<Vec<String>, _> = args.iter().map(|a| a.clone().into_string()).collect();
+    let Ok(args) = args else {
+        eprintln!("metacontroller: arguments must be UTF-8");
+        return ExitCode::from(2);
+    };
+    let file = std::env::var_os("METAHOOK_CONFIG").map(PathBuf::from);
+    let invocation = match metacontroller::parse(&args, file.as_deref()) {
+        Ok(invocation) => invocation,
+        Err(Refused::Flag(FlagError::Help)) => {
+            print!("{}", metacontroller::usage());
+            return ExitCode::SUCCESS;
+        }
+        Err(err) => {
+            eprintln!("metacontroller: {err}\nRun `metacontroller -help` for the flags it accepts.");
+            return ExitCode::from(2);
+        }
+    };
+    crate::tools::logs::init(&invocation.logging);
+    let settings: Vec<String> = invocation.summary.iter().map(|(flag, value)| format!("{flag}={value:?}")).collect();
+    info!(
+        version = env!("CARGO_PKG_VERSION"),
+        "Configuration information (Metacontroller's command line): {}",
+        settings.join(" ")
+    );
+    for note in &invocation.notes {
+        info!("{note}");
+    }
+    block_on(run(invocation.kubeconfig, invocation.config))
+}
+
+/// Runs `future` on a multi-threaded runtime; an error is logged and is exit status 1.
+fn block_on(future: impl std::future::Future<Output = anyhow::Result<()>>) -> ExitCode {
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build();
+    match runtime.context("starting the async runtime").and_then(|rt| rt.block_on(future)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            error!("{err:#}");
+            ExitCode::FAILURE
+        }
     }
 }
 
-async fn run(args: RunArgs) -> anyhow::Result<()> {
-    let config = Config::load(args.config.as_deref(), &args.overrides)?;
-    let client = crate::ops::client::client_for(args.kubeconfig.as_deref()).await?;
+async fn run(kubeconfig: Option<PathBuf>, config: Config) -> anyhow::Result<()> {
+    let client = crate::ops::client::client_for(kubeconfig.as_deref()).await?;
     let version = client.apiserver_version().await.context("asking the API server for its version")?;
     info!(server = %version.git_version, platform = %version.platform, "connected to Kubernetes");
     crate::ops::run::run(client, config).await?;

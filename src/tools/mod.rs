@@ -1,4 +1,5 @@
-//! Stage 7, tools: the command line ([`cli`]) and what it runs besides the hub — `metahook render`
+//! Stage 7, tools: the command line ([`cli`]; Metacontroller's, [`metacontroller`], in Go's syntax,
+//! [`goflag`]; its logs, [`logs`]) and what it runs besides the hub — `metahook render`
 //! ([`render`]), `metahook migrate --dry-run` ([`migrate`]), the CRDs ([`crds`]) and least-privilege roles
 //! ([`rbac`]).
 //!
@@ -6,6 +7,9 @@
 
 pub mod cli;
 pub mod crds;
+pub mod goflag;
+pub mod logs;
+pub mod metacontroller;
 pub mod migrate;
 pub mod rbac;
 pub mod render;
