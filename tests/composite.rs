@@ -664,6 +664,64 @@ async fn too_many_requests_is_retried_after_the_delay_without_an_error_event() {
     w.finish("CompositeController").await;
 }
 
+/// One ConfigMap per parent; a negative `spec.size` is answered as a permanent error.
+const STRICT: &str = r#"
+def sync(req):
+    size = req["parent"].get("spec", {}).get("size", 1)
+    if size < 0:
+        return (422, f"spec.size must not be negative, got {size}\nTraceback: not for humans", {"Metahook-Error": "permanent"})
+    name = req["parent"]["metadata"]["name"] + "-cm"
+    return {"status": {"size": size},
+            "children": [{"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}, "data": {"size": str(size)}}]}
+"#;
+
+/// A permanent hook error (`Metahook-Error: permanent`) is said once — one Warning Event, one
+/// `Synced=False` condition with the hook's first line — leaves the children as they are, and is not
+/// retried: the hook is called again when the parent changes, and its answer then clears the condition.
+#[tokio::test]
+async fn a_permanent_hook_error_is_reported_once_keeps_the_children_and_is_not_retried() {
+    let w = World::new("permanent", STRICT).await;
+    w.composite(sync_spec(&w.hook, "InPlace")).await;
+    w.thing("p", json!({"size": 2})).await;
+    let things = w.things().await;
+    eventually(WAIT, || async { w.config_map("p-cm").await }).await;
+    let child = w.config_map("p-cm").await.unwrap();
+
+    w.thing("p", json!({"size": -1})).await;
+    let held = eventually(WAIT, || async {
+        let status = things.get("p").await.unwrap().data["status"].clone();
+        let conditions = status["conditions"].as_array().cloned().unwrap_or_default();
+        conditions.into_iter().find(|c| c["type"] == "Synced")
+    })
+    .await;
+    assert_eq!(held["status"], "False");
+    assert_eq!(held["reason"], "HookPermanentError");
+    assert_eq!(held["message"], "spec.size must not be negative, got -1", "the first line only");
+    // The condition's own echo is synced once more; after that, nothing calls the hook again.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let calls = w.hook.requests("/sync").len();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(w.hook.requests("/sync").len(), calls, "a permanent error is not retried");
+    let warnings = warnings_for(&w.client, &w.ns.name, "p").await;
+    let permanent: Vec<_> = warnings.iter().filter(|w| w.starts_with("HookPermanentError: ")).collect();
+    assert_eq!(permanent.len(), 1, "{warnings:?}");
+    assert!(permanent[0].contains("spec.size must not be negative"), "{permanent:?}");
+    let events = support::events_on(&w.client, &w.ns.name, "p").await;
+    let event = events.iter().find(|e| e.reason.as_deref() == Some("HookPermanentError")).unwrap();
+    assert!(event.series.is_none(), "said once, not repeated: {:?}", event.series);
+    let kept = w.config_map("p-cm").await.expect("the child is kept");
+    assert_eq!(kept.metadata.resource_version, child.metadata.resource_version, "and left as it was");
+
+    w.thing("p", json!({"size": 3})).await;
+    eventually(WAIT, || async {
+        let status = things.get("p").await.unwrap().data["status"].clone();
+        (status["size"] == 3 && status.get("conditions").is_none()).then_some(())
+    })
+    .await;
+    assert_eq!(w.config_map("p-cm").await.unwrap().data["data"]["size"], "3");
+    w.finish("CompositeController").await;
+}
+
 #[tokio::test]
 async fn malformed_controllers_are_rejected_at_admission() {
     let w = World::new("admission", QUIET).await;

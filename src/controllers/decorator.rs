@@ -261,6 +261,7 @@ impl Kind for Controller {
     type Before = ();
     type Claimed = ();
     const OBJECT: &'static str = "target";
+    const STATUS_IS_THE_HOOKS: bool = false;
 
     fn core(&self) -> &Core<TargetKey> {
         &self.core

@@ -134,6 +134,10 @@ pub enum Action {
     RetryAfter(std::time::Duration),
     /// Someone must hear about it: a Warning Event on the object, and a retry with backoff.
     Report,
+    /// The hook said its error is permanent: retrying the same object cannot help, so it is not retried
+    /// (no backoff, no hot loop); the object is synced again when it or its children change, or at its
+    /// resync period. The sync itself reported it, once per message (see `engine::sync::Held`).
+    Hold,
 }
 
 impl SyncError {
@@ -142,6 +146,7 @@ impl SyncError {
     pub fn event_reason(&self) -> &'static str {
         match self {
             Self::Plan(PlanError::DeletionGuard { .. }) => "DeletionGuard",
+            Self::Hook(HookError::Permanent { .. }) => "HookPermanentError",
             _ => "SyncError",
         }
     }
@@ -151,6 +156,7 @@ impl SyncError {
     pub fn action(&self) -> Action {
         match self {
             Self::Hook(HookError::TooManyRequests { retry_after, .. }) => Action::RetryAfter(*retry_after),
+            Self::Hook(HookError::Permanent { .. }) => Action::Hold,
             Self::RelatedNotSynced(_) | Self::Conflict(_) | Self::Plan(PlanError::Stale { .. }) => Action::RetryQuietly,
             Self::Apply(errors) if !errors.is_empty() && errors.iter().all(ApplyError::is_stale) => {
                 Action::RetryQuietly
@@ -198,6 +204,15 @@ mod tests {
         assert!(err.to_string().starts_with("parent .spec.selector: "), "{err}");
         assert_eq!(err.action(), Action::Report);
         assert_eq!(SyncError::Conflict("status").action(), Action::RetryQuietly);
+    }
+
+    #[test]
+    fn a_permanent_hook_error_is_held_not_retried() {
+        let err = SyncError::Hook(HookError::Permanent { url: "http://h".into(), code: 422, message: "bad".into() });
+        assert_eq!(err.action(), Action::Hold);
+        assert_eq!(err.event_reason(), "HookPermanentError");
+        let err = SyncError::Hook(HookError::Status { url: "http://h".into(), code: 422, body: "bad".into() });
+        assert_eq!(err.action(), Action::Report, "a 422 not marked permanent is retried as Metacontroller would");
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! Stage 4, engine: what every controller kind shares between "something changed" and "the cluster
 //! matches". The work [`queue`] and its reasons, the worker loop and the sync's phases ([`sync`]), the
-//! echoes of the hub's own writes ([`echoes`]), the last request asked ([`answered`]), the `customize` hook's [`related`] objects, Events
+//! echoes of the hub's own writes ([`echoes`]), the last request asked ([`answered`]), permanent hook errors reported ([`held`]), the `customize` hook's [`related`] objects, Events
 //! ([`events`]), sync requests ([`trigger`]), the controllers' metrics ([`metrics`]) and states
 //! ([`health`]), and the services a controller runs with ([`hub`]).
 //!
@@ -12,6 +12,7 @@ pub mod error;
 pub mod events;
 pub mod finalizer;
 pub mod health;
+pub mod held;
 pub mod hub;
 pub mod metrics;
 pub mod queue;

@@ -61,6 +61,47 @@ fn describe(status: &kube::core::Status) -> String {
     if causes.is_empty() { status.message.clone() } else { format!("{} ({})", status.message, causes.join("; ")) }
 }
 
+/// The condition type that says a composite parent's hook refused it for good.
+pub(crate) const HELD_CONDITION: &str = "Synced";
+
+/// `obj`'s status with a `Synced=False` condition saying the hook's permanent error (other conditions
+/// and fields kept). The hook's next answer replaces the whole status, condition included. An existing
+/// `Synced=False` keeps its `lastTransitionTime`, so saying a new message is not a transition.
+pub(crate) fn held_status(obj: &DynamicObject, message: &str, now: &str) -> Value {
+    let mut status = match obj.data.get("status") {
+        Some(Value::Object(map)) => Value::Object(map.clone()),
+        _ => json!({}),
+    };
+    let since = status
+        .get("conditions")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .find(|c| c.get("type").and_then(Value::as_str) == Some(HELD_CONDITION))
+        .filter(|c| c.get("status").and_then(Value::as_str) == Some("False"))
+        .and_then(|c| c.get("lastTransitionTime").cloned())
+        .unwrap_or_else(|| json!(now));
+    let mut condition = json!({
+        "type": HELD_CONDITION,
+        "status": "False",
+        "reason": "HookPermanentError",
+        "message": message,
+        "lastTransitionTime": since,
+    });
+    if let Some(generation) = obj.metadata.generation {
+        condition["observedGeneration"] = json!(generation);
+    }
+    let map = status.as_object_mut().expect("an object");
+    let mut conditions = match map.remove("conditions") {
+        Some(Value::Array(list)) => list,
+        _ => Vec::new(),
+    };
+    conditions.retain(|c| c.get("type").and_then(Value::as_str) != Some(HELD_CONDITION));
+    conditions.push(condition);
+    map.insert("conditions".to_owned(), Value::Array(conditions));
+    status
+}
+
 /// Records the Events a hook asked for (metahook extension), at most ten per response.
 pub(crate) async fn record_hook_events(events: &Events, obj: &DynamicObject, requested: &[HookEvent]) {
     let target = reference(obj);
@@ -70,5 +111,46 @@ pub(crate) async fn record_hook_events(events: &Events, obj: &DynamicObject, req
         } else {
             events.normal(&target, &event.reason, event.message.clone()).await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parent(status: &Value) -> DynamicObject {
+        serde_json::from_value(json!({
+            "apiVersion": "x.dev/v1", "kind": "P",
+            "metadata": {"name": "p", "namespace": "n", "generation": 3},
+            "status": status,
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn the_held_condition_joins_the_others_and_keeps_its_transition_time() {
+        let obj = parent(&json!({"ready": 2, "conditions": [{"type": "Ready", "status": "True"}]}));
+        let status = held_status(&obj, "spec.size must be positive", "2026-12-02T10:00:00Z");
+        assert_eq!(status["ready"], 2, "the hook's fields stay");
+        let conditions = status["conditions"].as_array().unwrap();
+        assert_eq!(conditions[0]["type"], "Ready");
+        assert_eq!(
+            conditions[1],
+            json!({"type": "Synced", "status": "False", "reason": "HookPermanentError",
+                   "message": "spec.size must be positive", "lastTransitionTime": "2026-12-02T10:00:00Z",
+                   "observedGeneration": 3})
+        );
+        let again = held_status(&parent(&status), "spec.size is too large", "2026-12-02T11:00:00Z");
+        let conditions = again["conditions"].as_array().unwrap();
+        assert_eq!(conditions.len(), 2, "replaced, not added");
+        assert_eq!(conditions[1]["message"], "spec.size is too large");
+        assert_eq!(conditions[1]["lastTransitionTime"], "2026-12-02T10:00:00Z", "still False since then");
+    }
+
+    #[test]
+    fn a_parent_without_status_gets_one() {
+        let obj = parent(&Value::Null);
+        let status = held_status(&obj, "no", "t");
+        assert_eq!(status["conditions"][0]["reason"], "HookPermanentError");
     }
 }

@@ -19,26 +19,30 @@ use std::hash::Hash;
 use std::sync::Arc;
 use std::time::Duration;
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
 use kube::Client;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use serde_json::Value;
-use tracing::debug;
+use tracing::{debug, warn};
 
 use crate::api::{HookVersion, UpdateMethod};
 use crate::cache::discovery::ResolvedResource;
 use crate::cache::informers::{Change, Event, Informer, ObjectKey, controller_uid};
 use crate::engine::answered::{Answered, RequestId};
 use crate::engine::echoes::{Echo, EchoPolicy, Echoes, Seen, Settled, Watched};
-use crate::engine::error::{StartError, SyncError};
+use crate::engine::error::{StartError, SyncError, with_causes};
+use crate::engine::events::reference;
 use crate::engine::finalizer::{Facts, follow_plan, gc_finalizing, has_finalizer, lifecycle_changed, remove_finalizer};
+use crate::engine::held::Held;
 use crate::engine::hub::Hub;
 use crate::engine::metrics::ControllerMetrics;
 use crate::engine::queue::{Reason, Reasons, WorkQueue};
 use crate::engine::related::{ParentScope, Related};
-use crate::engine::status::{record_hook_events, replace_status};
+use crate::engine::status::{held_status, record_hook_events, replace_status};
 use crate::engine::trigger::SyncRequests;
 use crate::engine::worker::{Syncer, controller_queue, resync_period, run_workers};
-use crate::hooks::{ControllerHooks, Endpoint, HookEvent, ObjectMaps};
+use crate::hooks::{ControllerHooks, Endpoint, HookError, HookEvent, ObjectMaps};
 use crate::write::apply::{Applier, ApplyError};
 use crate::write::children::{
     ChildMap, ChildType, DeletionGuard, Executed, Plan, WriteObserver, deleted_version, live_parent, request_map,
@@ -54,6 +58,9 @@ pub(crate) trait Kind: Send + Sync + 'static {
     type Claimed: Send + Sync;
     /// What the synced object is called in messages ("parent", "target").
     const OBJECT: &'static str;
+    /// Whether the synced object's status is the hook's to write, so the hub may say a permanent hook
+    /// error there too (a parent's is; a decorator's target's belongs to whoever owns that type).
+    const STATUS_IS_THE_HOOKS: bool;
 
     fn core(&self) -> &Core<Self::Key>;
     /// The caches of the synced objects' types (the parent type; each target type), in type order.
@@ -224,6 +231,8 @@ pub(crate) struct Core<K> {
     pub echo_policy: EchoPolicy,
     /// Each object's last hook request, and whether its answer was applied in full.
     pub answered: Answered<K>,
+    /// The permanent hook errors reported, so each is reported once.
+    pub held: Held<K>,
     /// The finalizer this controller puts on the objects it syncs.
     pub finalizer: String,
     /// The safe-delete guard, from the controller's annotation.
@@ -263,6 +272,7 @@ impl<K: Clone + Eq + Hash + Display + Send + Sync + 'static> Core<K> {
             echoes: Echoes::default(),
             echo_policy,
             answered: Answered::default(),
+            held: Held::default(),
             finalizer,
             deletion_guard,
             child_resources: resources(&children),
@@ -439,7 +449,13 @@ pub(crate) async fn sync<C: Kind>(kind: &C, key: &C::Key, reasons: Reasons) -> R
     let Some((observed, claimed)) = kind.observe(&obj, &resource).await? else { return Ok(None) };
     let version: HookVersion = endpoint.version();
     let namespace = resource.namespaced.then_some(obj.metadata.namespace.as_deref()).flatten();
-    let related = core.related.gather(key, &obj, ParentScope { namespace, version }).await?;
+    let related = match core.related.gather(key, &obj, ParentScope { namespace, version }).await {
+        Ok(related) => related,
+        Err(SyncError::Hook(e)) if e.permanent_message().is_some() => {
+            return Err(hold::<C>(core, key, &obj, &api, &resource, e).await);
+        }
+        Err(e) => return Err(e),
+    };
     let children = request_map(&core.child_resources, version, namespace, &observed);
 
     // Decide.
@@ -448,7 +464,14 @@ pub(crate) async fn sync<C: Kind>(kind: &C, key: &C::Key, reasons: Reasons) -> R
         return Ok(None);
     }
     let call = Call { endpoint, children: &children, related: &related, finalizing, observed: &observed };
-    let decision = kind.decide(&obj, &resource, call, &claimed).await?;
+    let decision = match kind.decide(&obj, &resource, call, &claimed).await {
+        Ok(decision) => decision,
+        Err(SyncError::Hook(e)) if e.permanent_message().is_some() => {
+            return Err(hold::<C>(core, key, &obj, &api, &resource, e).await);
+        }
+        Err(e) => return Err(e),
+    };
+    core.held.clear(key);
     let plan = Plan::new(&core.children, &observed, &decision.desired, |child| kind.ours(&obj, child))?;
     if !finalizing {
         plan.check_guard(core.deletion_guard, &obj)?;
@@ -481,6 +504,35 @@ pub(crate) async fn sync<C: Kind>(kind: &C, key: &C::Key, reasons: Reasons) -> R
     }
     core.answered.applied(key);
     Ok(decision.resync)
+}
+
+/// Reports a permanent hook error, once per message: a Warning Event and, where the status is the
+/// hook's, a `Synced=False` condition. Nothing else is written; the error goes back to the worker,
+/// which does not retry it.
+async fn hold<C: Kind>(
+    core: &Core<C::Key>,
+    key: &C::Key,
+    obj: &DynamicObject,
+    api: &Api<DynamicObject>,
+    resource: &ResolvedResource,
+    error: HookError,
+) -> SyncError {
+    let message = error.permanent_message().unwrap_or_default().to_owned();
+    let error = SyncError::Hook(error);
+    if !core.held.note(key, &message) {
+        return error;
+    }
+    warn!("hook refused the {} for good: {}", C::OBJECT, with_causes(&error));
+    core.hub.events.warning(&reference(obj), error.event_reason(), format!("Sync error: {error}")).await;
+    if C::STATUS_IS_THE_HOOKS {
+        let now = serde_json::to_value(Time(Timestamp::now())).unwrap_or_default();
+        let status = held_status(obj, &message, now.as_str().unwrap_or_default());
+        let write = replace_status(api, obj, status, resource.has_status);
+        if let Err(e) = core.write_object(key, &ObjectKey::of(obj), write).await {
+            warn!("could not say the hook's permanent error in the {}'s status: {}", C::OBJECT, with_causes(&e));
+        }
+    }
+    error
 }
 
 /// The children's writes of a plan (and the writes before them). `None`: the object is gone.

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use futures::FutureExt as _;
 use kube::api::DynamicObject;
-use tracing::{Instrument as _, debug, info_span, warn};
+use tracing::{Instrument as _, debug, info, info_span, warn};
 
 use crate::engine::error::{Action, SyncError, with_causes};
 use crate::engine::events::{Events, reference};
@@ -73,7 +73,7 @@ async fn handle<S: Syncer>(syncer: &S, queue: &WorkQueue<S::Key>, key: &S::Key) 
     let outcome = match (&result, action) {
         (Ok(None), _) => Outcome::Success,
         (Ok(Some(_)), _) => Outcome::RequeueAfter,
-        (Err(_), Some(Action::Report)) => Outcome::Error,
+        (Err(_), Some(Action::Report | Action::Hold)) => Outcome::Error,
         (Err(_), _) => Outcome::Requeue,
     };
     syncer.metrics().record(started.elapsed(), outcome);
@@ -111,6 +111,11 @@ async fn handle<S: Syncer>(syncer: &S, queue: &WorkQueue<S::Key>, key: &S::Key) 
         Action::RetryAfter(delay) => {
             debug!(?delay, "hook asked to retry later");
             queue.add_after(key.clone(), delay);
+        }
+        Action::Hold => {
+            // Reported by the sync (once per message); the next change or resync syncs it again.
+            info!("not retried until the object or its children change: {}", with_causes(&err));
+            queue.forget(key);
         }
         Action::RetryQuietly => {
             debug!("retrying: {}", with_causes(&err));

@@ -200,6 +200,10 @@ impl Endpoint {
         }
         if status != 200 {
             let body = quoted_body(&bytes, auth.iter().chain(&inner.url_auth));
+            if is_permanent(&parts.headers) {
+                let message = body.lines().find(|l| !l.trim().is_empty()).unwrap_or_default().trim().to_owned();
+                return Err(HookError::Permanent { url: url(), code: status, message });
+            }
             return Err(HookError::Status { url: url(), code: status, body });
         }
         let value = serde_json::from_slice(&bytes).map_err(|source| HookError::Decode { url: url(), source })?;
@@ -301,6 +305,15 @@ impl Endpoint {
 /// cut to [`QUOTED_BODY`] characters. Cutting first could split a secret at the cut, so that it no
 /// longer matches and its first part is quoted; the cut keeps whole characters and drops a
 /// [`REDACTED`] marker it would split.
+/// Whether an error answer carries `Metahook-Error: permanent` (any case, surrounding spaces ignored).
+fn is_permanent(headers: &http::HeaderMap) -> bool {
+    headers
+        .get_all(super::PERMANENT_ERROR_HEADER)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .any(|v| v.trim().eq_ignore_ascii_case("permanent"))
+}
+
 fn quoted_body<'a>(bytes: &[u8], sent: impl IntoIterator<Item = &'a AuthHeader>) -> String {
     let scrubbed = identity::scrub(sent, &String::from_utf8_lossy(bytes));
     cut(&scrubbed, QUOTED_BODY).to_owned()
@@ -383,6 +396,16 @@ mod tests {
         let body = format!("{}{TOKEN} and more", "a".repeat(QUOTED_BODY - 20));
         let quoted = quoted_body(body.as_bytes(), [&bearer()]);
         assert_eq!(quoted, format!("{}<redacted> and more", "a".repeat(QUOTED_BODY - 20)));
+    }
+
+    #[test]
+    fn only_an_error_marked_permanent_is_permanent() {
+        let mut headers = http::HeaderMap::new();
+        assert!(!is_permanent(&headers));
+        headers.insert("metahook-error", http::HeaderValue::from_static("temporary"));
+        assert!(!is_permanent(&headers));
+        headers.append("Metahook-Error", http::HeaderValue::from_static(" Permanent "));
+        assert!(is_permanent(&headers), "any of the values, any case");
     }
 
     #[test]

@@ -297,6 +297,11 @@ pub enum HookError {
     /// HTTP 429: not a failure, the hook asks to be called again later.
     #[error("hook {url} asked to retry after {retry_after:?}")]
     TooManyRequests { url: String, retry_after: Duration },
+    /// An error answer marked [`PERMANENT_ERROR_HEADER`]`: permanent`: the hook says calling again with
+    /// the same object cannot help (an invalid spec field, say), so the hub does not retry it with
+    /// backoff; it asks again when the object or its children change, or at the resync period.
+    #[error("hook {url} answered {code}, a permanent error: {message}")]
+    Permanent { url: String, code: u16, message: String },
     #[error("hook {url} response is not valid JSON of the expected shape: {source}")]
     Decode { url: String, source: serde_json::Error },
     #[error("hook {url} request could not be encoded: {source}")]
@@ -312,6 +317,20 @@ pub enum HookError {
     /// `304`/`412` to an `If-None-Match`, but the cached answer is gone (expired meanwhile).
     #[error("hook {url} answered {code} but no cached response is left for this object")]
     EtagGone { url: String, code: u16 },
+}
+
+/// The response header by which a hook marks an error answer as permanent (value `permanent`).
+pub const PERMANENT_ERROR_HEADER: &str = "metahook-error";
+
+impl HookError {
+    /// The hook's own message, if it said its error is permanent.
+    #[must_use]
+    pub fn permanent_message(&self) -> Option<&str> {
+        match self {
+            Self::Permanent { message, .. } => Some(message),
+            _ => None,
+        }
+    }
 }
 
 /// Default cap on a hook response body: far above any sane desired state, far below what would let one

@@ -161,6 +161,7 @@ impl Kind for Controller {
     /// The parent's `ControllerRevision`s (none without rolling updates).
     type Claimed = Vec<Arc<DynamicObject>>;
     const OBJECT: &'static str = "parent";
+    const STATUS_IS_THE_HOOKS: bool = true;
 
     fn core(&self) -> &Core<ObjectKey> {
         &self.core
