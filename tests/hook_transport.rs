@@ -17,7 +17,7 @@ use base64::Engine as _;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams};
 use kube::{Client, ResourceExt as _};
 use serde_json::{Value, json};
-use support::{TestNamespace, api, apply_value, eventually, warnings_for};
+use support::{Pki, TestNamespace, api, apply_value, eventually, warnings_for};
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -55,37 +55,6 @@ fn assert_nowhere(secrets: &[&str], events: &str) {
     for secret in secrets {
         assert!(!log.contains(secret), "a credential appears in the hub's log");
         assert!(!events.contains(secret), "a credential appears in an Event: {events}");
-    }
-}
-
-/// The certificates `tests/hooks/make_pki.sh` makes: a CA, a second CA nobody uses, a client CA; server
-/// certificates for 127.0.0.1 and for `greeter.hooks` only, signed by the CA; a client certificate
-/// signed by the client CA, and an X.509 v1 one (`v1-client`, CN `metacontroller`) signed by it as
-/// Metacontroller's `webhook-auth` example signs its own.
-struct Pki {
-    dir: tempfile::TempDir,
-}
-
-impl Pki {
-    fn new() -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let status = std::process::Command::new("bash")
-            .arg(support::repo_root().join("tests/hooks/make_pki.sh"))
-            .current_dir(dir.path())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .expect("running openssl");
-        assert!(status.success(), "making test certificates with openssl failed");
-        Self { dir }
-    }
-
-    fn path(&self, file: &str) -> String {
-        self.dir.path().join(file).to_string_lossy().into_owned()
-    }
-
-    fn pem(&self, file: &str) -> String {
-        std::fs::read_to_string(self.dir.path().join(file)).unwrap()
     }
 }
 

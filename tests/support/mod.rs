@@ -351,6 +351,47 @@ pub async fn warnings_for(client: &Client, namespace: &str, name: &str) -> Vec<S
         .collect()
 }
 
+/// The certificates `tests/hooks/make_pki.sh` makes: a CA, a second CA nobody uses, a client CA; server
+/// certificates for 127.0.0.1 and for `greeter.hooks` only, signed by the CA; a client certificate
+/// signed by the client CA, and an X.509 v1 one (`v1-client`, CN `metacontroller`) signed by it as
+/// Metacontroller's `webhook-auth` example signs its own.
+pub struct Pki {
+    dir: tempfile::TempDir,
+}
+
+impl Pki {
+    pub fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let status = std::process::Command::new("bash")
+            .arg(repo_root().join("tests/hooks/make_pki.sh"))
+            .current_dir(dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .expect("running openssl");
+        assert!(status.success(), "making test certificates with openssl failed");
+        Self { dir }
+    }
+
+    pub fn path(&self, file: &str) -> String {
+        self.dir.path().join(file).to_string_lossy().into_owned()
+    }
+
+    pub fn pem(&self, file: &str) -> String {
+        std::fs::read_to_string(self.dir.path().join(file)).unwrap()
+    }
+
+    /// The environment the hook libraries' servers take their TLS from: the server certificate for
+    /// 127.0.0.1, and the client CA whose certificates they then require (mutual TLS).
+    pub fn hook_env(&self) -> Vec<(String, String)> {
+        vec![
+            ("TLS_CERT_FILE".to_owned(), self.path("server.crt")),
+            ("TLS_KEY_FILE".to_owned(), self.path("server.key")),
+            ("TLS_CLIENT_CA_FILE".to_owned(), self.path("client-ca.crt")),
+        ]
+    }
+}
+
 /// An example's own hook server (`python3 hook.py`, `node hook.mjs`, ...), started in its directory with
 /// `PORT` set to a free port (`HOST` to loopback), and the helper libraries importable (`PYTHONPATH`). Killed on drop.
 pub struct ExampleHook {
@@ -361,9 +402,15 @@ pub struct ExampleHook {
 impl ExampleHook {
     /// Starts `program args...` in `dir` (relative to the repo root) and waits until it accepts connections.
     pub async fn start(dir: &str, program: &str, args: &[&str]) -> Self {
+        Self::start_with_env(dir, program, args, &[]).await
+    }
+
+    /// [`ExampleHook::start`] with more environment (e.g. [`Pki::hook_env`]).
+    pub async fn start_with_env(dir: &str, program: &str, args: &[&str], env: &[(String, String)]) -> Self {
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let child = tokio::process::Command::new(program)
             .args(args)
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .current_dir(repo_root().join(dir))
             .env("PORT", port.to_string())
             .env("HOST", "127.0.0.1")
@@ -400,11 +447,16 @@ impl Example {
     /// The example in `dir`, its hook started as `program args...` there (see [`ExampleHook::start`]),
     /// with the metahook CRDs installed, a namespace named after `test`, and a hub.
     pub async fn start(test: &str, dir: &str, program: &str, args: &[&str]) -> Self {
+        Self::start_with_env(test, dir, program, args, &[]).await
+    }
+
+    /// [`Example::start`], the hook given more environment (e.g. [`Pki::hook_env`]).
+    pub async fn start_with_env(test: &str, dir: &str, program: &str, args: &[&str], env: &[(String, String)]) -> Self {
         let client = client().await;
         install_metahook_crds(&client).await;
         let ns = TestNamespace::create(&client, test).await;
         let label = ns.name.clone();
-        let hook = ExampleHook::start(dir, program, args).await;
+        let hook = ExampleHook::start_with_env(dir, program, args, env).await;
         let hub = Hub::start(&client, &label);
         Self { client, dir: dir.to_owned(), ns, label, hook, hub, controllers: Vec::new(), namespaces: Vec::new() }
     }
