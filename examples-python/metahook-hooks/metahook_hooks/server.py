@@ -4,7 +4,10 @@ Each route maps a path to `fn(request) -> response`, or to `async def fn(request
 in a thread pool, so one slow hook call does not hold up the others; coroutines run on the event loop.
 Errors are answered so that the hub can put them in a Kubernetes Event on the parent: the hub reports
 any non-200 answer as "unsupported status code: <code> body: <body>" (first 1 KiB of the body), so the
-body starts with the one line a human needs and only then carries the traceback.
+body starts with the one line a human needs and only then carries the traceback. Two exceptions say more
+than "failed": `RetryLater(seconds)` answers 429 + `Retry-After` (call again then, no error recorded), and
+`PermanentError(message)` answers 422 + `Metahook-Error: permanent` (retrying cannot help until the
+parent or its children change: the hub reports it once and waits for a change instead of backing off).
 
 What a hook in a Pod needs besides routing: `GET /healthz` for probes, the listen address from `PORT`
 and `HOST`, and a graceful stop: on SIGTERM (Kubernetes' way of stopping a Pod) the server stops
@@ -35,6 +38,7 @@ __all__ = [
     "Handler",
     "HookResult",
     "HookServer",
+    "PermanentError",
     "RetryLater",
     "listen_address",
     "make_server",
@@ -55,6 +59,8 @@ DRAIN_SECONDS = 25.0
 """How long calls in flight may take to finish after SIGTERM: under Kubernetes' default 30 s grace
 period, after which the Pod is killed anyway."""
 
+PERMANENT_HEADER = "Metahook-Error"
+"""The header that tells the hub a 422 is a `PermanentError`, not some proxy's or framework's 422."""
 HOOK_THREADS = 64
 HEALTH_PATH = "/healthz"
 LOG_ENV = "METAHOOK_LOG_REQUESTS"
@@ -68,6 +74,17 @@ class RetryLater(Exception):
     def __init__(self, seconds: int, message: str = "") -> None:
         super().__init__(message or f"retry after {seconds}s")
         self.seconds = seconds
+
+
+class PermanentError(Exception):
+    """Raise from a hook when calling again cannot help until the parent or its children change (an
+    invalid spec field, say): the answer is 422 with `Metahook-Error: permanent` and the message as the
+    body's first line. The hub reports it once, as an Event and a parent condition, and does not retry
+    it with backoff as it does a 500; it calls again when the parent or a child changes, or at resync."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
 
 
 def listen_address(port: int | None = None, host: str | None = None) -> tuple[str, int]:
@@ -126,7 +143,7 @@ def _text(code: int, text: str, headers: Mapping[str, str] | None = None) -> _Re
 
 _REASONS = {
     200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 411: "Length Required",
-    429: "Too Many Requests", 500: "Internal Server Error", 503: "Service Unavailable",
+    422: "Unprocessable Entity", 429: "Too Many Requests", 500: "Internal Server Error", 503: "Service Unavailable",
 }
 
 
@@ -346,6 +363,10 @@ class HookServer:
             response = await _invoke(fn, body)
         except RetryLater as e:
             return _text(429, str(e), {"Retry-After": str(int(e.seconds))})
+        except PermanentError as e:
+            reply = _text(422, e.message, {PERMANENT_HEADER: "permanent"})
+            reply.log["error"] = f"permanent: {e.message}"
+            return reply
         except Exception as e:  # any hook failure becomes a 500 that the hub reports
             trace = traceback.format_exc()
             reply = _text(500, f"hook {path} raised {type(e).__name__}: {e}\n\n{trace}")
@@ -391,7 +412,8 @@ class HookServer:
             self._write_log(json.dumps(line))
         elif reply.code >= 400 and reply.code != 429:
             # Successful calls come at every resync; only failures are worth a line by default.
-            self._write_log(f"hook server: {method} {path} -> {reply.code}")
+            error = reply.log.get("error")
+            self._write_log(f"hook server: {method} {path} -> {reply.code}" + (f" ({error})" if error else ""))
 
     def _log_text(self, text: str) -> None:
         if self.log_requests:
