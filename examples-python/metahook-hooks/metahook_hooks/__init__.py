@@ -26,6 +26,7 @@ from .objects import (
 )
 from .responses import composite_response, customize_response, decorator_response, event, related_rule
 from .server import (
+    DEFAULT_MAX_BODY,
     DEFAULT_PORT,
     DRAIN_SECONDS,
     Handler,
@@ -54,6 +55,7 @@ from .wire import (
 )
 
 __all__ = [
+    "DEFAULT_MAX_BODY",
     "DEFAULT_PORT",
     "DRAIN_SECONDS",
     "CompositeRequest",

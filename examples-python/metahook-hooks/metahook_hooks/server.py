@@ -32,7 +32,10 @@ from datetime import datetime, timezone
 from typing import IO, Any
 from urllib.parse import urlsplit
 
+from .body import DEFAULT_MAX_BODY, BodyError, check_limit, max_body_from_env, read_body
+
 __all__ = [
+    "DEFAULT_MAX_BODY",
     "DEFAULT_PORT",
     "DRAIN_SECONDS",
     "Handler",
@@ -61,6 +64,10 @@ period, after which the Pod is killed anyway."""
 
 PERMANENT_HEADER = "Metahook-Error"
 """The header that tells the hub a 422 is a `PermanentError`, not some proxy's or framework's 422."""
+LINGER_SECONDS = 1.0
+"""After refusing a body it did not read, how long the server keeps discarding what the client still
+sends before it closes: closing a socket with unread input makes the kernel answer with a reset, and the
+client would see "connection reset" instead of the 413 that says why."""
 HOOK_THREADS = 64
 HEALTH_PATH = "/healthz"
 LOG_ENV = "METAHOOK_LOG_REQUESTS"
@@ -134,6 +141,7 @@ class _Reply:
         self.content_type = content_type
         self.headers = dict(headers or {})
         self.close = False
+        self.linger = False
         self.log: dict[str, Any] = {}
 
 
@@ -143,7 +151,8 @@ def _text(code: int, text: str, headers: Mapping[str, str] | None = None) -> _Re
 
 _REASONS = {
     200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 411: "Length Required",
-    422: "Unprocessable Entity", 429: "Too Many Requests", 500: "Internal Server Error", 503: "Service Unavailable",
+    413: "Content Too Large", 422: "Unprocessable Entity", 429: "Too Many Requests", 500: "Internal Server Error",
+    501: "Not Implemented", 503: "Service Unavailable",
 }
 
 
@@ -164,6 +173,7 @@ class HookServer:
         log_requests: bool = False,
         drain_seconds: float = DRAIN_SECONDS,
         log_stream: IO[str] | None = None,
+        max_body: int = DEFAULT_MAX_BODY,
     ) -> None:
         for path, fn in routes.items():
             if not isinstance(path, str) or not path.startswith("/") or not callable(fn):
@@ -171,6 +181,7 @@ class HookServer:
         self.routes = dict(routes)
         self.log_requests = log_requests
         self.drain_seconds = drain_seconds
+        self.max_body = check_limit(max_body)
         self._log_stream = log_stream
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._socket = socket.create_server((host, port), family=family)
@@ -293,6 +304,8 @@ class HookServer:
                 reply.close = True
             await self._write(writer, reply, request)
             self._log(request, reply, time.monotonic() - started)
+            if reply.linger:
+                await _linger(reader, writer)
             if reply.close:
                 return
 
@@ -318,23 +331,13 @@ class HookServer:
             reply.close = True
             return None, reply
         request = _Request(parts[0].upper(), parts[1], parts[2], headers)
-        length = headers.get("content-length")
-        if "transfer-encoding" in headers or (length is None and request.method == "POST"):
-            reply = _text(411, "the request needs a Content-Length header")
-            reply.close = True
-            return request, reply
         try:
-            size = int(length) if length is not None else 0
-            if size < 0:
-                raise ValueError(length)
-        except ValueError:
-            reply = _text(400, f"bad Content-Length {length!r}")
-            reply.close = True
+            request.body = await read_body(request.method, headers, reader, writer, self.max_body)
+        except BodyError as e:
+            # The rest of the body is unread: the connection cannot carry another request.
+            reply = _text(e.code, e.message)
+            reply.close = reply.linger = True
             return request, reply
-        if size and headers.get("expect", "").lower() == "100-continue":
-            writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-            await writer.drain()
-        request.body = await reader.readexactly(size)
         return request, None
 
     async def _route(self, request: _Request) -> _Reply:
@@ -430,6 +433,21 @@ def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
+async def _linger(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Ends a connection whose request body was refused unread: the answer is sent and (over plain TCP)
+    the write side shut, then whatever the client is still sending is discarded until it closes or
+    `LINGER_SECONDS` pass. Nothing is kept, so the limit still bounds memory."""
+    if writer.can_write_eof():
+        writer.write_eof()
+    deadline = time.monotonic() + LINGER_SECONDS
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            if not await asyncio.wait_for(reader.read(65536), left):
+                return
+        except (asyncio.TimeoutError, ConnectionError):
+            return
+
+
 async def _invoke(fn: Handler, body: dict[str, Any]) -> HookResult:
     """Calls a hook function: coroutine functions on the loop, plain ones in the thread pool (a plain
     function that returns an awaitable, e.g. a partial of an async one, has it awaited)."""
@@ -464,10 +482,17 @@ def make_server(
     log_requests: bool = False,
     drain_seconds: float = DRAIN_SECONDS,
     log_stream: IO[str] | None = None,
+    max_body: int = DEFAULT_MAX_BODY,
 ) -> HookServer:
     """A bound, not yet serving, server for `routes` (`{"/sync": sync, ...}`)."""
     return HookServer(
-        routes, port, host, log_requests=log_requests, drain_seconds=drain_seconds, log_stream=log_stream
+        routes,
+        port,
+        host,
+        log_requests=log_requests,
+        drain_seconds=drain_seconds,
+        log_stream=log_stream,
+        max_body=max_body,
     )
 
 
@@ -479,11 +504,18 @@ def start_server(
     log_requests: bool = False,
     drain_seconds: float = DRAIN_SECONDS,
     log_stream: IO[str] | None = None,
+    max_body: int = DEFAULT_MAX_BODY,
 ) -> HookServer:
     """Serves `routes` in a background thread and returns the server once it accepts calls (tests use
     port 0 and read `server.port`). Stop it with `server.shutdown(); server.server_close()`."""
     server = make_server(
-        routes, port, host, log_requests=log_requests, drain_seconds=drain_seconds, log_stream=log_stream
+        routes,
+        port,
+        host,
+        log_requests=log_requests,
+        drain_seconds=drain_seconds,
+        log_stream=log_stream,
+        max_body=max_body,
     )
     threading.Thread(target=server.serve_forever, name=f"metahook-hooks:{server.port}", daemon=True).start()
     server._ready.wait()
@@ -497,6 +529,7 @@ def serve(
     *,
     log_requests: bool | None = None,
     drain_seconds: float = DRAIN_SECONDS,
+    max_body: int | None = None,
 ) -> None:
     """Serves `routes` until SIGTERM or Ctrl-C, then drains and returns.
 
@@ -504,11 +537,20 @@ def serve(
     as a hook in a Pod must). `GET /healthz` answers 200 (503 while draining) for probes.
     `log_requests` (default: `$METAHOOK_LOG_REQUESTS` is `1`/`true`/`json`) writes one JSON line per
     call to stderr: time, path, status, durationMs, and the parent's kind and namespace/name.
+    `max_body` (default: `$METAHOOK_MAX_BODY`, bytes or `64Mi`-style, else 64 MiB) caps request bodies:
+    a larger one is answered 413 before it is read.
+
+    Only `serve` reads the environment: `make_server` and `start_server` (tests, embedding) take
+    arguments only, so a test suite run in a shell with these variables set behaves the same.
     """
     host, port = listen_address(port, host)
     if log_requests is None:
         log_requests = _env_flag(LOG_ENV)
-    server = HookServer(routes, port, host, log_requests=log_requests, drain_seconds=drain_seconds)
+    if max_body is None:
+        max_body = max_body_from_env()
+    server = HookServer(
+        routes, port, host, log_requests=log_requests, drain_seconds=drain_seconds, max_body=max_body
+    )
     bound_host, bound_port = server.server_address
     print(
         f"metahook hooks {sorted(routes)} listening on http://{bound_host}:{bound_port} (health: GET {HEALTH_PATH})",
