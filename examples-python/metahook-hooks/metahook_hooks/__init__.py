@@ -8,7 +8,9 @@
 
     serve({"/sync": sync})    # $PORT (default 8080), GET /healthz, drains on SIGTERM
 
-Hooks may be `async def`. Standard library only. See README.md for the whole API.
+Hooks may be `async def`. `request_log().warning(...)` logs a line naming the parent and adds a Warning
+Event to the response; `raise PermanentError(...)` reports an invalid spec once instead of retrying.
+Standard library only. See README.md for the whole API.
 """
 
 from .conditions import condition_status, find_condition, set_condition
@@ -24,6 +26,7 @@ from .objects import (
     related_of,
     type_key,
 )
+from .request_log import RequestLog, request_log
 from .responses import composite_response, customize_response, decorator_response, event, related_rule
 from .server import (
     DEFAULT_MAX_BODY,
@@ -74,6 +77,7 @@ __all__ = [
     "ObjectMap",
     "PermanentError",
     "RelatedResourceRule",
+    "RequestLog",
     "RetryLater",
     "attachment",
     "attachments_of",
@@ -94,6 +98,7 @@ __all__ = [
     "related",
     "related_of",
     "related_rule",
+    "request_log",
     "run_hook_on_fixtures",
     "serve",
     "set_condition",

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextvars
 import inspect
 import json
 import os
@@ -33,6 +34,7 @@ from typing import IO, Any
 from urllib.parse import urlsplit
 
 from .body import DEFAULT_MAX_BODY, BodyError, check_limit, max_body_from_env, read_body
+from .request_log import Record, RequestLog, current, format_line, with_events
 
 __all__ = [
     "DEFAULT_MAX_BODY",
@@ -362,27 +364,44 @@ class HookServer:
         return reply
 
     async def _call(self, fn: Handler, path: str, body: dict[str, Any]) -> _Reply:
+        # Sync and finalize requests always carry `finalizing`; customize requests, whose responses
+        # have no `events`, do not.
+        log = RequestLog(
+            path, _describe_parent(body).get("parent", ""), emit=self._emit, collect_events="finalizing" in body
+        )
+        token = current().set(log)
         try:
             response = await _invoke(fn, body)
-        except RetryLater as e:
+        except Exception as e:  # any hook failure becomes an answer the hub can report
+            return self._failure(path, e)
+        finally:
+            current().reset(token)
+        return self._answer(path, response, log)
+
+    def _failure(self, path: str, e: Exception) -> _Reply:
+        """The reply to a hook function that raised: 429 and 422 for the exceptions that say what the
+        hub should do, else a 500 with the message first and then the traceback."""
+        if isinstance(e, RetryLater):
             return _text(429, str(e), {"Retry-After": str(int(e.seconds))})
-        except PermanentError as e:
+        if isinstance(e, PermanentError):
             reply = _text(422, e.message, {PERMANENT_HEADER: "permanent"})
             reply.log["error"] = f"permanent: {e.message}"
             return reply
-        except Exception as e:  # any hook failure becomes a 500 that the hub reports
-            trace = traceback.format_exc()
-            reply = _text(500, f"hook {path} raised {type(e).__name__}: {e}\n\n{trace}")
-            reply.log["error"] = f"{type(e).__name__}: {e}"
-            if not self.log_requests:
-                self._log_text(f"hook {path} failed:\n{trace}")
-            return reply
+        trace = "".join(traceback.format_exception(type(e), e, e.__traceback__))
+        reply = _text(500, f"hook {path} raised {type(e).__name__}: {e}\n\n{trace}")
+        reply.log["error"] = f"{type(e).__name__}: {e}"
+        if not self.log_requests:
+            self._log_text(f"hook {path} failed:\n{trace}")
+        return reply
+
+    def _answer(self, path: str, response: HookResult, log: RequestLog) -> _Reply:
+        """The reply to a hook function's return value, with the Events its warnings asked for."""
         if response is None:
             return _text(500, f"hook {path} returned nothing")
         if not isinstance(response, Mapping):
             return _text(500, f"hook {path} must return a dict, not {type(response).__name__}")
         try:
-            encoded = json.dumps(response).encode()
+            encoded = json.dumps(with_events(response, log.events)).encode()
         except (TypeError, ValueError) as e:
             return _text(500, f"hook {path} response is not JSON: {e}")
         return _Reply(200, encoded, "application/json")
@@ -418,6 +437,13 @@ class HookServer:
             error = reply.log.get("error")
             self._write_log(f"hook server: {method} {path} -> {reply.code}" + (f" ({error})" if error else ""))
 
+    def _emit(self, record: Record) -> None:
+        """Writes a `request_log()` line: JSON when request logs are on, like the other lines."""
+        if self.log_requests:
+            self._write_log(json.dumps({"time": _now(), **record}))
+        else:
+            self._write_log(format_line(record))
+
     def _log_text(self, text: str) -> None:
         if self.log_requests:
             self._write_log(json.dumps({"time": _now(), "message": text}))
@@ -450,11 +476,14 @@ async def _linger(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) ->
 
 async def _invoke(fn: Handler, body: dict[str, Any]) -> HookResult:
     """Calls a hook function: coroutine functions on the loop, plain ones in the thread pool (a plain
-    function that returns an awaitable, e.g. a partial of an async one, has it awaited)."""
+    function that returns an awaitable, e.g. a partial of an async one, has it awaited). The thread
+    runs in a copy of this task's context, so `request_log()` finds the call's logger there too
+    (`run_in_executor`, unlike `asyncio.to_thread`, does not carry the context by itself)."""
     if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None)):
         result = fn(body)
     else:
-        result = await asyncio.get_running_loop().run_in_executor(None, fn, body)
+        context = contextvars.copy_context()
+        result = await asyncio.get_running_loop().run_in_executor(None, context.run, fn, body)
     if inspect.isawaitable(result):
         result = await result
     return result
