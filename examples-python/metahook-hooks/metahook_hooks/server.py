@@ -11,7 +11,9 @@ parent or its children change: the hub reports it once and waits for a change in
 
 What a hook in a Pod needs besides routing: `GET /healthz` for probes, the listen address from `PORT`
 and `HOST`, and a graceful stop: on SIGTERM (Kubernetes' way of stopping a Pod) the server stops
-accepting connections, lets the calls in flight finish and answer, then returns. Standard library only.
+accepting connections, lets the calls in flight finish and answer, then returns. With a certificate and
+key (`$TLS_CERT_FILE`, `$TLS_KEY_FILE`, and `$TLS_CLIENT_CA_FILE` for mutual TLS) it serves HTTPS, and
+picks up a rotated certificate for new connections without a restart (see `tls.py`). Standard library only.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import json
 import os
 import signal
 import socket
+import ssl
 import sys
 import threading
 import time
@@ -35,6 +38,7 @@ from urllib.parse import urlsplit
 
 from .body import DEFAULT_MAX_BODY, BodyError, check_limit, max_body_from_env, read_body
 from .request_log import Record, RequestLog, current, format_line, with_events
+from .tls import ReloadingContext, TlsFiles, tls_files, tls_files_from_env
 
 __all__ = [
     "DEFAULT_MAX_BODY",
@@ -70,6 +74,12 @@ LINGER_SECONDS = 1.0
 """After refusing a body it did not read, how long the server keeps discarding what the client still
 sends before it closes: closing a socket with unread input makes the kernel answer with a reset, and the
 client would see "connection reset" instead of the 413 that says why."""
+HANDSHAKE_SECONDS = 10.0
+"""How long a client may take over the TLS handshake before the connection is dropped."""
+CLOSE_SECONDS = 1.0
+"""How long closing a TLS connection waits for the client's close_notify before cutting it."""
+STREAM_LIMIT = 64 * 1024
+"""Longest request or header line (asyncio's default)."""
 HOOK_THREADS = 64
 HEALTH_PATH = "/healthz"
 LOG_ENV = "METAHOOK_LOG_REQUESTS"
@@ -176,6 +186,9 @@ class HookServer:
         drain_seconds: float = DRAIN_SECONDS,
         log_stream: IO[str] | None = None,
         max_body: int = DEFAULT_MAX_BODY,
+        tls_cert: str | None = None,
+        tls_key: str | None = None,
+        client_ca: str | None = None,
     ) -> None:
         for path, fn in routes.items():
             if not isinstance(path, str) or not path.startswith("/") or not callable(fn):
@@ -185,18 +198,28 @@ class HookServer:
         self.drain_seconds = drain_seconds
         self.max_body = check_limit(max_body)
         self._log_stream = log_stream
+        files = tls_files(tls_cert, tls_key, client_ca)
+        self.tls: ReloadingContext | None = ReloadingContext(files, self._log_text) if files else None
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._socket = socket.create_server((host, port), family=family)
         self.server_address: tuple[str, int] = self._socket.getsockname()[:2]
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping: asyncio.Event | None = None
         self._connections: set[_Connection] = set()
+        self._handshakes: set[asyncio.Task[None]] = set()
         self._ready = threading.Event()
         self._done = threading.Event()
 
     @property
     def port(self) -> int:
         return self.server_address[1]
+
+    @property
+    def url(self) -> str:
+        """`http://host:port` or `https://host:port`, for log lines and tests."""
+        scheme = "https" if self.tls else "http"
+        host = f"[{self.server_address[0]}]" if ":" in self.server_address[0] else self.server_address[0]
+        return f"{scheme}://{host}:{self.port}"
 
     # ---- lifecycle ---------------------------------------------------------------------------
 
@@ -208,12 +231,14 @@ class HookServer:
         if handle_signals:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 self._loop.add_signal_handler(sig, self._begin_drain, sig)
-        listener = await asyncio.start_server(self._accept, sock=self._socket)
+        accepting = asyncio.ensure_future(self._accept_loop())
         self._ready.set()
         try:
             await self._stopping.wait()
         finally:
-            listener.close()
+            accepting.cancel()
+            await asyncio.wait([accepting])
+            self._socket.close()
             await self._drain()
             if handle_signals:
                 for sig in (signal.SIGTERM, signal.SIGINT):
@@ -253,6 +278,8 @@ class HookServer:
         self._stopping.set()
 
     async def _drain(self) -> None:
+        for handshake in list(self._handshakes):
+            handshake.cancel()
         for connection in list(self._connections):
             if connection.idle:
                 connection.task.cancel()
@@ -264,6 +291,45 @@ class HookServer:
             if late:
                 self._log_text(f"{len(late)} call(s) still running after {self.drain_seconds}s: cut")
                 await asyncio.wait(late)
+
+    # ---- accepting connections -----------------------------------------------------------------
+
+    async def _accept_loop(self) -> None:
+        """Accepts connections until cancelled. Each connection is opened with the TLS context current
+        when it arrives (asyncio's own server fixes one context for the listener's whole life, which
+        would leave a rotated certificate unused until a restart)."""
+        loop = asyncio.get_running_loop()
+        self._socket.setblocking(False)
+        while True:
+            try:
+                sock, _ = await loop.sock_accept(self._socket)
+            except OSError as e:  # out of file descriptors and the like: let some connections end
+                self._log_text(f"accepting a connection failed: {e}")
+                await asyncio.sleep(1)
+                continue
+            task = asyncio.ensure_future(self._open(sock))
+            self._handshakes.add(task)
+            task.add_done_callback(self._handshakes.discard)
+
+    async def _open(self, sock: socket.socket) -> None:
+        """Wraps an accepted socket in streams (after the TLS handshake, with TLS); `_accept` then
+        serves it in a task of its own."""
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader(limit=STREAM_LIMIT)
+        protocol = asyncio.StreamReaderProtocol(reader, self._accept)
+        context = self.tls.context() if self.tls else None
+        peer = _peer(sock)
+        try:
+            await loop.connect_accepted_socket(
+                lambda: protocol, sock, ssl=context, ssl_handshake_timeout=HANDSHAKE_SECONDS if context else None
+            )
+        except ssl.SSLError as e:
+            # A client without an acceptable certificate, or one that does not speak TLS. (A peer that
+            # connects and closes, as a TCP probe does, is not worth a line.)
+            sock.close()
+            self._log_text(f"TLS handshake with {peer} failed: {e}")
+        except (OSError, asyncio.TimeoutError):
+            sock.close()
 
     # ---- one connection ----------------------------------------------------------------------
 
@@ -278,11 +344,7 @@ class HookServer:
             pass
         finally:
             self._connections.discard(connection)
-            writer.close()
-            try:
-                await writer.wait_closed()
-            except (ConnectionError, asyncio.CancelledError):
-                pass
+            await _close(writer)
 
     async def _converse(
         self, connection: _Connection, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
@@ -455,6 +517,28 @@ class HookServer:
         print(line, file=stream, flush=True)
 
 
+async def _close(writer: asyncio.StreamWriter) -> None:
+    """Closes a connection once what was written to it is sent. Over TLS, closing waits for the
+    client's close_notify, which a kept-alive client that is not reading never sends: after
+    `CLOSE_SECONDS` the connection is cut, or a drain would wait out its whole deadline for it."""
+    writer.close()
+    try:
+        await asyncio.wait_for(writer.wait_closed(), CLOSE_SECONDS)
+    except (asyncio.TimeoutError, ConnectionError, ssl.SSLError):
+        writer.transport.abort()
+    except asyncio.CancelledError:
+        writer.transport.abort()
+        raise
+
+
+def _peer(sock: socket.socket) -> str:
+    try:
+        host, port = sock.getpeername()[:2]
+    except OSError:
+        return "a client that left"
+    return f"{host}:{port}"
+
+
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
@@ -512,8 +596,12 @@ def make_server(
     drain_seconds: float = DRAIN_SECONDS,
     log_stream: IO[str] | None = None,
     max_body: int = DEFAULT_MAX_BODY,
+    tls_cert: str | None = None,
+    tls_key: str | None = None,
+    client_ca: str | None = None,
 ) -> HookServer:
-    """A bound, not yet serving, server for `routes` (`{"/sync": sync, ...}`)."""
+    """A bound, not yet serving, server for `routes` (`{"/sync": sync, ...}`); HTTPS when `tls_cert`
+    and `tls_key` name PEM files, requiring client certificates signed by `client_ca` if given."""
     return HookServer(
         routes,
         port,
@@ -522,6 +610,9 @@ def make_server(
         drain_seconds=drain_seconds,
         log_stream=log_stream,
         max_body=max_body,
+        tls_cert=tls_cert,
+        tls_key=tls_key,
+        client_ca=client_ca,
     )
 
 
@@ -534,9 +625,12 @@ def start_server(
     drain_seconds: float = DRAIN_SECONDS,
     log_stream: IO[str] | None = None,
     max_body: int = DEFAULT_MAX_BODY,
+    tls_cert: str | None = None,
+    tls_key: str | None = None,
+    client_ca: str | None = None,
 ) -> HookServer:
     """Serves `routes` in a background thread and returns the server once it accepts calls (tests use
-    port 0 and read `server.port`). Stop it with `server.shutdown(); server.server_close()`."""
+    port 0 and read `server.port` or `server.url`). Stop it with `server.shutdown(); server.server_close()`."""
     server = make_server(
         routes,
         port,
@@ -545,6 +639,9 @@ def start_server(
         drain_seconds=drain_seconds,
         log_stream=log_stream,
         max_body=max_body,
+        tls_cert=tls_cert,
+        tls_key=tls_key,
+        client_ca=client_ca,
     )
     threading.Thread(target=server.serve_forever, name=f"metahook-hooks:{server.port}", daemon=True).start()
     server._ready.wait()
@@ -559,6 +656,9 @@ def serve(
     log_requests: bool | None = None,
     drain_seconds: float = DRAIN_SECONDS,
     max_body: int | None = None,
+    tls_cert: str | None = None,
+    tls_key: str | None = None,
+    client_ca: str | None = None,
 ) -> None:
     """Serves `routes` until SIGTERM or Ctrl-C, then drains and returns.
 
@@ -568,6 +668,9 @@ def serve(
     call to stderr: time, path, status, durationMs, and the parent's kind and namespace/name.
     `max_body` (default: `$METAHOOK_MAX_BODY`, bytes or `64Mi`-style, else 64 MiB) caps request bodies:
     a larger one is answered 413 before it is read.
+    `tls_cert`, `tls_key` and `client_ca` (default, when none is given: `$TLS_CERT_FILE`,
+    `$TLS_KEY_FILE`, `$TLS_CLIENT_CA_FILE`) serve HTTPS, health checks included, from PEM files that
+    are loaded again when they change; with a client CA, clients must present a certificate it signed.
 
     Only `serve` reads the environment: `make_server` and `start_server` (tests, embedding) take
     arguments only, so a test suite run in a shell with these variables set behaves the same.
@@ -577,16 +680,35 @@ def serve(
         log_requests = _env_flag(LOG_ENV)
     if max_body is None:
         max_body = max_body_from_env()
+    files = _tls_arguments(tls_cert, tls_key, client_ca)
     server = HookServer(
-        routes, port, host, log_requests=log_requests, drain_seconds=drain_seconds, max_body=max_body
+        routes,
+        port,
+        host,
+        log_requests=log_requests,
+        drain_seconds=drain_seconds,
+        max_body=max_body,
+        tls_cert=files.cert if files else None,
+        tls_key=files.key if files else None,
+        client_ca=files.client_ca if files else None,
     )
-    bound_host, bound_port = server.server_address
-    print(
-        f"metahook hooks {sorted(routes)} listening on http://{bound_host}:{bound_port} (health: GET {HEALTH_PATH})",
-        file=sys.stderr,
-        flush=True,
-    )
+    print(_banner(server), file=sys.stderr, flush=True)
     try:
         asyncio.run(server._serve_on_own_loop(handle_signals=True))
     finally:
         server.server_close()
+
+
+def _tls_arguments(cert: str | None, key: str | None, client_ca: str | None) -> TlsFiles | None:
+    """The TLS files `serve` was given, or, when it was given none, those the environment names."""
+    if cert is None and key is None and client_ca is None:
+        return tls_files_from_env()
+    return tls_files(cert, key, client_ca)
+
+
+def _banner(server: HookServer) -> str:
+    """The line `serve` starts with: where it listens, and how."""
+    line = f"metahook hooks {sorted(server.routes)} listening on {server.url} (health: GET {HEALTH_PATH})"
+    if server.tls and server.tls.files.client_ca:
+        line += f"; client certificates signed by {server.tls.files.client_ca} required"
+    return line
