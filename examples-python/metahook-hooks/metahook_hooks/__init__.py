@@ -13,6 +13,9 @@ Event to the response; `raise PermanentError(...)` reports an invalid spec once 
 Standard library only. See README.md for the whole API.
 """
 
+__version__ = "0.1.0"
+"""The library's version; pyproject.toml says the same (a test compares them)."""
+
 from .conditions import condition_status, find_condition, set_condition
 from .fixtures import fixture_request, load_objects, run_hook_on_fixtures
 from .objects import (
@@ -104,4 +107,5 @@ __all__ = [
     "set_condition",
     "start_server",
     "type_key",
+    "__version__",
 ]
