@@ -8,8 +8,13 @@
 
     serve({"/sync": sync})    # $PORT (default 8080), GET /healthz, drains on SIGTERM
 
-Hooks may be `async def`. Standard library only. See README.md for the whole API.
+Hooks may be `async def`. `request_log().warning(...)` logs a line naming the parent and adds a Warning
+Event to the response; `raise PermanentError(...)` reports an invalid spec once instead of retrying.
+Standard library only. See README.md for the whole API.
 """
+
+__version__ = "0.1.0"
+"""The library's version; pyproject.toml says the same (a test compares them)."""
 
 from .conditions import condition_status, find_condition, set_condition
 from .fixtures import fixture_request, load_objects, run_hook_on_fixtures
@@ -24,13 +29,16 @@ from .objects import (
     related_of,
     type_key,
 )
+from .request_log import RequestLog, request_log
 from .responses import composite_response, customize_response, decorator_response, event, related_rule
 from .server import (
+    DEFAULT_MAX_BODY,
     DEFAULT_PORT,
     DRAIN_SECONDS,
     Handler,
     HookResult,
     HookServer,
+    PermanentError,
     RetryLater,
     listen_address,
     make_server,
@@ -53,6 +61,7 @@ from .wire import (
 )
 
 __all__ = [
+    "DEFAULT_MAX_BODY",
     "DEFAULT_PORT",
     "DRAIN_SECONDS",
     "CompositeRequest",
@@ -69,7 +78,9 @@ __all__ = [
     "KubeObject",
     "LabelSelector",
     "ObjectMap",
+    "PermanentError",
     "RelatedResourceRule",
+    "RequestLog",
     "RetryLater",
     "attachment",
     "attachments_of",
@@ -90,9 +101,11 @@ __all__ = [
     "related",
     "related_of",
     "related_rule",
+    "request_log",
     "run_hook_on_fixtures",
     "serve",
     "set_condition",
     "start_server",
     "type_key",
+    "__version__",
 ]

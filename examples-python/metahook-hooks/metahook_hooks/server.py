@@ -4,22 +4,29 @@ Each route maps a path to `fn(request) -> response`, or to `async def fn(request
 in a thread pool, so one slow hook call does not hold up the others; coroutines run on the event loop.
 Errors are answered so that the hub can put them in a Kubernetes Event on the parent: the hub reports
 any non-200 answer as "unsupported status code: <code> body: <body>" (first 1 KiB of the body), so the
-body starts with the one line a human needs and only then carries the traceback.
+body starts with the one line a human needs and only then carries the traceback. Two exceptions say more
+than "failed": `RetryLater(seconds)` answers 429 + `Retry-After` (call again then, no error recorded), and
+`PermanentError(message)` answers 422 + `Metahook-Error: permanent` (retrying cannot help until the
+parent or its children change: the hub reports it once and waits for a change instead of backing off).
 
 What a hook in a Pod needs besides routing: `GET /healthz` for probes, the listen address from `PORT`
 and `HOST`, and a graceful stop: on SIGTERM (Kubernetes' way of stopping a Pod) the server stops
-accepting connections, lets the calls in flight finish and answer, then returns. Standard library only.
+accepting connections, lets the calls in flight finish and answer, then returns. With a certificate and
+key (`$TLS_CERT_FILE`, `$TLS_KEY_FILE`, and `$TLS_CLIENT_CA_FILE` for mutual TLS) it serves HTTPS, and
+picks up a rotated certificate for new connections without a restart (see `tls.py`). Standard library only.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextvars
 import inspect
 import json
 import os
 import signal
 import socket
+import ssl
 import sys
 import threading
 import time
@@ -29,12 +36,18 @@ from datetime import datetime, timezone
 from typing import IO, Any
 from urllib.parse import urlsplit
 
+from .body import DEFAULT_MAX_BODY, BodyError, check_limit, max_body_from_env, read_body
+from .request_log import Record, RequestLog, current, format_line, with_events
+from .tls import ReloadingContext, TlsFiles, tls_files, tls_files_from_env
+
 __all__ = [
+    "DEFAULT_MAX_BODY",
     "DEFAULT_PORT",
     "DRAIN_SECONDS",
     "Handler",
     "HookResult",
     "HookServer",
+    "PermanentError",
     "RetryLater",
     "listen_address",
     "make_server",
@@ -55,6 +68,18 @@ DRAIN_SECONDS = 25.0
 """How long calls in flight may take to finish after SIGTERM: under Kubernetes' default 30 s grace
 period, after which the Pod is killed anyway."""
 
+PERMANENT_HEADER = "Metahook-Error"
+"""The header that tells the hub a 422 is a `PermanentError`, not some proxy's or framework's 422."""
+LINGER_SECONDS = 1.0
+"""After refusing a body it did not read, how long the server keeps discarding what the client still
+sends before it closes: closing a socket with unread input makes the kernel answer with a reset, and the
+client would see "connection reset" instead of the 413 that says why."""
+HANDSHAKE_SECONDS = 10.0
+"""How long a client may take over the TLS handshake before the connection is dropped."""
+CLOSE_SECONDS = 1.0
+"""How long closing a TLS connection waits for the client's close_notify before cutting it."""
+STREAM_LIMIT = 64 * 1024
+"""Longest request or header line (asyncio's default)."""
 HOOK_THREADS = 64
 HEALTH_PATH = "/healthz"
 LOG_ENV = "METAHOOK_LOG_REQUESTS"
@@ -68,6 +93,17 @@ class RetryLater(Exception):
     def __init__(self, seconds: int, message: str = "") -> None:
         super().__init__(message or f"retry after {seconds}s")
         self.seconds = seconds
+
+
+class PermanentError(Exception):
+    """Raise from a hook when calling again cannot help until the parent or its children change (an
+    invalid spec field, say): the answer is 422 with `Metahook-Error: permanent` and the message as the
+    body's first line. The hub reports it once, as an Event and a parent condition, and does not retry
+    it with backoff as it does a 500; it calls again when the parent or a child changes, or at resync."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
 
 
 def listen_address(port: int | None = None, host: str | None = None) -> tuple[str, int]:
@@ -117,6 +153,7 @@ class _Reply:
         self.content_type = content_type
         self.headers = dict(headers or {})
         self.close = False
+        self.linger = False
         self.log: dict[str, Any] = {}
 
 
@@ -126,7 +163,8 @@ def _text(code: int, text: str, headers: Mapping[str, str] | None = None) -> _Re
 
 _REASONS = {
     200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 411: "Length Required",
-    429: "Too Many Requests", 500: "Internal Server Error", 503: "Service Unavailable",
+    413: "Content Too Large", 422: "Unprocessable Entity", 429: "Too Many Requests", 500: "Internal Server Error",
+    501: "Not Implemented", 503: "Service Unavailable",
 }
 
 
@@ -147,6 +185,10 @@ class HookServer:
         log_requests: bool = False,
         drain_seconds: float = DRAIN_SECONDS,
         log_stream: IO[str] | None = None,
+        max_body: int = DEFAULT_MAX_BODY,
+        tls_cert: str | None = None,
+        tls_key: str | None = None,
+        client_ca: str | None = None,
     ) -> None:
         for path, fn in routes.items():
             if not isinstance(path, str) or not path.startswith("/") or not callable(fn):
@@ -154,19 +196,30 @@ class HookServer:
         self.routes = dict(routes)
         self.log_requests = log_requests
         self.drain_seconds = drain_seconds
+        self.max_body = check_limit(max_body)
         self._log_stream = log_stream
+        files = tls_files(tls_cert, tls_key, client_ca)
+        self.tls: ReloadingContext | None = ReloadingContext(files, self._log_text) if files else None
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._socket = socket.create_server((host, port), family=family)
         self.server_address: tuple[str, int] = self._socket.getsockname()[:2]
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping: asyncio.Event | None = None
         self._connections: set[_Connection] = set()
+        self._handshakes: set[asyncio.Task[None]] = set()
         self._ready = threading.Event()
         self._done = threading.Event()
 
     @property
     def port(self) -> int:
         return self.server_address[1]
+
+    @property
+    def url(self) -> str:
+        """`http://host:port` or `https://host:port`, for log lines and tests."""
+        scheme = "https" if self.tls else "http"
+        host = f"[{self.server_address[0]}]" if ":" in self.server_address[0] else self.server_address[0]
+        return f"{scheme}://{host}:{self.port}"
 
     # ---- lifecycle ---------------------------------------------------------------------------
 
@@ -178,12 +231,14 @@ class HookServer:
         if handle_signals:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 self._loop.add_signal_handler(sig, self._begin_drain, sig)
-        listener = await asyncio.start_server(self._accept, sock=self._socket)
+        accepting = asyncio.ensure_future(self._accept_loop())
         self._ready.set()
         try:
             await self._stopping.wait()
         finally:
-            listener.close()
+            accepting.cancel()
+            await asyncio.wait([accepting])
+            self._socket.close()
             await self._drain()
             if handle_signals:
                 for sig in (signal.SIGTERM, signal.SIGINT):
@@ -223,6 +278,8 @@ class HookServer:
         self._stopping.set()
 
     async def _drain(self) -> None:
+        for handshake in list(self._handshakes):
+            handshake.cancel()
         for connection in list(self._connections):
             if connection.idle:
                 connection.task.cancel()
@@ -234,6 +291,45 @@ class HookServer:
             if late:
                 self._log_text(f"{len(late)} call(s) still running after {self.drain_seconds}s: cut")
                 await asyncio.wait(late)
+
+    # ---- accepting connections -----------------------------------------------------------------
+
+    async def _accept_loop(self) -> None:
+        """Accepts connections until cancelled. Each connection is opened with the TLS context current
+        when it arrives (asyncio's own server fixes one context for the listener's whole life, which
+        would leave a rotated certificate unused until a restart)."""
+        loop = asyncio.get_running_loop()
+        self._socket.setblocking(False)
+        while True:
+            try:
+                sock, _ = await loop.sock_accept(self._socket)
+            except OSError as e:  # out of file descriptors and the like: let some connections end
+                self._log_text(f"accepting a connection failed: {e}")
+                await asyncio.sleep(1)
+                continue
+            task = asyncio.ensure_future(self._open(sock))
+            self._handshakes.add(task)
+            task.add_done_callback(self._handshakes.discard)
+
+    async def _open(self, sock: socket.socket) -> None:
+        """Wraps an accepted socket in streams (after the TLS handshake, with TLS); `_accept` then
+        serves it in a task of its own."""
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader(limit=STREAM_LIMIT)
+        protocol = asyncio.StreamReaderProtocol(reader, self._accept)
+        context = self.tls.context() if self.tls else None
+        peer = _peer(sock)
+        try:
+            await loop.connect_accepted_socket(
+                lambda: protocol, sock, ssl=context, ssl_handshake_timeout=HANDSHAKE_SECONDS if context else None
+            )
+        except ssl.SSLError as e:
+            # A client without an acceptable certificate, or one that does not speak TLS. (A peer that
+            # connects and closes, as a TCP probe does, is not worth a line.)
+            sock.close()
+            self._log_text(f"TLS handshake with {peer} failed: {e}")
+        except (OSError, asyncio.TimeoutError):
+            sock.close()
 
     # ---- one connection ----------------------------------------------------------------------
 
@@ -248,11 +344,7 @@ class HookServer:
             pass
         finally:
             self._connections.discard(connection)
-            writer.close()
-            try:
-                await writer.wait_closed()
-            except (ConnectionError, asyncio.CancelledError):
-                pass
+            await _close(writer)
 
     async def _converse(
         self, connection: _Connection, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
@@ -276,6 +368,8 @@ class HookServer:
                 reply.close = True
             await self._write(writer, reply, request)
             self._log(request, reply, time.monotonic() - started)
+            if reply.linger:
+                await _linger(reader, writer)
             if reply.close:
                 return
 
@@ -301,23 +395,13 @@ class HookServer:
             reply.close = True
             return None, reply
         request = _Request(parts[0].upper(), parts[1], parts[2], headers)
-        length = headers.get("content-length")
-        if "transfer-encoding" in headers or (length is None and request.method == "POST"):
-            reply = _text(411, "the request needs a Content-Length header")
-            reply.close = True
-            return request, reply
         try:
-            size = int(length) if length is not None else 0
-            if size < 0:
-                raise ValueError(length)
-        except ValueError:
-            reply = _text(400, f"bad Content-Length {length!r}")
-            reply.close = True
+            request.body = await read_body(request.method, headers, reader, writer, self.max_body)
+        except BodyError as e:
+            # The rest of the body is unread: the connection cannot carry another request.
+            reply = _text(e.code, e.message)
+            reply.close = reply.linger = True
             return request, reply
-        if size and headers.get("expect", "").lower() == "100-continue":
-            writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-            await writer.drain()
-        request.body = await reader.readexactly(size)
         return request, None
 
     async def _route(self, request: _Request) -> _Reply:
@@ -342,23 +426,44 @@ class HookServer:
         return reply
 
     async def _call(self, fn: Handler, path: str, body: dict[str, Any]) -> _Reply:
+        # Sync and finalize requests always carry `finalizing`; customize requests, whose responses
+        # have no `events`, do not.
+        log = RequestLog(
+            path, _describe_parent(body).get("parent", ""), emit=self._emit, collect_events="finalizing" in body
+        )
+        token = current().set(log)
         try:
             response = await _invoke(fn, body)
-        except RetryLater as e:
+        except Exception as e:  # any hook failure becomes an answer the hub can report
+            return self._failure(path, e)
+        finally:
+            current().reset(token)
+        return self._answer(path, response, log)
+
+    def _failure(self, path: str, e: Exception) -> _Reply:
+        """The reply to a hook function that raised: 429 and 422 for the exceptions that say what the
+        hub should do, else a 500 with the message first and then the traceback."""
+        if isinstance(e, RetryLater):
             return _text(429, str(e), {"Retry-After": str(int(e.seconds))})
-        except Exception as e:  # any hook failure becomes a 500 that the hub reports
-            trace = traceback.format_exc()
-            reply = _text(500, f"hook {path} raised {type(e).__name__}: {e}\n\n{trace}")
-            reply.log["error"] = f"{type(e).__name__}: {e}"
-            if not self.log_requests:
-                self._log_text(f"hook {path} failed:\n{trace}")
+        if isinstance(e, PermanentError):
+            reply = _text(422, e.message, {PERMANENT_HEADER: "permanent"})
+            reply.log["error"] = f"permanent: {e.message}"
             return reply
+        trace = "".join(traceback.format_exception(type(e), e, e.__traceback__))
+        reply = _text(500, f"hook {path} raised {type(e).__name__}: {e}\n\n{trace}")
+        reply.log["error"] = f"{type(e).__name__}: {e}"
+        if not self.log_requests:
+            self._log_text(f"hook {path} failed:\n{trace}")
+        return reply
+
+    def _answer(self, path: str, response: HookResult, log: RequestLog) -> _Reply:
+        """The reply to a hook function's return value, with the Events its warnings asked for."""
         if response is None:
             return _text(500, f"hook {path} returned nothing")
         if not isinstance(response, Mapping):
             return _text(500, f"hook {path} must return a dict, not {type(response).__name__}")
         try:
-            encoded = json.dumps(response).encode()
+            encoded = json.dumps(with_events(response, log.events)).encode()
         except (TypeError, ValueError) as e:
             return _text(500, f"hook {path} response is not JSON: {e}")
         return _Reply(200, encoded, "application/json")
@@ -391,7 +496,15 @@ class HookServer:
             self._write_log(json.dumps(line))
         elif reply.code >= 400 and reply.code != 429:
             # Successful calls come at every resync; only failures are worth a line by default.
-            self._write_log(f"hook server: {method} {path} -> {reply.code}")
+            error = reply.log.get("error")
+            self._write_log(f"hook server: {method} {path} -> {reply.code}" + (f" ({error})" if error else ""))
+
+    def _emit(self, record: Record) -> None:
+        """Writes a `request_log()` line: JSON when request logs are on, like the other lines."""
+        if self.log_requests:
+            self._write_log(json.dumps({"time": _now(), **record}))
+        else:
+            self._write_log(format_line(record))
 
     def _log_text(self, text: str) -> None:
         if self.log_requests:
@@ -404,17 +517,57 @@ class HookServer:
         print(line, file=stream, flush=True)
 
 
+async def _close(writer: asyncio.StreamWriter) -> None:
+    """Closes a connection once what was written to it is sent. Over TLS, closing waits for the
+    client's close_notify, which a kept-alive client that is not reading never sends: after
+    `CLOSE_SECONDS` the connection is cut, or a drain would wait out its whole deadline for it."""
+    writer.close()
+    try:
+        await asyncio.wait_for(writer.wait_closed(), CLOSE_SECONDS)
+    except (asyncio.TimeoutError, ConnectionError, ssl.SSLError):
+        writer.transport.abort()
+    except asyncio.CancelledError:
+        writer.transport.abort()
+        raise
+
+
+def _peer(sock: socket.socket) -> str:
+    try:
+        host, port = sock.getpeername()[:2]
+    except OSError:
+        return "a client that left"
+    return f"{host}:{port}"
+
+
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
+async def _linger(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Ends a connection whose request body was refused unread: the answer is sent and (over plain TCP)
+    the write side shut, then whatever the client is still sending is discarded until it closes or
+    `LINGER_SECONDS` pass. Nothing is kept, so the limit still bounds memory."""
+    if writer.can_write_eof():
+        writer.write_eof()
+    deadline = time.monotonic() + LINGER_SECONDS
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            if not await asyncio.wait_for(reader.read(65536), left):
+                return
+        except (asyncio.TimeoutError, ConnectionError):
+            return
+
+
 async def _invoke(fn: Handler, body: dict[str, Any]) -> HookResult:
     """Calls a hook function: coroutine functions on the loop, plain ones in the thread pool (a plain
-    function that returns an awaitable, e.g. a partial of an async one, has it awaited)."""
+    function that returns an awaitable, e.g. a partial of an async one, has it awaited). The thread
+    runs in a copy of this task's context, so `request_log()` finds the call's logger there too
+    (`run_in_executor`, unlike `asyncio.to_thread`, does not carry the context by itself)."""
     if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None)):
         result = fn(body)
     else:
-        result = await asyncio.get_running_loop().run_in_executor(None, fn, body)
+        context = contextvars.copy_context()
+        result = await asyncio.get_running_loop().run_in_executor(None, context.run, fn, body)
     if inspect.isawaitable(result):
         result = await result
     return result
@@ -442,10 +595,24 @@ def make_server(
     log_requests: bool = False,
     drain_seconds: float = DRAIN_SECONDS,
     log_stream: IO[str] | None = None,
+    max_body: int = DEFAULT_MAX_BODY,
+    tls_cert: str | None = None,
+    tls_key: str | None = None,
+    client_ca: str | None = None,
 ) -> HookServer:
-    """A bound, not yet serving, server for `routes` (`{"/sync": sync, ...}`)."""
+    """A bound, not yet serving, server for `routes` (`{"/sync": sync, ...}`); HTTPS when `tls_cert`
+    and `tls_key` name PEM files, requiring client certificates signed by `client_ca` if given."""
     return HookServer(
-        routes, port, host, log_requests=log_requests, drain_seconds=drain_seconds, log_stream=log_stream
+        routes,
+        port,
+        host,
+        log_requests=log_requests,
+        drain_seconds=drain_seconds,
+        log_stream=log_stream,
+        max_body=max_body,
+        tls_cert=tls_cert,
+        tls_key=tls_key,
+        client_ca=client_ca,
     )
 
 
@@ -457,11 +624,24 @@ def start_server(
     log_requests: bool = False,
     drain_seconds: float = DRAIN_SECONDS,
     log_stream: IO[str] | None = None,
+    max_body: int = DEFAULT_MAX_BODY,
+    tls_cert: str | None = None,
+    tls_key: str | None = None,
+    client_ca: str | None = None,
 ) -> HookServer:
     """Serves `routes` in a background thread and returns the server once it accepts calls (tests use
-    port 0 and read `server.port`). Stop it with `server.shutdown(); server.server_close()`."""
+    port 0 and read `server.port` or `server.url`). Stop it with `server.shutdown(); server.server_close()`."""
     server = make_server(
-        routes, port, host, log_requests=log_requests, drain_seconds=drain_seconds, log_stream=log_stream
+        routes,
+        port,
+        host,
+        log_requests=log_requests,
+        drain_seconds=drain_seconds,
+        log_stream=log_stream,
+        max_body=max_body,
+        tls_cert=tls_cert,
+        tls_key=tls_key,
+        client_ca=client_ca,
     )
     threading.Thread(target=server.serve_forever, name=f"metahook-hooks:{server.port}", daemon=True).start()
     server._ready.wait()
@@ -475,6 +655,10 @@ def serve(
     *,
     log_requests: bool | None = None,
     drain_seconds: float = DRAIN_SECONDS,
+    max_body: int | None = None,
+    tls_cert: str | None = None,
+    tls_key: str | None = None,
+    client_ca: str | None = None,
 ) -> None:
     """Serves `routes` until SIGTERM or Ctrl-C, then drains and returns.
 
@@ -482,18 +666,49 @@ def serve(
     as a hook in a Pod must). `GET /healthz` answers 200 (503 while draining) for probes.
     `log_requests` (default: `$METAHOOK_LOG_REQUESTS` is `1`/`true`/`json`) writes one JSON line per
     call to stderr: time, path, status, durationMs, and the parent's kind and namespace/name.
+    `max_body` (default: `$METAHOOK_MAX_BODY`, bytes or `64Mi`-style, else 64 MiB) caps request bodies:
+    a larger one is answered 413 before it is read.
+    `tls_cert`, `tls_key` and `client_ca` (default, when none is given: `$TLS_CERT_FILE`,
+    `$TLS_KEY_FILE`, `$TLS_CLIENT_CA_FILE`) serve HTTPS, health checks included, from PEM files that
+    are loaded again when they change; with a client CA, clients must present a certificate it signed.
+
+    Only `serve` reads the environment: `make_server` and `start_server` (tests, embedding) take
+    arguments only, so a test suite run in a shell with these variables set behaves the same.
     """
     host, port = listen_address(port, host)
     if log_requests is None:
         log_requests = _env_flag(LOG_ENV)
-    server = HookServer(routes, port, host, log_requests=log_requests, drain_seconds=drain_seconds)
-    bound_host, bound_port = server.server_address
-    print(
-        f"metahook hooks {sorted(routes)} listening on http://{bound_host}:{bound_port} (health: GET {HEALTH_PATH})",
-        file=sys.stderr,
-        flush=True,
+    if max_body is None:
+        max_body = max_body_from_env()
+    files = _tls_arguments(tls_cert, tls_key, client_ca)
+    server = HookServer(
+        routes,
+        port,
+        host,
+        log_requests=log_requests,
+        drain_seconds=drain_seconds,
+        max_body=max_body,
+        tls_cert=files.cert if files else None,
+        tls_key=files.key if files else None,
+        client_ca=files.client_ca if files else None,
     )
+    print(_banner(server), file=sys.stderr, flush=True)
     try:
         asyncio.run(server._serve_on_own_loop(handle_signals=True))
     finally:
         server.server_close()
+
+
+def _tls_arguments(cert: str | None, key: str | None, client_ca: str | None) -> TlsFiles | None:
+    """The TLS files `serve` was given, or, when it was given none, those the environment names."""
+    if cert is None and key is None and client_ca is None:
+        return tls_files_from_env()
+    return tls_files(cert, key, client_ca)
+
+
+def _banner(server: HookServer) -> str:
+    """The line `serve` starts with: where it listens, and how."""
+    line = f"metahook hooks {sorted(server.routes)} listening on {server.url} (health: GET {HEALTH_PATH})"
+    if server.tls and server.tls.files.client_ca:
+        line += f"; client certificates signed by {server.tls.files.client_ca} required"
+    return line

@@ -7,6 +7,7 @@ as any `pip install` of a source tree does.
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -15,6 +16,8 @@ import time
 import urllib.request
 import venv
 from pathlib import Path
+
+import metahook_hooks
 
 LIBRARY = Path(__file__).resolve().parent.parent
 
@@ -39,8 +42,11 @@ METADATA = textwrap.dedent(
     from importlib.metadata import metadata
     from importlib.resources import files
     meta = metadata("metahook-hooks")
+    import metahook_hooks
     print(json.dumps({
         "name": meta["Name"],
+        "version": meta["Version"],
+        "module_version": metahook_hooks.__version__,
         "urls": meta.get_all("Project-URL"),
         "classifiers": meta.get_all("Classifier"),
         "requires_python": meta["Requires-Python"],
@@ -64,6 +70,7 @@ def test_pip_installs_the_library_into_a_clean_venv_and_a_hook_runs_on_it(tmp_pa
     meta = json.loads(subprocess.run([python, "-c", METADATA], check=True, capture_output=True, text=True,
                                      cwd=tmp_path, env=clean_env).stdout)
     assert meta["name"] == "metahook-hooks"
+    assert meta["version"] == meta["module_version"] == metahook_hooks.__version__
     assert meta["typed"], "py.typed is installed, so type checkers use the library's annotations"
     assert any(url.startswith("Source, https://") for url in meta["urls"]), meta["urls"]
     assert "Typing :: Typed" in meta["classifiers"]
@@ -84,6 +91,22 @@ def test_pip_installs_the_library_into_a_clean_venv_and_a_hook_runs_on_it(tmp_pa
     finally:
         hook.terminate()
         assert hook.wait(timeout=20) == 0, hook.stderr.read() if hook.stderr else ""
+
+
+def pyproject_version():
+    """`[project] version` of pyproject.toml (tomllib is 3.11+; the library supports 3.10)."""
+    text = (LIBRARY / "pyproject.toml").read_text()
+    try:
+        import tomllib
+    except ImportError:
+        project = text[text.index("[project]"):]
+        return re.search(r'^version = "([^"]+)"$', project, re.MULTILINE).group(1)
+    return tomllib.loads(text)["project"]["version"]
+
+
+def test_the_module_version_is_the_package_version():
+    assert metahook_hooks.__version__ == pyproject_version()
+    assert re.fullmatch(r"\d+\.\d+\.\d+", metahook_hooks.__version__)
 
 
 def _free_port():

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from metahook_hooks import (
+    PermanentError,
     RetryLater,
     composite_response,
     listen_address,
@@ -51,7 +52,12 @@ def not_json(request):
     return {"when": object()}
 
 
-ROUTES = {"/sync": sync, "/finalize": finalize, "/broken": broken, "/silent": silent, "/busy": busy, "/not-json": not_json}
+def invalid(request):
+    raise PermanentError("spec.key 'a/b' is not a valid ConfigMap key")
+
+
+ROUTES = {"/sync": sync, "/finalize": finalize, "/broken": broken, "/silent": silent, "/busy": busy, "/not-json": not_json,
+          "/invalid": invalid}
 REQUEST = {"parent": {"metadata": {"name": "p"}}, "finalizing": True}
 
 
@@ -89,7 +95,7 @@ def test_query_strings_do_not_change_the_route(server):
 def test_unknown_path_is_404_naming_the_known_ones(server):
     status, _, text = call(server, "/nope")
     assert status == 404
-    assert "/nope" in text and "/finalize, /not-json, /silent, /sync" in text
+    assert "/nope" in text and "/finalize, /invalid, /not-json, /silent, /sync" in text
 
 
 @pytest.mark.parametrize("method", ["GET", "PUT", "DELETE", "PATCH"])
@@ -130,6 +136,24 @@ def test_unserialisable_response_is_500(server):
 def test_retry_later_is_429_with_retry_after(server):
     status, headers, text = call(server, "/busy")
     assert (status, headers["Retry-After"], text.strip()) == (429, "7", "database busy")
+
+
+def test_permanent_error_is_422_marked_permanent_with_the_message_first(server):
+    status, headers, text = call(server, "/invalid")
+    assert (status, headers["Metahook-Error"]) == (422, "permanent")
+    assert text.splitlines()[0] == "spec.key 'a/b' is not a valid ConfigMap key"
+    assert "Traceback" not in text, "a permanent error is the hook's verdict, not a crash"
+
+
+def test_permanent_error_is_logged_with_its_message():
+    log = io.StringIO()
+    server = start_server(ROUTES, log_stream=log)
+    try:
+        call(server, "/invalid")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert log.getvalue() == "hook server: POST /invalid -> 422 (permanent: spec.key 'a/b' is not a valid ConfigMap key)\n"
 
 
 def test_post_without_content_length_is_411(server):
