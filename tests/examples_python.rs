@@ -489,3 +489,65 @@ async fn configmap_propagation_removes_the_copy_from_a_namespace_that_stops_matc
     propagations.delete(&parent, &DeleteParams::default()).await.unwrap();
     ex.finish().await;
 }
+
+/// `mtls`: the hub calls the library's HTTPS server, which requires the hub's client certificate; the
+/// hub takes the CA and that certificate from the Secrets the controller names, made by the example's
+/// own `make-certs.sh`. Its permanent error and its request log's warning reach the Note as Events.
+#[tokio::test]
+async fn mtls_example_is_called_over_mutual_tls_with_certificates_from_secrets() {
+    let dir = "examples-python/mtls";
+    let certs = support::example_certs(dir);
+    let file = |name: &str| certs.path().join(name).to_string_lossy().into_owned();
+    let pem = |name: &str| std::fs::read_to_string(certs.path().join(name)).unwrap();
+    let env = [("TLS_CERT_FILE", "hook.crt"), ("TLS_KEY_FILE", "hook.key"), ("TLS_CLIENT_CA_FILE", "ca.crt")]
+        .map(|(var, name)| (var.to_owned(), file(name)));
+    let mut ex = Example::start_with_env("py-mtls", dir, "python3", &["hook.py"], &env).await;
+    for kind in ["CompositeController", "DecoratorController"] {
+        ex.controllers.push((kind.to_owned(), ex.label.clone()));
+    }
+    let mut docs = ex.scoped_docs("controller.yaml");
+    let secrets = support::hook_tls_secrets(&mut docs, &ex.ns.name, &pem("ca.crt"), &pem("hub.crt"), &pem("hub.key"));
+    assert_eq!(secrets.len(), 2, "the controller names a CA bundle and a client certificate");
+    ex.apply(&secrets).await;
+    ex.apply_files(&["crd.yaml"]).await;
+    ex.apply(&docs).await;
+    ex.apply_files(&["note.yaml"]).await;
+
+    let notes = ex.api("python.examples.metahook.dev/v1", "Note").await;
+    let config_maps = ex.api("v1", "ConfigMap").await;
+    let published = eventually(WAIT, || async { config_maps.get_opt("release-note").await.unwrap() }).await;
+    let text = published.data["data"]["note.json"].as_str().unwrap().to_owned();
+    assert!(text.contains("mutual TLS"), "{text}");
+
+    // Not JSON: a permanent error, said as an Event and a condition; the ConfigMap stays as it was.
+    merge(&notes, "release", &json!({"spec": {"text": "{not json"}})).await;
+    let condition = eventually(WAIT, || async {
+        let status = notes.get("release").await.unwrap().data["status"].clone();
+        status["conditions"].as_array()?.iter().find(|c| c["type"] == "Synced").cloned()
+    })
+    .await;
+    assert_eq!(condition["reason"], "HookPermanentError");
+    assert!(condition["message"].as_str().unwrap().contains("spec.text is not valid JSON"), "{condition}");
+    let warnings = support::warnings_for(&ex.client, &ex.ns.name, "release").await;
+    assert!(warnings.iter().any(|w| w.starts_with("HookPermanentError: ")), "{warnings:?}");
+    let kept = config_maps.get("release-note").await.unwrap();
+    assert_eq!(kept.metadata.resource_version, published.metadata.resource_version, "the child is left alone");
+
+    // Empty text: published, with the request log's warning as an Event; the condition is gone.
+    merge(&notes, "release", &json!({"spec": {"format": "text", "text": ""}})).await;
+    eventually(WAIT, || async {
+        let cm = config_maps.get("release-note").await.unwrap();
+        (cm.data["data"]["note.txt"] == "").then_some(())
+    })
+    .await;
+    let warnings = eventually(WAIT, || async {
+        let warnings = support::warnings_for(&ex.client, &ex.ns.name, "release").await;
+        warnings.iter().any(|w| w.starts_with("EmptyNote: ")).then_some(warnings)
+    })
+    .await;
+    assert!(warnings.iter().any(|w| w.contains("spec.text is empty")), "{warnings:?}");
+    let status = notes.get("release").await.unwrap().data["status"].clone();
+    assert!(status.get("conditions").is_none(), "the hook's answer replaced the condition: {status}");
+    notes.delete("release", &DeleteParams::default()).await.unwrap();
+    ex.finish().await;
+}

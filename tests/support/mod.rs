@@ -392,6 +392,53 @@ impl Pki {
     }
 }
 
+/// The Secrets a controller's hooks name for their TLS (`caBundle.secretRef`, `clientTLS.secretRef`),
+/// made from these PEMs and moved to `namespace` (the references in `docs` are rewritten to match), under
+/// the keys the references name or default to as the CRD does (`ca.crt`, `tls.crt`, `tls.key`).
+pub fn hook_tls_secrets(docs: &mut [Value], namespace: &str, ca: &str, cert: &str, key: &str) -> Vec<Value> {
+    let mut secrets = Vec::new();
+    let mut webhooks = Vec::new();
+    for doc in docs.iter_mut() {
+        if let Some(hooks) = doc["spec"]["hooks"].as_object_mut() {
+            webhooks.extend(hooks.values_mut().filter_map(|h| h.get_mut("webhook")));
+        }
+    }
+    for webhook in webhooks {
+        if let Some(reference) = webhook.pointer_mut("/caBundle/secretRef") {
+            reference["namespace"] = json!(namespace);
+            let data_key = reference["key"].as_str().unwrap_or("ca.crt").to_owned();
+            secrets.push(secret(namespace, &reference["name"], json!({ data_key: ca })));
+        }
+        if let Some(tls) = webhook.get_mut("clientTLS") {
+            let cert_key = tls["certKey"].as_str().unwrap_or("tls.crt").to_owned();
+            let key_key = tls["privateKeyKey"].as_str().unwrap_or("tls.key").to_owned();
+            tls["secretRef"]["namespace"] = json!(namespace);
+            secrets.push(secret(namespace, &tls["secretRef"]["name"], json!({ cert_key: cert, key_key: key })));
+        }
+    }
+    secrets
+}
+
+fn secret(namespace: &str, name: &Value, string_data: Value) -> Value {
+    json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name, "namespace": namespace},
+           "stringData": string_data})
+}
+
+/// Runs an example's `make-certs.sh` into a new temporary directory (as its README tells users to).
+pub fn example_certs(dir: &str) -> tempfile::TempDir {
+    let out = tempfile::tempdir().unwrap();
+    let status = std::process::Command::new("sh")
+        .arg(repo_root().join(dir).join("make-certs.sh"))
+        .arg(out.path())
+        .env("DAYS", "2")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .expect("running make-certs.sh");
+    assert!(status.success(), "{dir}/make-certs.sh failed");
+    out
+}
+
 /// An example's own hook server (`python3 hook.py`, `node hook.mjs`, ...), started in its directory with
 /// `PORT` set to a free port (`HOST` to loopback), and the helper libraries importable (`PYTHONPATH`). Killed on drop.
 pub struct ExampleHook {
