@@ -167,3 +167,42 @@ async fn cluster_scoped_targets_get_namespaced_attachments() {
     cluster_things.delete(&name, &DeleteParams::default()).await.unwrap();
     w.finish("DecoratorController").await;
 }
+
+/// Decorates every Thing but one whose `spec.note` is `bad`, which it refuses for good.
+const REFUSING: &str = r#"
+def sync(req):
+    if req["object"].get("spec", {}).get("note") == "bad":
+        return (422, "spec.note must not be bad", {"Metahook-Error": "permanent"})
+    return {"labels": {"decorated": "yes"}}
+"#;
+
+/// A decorator's target belongs to someone else, status included: a permanent hook error is said
+/// there only as one Event, nothing is written to the target, and it is not retried.
+#[tokio::test]
+async fn a_permanent_hook_error_on_a_target_is_one_event_and_no_write() {
+    let w = World::new("dec-permanent", REFUSING).await;
+    w.decorator(json!({
+        "resources": [{"apiVersion": "test.metahook.dev/v1", "resource": "things"}],
+        "hooks": {"sync": {"webhook": {"url": w.hook.url("/sync")}}},
+    }))
+    .await;
+    let thing = w.thing("t", json!({"note": "bad"})).await;
+    let warning = eventually(WAIT, || async {
+        let warnings = support::warnings_for(&w.client, &w.ns.name, "t").await;
+        warnings.into_iter().find(|w| w.starts_with("HookPermanentError: "))
+    })
+    .await;
+    assert!(warning.contains("spec.note must not be bad"), "{warning}");
+    let calls = w.hook.requests("/sync").len();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(w.hook.requests("/sync").len(), calls, "not retried");
+    let things = w.things().await;
+    let now = things.get("t").await.unwrap();
+    assert_eq!(now.metadata.resource_version, thing.metadata.resource_version, "the target is not written");
+    let permanent = support::warnings_for(&w.client, &w.ns.name, "t").await;
+    assert_eq!(permanent.iter().filter(|w| w.starts_with("HookPermanentError: ")).count(), 1, "{permanent:?}");
+
+    w.thing("t", json!({"note": "good"})).await;
+    eventually(WAIT, || async { things.get("t").await.ok().filter(|t| label(t, "decorated").is_some()) }).await;
+    w.finish("DecoratorController").await;
+}
