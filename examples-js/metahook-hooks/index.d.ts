@@ -328,6 +328,9 @@ export function listenAddress(
   env?: Record<string, string | undefined>,
 ): { host: string; port: number };
 
+/** This library's version, as its package.json says (e.g. for a hook's startup log line). */
+export const version: string;
+
 // ---- testing ----------------------------------------------------------------------------------
 
 /** A path to a `.json` fixture file, or an object given directly. */

@@ -23,3 +23,4 @@ export { compositeResponse, customizeResponse, decoratorResponse, event, related
 export { DEFAULT_PORT, DRAIN_SECONDS, RetryLater, createHookServer, listenAddress, serve } from "./src/server.js";
 export { conditionStatus, findCondition, setCondition } from "./src/conditions.js";
 export { fixtureRequest, loadObjects, runHookOnFixtures } from "./src/fixtures.js";
+export { version } from "./src/version.js";
