@@ -287,6 +287,14 @@ export class RetryLater extends Error {
   readonly seconds: number;
 }
 
+/**
+ * Throw from a hook when calling again cannot help (e.g. an invalid spec field): answers 422 with
+ * `Metahook-Error: permanent`; the hub reports it once and does not retry with backoff.
+ */
+export class PermanentError extends Error {
+  constructor(message: string);
+}
+
 export const DEFAULT_PORT: 8080;
 /** Seconds calls in flight may take to finish after SIGTERM. */
 export const DRAIN_SECONDS: number;

@@ -20,7 +20,7 @@ export {
   typeKey,
 } from "./src/objects.js";
 export { compositeResponse, customizeResponse, decoratorResponse, event, relatedRule } from "./src/responses.js";
-export { DEFAULT_PORT, DRAIN_SECONDS, RetryLater, createHookServer, listenAddress, serve } from "./src/server.js";
+export { DEFAULT_PORT, DRAIN_SECONDS, PermanentError, RetryLater, createHookServer, listenAddress, serve } from "./src/server.js";
 export { conditionStatus, findCondition, setCondition } from "./src/conditions.js";
 export { fixtureRequest, loadObjects, runHookOnFixtures } from "./src/fixtures.js";
 export { version } from "./src/version.js";

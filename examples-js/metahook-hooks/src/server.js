@@ -34,6 +34,20 @@ export class RetryLater extends Error {
 }
 
 /**
+ * Throw from a hook when calling again cannot help, e.g. a spec field that is invalid: answers 422
+ * with `Metahook-Error: permanent` and the message as the body's first line. The hub then reports the
+ * message once (an Event and a condition on the parent) instead of retrying with backoff and repeating
+ * the same Event; it calls again when the parent or its children change, or at the next resync, which
+ * is when the answer can differ.
+ */
+export class PermanentError extends Error {
+  constructor(message) {
+    super(message);
+    this.name = "PermanentError";
+  }
+}
+
+/**
  * `{ host, port }` to listen on: the options, else `$HOST` / `$PORT`, else all interfaces and 8080.
  * Tools that start a hook (`metahook render --hook-cmd`, test harnesses) pass a free port in `PORT`,
  * so a hook that does not hard-code one works everywhere.
@@ -173,6 +187,10 @@ async function call(fn, path, request, res, state) {
     if (e instanceof RetryLater) {
       reply(res, 429, e.message, { "Retry-After": String(Math.trunc(e.seconds)) });
       return {};
+    }
+    if (e instanceof PermanentError) {
+      reply(res, 422, e.message, { "Metahook-Error": "permanent" });
+      return { error: `PermanentError: ${e.message}` };
     }
     const what = e instanceof Error ? `${e.name}: ${e.message}` : `${typeof e}: ${String(e)}`;
     if (!state.logRequests) console.error(`hook ${path} failed:`, e);
