@@ -313,6 +313,11 @@ export interface ServerOptions {
   drainSeconds?: number;
   /** Where log lines go (default: stderr). */
   log?: (line: string) => void;
+  /**
+   * Largest request body in bytes (default `$METAHOOK_MAX_BODY`, else 64 MiB); a larger one, declared
+   * or chunked, is answered 413 and its connection closed without reading the rest.
+   */
+  maxBody?: number;
 }
 
 export interface ServeOptions extends ServerOptions {

@@ -13,6 +13,7 @@
 
 import http from "node:http";
 
+import { BodyTooLarge, maxBodyBytes, readBody } from "./body.js";
 import { describe } from "./responses.js";
 
 export const DEFAULT_PORT = 8080;
@@ -68,9 +69,10 @@ export function listenAddress({ port, host } = {}, env = process.env) {
 /**
  * An `http.Server` for `routes` (`{"/sync": sync, ...}`), not yet listening, with `drain()`: stop
  * accepting, let calls in flight finish (at most `drainSeconds`), close idle connections.
- * `logRequests` writes one JSON line per call to `log` (default: stderr).
+ * `logRequests` writes one JSON line per call to `log` (default: stderr). Bodies over `maxBody` bytes
+ * (default `$METAHOOK_MAX_BODY`, else 64 MiB) are refused with 413; chunked bodies are read like others.
  */
-export function createHookServer(routes, { logRequests = false, drainSeconds = DRAIN_SECONDS, log } = {}) {
+export function createHookServer(routes, { logRequests = false, drainSeconds = DRAIN_SECONDS, log, maxBody } = {}) {
   const table = new Map(Object.entries(routes));
   for (const [path, fn] of table) {
     if (!path.startsWith("/") || typeof fn !== "function") {
@@ -78,7 +80,7 @@ export function createHookServer(routes, { logRequests = false, drainSeconds = D
     }
   }
   const write = log ?? ((line) => process.stderr.write(`${line}\n`));
-  const state = { draining: false, known: [...table.keys()].sort().join(", "), logRequests, write };
+  const state = { draining: false, known: [...table.keys()].sort().join(", "), logRequests, write, maxBody: maxBodyBytes(maxBody) };
   /** Responses not yet finished: a drain waits for them, and tells their clients not to reuse the connection. */
   const active = new Set();
   const server = http.createServer((req, res) => {
@@ -119,7 +121,13 @@ export function createHookServer(routes, { logRequests = false, drainSeconds = D
 
 async function handle(table, state, req, res) {
   // Read the whole body before answering anything: the hub keeps connections alive.
-  const body = await readBody(req);
+  let body;
+  try {
+    body = await readBody(req, state.maxBody);
+  } catch (e) {
+    if (e instanceof BodyTooLarge) return refuseTooLarge(res, e);
+    throw e;
+  }
   const path = (req.url ?? "/").split("?")[0];
   if (path === HEALTH_PATH && (req.method === "GET" || req.method === "HEAD")) {
     // Failing readiness while draining takes the Pod out of its Service before it is gone.
@@ -153,7 +161,7 @@ async function handle(table, state, req, res) {
 export function serve(routes, options = {}) {
   const { host, port } = listenAddress(options);
   const logRequests = options.logRequests ?? ["1", "true", "yes", "json"].includes((process.env[LOG_ENV] ?? "").toLowerCase());
-  const server = createHookServer(routes, { logRequests, drainSeconds: options.drainSeconds, log: options.log });
+  const server = createHookServer(routes, { ...options, logRequests });
   const write = options.log ?? ((line) => process.stderr.write(`${line}\n`));
   if (options.handleSignals ?? true) {
     const onSignal = (signal) => {
@@ -233,10 +241,13 @@ function logCall(state, req, res, started, fields) {
   }
 }
 
-async function readBody(req) {
-  const chunks = [];
-  for await (const chunk of req) chunks.push(chunk);
-  return Buffer.concat(chunks);
+/**
+ * 413, and the connection closed after it: the rest of the body is never read, so the connection
+ * cannot carry another request.
+ */
+function refuseTooLarge(res, error) {
+  res.once("finish", () => res.socket?.destroySoon());
+  return reply(res, 413, error.message, { Connection: "close" });
 }
 
 function reply(res, code, text, headers = {}) {
