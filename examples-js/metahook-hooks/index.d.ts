@@ -277,8 +277,35 @@ export function conditionStatus(
 
 // ---- serving ----------------------------------------------------------------------------------
 
+/**
+ * Log lines of one hook call, each naming the parent (`namespace/name`) and the path, on stderr (or the
+ * server's `log`). Messages over 1024 characters are cut.
+ */
+export interface HookLog {
+  info(message: string): void;
+  /**
+   * Also adds `{type: "Warning", reason, message}` to the response's `events` (sync and finalize calls),
+   * which the hub records as an Event on the parent. `reason` defaults to `"HookWarning"`.
+   */
+  warn(message: string, reason?: string): void;
+}
+
+/** What a handler gets besides the request. */
+export interface HookContext {
+  log: HookLog;
+}
+
+/**
+ * The logger of the hook call running now (the handler's `ctx.log`), for code the handler did not hand
+ * `ctx` to; outside a call, a logger that only prints.
+ */
+export function requestLog(): HookLog;
+
 /** A route's function; may be async. Returning nothing is answered 500. */
-export type Handler<Req = any, Res = HookResponse> = (request: Req) => Res | null | undefined | Promise<Res | null | undefined>;
+export type Handler<Req = any, Res = HookResponse> = (
+  request: Req,
+  ctx: HookContext,
+) => Res | null | undefined | Promise<Res | null | undefined>;
 export type Routes = Record<string, Handler>;
 
 /** Throw from a hook to answer 429 with `Retry-After: seconds`. */

@@ -23,4 +23,5 @@ export { compositeResponse, customizeResponse, decoratorResponse, event, related
 export { DEFAULT_PORT, DRAIN_SECONDS, PermanentError, RetryLater, createHookServer, listenAddress, serve } from "./src/server.js";
 export { conditionStatus, findCondition, setCondition } from "./src/conditions.js";
 export { fixtureRequest, loadObjects, runHookOnFixtures } from "./src/fixtures.js";
+export { requestLog } from "./src/log.js";
 export { version } from "./src/version.js";

@@ -1,7 +1,8 @@
 /**
  * An HTTP server that routes hook calls (JSON POSTs) to plain functions, sync or async.
  *
- * Each route maps a path to `fn(request) => response`. Errors are answered so that the hub can put
+ * Each route maps a path to `fn(request, ctx) => response`, where `ctx.log` prints lines naming the
+ * parent and turns warnings into Events on it (see log.js). Errors are answered so that the hub can put
  * them in a Kubernetes Event on the parent: the hub reports any non-200 answer as
  * "unsupported status code: <code> body: <body>" (first 1 KiB of the body), so the body starts with
  * the one line a human needs and only then carries the stack.
@@ -14,6 +15,7 @@
 import http from "node:http";
 
 import { BodyTooLarge, maxBodyBytes, readBody } from "./body.js";
+import { callContext, runInCall, withWarnings } from "./log.js";
 import { describe } from "./responses.js";
 
 export const DEFAULT_PORT = 8080;
@@ -187,10 +189,15 @@ export function serve(routes, options = {}) {
   });
 }
 
+/**
+ * Calls `fn(request, ctx)` and answers with what it returns or throws. Warnings it logs through
+ * `ctx.log` (or `requestLog()`) join the response's `events`.
+ */
 async function call(fn, path, request, res, state) {
+  const { ctx, warnings } = callContext(path, parentFields(request).parent, state.write);
   let response;
   try {
-    response = await fn(request);
+    response = await runInCall(ctx, () => fn(request, ctx));
   } catch (e) {
     if (e instanceof RetryLater) {
       reply(res, 429, e.message, { "Retry-After": String(Math.trunc(e.seconds)) });
@@ -209,6 +216,7 @@ async function call(fn, path, request, res, state) {
   if (typeof response !== "object" || Array.isArray(response)) {
     return reply(res, 500, `hook ${path} must return an object, not ${describe(response)}`);
   }
+  if (answersWithEvents(request)) response = withWarnings(response, warnings);
   let encoded;
   try {
     encoded = JSON.stringify(response);
@@ -217,6 +225,15 @@ async function call(fn, path, request, res, state) {
   }
   send(res, 200, "application/json", encoded);
   return {};
+}
+
+/**
+ * Whether the response to `request` may carry `events`: sync and finalize answers do; a customize
+ * request (only `controller` and `parent`) is answered with `relatedResources` alone, and strict (v2)
+ * decoding would refuse anything else, so its warnings are only printed.
+ */
+function answersWithEvents(request) {
+  return ["children", "attachments", "object", "finalizing"].some((field) => field in request);
 }
 
 /** The request log fields naming the object the call is for. */
