@@ -326,7 +326,7 @@ export const DEFAULT_PORT: 8080;
 /** Seconds calls in flight may take to finish after SIGTERM. */
 export const DRAIN_SECONDS: number;
 
-/** The listening server, plus a graceful stop. */
+/** The listening server (an `https.Server` with TLS files), plus a graceful stop. */
 export interface HookServer extends Server {
   /** Stops accepting, lets calls in flight finish (at most `drainSeconds`), resolves once closed. */
   drain(): Promise<void>;
@@ -345,6 +345,19 @@ export interface ServerOptions {
    * or chunked, is answered 413 and its connection closed without reading the rest.
    */
   maxBody?: number;
+  /**
+   * PEM certificate (chain) file: serve HTTPS (default `$TLS_CERT_FILE`). When it or the key changes
+   * (a renewed Secret), new connections get the new certificate; a pair that does not load is logged
+   * and the previous one kept.
+   */
+  tlsCert?: string;
+  /** PEM private key file of `tlsCert` (default `$TLS_KEY_FILE`). */
+  tlsKey?: string;
+  /**
+   * PEM CA file (default `$TLS_CLIENT_CA_FILE`): clients must present a certificate this CA signed
+   * (mutual TLS), or the handshake fails. Needs `tlsCert` and `tlsKey`.
+   */
+  clientCa?: string;
 }
 
 export interface ServeOptions extends ServerOptions {

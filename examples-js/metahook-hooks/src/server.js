@@ -13,10 +13,12 @@
  */
 
 import http from "node:http";
+import https from "node:https";
 
 import { BodyTooLarge, maxBodyBytes, readBody } from "./body.js";
 import { callContext, runInCall, withWarnings } from "./log.js";
 import { describe } from "./responses.js";
+import { createTlsServer, tlsFiles } from "./tls.js";
 
 export const DEFAULT_PORT = 8080;
 /** How long calls in flight may take after SIGTERM: under Kubernetes' default 30 s grace period. */
@@ -73,8 +75,12 @@ export function listenAddress({ port, host } = {}, env = process.env) {
  * accepting, let calls in flight finish (at most `drainSeconds`), close idle connections.
  * `logRequests` writes one JSON line per call to `log` (default: stderr). Bodies over `maxBody` bytes
  * (default `$METAHOOK_MAX_BODY`, else 64 MiB) are refused with 413; chunked bodies are read like others.
+ * With `tlsCert` and `tlsKey` (default `$TLS_CERT_FILE`, `$TLS_KEY_FILE`) it is an `https.Server`
+ * that picks up renewed files; with `clientCa` too (`$TLS_CLIENT_CA_FILE`) clients must present a
+ * certificate that CA signed.
  */
-export function createHookServer(routes, { logRequests = false, drainSeconds = DRAIN_SECONDS, log, maxBody } = {}) {
+export function createHookServer(routes, options = {}) {
+  const { logRequests = false, drainSeconds = DRAIN_SECONDS, log, maxBody } = options;
   const table = new Map(Object.entries(routes));
   for (const [path, fn] of table) {
     if (!path.startsWith("/") || typeof fn !== "function") {
@@ -85,31 +91,45 @@ export function createHookServer(routes, { logRequests = false, drainSeconds = D
   const state = { draining: false, known: [...table.keys()].sort().join(", "), logRequests, write, maxBody: maxBodyBytes(maxBody) };
   /** Responses not yet finished: a drain waits for them, and tells their clients not to reuse the connection. */
   const active = new Set();
-  const server = http.createServer((req, res) => {
-    const started = process.hrtime.bigint();
+  const listener = (req, res) => {
     active.add(res);
     res.on("close", () => {
       active.delete(res);
       if (state.draining) server.closeIdleConnections();
     });
-    if (state.draining) res.setHeader("Connection", "close");
-    handle(table, state, req, res)
-      .then((fields) => logCall(state, req, res, started, fields))
-      .catch((e) => {
-        // Only reading the request can fail here (e.g. the client went away); there is no one to answer.
-        write(`hook server: ${req.method} ${req.url}: ${e instanceof Error ? e.message : String(e)}`);
-        res.destroy();
-      });
-  });
+    answer(table, state, req, res);
+  };
+  const files = tlsFiles(options);
+  const server = files ? createTlsServer(files, listener, write) : http.createServer(listener);
+  server.drain = drainer(server, state, active, drainSeconds);
+  server.inFlight = () => active.size;
+  return server;
+}
+
+/** Answers one request and logs it. */
+function answer(table, state, req, res) {
+  const started = process.hrtime.bigint();
+  if (state.draining) res.setHeader("Connection", "close");
+  handle(table, state, req, res)
+    .then((fields) => logCall(state, req, res, started, fields))
+    .catch((e) => {
+      // Only reading the request can fail here (e.g. the client went away); there is no one to answer.
+      state.write(`hook server: ${req.method} ${req.url}: ${e instanceof Error ? e.message : String(e)}`);
+      res.destroy();
+    });
+}
+
+/** `server.drain()`: the first call starts the drain, every call returns the same promise. */
+function drainer(server, state, active, drainSeconds) {
   let drained;
-  server.drain = () => {
+  return () => {
     drained ??= new Promise((resolve) => {
       state.draining = true;
       for (const res of active) if (!res.headersSent) res.setHeader("Connection", "close");
       server.close(() => resolve());
       server.closeIdleConnections();
       const force = setTimeout(() => {
-        write(`hook server: ${active.size} call(s) still running after ${drainSeconds}s: cut`);
+        state.write(`hook server: ${active.size} call(s) still running after ${drainSeconds}s: cut`);
         server.closeAllConnections();
       }, drainSeconds * 1000);
       force.unref();
@@ -117,8 +137,6 @@ export function createHookServer(routes, { logRequests = false, drainSeconds = D
     });
     return drained;
   };
-  server.inFlight = () => active.size;
-  return server;
 }
 
 async function handle(table, state, req, res) {
@@ -181,12 +199,19 @@ export function serve(routes, options = {}) {
     server.once("error", reject);
     server.listen(port, host, () => {
       server.off("error", reject);
-      const bound = server.address();
-      const where = typeof bound === "object" && bound ? `${bound.address}:${bound.port}` : String(bound);
-      if (!options.quiet) write(`metahook hooks ${[...Object.keys(routes)].sort().join(", ")} listening on http://${where} (health: GET ${HEALTH_PATH})`);
+      const paths = [...Object.keys(routes)].sort().join(", ");
+      if (!options.quiet) write(`metahook hooks ${paths} listening on ${describeListener(server)} (health: GET ${HEALTH_PATH})`);
       resolve(server);
     });
   });
+}
+
+/** Where the server listens, as the start-up line says it: `https://0.0.0.0:8443 (client certificates required)`. */
+function describeListener(server) {
+  const bound = server.address();
+  const where = typeof bound === "object" && bound ? `${bound.address}:${bound.port}` : String(bound);
+  if (!(server instanceof https.Server)) return `http://${where}`;
+  return server.requestCert ? `https://${where} (client certificates required)` : `https://${where}`;
 }
 
 /**

@@ -95,6 +95,10 @@ async function main(): Promise<void> {
   await server.drain();
   // @ts-expect-error ports are numbers
   await serve({ "/sync": sync }, { port: "8080" });
+  const secure = await serve({ "/sync": sync }, { tlsCert: "/tls/tls.crt", tlsKey: "/tls/tls.key", clientCa: "/tls/ca.crt" });
+  await secure.drain();
+  // @ts-expect-error TLS settings are file paths, not PEM contents
+  await serve({ "/sync": sync }, { tlsCert: Buffer.from("-----BEGIN CERTIFICATE-----") });
   // @ts-expect-error a handler's second argument is the context, not a string
   await serve({ "/sync": (request: Request, path: string) => compositeResponse({ children: [], status: { path } }) });
   const response: CompositeResponse = await runHookOnFixtures(sync, { controller: "c.json", parent: "p.json" });
