@@ -400,11 +400,14 @@ export interface FixtureOptions {
   version?: "v1" | "v2";
   /** Declared resource → Kind, when neither a fixture nor the built-in table tells it. */
   kinds?: Record<string, string>;
+  /** Where `runHookOnFixtures` sends the hook's `ctx.log` lines (default: stderr). */
+  log?: (line: string) => void;
 }
 
 export function loadObjects(fixture: Fixture): KubeObject[];
 export function fixtureRequest(options: FixtureOptions): HookRequest;
+/** Calls `fn(request, ctx)` as the server would: `ctx.log` warnings are added to the response's `events`. */
 export function runHookOnFixtures<Res = HookResponse>(
-  fn: (request: any) => Res | null | undefined | Promise<Res | null | undefined>,
+  fn: (request: any, ctx: HookContext) => Res | null | undefined | Promise<Res | null | undefined>,
   options: FixtureOptions,
 ): Promise<Res>;

@@ -48,13 +48,21 @@ function logger(where, write, warnings) {
 
 const printOnly = logger("hook", (line) => process.stderr.write(`${line}\n`));
 
+/** `namespace/name` of the object a request is for (`parent`, or a decorator's `object`); "" if none. */
+export function parentName(request) {
+  const parent = request.parent ?? request.object;
+  if (parent === null || typeof parent !== "object") return "";
+  const { name = "", namespace } = parent.metadata ?? {};
+  return namespace ? `${namespace}/${name}` : name;
+}
+
 /**
- * The context of one call to `path` for `parent` ("namespace/name", or "" when the request names
- * none): `ctx.log` for the handler, and the warnings it logged, for the response.
+ * The context of one call of `request` to `path`: `ctx.log` for the handler, and the warnings it
+ * logged, for the response. Lines go to `write`.
  */
-export function callContext(path, parent, write) {
+export function callContext(path, request, write) {
   const warnings = [];
-  return { ctx: { log: logger(`hook ${path} ${parent || "-"}`, write, warnings) }, warnings };
+  return { ctx: { log: logger(`hook ${path} ${parentName(request) || "-"}`, write, warnings) }, warnings };
 }
 
 /** Runs `fn` as part of the call `ctx` belongs to, so that `requestLog()` inside it finds `ctx.log`. */
@@ -72,11 +80,18 @@ export function requestLog() {
 
 /**
  * `response` with `warnings` added after its own `events` (a copy: the handler's object may be shared).
- * An `events` that is not an array is left for the hub to refuse, rather than silently replaced.
+ * Customize answers are left alone: they have only `relatedResources`, and strict (v2) decoding would
+ * refuse an `events` field, so their warnings are only printed. An `events` that is not an array is
+ * left for the hub to refuse, rather than silently replaced.
  */
-export function withWarnings(response, warnings) {
-  if (warnings.length === 0) return response;
+export function withWarnings(request, response, warnings) {
+  if (warnings.length === 0 || isCustomize(request)) return response;
   const own = response.events ?? [];
   if (!Array.isArray(own)) return response;
   return { ...response, events: [...own, ...warnings] };
+}
+
+/** A customize request carries only `controller` and `parent`; sync and finalize requests carry more. */
+function isCustomize(request) {
+  return !["children", "attachments", "object", "finalizing"].some((field) => field in request);
 }

@@ -16,7 +16,7 @@ import http from "node:http";
 import https from "node:https";
 
 import { BodyTooLarge, maxBodyBytes, readBody } from "./body.js";
-import { callContext, runInCall, withWarnings } from "./log.js";
+import { callContext, parentName, runInCall, withWarnings } from "./log.js";
 import { describe } from "./responses.js";
 import { createTlsServer, tlsFiles } from "./tls.js";
 
@@ -219,7 +219,7 @@ function describeListener(server) {
  * `ctx.log` (or `requestLog()`) join the response's `events`.
  */
 async function call(fn, path, request, res, state) {
-  const { ctx, warnings } = callContext(path, parentFields(request).parent, state.write);
+  const { ctx, warnings } = callContext(path, request, state.write);
   let response;
   try {
     response = await runInCall(ctx, () => fn(request, ctx));
@@ -241,7 +241,7 @@ async function call(fn, path, request, res, state) {
   if (typeof response !== "object" || Array.isArray(response)) {
     return reply(res, 500, `hook ${path} must return an object, not ${describe(response)}`);
   }
-  if (answersWithEvents(request)) response = withWarnings(response, warnings);
+  response = withWarnings(request, response, warnings);
   let encoded;
   try {
     encoded = JSON.stringify(response);
@@ -252,21 +252,11 @@ async function call(fn, path, request, res, state) {
   return {};
 }
 
-/**
- * Whether the response to `request` may carry `events`: sync and finalize answers do; a customize
- * request (only `controller` and `parent`) is answered with `relatedResources` alone, and strict (v2)
- * decoding would refuse anything else, so its warnings are only printed.
- */
-function answersWithEvents(request) {
-  return ["children", "attachments", "object", "finalizing"].some((field) => field in request);
-}
-
 /** The request log fields naming the object the call is for. */
 function parentFields(request) {
   const parent = request.parent ?? request.object;
   if (parent === null || typeof parent !== "object") return {};
-  const { name = "", namespace } = parent.metadata ?? {};
-  const fields = { parent: namespace ? `${namespace}/${name}` : name, kind: parent.kind ?? "" };
+  const fields = { parent: parentName(request), kind: parent.kind ?? "" };
   if ("finalizing" in request) fields.finalizing = Boolean(request.finalizing);
   return fields;
 }
