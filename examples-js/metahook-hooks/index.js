@@ -3,7 +3,7 @@
  *
  *   import { childrenOf, compositeResponse, serve } from "metahook-hooks";
  *   const sync = (request) => compositeResponse({ children: [], status: { pods: childrenOf(request, "Pod.v1").length } });
- *   await serve({ "/sync": sync });   // $PORT (default 8080), GET /healthz, drains on SIGTERM
+ *   await serve({ "/sync": sync });   // $PORT (default 8080), GET /healthz, drains on SIGTERM, $TLS_* for HTTPS
  *
  * No dependencies. Types are in index.d.ts; see README.md for the whole API.
  */
