@@ -277,8 +277,35 @@ export function conditionStatus(
 
 // ---- serving ----------------------------------------------------------------------------------
 
+/**
+ * Log lines of one hook call, each naming the parent (`namespace/name`) and the path, on stderr (or the
+ * server's `log`). Messages over 1024 characters are cut.
+ */
+export interface HookLog {
+  info(message: string): void;
+  /**
+   * Also adds `{type: "Warning", reason, message}` to the response's `events` (sync and finalize calls),
+   * which the hub records as an Event on the parent. `reason` defaults to `"HookWarning"`.
+   */
+  warn(message: string, reason?: string): void;
+}
+
+/** What a handler gets besides the request. */
+export interface HookContext {
+  log: HookLog;
+}
+
+/**
+ * The logger of the hook call running now (the handler's `ctx.log`), for code the handler did not hand
+ * `ctx` to; outside a call, a logger that only prints.
+ */
+export function requestLog(): HookLog;
+
 /** A route's function; may be async. Returning nothing is answered 500. */
-export type Handler<Req = any, Res = HookResponse> = (request: Req) => Res | null | undefined | Promise<Res | null | undefined>;
+export type Handler<Req = any, Res = HookResponse> = (
+  request: Req,
+  ctx: HookContext,
+) => Res | null | undefined | Promise<Res | null | undefined>;
 export type Routes = Record<string, Handler>;
 
 /** Throw from a hook to answer 429 with `Retry-After: seconds`. */
@@ -287,11 +314,19 @@ export class RetryLater extends Error {
   readonly seconds: number;
 }
 
+/**
+ * Throw from a hook when calling again cannot help (e.g. an invalid spec field): answers 422 with
+ * `Metahook-Error: permanent`; the hub reports it once and does not retry with backoff.
+ */
+export class PermanentError extends Error {
+  constructor(message: string);
+}
+
 export const DEFAULT_PORT: 8080;
 /** Seconds calls in flight may take to finish after SIGTERM. */
 export const DRAIN_SECONDS: number;
 
-/** The listening server, plus a graceful stop. */
+/** The listening server (an `https.Server` with TLS files), plus a graceful stop. */
 export interface HookServer extends Server {
   /** Stops accepting, lets calls in flight finish (at most `drainSeconds`), resolves once closed. */
   drain(): Promise<void>;
@@ -305,6 +340,24 @@ export interface ServerOptions {
   drainSeconds?: number;
   /** Where log lines go (default: stderr). */
   log?: (line: string) => void;
+  /**
+   * Largest request body in bytes (default `$METAHOOK_MAX_BODY`, else 64 MiB); a larger one, declared
+   * or chunked, is answered 413 and its connection closed without reading the rest.
+   */
+  maxBody?: number;
+  /**
+   * PEM certificate (chain) file: serve HTTPS (default `$TLS_CERT_FILE`). When it or the key changes
+   * (a renewed Secret), new connections get the new certificate; a pair that does not load is logged
+   * and the previous one kept.
+   */
+  tlsCert?: string;
+  /** PEM private key file of `tlsCert` (default `$TLS_KEY_FILE`). */
+  tlsKey?: string;
+  /**
+   * PEM CA file (default `$TLS_CLIENT_CA_FILE`): clients must present a certificate this CA signed
+   * (mutual TLS), or the handshake fails. Needs `tlsCert` and `tlsKey`.
+   */
+  clientCa?: string;
 }
 
 export interface ServeOptions extends ServerOptions {
@@ -328,6 +381,9 @@ export function listenAddress(
   env?: Record<string, string | undefined>,
 ): { host: string; port: number };
 
+/** This library's version, as its package.json says (e.g. for a hook's startup log line). */
+export const version: string;
+
 // ---- testing ----------------------------------------------------------------------------------
 
 /** A path to a `.json` fixture file, or an object given directly. */
@@ -344,11 +400,14 @@ export interface FixtureOptions {
   version?: "v1" | "v2";
   /** Declared resource → Kind, when neither a fixture nor the built-in table tells it. */
   kinds?: Record<string, string>;
+  /** Where `runHookOnFixtures` sends the hook's `ctx.log` lines (default: stderr). */
+  log?: (line: string) => void;
 }
 
 export function loadObjects(fixture: Fixture): KubeObject[];
 export function fixtureRequest(options: FixtureOptions): HookRequest;
+/** Calls `fn(request, ctx)` as the server would: `ctx.log` warnings are added to the response's `events`. */
 export function runHookOnFixtures<Res = HookResponse>(
-  fn: (request: any) => Res | null | undefined | Promise<Res | null | undefined>,
+  fn: (request: any, ctx: HookContext) => Res | null | undefined | Promise<Res | null | undefined>,
   options: FixtureOptions,
 ): Promise<Res>;

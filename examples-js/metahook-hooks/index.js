@@ -3,7 +3,7 @@
  *
  *   import { childrenOf, compositeResponse, serve } from "metahook-hooks";
  *   const sync = (request) => compositeResponse({ children: [], status: { pods: childrenOf(request, "Pod.v1").length } });
- *   await serve({ "/sync": sync });   // $PORT (default 8080), GET /healthz, drains on SIGTERM
+ *   await serve({ "/sync": sync });   // $PORT (default 8080), GET /healthz, drains on SIGTERM, $TLS_* for HTTPS
  *
  * No dependencies. Types are in index.d.ts; see README.md for the whole API.
  */
@@ -20,6 +20,8 @@ export {
   typeKey,
 } from "./src/objects.js";
 export { compositeResponse, customizeResponse, decoratorResponse, event, relatedRule } from "./src/responses.js";
-export { DEFAULT_PORT, DRAIN_SECONDS, RetryLater, createHookServer, listenAddress, serve } from "./src/server.js";
+export { DEFAULT_PORT, DRAIN_SECONDS, PermanentError, RetryLater, createHookServer, listenAddress, serve } from "./src/server.js";
 export { conditionStatus, findCondition, setCondition } from "./src/conditions.js";
 export { fixtureRequest, loadObjects, runHookOnFixtures } from "./src/fixtures.js";
+export { requestLog } from "./src/log.js";
+export { version } from "./src/version.js";

@@ -8,6 +8,7 @@
 
 import { readFileSync } from "node:fs";
 
+import { callContext, runInCall, withWarnings } from "./log.js";
 import { objectKey, typeKey } from "./objects.js";
 
 // Kinds of common built-in resources, for declared child types no fixture object shows
@@ -88,13 +89,18 @@ export function fixtureRequest({ controller, parent, children = [], related = []
 }
 
 /**
- * Calls `fn` (sync or async) with `fixtureRequest(options)` and resolves with its response as the
- * hub would read it (after a JSON round trip, so what cannot be sent fails here).
+ * Calls `fn(request, ctx)` (sync or async) with `fixtureRequest(options)` and the context the server
+ * would give it, and resolves with its response as the hub would read it: warnings logged through
+ * `ctx.log` added to `events`, after a JSON round trip (so what cannot be sent fails here). Log lines
+ * go to `options.log`, else stderr.
  */
 export async function runHookOnFixtures(fn, options) {
-  const response = await fn(fixtureRequest(options));
+  const request = fixtureRequest(options);
+  const write = options.log ?? ((line) => process.stderr.write(`${line}\n`));
+  const { ctx, warnings } = callContext(`/${options.hook ?? "sync"}`, request, write);
+  const response = await runInCall(ctx, () => fn(request, ctx));
   if (response === undefined || response === null) throw new Error("hook returned nothing");
-  return JSON.parse(JSON.stringify(response));
+  return JSON.parse(JSON.stringify(withWarnings(request, response, warnings)));
 }
 
 function one(what, fixture) {

@@ -1,7 +1,8 @@
 /**
  * An HTTP server that routes hook calls (JSON POSTs) to plain functions, sync or async.
  *
- * Each route maps a path to `fn(request) => response`. Errors are answered so that the hub can put
+ * Each route maps a path to `fn(request, ctx) => response`, where `ctx.log` prints lines naming the
+ * parent and turns warnings into Events on it (see log.js). Errors are answered so that the hub can put
  * them in a Kubernetes Event on the parent: the hub reports any non-200 answer as
  * "unsupported status code: <code> body: <body>" (first 1 KiB of the body), so the body starts with
  * the one line a human needs and only then carries the stack.
@@ -12,8 +13,12 @@
  */
 
 import http from "node:http";
+import https from "node:https";
 
+import { BodyTooLarge, maxBodyBytes, readBody } from "./body.js";
+import { callContext, parentName, runInCall, withWarnings } from "./log.js";
 import { describe } from "./responses.js";
+import { createTlsServer, tlsFiles } from "./tls.js";
 
 export const DEFAULT_PORT = 8080;
 /** How long calls in flight may take after SIGTERM: under Kubernetes' default 30 s grace period. */
@@ -30,6 +35,20 @@ export class RetryLater extends Error {
     super(message);
     this.name = "RetryLater";
     this.seconds = seconds;
+  }
+}
+
+/**
+ * Throw from a hook when calling again cannot help, e.g. a spec field that is invalid: answers 422
+ * with `Metahook-Error: permanent` and the message as the body's first line. The hub then reports the
+ * message once (an Event and a condition on the parent) instead of retrying with backoff and repeating
+ * the same Event; it calls again when the parent or its children change, or at the next resync, which
+ * is when the answer can differ.
+ */
+export class PermanentError extends Error {
+  constructor(message) {
+    super(message);
+    this.name = "PermanentError";
   }
 }
 
@@ -54,9 +73,14 @@ export function listenAddress({ port, host } = {}, env = process.env) {
 /**
  * An `http.Server` for `routes` (`{"/sync": sync, ...}`), not yet listening, with `drain()`: stop
  * accepting, let calls in flight finish (at most `drainSeconds`), close idle connections.
- * `logRequests` writes one JSON line per call to `log` (default: stderr).
+ * `logRequests` writes one JSON line per call to `log` (default: stderr). Bodies over `maxBody` bytes
+ * (default `$METAHOOK_MAX_BODY`, else 64 MiB) are refused with 413; chunked bodies are read like others.
+ * With `tlsCert` and `tlsKey` (default `$TLS_CERT_FILE`, `$TLS_KEY_FILE`) it is an `https.Server`
+ * that picks up renewed files; with `clientCa` too (`$TLS_CLIENT_CA_FILE`) clients must present a
+ * certificate that CA signed.
  */
-export function createHookServer(routes, { logRequests = false, drainSeconds = DRAIN_SECONDS, log } = {}) {
+export function createHookServer(routes, options = {}) {
+  const { logRequests = false, drainSeconds = DRAIN_SECONDS, log, maxBody } = options;
   const table = new Map(Object.entries(routes));
   for (const [path, fn] of table) {
     if (!path.startsWith("/") || typeof fn !== "function") {
@@ -64,34 +88,48 @@ export function createHookServer(routes, { logRequests = false, drainSeconds = D
     }
   }
   const write = log ?? ((line) => process.stderr.write(`${line}\n`));
-  const state = { draining: false, known: [...table.keys()].sort().join(", "), logRequests, write };
+  const state = { draining: false, known: [...table.keys()].sort().join(", "), logRequests, write, maxBody: maxBodyBytes(maxBody) };
   /** Responses not yet finished: a drain waits for them, and tells their clients not to reuse the connection. */
   const active = new Set();
-  const server = http.createServer((req, res) => {
-    const started = process.hrtime.bigint();
+  const listener = (req, res) => {
     active.add(res);
     res.on("close", () => {
       active.delete(res);
       if (state.draining) server.closeIdleConnections();
     });
-    if (state.draining) res.setHeader("Connection", "close");
-    handle(table, state, req, res)
-      .then((fields) => logCall(state, req, res, started, fields))
-      .catch((e) => {
-        // Only reading the request can fail here (e.g. the client went away); there is no one to answer.
-        write(`hook server: ${req.method} ${req.url}: ${e instanceof Error ? e.message : String(e)}`);
-        res.destroy();
-      });
-  });
+    answer(table, state, req, res);
+  };
+  const files = tlsFiles(options);
+  const server = files ? createTlsServer(files, listener, write) : http.createServer(listener);
+  server.drain = drainer(server, state, active, drainSeconds);
+  server.inFlight = () => active.size;
+  return server;
+}
+
+/** Answers one request and logs it. */
+function answer(table, state, req, res) {
+  const started = process.hrtime.bigint();
+  if (state.draining) res.setHeader("Connection", "close");
+  handle(table, state, req, res)
+    .then((fields) => logCall(state, req, res, started, fields))
+    .catch((e) => {
+      // Only reading the request can fail here (e.g. the client went away); there is no one to answer.
+      state.write(`hook server: ${req.method} ${req.url}: ${e instanceof Error ? e.message : String(e)}`);
+      res.destroy();
+    });
+}
+
+/** `server.drain()`: the first call starts the drain, every call returns the same promise. */
+function drainer(server, state, active, drainSeconds) {
   let drained;
-  server.drain = () => {
+  return () => {
     drained ??= new Promise((resolve) => {
       state.draining = true;
       for (const res of active) if (!res.headersSent) res.setHeader("Connection", "close");
       server.close(() => resolve());
       server.closeIdleConnections();
       const force = setTimeout(() => {
-        write(`hook server: ${active.size} call(s) still running after ${drainSeconds}s: cut`);
+        state.write(`hook server: ${active.size} call(s) still running after ${drainSeconds}s: cut`);
         server.closeAllConnections();
       }, drainSeconds * 1000);
       force.unref();
@@ -99,13 +137,17 @@ export function createHookServer(routes, { logRequests = false, drainSeconds = D
     });
     return drained;
   };
-  server.inFlight = () => active.size;
-  return server;
 }
 
 async function handle(table, state, req, res) {
   // Read the whole body before answering anything: the hub keeps connections alive.
-  const body = await readBody(req);
+  let body;
+  try {
+    body = await readBody(req, state.maxBody);
+  } catch (e) {
+    if (e instanceof BodyTooLarge) return refuseTooLarge(res, e);
+    throw e;
+  }
   const path = (req.url ?? "/").split("?")[0];
   if (path === HEALTH_PATH && (req.method === "GET" || req.method === "HEAD")) {
     // Failing readiness while draining takes the Pod out of its Service before it is gone.
@@ -139,7 +181,7 @@ async function handle(table, state, req, res) {
 export function serve(routes, options = {}) {
   const { host, port } = listenAddress(options);
   const logRequests = options.logRequests ?? ["1", "true", "yes", "json"].includes((process.env[LOG_ENV] ?? "").toLowerCase());
-  const server = createHookServer(routes, { logRequests, drainSeconds: options.drainSeconds, log: options.log });
+  const server = createHookServer(routes, { ...options, logRequests });
   const write = options.log ?? ((line) => process.stderr.write(`${line}\n`));
   if (options.handleSignals ?? true) {
     const onSignal = (signal) => {
@@ -157,22 +199,38 @@ export function serve(routes, options = {}) {
     server.once("error", reject);
     server.listen(port, host, () => {
       server.off("error", reject);
-      const bound = server.address();
-      const where = typeof bound === "object" && bound ? `${bound.address}:${bound.port}` : String(bound);
-      if (!options.quiet) write(`metahook hooks ${[...Object.keys(routes)].sort().join(", ")} listening on http://${where} (health: GET ${HEALTH_PATH})`);
+      const paths = [...Object.keys(routes)].sort().join(", ");
+      if (!options.quiet) write(`metahook hooks ${paths} listening on ${describeListener(server)} (health: GET ${HEALTH_PATH})`);
       resolve(server);
     });
   });
 }
 
+/** Where the server listens, as the start-up line says it: `https://0.0.0.0:8443 (client certificates required)`. */
+function describeListener(server) {
+  const bound = server.address();
+  const where = typeof bound === "object" && bound ? `${bound.address}:${bound.port}` : String(bound);
+  if (!(server instanceof https.Server)) return `http://${where}`;
+  return server.requestCert ? `https://${where} (client certificates required)` : `https://${where}`;
+}
+
+/**
+ * Calls `fn(request, ctx)` and answers with what it returns or throws. Warnings it logs through
+ * `ctx.log` (or `requestLog()`) join the response's `events`.
+ */
 async function call(fn, path, request, res, state) {
+  const { ctx, warnings } = callContext(path, request, state.write);
   let response;
   try {
-    response = await fn(request);
+    response = await runInCall(ctx, () => fn(request, ctx));
   } catch (e) {
     if (e instanceof RetryLater) {
       reply(res, 429, e.message, { "Retry-After": String(Math.trunc(e.seconds)) });
       return {};
+    }
+    if (e instanceof PermanentError) {
+      reply(res, 422, e.message, { "Metahook-Error": "permanent" });
+      return { error: `PermanentError: ${e.message}` };
     }
     const what = e instanceof Error ? `${e.name}: ${e.message}` : `${typeof e}: ${String(e)}`;
     if (!state.logRequests) console.error(`hook ${path} failed:`, e);
@@ -183,6 +241,7 @@ async function call(fn, path, request, res, state) {
   if (typeof response !== "object" || Array.isArray(response)) {
     return reply(res, 500, `hook ${path} must return an object, not ${describe(response)}`);
   }
+  response = withWarnings(request, response, warnings);
   let encoded;
   try {
     encoded = JSON.stringify(response);
@@ -197,8 +256,7 @@ async function call(fn, path, request, res, state) {
 function parentFields(request) {
   const parent = request.parent ?? request.object;
   if (parent === null || typeof parent !== "object") return {};
-  const { name = "", namespace } = parent.metadata ?? {};
-  const fields = { parent: namespace ? `${namespace}/${name}` : name, kind: parent.kind ?? "" };
+  const fields = { parent: parentName(request), kind: parent.kind ?? "" };
   if ("finalizing" in request) fields.finalizing = Boolean(request.finalizing);
   return fields;
 }
@@ -215,10 +273,13 @@ function logCall(state, req, res, started, fields) {
   }
 }
 
-async function readBody(req) {
-  const chunks = [];
-  for await (const chunk of req) chunks.push(chunk);
-  return Buffer.concat(chunks);
+/**
+ * 413, and the connection closed after it: the rest of the body is never read, so the connection
+ * cannot carry another request.
+ */
+function refuseTooLarge(res, error) {
+  res.once("finish", () => res.socket?.destroySoon());
+  return reply(res, 413, error.message, { Connection: "close" });
 }
 
 function reply(res, code, text, headers = {}) {

@@ -4,7 +4,18 @@ import { readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { test } from "node:test";
 
-import { child, childrenOf, compositeResponse, event, fixtureRequest, loadObjects, runHookOnFixtures } from "../index.js";
+import {
+  PermanentError,
+  child,
+  childrenOf,
+  compositeResponse,
+  customizeResponse,
+  event,
+  fixtureRequest,
+  loadObjects,
+  requestLog,
+  runHookOnFixtures,
+} from "../index.js";
 
 import { scratch } from "./scratch.js";
 
@@ -149,6 +160,32 @@ test("runHookOnFixtures resolves with the response", async () => {
 test("runHookOnFixtures fails as the server would", async () => {
   await assert.rejects(runHookOnFixtures(() => undefined, base), /hook returned nothing/);
   await assert.rejects(runHookOnFixtures(async () => ({ status: { n: 1n } }), base), TypeError);
+});
+
+test("runHookOnFixtures gives the hook its context, as the server does", async () => {
+  const lines = [];
+  const sync = (request, ctx) => {
+    ctx.log.warn("cache is cold", "ColdCache");
+    requestLog().info("from a helper");
+    return compositeResponse({ children: [], events: [event("Normal", "Synced")] });
+  };
+  const response = await runHookOnFixtures(sync, { ...base, log: (line) => lines.push(line) });
+  assert.deepEqual(response.events, [
+    { type: "Normal", reason: "Synced", message: "" },
+    { type: "Warning", reason: "ColdCache", message: "cache is cold" },
+  ]);
+  assert.deepEqual(lines, ["hook /sync default/nginx-backend: warning ColdCache: cache is cold", "hook /sync default/nginx-backend: from a helper"]);
+});
+
+test("runHookOnFixtures: customize answers get no events, PermanentError reaches the test", async () => {
+  const customize = (request, ctx) => (ctx.log.warn("printed only"), customizeResponse([]));
+  const lines = [];
+  assert.deepEqual(await runHookOnFixtures(customize, { ...base, hook: "customize", log: (l) => lines.push(l) }), { relatedResources: [] });
+  assert.deepEqual(lines, ["hook /customize default/nginx-backend: warning HookWarning: printed only"]);
+  const invalid = () => {
+    throw new PermanentError("spec.size is negative");
+  };
+  await assert.rejects(runHookOnFixtures(invalid, base), PermanentError);
 });
 
 test("the README example hook works", async () => {

@@ -4,7 +4,7 @@
 // compiler), a TypeScript consumer is also compiled against the installed package's types.
 import assert from "node:assert/strict";
 import { execFileSync, spawn } from "node:child_process";
-import { readdirSync, writeFileSync } from "node:fs";
+import { readFileSync, readdirSync, writeFileSync } from "node:fs";
 import http from "node:http";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -13,11 +13,12 @@ import { test } from "node:test";
 import { scratch } from "./scratch.js";
 
 const LIBRARY = fileURLToPath(new URL("..", import.meta.url));
+const VERSION = JSON.parse(readFileSync(join(LIBRARY, "package.json"), "utf8")).version;
 const NPM = process.platform === "win32" ? "npm.cmd" : "npm";
 
 const HOOK = `
-import { compositeResponse, parentOf, serve } from "metahook-hooks";
-await serve({ "/sync": async (request) => compositeResponse({ children: [], status: { hello: parentOf(request).metadata.name } }) });
+import { compositeResponse, parentOf, serve, version } from "metahook-hooks";
+await serve({ "/sync": async (request) => compositeResponse({ children: [], status: { hello: parentOf(request).metadata.name, version } }) });
 `;
 
 const CONSUMER = `
@@ -84,7 +85,8 @@ async function runHook(dir) {
       method: "POST",
       body: JSON.stringify({ parent: { metadata: { name: "world" } }, children: {}, finalizing: false }),
     });
-    assert.deepEqual(await response.json(), { children: [], status: { hello: "world" } });
+    // `version` reads package.json beside the installed modules: it must ship and be found there.
+    assert.deepEqual(await response.json(), { children: [], status: { hello: "world", version: VERSION } });
   } finally {
     hook.kill("SIGTERM");
   }

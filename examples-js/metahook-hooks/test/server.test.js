@@ -7,7 +7,7 @@ import net from "node:net";
 import { join } from "node:path";
 import { after, before, test } from "node:test";
 
-import { RetryLater, compositeResponse, createHookServer, listenAddress, serve } from "../index.js";
+import { PermanentError, RetryLater, compositeResponse, createHookServer, listenAddress, serve } from "../index.js";
 
 import { scratch } from "./scratch.js";
 
@@ -23,6 +23,9 @@ const ROUTES = {
     throw new RetryLater(7, "database busy");
   },
   "/bigint": () => ({ status: { n: 1n } }),
+  "/invalid": () => {
+    throw new PermanentError("spec.size must be a positive number, not -1\nsecond line");
+  },
 };
 const REQUEST = { parent: { metadata: { name: "p" } }, finalizing: true };
 
@@ -106,6 +109,22 @@ test("a response that cannot be JSON is 500", async () => {
 test("RetryLater is 429 with Retry-After", async () => {
   const { status, headers, text } = await call("/busy");
   assert.deepEqual([status, headers.get("retry-after"), text], [429, "7", "database busy\n"]);
+});
+
+test("PermanentError is 422 with Metahook-Error: permanent and the message first", async () => {
+  const { status, headers, text } = await call("/invalid");
+  assert.deepEqual([status, headers.get("metahook-error")], [422, "permanent"]);
+  assert.equal(text.split("\n")[0], "spec.size must be a positive number, not -1");
+  assert.equal(headers.get("retry-after"), null);
+});
+
+test("only PermanentError answers 422: other failures are not marked permanent", async (t) => {
+  t.mock.method(console, "error", () => {});
+  for (const path of ["/broken", "/busy"]) {
+    const { status, headers } = await call(path);
+    assert.notEqual(status, 422);
+    assert.equal(headers.get("metahook-error"), null, path);
+  }
 });
 
 test("the connection is kept alive across errors", async () => {

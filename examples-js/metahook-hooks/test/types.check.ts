@@ -2,6 +2,7 @@
 // Each `@ts-expect-error` line must fail to compile, so the generics are shown to catch mistakes, not
 // only to accept correct code.
 import {
+  PermanentError,
   attachmentsOf,
   child,
   childrenOf,
@@ -10,6 +11,7 @@ import {
   decoratorResponse,
   parentOf,
   relatedOf,
+  requestLog,
   runHookOnFixtures,
   serve,
   setCondition,
@@ -20,6 +22,8 @@ import type {
   CustomizeRequest,
   DecoratorRequest,
   DecoratorResponse,
+  HookContext,
+  HookLog,
   KubeObject,
   Request,
   Resource,
@@ -67,12 +71,36 @@ async function customize(request: CustomizeRequest<Greeting>) {
   return { relatedResources: [{ apiVersion: "v1", resource: "configmaps", names: [parentOf(request).spec.who] }] };
 }
 
+// A handler may take the call's context: its logger prints and turns warnings into Events.
+function logged(request: Request<Greeting>, ctx: HookContext): CompositeResponse {
+  const { who } = parentOf(request).spec;
+  if (who === "") throw new PermanentError("spec.who must not be empty");
+  ctx.log.info(`greeting ${who}`);
+  ctx.log.warn("no replicas given", "DefaultReplicas");
+  const same: HookLog = requestLog();
+  same.warn("from anywhere inside the call");
+  // @ts-expect-error messages are strings
+  ctx.log.warn(42);
+  // @ts-expect-error a PermanentError needs its message
+  new PermanentError();
+  return compositeResponse({ children: [] });
+}
+
 async function main(): Promise<void> {
   // Typed handlers, sync and async, are routes; options are checked.
-  const server = await serve({ "/sync": sync, "/untyped": untyped, "/decorate": decorate, "/customize": customize }, { logRequests: true });
+  const server = await serve(
+    { "/sync": sync, "/untyped": untyped, "/decorate": decorate, "/customize": customize, "/logged": logged },
+    { logRequests: true, maxBody: 1 << 20 },
+  );
   await server.drain();
   // @ts-expect-error ports are numbers
   await serve({ "/sync": sync }, { port: "8080" });
+  const secure = await serve({ "/sync": sync }, { tlsCert: "/tls/tls.crt", tlsKey: "/tls/tls.key", clientCa: "/tls/ca.crt" });
+  await secure.drain();
+  // @ts-expect-error TLS settings are file paths, not PEM contents
+  await serve({ "/sync": sync }, { tlsCert: Buffer.from("-----BEGIN CERTIFICATE-----") });
+  // @ts-expect-error a handler's second argument is the context, not a string
+  await serve({ "/sync": (request: Request, path: string) => compositeResponse({ children: [], status: { path } }) });
   const response: CompositeResponse = await runHookOnFixtures(sync, { controller: "c.json", parent: "p.json" });
   void response;
 }
