@@ -673,3 +673,60 @@ async fn catset_with_claims_scales_in_order_and_its_finalize_hook_scales_to_zero
     ex.assert_no_warnings("nginx").await;
     ex.finish().await;
 }
+
+/// `mtls`: the hub calls the library's HTTPS server, which requires the hub's client certificate; the
+/// hub takes the CA and that certificate from the Secrets the controller names. The hook's permanent
+/// error (a key no ConfigMap can have) and its `ctx.log.warn` reach the Memo as Events.
+#[tokio::test]
+async fn mtls_example_is_called_over_mutual_tls_with_certificates_from_secrets() {
+    let pki = support::Pki::new();
+    let mut ex = Example::start_with_env("js-mtls", "examples-js/mtls", "node", &["hook.mjs"], &pki.hook_env()).await;
+    ex.install_crd().await;
+    let namespace = ex.ns.name.clone();
+    let (ca, cert, key) = (pki.pem("ca.crt"), pki.pem("client.crt"), pki.pem("client.key"));
+    let secrets = support::hook_tls_secrets(&mut ex.docs("controller.yaml"), &namespace, &ca, &cert, &key);
+    assert_eq!(secrets.len(), 2, "the controller names a CA bundle and a client certificate");
+    ex.apply(&secrets).await;
+    ex.apply_controllers(|doc| drop(support::hook_tls_secrets(std::slice::from_mut(doc), &namespace, "", "", "")))
+        .await;
+    ex.apply(&ex.docs("memo.yaml")).await;
+
+    let memos = ex.api("js.examples.metahook.dev/v1", "Memo").await;
+    let config_maps = ex.api("v1", "ConfigMap").await;
+    let stored = eventually(WAIT, || async { config_maps.get_opt("hello-memo").await.unwrap() }).await;
+    assert!(stored.data["data"]["note.txt"].as_str().unwrap().contains("memos do not"), "{:?}", stored.data);
+    ex.assert_no_warnings("hello").await;
+
+    // A key no ConfigMap can have: a permanent error, said as an Event and a condition; nothing written.
+    let merge = |patch: Value| {
+        let memos = memos.clone();
+        async move { memos.patch("hello", &PatchParams::default(), &Patch::Merge(patch)).await.unwrap() }
+    };
+    merge(json!({"spec": {"key": "../escape"}})).await;
+    let condition = eventually(WAIT, || async {
+        let status = memos.get("hello").await.unwrap().data["status"].clone();
+        status["conditions"].as_array()?.iter().find(|c| c["type"] == "Synced").cloned()
+    })
+    .await;
+    assert_eq!(condition["reason"], "HookPermanentError");
+    assert!(condition["message"].as_str().unwrap().contains("spec.key must be a ConfigMap key"), "{condition}");
+    assert!(event_reasons(&ex.client, &namespace, "hello").await.contains(&"HookPermanentError".to_owned()));
+    let kept = config_maps.get("hello-memo").await.unwrap();
+    assert_eq!(kept.metadata.resource_version, stored.metadata.resource_version, "the child is left alone");
+
+    // An empty text is stored, with the hook's warning as an Event.
+    merge(json!({"spec": {"key": "note.txt", "text": " "}})).await;
+    eventually(WAIT, || async {
+        let cm = config_maps.get("hello-memo").await.unwrap();
+        (cm.data["data"]["note.txt"] == " ").then_some(())
+    })
+    .await;
+    let warnings = eventually(WAIT, || async {
+        let warnings = warnings_for(&ex.client, &namespace, "hello").await;
+        warnings.iter().any(|w| w.starts_with("EmptyMemo: ")).then_some(warnings)
+    })
+    .await;
+    assert!(warnings.iter().any(|w| w.contains("spec.text is empty")), "{warnings:?}");
+    memos.delete("hello", &DeleteParams::default()).await.unwrap();
+    ex.finish().await;
+}
