@@ -15,7 +15,7 @@ cluster-down: ## stop it and remove .cluster/
 
 # ---- the two commands of the README -------------------------------------------------------------
 
-.PHONY: demo test fmt-check clippy doc unit integration chaos bench bench-hooks crds hook-libs hook-types image failover
+.PHONY: demo test fmt-check clippy doc docs docs-gen unit integration chaos bench bench-hooks crds hook-libs hook-types image failover
 
 demo: ## the hello-world controller end to end on the local control plane
 	@bash examples-python/hello-world/demo.sh
@@ -61,6 +61,9 @@ bench: cluster-up ## fanout benchmark vs raw clients, then hook call overhead (r
 
 bench-hooks: ## hook client per-call overhead, with and without keep-alive, against a Python hook (prints figures)
 	cargo bench --locked --bench hooks
+
+docs-gen: ## regenerate the book's reference pages (docs/src/reference/: configuration, CRDs, metrics, command line)
+	METAHOOK_UPDATE_DOCS=1 cargo test --locked --lib tools::reference::tests::checked_in_reference_pages_match_what_the_code_generates
 
 crds: ## regenerate crds/ from src/api/, and deploy/'s copies of them
 	METAHOOK_UPDATE_CRDS=1 cargo test --lib tools::crds::tests::checked_in_crds_match_the_rust_types
