@@ -20,7 +20,7 @@ cluster-down: ## stop it and remove .cluster/
 demo: ## the hello-world controller end to end on the local control plane
 	@bash examples-python/hello-world/demo.sh
 
-test: fmt-check clippy doc unit hook-types hook-libs integration ## everything CI runs
+test: fmt-check clippy doc docs unit hook-types hook-libs integration ## everything CI runs
 
 fmt-check:
 	cargo fmt --check
@@ -33,6 +33,17 @@ doc: ## the crate's documentation, refusing broken links and other rustdoc warni
 
 unit: ## Rust unit tests and the house rules of tests/house.rs (no cluster)
 	cargo test --locked --lib --bins --test house
+
+# mdbook is a tool, not a dependency of the crate: installed once into target/tools (from crates.io).
+MDBOOK_VERSION := 0.4.52
+MDBOOK := target/tools/bin/mdbook
+
+docs: ## the book (docs/) into target/book, offline; installs the pinned mdbook into target/tools when missing
+	@if [ "$$($(MDBOOK) --version 2>/dev/null)" != "mdbook v$(MDBOOK_VERSION)" ]; then \
+	  cargo install mdbook --locked --version $(MDBOOK_VERSION) --no-default-features --features search --root target/tools; fi
+	$(MDBOOK) build docs -d ../target/book
+	@! grep -rlE '<(script|link)[^>]*(src|href)="(https?:)?//' target/book --include='*.html' \
+	  || { echo "the pages above load scripts or styles from the network; the book must work offline" >&2; exit 1; }
 
 HOOK_TOOLS ?= $(CURDIR)/target/hook-tools
 
