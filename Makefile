@@ -31,8 +31,8 @@ clippy:
 doc: ## the crate's documentation, refusing broken links and other rustdoc warnings
 	RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --locked
 
-unit: ## Rust unit tests and the house rules of tests/house.rs (no cluster)
-	cargo test --locked --lib --bins --test house
+unit: ## Rust unit tests, the house rules of tests/house.rs and the book's links and samples (tests/docs.rs); no cluster
+	cargo test --locked --lib --bins --test house --test docs
 
 # mdbook is a tool, not a dependency of the crate: installed once into target/tools (from crates.io).
 MDBOOK_VERSION := 0.4.52
