@@ -15,12 +15,12 @@ cluster-down: ## stop it and remove .cluster/
 
 # ---- the two commands of the README -------------------------------------------------------------
 
-.PHONY: demo test fmt-check clippy doc unit integration chaos bench bench-hooks crds hook-libs hook-types image failover
+.PHONY: demo test fmt-check clippy doc docs docs-gen unit integration chaos bench bench-hooks crds hook-libs hook-types image failover
 
 demo: ## the hello-world controller end to end on the local control plane
 	@bash examples-python/hello-world/demo.sh
 
-test: fmt-check clippy doc unit hook-types hook-libs integration ## everything CI runs
+test: fmt-check clippy doc docs unit hook-types hook-libs integration ## everything CI runs
 
 fmt-check:
 	cargo fmt --check
@@ -31,8 +31,19 @@ clippy:
 doc: ## the crate's documentation, refusing broken links and other rustdoc warnings
 	RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --locked
 
-unit: ## Rust unit tests and the house rules of tests/house.rs (no cluster)
-	cargo test --locked --lib --bins --test house
+unit: ## Rust unit tests, the house rules of tests/house.rs and the book's links and samples (tests/docs.rs); no cluster
+	cargo test --locked --lib --bins --test house --test docs
+
+# mdbook is a tool, not a dependency of the crate: installed once into target/tools (from crates.io).
+MDBOOK_VERSION := 0.4.52
+MDBOOK := target/tools/bin/mdbook
+
+docs: ## the book (docs/) into target/book, offline; installs the pinned mdbook into target/tools when missing
+	@if [ "$$($(MDBOOK) --version 2>/dev/null)" != "mdbook v$(MDBOOK_VERSION)" ]; then \
+	  cargo install mdbook --locked --version $(MDBOOK_VERSION) --no-default-features --features search --root target/tools; fi
+	$(MDBOOK) build docs -d ../target/book
+	@! grep -rlE '<(script|link)[^>]*(src|href)="(https?:)?//' target/book --include='*.html' \
+	  || { echo "the pages above load scripts or styles from the network; the book must work offline" >&2; exit 1; }
 
 HOOK_TOOLS ?= $(CURDIR)/target/hook-tools
 
@@ -61,6 +72,9 @@ bench: cluster-up ## fanout benchmark vs raw clients, then hook call overhead (r
 
 bench-hooks: ## hook client per-call overhead, with and without keep-alive, against a Python hook (prints figures)
 	cargo bench --locked --bench hooks
+
+docs-gen: ## regenerate the book's reference pages (docs/src/reference/: configuration, CRDs, metrics, command line)
+	METAHOOK_UPDATE_DOCS=1 cargo test --locked --lib tools::reference::tests::checked_in_reference_pages_match_what_the_code_generates
 
 crds: ## regenerate crds/ from src/api/, and deploy/'s copies of them
 	METAHOOK_UPDATE_CRDS=1 cargo test --lib tools::crds::tests::checked_in_crds_match_the_rust_types

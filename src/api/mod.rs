@@ -53,8 +53,11 @@ pub struct CompositeControllerSpec {
     /// Per-host TLS/auth defaults for hooks that set none of their own (Metacontroller 4.16).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub endpoint_configs: Vec<EndpointConfig>,
+    /// Sync each parent again this many seconds after its own last sync, even when nothing changed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resync_period_seconds: Option<i32>,
+    /// Select children by a `controller-uid: <parent UID>` label the hub adds to them, instead of the
+    /// parent's `spec.selector`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub generate_selector: Option<bool>,
 }
@@ -82,6 +85,7 @@ pub struct DecoratorControllerSpec {
     /// As [`CompositeControllerSpec::endpoint_configs`].
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub endpoint_configs: Vec<EndpointConfig>,
+    /// Sync each target again this many seconds after its own last sync, even when nothing changed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resync_period_seconds: Option<i32>,
 }
@@ -90,12 +94,15 @@ pub struct DecoratorControllerSpec {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct DecoratorResourceRule {
+    /// `group/version`, or `v1` for the core group.
     pub api_version: String,
+    /// Lowercase plural resource name, e.g. `statefulsets`.
     pub resource: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub label_selector: Option<LabelSelector>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub annotation_selector: Option<AnnotationSelector>,
+    /// When true, target updates that change only `.status` do not trigger a sync.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ignore_status_changes: Option<bool>,
 }
@@ -104,6 +111,7 @@ pub struct DecoratorResourceRule {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AnnotationSelector {
+    /// Annotations the object must have, with these values.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub match_annotations: Option<BTreeMap<String, String>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -155,6 +163,7 @@ pub struct ParentResourceRule {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RevisionHistory {
+    /// Dotted paths of the parent fields a revision records and rolls out (default `spec`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub field_paths: Vec<String>,
 }
@@ -163,7 +172,9 @@ pub struct RevisionHistory {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ChildResourceRule {
+    /// `group/version`, or `v1` for the core group.
     pub api_version: String,
+    /// Lowercase plural resource name, e.g. `configmaps`.
     pub resource: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub update_strategy: Option<ChildUpdateStrategy>,
@@ -223,10 +234,13 @@ pub struct StatusChecks {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct StatusConditionCheck {
+    /// The condition's `type` in the child's `status.conditions`.
     #[serde(rename = "type")]
     pub type_: String,
+    /// The `status` it must have (e.g. `"True"`); any when unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<String>,
+    /// The `reason` it must have; any when unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
 }
@@ -302,10 +316,12 @@ pub enum UnmarshalMode {
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("has(self.url) || (has(self.service) && has(self.path))").message("must specify either a full 'url', or both 'service' and 'path'"))]
 pub struct Webhook {
+    /// The hook's full URL (`http://` or `https://`; a `user:password@` is sent as basic auth).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub url: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub service: Option<ServiceReference>,
+    /// The path on the `service`, e.g. `/sync`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub path: Option<String>,
     /// Go duration (`10s`, `1m30s`, `500ms`); default 10s.
@@ -357,10 +373,14 @@ impl Webhook {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ServiceReference {
+    /// The Service's name.
     pub name: String,
+    /// The Service's namespace.
     pub namespace: String,
+    /// The port to call; 80 when unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub port: Option<i32>,
+    /// `http` (when unset) or `https`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub protocol: Option<String>,
 }
@@ -369,10 +389,13 @@ pub struct ServiceReference {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct EtagConfig {
+    /// Send the last answer's ETag as `If-None-Match`, and reuse that answer on `304` (or `412`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub enabled: Option<bool>,
+    /// How long a cached answer may be reused; never expires when unset or not positive.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache_timeout_seconds: Option<i32>,
+    /// How often expired answers are dropped from the cache; never when unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache_cleanup_seconds: Option<i32>,
 }
@@ -411,8 +434,11 @@ pub struct CaBundle {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ResourceKeyRef {
+    /// The object's name.
     pub name: String,
+    /// The object's namespace.
     pub namespace: String,
+    /// The key holding the PEM.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(extend("default" = "ca.crt"))]
     pub key: Option<String>,
@@ -422,7 +448,9 @@ pub struct ResourceKeyRef {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SecretRef {
+    /// The Secret's name.
     pub name: String,
+    /// The Secret's namespace.
     pub namespace: String,
 }
 
@@ -430,8 +458,11 @@ pub struct SecretRef {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SecretKeyRef {
+    /// The Secret's name.
     pub name: String,
+    /// The Secret's namespace.
     pub namespace: String,
+    /// The key holding the value.
     pub key: String,
 }
 
@@ -440,9 +471,11 @@ pub struct SecretKeyRef {
 #[serde(rename_all = "camelCase")]
 pub struct ClientTls {
     pub secret_ref: SecretRef,
+    /// The key holding the certificate (PEM).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(extend("default" = "tls.crt"))]
     pub cert_key: Option<String>,
+    /// The key holding the private key (PEM).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(extend("default" = "tls.key"))]
     pub private_key_key: Option<String>,
@@ -452,6 +485,7 @@ pub struct ClientTls {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Authorization {
+    /// The scheme in front of the credentials.
     #[serde(default, rename = "type", skip_serializing_if = "Option::is_none")]
     #[schemars(extend("default" = "Bearer"))]
     pub type_: Option<String>,
@@ -463,9 +497,11 @@ pub struct Authorization {
 #[serde(rename_all = "camelCase")]
 pub struct BasicAuth {
     pub secret_ref: SecretRef,
+    /// The key holding the user name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(extend("default" = "username"))]
     pub username_key: Option<String>,
+    /// The key holding the password.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(extend("default" = "password"))]
     pub password_key: Option<String>,

@@ -222,47 +222,47 @@ fn queue_histogram() -> Histogram {
 }
 
 impl Metrics {
-    /// Registers every family in `registry`.
+    /// Registers every family in `registry`. Help texts end without a period: `prometheus-client` adds one.
     pub fn register(&self, registry: &mut Registry) {
-        registry.register("metahook_reconcile", "Syncs finished, by result.", self.reconcile.clone());
+        registry.register("metahook_reconcile", "Syncs finished, by result", self.reconcile.clone());
         registry.register(
             "metahook_reconcile_duration_seconds",
-            "Time one sync took (observe, hooks, apply, status).",
+            "Time one sync took (observe, hooks, apply, status)",
             self.reconcile_duration.clone(),
         );
         self.apply.register(registry);
         registry.register(
             "metahook_deletion_guard_refusals",
-            "Syncs refused because they would delete more children than the controller's safe-delete guard allows.",
+            "Syncs refused because they would delete more children than the controller's safe-delete guard allows",
             self.guard_refusals.clone(),
         );
         registry.register(
             "metahook_hook_syncs",
             "Syncs that called their hook, by what queued them (change, echo of own writes, delay), or \
-             redundant: the same request as the last one answered.",
+             redundant: the same request as the last one answered",
             self.hook_syncs.clone(),
         );
         registry.register(
             "metahook_hook_calls_saved",
             "Hook calls left out: the same request as the last one answered and applied in full \
-             (identical_request), or echoes of own writes under sync-on-own-writes=false (own_write).",
+             (identical_request), or echoes of own writes under sync-on-own-writes=false (own_write)",
             self.hook_calls_saved.clone(),
         );
-        registry.register("workqueue_depth", "Keys waiting in a controller's queue.", self.queue_depth.clone());
-        registry.register("workqueue_adds", "Keys added to a controller's queue.", self.queue_adds.clone());
+        registry.register("workqueue_depth", "Keys waiting in a controller's queue", self.queue_depth.clone());
+        registry.register("workqueue_adds", "Keys added to a controller's queue", self.queue_adds.clone());
         registry.register(
             "workqueue_retries",
-            "Keys re-added with backoff after a failure.",
+            "Keys re-added with backoff after a failure",
             self.queue_retries.clone(),
         );
         registry.register(
             "workqueue_queue_duration_seconds",
-            "Time a key waited in the queue before a worker took it.",
+            "Time a key waited in the queue before a worker took it",
             self.queue_duration.clone(),
         );
         registry.register(
             "workqueue_work_duration_seconds",
-            "Time a worker held a key (one sync).",
+            "Time a worker held a key (one sync)",
             self.work_duration.clone(),
         );
     }

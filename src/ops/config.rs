@@ -21,13 +21,17 @@ pub enum ConfigError {
 }
 
 /// Settings of one hub process.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+///
+/// The doc comments of its fields are what users read: the configuration reference of the book is
+/// generated from them (through [`schemars::JsonSchema`], by `tools::reference::config`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", default, deny_unknown_fields)]
 pub struct Config {
     /// Concurrent syncs per controller (each parent is still synced by one worker at a time).
     pub workers: usize,
     /// How often API discovery is refreshed, so newly installed CRDs become usable.
     #[serde(with = "secs")]
+    #[schemars(with = "u64", extend("x-unit" = "seconds"))]
     pub discovery_interval: Duration,
     /// Server-side apply field manager for children and attachments. One per hub, so that two
     /// controllers writing the same object show up as a conflict instead of silently fighting.
@@ -36,9 +40,11 @@ pub struct Config {
     pub target_label_selector: String,
     /// Base delay of the per-parent exponential backoff after a failed sync.
     #[serde(with = "millis")]
+    #[schemars(with = "u64", extend("x-unit" = "milliseconds"))]
     pub backoff_base: Duration,
     /// Cap of the per-parent exponential backoff.
     #[serde(with = "secs")]
+    #[schemars(with = "u64", extend("x-unit" = "seconds"))]
     pub backoff_max: Duration,
     /// Where `/metrics` is served (`host:port`, or Go's `:port` for every address); empty disables it.
     /// `/healthz` and `/readyz` are served there too unless `healthProbeAddress` is set.
@@ -55,6 +61,7 @@ pub struct Config {
     /// How long a starting controller waits for its caches before it reports `Ready=False` with the
     /// last watch error and is retried (a type the hub may not list or watch never syncs).
     #[serde(with = "secs")]
+    #[schemars(with = "u64", extend("x-unit" = "seconds"))]
     pub cache_sync_timeout: Duration,
     /// Leader election among replicas of the hub (off for a single process).
     pub leader_election: LeaderElection,
@@ -86,19 +93,22 @@ pub struct Config {
     /// objects that differ from the cache are synced, the safety net against a watch event the hub
     /// never received. 0 turns it off.
     #[serde(with = "secs")]
+    #[schemars(with = "u64", extend("x-unit" = "seconds"))]
     pub cache_flush_interval: Duration,
     /// How long a customize hook's answer is used before the hook is asked again, even though the
     /// parent's generation did not change (Metacontroller: 20 minutes): for customize hooks that read
     /// more than the parent's spec.
     #[serde(with = "secs")]
+    #[schemars(with = "u64", extend("x-unit" = "seconds"))]
     pub customize_cache_timeout: Duration,
 }
 
 /// Leader election on a `coordination.k8s.io/v1` Lease: only the holder runs controllers.
 /// See [`crate::ops::leader`] for why `renewDeadline < leaseDuration` keeps two hubs from writing at once.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", default, deny_unknown_fields)]
 pub struct LeaderElection {
+    /// Run controllers only while holding the Lease (the `--leader-elect` flag sets it).
     pub enabled: bool,
     /// Name of the Lease.
     pub lease_name: String,
@@ -106,12 +116,15 @@ pub struct LeaderElection {
     pub lease_namespace: String,
     /// How long a Lease stays valid after its last renewal; a standby takes over only after that.
     #[serde(with = "secs")]
+    #[schemars(with = "u64", extend("x-unit" = "seconds"))]
     pub lease_duration: Duration,
     /// The leader stops every write when it has not renewed for this long. Must be below `leaseDuration`.
     #[serde(with = "secs")]
+    #[schemars(with = "u64", extend("x-unit" = "seconds"))]
     pub renew_deadline: Duration,
     /// Time between renewals (leader) and between tries to acquire (standby).
     #[serde(with = "secs")]
+    #[schemars(with = "u64", extend("x-unit" = "seconds"))]
     pub retry_period: Duration,
 }
 

@@ -70,6 +70,13 @@ struct RunArgs {
     overrides: ConfigOverrides,
 }
 
+/// `metahook`'s command line as clap builds it, for the book's command-line reference
+/// ([`crate::tools::reference::cli`]), which is generated from it.
+#[must_use]
+pub fn command() -> clap::Command {
+    <Cli as clap::CommandFactory>::command()
+}
+
 /// Entry point of the binary.
 #[must_use]
 pub fn main() -> ExitCode {

@@ -1,7 +1,7 @@
 //! Stage 7, tools: the command line ([`cli`]; Metacontroller's, [`metacontroller`], in Go's syntax,
 //! [`goflag`]; its logs, [`logs`]) and what it runs besides the hub — `metahook render`
 //! ([`render`]), `metahook migrate --dry-run` ([`migrate`]), the CRDs ([`crds`]) and least-privilege roles
-//! ([`rbac`]).
+//! ([`rbac`]), and the book's generated reference pages ([`reference`](mod@reference)).
 //!
 //! May import: anything.
 
@@ -12,4 +12,5 @@ pub mod logs;
 pub mod metacontroller;
 pub mod migrate;
 pub mod rbac;
+pub mod reference;
 pub mod render;

@@ -111,7 +111,7 @@ impl ApplyMetrics {
 
     /// Registers `metahook_apply_total` in `registry`.
     pub fn register(&self, registry: &mut Registry) {
-        registry.register("metahook_apply", "Child and attachment writes and skips, by kind and result.", {
+        registry.register("metahook_apply", "Child and attachment writes and skips, by kind and result", {
             self.applied.clone()
         });
     }
