@@ -641,3 +641,124 @@ fn chart_values_schema_knows_exactly_the_hub_config_keys() {
     let in_hub: BTreeSet<&str> = hub.as_object().unwrap().keys().map(String::as_str).collect();
     assert_eq!(in_schema, in_hub, "deploy/helm/metahook/values.schema.json vs metahook::ops::config::Config");
 }
+
+/// One key of values.yaml: its dotted path, the comment block just above it (or, for a key right below a
+/// sibling without a blank line between, that sibling's: `backoffBase`/`backoffMax`), and its keys.
+#[derive(Debug, Default)]
+struct ValueKey {
+    path: String,
+    doc: String,
+    children: Vec<ValueKey>,
+}
+
+/// The keys of a values.yaml with their comments, read line by line (serde_yaml drops comments).
+fn value_keys(text: &str) -> Vec<ValueKey> {
+    // (indent, key) for every key line, with its doc.
+    let mut flat: Vec<(usize, String, String)> = Vec::new();
+    let mut comment: Vec<String> = Vec::new();
+    // The doc of the previous key line, and its indent, while no blank line came since.
+    let mut previous: Option<(usize, String)> = None;
+    for line in text.lines() {
+        let trimmed = line.trim_start();
+        let indent = line.len() - trimmed.len();
+        if trimmed.is_empty() {
+            comment.clear();
+            previous = None;
+        } else if let Some(text) = trimmed.strip_prefix('#') {
+            comment.push(text.strip_prefix(' ').unwrap_or(text).to_owned());
+        } else if let Some((key, _)) = trimmed.split_once(':').filter(|(k, _)| !k.starts_with('-') && !k.contains(' '))
+        {
+            let doc = if comment.is_empty() {
+                previous.as_ref().filter(|(i, _)| *i == indent).map(|(_, d)| d.clone()).unwrap_or_default()
+            } else {
+                comment.join(" ")
+            };
+            comment.clear();
+            previous = Some((indent, doc.clone()));
+            flat.push((indent, key.trim_matches('"').to_owned(), doc));
+        } else {
+            comment.clear(); // a list item or a continued value
+        }
+    }
+    fn nest(flat: &[(usize, String, String)], i: &mut usize, indent: usize, prefix: &str) -> Vec<ValueKey> {
+        let mut keys = Vec::new();
+        while *i < flat.len() && flat[*i].0 == indent {
+            let (_, key, doc) = &flat[*i];
+            let path = if prefix.is_empty() { key.clone() } else { format!("{prefix}.{key}") };
+            *i += 1;
+            let children = match flat.get(*i) {
+                Some((deeper, ..)) if *deeper > indent => nest(flat, i, *deeper, &path),
+                _ => Vec::new(),
+            };
+            keys.push(ValueKey { path, doc: doc.clone(), children });
+        }
+        keys
+    }
+    nest(&flat, &mut 0, 0, "")
+}
+
+/// The Markdown table of the chart README: a row per value (a documented map whose keys have no comments
+/// of their own is one row, its default the whole map), each with its default from values.yaml and its
+/// comment. Panics naming the values without a comment.
+fn values_table(text: &str) -> String {
+    fn rows(keys: &[ValueKey], defaults: &Value, out: &mut Vec<String>, undocumented: &mut Vec<String>) {
+        for key in keys {
+            let documented_children = key.children.iter().any(|c| !c.doc.is_empty());
+            if !key.children.is_empty() && (documented_children || key.doc.is_empty()) {
+                rows(&key.children, defaults, out, undocumented);
+                continue;
+            }
+            if key.doc.is_empty() {
+                undocumented.push(key.path.clone());
+            }
+            let pointer = format!("/{}", key.path.replace('.', "/"));
+            let default = serde_json::to_string(defaults.pointer(&pointer).unwrap_or(&Value::Null)).unwrap();
+            let cell = |s: &str| s.replace('|', "\\|");
+            let text = cell(&key.doc).replace('<', "&lt;").replace('>', "&gt;"); // `<name>` is not a tag
+            out.push(format!("| `{}` | `{}` | {text} |", key.path, cell(&default)));
+        }
+    }
+    let defaults: Value = serde_yaml::from_str(text).expect("values.yaml is YAML");
+    let mut out = vec!["| Key | Default | Description |".to_owned(), "|---|---|---|".to_owned()];
+    let mut undocumented = Vec::new();
+    rows(&value_keys(text), &defaults, &mut out, &mut undocumented);
+    assert!(undocumented.is_empty(), "values.yaml: no comment above {undocumented:?}");
+    out.join("\n") + "\n"
+}
+
+#[test]
+fn the_values_table_reads_every_key_and_its_comment() {
+    let values = "# Header, not a key's.\n\n# How many.\nreplicas: 2\n# The image.\nimage:\n  # Where.\n  repository: r\n  \
+                  tag: \"\"\n# Opaque.\nresources:\n  limits:\n    cpu: \"1\"\nlist:\n  # Items.\n  items:\n  - a\n";
+    assert_eq!(
+        values_table(values),
+        "| Key | Default | Description |\n|---|---|---|\n| `replicas` | `2` | How many. |\n\
+         | `image.repository` | `\"r\"` | Where. |\n| `image.tag` | `\"\"` | Where. |\n\
+         | `resources` | `{\"limits\":{\"cpu\":\"1\"}}` | Opaque. |\n| `list.items` | `[\"a\"]` | Items. |\n"
+    );
+    let undocumented = std::panic::catch_unwind(|| values_table("# Documented.\na: 1\n\nb: 2\n"));
+    assert!(undocumented.is_err(), "a value without a comment is refused");
+}
+
+const README_BEGIN: &str = "<!-- BEGIN generated from values.yaml by tests/deploy.rs (make chart-readme); edit the comments in values.yaml, not this table. -->\n";
+const README_END: &str = "<!-- END generated from values.yaml -->\n";
+
+/// deploy/helm/metahook/README.md lists every value of the chart with its default and comment, as
+/// generated from values.yaml; `METAHOOK_UPDATE_CHART_README=1` (`make chart-readme`) rewrites it.
+#[test]
+fn chart_readme_lists_every_value_as_values_yaml_says() {
+    let chart = support::repo_root().join("deploy/helm/metahook");
+    let table = values_table(&std::fs::read_to_string(chart.join("values.yaml")).unwrap());
+    let path = chart.join("README.md");
+    let readme = std::fs::read_to_string(&path).unwrap();
+    let (head, rest) = readme.split_once(README_BEGIN).expect("the README's BEGIN marker");
+    let (current, tail) = rest.split_once(README_END).expect("the README's END marker");
+    if current == table {
+        return;
+    }
+    if std::env::var_os("METAHOOK_UPDATE_CHART_README").is_some() {
+        std::fs::write(&path, format!("{head}{README_BEGIN}{table}{README_END}{tail}")).unwrap();
+        return;
+    }
+    panic!("{} is stale: run `make chart-readme`\n--- generated ---\n{table}", path.display());
+}
