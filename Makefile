@@ -15,7 +15,7 @@ cluster-down: ## stop it and remove .cluster/
 
 # ---- the two commands of the README -------------------------------------------------------------
 
-.PHONY: demo test fmt-check clippy doc docs docs-gen unit integration chaos bench bench-hooks crds hook-libs hook-types image failover
+.PHONY: demo test fmt-check clippy doc docs docs-gen unit integration chaos bench bench-hooks crds hook-libs hook-types image chart-readme failover
 
 demo: ## the hello-world controller end to end on the local control plane
 	@bash examples-python/hello-world/demo.sh
@@ -80,9 +80,12 @@ crds: ## regenerate crds/ from src/api/, and deploy/'s copies of them
 	METAHOOK_UPDATE_CRDS=1 cargo test --lib tools::crds::tests::checked_in_crds_match_the_rust_types
 	bash deploy/sync.sh
 
-image: ## OCI image archive dist/metahook-image.tar from the release binary, offline (deploy/image/build.sh)
+image: ## OCI image archive dist/metahook-image.tar (+ its SPDX SBOM) from the release binary and Debian packages (deploy/image/build.sh)
 	cargo build --release --locked
 	bash deploy/image/build.sh target/release/metahook dist/metahook-image.tar
+
+chart-readme: ## regenerate the value table of deploy/helm/metahook/README.md from values.yaml's comments
+	METAHOOK_UPDATE_CHART_README=1 cargo test --locked --test deploy chart_readme_lists_every_value_as_values_yaml_says
 
 failover: cluster-up ## two-replica fail-over, FAILOVER_ROUNDS (default 5) kill -9 rounds; prints take-over times
 	cargo test --locked --test leader -- --ignored --nocapture --test-threads=1

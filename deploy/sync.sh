@@ -4,6 +4,11 @@
 #   config/metahook.yaml  -> deploy/kustomize/config/metahook.yaml               (identical copy)
 #                         -> the `config:` block of deploy/helm/metahook/values.yaml (indented)
 #   Cargo.toml version    -> kustomization.yaml `newTag`, Chart.yaml `version` and `appVersion`
+#   grafana/metahook.json -> helm/metahook/files/metahook-dashboard.json,
+#                            kustomize/components/grafana-dashboard/metahook.json      (identical copies)
+#   prometheus/metahook.rules.yaml -> helm/metahook/files/metahook.rules.yaml          (identical copy)
+#                            -> kustomize/components/prometheus-rule/prometheusrule.yaml (its groups, as the
+#                               spec of a PrometheusRule)
 # Copies are needed because kustomize refuses files outside the kustomization root and a Helm chart
 # must be self-contained.
 #
@@ -77,6 +82,27 @@ put "$KUST/config/metahook.yaml" <config/metahook.yaml
 sed -E "s/^(  newTag: ).*/\1$VERSION/" "$KUST/kustomization.yaml" | put "$KUST/kustomization.yaml"
 sed -E -e "s/^version: .*/version: $VERSION/" -e "s/^appVersion: .*/appVersion: \"$VERSION\"/" \
   "$CHART/Chart.yaml" | put "$CHART/Chart.yaml"
+
+put "$CHART/files/metahook-dashboard.json" <deploy/grafana/metahook.json
+put "$KUST/components/grafana-dashboard/metahook.json" <deploy/grafana/metahook.json
+put "$CHART/files/metahook.rules.yaml" <deploy/prometheus/metahook.rules.yaml
+{
+  cat <<'HEAD'
+# Generated from deploy/prometheus/metahook.rules.yaml by deploy/sync.sh; edit that file, not this one.
+apiVersion: monitoring.coreos.com/v1
+kind: PrometheusRule
+metadata:
+  name: metahook
+  namespace: metahook
+  labels:
+    app.kubernetes.io/name: metahook
+    app.kubernetes.io/instance: metahook
+    app.kubernetes.io/part-of: metahook
+spec:
+HEAD
+  # The rule file without its leading comment, indented under spec.
+  awk 'body || !/^#/ { body = 1; print ($0 == "" ? "" : "  " $0) }' deploy/prometheus/metahook.rules.yaml
+} | put "$KUST/components/prometheus-rule/prometheusrule.yaml"
 
 # values.yaml: replace the lines between the BEGIN/END markers with config/metahook.yaml, indented.
 BEGIN='  # BEGIN generated from config/metahook.yaml by deploy/sync.sh; edit that file, not this block.'

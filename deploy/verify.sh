@@ -5,10 +5,11 @@
 #   2. builds helm from the Go module proxy if needed (deploy/helm/tools/build.sh, stamp-cached);
 #   3. renders the kustomization (`kubectl kustomize`) and the chart (`helm lint --strict`,
 #      `helm template --include-crds`, default values and ci/overrides-values.yaml; the kustomize
-#      component cluster-admin-like), checks the image is <repo>:<Cargo.toml version>, that both ship
-#      the leader election (2 replicas, --leader-elect, a PodDisruptionBudget, a metrics Service), that
-#      the opt-in ServiceMonitor renders, and that the chart refuses an unknown rbac.mode and unknown
-#      config keys;
+#      component cluster-admin-like; every optional piece in both: the components service-monitor,
+#      prometheus-rule, grafana-dashboard, network-policy and the chart values that add the same objects),
+#      checks the image is <repo>:<Cargo.toml version>, that both ship the leader election (2 replicas,
+#      --leader-elect, a PodDisruptionBudget, a metrics Service), that the optional objects render only
+#      when asked for, and that the chart refuses an unknown rbac.mode and unknown config keys;
 #   4. applies every rendering to the cluster with `kubectl apply --dry-run=server` (server-side
 #      validation of every object, strict field validation; nothing is created).
 # Namespaced objects are dry-run in namespace `default` (DRYRUN_NAMESPACE): a dry-run does not create
@@ -70,6 +71,30 @@ printf 'apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresour
 grep -q '^  name: metahook-cluster-admin-like$' "$OUT/kustomize-admin-dryrun.yaml" ||
   die "the cluster-admin-like component does not add its ClusterRole"
 
+# Every optional piece, in both: the kustomize components and the chart values that add the same objects
+# (ServiceMonitor, PrometheusRule, Grafana dashboard ConfigMap, NetworkPolicy). tests/deploy.rs compares
+# the two renderings object by object.
+COMPONENTS="service-monitor prometheus-rule grafana-dashboard network-policy"
+ALL_VALUES=metrics.serviceMonitor.enabled=true,metrics.prometheusRule.enabled=true,metrics.grafanaDashboard.enabled=true,networkPolicy.enabled=true
+overlay() { # <dir> <namespace or ""> <component...>: an overlay of the base with those components
+  local dir=$1 ns=$2 c
+  shift 2
+  mkdir -p "$dir"
+  {
+    printf 'apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n- %s\ncomponents:\n' \
+      "$(realpath --relative-to="$dir" deploy/kustomize)"
+    for c in "$@"; do printf -- '- %s\n' "$(realpath --relative-to="$dir" "deploy/kustomize/components/$c")"; done
+    [ -z "$ns" ] || printf 'namespace: %s\n' "$ns"
+  } >"$dir/kustomization.yaml"
+}
+# shellcheck disable=SC2086
+overlay "$OUT/overlay-all" "" $COMPONENTS
+"$KUBECTL" kustomize "$OUT/overlay-all" >"$OUT/kustomize-all.yaml" || die "kubectl kustomize (every component)"
+# The components whose objects the API server knows without the Prometheus Operator's CRDs, for the dry-run.
+overlay "$OUT/overlay-optional" "$NS" grafana-dashboard network-policy
+"$KUBECTL" kustomize "$OUT/overlay-optional" >"$OUT/kustomize-optional-dryrun.yaml" ||
+  die "kubectl kustomize (grafana-dashboard, network-policy)"
+
 "$HELM" lint --strict "$CHART" >&2 || die "helm lint --strict $CHART"
 "$HELM" lint --strict "$CHART" -f "$CHART/ci/overrides-values.yaml" >&2 ||
   die "helm lint --strict $CHART -f ci/overrides-values.yaml"
@@ -92,11 +117,16 @@ for f in kustomize.yaml helm-default.yaml; do
   grep -q -- '--leader-elect' "$OUT/$f" || die "$f: the hub does not run with --leader-elect"
   grep -q '^  replicas: 2$' "$OUT/$f" || die "$f: not 2 replicas"
 done
-# The ServiceMonitor is opt-in (its CRD comes with the Prometheus Operator, so it is rendered, not dry-run).
-"$HELM" template metahook "$CHART" --namespace metahook --set metrics.serviceMonitor.enabled=true \
-  >"$OUT/helm-servicemonitor.yaml" || die "helm template --set metrics.serviceMonitor.enabled=true"
-grep -q '^kind: ServiceMonitor$' "$OUT/helm-servicemonitor.yaml" || die "metrics.serviceMonitor.enabled renders no ServiceMonitor"
-! grep -q '^kind: ServiceMonitor$' "$OUT/helm-default.yaml" || die "the ServiceMonitor must be opt-in"
+# The ServiceMonitor, PrometheusRule, dashboard and NetworkPolicy are opt-in (the first two need the
+# Prometheus Operator's CRDs, so they are rendered, not dry-run).
+"$HELM" template metahook "$CHART" --namespace metahook --include-crds --set "$ALL_VALUES" \
+  >"$OUT/helm-all.yaml" || die "helm template --set $ALL_VALUES"
+for kind in ServiceMonitor PrometheusRule NetworkPolicy; do
+  grep -q "^kind: $kind\$" "$OUT/helm-all.yaml" || die "$ALL_VALUES renders no $kind"
+  ! grep -q "^kind: $kind\$" "$OUT/helm-default.yaml" "$OUT/kustomize.yaml" || die "the $kind must be opt-in"
+done
+grep -q '^  name: metahook-grafana-dashboard$' "$OUT/helm-all.yaml" || die "no Grafana dashboard ConfigMap"
+! grep -q 'grafana-dashboard$' "$OUT/helm-default.yaml" "$OUT/kustomize.yaml" || die "the dashboard must be opt-in"
 
 # The guards must hold: these renderings have to fail, with the intended message.
 expect_fail() { # <what> <grep pattern> <helm template args...>
@@ -118,7 +148,8 @@ if [ "${SKIP_CLUSTER:-0}" = 1 ]; then
 fi
 step "4/4 server-side dry-run against $("$KUBECTL" config view --minify -o jsonpath='{.clusters[0].cluster.server}')"
 [ -s "$KUBECONFIG" ] || die "no kubeconfig at $KUBECONFIG; run 'make cluster-up'"
-for f in kustomize-dryrun.yaml kustomize-admin-dryrun.yaml helm-default-dryrun.yaml helm-overrides.yaml; do
+for f in kustomize-dryrun.yaml kustomize-admin-dryrun.yaml kustomize-optional-dryrun.yaml helm-default-dryrun.yaml \
+  helm-overrides.yaml; do
   step "  kubectl apply --dry-run=server -f $f"
   "$KUBECTL" apply --dry-run=server -f "$OUT/$f" >"$OUT/$f.applied" 2>&1 || {
     cat "$OUT/$f.applied" >&2

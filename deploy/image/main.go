@@ -1,12 +1,19 @@
 // Command ocibuild writes an OCI image archive (a tar of an OCI image layout, as `skopeo copy
-// oci-archive:` and `podman load` read it) from a root filesystem directory, with go-containerregistry.
-// It needs no container engine and no network: deploy/image/build.sh runs it for `make image`.
+// oci-archive:` and `podman load` read it) from a root filesystem directory, with go-containerregistry,
+// and an SPDX 2.3 SBOM of what the image holds. It needs no container engine and no network:
+// deploy/image/build.sh runs it for `make image`.
 //
 //	ocibuild -rootfs DIR -out image.tar -ref ghcr.io/metahook/metahook:0.1.0 \
-//	         -entrypoint /metahook -user 65532:65532 [-env K=V ...] [-label K=V ...]
+//	         -entrypoint /metahook -user 65532:65532 -arch amd64 [-variant v7] [-env K=V ...] [-label K=V ...] \
+//	         [-sbom image.spdx.json -sbom-binary /metahook -sbom-version 0.1.0 \
+//	          -sbom-crates crates.tsv -sbom-cargo-lock Cargo.lock]
 //
 // The layer is written in sorted path order, owned by root, with the times of SOURCE_DATE_EPOCH (or
-// 0), so the same rootfs always gives the same digests.
+// 0), so the same rootfs always gives the same digests. The SBOM lists the Debian packages recorded in
+// the rootfs's /var/lib/dpkg/status.d/, the binary (its SHA-256 as it is in the image), and the Rust
+// crates compiled into it (crates.tsv: name, version, license per line; checksums from Cargo.lock); its
+// namespace is named after the image's digest and its time is SOURCE_DATE_EPOCH, so it is reproducible
+// too.
 package main
 
 import (
@@ -42,12 +49,22 @@ func main() {
 	ref := flag.String("ref", "", "image reference recorded as org.opencontainers.image.ref.name")
 	entrypoint := flag.String("entrypoint", "", "entrypoint (one path, no shell)")
 	user := flag.String("user", "65532:65532", "uid:gid the image runs as")
+	arch := flag.String("arch", "", "platform architecture, as OCI (Go's GOARCH) names it: amd64, arm64, ...")
+	variant := flag.String("variant", "", "platform variant (arm: v7, ...)")
+	sbomOut := flag.String("sbom", "", "SPDX 2.3 JSON SBOM to write (optional)")
+	sbomBinary := flag.String("sbom-binary", "", "the application binary, as a path in the image")
+	sbomVersion := flag.String("sbom-version", "", "the application's version")
+	sbomCrates := flag.String("sbom-crates", "", "Rust crates in the binary: name<TAB>version<TAB>license per line")
+	sbomLock := flag.String("sbom-cargo-lock", "", "Cargo.lock, for the crates' checksums")
 	var env, labels list
 	flag.Var(&env, "env", "environment variable K=V (repeatable)")
 	flag.Var(&labels, "label", "image label K=V (repeatable)")
 	flag.Parse()
-	if *rootfs == "" || *out == "" || *ref == "" || *entrypoint == "" {
-		fail(fmt.Errorf("-rootfs, -out, -ref and -entrypoint are required"))
+	if *rootfs == "" || *out == "" || *ref == "" || *entrypoint == "" || *arch == "" {
+		fail(fmt.Errorf("-rootfs, -out, -ref, -entrypoint and -arch are required"))
+	}
+	if *sbomOut != "" && (*sbomBinary == "" || *sbomVersion == "") {
+		fail(fmt.Errorf("-sbom needs -sbom-binary and -sbom-version"))
 	}
 	created := time.Unix(0, 0).UTC()
 	if epoch := os.Getenv("SOURCE_DATE_EPOCH"); epoch != "" {
@@ -69,7 +86,7 @@ func main() {
 	cfg, err := img.ConfigFile()
 	check(err)
 	cfg = cfg.DeepCopy()
-	cfg.Architecture, cfg.OS, cfg.Created = "amd64", "linux", v1.Time{Time: created}
+	cfg.Architecture, cfg.Variant, cfg.OS, cfg.Created = *arch, *variant, "linux", v1.Time{Time: created}
 	cfg.Config.Entrypoint = []string{*entrypoint}
 	cfg.Config.Cmd = nil
 	cfg.Config.User = *user
@@ -90,13 +107,22 @@ func main() {
 	check(err)
 	check(path.AppendImage(img, layout.WithAnnotations(map[string]string{
 		"org.opencontainers.image.ref.name": *ref,
-	})))
+	}), layout.WithPlatform(v1.Platform{OS: "linux", Architecture: *arch, Variant: *variant})))
 	archive, err := tarDir(dir, created)
 	check(err)
 	check(os.WriteFile(*out, archive, 0o644))
 	digest, err := img.Digest()
 	check(err)
 	fmt.Printf("%s %s\n", *out, digest)
+	if *sbomOut != "" {
+		doc, err := sbom(sbomInput{
+			rootfs: *rootfs, ref: *ref, digest: digest, arch: *arch, created: created,
+			binary: *sbomBinary, version: *sbomVersion, crates: *sbomCrates, cargoLock: *sbomLock,
+		})
+		check(err)
+		check(os.WriteFile(*sbomOut, doc, 0o644))
+		fmt.Printf("%s\n", *sbomOut)
+	}
 }
 
 // tarDir archives dir's contents (relative paths, sorted), owned by root, with fixed times.

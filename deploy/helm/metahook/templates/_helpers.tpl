@@ -45,6 +45,12 @@ app.kubernetes.io/name: {{ include "metahook.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 
+{{/* Labels selecting the hub's Pods (not the Service's, which are the component "metrics"). */}}
+{{- define "metahook.hubSelectorLabels" -}}
+{{ include "metahook.selectorLabels" . }}
+app.kubernetes.io/component: hub
+{{- end }}
+
 {{/* ServiceAccount the hub runs as. */}}
 {{- define "metahook.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create }}
