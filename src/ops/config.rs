@@ -313,6 +313,7 @@ impl Config {
             response_limit: self.hook_response_limit,
             hook_hosts: self.hook_hosts.clone(),
             keep_alive: true,
+            trace_context: self.tracing.enabled(),
         }
     }
 
