@@ -23,8 +23,6 @@ use tracing_subscriber::Layer;
 use tracing_subscriber::filter::Targets;
 use tracing_subscriber::registry::LookupSpan;
 
-use crate::ops::config::Tracing;
-
 /// Where OTLP/HTTP collectors take traces, under their base URL (the OTLP specification's path, which
 /// `OTEL_EXPORTER_OTLP_ENDPOINT` is completed with too).
 const TRACES_PATH: &str = "/v1/traces";
@@ -73,10 +71,10 @@ pub struct Traces {
 }
 
 impl Traces {
-    /// Starts exporting to the collector `settings` name. Inside a Tokio runtime: the batch processor
-    /// is a task on it.
-    pub fn start(settings: &Tracing) -> Result<Self, TracesError> {
-        let endpoint = settings.otlp_endpoint.clone();
+    /// Starts exporting to the collector at `endpoint` (`tracing.otlpEndpoint`, its base URL). Inside a
+    /// Tokio runtime: the batch processor is a task on it.
+    pub fn start(endpoint: &str) -> Result<Self, TracesError> {
+        let endpoint = endpoint.to_owned();
         let url =
             collector_url(&endpoint).map_err(|reason| TracesError::Endpoint { endpoint: endpoint.clone(), reason })?;
         // https collectors are verified against the system's roots, as hooks without a caBundle are.

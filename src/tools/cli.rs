@@ -197,7 +197,7 @@ fn run_hub(
         // The exporter's batch processor is a task on the runtime.
         let _entered = runtime.enter();
         match &config {
-            Ok(config) if config.tracing.enabled() => Traces::start(&config.tracing).map(Some),
+            Ok(config) if config.tracing.enabled() => Traces::start(&config.tracing.otlp_endpoint).map(Some),
             _ => Ok(None),
         }
     };
