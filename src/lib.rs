@@ -22,6 +22,13 @@ pub mod ops;
 pub mod tools;
 pub mod write;
 
+/// The `tracing` target of the spans that exist only for traces (`observe`, `hook`, `write`,
+/// `status`): [`ops::traces`] exports them as children of the `sync` span, and the log writer leaves
+/// them out, so a log line goes on naming its sync (the JSON log's `span`) rather than the hook call or
+/// write it happened in. With traces off no subscriber wants them: creating one is a cached check.
+/// Public for embedders that build their own subscriber and want the same.
+pub const TRACE_SPANS: &str = "metahook::traces";
+
 pub use engine::hub::Hub;
 pub use ops::config::Config;
 pub use ops::run::{HubError, run, run_until};

@@ -293,6 +293,14 @@ export interface HookLog {
 /** What a handler gets besides the request. */
 export interface HookContext {
   log: HookLog;
+  /**
+   * The trace this call is part of (the hub's sync), 32 hex digits, from the request's W3C
+   * `traceparent`; `""` when it came without a valid one (the hub exports no traces). `log` lines name
+   * it as `trace=<id>`.
+   */
+  traceId: string;
+  /** The `traceparent` the call came with, checked: the parent of a hook's own spans, or `""`. */
+  traceparent: string;
 }
 
 /**

@@ -3,6 +3,7 @@
 
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use serde_json::{Value, json};
+use tracing::{Instrument as _, info_span};
 
 use crate::engine::error::SyncError;
 use crate::engine::events::{Events, reference};
@@ -10,7 +11,7 @@ use crate::hooks::HookEvent;
 
 /// Replaces `.status` (through `/status` when the type has that subresource), unless it already is
 /// `status`. Guarded by UID, so a recreated object of the same name is never written. Returns the
-/// resourceVersion the write left behind, if it wrote.
+/// resourceVersion the write left behind, if it wrote. A write is traced as a `status` span.
 pub(crate) async fn replace_status(
     api: &Api<DynamicObject>,
     obj: &DynamicObject,
@@ -20,6 +21,20 @@ pub(crate) async fn replace_status(
     if obj.data.get("status") == Some(&status) {
         return Ok(None);
     }
+    let span = info_span!(target: crate::TRACE_SPANS, "status", otel.status_description = tracing::field::Empty);
+    let result = write_status(api, obj, status, subresource).instrument(span.clone()).await;
+    if let Err(e) = &result {
+        span.record("otel.status_description", tracing::field::display(e));
+    }
+    result
+}
+
+async fn write_status(
+    api: &Api<DynamicObject>,
+    obj: &DynamicObject,
+    status: Value,
+    subresource: bool,
+) -> Result<Option<String>, SyncError> {
     let patch: json_patch::Patch = serde_json::from_value(json!([
         {"op": "test", "path": "/metadata/uid", "value": obj.metadata.uid},
         {"op": "add", "path": "/status", "value": status},

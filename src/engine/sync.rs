@@ -24,7 +24,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::Client;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use serde_json::Value;
-use tracing::{debug, warn};
+use tracing::{Instrument as _, debug, info_span, warn};
 
 use crate::api::{HookVersion, UpdateMethod};
 use crate::cache::discovery::ResolvedResource;
@@ -432,10 +432,25 @@ impl<K: Clone + Eq + Hash + Display + Send + Sync + 'static> WriteObserver for J
     }
 }
 
-/// One sync of `key` (see the module doc); returns when to sync it again, if the hook asked.
-pub(crate) async fn sync<C: Kind>(kind: &C, key: &C::Key, reasons: Reasons) -> Result<Option<Duration>, SyncError> {
+/// What a sync's observe phase found: the object and its finalizer decision, the hook to ask and what
+/// it is asked about, and what the kind claimed besides the children (for `decide`).
+struct Observing<'k, C: Kind> {
+    obj: Arc<DynamicObject>,
+    resource: Arc<ResolvedResource>,
+    api: Api<DynamicObject>,
+    finalizing: bool,
+    endpoint: &'k Endpoint,
+    observed: Vec<ChildMap<Arc<DynamicObject>>>,
+    claimed: C::Claimed,
+    /// The children as the request shows them.
+    children: ObjectMaps,
+    related: ObjectMaps,
+}
+
+/// The observe phase of a sync of `key` (in an `observe` span: a trace shows how long the cache reads,
+/// the finalizer and the customize hook took). `None`: nothing to sync, the object went away.
+async fn observe<'k, C: Kind>(kind: &'k C, key: &C::Key) -> Result<Option<Observing<'k, C>>, SyncError> {
     let core = kind.core();
-    // Observe.
     let Some((obj, resource)) = kind.object(key) else { return Ok(None) };
     let api = api_for(&core.hub.client, &resource, &obj);
     let facts = Facts {
@@ -457,6 +472,17 @@ pub(crate) async fn sync<C: Kind>(kind: &C, key: &C::Key, reasons: Reasons) -> R
         Err(e) => return Err(e),
     };
     let children = request_map(&core.child_resources, version, namespace, &observed);
+    Ok(Some(Observing { obj, resource, api, finalizing, endpoint, observed, claimed, children, related }))
+}
+
+/// One sync of `key` (see the module doc); returns when to sync it again, if the hook asked.
+pub(crate) async fn sync<C: Kind>(kind: &C, key: &C::Key, reasons: Reasons) -> Result<Option<Duration>, SyncError> {
+    let core = kind.core();
+    let observing = observe(kind, key).instrument(info_span!(target: crate::TRACE_SPANS, "observe")).await?;
+    let Some(Observing { obj, resource, api, finalizing, endpoint, observed, claimed, children, related }) = observing
+    else {
+        return Ok(None);
+    };
 
     // Decide.
     let request = kind.identifies_requests().then(|| RequestId::of(&obj, finalizing, &children, &related));

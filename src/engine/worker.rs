@@ -46,15 +46,17 @@ pub(crate) trait Syncer: Send + Sync + 'static {
 static SYNC_IDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 /// A worker: takes keys off the queue until it shuts down. Each sync runs in a `sync` span (controller,
-/// object, sync id) that every log line of it — hook calls and writes included — carries. Failures are
+/// object, sync id) that every log line of it — hook calls and writes included — carries, and that
+/// is the root of the sync's trace when traces are exported (never a child of whatever span was
+/// current, so one sync is one trace). Failures are
 /// logged, recorded as a Warning Event on the object, and retried with per-key backoff. A sync that
 /// panics is such a failure too: the worker lives on and the key is retried, never left in flight.
 pub(crate) async fn work<S: Syncer>(syncer: Arc<S>) {
     let queue = syncer.queue().clone();
     while let Some(key) = queue.next().await {
         let sync_id = SYNC_IDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let span =
-            info_span!("sync", kind = syncer.metrics().kind(), controller = syncer.name(), object = %key, sync_id);
+        let (kind, controller) = (syncer.metrics().kind(), syncer.name());
+        let span = info_span!(parent: None, "sync", kind, controller, object = %key, sync_id);
         handle(&*syncer, &queue, &key).instrument(span).await;
         queue.done(&key);
     }

@@ -17,6 +17,7 @@ use http::{Request, Uri, header};
 use http_body_util::{BodyExt as _, Full};
 use serde::Serialize;
 use serde_json::Value;
+use tracing::Instrument as _;
 
 use super::credentials::{CredentialError, Sensitive, Watched};
 use super::etag::{EtagCache, RootKey};
@@ -147,17 +148,41 @@ impl Endpoint {
     /// 304/412. The timeout bounds the whole call — reading credentials, connecting, the last body
     /// byte — so a hook that drips its answer cannot hold a worker; the body is read up to the hub's
     /// limit and no further. Counted in the hook metrics, however it ends.
+    ///
+    /// Traced as a `hook` span (a client span: server, path, hook version, status code), whose context
+    /// the request carries when the hub exports traces.
     pub(super) async fn call(&self, body: &impl Serialize, root: &Value) -> Result<Value, HookError> {
         let inner = &*self.0;
         let metrics = &inner.shared.metrics;
         let _in_flight = metrics.start(&inner.labels);
         let started = Instant::now();
         let mut code = None;
-        let result = match tokio::time::timeout(inner.timeout, self.exchange(body, root, &mut code)).await {
+        let span = tracing::info_span!(
+            target: crate::TRACE_SPANS,
+            "hook",
+            otel.kind = "client",
+            hook.name = inner.labels.hook.as_str(),
+            hook.version = match inner.version {
+                HookVersion::V1 => "v1",
+                HookVersion::V2 => "v2",
+            },
+            server.address = inner.uri.host().unwrap_or_default(),
+            url.path = inner.uri.path(),
+            http.response.status_code = tracing::field::Empty,
+            otel.status_description = tracing::field::Empty,
+        );
+        let exchange = tokio::time::timeout(inner.timeout, self.exchange(body, root, &mut code));
+        let result = match exchange.instrument(span.clone()).await {
             Ok(result) => result,
             Err(_) => Err(HookError::Timeout { url: inner.url.clone(), timeout: inner.timeout }),
         };
         metrics.finish(&inner.labels, code, started.elapsed());
+        if let Some(code) = code {
+            span.record("http.response.status_code", code);
+        }
+        if let Err(e) = &result {
+            span.record("otel.status_description", tracing::field::display(e));
+        }
         result
     }
 
@@ -180,6 +205,11 @@ impl Endpoint {
         }
         if let Some((_, _, Some(tag))) = &cached {
             request = request.header(header::IF_NONE_MATCH, tag.as_str());
+        }
+        if inner.shared.trace_context
+            && let Some(headers) = request.headers_mut()
+        {
+            inject_trace_context(headers);
         }
         let request = request.body(Full::new(Bytes::from(body))).map_err(|e| http_error(&inner.url, &e))?;
         let response = client.request(request).await.map_err(|e| http_error(&inner.url, &e))?;
@@ -299,6 +329,16 @@ impl Endpoint {
         };
         HookError::Credentials { url: inner.url.clone(), source: Box::new(source) }
     }
+}
+
+/// Puts the current span's W3C trace context on a request (`traceparent`, and `tracestate` when the
+/// trace has one); nothing when the span is not traced.
+fn inject_trace_context(headers: &mut http::HeaderMap) {
+    use opentelemetry::propagation::TextMapPropagator as _;
+    use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+    let context = tracing::Span::current().context();
+    opentelemetry_sdk::propagation::TraceContextPropagator::new()
+        .inject_context(&context, &mut opentelemetry_http::HeaderInjector(headers));
 }
 
 /// A non-200 body as quoted in an error: the credentials sent scrubbed from the whole body first, then
@@ -429,6 +469,73 @@ mod tests {
         let body = format!("got Bearer {TOKEN}; expected Basic {encoded} (user:p@ss-w0rd)");
         let quoted = quoted_body(body.as_bytes(), [&bearer(), &from_url]);
         assert_eq!(quoted, "got Bearer <redacted>; expected Basic <redacted> (user:<redacted>)");
+    }
+
+    /// A loopback hook that answers one call with `{}` and hands over the request's head.
+    async fn capture_one() -> (String, tokio::sync::oneshot::Receiver<String>) {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://127.0.0.1:{}/sync", listener.local_addr().unwrap().port());
+        let (head_tx, head_rx) = tokio::sync::oneshot::channel();
+        tokio::spawn(async move {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            let mut received = Vec::new();
+            let mut buffer = [0_u8; 4096];
+            while !received.windows(4).any(|w| w == b"\r\n\r\n") {
+                let n = stream.read(&mut buffer).await.unwrap();
+                assert!(n > 0, "the request ended before its head did");
+                received.extend_from_slice(&buffer[..n]);
+            }
+            let response =
+                "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}";
+            stream.write_all(response.as_bytes()).await.unwrap();
+            let _ = head_tx.send(String::from_utf8_lossy(&received).to_lowercase());
+        });
+        (url, head_rx)
+    }
+
+    /// A hook call made in a traced `sync` span by a client that sends the trace context or not:
+    /// the `traceparent` the hook received (if any), and the sync's trace and span ids.
+    async fn traceparent_sent(trace_context: bool) -> (Option<String>, String, String) {
+        use opentelemetry::trace::{TraceContextExt as _, TracerProvider as _};
+        use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+        use tracing_subscriber::layer::SubscriberExt as _;
+        let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder().build();
+        let subscriber =
+            tracing_subscriber::registry().with(tracing_opentelemetry::layer().with_tracer(provider.tracer("test")));
+        let _default = tracing::subscriber::set_default(subscriber);
+        let (url, head) = capture_one().await;
+        let config = super::super::HookClientConfig { trace_context, ..super::super::HookClientConfig::default() };
+        let labels = HookLabels {
+            kind: "CompositeController".into(),
+            controller: "t".into(),
+            hook: super::super::HookKind::Sync,
+        };
+        let hook: Hook = serde_json::from_value(serde_json::json!({"webhook": {"url": url}})).unwrap();
+        let endpoint = super::super::HookClient::new(&config, None).endpoint(&hook, &[], labels).unwrap();
+        let sync = tracing::info_span!("sync");
+        let ids = sync.context().span().span_context().clone();
+        endpoint.call(&serde_json::json!({}), &serde_json::json!({})).instrument(sync).await.unwrap();
+        let head = head.await.unwrap();
+        let traceparent = head.lines().find_map(|l| l.strip_prefix("traceparent: ")).map(|v| v.trim().to_owned());
+        (traceparent, ids.trace_id().to_string(), ids.span_id().to_string())
+    }
+
+    #[tokio::test]
+    async fn a_hook_request_carries_the_trace_context_only_when_traces_are_on() {
+        let (sent, _, _) = traceparent_sent(false).await;
+        assert_eq!(sent, None, "traces off: no traceparent, even inside a traced span");
+        let (sent, trace_id, sync_span_id) = traceparent_sent(true).await;
+        let sent = sent.expect("traces on: a traceparent");
+        let parts: Vec<&str> = sent.split('-').collect();
+        assert_eq!(parts.len(), 4, "{sent}");
+        assert_eq!(
+            (parts[0], parts[1], parts[3]),
+            ("00", trace_id.as_str(), "01"),
+            "the sync's trace, sampled: {sent}"
+        );
+        assert_eq!(parts[2].len(), 16, "{sent}");
+        assert_ne!(parts[2], sync_span_id, "the parent is the call's own `hook` span, under the sync's");
     }
 
     proptest! {

@@ -346,11 +346,20 @@ pub struct HookClientConfig {
     pub hook_hosts: BTreeMap<String, String>,
     /// Reuse connections between calls (off only to measure what that saves).
     pub keep_alive: bool,
+    /// Send the W3C trace context of the calling span (`traceparent`, `tracestate`) with every call, so
+    /// a hook's spans join the sync's trace. On when traces are exported; off, the headers are not
+    /// even looked for.
+    pub trace_context: bool,
 }
 
 impl Default for HookClientConfig {
     fn default() -> Self {
-        Self { response_limit: DEFAULT_RESPONSE_LIMIT, hook_hosts: BTreeMap::new(), keep_alive: true }
+        Self {
+            response_limit: DEFAULT_RESPONSE_LIMIT,
+            hook_hosts: BTreeMap::new(),
+            keep_alive: true,
+            trace_context: false,
+        }
     }
 }
 
@@ -361,6 +370,8 @@ struct Shared {
     metrics: Arc<HookMetrics>,
     /// Largest response body accepted, in bytes.
     limit: usize,
+    /// Whether requests carry the caller's trace context ([`HookClientConfig::trace_context`]).
+    trace_context: bool,
 }
 
 /// The hub's hook client: connection pools, credential watches and metrics. Controllers get an
@@ -402,6 +413,7 @@ impl HookClient {
             credentials: Credentials::new(cluster),
             metrics: Arc::new(HookMetrics::default()),
             limit: config.response_limit,
+            trace_context: config.trace_context,
         };
         Self { shared: Arc::new(shared) }
     }

@@ -101,6 +101,28 @@ pub struct Config {
     #[serde(with = "secs")]
     #[schemars(with = "u64", extend("x-unit" = "seconds"))]
     pub customize_cache_timeout: Duration,
+    /// Traces of the syncs, for an OpenTelemetry collector (off unless an endpoint is set).
+    pub tracing: Tracing,
+}
+
+/// Traces: one per sync, with a span for its observe phase, each hook call, each child write and the
+/// status write; every hook request carries the sync's W3C `traceparent`, so a hook's own spans join
+/// the trace.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
+pub struct Tracing {
+    /// Base URL of an OTLP/HTTP collector (`http://otel-collector.monitoring:4318`): spans go to its
+    /// `/v1/traces` as protobuf, as `service.name` `metahook`. Empty (the default) turns traces off,
+    /// and hook requests then carry no `traceparent`.
+    pub otlp_endpoint: String,
+}
+
+impl Tracing {
+    /// Whether traces are exported (and hook requests carry the trace context).
+    #[must_use]
+    pub fn enabled(&self) -> bool {
+        !self.otlp_endpoint.is_empty()
+    }
 }
 
 /// Leader election on a `coordination.k8s.io/v1` Lease: only the holder runs controllers.
@@ -166,6 +188,7 @@ impl Default for Config {
             take_over_field_managers: vec![crate::write::take_over::METACONTROLLER_MANAGER.to_owned()],
             cache_flush_interval: Duration::from_secs(30 * 60),
             customize_cache_timeout: Duration::from_secs(20 * 60),
+            tracing: Tracing::default(),
         }
     }
 }
@@ -206,6 +229,9 @@ pub struct ConfigOverrides {
     /// Retry period in seconds.
     #[arg(long, env = "METAHOOK_RETRY_PERIOD_SECONDS")]
     pub retry_period_seconds: Option<u64>,
+    /// Base URL of an OTLP/HTTP collector to send traces to (`http://collector:4318`); empty: none.
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
+    pub otlp_endpoint: Option<String>,
 }
 
 impl Config {
@@ -229,6 +255,9 @@ impl Config {
         }
         if let Some(address) = &overrides.metrics_address {
             config.metrics_address.clone_from(address);
+        }
+        if let Some(endpoint) = &overrides.otlp_endpoint {
+            config.tracing.otlp_endpoint.clone_from(endpoint);
         }
         let election = &mut config.leader_election;
         if let Some(enabled) = overrides.leader_elect {
@@ -284,6 +313,7 @@ impl Config {
             response_limit: self.hook_response_limit,
             hook_hosts: self.hook_hosts.clone(),
             keep_alive: true,
+            trace_context: self.tracing.enabled(),
         }
     }
 
@@ -366,6 +396,10 @@ impl Config {
             return Err(ConfigError::Invalid { field: "cacheSyncTimeout", reason: "must be at least 1 second".into() });
         }
         self.leader_election.validate()?;
+        if self.tracing.enabled() {
+            crate::ops::traces::collector_url(&self.tracing.otlp_endpoint)
+                .map_err(|reason| ConfigError::Invalid { field: "tracing.otlpEndpoint", reason })?;
+        }
         crate::hooks::dial::check_hook_hosts(&self.hook_hosts)
             .map_err(|reason| ConfigError::Invalid { field: "hookHosts", reason })?;
         crate::cache::selector::parse_selector_string(&self.target_label_selector)

@@ -1,6 +1,7 @@
 //! Stage 6, operations: running the hub as a cluster add-on. Its configuration ([`config`]), its manners
 //! towards the API server ([`client`]), leader election ([`leader`]) and the write gate that makes it safe
-//! ([`gate`]), `/metrics` and health ([`metrics`]), profiles ([`pprof`], the heap's from [`heap`]), and running it all ([`run`]).
+//! ([`gate`]), `/metrics` and health ([`metrics`]), profiles ([`pprof`], the heap's from [`heap`]), traces
+//! for an OpenTelemetry collector ([`traces`]), and running it all ([`run`]).
 //!
 //! May import: every stage below (api, cache, hooks, write, engine, controllers).
 
@@ -12,3 +13,4 @@ pub mod leader;
 pub mod metrics;
 pub mod pprof;
 pub mod run;
+pub mod traces;

@@ -12,6 +12,7 @@ use clap::{Parser, Subcommand};
 use tracing::{error, info};
 
 use crate::ops::config::{Config, ConfigOverrides};
+use crate::ops::traces::Traces;
 use crate::tools::goflag::FlagError;
 use crate::tools::logs::{LogFormat, Logging};
 use crate::tools::metacontroller::{self, Refused};
@@ -133,11 +134,9 @@ pub fn main() -> ExitCode {
         }
         Command::Migrate(args) => crate::tools::migrate::main(&args),
         Command::Run(args) => {
-            crate::tools::logs::init(&Logging { format: args.log_format, ..Logging::default() });
-            block_on(async move {
-                let config = Config::load(args.config.as_deref(), &args.overrides)?;
-                run(args.kubeconfig, config).await
-            })
+            let logging = Logging { format: args.log_format, ..Logging::default() };
+            let config = Config::load(args.config.as_deref(), &args.overrides).map_err(anyhow::Error::from);
+            run_hub(args.kubeconfig, &logging, config, || {})
         }
     }
 }
@@ -162,23 +161,57 @@ fn metacontroller_main(args: &[OsString]) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    crate::tools::logs::init(&invocation.logging);
-    let settings: Vec<String> = invocation.summary.iter().map(|(flag, value)| format!("{flag}={value:?}")).collect();
-    info!(
-        version = env!("CARGO_PKG_VERSION"),
-        "Configuration information (Metacontroller's command line): {}",
-        settings.join(" ")
-    );
-    for note in &invocation.notes {
-        info!("{note}");
-    }
-    block_on(run(invocation.kubeconfig, invocation.config))
+    let metacontroller::Invocation { config, kubeconfig, logging, notes, summary } = invocation;
+    let settings: Vec<String> = summary.iter().map(|(flag, value)| format!("{flag}={value:?}")).collect();
+    let started = || {
+        info!(
+            version = env!("CARGO_PKG_VERSION"),
+            "Configuration information (Metacontroller's command line): {}",
+            settings.join(" ")
+        );
+        for note in &notes {
+            info!("{note}");
+        }
+    };
+    run_hub(kubeconfig, &logging, Ok(config), started)
 }
 
-/// Runs `future` on a multi-threaded runtime; an error is logged and is exit status 1.
-fn block_on(future: impl std::future::Future<Output = anyhow::Result<()>>) -> ExitCode {
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build();
-    match runtime.context("starting the async runtime").and_then(|rt| rt.block_on(future)) {
+/// Runs the hub on a multi-threaded runtime until a signal stops it: installs the log writer — with the
+/// trace exporter beside it when `config` names a collector — and calls `started` to log what goes
+/// first; on the way out, sends the spans still batched. An error is logged and is exit status 1.
+fn run_hub(
+    kubeconfig: Option<PathBuf>,
+    logging: &Logging,
+    config: anyhow::Result<Config>,
+    started: impl FnOnce(),
+) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            crate::tools::logs::init(logging, None);
+            error!("starting the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let traces = {
+        // The exporter's batch processor is a task on the runtime.
+        let _entered = runtime.enter();
+        match &config {
+            Ok(config) if config.tracing.enabled() => Traces::start(&config.tracing.otlp_endpoint).map(Some),
+            _ => Ok(None),
+        }
+    };
+    let (traces, config) = match traces {
+        Ok(traces) => (traces, config),
+        Err(e) => (None, Err(e.into())),
+    };
+    crate::tools::logs::init(logging, traces.as_ref());
+    started();
+    let result = config.and_then(|config| runtime.block_on(run(kubeconfig, config)));
+    if let Some(traces) = traces {
+        runtime.block_on(traces.shutdown());
+    }
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             error!("{err:#}");

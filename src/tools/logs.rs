@@ -1,12 +1,20 @@
 //! How the hub's log lines are written: the format (`metahook run --log-format`, Metacontroller's
 //! `--zap-encoder`), the level filter (`METAHOOK_LOG`, Metacontroller's `--zap-log-level`) and the
-//! timestamp (Metacontroller's `--zap-time-encoding`).
+//! timestamp (Metacontroller's `--zap-time-encoding`); and, beside them in the process's one
+//! subscriber, the trace exporter ([`crate::ops::traces`]) when there is one.
 
 use std::fmt::Write as _;
 
 use k8s_openapi::jiff::Timestamp;
+use tracing::Subscriber;
+use tracing_subscriber::Layer as _;
+use tracing_subscriber::fmt::MakeWriter;
 use tracing_subscriber::fmt::format::Writer;
 use tracing_subscriber::fmt::time::FormatTime;
+use tracing_subscriber::layer::SubscriberExt as _;
+use tracing_subscriber::util::SubscriberInitExt as _;
+
+use crate::ops::traces::Traces;
 
 /// How log lines are written.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -83,18 +91,33 @@ impl FormatTime for Timer {
     }
 }
 
-/// Installs the process's log subscriber.
-pub fn init(logging: &Logging) {
+/// Installs the process's subscriber: the log writer (to stdout) and, with `traces`, the trace
+/// exporter beside it.
+pub fn init(logging: &Logging, traces: Option<&Traces>) {
+    subscriber(logging, traces, std::io::stdout).init();
+}
+
+/// The log writer as `logging` sets it up, writing to `writer`, with the trace exporter's layer when
+/// there is one. The log writer leaves out the spans only traces need ([`crate::TRACE_SPANS`]), so a
+/// line's span (the JSON log's `span`) stays the sync's, whatever call or write it happened in.
+fn subscriber<W>(logging: &Logging, traces: Option<&Traces>, writer: W) -> impl Subscriber + Send + Sync + use<W>
+where
+    W: for<'w> MakeWriter<'w> + Send + Sync + 'static,
+{
     let filter = match &logging.filter {
         Some(directive) => tracing_subscriber::EnvFilter::new(directive),
         None => tracing_subscriber::EnvFilter::try_from_env("METAHOOK_LOG")
             .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
     };
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_target(false).with_timer(Timer(logging.time));
-    match logging.format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().with_current_span(true).with_span_list(false).flatten_event(true).init(),
-    }
+    let trace_only = format!("{}=off", crate::TRACE_SPANS).parse().expect("a well-formed directive");
+    let layer = tracing_subscriber::fmt::layer().with_writer(writer).with_target(false).with_timer(Timer(logging.time));
+    let layer = match logging.format {
+        LogFormat::Text => layer.boxed(),
+        LogFormat::Json => layer.json().with_current_span(true).with_span_list(false).flatten_event(true).boxed(),
+    };
+    tracing_subscriber::registry()
+        .with(layer.with_filter(filter.add_directive(trace_only)))
+        .with(traces.map(Traces::layer))
 }
 
 #[cfg(test)]
@@ -113,5 +136,47 @@ mod tests {
         let whole = Timestamp::new(1_700_000_000, 0).unwrap();
         assert_eq!(TimeFormat::Epoch.render(whole), "1700000000");
         assert_eq!(TimeFormat::Rfc3339Nano.render(whole), "2023-11-14T22:13:20Z");
+    }
+
+    /// Where a test's log lines go.
+    #[derive(Clone, Default)]
+    struct Lines(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Lines {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// What `format` writes for a line logged inside a hook call's trace-only span inside a sync.
+    fn line_in_a_hook_call(format: LogFormat) -> String {
+        let lines = Lines::default();
+        let writer = lines.clone();
+        let logging = Logging { format, filter: Some("info".into()), time: None };
+        tracing::subscriber::with_default(subscriber(&logging, None, move || writer.clone()), || {
+            let sync = tracing::info_span!("sync", controller = "greeter", sync_id = 7);
+            let _sync = sync.enter();
+            let hook = tracing::info_span!(target: crate::TRACE_SPANS, "hook", url.path = "/sync");
+            let _hook = hook.enter();
+            tracing::info!("inside");
+        });
+        String::from_utf8(lines.0.lock().unwrap().clone()).unwrap()
+    }
+
+    #[test]
+    fn a_log_line_names_its_sync_not_the_trace_only_span_it_is_in() {
+        let coloured = line_in_a_hook_call(LogFormat::Text);
+        // Without the terminal's colour codes (`ESC [ ... m`).
+        let text =
+            coloured.split('\x1b').map(|part| part.split_once('m').map_or(part, |(_, rest)| rest)).collect::<String>();
+        assert!(text.contains("sync{controller=\"greeter\" sync_id=7}: inside"), "{text}");
+        assert!(!text.contains("hook"), "{text}");
+        let json: serde_json::Value = serde_json::from_str(line_in_a_hook_call(LogFormat::Json).trim()).unwrap();
+        assert_eq!(json["span"]["name"], "sync", "{json}");
+        assert_eq!(json["span"]["sync_id"], 7, "{json}");
     }
 }

@@ -38,6 +38,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
 use serde_json::Value;
+use tracing::Instrument as _;
 
 use crate::api::APPLIED_ANNOTATION;
 use crate::api::UpdateMethod;
@@ -187,19 +188,26 @@ impl Applier {
         observed: Option<&DynamicObject>,
         method: UpdateMethod,
     ) -> Result<Applied, ApplyError> {
-        let result = self.apply_unmetered(resource, desired, observed, method).await;
-        let label = match &result {
-            Ok(Applied::Created { .. }) => "created",
-            Ok(Applied::Updated { .. }) => "updated",
-            Ok(Applied::Deleted { .. }) => "deleted",
-            Ok(Applied::Unchanged) => "unchanged",
-            Err(_) => "error",
+        let result = match observed {
+            // Known to change nothing: no request is sent, and there is no write to trace.
+            Some(current) if self.is_current(resource, desired, current, method) => Ok(Applied::Unchanged),
+            _ => {
+                let verb = if observed.is_some() { "update" } else { "create" };
+                let span = write_span(verb, resource.kind(), &key_of(desired));
+                let result = self.write(resource, desired, observed, method).instrument(span.clone()).await;
+                span.record("outcome", outcome(&result));
+                if let Err(e) = &result {
+                    span.record("otel.status_description", tracing::field::display(e));
+                }
+                result
+            }
         };
-        self.metrics.record(resource.kind(), label);
+        self.metrics.record(resource.kind(), outcome(&result));
         result
     }
 
-    async fn apply_unmetered(
+    /// The writes of [`Applier::apply`] for an object not known to be current.
+    async fn write(
         &self,
         resource: &ResolvedResource,
         desired: &Value,
@@ -226,12 +234,6 @@ impl Applier {
                 Err(source) => Err(ApplyError::Apply { kind: kind(), key, source }),
             };
         };
-        if observed.metadata.deletion_timestamp.is_some() || method == UpdateMethod::OnDelete {
-            return Ok(Applied::Unchanged);
-        }
-        if self.is_current(resource, desired, observed, method) {
-            return Ok(Applied::Unchanged);
-        }
         let body = with_precondition_uid(&annotated(desired, &desired_hash), observed);
         // What Metacontroller wrote is taken over first, once per object (see `crate::write::take_over`).
         let taken_over;
@@ -423,20 +425,52 @@ impl Applier {
     /// it was gone or replaced already, so this call deleted nothing (and no echo of it will come).
     pub async fn delete(&self, resource: &ResolvedResource, obj: &DynamicObject) -> Result<bool, ApplyError> {
         let key = ObjectKey::of(obj);
+        let span = write_span("delete", resource.kind(), &key);
         let params = DeleteParams {
             propagation_policy: Some(PropagationPolicy::Background),
             preconditions: Some(Preconditions { uid: obj.metadata.uid.clone(), resource_version: None }),
             ..DeleteParams::default()
         };
-        match self.api(resource, key.namespace.as_deref()).delete(&key.name, &params).await {
+        let api = self.api(resource, key.namespace.as_deref());
+        let result = match api.delete(&key.name, &params).instrument(span.clone()).await {
             Ok(_) => Ok(true),
             Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => Ok(false),
             Err(source) => Err(ApplyError::Delete { kind: resource.kind().to_owned(), key, source }),
-        }
+        };
+        match &result {
+            Ok(deleted) => span.record("outcome", if *deleted { "deleted" } else { "gone" }),
+            Err(e) => span.record("otel.status_description", tracing::field::display(e)),
+        };
+        result
     }
 
     fn params(&self) -> PatchParams {
         PatchParams::apply(&self.field_manager).force()
+    }
+}
+
+/// A `write` span (see [`crate::TRACE_SPANS`]) for writing the object `key` of `kind`; `verb`:
+/// `create`, `update` (both server-side apply; a recreate's delete is part of its update) or `delete`.
+fn write_span(verb: &'static str, kind: &str, key: &ObjectKey) -> tracing::Span {
+    tracing::info_span!(
+        target: crate::TRACE_SPANS,
+        "write",
+        verb,
+        kind,
+        name = %key,
+        outcome = tracing::field::Empty,
+        otel.status_description = tracing::field::Empty,
+    )
+}
+
+/// What an apply did, as `metahook_apply_total`'s `result` label and a `write` span's `outcome` say it.
+fn outcome(result: &Result<Applied, ApplyError>) -> &'static str {
+    match result {
+        Ok(Applied::Created { .. }) => "created",
+        Ok(Applied::Updated { .. }) => "updated",
+        Ok(Applied::Deleted { .. }) => "deleted",
+        Ok(Applied::Unchanged) => "unchanged",
+        Err(_) => "error",
     }
 }
 

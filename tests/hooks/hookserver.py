@@ -9,7 +9,8 @@ A handler returns the response object (serialised as JSON with status 200), or a
 misbehave. A handler that raises answers 500 with the exception text.
 
 The server binds 127.0.0.1 on $HOOK_PORT (default: a free port), prints "PORT <n>" on stdout, and appends
-one JSON line per request ({"path", "request"}) to the file named by $HOOK_LOG, if set.
+one JSON line per request ({"path", "request", "headers"}, header names in lower case) to the file named
+by $HOOK_LOG, if set.
 """
 import json
 import os
@@ -29,7 +30,8 @@ class Handler(BaseHTTPRequestHandler):
         name = self.path.strip("/").replace("/", "_")
         if LOG:
             with open(LOG, "a", encoding="utf-8") as log:
-                log.write(json.dumps({"path": self.path, "request": request}) + "\n")
+                headers = {key.lower(): value for key, value in self.headers.items()}
+                log.write(json.dumps({"path": self.path, "request": request, "headers": headers}) + "\n")
         handler = HANDLERS.get(name)
         if handler is None:
             self.reply(404, f"no handler for {self.path}")

@@ -214,12 +214,20 @@ impl HookServer {
 
     /// Requests received so far on `path`.
     pub fn requests(&self, path: &str) -> Vec<serde_json::Value> {
+        self.logged(path).into_iter().map(|r| r["request"].clone()).collect()
+    }
+
+    /// Requests received so far on `path`, each as `{"request", "headers"}` (header names in lower case).
+    pub fn requests_with_headers(&self, path: &str) -> Vec<serde_json::Value> {
+        self.logged(path)
+    }
+
+    fn logged(&self, path: &str) -> Vec<serde_json::Value> {
         std::fs::read_to_string(&self.log)
             .unwrap_or_default()
             .lines()
             .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
             .filter(|r| r["path"] == path)
-            .map(|r| r["request"].clone())
             .collect()
     }
 }
@@ -294,11 +302,19 @@ pub struct HubProcess {
 
 impl HubProcess {
     pub fn start(label: &str) -> Self {
+        Self::start_with(label, "", &[])
+    }
+
+    /// Like [`HubProcess::start`], with more of the config file (`more_config`, YAML lines) and
+    /// environment variables.
+    pub fn start_with(label: &str, more_config: &str, env: &[(&str, &str)]) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let config = dir.path().join("metahook.yaml");
         std::fs::write(
             &config,
-            format!("targetLabelSelector: \"metahook-test={label}\"\ndiscoveryInterval: 2\nmetricsAddress: \"\"\n"),
+            format!(
+                "targetLabelSelector: \"metahook-test={label}\"\ndiscoveryInterval: 2\nmetricsAddress: \"\"\n{more_config}"
+            ),
         )
         .unwrap();
         let log = dir.path().join("hub.log");
@@ -307,6 +323,7 @@ impl HubProcess {
             .arg(&config)
             .arg("--kubeconfig")
             .arg(kubeconfig_path())
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()

@@ -4,7 +4,8 @@
  *
  * A hook's stderr is read by whoever runs the Pod; the person who wrote the parent reads
  * `kubectl describe` instead. So every line names the parent and the path, and every warning is also
- * added to the response's `events`, which the hub records as a Kubernetes Event on that parent.
+ * added to the response's `events`, which the hub records as a Kubernetes Event on that parent. When the
+ * hub exports traces, every line names the sync's trace too (`trace=<id>`, see trace.js).
  */
 
 import { AsyncLocalStorage } from "node:async_hooks";
@@ -57,12 +58,15 @@ export function parentName(request) {
 }
 
 /**
- * The context of one call of `request` to `path`: `ctx.log` for the handler, and the warnings it
- * logged, for the response. Lines go to `write`.
+ * The context of one call of `request` to `path`, in the trace `trace` (a `parseTraceparent` result, or
+ * null): `ctx.log`, `ctx.traceId` and `ctx.traceparent` for the handler, and the warnings it logged, for
+ * the response. Lines go to `write`.
  */
-export function callContext(path, request, write) {
+export function callContext(path, request, write, trace = null) {
   const warnings = [];
-  return { ctx: { log: logger(`hook ${path} ${parentName(request) || "-"}`, write, warnings) }, warnings };
+  const where = `hook ${path} ${parentName(request) || "-"}${trace ? ` trace=${trace.traceId}` : ""}`;
+  const ctx = { log: logger(where, write, warnings), traceId: trace?.traceId ?? "", traceparent: trace?.header ?? "" };
+  return { ctx, warnings };
 }
 
 /** Runs `fn` as part of the call `ctx` belongs to, so that `requestLog()` inside it finds `ctx.log`. */

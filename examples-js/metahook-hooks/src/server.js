@@ -17,6 +17,7 @@ import https from "node:https";
 
 import { BodyTooLarge, maxBodyBytes, readBody } from "./body.js";
 import { callContext, parentName, runInCall, withWarnings } from "./log.js";
+import { parseTraceparent } from "./trace.js";
 import { describe } from "./responses.js";
 import { createTlsServer, tlsFiles } from "./tls.js";
 
@@ -167,7 +168,9 @@ async function handle(table, state, req, res) {
   if (request === null || typeof request !== "object" || Array.isArray(request)) {
     return reply(res, 400, `request body must be a JSON object, not ${describe(request)}`);
   }
-  const fields = { ...parentFields(request), ...(await call(fn, path, request, res, state)) };
+  const trace = parseTraceparent(req.headers.traceparent);
+  const fields = { ...parentFields(request), ...(await call(fn, path, request, res, state, trace)) };
+  if (trace) fields.trace = trace.traceId;
   return fields;
 }
 
@@ -218,8 +221,8 @@ function describeListener(server) {
  * Calls `fn(request, ctx)` and answers with what it returns or throws. Warnings it logs through
  * `ctx.log` (or `requestLog()`) join the response's `events`.
  */
-async function call(fn, path, request, res, state) {
-  const { ctx, warnings } = callContext(path, request, state.write);
+async function call(fn, path, request, res, state, trace) {
+  const { ctx, warnings } = callContext(path, request, state.write, trace);
   let response;
   try {
     response = await runInCall(ctx, () => fn(request, ctx));
@@ -269,7 +272,7 @@ function logCall(state, req, res, started, fields) {
     state.write(JSON.stringify(line));
   } else if (res.statusCode >= 400 && res.statusCode !== 429) {
     // Successful calls come at every resync; only failures are worth a line by default.
-    state.write(`hook server: ${req.method} ${path} -> ${res.statusCode}`);
+    state.write(`hook server: ${req.method} ${path} -> ${res.statusCode}${fields.trace ? ` trace=${fields.trace}` : ""}`);
   }
 }
 

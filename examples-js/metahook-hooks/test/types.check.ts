@@ -83,7 +83,12 @@ function logged(request: Request<Greeting>, ctx: HookContext): CompositeResponse
   ctx.log.warn(42);
   // @ts-expect-error a PermanentError needs its message
   new PermanentError();
-  return compositeResponse({ children: [] });
+  // The hub's trace, when it sends one: text, "" when there is none.
+  const trace: string = ctx.traceId || "none";
+  ctx.log.info(`in trace ${trace}, called by ${ctx.traceparent}`);
+  // @ts-expect-error the trace id is text, not a number
+  const asNumber: number = ctx.traceId;
+  return compositeResponse({ children: [], status: { trace, asNumber } });
 }
 
 async function main(): Promise<void> {

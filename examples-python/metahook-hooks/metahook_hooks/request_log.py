@@ -4,6 +4,8 @@ A hook's `print` lands in the Pod's log without saying which parent it was about
 Pod logs when a parent misbehaves: they run `kubectl describe` on the parent. So `request_log()` gives
 the current call's logger: every line names the hook path and the parent (`namespace/name`), and each
 `warning` is also appended to the response's `events`, which the hub records as Events on the parent.
+When the hub exports traces, every line also names the sync's trace (`trace=<id>`, see
+`trace_context.py`), and `request_log().trace_id` / `.traceparent` give it to the hook.
 
 The current logger lives in a `ContextVar`: the server sets it around each call, and plain hook
 functions, which run in a thread pool, get a copy of that context. Outside a hook call (a unit test
@@ -19,6 +21,7 @@ from contextvars import ContextVar
 from typing import Any
 
 from .responses import event
+from .trace_context import TraceParent
 from .wire import HookEvent
 
 __all__ = ["MAX_MESSAGE", "RequestLog", "request_log"]
@@ -29,7 +32,8 @@ MAX_MESSAGE = 1024
 DEFAULT_REASON = "HookWarning"
 
 Record = dict[str, str]
-"""One log line's fields: level, path, parent, message and, for warnings, reason."""
+"""One log line's fields: level, path, parent, message, trace (when the call has one) and, for
+warnings, reason."""
 
 
 def _print_line(record: Record) -> None:
@@ -44,11 +48,13 @@ class RequestLog:
         path: str = "",
         parent: str = "",
         *,
+        trace: TraceParent | None = None,
         emit: Callable[[Record], None] = _print_line,
         collect_events: bool = False,
     ) -> None:
         self.path = path
         self.parent = parent
+        self._trace = trace
         self._emit = emit
         self._collect = collect_events
         self._events: list[HookEvent] = []
@@ -71,8 +77,23 @@ class RequestLog:
         """The Events the warnings so far have asked for."""
         return list(self._events)
 
+    @property
+    def trace_id(self) -> str:
+        """The trace this call is part of (the hub's sync), 32 hex digits; "" when the request came
+        without a valid `traceparent` (the hub exports no traces) or outside a call."""
+        return self._trace.trace_id if self._trace else ""
+
+    @property
+    def traceparent(self) -> str:
+        """The `traceparent` the call came with, checked: the parent of a hook's own spans, or "" (see
+        `trace_id`)."""
+        return self._trace.header if self._trace else ""
+
     def _record(self, level: str, message: str) -> Record:
-        return {"level": level, "path": self.path, "parent": self.parent, "message": message}
+        record = {"level": level, "path": self.path, "parent": self.parent, "message": message}
+        if self._trace:
+            record["trace"] = self._trace.trace_id
+        return record
 
 
 _CURRENT: ContextVar[RequestLog | None] = ContextVar("metahook_request_log", default=None)
@@ -89,8 +110,9 @@ def current() -> ContextVar[RequestLog | None]:
 
 
 def format_line(record: Mapping[str, str]) -> str:
-    """The text form of a record: `hook /sync default/world: warning EmptyNote: the message`."""
-    where = " ".join(part for part in ("hook", record.get("path"), record.get("parent")) if part)
+    """The text form of a record: `hook /sync default/world trace=4bf9...: warning EmptyNote: the message`."""
+    trace = f"trace={record['trace']}" if record.get("trace") else ""
+    where = " ".join(part for part in ("hook", record.get("path"), record.get("parent"), trace) if part)
     level = f"warning {record['reason']}: " if record.get("level") == "warning" else ""
     return f"{where}: {level}{record['message']}".replace("\n", "\\n")
 

@@ -39,6 +39,7 @@ from urllib.parse import urlsplit
 from .body import DEFAULT_MAX_BODY, BodyError, check_limit, max_body_from_env, read_body
 from .request_log import Record, RequestLog, current, format_line, with_events
 from .tls import ReloadingContext, TlsFiles, tls_files, tls_files_from_env
+from .trace_context import TraceParent, parse_traceparent
 
 __all__ = [
     "DEFAULT_MAX_BODY",
@@ -421,16 +422,18 @@ class HookServer:
             return _text(400, f"request body is not valid JSON: {e}")
         if not isinstance(body, dict):
             return _text(400, f"request body must be a JSON object, not {type(body).__name__}")
-        reply = await self._call(fn, request.path, body)
+        trace = parse_traceparent(request.headers.get("traceparent"))
+        reply = await self._call(fn, request.path, body, trace)
         reply.log.update(_describe_parent(body))
+        if trace:
+            reply.log["trace"] = trace.trace_id
         return reply
 
-    async def _call(self, fn: Handler, path: str, body: dict[str, Any]) -> _Reply:
+    async def _call(self, fn: Handler, path: str, body: dict[str, Any], trace: TraceParent | None) -> _Reply:
         # Sync and finalize requests always carry `finalizing`; customize requests, whose responses
         # have no `events`, do not.
-        log = RequestLog(
-            path, _describe_parent(body).get("parent", ""), emit=self._emit, collect_events="finalizing" in body
-        )
+        parent = _describe_parent(body).get("parent", "")
+        log = RequestLog(path, parent, trace=trace, emit=self._emit, collect_events="finalizing" in body)
         token = current().set(log)
         try:
             response = await _invoke(fn, body)
@@ -497,7 +500,9 @@ class HookServer:
         elif reply.code >= 400 and reply.code != 429:
             # Successful calls come at every resync; only failures are worth a line by default.
             error = reply.log.get("error")
-            self._write_log(f"hook server: {method} {path} -> {reply.code}" + (f" ({error})" if error else ""))
+            trace = reply.log.get("trace")
+            text = f"hook server: {method} {path} -> {reply.code}" + (f" ({error})" if error else "")
+            self._write_log(text + (f" trace={trace}" if trace else ""))
 
     def _emit(self, record: Record) -> None:
         """Writes a `request_log()` line: JSON when request logs are on, like the other lines."""

@@ -69,11 +69,12 @@ def server():
     server.server_close()
 
 
-def call(server, path, body=REQUEST, method="POST"):
+def call(server, path, body=REQUEST, method="POST", headers=None):
     """(status, headers, text) of one call; `body` bytes are sent as is, anything else as JSON."""
     data = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
     url = f"http://127.0.0.1:{server.server_address[1]}{path}"
-    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    sent = {"Content-Type": "application/json", **(headers or {})}
+    req = urllib.request.Request(url, data=data, method=method, headers=sent)
     try:
         with urllib.request.urlopen(req, timeout=5) as response:
             return response.status, response.headers, response.read().decode()
