@@ -253,6 +253,7 @@ fn grafana_dashboard_queries_only_exported_metrics() {
             let expr = target["expr"].as_str().unwrap();
             for word in expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
                 if word.starts_with("metahook_")
+                    || word.starts_with("controller_runtime_")
                     || word.starts_with("workqueue_")
                     || word.starts_with("leader_election")
                 {
