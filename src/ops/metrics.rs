@@ -23,12 +23,14 @@ use crate::engine::hub::Hub;
 use crate::ops::gate::Leadership;
 
 /// One registry holding every family of the hub: the engine's (syncs, queues; the write stage's
-/// applies with them), the hook client's, and the scrape-time gauges.
+/// applies with them), the hook client's, the API client's and the process's, and the scrape-time gauges.
 #[must_use]
 pub fn registry(hub: &Hub, ready: &Readiness) -> Registry {
     let mut registry = Registry::default();
     hub.metrics.register(&mut registry);
     hub.hooks.metrics().register(&mut registry);
+    crate::ops::client_metrics::process().register(&mut registry);
+    registry.register_collector(Box::new(crate::ops::process::ProcessMetrics));
     register_snapshot(&mut registry, ready.health.clone(), ready.leadership.clone(), hub.informers.clone());
     registry
 }

@@ -42,7 +42,7 @@ pub fn page() -> String {
     let families = parse(&text);
     let mut out = generated_by(
         "the metrics registry the hub serves (`src/ops/metrics.rs`, with the families of `src/engine/metrics.rs`, \
-         `src/write/apply.rs` and `src/hooks/metrics.rs`)",
+         `src/write/apply.rs`, `src/hooks/metrics.rs` and `src/ops/client_metrics.rs`)",
     );
     out.push_str(
         "\n# Metrics reference\n\n\
@@ -99,6 +99,7 @@ fn exposition() -> String {
     controller.deletion_guard_refused();
     let _queue = hub.metrics.queue(kind, name);
     hub.metrics.apply.record("ConfigMap", "created");
+    crate::ops::client_metrics::process().record("GET", "10.0.0.1:6443", Some(200), Duration::ZERO);
     let hook = HookLabels { kind: kind.to_owned(), controller: name.to_owned(), hook: HookKind::Sync };
     let hooks = hub.hooks.metrics();
     let _in_flight = hooks.start(&hook);
