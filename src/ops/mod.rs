@@ -1,7 +1,7 @@
 //! Stage 6, operations: running the hub as a cluster add-on. Its configuration ([`config`]), its manners
 //! towards the API server ([`client`]) and the count of its requests ([`client_metrics`]), leader
 //! election ([`leader`]) and the write gate that makes it safe ([`gate`]), `/metrics` and health
-//! ([`metrics`]; the process's own from [`process`]), profiles ([`pprof`], the heap's from [`heap`]),
+//! ([`metrics`]; the process's own from [`process`]; who may read them, [`metrics_auth`]), profiles ([`pprof`], the heap's from [`heap`]),
 //! and running it all ([`run`]).
 //!
 //! May import: every stage below (api, cache, hooks, write, engine, controllers).
@@ -13,6 +13,7 @@ pub mod gate;
 pub mod heap;
 pub mod leader;
 pub mod metrics;
+pub mod metrics_auth;
 pub mod pprof;
 pub mod process;
 pub mod run;
