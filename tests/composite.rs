@@ -808,7 +808,7 @@ async fn hub_serves_health_and_per_controller_metrics() {
     assert_eq!(eventually(WAIT, || get("/healthz")).await, (200, "ok\n".to_owned()));
     assert_eq!(get("/readyz").await.unwrap().0, 200);
     let series = format!(
-        "metahook_reconcile_total{{kind=\"CompositeController\",controller=\"{}\",result=\"success\"}} ",
+        "controller_runtime_reconcile_total{{controller=\"compositecontroller/{}\",result=\"success\"}} ",
         w.label
     );
     let text =

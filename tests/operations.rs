@@ -216,12 +216,15 @@ async fn a_hub_with_only_the_printed_roles_runs_an_example_and_reports_a_forbidd
 
     // Conventional metrics, scraped from the running hub.
     let (_, metrics) = support::http_get(&address, "/metrics").await.unwrap();
-    let ours = format!("kind=\"CompositeController\",controller=\"{label}\"");
+    let ours = format!("controller=\"compositecontroller/{label}\"");
     assert!(
-        sample(&metrics, &format!("metahook_reconcile_total{{{ours},result=\"success\"}}")).unwrap_or(0.0) >= 1.0,
+        sample(&metrics, &format!("controller_runtime_reconcile_total{{{ours},result=\"success\"}}")).unwrap_or(0.0)
+            >= 1.0,
         "{metrics}"
     );
-    assert!(sample(&metrics, &format!("metahook_reconcile_duration_seconds_count{{{ours}}}")).unwrap_or(0.0) >= 1.0);
+    assert!(
+        sample(&metrics, &format!("controller_runtime_reconcile_time_seconds_count{{{ours}}}")).unwrap_or(0.0) >= 1.0
+    );
     let queue = format!("name=\"compositecontroller/{label}\"");
     assert!(sample(&metrics, &format!("workqueue_adds_total{{{queue}}}")).unwrap_or(0.0) >= 1.0, "{metrics}");
     for family in [

@@ -1,21 +1,28 @@
 //! The controllers' metrics (through `prometheus-client`): what the engine counts of every sync.
 //!
-//! Names follow the conventions dashboards already know: controller-runtime's reconcile totals by
-//! result and duration histograms (`metahook_reconcile_*`, labelled `kind`, `controller`), client-go's
-//! `workqueue_*` (labelled `name` = `<kind>/<controller>`). The families live here, beside what they
-//! count; [`crate::ops::metrics`] registers them with every other stage's in one registry and serves it.
+//! The reconcile and work-queue families carry the names every controller dashboard already uses:
+//! controller-runtime's `controller_runtime_reconcile_*`, `controller_runtime_active_workers` and
+//! `controller_runtime_max_concurrent_reconciles` (labelled `controller`), and client-go's `workqueue_*`
+//! (labelled `name`); both label values are `<kind in lower case>/<controller>`
+//! (`compositecontroller/web`), one value naming a controller in every family. What only metahook
+//! counts is `metahook_*`, labelled `kind` and `controller` (the object's name) as the hook metrics are.
+//! The families live here, beside what they count; [`crate::ops::metrics`] registers them with every
+//! other stage's in one registry and serves it.
 
-use std::sync::Arc;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric as _};
+use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-use crate::engine::queue::QueueStats;
+use crate::engine::queue::{InFlightProbe, QueueStats};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ControllerLabels {
@@ -23,9 +30,14 @@ struct ControllerLabels {
     controller: String,
 }
 
+/// A controller as controller-runtime's families name it: `<kind in lower case>/<name>`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+struct ReconcilerLabels {
+    controller: String,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ResultLabels {
-    kind: String,
     controller: String,
     result: &'static str,
 }
@@ -49,7 +61,8 @@ struct QueueLabels {
     name: String,
 }
 
-/// How one sync ended, as the `result` label of `metahook_reconcile_total` (controller-runtime's values).
+/// How one sync ended, as the `result` label of `controller_runtime_reconcile_total` (controller-runtime's
+/// values).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Outcome {
     Success,
@@ -141,8 +154,13 @@ fn duration_histogram() -> Histogram {
 pub struct ControllerMetrics {
     kind: String,
     controller: String,
+    /// `<kind in lower case>/<controller>`, the `controller` label of the reconcile families.
+    reconciler: String,
     reconcile: Family<ResultLabels, Counter>,
+    errors: Counter,
     duration: Histogram,
+    panics: Counter,
+    max_concurrent: Gauge,
     guard_refusals: Counter,
     hook_syncs: Family<CauseLabels, Counter>,
     saved: Family<SavedLabels, Counter>,
@@ -155,12 +173,25 @@ impl ControllerMetrics {
         &self.kind
     }
 
-    /// Records one finished sync.
+    /// Records one finished sync. An `error` also counts in `controller_runtime_reconcile_errors_total`,
+    /// as controller-runtime counts every error it reports there; quiet retries (`requeue`) do not.
     pub fn record(&self, took: Duration, outcome: Outcome) {
-        let labels =
-            ResultLabels { kind: self.kind.clone(), controller: self.controller.clone(), result: outcome.label() };
+        let labels = ResultLabels { controller: self.reconciler.clone(), result: outcome.label() };
         self.reconcile.get_or_create(&labels).inc();
+        if outcome == Outcome::Error {
+            self.errors.inc();
+        }
         self.duration.observe(took.as_secs_f64());
+    }
+
+    /// Counts a sync that panicked (recorded as an `error` by [`ControllerMetrics::record`] too).
+    pub fn panicked(&self) {
+        self.panics.inc();
+    }
+
+    /// Notes how many workers the controller runs: the most syncs it makes at once.
+    pub fn workers(&self, workers: usize) {
+        self.max_concurrent.set(i64::try_from(workers).unwrap_or(i64::MAX));
     }
 
     /// Counts a sync that calls its hook, by what queued it.
@@ -185,7 +216,13 @@ impl ControllerMetrics {
 #[derive(Clone)]
 pub struct Metrics {
     reconcile: Family<ResultLabels, Counter>,
-    reconcile_duration: Family<ControllerLabels, Histogram>,
+    reconcile_errors: Family<ReconcilerLabels, Counter>,
+    reconcile_time: Family<ReconcilerLabels, Histogram>,
+    reconcile_panics: Family<ReconcilerLabels, Counter>,
+    max_concurrent: Family<ReconcilerLabels, Gauge>,
+    /// The keys each controller's workers hold, read when scraped (see [`InFlightProbe`]), by the
+    /// controller's `<kind>/<name>` label value.
+    in_flight: Arc<Mutex<BTreeMap<String, InFlightProbe>>>,
     queue_depth: Family<QueueLabels, Gauge>,
     queue_adds: Family<QueueLabels, Counter>,
     queue_retries: Family<QueueLabels, Counter>,
@@ -201,7 +238,11 @@ impl Default for Metrics {
     fn default() -> Self {
         Self {
             reconcile: Family::default(),
-            reconcile_duration: Family::new_with_constructor(duration_histogram),
+            reconcile_errors: Family::default(),
+            reconcile_time: Family::new_with_constructor(duration_histogram),
+            reconcile_panics: Family::default(),
+            max_concurrent: Family::default(),
+            in_flight: Arc::default(),
             queue_depth: Family::default(),
             queue_adds: Family::default(),
             queue_retries: Family::default(),
@@ -224,11 +265,31 @@ fn queue_histogram() -> Histogram {
 impl Metrics {
     /// Registers every family in `registry`. Help texts end without a period: `prometheus-client` adds one.
     pub fn register(&self, registry: &mut Registry) {
-        registry.register("metahook_reconcile", "Syncs finished, by result", self.reconcile.clone());
         registry.register(
-            "metahook_reconcile_duration_seconds",
+            "controller_runtime_reconcile",
+            "Syncs finished, by result (requeue: retried quietly after a conflict, a hook's 429 or a cache still \
+             filling; requeue_after: succeeded, and the hook asked to be called again)",
+            self.reconcile.clone(),
+        );
+        registry.register(
+            "controller_runtime_reconcile_errors",
+            "Syncs that failed with an error reported on the object (result error)",
+            self.reconcile_errors.clone(),
+        );
+        registry.register(
+            "controller_runtime_reconcile_time_seconds",
             "Time one sync took (observe, hooks, apply, status)",
-            self.reconcile_duration.clone(),
+            self.reconcile_time.clone(),
+        );
+        registry.register(
+            "controller_runtime_reconcile_panics",
+            "Syncs that panicked (each also counted as an error, and retried)",
+            self.reconcile_panics.clone(),
+        );
+        registry.register(
+            "controller_runtime_max_concurrent_reconciles",
+            "Workers of a controller: the most syncs it makes at once",
+            self.max_concurrent.clone(),
         );
         self.apply.register(registry);
         registry.register(
@@ -265,47 +326,58 @@ impl Metrics {
             "Time a worker held a key (one sync)",
             self.work_duration.clone(),
         );
+        registry.register_collector(Box::new(InFlightGauges { queues: Arc::clone(&self.in_flight) }));
     }
 
     /// The metrics of controller `kind`/`name`, kept across restarts until [`Metrics::remove`].
     #[must_use]
     pub fn controller(&self, kind: &str, name: &str) -> Arc<ControllerMetrics> {
         let labels = ControllerLabels { kind: kind.to_owned(), controller: name.to_owned() };
+        let reconciler = reconciler_labels(kind, name);
         Arc::new(ControllerMetrics {
             kind: kind.to_owned(),
             controller: name.to_owned(),
+            reconciler: reconciler.controller.clone(),
             reconcile: self.reconcile.clone(),
-            duration: self.reconcile_duration.get_or_create(&labels).clone(),
+            errors: self.reconcile_errors.get_or_create(&reconciler).clone(),
+            duration: self.reconcile_time.get_or_create(&reconciler).clone(),
+            panics: self.reconcile_panics.get_or_create(&reconciler).clone(),
+            max_concurrent: self.max_concurrent.get_or_create(&reconciler).clone(),
             guard_refusals: self.guard_refusals.get_or_create(&labels).clone(),
             hook_syncs: self.hook_syncs.clone(),
             saved: self.hook_calls_saved.clone(),
         })
     }
 
-    /// The handles a controller's work queue updates.
+    /// The handles a controller's work queue updates, and the probe through which its keys in flight
+    /// are read when scraped (a restarted controller's new queue replaces the old one's).
     #[must_use]
     pub fn queue(&self, kind: &str, name: &str) -> QueueStats {
         let labels = queue_labels(kind, name);
+        let in_flight = InFlightProbe::default();
+        self.in_flight.lock().expect("metrics lock").insert(labels.name.clone(), in_flight.clone());
         QueueStats {
             adds: self.queue_adds.get_or_create(&labels).clone(),
             retries: self.queue_retries.get_or_create(&labels).clone(),
             depth: self.queue_depth.get_or_create(&labels).clone(),
             queue_duration: self.queue_duration.get_or_create(&labels).clone(),
             work_duration: self.work_duration.get_or_create(&labels).clone(),
+            in_flight,
         }
     }
 
     /// Forgets a controller that was deleted.
     pub fn remove(&self, kind: &str, name: &str) {
         let labels = ControllerLabels { kind: kind.to_owned(), controller: name.to_owned() };
-        self.reconcile_duration.remove(&labels);
+        let reconciler = reconciler_labels(kind, name);
+        self.reconcile_errors.remove(&reconciler);
+        self.reconcile_time.remove(&reconciler);
+        self.reconcile_panics.remove(&reconciler);
+        self.max_concurrent.remove(&reconciler);
+        self.in_flight.lock().expect("metrics lock").remove(&reconciler.controller);
         self.guard_refusals.remove(&labels);
         for result in [Outcome::Success, Outcome::RequeueAfter, Outcome::Requeue, Outcome::Error] {
-            self.reconcile.remove(&ResultLabels {
-                kind: kind.to_owned(),
-                controller: name.to_owned(),
-                result: result.label(),
-            });
+            self.reconcile.remove(&ResultLabels { controller: reconciler.controller.clone(), result: result.label() });
         }
         for cause in Cause::ALL {
             self.hook_syncs.remove(&CauseLabels {
@@ -331,46 +403,125 @@ impl Metrics {
 }
 
 fn queue_labels(kind: &str, name: &str) -> QueueLabels {
-    QueueLabels { name: format!("{}/{name}", kind.to_lowercase()) }
+    QueueLabels { name: reconciler_labels(kind, name).controller }
+}
+
+fn reconciler_labels(kind: &str, name: &str) -> ReconcilerLabels {
+    ReconcilerLabels { controller: format!("{}/{name}", kind.to_lowercase()) }
+}
+
+/// The families read from the queues when scraped: controller-runtime's active workers and client-go's
+/// two gauges of work in flight, which show a stuck hook while it is stuck.
+struct InFlightGauges {
+    queues: Arc<Mutex<BTreeMap<String, InFlightProbe>>>,
+}
+
+impl std::fmt::Debug for InFlightGauges {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InFlightGauges").finish_non_exhaustive()
+    }
+}
+
+impl Collector for InFlightGauges {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let now = tokio::time::Instant::now();
+        let read: Vec<_> = {
+            let queues = self.queues.lock().expect("metrics lock");
+            queues.iter().map(|(name, probe)| (name.clone(), probe.read(now))).collect()
+        };
+        let mut workers = encoder.encode_descriptor(
+            "controller_runtime_active_workers",
+            "Workers syncing now, one key each.",
+            None,
+            MetricType::Gauge,
+        )?;
+        for (name, in_flight) in &read {
+            let labels = ReconcilerLabels { controller: name.clone() };
+            ConstGauge::new(i64::try_from(in_flight.keys).unwrap_or(i64::MAX))
+                .encode(workers.encode_family(&labels)?)?;
+        }
+        let mut unfinished = encoder.encode_descriptor(
+            "workqueue_unfinished_work_seconds",
+            "Seconds the keys held by workers have been held so far, added up: grows while a sync is stuck.",
+            None,
+            MetricType::Gauge,
+        )?;
+        for (name, in_flight) in &read {
+            let labels = QueueLabels { name: name.clone() };
+            ConstGauge::new(in_flight.unfinished.as_secs_f64()).encode(unfinished.encode_family(&labels)?)?;
+        }
+        let mut longest = encoder.encode_descriptor(
+            "workqueue_longest_running_processor_seconds",
+            "Seconds the key held longest by a worker has been held.",
+            None,
+            MetricType::Gauge,
+        )?;
+        for (name, in_flight) in &read {
+            let labels = QueueLabels { name: name.clone() };
+            ConstGauge::new(in_flight.longest.as_secs_f64()).encode(longest.encode_family(&labels)?)?;
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn renders_reconcile_and_workqueue_families_per_controller() {
+    fn render(registry: &Registry) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, registry).unwrap();
+        out
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn renders_reconcile_and_workqueue_families_per_controller() {
         let metrics = Metrics::default();
         let mut registry = Registry::default();
         metrics.register(&mut registry);
         let web = metrics.controller("CompositeController", "web");
+        web.workers(5);
         web.record(Duration::from_millis(1500), Outcome::Success);
         web.record(Duration::from_millis(500), Outcome::Error);
-        let queue = metrics.queue("CompositeController", "web");
-        queue.adds.inc();
-        queue.depth.set(7);
+        web.record(Duration::from_millis(500), Outcome::Requeue);
+        web.panicked();
+        let stats = metrics.queue("CompositeController", "web");
+        let queue = crate::engine::queue::WorkQueue::with_stats(crate::engine::queue::Backoff::default(), stats);
+        queue.add("a");
+        queue.add("b");
+        assert_eq!(queue.next().await, Some("a"));
+        tokio::time::advance(Duration::from_millis(2500)).await;
         metrics.apply.record("ConfigMap", "created");
         web.hook_sync(Cause::Delay);
         web.hook_sync(Cause::Delay);
         web.hook_sync(Cause::Echo);
         web.hook_call_saved(Saved::IdenticalRequest);
-        let render = |registry: &Registry| {
-            let mut out = String::new();
-            prometheus_client::encoding::text::encode(&mut out, registry).unwrap();
-            out
-        };
         let text = render(&registry);
+        let controller_label = "controller=\"compositecontroller/web\"";
+        let name_label = "name=\"compositecontroller/web\"";
+        for line in [
+            format!("controller_runtime_reconcile_total{{{controller_label},result=\"success\"}} 1"),
+            format!("controller_runtime_reconcile_total{{{controller_label},result=\"error\"}} 1"),
+            format!("controller_runtime_reconcile_total{{{controller_label},result=\"requeue\"}} 1"),
+            format!("controller_runtime_reconcile_errors_total{{{controller_label}}} 1"),
+            format!("controller_runtime_reconcile_time_seconds_count{{{controller_label}}} 3"),
+            format!("controller_runtime_reconcile_panics_total{{{controller_label}}} 1"),
+            format!("controller_runtime_max_concurrent_reconciles{{{controller_label}}} 5"),
+            format!("controller_runtime_active_workers{{{controller_label}}} 1"),
+            format!("workqueue_depth{{{name_label}}} 1"),
+            format!("workqueue_adds_total{{{name_label}}} 2"),
+            format!("workqueue_unfinished_work_seconds{{{name_label}}} 2.5"),
+            format!("workqueue_longest_running_processor_seconds{{{name_label}}} 2.5"),
+            "metahook_apply_total{kind=\"ConfigMap\",result=\"created\"} 1".to_owned(),
+        ] {
+            assert!(text.contains(&line), "missing {line} in\n{text}");
+        }
         let labels = "kind=\"CompositeController\",controller=\"web\"";
-        assert!(text.contains(&format!("metahook_reconcile_total{{{labels},result=\"success\"}} 1")), "{text}");
-        assert!(text.contains(&format!("metahook_reconcile_total{{{labels},result=\"error\"}} 1")));
-        assert!(text.contains(&format!("metahook_reconcile_duration_seconds_count{{{labels}}} 2")));
-        assert!(text.contains("workqueue_depth{name=\"compositecontroller/web\"} 7"));
-        assert!(text.contains("workqueue_adds_total{name=\"compositecontroller/web\"} 1"));
-        assert!(text.contains("metahook_apply_total{kind=\"ConfigMap\",result=\"created\"} 1"));
         assert!(text.contains(&format!("metahook_hook_syncs_total{{{labels},cause=\"delay\"}} 2")), "{text}");
         assert!(text.contains(&format!("metahook_hook_syncs_total{{{labels},cause=\"echo\"}} 1")));
         assert!(text.contains(&format!("metahook_hook_calls_saved_total{{{labels},why=\"identical_request\"}} 1")));
         metrics.remove("CompositeController", "web");
-        assert!(!render(&registry).contains("controller=\"web\""));
+        let text = render(&registry);
+        assert!(!text.contains("controller=\"web\"") && !text.contains("compositecontroller/web"), "{text}");
     }
 }

@@ -24,7 +24,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::hash::Hash;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
 use futures::StreamExt as _;
@@ -96,6 +96,8 @@ pub struct QueueStats {
     pub queue_duration: Histogram,
     /// Seconds from being handed to a worker to [`WorkQueue::done`].
     pub work_duration: Histogram,
+    /// The keys held now, read when scraped.
+    pub in_flight: InFlightProbe,
 }
 
 impl Default for QueueStats {
@@ -107,7 +109,60 @@ impl Default for QueueStats {
             depth: Gauge::default(),
             queue_duration: histogram(),
             work_duration: histogram(),
+            in_flight: InFlightProbe::default(),
         }
+    }
+}
+
+/// The keys workers hold now, summed up: what client-go's `workqueue_unfinished_work_seconds` and
+/// `workqueue_longest_running_processor_seconds` report, and controller-runtime's active workers (one
+/// worker per key held). A hook that hangs shows here while it hangs, not only once it times out.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct InFlight {
+    /// Keys handed to a worker and not yet done.
+    pub keys: usize,
+    /// How long each of them has been held so far, added up.
+    pub unfinished: Duration,
+    /// How long the one held longest has been held.
+    pub longest: Duration,
+}
+
+/// Reads a queue's [`InFlight`] when metrics are scraped, rather than keeping gauges up to date on every
+/// take and done: the queue already notes when each key was handed out, so the cost is paid per scrape,
+/// over the few keys held (at most one per worker). Filled in by [`WorkQueue::with_stats`]; it holds the
+/// queue weakly, so a stopped controller's queue is freed and reads as idle.
+#[derive(Clone, Default)]
+pub struct InFlightProbe(Arc<OnceLock<Weak<dyn HeldKeys>>>);
+
+impl std::fmt::Debug for InFlightProbe {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("InFlightProbe").field(&self.read(Instant::now())).finish()
+    }
+}
+
+impl InFlightProbe {
+    /// What the queue's workers hold at `now` (nothing, before a queue reports here or after it is gone).
+    #[must_use]
+    pub fn read(&self, now: Instant) -> InFlight {
+        self.0.get().and_then(Weak::upgrade).map(|queue| queue.in_flight(now)).unwrap_or_default()
+    }
+}
+
+/// A queue of any key type, as the probe sees it.
+trait HeldKeys: Send + Sync {
+    fn in_flight(&self, now: Instant) -> InFlight;
+}
+
+impl<K: Clone + Eq + Hash + Send + Sync> HeldKeys for Inner<K> {
+    fn in_flight(&self, now: Instant) -> InFlight {
+        let state = self.state.lock().expect("queue lock");
+        let mut in_flight = InFlight { keys: state.processing.len(), ..InFlight::default() };
+        for started in state.processing.keys().filter_map(|key| state.since.get(key)) {
+            let held = now.saturating_duration_since(*started);
+            in_flight.unfinished += held;
+            in_flight.longest = in_flight.longest.max(held);
+        }
+        in_flight
     }
 }
 
@@ -289,6 +344,9 @@ where
             origin: Instant::now(),
         });
         tokio::spawn(run_timer(Arc::downgrade(&inner), requests));
+        let held: Weak<dyn HeldKeys> = Arc::downgrade(&inner) as Weak<Inner<K>>;
+        // The probe reads the first queue given these stats; every controller start gets fresh ones.
+        let _ = inner.stats.in_flight.0.set(held);
         Self { inner }
     }
 
@@ -671,6 +729,27 @@ mod tests {
         };
         assert!(text(&stats.queue_duration).contains("h_sum 3.0"), "{}", text(&stats.queue_duration));
         assert!(text(&stats.work_duration).contains("h_sum 2.0"), "{}", text(&stats.work_duration));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn keys_held_by_workers_are_read_with_how_long_they_have_been_held() {
+        let stats = QueueStats::default();
+        let q = WorkQueue::with_stats(Backoff::default(), stats.clone());
+        q.add("stuck");
+        q.add("slow");
+        q.add("waiting");
+        assert_eq!(stats.in_flight.read(Instant::now()), InFlight::default(), "queued keys are not in flight");
+        let stuck = q.next().await.unwrap();
+        tokio::time::advance(Duration::from_secs(3)).await;
+        assert_eq!(q.next().await, Some("slow"));
+        tokio::time::advance(Duration::from_secs(1)).await;
+        let expected = InFlight { keys: 2, unfinished: Duration::from_secs(5), longest: Duration::from_secs(4) };
+        assert_eq!(stats.in_flight.read(Instant::now()), expected);
+        q.done(&stuck);
+        let expected = InFlight { keys: 1, unfinished: Duration::from_secs(1), longest: Duration::from_secs(1) };
+        assert_eq!(stats.in_flight.read(Instant::now()), expected, "a key done is no longer counted");
+        drop(q);
+        assert_eq!(stats.in_flight.read(Instant::now()), InFlight::default(), "a queue gone reads as idle");
     }
 
     #[test]

@@ -71,6 +71,9 @@ async fn handle<S: Syncer>(syncer: &S, queue: &WorkQueue<S::Key>, key: &S::Key) 
         .catch_unwind()
         .await
         .unwrap_or_else(|panic| Err(SyncError::Panicked(panic_message(&*panic))));
+    if matches!(result, Err(SyncError::Panicked(_))) {
+        syncer.metrics().panicked();
+    }
     let action = result.as_ref().err().map(SyncError::action);
     let outcome = match (&result, action) {
         (Ok(None), _) => Outcome::Success,
@@ -171,6 +174,7 @@ pub(crate) async fn run_workers<S: Syncer>(
     mut tasks: tokio::task::JoinSet<()>,
     cancel: tokio_util::sync::CancellationToken,
 ) {
+    syncer.metrics().workers(workers);
     for _ in 0..workers {
         tasks.spawn(work(Arc::clone(&syncer)));
     }
@@ -348,6 +352,7 @@ mod tests {
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
         assert!(text.contains(r#"result="error"} 2"#), "both panics count as failed syncs: {text}");
+        assert!(text.contains(r#"controller_runtime_reconcile_panics_total{controller="test/panicky"} 2"#), "{text}");
         syncer.queue.shut_down();
         worker.await.expect("the worker ends normally");
     }

@@ -9,9 +9,10 @@
 //! controllers sync at once, the hub never has more than `maxRequestsInFlight` requests open (watches
 //! count only until their response starts streaming).
 //!
-//! The client itself ([`connect`]) is kube's stack with two changes: its sockets set `TCP_NODELAY`, and
+//! The client itself ([`connect`]) is kube's stack with three changes: its sockets set `TCP_NODELAY`,
 //! each attempt of a leader's write — retries included — passes the leader's write gate
-//! ([`crate::ops::gate::WriteGateLayer`]).
+//! ([`crate::ops::gate::WriteGateLayer`]), and each attempt is counted in client-go's `rest_client_*`
+//! metrics ([`crate::ops::client_metrics`]).
 
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -30,6 +31,7 @@ use tower::buffer::BufferLayer;
 use tower::retry::RetryLayer;
 use tower_http::trace::TraceLayer;
 
+use crate::ops::client_metrics::ClientMetricsLayer;
 use crate::ops::gate::WriteGateLayer;
 
 /// The user agent of every request the hub makes.
@@ -37,7 +39,11 @@ pub const USER_AGENT: &str = concat!("metahook/", env!("CARGO_PKG_VERSION"));
 
 /// A client for `config`, built as kube's `ClientBuilder` builds it (TLS, timeouts, retry of 429/503/504,
 /// auth, extra headers, a debug span per request) except that its sockets set `TCP_NODELAY` and that
-/// the leader's write gate sits at the bottom of the stack.
+/// the leader's write gate and the request metrics sit at the bottom of the stack.
+///
+/// The metrics ([`ClientMetricsLayer`], into [`crate::ops::client_metrics::process`]) are below the gate
+/// and the retry for the same reason as the gate: each attempt that goes out is counted, so a 429 that
+/// kube retries shows as a 429 and a write the gate refused, which never reached the server, not at all.
 ///
 /// The gate ([`WriteGateLayer`]) checks every attempt of a write that [`crate::ops::gate::gated`] marked,
 /// just before it goes to the connection pool. It must be below the retry layer: kube retries a 429,
@@ -60,9 +66,11 @@ pub const USER_AGENT: &str = concat!("metahook/", env!("CARGO_PKG_VERSION"));
 /// builder (proxies are its business) with its retry moved above the gate (and a buffer, as kube's
 /// retry needs a service it can clone).
 pub fn connect(mut config: kube::Config) -> Result<Client, kube::Error> {
+    let metered = ClientMetricsLayer::new(crate::ops::client_metrics::process().clone(), &config.cluster_url);
     if config.proxy_url.is_some() {
         let retry = std::mem::replace(&mut config.default_retry, false);
         return Ok(ClientBuilder::try_from(config)?
+            .with_layer(&metered)
             .with_layer(&WriteGateLayer)
             .with_layer(&BufferLayer::new(1024))
             .with_layer(&tower::util::option_layer(retry.then(|| RetryLayer::new(RetryPolicy::server_retry()))))
@@ -94,6 +102,7 @@ pub fn connect(mut config: kube::Config) -> Result<Client, kube::Error> {
                 .on_eos(|_: Option<&http::HeaderMap>, _: Duration, _: &tracing::Span| tracing::debug!("stream closed")),
         )
         .layer(WriteGateLayer)
+        .layer(metered)
         .map_err(tower::BoxError::from)
         .service(http);
     Ok(Client::new(service, config.default_namespace))
@@ -235,6 +244,11 @@ mod tests {
     /// A stand-in API server on loopback: answers the first request 503 with `Retry-After: 1` and every
     /// later one 200 `{}`. Returns its URL and the number of requests it received.
     async fn serve_unavailable_once() -> (http::Uri, Arc<std::sync::atomic::AtomicUsize>) {
+        serve_refusing_once("503 Service Unavailable").await
+    }
+
+    /// [`serve_unavailable_once`], answering the first request with `status` (and `Retry-After: 1`).
+    async fn serve_refusing_once(status: &'static str) -> (http::Uri, Arc<std::sync::atomic::AtomicUsize>) {
         use std::sync::atomic::Ordering;
         use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _};
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -265,9 +279,10 @@ mod tests {
                     let mut body = vec![0; length];
                     stream.read_exact(&mut body).await.unwrap();
                     let answer = if counter.fetch_add(1, Ordering::SeqCst) == 0 {
-                        "HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                        format!("HTTP/1.1 {status}\r\nRetry-After: 1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
                     } else {
                         "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}"
+                            .to_owned()
                     };
                     let _ = stream.write_all(answer.as_bytes()).await;
                     let _ = stream.shutdown().await;
@@ -315,6 +330,25 @@ mod tests {
         let response = client.send(create_config_map()).await.expect("retried after the 503");
         assert_eq!(response.status(), http::StatusCode::OK);
         assert_eq!(received.load(Ordering::SeqCst), 2);
+    }
+
+    /// The API server's priority and fairness answers 429 when it sheds load; kube retries after
+    /// `Retry-After`, and both attempts are in `rest_client_requests_total`, so the 429 is visible even
+    /// though the request succeeded. About a second (a real retry).
+    #[tokio::test]
+    async fn connect_counts_a_429_it_retried_and_the_answer_after_it() {
+        let (uri, _) = serve_refusing_once("429 Too Many Requests").await;
+        let host = uri.authority().unwrap().to_string();
+        let client = connect(kube::Config::new(uri)).unwrap();
+        let response = client.send(create_config_map()).await.expect("retried after the 429");
+        assert_eq!(response.status(), http::StatusCode::OK);
+        let mut registry = prometheus_client::registry::Registry::default();
+        crate::ops::client_metrics::process().register(&mut registry);
+        let text = crate::ops::metrics::render(&registry);
+        for code in ["429", "200"] {
+            let line = format!("rest_client_requests_total{{code=\"{code}\",method=\"POST\",host=\"{host}\"}} 1");
+            assert!(text.contains(&line), "missing {line} in\n{text}");
+        }
     }
 
     #[test]

@@ -49,6 +49,13 @@ pub struct Config {
     /// Where `/metrics` is served (`host:port`, or Go's `:port` for every address); empty disables it.
     /// `/healthz` and `/readyz` are served there too unless `healthProbeAddress` is set.
     pub metrics_address: String,
+    /// Who may read `/metrics`: `none`, whoever reaches `metricsAddress`; or `kubernetes`, a request
+    /// with `Authorization: Bearer <token>` whose user the API server allows to `get` the non-resource
+    /// URL `/metrics` (a `TokenReview`, then a `SubjectAccessReview`, as controller-runtime's metrics filter
+    /// asks; the hub needs `create` on `tokenreviews` and `subjectaccessreviews`, which its base role
+    /// grants). Answers are remembered for up to a minute. `/healthz` and `/readyz` stay open. The
+    /// token crosses the network in plain HTTP, so keep the address on the cluster network.
+    pub metrics_auth: MetricsAuth,
     /// Where `/healthz` and `/readyz` are served, on a listener of their own (`host:port` or `:port`; as
     /// Metacontroller's `--health-probe-bind-address`); empty disables them. Unset (`null`): on
     /// `metricsAddress`, beside `/metrics`.
@@ -125,6 +132,17 @@ impl Tracing {
     }
 }
 
+/// Who may read `/metrics` (`metricsAuth`; [`crate::ops::metrics_auth`] does the checking).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum MetricsAuth {
+    // Whoever reaches the address.
+    #[default]
+    None,
+    // A bearer token of a user the API server allows to `get` `/metrics`.
+    Kubernetes,
+}
+
 /// Leader election on a `coordination.k8s.io/v1` Lease: only the holder runs controllers.
 /// See [`crate::ops::leader`] for why `renewDeadline < leaseDuration` keeps two hubs from writing at once.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
@@ -174,6 +192,7 @@ impl Default for Config {
             backoff_base: Duration::from_millis(5),
             backoff_max: Duration::from_secs(1000),
             metrics_address: "0.0.0.0:9999".to_owned(),
+            metrics_auth: MetricsAuth::None,
             health_probe_address: None,
             pprof_address: String::new(),
             hook_response_limit: crate::hooks::DEFAULT_RESPONSE_LIMIT,
@@ -211,6 +230,9 @@ pub struct ConfigOverrides {
     /// Address of the metrics and health endpoints; empty disables them.
     #[arg(long, env = "METAHOOK_METRICS_ADDRESS")]
     pub metrics_address: Option<String>,
+    /// Who may read /metrics: none, or kubernetes (a bearer token whose user may get /metrics).
+    #[arg(long, env = "METAHOOK_METRICS_AUTH", value_enum)]
+    pub metrics_auth: Option<MetricsAuth>,
     /// Run controllers only while holding the leader Lease (for several replicas).
     #[arg(long, env = "METAHOOK_LEADER_ELECT", num_args = 0..=1, default_missing_value = "true")]
     pub leader_elect: Option<bool>,
@@ -258,6 +280,9 @@ impl Config {
         }
         if let Some(endpoint) = &overrides.otlp_endpoint {
             config.tracing.otlp_endpoint.clone_from(endpoint);
+        }
+        if let Some(auth) = overrides.metrics_auth {
+            config.metrics_auth = auth;
         }
         let election = &mut config.leader_election;
         if let Some(enabled) = overrides.leader_elect {
@@ -540,6 +565,16 @@ mod tests {
         assert!(config.validate().unwrap_err().to_string().contains("eventsBurst"));
         let config: Config = serde_yaml::from_str("eventsQPS: -1").unwrap();
         assert!(config.validate().unwrap_err().to_string().contains("eventsQPS"));
+    }
+
+    #[test]
+    fn metrics_auth_is_read_from_the_file_and_overridden_by_its_flag() {
+        let config: Config = serde_yaml::from_str("metricsAuth: kubernetes").unwrap();
+        assert_eq!(config.metrics_auth, MetricsAuth::Kubernetes);
+        assert!(serde_yaml::from_str::<Config>("metricsAuth: tls").is_err(), "only the values it knows");
+        let overrides = ConfigOverrides { metrics_auth: Some(MetricsAuth::Kubernetes), ..ConfigOverrides::default() };
+        assert_eq!(Config::load(None, &overrides).unwrap().metrics_auth, MetricsAuth::Kubernetes);
+        assert_eq!(Config::default().metrics_auth, MetricsAuth::None, "open by default, as Metacontroller's");
     }
 
     #[test]

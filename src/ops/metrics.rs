@@ -4,8 +4,11 @@
 //! scraped (caches, controllers, leadership), and the readiness a rolling update waits for.
 //!
 //! Names follow the conventions dashboards already know (see [`crate::engine::metrics`]), plus
-//! client-go's `leader_election_master_status`. A whole HTTP framework for three GET routes would
-//! outweigh the rest of the hub's dependencies, so the responder is a small hand-written one.
+//! client-go's `leader_election_master_status` and `rest_client_*` ([`crate::ops::client_metrics`]) and
+//! the `process_*` every Prometheus client exports ([`crate::ops::process`]). With `metricsAuth:
+//! kubernetes`, `/metrics` answers only whom the API server allows ([`crate::ops::metrics_auth`]); the
+//! probes stay open, as the kubelet calls them without a token. A whole HTTP framework for three GET
+//! routes would outweigh the rest of the hub's dependencies, so the responder is a small hand-written one.
 
 use std::sync::Arc;
 
@@ -21,14 +24,17 @@ use crate::cache::informers::Informers;
 use crate::engine::health::Health;
 use crate::engine::hub::Hub;
 use crate::ops::gate::Leadership;
+use crate::ops::metrics_auth::{MetricsAccess, Verdict};
 
 /// One registry holding every family of the hub: the engine's (syncs, queues; the write stage's
-/// applies with them), the hook client's, and the scrape-time gauges.
+/// applies with them), the hook client's, the API client's and the process's, and the scrape-time gauges.
 #[must_use]
 pub fn registry(hub: &Hub, ready: &Readiness) -> Registry {
     let mut registry = Registry::default();
     hub.metrics.register(&mut registry);
     hub.hooks.metrics().register(&mut registry);
+    crate::ops::client_metrics::process().register(&mut registry);
+    registry.register_collector(Box::new(crate::ops::process::ProcessMetrics));
     register_snapshot(&mut registry, ready.health.clone(), ready.leadership.clone(), hub.informers.clone());
     registry
 }
@@ -215,22 +221,61 @@ pub async fn bind(address: &str) -> std::io::Result<TcpListener> {
     }
 }
 
-/// Serves `routes` on `listener` until the task is dropped.
-pub async fn serve(listener: TcpListener, registry: Arc<Registry>, ready: Readiness, routes: Routes) {
+/// The most of a request the responder reads: its head, with room for a `ServiceAccount` token (about
+/// 1 KiB, more with many audiences) in its `Authorization` header.
+const HEAD_LIMIT: usize = 16 * 1024;
+
+/// Reads a request's head (up to the blank line, at most [`HEAD_LIMIT`] bytes).
+async fn read_head(stream: &mut tokio::net::TcpStream) -> Option<String> {
+    let mut head = Vec::new();
+    let mut buffer = [0_u8; 2048];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < HEAD_LIMIT {
+        let read = stream.read(&mut buffer).await.ok()?;
+        if read == 0 {
+            break;
+        }
+        head.extend_from_slice(&buffer[..read]);
+    }
+    Some(String::from_utf8_lossy(&head).into_owned())
+}
+
+/// The value of header `name` in a request head.
+fn header<'a>(head: &'a str, name: &str) -> Option<&'a str> {
+    head.lines().skip(1).find_map(|line| {
+        let (key, value) = line.split_once(':')?;
+        key.trim().eq_ignore_ascii_case(name).then(|| value.trim())
+    })
+}
+
+/// Serves `routes` on `listener` until the task is dropped; `/metrics` to whom `access` allows.
+pub async fn serve(
+    listener: TcpListener,
+    registry: Arc<Registry>,
+    ready: Readiness,
+    routes: Routes,
+    access: MetricsAccess,
+) {
     loop {
         let Ok((mut stream, _)) = listener.accept().await else { continue };
         let registry = Arc::clone(&registry);
         let ready = ready.clone();
+        let access = access.clone();
         tokio::spawn(async move {
-            let mut buffer = [0_u8; 1024];
-            let Ok(read) = stream.read(&mut buffer).await else { return };
-            let request = String::from_utf8_lossy(&buffer[..read]);
+            let Some(request) = read_head(&mut stream).await else { return };
             let path = request.split_whitespace().nth(1).unwrap_or("/");
             let text = "text/plain; charset=utf-8";
             let (status, content_type, body) = match path {
-                "/metrics" if routes.metrics => {
-                    ("200 OK", "application/openmetrics-text; version=1.0.0; charset=utf-8", render(&registry))
-                }
+                "/metrics" if routes.metrics => match access.check(header(&request, "authorization"), path).await {
+                    Ok(Verdict::Allowed) => {
+                        ("200 OK", "application/openmetrics-text; version=1.0.0; charset=utf-8", render(&registry))
+                    }
+                    Ok(Verdict::Unauthenticated) => ("401 Unauthorized", text, "Unauthorized\n".to_owned()),
+                    Ok(Verdict::Forbidden) => ("403 Forbidden", text, "Forbidden\n".to_owned()),
+                    Err(err) => {
+                        warn!("refusing a scrape: {err}");
+                        ("500 Internal Server Error", text, "Authentication or authorization failed\n".to_owned())
+                    }
+                },
                 "/healthz" if routes.probes => ("200 OK", text, "ok\n".to_owned()),
                 "/readyz" if routes.probes => match readiness(&ready.health, ready.leadership.as_ref()) {
                     (true, body) => ("200 OK", text, body),
@@ -249,12 +294,14 @@ pub async fn serve(listener: TcpListener, registry: Arc<Registry>, ready: Readin
     }
 }
 
-/// Binds `address` (empty = disabled, see [`bind`]) and serves `routes` on it in the background.
+/// Binds `address` (empty = disabled, see [`bind`]) and serves `routes` on it in the background,
+/// `/metrics` to whom `access` allows.
 pub async fn start(
     address: &str,
     registry: Arc<Registry>,
     ready: Readiness,
     routes: Routes,
+    access: MetricsAccess,
 ) -> Option<tokio::task::JoinHandle<()>> {
     if address.is_empty() {
         return None;
@@ -264,7 +311,7 @@ pub async fn start(
             if let Ok(local) = listener.local_addr() {
                 info!(address = %local, "serving {}", routes.describe());
             }
-            Some(tokio::spawn(serve(listener, registry, ready, routes)))
+            Some(tokio::spawn(serve(listener, registry, ready, routes, access)))
         }
         Err(err) => {
             warn!(address, "cannot serve {}: {err}", routes.describe());
@@ -283,7 +330,8 @@ mod tests {
         let port = listener.local_addr().unwrap().port();
         let health = Health::default();
         let ready = Readiness { health, leadership: None };
-        let probes = tokio::spawn(serve(listener, Arc::new(Registry::default()), ready, Routes::PROBES));
+        let probes =
+            tokio::spawn(serve(listener, Arc::new(Registry::default()), ready, Routes::PROBES, MetricsAccess::Anyone));
         let get = |path: &'static str| async move {
             let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.unwrap();
             stream.write_all(format!("GET {path} HTTP/1.1\r\n\r\n").as_bytes()).await.unwrap();
@@ -295,6 +343,41 @@ mod tests {
         assert_eq!(get("/readyz").await, "503", "no controllers listed yet");
         assert_eq!(get("/metrics").await, "404", "metrics are on their own listener");
         probes.abort();
+    }
+
+    /// With access reviewed, `/metrics` wants a bearer token (a `ServiceAccount` token is longer than
+    /// one read of the socket) and the probes do not. The reviewer here cannot reach an API server, so
+    /// a token it was given to review answers 500, not 401: the header was read.
+    #[tokio::test]
+    async fn reviewed_metrics_want_a_token_and_the_probes_do_not() {
+        let listener = bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let client = kube::Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap())).unwrap();
+        let access = MetricsAccess::Reviewed(Arc::new(crate::ops::metrics_auth::Reviewer::new(client)));
+        let ready = Readiness { health: Health::default(), leadership: None };
+        let server = tokio::spawn(serve(listener, Arc::new(Registry::default()), ready, Routes::ALL, access));
+        let get = |path: &'static str, authorization: Option<String>| async move {
+            let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+            let header = authorization.map(|a| format!("Authorization: {a}\r\n")).unwrap_or_default();
+            stream.write_all(format!("GET {path} HTTP/1.1\r\nHost: hub\r\n{header}\r\n").as_bytes()).await.unwrap();
+            let mut response = String::new();
+            stream.read_to_string(&mut response).await.unwrap();
+            response.split_whitespace().nth(1).unwrap().to_owned()
+        };
+        assert_eq!(get("/metrics", None).await, "401");
+        assert_eq!(get("/metrics", Some("Basic dXNlcjpwdw==".into())).await, "401");
+        let token = "x".repeat(3000);
+        assert_eq!(get("/metrics", Some(format!("Bearer {token}"))).await, "500", "the review was attempted");
+        assert_eq!(get("/healthz", None).await, "200");
+        server.abort();
+    }
+
+    #[test]
+    fn headers_are_found_in_any_case() {
+        let head = "GET /metrics HTTP/1.1\r\nHost: hub\r\nauthorization:  Bearer t0k\r\n\r\n";
+        assert_eq!(header(head, "Authorization"), Some("Bearer t0k"));
+        assert_eq!(header(head, "Cookie"), None);
+        assert_eq!(header("GET /authorization:x HTTP/1.1\r\n\r\n", "authorization"), None, "not the request line");
     }
 
     #[test]

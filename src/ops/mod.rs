@@ -1,16 +1,21 @@
 //! Stage 6, operations: running the hub as a cluster add-on. Its configuration ([`config`]), its manners
-//! towards the API server ([`client`]), leader election ([`leader`]) and the write gate that makes it safe
-//! ([`gate`]), `/metrics` and health ([`metrics`]), profiles ([`pprof`], the heap's from [`heap`]), traces
-//! for an OpenTelemetry collector ([`traces`]), and running it all ([`run`]).
+//! towards the API server ([`client`]) and the count of its requests ([`client_metrics`]), leader
+//! election ([`leader`]) and the write gate that makes it safe ([`gate`]), `/metrics` and health
+//! ([`metrics`]; the process's own from [`process`]; who may read them, [`metrics_auth`]), profiles
+//! ([`pprof`], the heap's from [`heap`]), traces for an OpenTelemetry collector ([`traces`]), and running
+//! it all ([`run`]).
 //!
 //! May import: every stage below (api, cache, hooks, write, engine, controllers).
 
 pub mod client;
+pub mod client_metrics;
 pub mod config;
 pub mod gate;
 pub mod heap;
 pub mod leader;
 pub mod metrics;
+pub mod metrics_auth;
 pub mod pprof;
+pub mod process;
 pub mod run;
 pub mod traces;

@@ -17,9 +17,10 @@ use crate::engine::health::Health;
 use crate::engine::hub::Hub;
 use crate::engine::metrics::Metrics;
 use crate::hooks::HookClient;
-use crate::ops::config::Config;
+use crate::ops::config::{Config, MetricsAuth};
 use crate::ops::leader::{Elector, Lost};
 use crate::ops::metrics::{self, Readiness, Routes};
+use crate::ops::metrics_auth::{MetricsAccess, Reviewer};
 use crate::write::apply::Applier;
 
 /// Errors that stop the hub.
@@ -67,26 +68,45 @@ pub async fn run_until(client: Client, config: Config, cancel: CancellationToken
     if config.leader_election.enabled {
         return run_elected(client, config, cancel).await;
     }
+    let access = metrics_access(&client, &config);
     let hub = build(client, &config);
     let ready = Readiness { health: hub.health.clone(), leadership: None };
-    let servers = serve_endpoints(&config, &hub, ready).await;
+    let servers = serve_endpoints(&config, &hub, ready, access).await;
     run_controllers(hub, config.target_label_selector.clone(), cancel).await;
     for server in servers {
         server.abort();
     }
 }
 
-/// `/metrics` and the probes on `metricsAddress`, or the probes on `healthProbeAddress` when that is set
-/// (both on one listener when the two are the same address); profiles on `pprofAddress`.
-async fn serve_endpoints(config: &Config, hub: &Hub, ready: Readiness) -> Vec<tokio::task::JoinHandle<()>> {
+/// Who may read `/metrics` (`metricsAuth`). The reviews go out on `client` as given, with the hub's
+/// manners but not through the leader's write gate: they change nothing, and a standby is scraped too.
+fn metrics_access(client: &Client, config: &Config) -> MetricsAccess {
+    match config.metrics_auth {
+        MetricsAuth::None => MetricsAccess::Anyone,
+        MetricsAuth::Kubernetes => {
+            let client = crate::ops::client::limited(client.clone(), config.client_limits());
+            MetricsAccess::Reviewed(Arc::new(Reviewer::new(client)))
+        }
+    }
+}
+
+/// `/metrics` (to whom `access` allows) and the probes on `metricsAddress`, or the probes on
+/// `healthProbeAddress` when that is set (both on one listener when the two are the same address);
+/// profiles on `pprofAddress`.
+async fn serve_endpoints(
+    config: &Config,
+    hub: &Hub,
+    ready: Readiness,
+    access: MetricsAccess,
+) -> Vec<tokio::task::JoinHandle<()>> {
     let registry = Arc::new(metrics::registry(hub, &ready));
     let metrics_address = config.metrics_address.as_str();
     let servers = match config.health_probe_address.as_deref() {
         Some(probes) if probes != metrics_address => vec![
-            metrics::start(metrics_address, registry.clone(), ready.clone(), Routes::METRICS).await,
-            metrics::start(probes, registry, ready, Routes::PROBES).await,
+            metrics::start(metrics_address, registry.clone(), ready.clone(), Routes::METRICS, access.clone()).await,
+            metrics::start(probes, registry, ready, Routes::PROBES, access).await,
         ],
-        _ => vec![metrics::start(metrics_address, registry, ready, Routes::ALL).await],
+        _ => vec![metrics::start(metrics_address, registry, ready, Routes::ALL, access).await],
     };
     let profiles = crate::ops::pprof::start(&config.pprof_address).await;
     servers.into_iter().chain([profiles]).flatten().collect()
@@ -101,9 +121,10 @@ async fn run_elected(client: Client, config: Config, cancel: CancellationToken) 
     let namespace = crate::ops::leader::namespace(&settings, &client);
     let mut elector = Elector::new(client.clone(), &namespace, settings, crate::ops::leader::identity());
     let leadership = elector.leadership().clone();
+    let access = metrics_access(&client, &config);
     let hub = build(crate::ops::gate::gated(client, leadership.clone()), &config);
     let ready = Readiness { health: hub.health.clone(), leadership: Some(leadership.clone()) };
-    let servers = serve_endpoints(&config, &hub, ready).await;
+    let servers = serve_endpoints(&config, &hub, ready, access).await;
     info!(identity = %leadership.identity, lease = %leadership.lease, "waiting to lead");
     while elector.acquire(&cancel).await {
         hub.health.reset();

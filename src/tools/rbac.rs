@@ -81,10 +81,16 @@ fn ordered<'a>(verbs: &BTreeSet<&'a str>) -> Vec<&'a str> {
 }
 
 /// What the hub needs whatever its controllers do: read its controller objects and write their status,
-/// record Events (on parents anywhere, and on controller objects in `default`), and discovery.
+/// record Events (on parents anywhere, and on controller objects in `default`), discovery, and review
+/// the tokens of scrapes (`metricsAuth: kubernetes`).
 #[must_use]
 pub fn base_rules() -> Vec<PolicyRule> {
     let mut grants = Grants::default();
+    // `metricsAuth: kubernetes` asks who a scrape's token belongs to, and whether they may get /metrics:
+    // what the built-in `system:auth-delegator` role grants. In the base role whether the option is on
+    // or not, so that turning it on needs no new role; creating a review changes nothing in the cluster.
+    grants.add("authentication.k8s.io/v1", "tokenreviews", &["create"]);
+    grants.add("authorization.k8s.io/v1", "subjectaccessreviews", &["create"]);
     for resource in ["compositecontrollers", "decoratorcontrollers"] {
         grants.add(crate::api::GROUP_VERSION, resource, READ);
         grants.add(crate::api::GROUP_VERSION, &format!("{resource}/status"), STATUS);
@@ -306,6 +312,8 @@ mod tests {
         assert_eq!(verbs(&rules, "metacontroller.k8s.io", "compositecontrollers"), ["get", "list", "watch"]);
         assert_eq!(verbs(&rules, "metacontroller.k8s.io", "decoratorcontrollers/status"), ["get", "update", "patch"]);
         assert_eq!(verbs(&rules, "events.k8s.io", "events"), ["create", "patch"]);
+        assert_eq!(verbs(&rules, "authentication.k8s.io", "tokenreviews"), ["create"], "metricsAuth: kubernetes");
+        assert_eq!(verbs(&rules, "authorization.k8s.io", "subjectaccessreviews"), ["create"]);
         assert!(rules.iter().all(|r| !r.verbs.contains(&"*".to_owned())));
         assert!(rules.iter().flat_map(|r| r.resources.iter().flatten()).all(|r| r != "*"));
     }

@@ -145,7 +145,7 @@ fn overrides() -> BTreeMap<String, (String, String)> {
         let Some(long) = arg.get_long() else { continue };
         let env = arg.get_env().map(|e| e.to_string_lossy().into_owned()).unwrap_or_default();
         // Values of each kind a flag takes, one of which every flag accepts and the settings allow.
-        let changed = ["true", "11", "1", "shard-a", "http://collector:4318"].iter().find_map(|value| {
+        let changed = ["true", "11", "1", "shard-a", "kubernetes", "http://collector:4318"].iter().find_map(|value| {
             let config = load(&[format!("--{long}={value}")])?;
             let mut changed = Vec::new();
             changed_keys(&baseline, &config, "", &mut changed);

@@ -42,14 +42,16 @@ pub fn page() -> String {
     let families = parse(&text);
     let mut out = generated_by(
         "the metrics registry the hub serves (`src/ops/metrics.rs`, with the families of `src/engine/metrics.rs`, \
-         `src/write/apply.rs` and `src/hooks/metrics.rs`)",
+         `src/write/apply.rs`, `src/hooks/metrics.rs` and `src/ops/client_metrics.rs`)",
     );
     out.push_str(
         "\n# Metrics reference\n\n\
          The hub serves these on `/metrics` at `metricsAddress` (default `0.0.0.0:9999`; see the \
          [configuration reference](configuration.md#metricsaddress)), in the OpenMetrics text format. \
-         `kind` is `CompositeController` or `DecoratorController` and `controller` the controller object's \
-         name; `workqueue_*`'s `name` is `<kind in lower case>/<controller>`. A counter is queried with its \
+         In the `metahook_*` families `kind` is `CompositeController` or `DecoratorController` and \
+         `controller` the controller object's name; controller-runtime's `controller_runtime_*` families \
+         name a controller in their `controller` label, and client-go's `workqueue_*` in their `name` label, \
+         as `<kind in lower case>/<name>` (`compositecontroller/web`). A counter is queried with its \
          `_total` suffix, a histogram through `_bucket`, `_sum` and `_count`. \
          `leader_election_master_status` is there only with leader election on. A controller's series go \
          away when it is deleted.\n\n\
@@ -97,6 +99,7 @@ fn exposition() -> String {
     controller.deletion_guard_refused();
     let _queue = hub.metrics.queue(kind, name);
     hub.metrics.apply.record("ConfigMap", "created");
+    crate::ops::client_metrics::process().record("GET", "10.0.0.1:6443", Some(200), Duration::ZERO);
     let hook = HookLabels { kind: kind.to_owned(), controller: name.to_owned(), hook: HookKind::Sync };
     let hooks = hub.hooks.metrics();
     let _in_flight = hooks.start(&hook);
@@ -179,14 +182,15 @@ mod tests {
             assert!(page.contains(&format!("`{family}`")), "{family} missing from\n{page}");
         }
         for row in [
-            "| `metahook_reconcile_total` | counter | `kind`, `controller`, `result` |",
+            "| `controller_runtime_reconcile_total` | counter | `controller`, `result` |",
+            "| `workqueue_unfinished_work_seconds` | gauge | `name` |",
             "| `metahook_hook_requests_total` | counter | `kind`, `controller`, `hook`, `code` |",
             "| `workqueue_depth` | gauge | `name` |",
             "| `metahook_informer_objects` | gauge | `resource` |",
         ] {
             assert!(page.contains(row), "missing {row} in\n{page}");
         }
-        assert!(page.contains("- `metahook_reconcile_duration_seconds`: 0.005, 0.01,"), "{page}");
+        assert!(page.contains("- `controller_runtime_reconcile_time_seconds`: 0.005, 0.01,"), "{page}");
     }
 
     #[test]
