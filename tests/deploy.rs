@@ -548,7 +548,8 @@ async fn dashboard_and_alerts_use_only_metrics_a_running_hub_serves() {
         },
         ..Config::default()
     };
-    let client = w.client.clone();
+    // The hub's client as `metahook run` builds it, so its API requests are counted (rest_client_*).
+    let client = metahook::ops::client::connect(support::config().await).unwrap();
     w.start_hub_with(&client, config);
     w.composite(serde_json::json!({
         "generateSelector": true,
