@@ -225,17 +225,25 @@ pub async fn bind(address: &str) -> std::io::Result<TcpListener> {
 /// 1 KiB, more with many audiences) in its `Authorization` header.
 const HEAD_LIMIT: usize = 16 * 1024;
 
-/// Reads a request's head (up to the blank line, at most [`HEAD_LIMIT`] bytes).
+/// How long a client may take to send its request head; a connection that sends nothing is dropped
+/// rather than kept open for ever.
+const HEAD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Reads a request's head (up to the blank line, at most [`HEAD_LIMIT`] bytes, within [`HEAD_TIMEOUT`]).
 async fn read_head(stream: &mut tokio::net::TcpStream) -> Option<String> {
     let mut head = Vec::new();
     let mut buffer = [0_u8; 2048];
-    while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < HEAD_LIMIT {
-        let read = stream.read(&mut buffer).await.ok()?;
-        if read == 0 {
-            break;
+    let reading = async {
+        while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < HEAD_LIMIT {
+            let read = stream.read(&mut buffer).await.ok()?;
+            if read == 0 {
+                break;
+            }
+            head.extend_from_slice(&buffer[..read]);
         }
-        head.extend_from_slice(&buffer[..read]);
-    }
+        Some(())
+    };
+    tokio::time::timeout(HEAD_TIMEOUT, reading).await.ok()??;
     Some(String::from_utf8_lossy(&head).into_owned())
 }
 
