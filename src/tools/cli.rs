@@ -35,7 +35,8 @@ enum Command {
     /// Run a CompositeController's or DecoratorController's hook on YAML fixtures, without a cluster, and show
     /// what the hub would do.
     Render(crate::tools::render::RenderArgs),
-    /// Print the `ClusterRole` each controller in the files needs, labelled to be aggregated into the hub's.
+    /// Print the `ClusterRole` each controller in the files needs, labelled to be aggregated into the hub's,
+    /// and per namespace a `Role` + `RoleBinding` for the Secrets and `ConfigMap`s its hook credentials name.
     Rbac(RbacArgs),
     /// List what switching this cluster from Metacontroller to metahook would change (`--dry-run`).
     Migrate(crate::tools::migrate::MigrateArgs),
@@ -53,6 +54,10 @@ struct RbacArgs {
     /// Also print the hub's own base `ClusterRole` (its CRDs, Events, discovery).
     #[arg(long)]
     base: bool,
+    /// The hub's service account (`namespace/name`), which the credential `RoleBindings` name. The default
+    /// is the one `deploy/` installs.
+    #[arg(long, value_name = "NAMESPACE/NAME", default_value = crate::tools::rbac::DEFAULT_SERVICE_ACCOUNT)]
+    service_account: crate::tools::rbac::ServiceAccount,
 }
 
 #[derive(Debug, clap::Args)]
@@ -120,7 +125,7 @@ pub fn main() -> ExitCode {
                 eprintln!("metahook rbac: give -f FILE (controllers) and/or --base");
                 return ExitCode::from(2);
             }
-            match crate::tools::rbac::render(&args.files, &args.related, args.base) {
+            match crate::tools::rbac::render(&args.files, &args.related, args.base, &args.service_account) {
                 Ok(yaml) => {
                     print!("{yaml}");
                     ExitCode::SUCCESS
