@@ -44,7 +44,9 @@ enum Command {
 
 #[derive(Debug, clap::Args)]
 struct RbacArgs {
-    /// YAML file(s) with CompositeControllers / DecoratorControllers (other objects are skipped).
+    /// YAML file(s) with CompositeControllers / DecoratorControllers (other objects are skipped); `-` reads
+    /// standard input, and a `List` (`kubectl get compositecontrollers,decoratorcontrollers -o yaml`) is read
+    /// item by item.
     #[arg(short = 'f', long = "filename")]
     files: Vec<String>,
     /// A type the customize hook selects as related (`apiVersion/resource`, e.g. `v1/configmaps`);

@@ -352,28 +352,48 @@ pub fn lease_role(name: &str, namespace: &str, lease_name: &str) -> Role {
     }
 }
 
-/// Every controller object in a multi-document YAML file (other kinds are skipped, so a whole example
-/// manifest can be passed).
+/// Every controller object in a multi-document YAML file, `-` for standard input. Other kinds are
+/// skipped, so a whole example manifest can be passed; a `List` is read item by item, so can
+/// `kubectl get compositecontrollers,decoratorcontrollers -o yaml` (a cluster's controllers, when switching
+/// from Metacontroller).
 pub fn read_controllers(path: &str) -> Result<Vec<ControllerObject>, RbacError> {
-    let text = std::fs::read_to_string(path).map_err(|source| RbacError::Read { path: path.to_owned(), source })?;
+    let read = |source| RbacError::Read { path: path.to_owned(), source };
+    let text = if path == "-" {
+        std::io::read_to_string(std::io::stdin()).map_err(read)?
+    } else {
+        std::fs::read_to_string(path).map_err(read)?
+    };
     let parse = |source| RbacError::Parse { path: path.to_owned(), source };
     let mut found = Vec::new();
     for doc in serde_yaml::Deserializer::from_str(&text) {
         let value: serde_yaml::Value = serde::Deserialize::deserialize(doc).map_err(parse)?;
-        match value.get("kind").and_then(serde_yaml::Value::as_str) {
-            Some("CompositeController") => {
-                found.push(ControllerObject::Composite(Box::new(serde_yaml::from_value(value).map_err(parse)?)));
-            }
-            Some("DecoratorController") => {
-                found.push(ControllerObject::Decorator(Box::new(serde_yaml::from_value(value).map_err(parse)?)));
-            }
-            _ => {}
-        }
+        collect_controllers(value, &mut found).map_err(parse)?;
     }
     if found.is_empty() {
         return Err(RbacError::NoController { path: path.to_owned() });
     }
     Ok(found)
+}
+
+/// The controller objects in one YAML document: itself, or the items of a `List`.
+fn collect_controllers(value: serde_yaml::Value, found: &mut Vec<ControllerObject>) -> Result<(), serde_yaml::Error> {
+    match value.get("kind").and_then(serde_yaml::Value::as_str) {
+        Some("CompositeController") => {
+            found.push(ControllerObject::Composite(Box::new(serde_yaml::from_value(value)?)));
+        }
+        Some("DecoratorController") => {
+            found.push(ControllerObject::Decorator(Box::new(serde_yaml::from_value(value)?)));
+        }
+        Some(kind) if kind.ends_with("List") => {
+            if let Some(serde_yaml::Value::Sequence(items)) = value.get("items") {
+                for item in items.clone() {
+                    collect_controllers(item, found)?;
+                }
+            }
+        }
+        _ => {}
+    }
+    Ok(())
 }
 
 /// `apiVersion/resource` (`v1/configmaps`, `apps/v1/deployments`) as a pair.
@@ -594,6 +614,39 @@ spec:
             ]
         );
         assert!(docs.iter().all(|d| d["apiVersion"] == "rbac.authorization.k8s.io/v1"));
+    }
+
+    #[test]
+    fn controllers_are_read_from_a_list_as_kubectl_get_prints_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("controllers.yaml");
+        std::fs::write(
+            &file,
+            r"
+apiVersion: v1
+kind: List
+items:
+- apiVersion: metacontroller.k8s.io/v1alpha1
+  kind: CompositeController
+  metadata: {name: web, uid: u-1}
+  spec: {parentResource: {apiVersion: v1, resource: namespaces}}
+  status: {conditions: [{type: Ready, status: 'True', reason: Running, message: '', lastTransitionTime: '2026-01-01T00:00:00Z'}]}
+- apiVersion: metacontroller.k8s.io/v1alpha1
+  kind: DecoratorController
+  metadata: {name: labeller}
+  spec: {resources: [{apiVersion: v1, resource: configmaps}], hooks: {}}
+---
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: skipped}
+",
+        )
+        .unwrap();
+        let names: Vec<String> =
+            read_controllers(file.to_str().unwrap()).unwrap().iter().map(ControllerObject::name).collect();
+        assert_eq!(names, ["web", "labeller"]);
+        std::fs::write(&file, "apiVersion: v1\nkind: List\nitems: []\n").unwrap();
+        assert!(matches!(read_controllers(file.to_str().unwrap()), Err(RbacError::NoController { .. })));
     }
 
     #[test]
