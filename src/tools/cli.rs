@@ -1,4 +1,4 @@
-//! Command line: `metahook run`, `version`, `crds`, `render`, `rbac` and `migrate`; and, started as
+//! Command line: `metahook run`, `version`, `crds`, `render`, `rbac`, `migrate` and `status`; and, started as
 //! `metacontroller` or with flags only, Metacontroller's command line ([`crate::tools::metacontroller`]).
 //!
 //! This is the only place that uses `anyhow`: everything below it returns typed errors.
@@ -40,6 +40,9 @@ enum Command {
     Rbac(RbacArgs),
     /// List what switching this cluster from Metacontroller to metahook would change (`--dry-run`).
     Migrate(crate::tools::migrate::MigrateArgs),
+    /// Show each controller: Ready, parents, syncs/min, errors, hook latency, and the last error with its
+    /// parent (from the API and, with `--metrics-url`, a hub replica's metrics).
+    Status(crate::tools::status::StatusArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -139,6 +142,7 @@ pub fn main() -> ExitCode {
             }
         }
         Command::Migrate(args) => crate::tools::migrate::main(&args),
+        Command::Status(args) => crate::tools::status::main(&args),
         Command::Run(args) => {
             crate::tools::logs::init(&Logging { format: args.log_format, ..Logging::default() });
             block_on(async move {
