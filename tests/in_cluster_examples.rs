@@ -6,7 +6,8 @@
 //! the rendered manifests are valid (server-side dry-run, strict field validation) and wired together
 //! (Service → Pods → probes → controller webhook, every library module in its ConfigMap); the Pod's
 //! program, rebuilt from its ConfigMaps exactly as the volumes lay them out, serves probes and syncs and
-//! drains on SIGTERM; and end to end, the hub reaches the hook by its Service name.
+//! drains on SIGTERM; and end to end, a hub holding only the example's printed role (and the base role)
+//! reaches the hook by its Service name.
 
 mod support;
 
@@ -172,6 +173,12 @@ async fn check_manifests(example: Example) {
         .collect();
     assert_eq!(shipped, example.library_files(), "the library in the Pod is the library in the repository");
 
+    // The hub's rights for the controller are what `metahook rbac` prints for it, no more, no less.
+    let controller_file = support::repo_root().join(example.dir).join("controller.yaml");
+    let printed = support::metahook_rbac(&["-f", controller_file.to_str().unwrap()]);
+    let shipped: Vec<&Value> = docs.iter().filter(|d| d["apiVersion"] == "rbac.authorization.k8s.io/v1").collect();
+    assert_eq!(shipped, printed.iter().collect::<Vec<_>>(), "rbac.yaml is stale: print it again");
+
     // Server-side dry-run of every object, strict field validation. The Namespace and the CRDs are
     // applied for real first (the dry run then checks them as patches): the tests that run the hook
     // create the same CRDs concurrently, and kubectl's dry-run create of an object that appeared
@@ -198,7 +205,14 @@ async fn check_manifests(example: Example) {
         example.dir,
         String::from_utf8_lossy(&out.stderr)
     );
-    for kind in ["deployment.apps", "service", "compositecontroller.metacontroller.k8s.io", "configmap"] {
+    let kinds = [
+        "deployment.apps",
+        "service",
+        "compositecontroller.metacontroller.k8s.io",
+        "configmap",
+        "clusterrole.rbac.authorization.k8s.io",
+    ];
+    for kind in kinds {
         assert!(stdout.contains(kind) && stdout.contains("(server dry run)"), "{kind} validated: {stdout}");
     }
 }
@@ -327,7 +341,9 @@ async fn the_node_pod_runs_from_its_configmaps_answers_probes_and_stops_on_sigte
 
 /// End to end: the example's objects applied for real (in the test's namespace), the Pod's program run
 /// here (kwok's Pods run no containers), and a hub outside the cluster that reaches the hook by its
-/// Service name through `hookHosts`, as the README's step 4 does with `kubectl port-forward`.
+/// Service name through `hookHosts`, as the README's step 4 does with `kubectl port-forward`. The hub
+/// runs as a ServiceAccount with a token, holding only the base role (`metahook rbac --base`) and the
+/// example's `rbac.yaml`, as the add-on's hub does.
 async fn hub_calls_the_hook_by_its_service_name(example: Example) {
     let client = support::client().await;
     support::install_metahook_crds(&client).await;
@@ -337,9 +353,14 @@ async fn hub_calls_the_hook_by_its_service_name(example: Example) {
     pod.ready().await;
 
     let mut docs = Vec::new();
+    let mut roles = support::metahook_rbac(&["--base"]);
     for mut doc in example.render() {
         match doc["kind"].as_str().unwrap_or_default() {
             "Namespace" => continue,
+            "ClusterRole" => {
+                roles.push(doc);
+                continue;
+            }
             "CustomResourceDefinition" => {}
             "CompositeController" => {
                 doc["metadata"]["name"] = json!(label);
@@ -363,7 +384,9 @@ async fn hub_calls_the_hook_by_its_service_name(example: Example) {
         hook_hosts: BTreeMap::from([(authority, format!("127.0.0.1:{}", pod.port))]),
         ..metahook::ops::config::Config::default()
     };
-    let hub = support::Hub::start_with_config(&client, &label, config);
+    let mut account = support::HubAccount::create(&client, &ns.name, &label).await;
+    account.grant(&roles).await;
+    let hub = support::Hub::start_with_config(&account.client, &label, config);
 
     let mut greeting: Value = serde_yaml::from_str(
         &std::fs::read_to_string(support::repo_root().join(example.dir).join("greeting.yaml")).unwrap(),
@@ -416,6 +439,7 @@ async fn hub_calls_the_hook_by_its_service_name(example: Example) {
     hub.stop().await;
     let controllers = support::api(&client, "metacontroller.k8s.io/v1alpha1", "CompositeController", None).await;
     let _ = controllers.delete(&label, &kube::api::DeleteParams::default()).await;
+    account.delete().await;
     ns.delete().await;
     assert_eq!(pod.terminate(), Some(0));
 }

@@ -7,11 +7,9 @@ mod support;
 
 use std::time::Duration;
 
-use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::api::rbac::v1::{AggregationRule, ClusterRole, ClusterRoleBinding, RoleRef, Subject};
 use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
-use kube::config::{AuthInfo, KubeConfigOptions, Kubeconfig};
 use kube::{Client, ResourceExt};
 use metahook::tools::rbac::AGGREGATE_LABEL;
 use serde_json::{Value, json};
@@ -21,19 +19,6 @@ use support::{
 use tokio_util::sync::CancellationToken;
 
 const WAIT: Duration = Duration::from_secs(90);
-
-fn kubeconfig() -> std::path::PathBuf {
-    std::env::var_os("METAHOOK_TEST_KUBECONFIG")
-        .map_or_else(|| support::repo_root().join(".cluster/kubeconfig"), std::path::PathBuf::from)
-}
-
-/// A client that authenticates with `token` only (no client certificate).
-async fn token_client(token: &str) -> Client {
-    let kubeconfig = Kubeconfig::read_from(kubeconfig()).unwrap();
-    let mut config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await.unwrap();
-    config.auth_info = AuthInfo { token: Some(token.to_owned().into()), ..AuthInfo::default() };
-    Client::try_from(config).unwrap()
-}
 
 fn free_address() -> String {
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
@@ -121,20 +106,7 @@ async fn a_hub_with_only_the_printed_roles_runs_an_example_and_reports_a_forbidd
         role.metadata.name = Some(format!("{label}-{}", role.name_any()));
         role.metadata.labels = Some([(AGGREGATE_LABEL.to_owned(), label.clone())].into());
     }
-    let token = sas
-        .create_token_request(
-            "hub",
-            &PostParams::default(),
-            &TokenRequest {
-                spec: Some(TokenRequestSpec { expiration_seconds: Some(3600), ..TokenRequestSpec::default() }),
-                ..TokenRequest::default()
-            },
-        )
-        .await
-        .unwrap()
-        .status
-        .and_then(|s| s.token)
-        .expect("a token");
+    let token = support::service_account_token(&client, &ns.name, "hub").await;
 
     // The hub starts before its roles exist: it cannot list its controllers, so it is not ready.
     let address = free_address();
@@ -146,7 +118,7 @@ async fn a_hub_with_only_the_printed_roles_runs_an_example_and_reports_a_forbidd
         ..metahook::ops::config::Config::default()
     };
     let cancel = CancellationToken::new();
-    let hub = tokio::spawn(metahook::run_until(token_client(&token).await, config, cancel.clone()));
+    let hub = tokio::spawn(metahook::run_until(support::token_client(&token).await, config, cancel.clone()));
     let (code, body) = eventually(WAIT, || support::http_get(&address, "/readyz")).await;
     assert_eq!(code, 503, "{body}");
     assert!(body.contains("CompositeControllers: not listed yet"), "{body}");
@@ -368,7 +340,7 @@ async fn json_logs_carry_controller_object_and_sync_id_on_every_line_of_a_sync()
         .args(["run", "--log-format", "json", "--metrics-address", "", "--target-label-selector"])
         .arg(format!("metahook-test={label}"))
         .arg("--kubeconfig")
-        .arg(kubeconfig())
+        .arg(support::kubeconfig_path())
         .env("METAHOOK_LOG", "debug,kube=info,hyper=info,tower=info,rustls=info")
         .stdout(std::process::Stdio::piped())
         .kill_on_drop(true)

@@ -1,4 +1,4 @@
-//! Command line: `metahook run`, `version`, `crds`, `render`, `rbac` and `migrate`; and, started as
+//! Command line: `metahook run`, `version`, `crds`, `render`, `rbac`, `migrate` and `status`; and, started as
 //! `metacontroller` or with flags only, Metacontroller's command line ([`crate::tools::metacontroller`]).
 //!
 //! This is the only place that uses `anyhow`: everything below it returns typed errors.
@@ -36,15 +36,21 @@ enum Command {
     /// Run a CompositeController's or DecoratorController's hook on YAML fixtures, without a cluster, and show
     /// what the hub would do.
     Render(crate::tools::render::RenderArgs),
-    /// Print the `ClusterRole` each controller in the files needs, labelled to be aggregated into the hub's.
+    /// Print the `ClusterRole` each controller in the files needs, labelled to be aggregated into the hub's,
+    /// and per namespace a `Role` + `RoleBinding` for the Secrets and `ConfigMap`s its hook credentials name.
     Rbac(RbacArgs),
     /// List what switching this cluster from Metacontroller to metahook would change (`--dry-run`).
     Migrate(crate::tools::migrate::MigrateArgs),
+    /// Show each controller: Ready, parents, syncs/min, errors, hook latency, and the last error with its
+    /// parent (from the API and, with `--metrics-url`, a hub replica's metrics).
+    Status(crate::tools::status::StatusArgs),
 }
 
 #[derive(Debug, clap::Args)]
 struct RbacArgs {
-    /// YAML file(s) with CompositeControllers / DecoratorControllers (other objects are skipped).
+    /// YAML file(s) with CompositeControllers / DecoratorControllers (other objects are skipped); `-` reads
+    /// standard input, and a `List` (`kubectl get compositecontrollers,decoratorcontrollers -o yaml`) is read
+    /// item by item.
     #[arg(short = 'f', long = "filename")]
     files: Vec<String>,
     /// A type the customize hook selects as related (`apiVersion/resource`, e.g. `v1/configmaps`);
@@ -54,6 +60,10 @@ struct RbacArgs {
     /// Also print the hub's own base `ClusterRole` (its CRDs, Events, discovery).
     #[arg(long)]
     base: bool,
+    /// The hub's service account (`namespace/name`), which the credential `RoleBindings` name. The default
+    /// is the one `deploy/` installs.
+    #[arg(long, value_name = "NAMESPACE/NAME", default_value = crate::tools::rbac::DEFAULT_SERVICE_ACCOUNT)]
+    service_account: crate::tools::rbac::ServiceAccount,
 }
 
 #[derive(Debug, clap::Args)]
@@ -121,7 +131,7 @@ pub fn main() -> ExitCode {
                 eprintln!("metahook rbac: give -f FILE (controllers) and/or --base");
                 return ExitCode::from(2);
             }
-            match crate::tools::rbac::render(&args.files, &args.related, args.base) {
+            match crate::tools::rbac::render(&args.files, &args.related, args.base, &args.service_account) {
                 Ok(yaml) => {
                     print!("{yaml}");
                     ExitCode::SUCCESS
@@ -133,6 +143,7 @@ pub fn main() -> ExitCode {
             }
         }
         Command::Migrate(args) => crate::tools::migrate::main(&args),
+        Command::Status(args) => crate::tools::status::main(&args),
         Command::Run(args) => {
             let logging = Logging { format: args.log_format, ..Logging::default() };
             let config = Config::load(args.config.as_deref(), &args.overrides).map_err(anyhow::Error::from);

@@ -1,7 +1,8 @@
 //! Stage 7, tools: the command line ([`cli`]; Metacontroller's, [`metacontroller`], in Go's syntax,
 //! [`goflag`]; its logs, [`logs`]) and what it runs besides the hub — `metahook render`
 //! ([`render`]), `metahook migrate --dry-run` ([`migrate`]), the CRDs ([`crds`]) and least-privilege roles
-//! ([`rbac`]), and the book's generated reference pages ([`reference`](mod@reference)).
+//! ([`rbac`]), an operator's view of the controllers (`metahook status`, [`status`]), and the book's
+//! generated reference pages ([`reference`](mod@reference)).
 //!
 //! May import: anything.
 
@@ -14,3 +15,4 @@ pub mod migrate;
 pub mod rbac;
 pub mod reference;
 pub mod render;
+pub mod status;

@@ -1,23 +1,34 @@
-//! Least-privilege RBAC: the hub's own base permissions, and the ClusterRole each controller needs
-//! (`metahook rbac -f controller.yaml`), aggregated into the hub's ClusterRole by a label.
+//! Least-privilege RBAC: the hub's own base permissions, and what each controller needs
+//! (`metahook rbac -f controller.yaml`): a ClusterRole aggregated into the hub's by a label, and Roles
+//! for the Secrets and ConfigMaps its hook settings name.
 //!
 //! Which types the hub touches is decided by the controllers users create, so Metacontroller grants
 //! `*/*/*`. Here the hub's ClusterRole instead aggregates every ClusterRole labelled
 //! [`AGGREGATE_LABEL`]: the base role ([`base_rules`]) plus one role per controller, derived from its
 //! spec ([`controller_rules`]). A controller whose role is missing gets `Ready=False`/`Forbidden` (its
 //! caches cannot fill) instead of a hub with power over the whole cluster.
+//!
+//! Hook credentials (`caBundle`, `clientTLS`, `authorization`, `basicAuth`) are single named objects,
+//! which the hub watches one by one with a `metadata.name` field selector
+//! ([`crate::hooks::credentials`]). So they are granted by name ([`credential_roles`]): a Role per
+//! namespace with `resourceNames`, bound to the hub's ServiceAccount, rather than read on every Secret
+//! of the cluster. A Role cannot be aggregated into a ClusterRole, hence the RoleBinding.
 // Kubernetes kind names (ClusterRole, ControllerRevision) read better in prose without backticks.
 #![allow(clippy::doc_markdown)]
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use k8s_openapi::api::rbac::v1::{ClusterRole, PolicyRule, Role};
+use k8s_openapi::api::rbac::v1::{ClusterRole, PolicyRule, Role, RoleBinding, RoleRef, Subject};
 use kube::api::ObjectMeta;
 
-use crate::api::{CompositeController, DecoratorController};
+use crate::api::{Authorization, BasicAuth, CaBundle, ClientTls, CompositeController, DecoratorController, Hook};
 
 /// The label that aggregates a ClusterRole into the hub's.
 pub const AGGREGATE_LABEL: &str = "metahook.dev/aggregate-to-hub";
+
+/// The hub's ServiceAccount as `deploy/` installs it (kustomize; Helm's too, for a release named
+/// `metahook`): what credential Roles are bound to unless told otherwise.
+pub const DEFAULT_SERVICE_ACCOUNT: &str = "metahook/metahook";
 
 const READ: &[&str] = &["get", "list", "watch"];
 const MANAGE: &[&str] = &["get", "list", "watch", "create", "update", "patch", "delete"];
@@ -37,6 +48,8 @@ pub enum RbacError {
     NoController { path: String },
     #[error("--related {0}: expected apiVersion/resource, e.g. v1/configmaps or apps/v1/deployments")]
     Related(String),
+    #[error("--service-account {0}: expected namespace/name, e.g. metahook/metahook")]
+    ServiceAccount(String),
 }
 
 /// Verbs by (API group, resource), merged into compact rules at the end.
@@ -116,6 +129,151 @@ pub fn lease_rules(lease_name: &str) -> Vec<PolicyRule> {
         ..PolicyRule::default()
     };
     vec![rule(None, &["create", "list", "watch"]), rule(Some(vec![lease_name.to_owned()]), &["get", "update", "patch"])]
+}
+
+/// The hooks the hub calls (sync, finalize, customize; Metacontroller declares `preUpdateChild` and
+/// `postUpdateChild` but calls neither, and neither does the hub).
+fn called_hooks(controller: &ControllerObject) -> Vec<&Hook> {
+    match controller {
+        ControllerObject::Composite(cc) => cc
+            .spec
+            .hooks
+            .iter()
+            .flat_map(|h| [h.sync.as_ref(), h.finalize.as_ref(), h.customize.as_ref()])
+            .flatten()
+            .collect(),
+        ControllerObject::Decorator(dc) => {
+            let h = &dc.spec.hooks;
+            [h.sync.as_ref(), h.finalize.as_ref(), h.customize.as_ref()].into_iter().flatten().collect()
+        }
+    }
+}
+
+/// The Secrets and ConfigMaps of one namespace that a controller's hook settings name.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct CredentialObjects {
+    pub secrets: BTreeSet<String>,
+    pub config_maps: BTreeSet<String>,
+}
+
+impl CredentialObjects {
+    /// `get`, `list` and `watch` on exactly these objects: `list` and `watch` are allowed by
+    /// `resourceNames` because the hub's watch selects `metadata.name=<name>`.
+    fn rules(&self) -> Vec<PolicyRule> {
+        [("secrets", &self.secrets), ("configmaps", &self.config_maps)]
+            .into_iter()
+            .filter(|(_, names)| !names.is_empty())
+            .map(|(resource, names)| PolicyRule {
+                api_groups: Some(vec![String::new()]),
+                resources: Some(vec![resource.to_owned()]),
+                resource_names: Some(names.iter().cloned().collect()),
+                verbs: READ.iter().map(|v| (*v).to_owned()).collect(),
+                ..PolicyRule::default()
+            })
+            .collect()
+    }
+}
+
+/// Every Secret and ConfigMap a controller's hooks and `endpointConfigs` name, by namespace.
+///
+/// An `endpointConfigs` entry is counted whether or not a hook's host matches it today: the role is a
+/// function of the spec alone, and editing a hook's URL then needs no new role. An inline `caBundle`
+/// names nothing.
+#[must_use]
+pub fn credential_objects(controller: &ControllerObject) -> BTreeMap<String, CredentialObjects> {
+    let endpoint_configs = match controller {
+        ControllerObject::Composite(cc) => &cc.spec.endpoint_configs,
+        ControllerObject::Decorator(dc) => &dc.spec.endpoint_configs,
+    };
+    let mut found: BTreeMap<String, CredentialObjects> = BTreeMap::new();
+    let mut add =
+        |ca: Option<&CaBundle>, tls: Option<&ClientTls>, auth: Option<&Authorization>, basic: Option<&BasicAuth>| {
+            let mut secret = |namespace: &str, name: &str| {
+                found.entry(namespace.to_owned()).or_default().secrets.insert(name.to_owned());
+            };
+            if let Some(r) = ca.and_then(|c| c.secret_ref.as_ref()) {
+                secret(&r.namespace, &r.name);
+            }
+            if let Some(t) = tls {
+                secret(&t.secret_ref.namespace, &t.secret_ref.name);
+            }
+            if let Some(a) = auth {
+                secret(&a.secret_ref.namespace, &a.secret_ref.name);
+            }
+            if let Some(b) = basic {
+                secret(&b.secret_ref.namespace, &b.secret_ref.name);
+            }
+            if let Some(r) = ca.and_then(|c| c.config_map_ref.as_ref()) {
+                found.entry(r.namespace.clone()).or_default().config_maps.insert(r.name.clone());
+            }
+        };
+    for webhook in called_hooks(controller).into_iter().map(|h| &h.webhook) {
+        add(
+            webhook.ca_bundle.as_ref(),
+            webhook.client_tls.as_ref(),
+            webhook.authorization.as_ref(),
+            webhook.basic_auth.as_ref(),
+        );
+    }
+    for config in endpoint_configs {
+        add(
+            config.ca_bundle.as_ref(),
+            config.client_tls.as_ref(),
+            config.authorization.as_ref(),
+            config.basic_auth.as_ref(),
+        );
+    }
+    found
+}
+
+/// The ServiceAccount the hub runs as, which credential Roles are bound to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServiceAccount {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl std::str::FromStr for ServiceAccount {
+    type Err = RbacError;
+
+    /// `namespace/name`.
+    fn from_str(text: &str) -> Result<Self, RbacError> {
+        match text.split_once('/') {
+            Some((namespace, name)) if !namespace.is_empty() && !name.is_empty() && !name.contains('/') => {
+                Ok(Self { namespace: namespace.to_owned(), name: name.to_owned() })
+            }
+            _ => Err(RbacError::ServiceAccount(text.to_owned())),
+        }
+    }
+}
+
+/// For each namespace whose Secrets or ConfigMaps the controller's hook settings name, a Role
+/// `<name>` granting read on exactly those objects, and a RoleBinding `<name>` of it to `hub`.
+#[must_use]
+pub fn credential_roles(controller: &ControllerObject, name: &str, hub: &ServiceAccount) -> Vec<(Role, RoleBinding)> {
+    credential_objects(controller)
+        .into_iter()
+        .map(|(namespace, objects)| {
+            let metadata =
+                ObjectMeta { name: Some(name.to_owned()), namespace: Some(namespace.clone()), ..ObjectMeta::default() };
+            let role = Role { metadata: metadata.clone(), rules: Some(objects.rules()) };
+            let binding = RoleBinding {
+                metadata,
+                role_ref: RoleRef {
+                    api_group: Some("rbac.authorization.k8s.io".to_owned()),
+                    kind: "Role".to_owned(),
+                    name: name.to_owned(),
+                },
+                subjects: Some(vec![Subject {
+                    kind: "ServiceAccount".to_owned(),
+                    name: hub.name.clone(),
+                    namespace: Some(hub.namespace.clone()),
+                    ..Subject::default()
+                }]),
+            };
+            (role, binding)
+        })
+        .collect()
 }
 
 /// A controller object, as `metahook rbac` reads them.
@@ -200,28 +358,48 @@ pub fn lease_role(name: &str, namespace: &str, lease_name: &str) -> Role {
     }
 }
 
-/// Every controller object in a multi-document YAML file (other kinds are skipped, so a whole example
-/// manifest can be passed).
+/// Every controller object in a multi-document YAML file, `-` for standard input. Other kinds are
+/// skipped, so a whole example manifest can be passed; a `List` is read item by item, so can
+/// `kubectl get compositecontrollers,decoratorcontrollers -o yaml` (a cluster's controllers, when switching
+/// from Metacontroller).
 pub fn read_controllers(path: &str) -> Result<Vec<ControllerObject>, RbacError> {
-    let text = std::fs::read_to_string(path).map_err(|source| RbacError::Read { path: path.to_owned(), source })?;
+    let read = |source| RbacError::Read { path: path.to_owned(), source };
+    let text = if path == "-" {
+        std::io::read_to_string(std::io::stdin()).map_err(read)?
+    } else {
+        std::fs::read_to_string(path).map_err(read)?
+    };
     let parse = |source| RbacError::Parse { path: path.to_owned(), source };
     let mut found = Vec::new();
     for doc in serde_yaml::Deserializer::from_str(&text) {
         let value: serde_yaml::Value = serde::Deserialize::deserialize(doc).map_err(parse)?;
-        match value.get("kind").and_then(serde_yaml::Value::as_str) {
-            Some("CompositeController") => {
-                found.push(ControllerObject::Composite(Box::new(serde_yaml::from_value(value).map_err(parse)?)));
-            }
-            Some("DecoratorController") => {
-                found.push(ControllerObject::Decorator(Box::new(serde_yaml::from_value(value).map_err(parse)?)));
-            }
-            _ => {}
-        }
+        collect_controllers(value, &mut found).map_err(parse)?;
     }
     if found.is_empty() {
         return Err(RbacError::NoController { path: path.to_owned() });
     }
     Ok(found)
+}
+
+/// The controller objects in one YAML document: itself, or the items of a `List`.
+fn collect_controllers(value: serde_yaml::Value, found: &mut Vec<ControllerObject>) -> Result<(), serde_yaml::Error> {
+    match value.get("kind").and_then(serde_yaml::Value::as_str) {
+        Some("CompositeController") => {
+            found.push(ControllerObject::Composite(Box::new(serde_yaml::from_value(value)?)));
+        }
+        Some("DecoratorController") => {
+            found.push(ControllerObject::Decorator(Box::new(serde_yaml::from_value(value)?)));
+        }
+        Some(kind) if kind.ends_with("List") => {
+            if let Some(serde_yaml::Value::Sequence(items)) = value.get("items") {
+                for item in items.clone() {
+                    collect_controllers(item, found)?;
+                }
+            }
+        }
+        _ => {}
+    }
+    Ok(())
 }
 
 /// `apiVersion/resource` (`v1/configmaps`, `apps/v1/deployments`) as a pair.
@@ -234,30 +412,35 @@ pub fn parse_related(text: &str) -> Result<(String, String), RbacError> {
     }
 }
 
-/// `metahook rbac`: the YAML of one aggregated ClusterRole per controller in `files` (or, with `base`,
-/// the hub's own base ClusterRole).
-pub fn render(files: &[String], related: &[String], base: bool) -> Result<String, RbacError> {
+/// `metahook rbac`: the YAML of, per controller in `files`, one aggregated ClusterRole and, per
+/// namespace its hook credentials are in, a Role and a RoleBinding to `hub` (with `base`, the hub's own
+/// base ClusterRole first).
+pub fn render(files: &[String], related: &[String], base: bool, hub: &ServiceAccount) -> Result<String, RbacError> {
     let related = related.iter().map(|r| parse_related(r)).collect::<Result<Vec<_>, _>>()?;
-    let mut roles = Vec::new();
+    let mut docs = Vec::new();
     if base {
-        roles.push(aggregated_role("metahook-base", base_rules()));
+        docs.push(typed(&aggregated_role("metahook-base", base_rules())));
     }
     for file in files {
         for controller in read_controllers(file)? {
             let name = format!("metahook-controller-{}", controller.name());
-            roles.push(aggregated_role(&name, controller_rules(&controller, &related)));
+            docs.push(typed(&aggregated_role(&name, controller_rules(&controller, &related))));
+            for (role, binding) in credential_roles(&controller, &format!("{name}-credentials"), hub) {
+                docs.push(typed(&role));
+                docs.push(typed(&binding));
+            }
         }
     }
-    let docs: Vec<String> = roles.iter().map(|r| serde_yaml::to_string(&with_types(r)).unwrap_or_default()).collect();
+    let docs: Vec<String> = docs.iter().map(|d| serde_yaml::to_string(d).unwrap_or_default()).collect();
     Ok(docs.join("---\n"))
 }
 
-/// A ClusterRole as YAML wants it: with apiVersion and kind.
-fn with_types(role: &ClusterRole) -> serde_json::Value {
-    let mut value = serde_json::to_value(role).unwrap_or_default();
+/// An object as YAML wants it: with apiVersion and kind (k8s-openapi's types leave them out).
+fn typed<K: k8s_openapi::Resource + serde::Serialize>(object: &K) -> serde_json::Value {
+    let mut value = serde_json::to_value(object).unwrap_or_default();
     if let Some(map) = value.as_object_mut() {
-        map.insert("apiVersion".into(), "rbac.authorization.k8s.io/v1".into());
-        map.insert("kind".into(), "ClusterRole".into());
+        map.insert("apiVersion".into(), K::API_VERSION.into());
+        map.insert("kind".into(), K::KIND.into());
     }
     value
 }
@@ -316,6 +499,173 @@ mod tests {
         assert_eq!(verbs(&rules, "authorization.k8s.io", "subjectaccessreviews"), ["create"]);
         assert!(rules.iter().all(|r| !r.verbs.contains(&"*".to_owned())));
         assert!(rules.iter().flat_map(|r| r.resources.iter().flatten()).all(|r| r != "*"));
+    }
+
+    fn names(rules: &[PolicyRule], resource: &str) -> Vec<String> {
+        let rule = rules.iter().find(|r| r.resources.as_deref() == Some(&[resource.to_owned()]));
+        let rule = rule.unwrap_or_else(|| panic!("no rule for {resource}: {rules:?}"));
+        assert_eq!(rule.api_groups.as_deref(), Some(&[String::new()][..]));
+        assert_eq!(rule.verbs, ["get", "list", "watch"]);
+        rule.resource_names.clone().unwrap_or_default()
+    }
+
+    fn hub() -> ServiceAccount {
+        "metahook/hub".parse().unwrap()
+    }
+
+    #[test]
+    fn hook_credentials_are_granted_by_name_in_each_namespace_and_bound_to_the_hub() {
+        let cc = composite(
+            r"
+metadata: {name: web}
+spec:
+  parentResource: {apiVersion: example.com/v1, resource: webs}
+  endpointConfigs:
+  - host: other.example.com
+    basicAuth: {secretRef: {name: basic, namespace: ops}}
+    caBundle: {configMapRef: {name: ca-bundle, namespace: ops}}
+  hooks:
+    sync:
+      webhook:
+        url: https://hooks.example.com/sync
+        caBundle: {secretRef: {name: hook-ca, namespace: hooks}}
+        clientTLS: {secretRef: {name: hub-cert, namespace: hooks}}
+    customize:
+      webhook:
+        url: https://hooks.example.com/customize
+        authorization: {secretRef: {name: token, namespace: ops, key: token}}
+    preUpdateChild:
+      webhook: {url: 'https://x', authorization: {secretRef: {name: never-called, namespace: ops, key: k}}}
+",
+        );
+        let roles = credential_roles(&cc, "metahook-controller-web-credentials", &hub());
+        let namespaces: Vec<_> = roles.iter().map(|(role, _)| role.metadata.namespace.clone().unwrap()).collect();
+        assert_eq!(namespaces, ["hooks", "ops"]);
+        for (role, binding) in &roles {
+            assert_eq!(role.metadata.name.as_deref(), Some("metahook-controller-web-credentials"));
+            assert_eq!(binding.metadata, role.metadata, "the binding sits beside its Role");
+            assert_eq!(
+                (binding.role_ref.kind.as_str(), binding.role_ref.name.as_str()),
+                ("Role", "metahook-controller-web-credentials")
+            );
+            let subject = &binding.subjects.as_ref().unwrap()[0];
+            assert_eq!(
+                (subject.kind.as_str(), subject.name.as_str(), subject.namespace.as_deref()),
+                ("ServiceAccount", "hub", Some("metahook"))
+            );
+        }
+        let hooks = roles[0].0.rules.as_ref().unwrap();
+        assert_eq!(hooks.len(), 1, "no ConfigMaps named in hooks: {hooks:?}");
+        assert_eq!(names(hooks, "secrets"), ["hook-ca", "hub-cert"]);
+        let ops = roles[1].0.rules.as_ref().unwrap();
+        assert_eq!(
+            names(ops, "secrets"),
+            ["basic", "token"],
+            "an endpointConfig counts; preUpdateChild is never called"
+        );
+        assert_eq!(names(ops, "configmaps"), ["ca-bundle"]);
+    }
+
+    #[test]
+    fn a_decorators_hook_credentials_are_granted_too_and_an_inline_ca_names_nothing() {
+        let dc = ControllerObject::Decorator(Box::new(
+            serde_yaml::from_str(
+                r"
+metadata: {name: labeller}
+spec:
+  resources: [{apiVersion: v1, resource: configmaps}]
+  hooks:
+    sync:
+      webhook:
+        url: https://h/sync
+        caBundle: {inline: pem}
+    finalize:
+      webhook:
+        url: https://h/finalize
+        basicAuth: {secretRef: {name: finalizer-login, namespace: ops}}
+",
+            )
+            .unwrap(),
+        ));
+        let roles = credential_roles(&dc, "r", &hub());
+        assert_eq!(roles.len(), 1);
+        assert_eq!(names(roles[0].0.rules.as_ref().unwrap(), "secrets"), ["finalizer-login"]);
+        let plain = composite(
+            "metadata: {name: web}\nspec:\n  parentResource: {apiVersion: v1, resource: namespaces}\n  hooks: {sync: {webhook: {url: 'http://h/s', caBundle: {inline: pem}}}}\n",
+        );
+        assert!(credential_roles(&plain, "r", &hub()).is_empty(), "nothing to read, no Role");
+    }
+
+    #[test]
+    fn rbac_prints_the_credential_roles_after_the_controllers_cluster_role() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("controller.yaml");
+        std::fs::write(
+            &file,
+            "kind: CompositeController\nmetadata: {name: web}\nspec:\n  parentResource: {apiVersion: v1, resource: namespaces}\n  hooks: {sync: {webhook: {url: 'https://h/s', clientTLS: {secretRef: {name: cert, namespace: ops}}}}}\n",
+        )
+        .unwrap();
+        let yaml = render(&[file.display().to_string()], &[], true, &hub()).unwrap();
+        let docs: Vec<serde_json::Value> =
+            serde_yaml::Deserializer::from_str(&yaml).map(|d| serde::Deserialize::deserialize(d).unwrap()).collect();
+        let kinds: Vec<_> = docs
+            .iter()
+            .map(|d| format!("{} {}", d["kind"].as_str().unwrap(), d["metadata"]["name"].as_str().unwrap()))
+            .collect();
+        assert_eq!(
+            kinds,
+            [
+                "ClusterRole metahook-base",
+                "ClusterRole metahook-controller-web",
+                "Role metahook-controller-web-credentials",
+                "RoleBinding metahook-controller-web-credentials"
+            ]
+        );
+        assert!(docs.iter().all(|d| d["apiVersion"] == "rbac.authorization.k8s.io/v1"));
+    }
+
+    #[test]
+    fn controllers_are_read_from_a_list_as_kubectl_get_prints_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("controllers.yaml");
+        std::fs::write(
+            &file,
+            r"
+apiVersion: v1
+kind: List
+items:
+- apiVersion: metacontroller.k8s.io/v1alpha1
+  kind: CompositeController
+  metadata: {name: web, uid: u-1}
+  spec: {parentResource: {apiVersion: v1, resource: namespaces}}
+  status: {conditions: [{type: Ready, status: 'True', reason: Running, message: '', lastTransitionTime: '2026-01-01T00:00:00Z'}]}
+- apiVersion: metacontroller.k8s.io/v1alpha1
+  kind: DecoratorController
+  metadata: {name: labeller}
+  spec: {resources: [{apiVersion: v1, resource: configmaps}], hooks: {}}
+---
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: skipped}
+",
+        )
+        .unwrap();
+        let names: Vec<String> =
+            read_controllers(file.to_str().unwrap()).unwrap().iter().map(ControllerObject::name).collect();
+        assert_eq!(names, ["web", "labeller"]);
+        std::fs::write(&file, "apiVersion: v1\nkind: List\nitems: []\n").unwrap();
+        assert!(matches!(read_controllers(file.to_str().unwrap()), Err(RbacError::NoController { .. })));
+    }
+
+    #[test]
+    fn the_service_account_is_namespace_slash_name() {
+        assert_eq!(
+            DEFAULT_SERVICE_ACCOUNT.parse::<ServiceAccount>().unwrap(),
+            ServiceAccount { namespace: "metahook".into(), name: "metahook".into() }
+        );
+        for bad in ["metahook", "/metahook", "metahook/", "a/b/c"] {
+            assert!(bad.parse::<ServiceAccount>().is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -12,7 +12,7 @@ use std::process::Stdio;
 use std::sync::Once;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
@@ -366,6 +366,97 @@ pub async fn warnings_for(client: &Client, namespace: &str, name: &str) -> Vec<S
         .filter(|e| e.type_.as_deref() == Some("Warning"))
         .map(|e| format!("{}: {}", e.reason.unwrap_or_default(), e.note.unwrap_or_default()))
         .collect()
+}
+
+/// The documents `metahook rbac ARGS...` prints (the binary this test build made).
+pub fn metahook_rbac(args: &[&str]) -> Vec<Value> {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_metahook"))
+        .arg("rbac")
+        .args(args)
+        .output()
+        .expect("running metahook rbac");
+    assert!(output.status.success(), "metahook rbac {args:?}: {}", String::from_utf8_lossy(&output.stderr));
+    let text = String::from_utf8(output.stdout).unwrap();
+    serde_yaml::Deserializer::from_str(&text).map(|doc| serde::Deserialize::deserialize(doc).unwrap()).collect()
+}
+
+/// A token for the ServiceAccount `namespace/name`, from the TokenRequest API (valid an hour).
+pub async fn service_account_token(client: &Client, namespace: &str, name: &str) -> String {
+    use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), namespace);
+    let request = TokenRequest {
+        spec: Some(TokenRequestSpec { expiration_seconds: Some(3600), ..TokenRequestSpec::default() }),
+        ..TokenRequest::default()
+    };
+    let answer = accounts.create_token_request(name, &PostParams::default(), &request).await.unwrap();
+    answer.status.and_then(|s| s.token).expect("a token")
+}
+
+/// A client for the local control plane that authenticates with `token` only (the cluster's CA, no
+/// client certificate), as a Pod's ServiceAccount does.
+pub async fn token_client(token: &str) -> Client {
+    let mut config = config().await;
+    config.auth_info = kube::config::AuthInfo { token: Some(token.to_owned().into()), ..Default::default() };
+    Client::try_from(config).unwrap()
+}
+
+/// The hub's identity as a cluster admin sets it up: a ServiceAccount `hub` in `namespace`, bound to the
+/// roles `metahook rbac` printed, and a client with its token. ClusterRoles are renamed `<prefix>-<name>`
+/// (tests run at once) and bound to the account by a ClusterRoleBinding each, not aggregated; Roles and
+/// RoleBindings are applied as printed (print them with `--service-account <namespace>/hub`).
+pub struct HubAccount {
+    pub client: Client,
+    admin: Client,
+    namespace: String,
+    prefix: String,
+    /// ClusterRoles and ClusterRoleBindings made (same names), deleted by [`HubAccount::delete`].
+    cluster_wide: Vec<String>,
+}
+
+impl HubAccount {
+    pub async fn create(admin: &Client, namespace: &str, prefix: &str) -> Self {
+        let accounts: Api<ServiceAccount> = Api::namespaced(admin.clone(), namespace);
+        let account: ServiceAccount = serde_json::from_value(json!({"metadata": {"name": "hub"}})).unwrap();
+        accounts.create(&PostParams::default(), &account).await.unwrap();
+        let token = service_account_token(admin, namespace, "hub").await;
+        Self {
+            client: token_client(&token).await,
+            admin: admin.clone(),
+            namespace: namespace.to_owned(),
+            prefix: prefix.to_owned(),
+            cluster_wide: Vec::new(),
+        }
+    }
+
+    /// Grants what `docs` (`metahook rbac` output) say, binding ClusterRoles to the account directly.
+    pub async fn grant(&mut self, docs: &[Value]) {
+        for doc in docs {
+            let mut doc = doc.clone();
+            if doc["kind"] == "ClusterRole" {
+                let name = format!("{}-{}", self.prefix, doc["metadata"]["name"].as_str().unwrap());
+                doc["metadata"]["name"] = json!(name);
+                apply_value(&self.admin, &doc).await;
+                let binding = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+                    "metadata": {"name": name},
+                    "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+                    "subjects": [{"kind": "ServiceAccount", "name": "hub", "namespace": self.namespace}]});
+                apply_value(&self.admin, &binding).await;
+                self.cluster_wide.push(name);
+            } else {
+                apply_value(&self.admin, &doc).await;
+            }
+        }
+    }
+
+    /// Deletes the cluster-wide objects [`HubAccount::grant`] made (namespaced ones go with their
+    /// namespace).
+    pub async fn delete(self) {
+        use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+        for name in &self.cluster_wide {
+            let _ = Api::<ClusterRoleBinding>::all(self.admin.clone()).delete(name, &DeleteParams::default()).await;
+            let _ = Api::<ClusterRole>::all(self.admin.clone()).delete(name, &DeleteParams::default()).await;
+        }
+    }
 }
 
 /// The certificates `tests/hooks/make_pki.sh` makes: a CA, a second CA nobody uses, a client CA; server

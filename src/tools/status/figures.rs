@@ -1,0 +1,252 @@
+//! What a replica's metrics say about one controller: syncs per minute and errors (from the reconcile
+//! counter), and its hooks' latency quantiles (from the hook request-duration histogram).
+//!
+//! A counter says how many since the replica started, so a rate needs two scrapes some time apart; with
+//! one, the rates are unknown. The latency quantiles are over the replica's lifetime (the histogram's
+//! buckets as served), estimated as Prometheus' `histogram_quantile` does.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use super::exposition::{Sample, number};
+
+/// The reconcile counter as controller-runtime names it: `controller` is `<kind in lower case>/<name>`.
+const RECONCILE: &str = "controller_runtime_reconcile_total";
+/// The reconcile counter of hubs before it took controller-runtime's name, labelled `kind`, `controller`.
+const RECONCILE_BEFORE: &str = "metahook_reconcile_total";
+/// Buckets of the hook request-duration histogram ([`crate::hooks::metrics`]), labelled `kind`,
+/// `controller`, `hook`, `le`.
+const HOOK_BUCKETS: &str = "metahook_hook_request_duration_seconds_bucket";
+/// 1 on the replica that holds the leader Lease (and so runs the controllers).
+const LEADER: &str = "leader_election_master_status";
+
+/// A controller as the metrics label it.
+#[derive(Clone, Copy, Debug)]
+pub struct Controller<'a> {
+    /// `CompositeController` or `DecoratorController`.
+    pub kind: &'a str,
+    pub name: &'a str,
+}
+
+/// One scrape of `/metrics`, and how long after the first one it was taken.
+#[derive(Debug, Default)]
+pub struct Scrape {
+    pub samples: Vec<Sample>,
+    pub after: Duration,
+}
+
+impl Scrape {
+    /// Whether the replica leads: `None` when it runs without leader election.
+    #[must_use]
+    pub fn leader(&self) -> Option<bool> {
+        self.samples.iter().find(|s| s.name == LEADER).map(|s| s.value >= 1.0)
+    }
+
+    /// Syncs finished by result (`success`, `error`, `requeue`, `requeue_after`), or `None` when the
+    /// replica has no series for the controller (it does not run it). Read from controller-runtime's
+    /// name when the replica serves it, else from the name before.
+    fn reconciles(&self, controller: Controller<'_>) -> Option<BTreeMap<String, f64>> {
+        let current = format!("{}/{}", controller.kind.to_ascii_lowercase(), controller.name);
+        let renamed = self.samples.iter().any(|s| s.name == RECONCILE);
+        let ours = |s: &&Sample| {
+            if renamed {
+                s.name == RECONCILE && s.label("controller") == Some(current.as_str())
+            } else {
+                s.name == RECONCILE_BEFORE
+                    && s.label("kind") == Some(controller.kind)
+                    && s.label("controller") == Some(controller.name)
+            }
+        };
+        let mut by_result = BTreeMap::new();
+        for sample in self.samples.iter().filter(ours) {
+            *by_result.entry(sample.label("result").unwrap_or_default().to_owned()).or_insert(0.0) += sample.value;
+        }
+        (!by_result.is_empty()).then_some(by_result)
+    }
+
+    /// The controller's hook latency histogram, every hook's buckets added: (upper bound, calls at or
+    /// below it), by bound.
+    fn hook_buckets(&self, controller: Controller<'_>) -> Vec<(f64, f64)> {
+        let mut by_bound: Vec<(f64, f64)> = Vec::new();
+        let ours = self.samples.iter().filter(|s| {
+            s.name == HOOK_BUCKETS
+                && s.label("kind") == Some(controller.kind)
+                && s.label("controller") == Some(controller.name)
+        });
+        for sample in ours {
+            let Some(le) = sample.label("le").and_then(number) else { continue };
+            // Every hook's histogram has the same buckets, written alike: bounds compare exactly.
+            match by_bound.iter_mut().find(|(b, _)| b.total_cmp(&le).is_eq()) {
+                Some((_, count)) => *count += sample.value,
+                None => by_bound.push((le, sample.value)),
+            }
+        }
+        by_bound.sort_by(|a, b| a.0.total_cmp(&b.0));
+        by_bound
+    }
+}
+
+/// The figures of one controller.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Figures {
+    /// Syncs finished per minute between the two scrapes.
+    pub syncs_per_minute: Option<f64>,
+    /// Syncs that ended in an error since the replica started.
+    pub errors: Option<u64>,
+    /// Syncs that ended in an error per minute between the two scrapes.
+    pub errors_per_minute: Option<f64>,
+    /// Hook call latency, median and 99th percentile, in seconds.
+    pub hook_p50: Option<f64>,
+    pub hook_p99: Option<f64>,
+}
+
+/// The figures of `controller` from `last`, with rates against `first` (taken before it) when given.
+#[must_use]
+pub fn figures(first: Option<&Scrape>, last: &Scrape, controller: Controller<'_>) -> Figures {
+    let now = last.reconciles(controller);
+    let before = first.and_then(|f| f.reconciles(controller).map(|r| (f.after, r)));
+    let per_minute = |pick: &dyn Fn(&BTreeMap<String, f64>) -> f64| -> Option<f64> {
+        let (at, before) = before.as_ref()?;
+        let now = now.as_ref()?;
+        let seconds = last.after.checked_sub(*at)?.as_secs_f64();
+        if seconds <= 0.0 {
+            return None;
+        }
+        let (then, now) = (pick(before), pick(now));
+        // A counter that went down was reset (the replica restarted): all of it is new.
+        let increase = if now >= then { now - then } else { now };
+        Some(increase * 60.0 / seconds)
+    };
+    let all = |r: &BTreeMap<String, f64>| r.values().sum();
+    let errors = |r: &BTreeMap<String, f64>| r.get("error").copied().unwrap_or(0.0);
+    let buckets = last.hook_buckets(controller);
+    Figures {
+        syncs_per_minute: per_minute(&all),
+        errors: now.as_ref().map(|r| count(errors(r))),
+        errors_per_minute: per_minute(&errors),
+        hook_p50: quantile(0.5, &buckets),
+        hook_p99: quantile(0.99, &buckets),
+    }
+}
+
+/// A counter's value as a count (counters hold whole numbers; a float is how the format carries them).
+#[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+fn count(value: f64) -> u64 {
+    value.max(0.0).round() as u64
+}
+
+/// The `q` quantile of a cumulative histogram (upper bound, count at or below it; sorted, `+Inf`
+/// last), interpolating linearly inside the bucket it falls in, as Prometheus' `histogram_quantile`:
+/// `None` without observations; the highest finite bound when it falls in the `+Inf` bucket.
+#[must_use]
+pub fn quantile(q: f64, buckets: &[(f64, f64)]) -> Option<f64> {
+    let total = buckets.last().map(|(_, count)| *count).filter(|c| *c > 0.0)?;
+    let rank = q * total;
+    let mut lower = (0.0, 0.0);
+    for &(upper, count) in buckets {
+        if count >= rank {
+            if upper.is_infinite() {
+                return Some(lower.0);
+            }
+            if count <= lower.1 {
+                return Some(upper);
+            }
+            return Some(lower.0 + (upper - lower.0) * (rank - lower.1) / (count - lower.1));
+        }
+        lower = (upper, count);
+    }
+    Some(lower.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::exposition::parse;
+    use super::*;
+
+    /// A leader's `/metrics` as the hub serves it, trimmed: two controllers, one hook each plus a
+    /// customize hook for `web`.
+    const FIXTURE: &str = include_str!("fixtures/metrics.txt");
+
+    fn scrape(text: &str, after: u64) -> Scrape {
+        Scrape { samples: parse(text).unwrap(), after: Duration::from_secs(after) }
+    }
+
+    const WEB: Controller<'static> = Controller { kind: "CompositeController", name: "web" };
+
+    fn close(a: Option<f64>, b: f64) -> bool {
+        a.is_some_and(|a| (a - b).abs() < 1e-9)
+    }
+
+    #[test]
+    fn one_scrape_gives_error_totals_and_latency_but_no_rates() {
+        let last = scrape(FIXTURE, 0);
+        assert_eq!(last.leader(), Some(true));
+        let figures = figures(None, &last, WEB);
+        assert_eq!(figures.errors, Some(4));
+        assert_eq!((figures.syncs_per_minute, figures.errors_per_minute), (None, None));
+        // sync and customize buckets added: 100 calls, 50th at 50 → inside (0.004, 0.008], 40 below it.
+        assert!(close(figures.hook_p50, 0.004 + 0.004 * (50.0 - 40.0) / (90.0 - 40.0)), "{figures:?}");
+        // 99th at 99 → inside (0.016, 0.032], 96 below it, 100 at its top.
+        assert!(close(figures.hook_p99, 0.016 + 0.016 * (99.0 - 96.0) / (100.0 - 96.0)), "{figures:?}");
+    }
+
+    #[test]
+    fn two_scrapes_give_rates_per_minute_from_the_renamed_counter() {
+        let first = scrape(FIXTURE, 0);
+        let later = FIXTURE
+            .replace(
+                "controller=\"compositecontroller/web\",result=\"success\"} 20",
+                "controller=\"compositecontroller/web\",result=\"success\"} 35",
+            )
+            .replace(
+                "controller=\"compositecontroller/web\",result=\"error\"} 4",
+                "controller=\"compositecontroller/web\",result=\"error\"} 9",
+            );
+        let last = scrape(&later, 10);
+        let figures = figures(Some(&first), &last, WEB);
+        assert!(close(figures.syncs_per_minute, 20.0 * 6.0), "15 + 5 syncs in 10 s: {figures:?}");
+        assert!(close(figures.errors_per_minute, 5.0 * 6.0), "{figures:?}");
+        assert_eq!(figures.errors, Some(9));
+    }
+
+    #[test]
+    fn the_counter_before_the_rename_is_read_when_the_replica_serves_no_other() {
+        let old = "metahook_reconcile_total{kind=\"DecoratorController\",controller=\"labels\",result=\"success\"} 7\n\
+                   metahook_reconcile_total{kind=\"DecoratorController\",controller=\"labels\",result=\"error\"} 2\n\
+                   metahook_reconcile_total{kind=\"CompositeController\",controller=\"labels\",result=\"error\"} 50\n";
+        let labels = Controller { kind: "DecoratorController", name: "labels" };
+        let first = scrape(old, 0);
+        let last = scrape(&old.replace("} 7", "} 13"), 30);
+        let figures = figures(Some(&first), &last, labels);
+        assert_eq!(figures.errors, Some(2), "another kind's controller of the same name is not counted");
+        assert!(close(figures.syncs_per_minute, 12.0), "{figures:?}");
+        assert_eq!(last.leader(), None);
+    }
+
+    #[test]
+    fn a_controller_the_replica_does_not_run_has_no_figures() {
+        let last = scrape(FIXTURE, 10);
+        let other = Controller { kind: "CompositeController", name: "elsewhere" };
+        assert_eq!(figures(Some(&scrape(FIXTURE, 0)), &last, other), Figures::default());
+    }
+
+    #[test]
+    fn a_counter_reset_between_scrapes_counts_from_zero() {
+        let first = scrape(FIXTURE, 0);
+        let restarted = FIXTURE
+            .replace("result=\"success\"} 20", "result=\"success\"} 2")
+            .replace("result=\"error\"} 4", "result=\"error\"} 1");
+        let figures = figures(Some(&first), &scrape(&restarted, 60), WEB);
+        assert!(close(figures.errors_per_minute, 1.0), "{figures:?}");
+    }
+
+    #[test]
+    fn quantiles_follow_histogram_quantile() {
+        let buckets = [(0.1, 0.0), (0.2, 10.0), (0.4, 10.0), (f64::INFINITY, 20.0)];
+        assert!(close(quantile(0.25, &buckets), 0.15));
+        assert!(close(quantile(0.5, &buckets), 0.2), "the rank is reached at a bucket's top");
+        assert!(close(quantile(0.99, &buckets), 0.4), "in +Inf: the highest finite bound");
+        assert_eq!(quantile(0.5, &[(0.1, 0.0), (f64::INFINITY, 0.0)]), None);
+        assert_eq!(quantile(0.5, &[]), None);
+    }
+}
