@@ -27,6 +27,7 @@
 //! phases) so it never rots; `make bench` runs the full size. Figures are printed, never asserted: the
 //! machine is shared and noisy. What it does assert is that every system converged.
 
+mod mcmix;
 #[path = "../support/mod.rs"]
 mod support;
 
@@ -82,6 +83,8 @@ struct Settings {
     /// `BASELINE_BIN`: another build of the hub, run as a fourth system.
     baseline_bin: Option<PathBuf>,
     smoke: bool,
+    /// `RUNS`: how many times every system runs (1 by default); figures are the median run's.
+    runs: usize,
 }
 
 impl Settings {
@@ -107,6 +110,7 @@ impl Settings {
             hub_bin,
             baseline_bin,
             smoke: !full && !mem,
+            runs: num("RUNS", 1).max(1),
         }
     }
 }
@@ -129,6 +133,14 @@ struct Phase {
     hook_syncs: BTreeMap<String, u64>,
     hub_cpu_s: f64,
     apiserver_cpu_s: f64,
+    /// The API server's own account of the requests it served (from everyone: the systems, the bench's
+    /// watches, the cluster's controllers), by `VERB resource[/subresource]`: how many, and the seconds
+    /// it spent on them (`apiserver_request_duration_seconds` count and sum).
+    requests: BTreeMap<String, (u64, f64)>,
+    /// Watch events the API server sent for ConfigMaps and BenchThings, to every watcher (the bench's
+    /// own convergence watch included, the same for every system), and their bytes.
+    watch_events: u64,
+    watch_bytes: f64,
 }
 
 #[derive(Debug, Default, Clone, Serialize)]
@@ -155,6 +167,11 @@ struct SystemFigures {
 
 #[tokio::main]
 async fn main() {
+    // The Metacontroller-mix system runs as a process of its own: this binary, told so.
+    if let Some(args) = mcmix::Args::from(&std::env::args().collect::<Vec<_>>()) {
+        mcmix::run(args).await;
+        return;
+    }
     let settings = Settings::from_env();
     let client = support::client().await;
     support::install_crds(&client, CRD).await;
@@ -182,18 +199,31 @@ async fn main() {
     // `SYSTEMS=metahook,baseline`: only those (e.g. to profile a hub); ratios to a system not run show "-".
     let only = std::env::var("SYSTEMS").ok().filter(|s| !s.is_empty());
     let chosen = |system: &System| only.as_ref().is_none_or(|o| o.split(',').any(|s| s.trim() == system.name()));
-    let systems = [System::Raw, System::RawWatch, System::Metahook, System::ParentOnly];
-    for system in systems.into_iter().chain(baseline).filter(chosen) {
-        let figures = run_system(&client, &settings, &hook, system).await;
-        eprintln!("[bench] {} done: backlog {:.2}s", figures.name, figures.backlog.seconds);
-        results.push(figures);
+    let systems = [System::Raw, System::RawWatch, System::Metahook, System::ParentOnly, System::McMix];
+    // `RUNS=3`: every system that many times, interleaved (so a slow spell of the machine falls on all of
+    // them); the table shows each system's median run and a summary of the medians.
+    let mut runs: Vec<(String, Vec<SystemFigures>)> = Vec::new();
+    for run in 0..settings.runs {
+        for system in systems.into_iter().chain(baseline).filter(chosen) {
+            let figures = run_system(&client, &settings, &hook, system).await;
+            eprintln!("[bench] run {} {} done: backlog {:.2}s", run + 1, figures.name, figures.backlog.seconds);
+            match runs.iter_mut().find(|(name, _)| *name == figures.name) {
+                Some((_, all)) => all.push(figures),
+                None => runs.push((figures.name.clone(), vec![figures])),
+            }
+        }
     }
-    let table = table(&settings, &results);
+    for (_, all) in &runs {
+        results.push(median_run(all));
+    }
+    let mut table = table(&settings, &results);
+    table.push_str(&summary(&settings, &runs));
+    table.push_str(&costs_table(&settings, &results));
     println!("{table}");
     let json = json!({
         "workload": "fanout", "n": settings.n, "resync_period_s": settings.resync_s, "children_per_parent": CHILDREN, "hub": settings.hub_bin,
         "baseline": settings.baseline_bin,
-        "machine": machine(), "systems": results,
+        "machine": machine(), "systems": results, "runs": runs,
     });
     let stem = format!("fanout-{}", settings.n);
     std::fs::write(out.join(format!("{stem}.json")), serde_json::to_string_pretty(&json).unwrap()).unwrap();
@@ -212,6 +242,8 @@ enum System {
     /// The hub, its controller annotated `metahook.dev/sync-on-own-writes: "false"`.
     ParentOnly,
     Baseline,
+    /// Metacontroller's requests made by its loop (see `mcmix.rs`).
+    McMix,
 }
 
 impl System {
@@ -222,13 +254,14 @@ impl System {
             Self::Metahook => "metahook",
             Self::ParentOnly => "parent-only",
             Self::Baseline => "baseline",
+            Self::McMix => "mc-mix",
         }
     }
 
     /// The hub binary this system runs, if it is a hub.
     fn hub_bin(self, settings: &Settings) -> Option<&Path> {
         match self {
-            Self::Raw | Self::RawWatch => None,
+            Self::Raw | Self::RawWatch | Self::McMix => None,
             Self::Metahook | Self::ParentOnly => Some(&settings.hub_bin),
             Self::Baseline => settings.baseline_bin.as_deref(),
         }
@@ -267,12 +300,25 @@ async fn run_system(client: &Client, settings: &Settings, hook: &Hook, system: S
     let meter = Meter::start(client, hook, None).await;
     let mut hub = None;
     let timeline = tracker.sample("1", settings.n);
+    let mut mc_mix = None;
     match system.hub_bin(settings) {
         Some(bin) => {
             world.controller(&label, hook.port, &system.annotations()).await;
             let process = HubRun::start(bin, &label);
             hub_pid = Some(process.handle());
             hub = Some(process);
+        }
+        None if system == System::McMix => {
+            let args =
+                mcmix::Args { selector: ns.name.clone(), hook_port: hook.port, resync_s: settings.resync_s as u64 };
+            let process = tokio::process::Command::new(std::env::current_exe().unwrap())
+                .args(args.to_vec())
+                .env("METAHOOK_TEST_LOG", "warn")
+                .kill_on_drop(true)
+                .spawn()
+                .expect("starting the mc-mix process");
+            hub_pid = process.id().map(|pid| HubHandle { pid, metrics_port: 0 });
+            mc_mix = Some(process);
         }
         None => world.raw_writes("1").await,
     }
@@ -300,7 +346,7 @@ async fn run_system(client: &Client, settings: &Settings, hook: &Hook, system: S
     phase(system, "update");
     let meter = Meter::start(client, hook, hub_pid).await;
     world.bump("2").await;
-    if hub.is_none() {
+    if hub.is_none() && mc_mix.is_none() {
         world.raw_writes("2").await;
     }
     tracker.wait("2", settings.n).await;
@@ -365,6 +411,9 @@ async fn run_system(client: &Client, settings: &Settings, hook: &Hook, system: S
             restarted.stop().await;
         }
         figures.restart_quiet_s = quiet;
+    }
+    if let Some(mut process) = mc_mix.take() {
+        let _ = process.kill().await;
     }
     // Dropping a JoinHandle only detaches its task: the watches would stay open through the next systems.
     for watch in watches {
@@ -703,6 +752,7 @@ impl Timeline {
 struct Meter {
     started: Instant,
     requests: BTreeMap<String, u64>,
+    costs: ApiCosts,
     hook_calls: u64,
     hook_identical: u64,
     hook_syncs: BTreeMap<String, u64>,
@@ -715,6 +765,7 @@ impl Meter {
         Self {
             started: Instant::now(),
             requests: api_requests(client).await,
+            costs: api_costs(client).await,
             hook_calls: hook.calls().await,
             hook_identical: hook.identical().await,
             hook_syncs: match hub {
@@ -732,8 +783,19 @@ impl Meter {
         let delta = |key: &str| {
             requests.get(key).copied().unwrap_or(0).saturating_sub(self.requests.get(key).copied().unwrap_or(0))
         };
+        let costs = api_costs(client).await;
         Phase {
             seconds,
+            requests: costs
+                .requests
+                .iter()
+                .filter_map(|(key, &(count, secs))| {
+                    let (count0, secs0) = self.costs.requests.get(key).copied().unwrap_or_default();
+                    (count > count0).then(|| (key.clone(), (count - count0, secs - secs0)))
+                })
+                .collect(),
+            watch_events: costs.watch_events.saturating_sub(self.costs.watch_events),
+            watch_bytes: costs.watch_bytes - self.costs.watch_bytes,
             writes: delta("writes"),
             reads: delta("reads"),
             hook_calls: hook.calls().await - self.hook_calls,
@@ -758,6 +820,9 @@ impl Meter {
 /// `metahook_hook_syncs_total` by cause, and `metahook_hook_calls_saved_total` by why (as `saved:<why>`),
 /// from a hub's `/metrics` (empty if it has no such metrics).
 async fn hook_syncs(port: u16) -> BTreeMap<String, u64> {
+    if port == 0 {
+        return BTreeMap::new();
+    }
     let url = format!("http://127.0.0.1:{port}/metrics");
     let text = match reqwest::get(&url).await {
         Ok(response) => response.text().await.unwrap_or_default(),
@@ -799,6 +864,56 @@ async fn api_requests(client: &Client) -> BTreeMap<String, u64> {
         *totals.entry(kind.to_owned()).or_insert(0) += count;
     }
     totals
+}
+
+/// The API server's own figures of its work on the workload's types.
+#[derive(Debug, Default)]
+struct ApiCosts {
+    requests: BTreeMap<String, (u64, f64)>,
+    watch_events: u64,
+    watch_bytes: f64,
+}
+
+async fn api_costs(client: &Client) -> ApiCosts {
+    let request = http::Request::get("/metrics").body(Vec::new()).unwrap();
+    let text = client.request_text(request).await.unwrap_or_default();
+    let mut costs = ApiCosts::default();
+    // Every resource's requests (an unexpected one shows); watch events only for the workload's types.
+    let ours = |resource: &str| !resource.is_empty();
+    for line in text.lines() {
+        let Some((labels, value)) = line.rsplit_once(' ') else { continue };
+        let label = |name: &str| {
+            labels.split(&format!("{name}=\"")).nth(1).and_then(|rest| rest.split('"').next()).unwrap_or_default()
+        };
+        let value = value.parse::<f64>().unwrap_or(0.0);
+        let resource = label("resource");
+        // A watch's duration is how long it stayed open, not work.
+        if !ours(resource) || matches!(label("verb"), "WATCH" | "CONNECT") {
+            continue;
+        }
+        let key = || {
+            let sub = label("subresource");
+            if sub.is_empty() {
+                format!("{} {resource}", label("verb"))
+            } else {
+                format!("{} {resource}/{sub}", label("verb"))
+            }
+        };
+        if line.starts_with("apiserver_request_duration_seconds_count{") {
+            costs.requests.entry(key()).or_default().0 += value as u64;
+        } else if line.starts_with("apiserver_request_duration_seconds_sum{") {
+            costs.requests.entry(key()).or_default().1 += value;
+        } else if line.starts_with("apiserver_watch_events_sizes_count{")
+            && matches!(resource, "configmaps" | "benchthings")
+        {
+            costs.watch_events += value as u64;
+        } else if line.starts_with("apiserver_watch_events_sizes_sum{")
+            && matches!(resource, "configmaps" | "benchthings")
+        {
+            costs.watch_bytes += value;
+        }
+    }
+    costs
 }
 
 fn apiserver_pid() -> u32 {
@@ -978,7 +1093,8 @@ fn table(settings: &Settings, results: &[SystemFigures]) -> String {
     let find = |name: &str| results.iter().find(|r| r.name == name).cloned();
     let (raw, watch) = (find("raw").unwrap_or_default(), find("raw+watch").unwrap_or_default());
     // The hubs, each with its ratios to both raw systems: metahook, and the baseline build when set.
-    let hubs: Vec<SystemFigures> = ["metahook", "parent-only", "baseline"].into_iter().filter_map(find).collect();
+    let hubs: Vec<SystemFigures> =
+        ["metahook", "parent-only", "baseline", "mc-mix"].into_iter().filter_map(find).collect();
     let n = settings.n as f64;
     let ratio = |a: f64, b: f64| if b > 0.0 { format!("{:.2}", a / b) } else { "-".into() };
     let names: Vec<&str> = hubs.iter().map(|h| h.name.as_str()).collect();
@@ -1069,6 +1185,98 @@ fn table(settings: &Settings, results: &[SystemFigures]) -> String {
         &|h| format!("{} / {}", ms(h.latency_p50_ms), ms(h.latency_p99_ms)),
     ));
     out.push_str(&hub_row("hub RSS steady / peak (MiB)", &|h| format!("{} / {}", ms(h.rss_mib), ms(h.peak_rss_mib))));
+    out
+}
+
+/// Of several runs of one system, the one with the median backlog time.
+fn median_run(all: &[SystemFigures]) -> SystemFigures {
+    let mut sorted: Vec<&SystemFigures> = all.iter().collect();
+    sorted.sort_by(|a, b| a.backlog.seconds.total_cmp(&b.backlog.seconds));
+    sorted[(sorted.len() - 1) / 2].clone()
+}
+
+/// The issue's figures over every run: medians of backlog time and of API server CPU per parent, and
+/// metahook's ratios to raw+watch and to the Metacontroller mix.
+fn summary(settings: &Settings, runs: &[(String, Vec<SystemFigures>)]) -> String {
+    let n = settings.n as f64;
+    let of = |name: &str, f: &dyn Fn(&SystemFigures) -> f64| -> Option<(f64, Vec<f64>)> {
+        let (_, all) = runs.iter().find(|(s, _)| s == name)?;
+        let values: Vec<f64> = all.iter().map(f).collect();
+        Some((median(&values), values))
+    };
+    let mut out = format!(
+        "\n### medians of {} run(s), N = {}\n\n| system | backlog (s) | runs | apiserver CPU-ms per parent (backlog) | runs | update (s) |\n|---|---|---|---|---|---|\n",
+        settings.runs, settings.n
+    );
+    let list = |v: &[f64], d: usize| v.iter().map(|x| format!("{x:.d$}")).collect::<Vec<_>>().join(", ");
+    for (name, _) in runs {
+        let (Some((b, bs)), Some((c, cs)), Some((u, _))) = (
+            of(name, &|s| s.backlog.seconds),
+            of(name, &|s| s.backlog.apiserver_cpu_s * 1000.0 / n),
+            of(name, &|s| s.update.seconds),
+        ) else {
+            continue;
+        };
+        out.push_str(&format!("| {name} | {b:.2} | {} | {c:.2} | {} | {u:.2} |\n", list(&bs, 2), list(&cs, 2)));
+    }
+    let ratio = |a: &str, b: &str, f: &dyn Fn(&SystemFigures) -> f64| match (of(a, f), of(b, f)) {
+        (Some((x, _)), Some((y, _))) if y > 0.0 => format!("{:.2}", x / y),
+        _ => "-".into(),
+    };
+    let backlog = |s: &SystemFigures| s.backlog.seconds;
+    let cpu = |s: &SystemFigures| s.backlog.apiserver_cpu_s;
+    let update = |s: &SystemFigures| s.update.seconds;
+    out.push_str(&format!(
+        "\n| metahook against | backlog time (goal) | apiserver CPU, backlog (goal) | update time (goal) |\n|---|---|---|---|\n\
+         | raw+watch | {} (≤ 1.25) | {} | {} |\n| raw | {} | {} | {} (≤ 1.1) |\n| mc-mix | {} (≤ 0.77) | {} (≤ 1.00) | {} |\n",
+        ratio("metahook", "raw+watch", &backlog),
+        ratio("metahook", "raw+watch", &cpu),
+        ratio("metahook", "raw+watch", &update),
+        ratio("metahook", "raw", &backlog),
+        ratio("metahook", "raw", &cpu),
+        ratio("metahook", "raw", &update),
+        ratio("metahook", "mc-mix", &backlog),
+        ratio("metahook", "mc-mix", &cpu),
+        ratio("metahook", "mc-mix", &update),
+    ));
+    out
+}
+
+/// Where the API server's time went in the backlog, per parent: its own duration sums by request.
+fn costs_table(settings: &Settings, results: &[SystemFigures]) -> String {
+    let n = settings.n as f64;
+    let keys: std::collections::BTreeSet<&String> = results.iter().flat_map(|r| r.backlog.requests.keys()).collect();
+    let names: String = results.iter().map(|r| format!(" {} |", r.name)).collect();
+    let mut out = format!(
+        "\n### API server time per parent in the backlog, by request: count / ms (its `apiserver_request_duration_seconds`)\n\n| request |{names}\n|---|{}\n",
+        "---|".repeat(results.len())
+    );
+    // Requests that every system made fewer than one of per 20 parents are left out of the rows (not of the total).
+    let counted =
+        |key: &String| results.iter().any(|r| r.backlog.requests.get(key).is_some_and(|c| c.0 as f64 / n >= 0.05));
+    for key in keys.into_iter().filter(|k| counted(k)) {
+        let cells: String = results
+            .iter()
+            .map(|r| match r.backlog.requests.get(key) {
+                Some(&(count, secs)) => format!(" {:.2} / {:.2} |", count as f64 / n, secs * 1000.0 / n),
+                None => " - |".into(),
+            })
+            .collect();
+        out.push_str(&format!("| {key} |{cells}\n"));
+    }
+    let total: String = results
+        .iter()
+        .map(|r| {
+            let (count, secs) = r.backlog.requests.values().fold((0, 0.0), |(c, s), &(c2, s2)| (c + c2, s + s2));
+            format!(" {:.2} / {:.2} |", count as f64 / n, secs * 1000.0 / n)
+        })
+        .collect();
+    out.push_str(&format!("| all of the above |{total}\n"));
+    let watch: String = results
+        .iter()
+        .map(|r| format!(" {:.2} / {:.0} |", r.backlog.watch_events as f64 / n, r.backlog.watch_bytes / n))
+        .collect();
+    out.push_str(&format!("| watch events sent, per parent: count / bytes |{watch}\n"));
     out
 }
 
