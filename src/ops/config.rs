@@ -112,7 +112,7 @@ pub struct Config {
     pub tracing: Tracing,
     /// The namespaces the hub may read and write (`[a, b]`); empty (the default) = the whole cluster.
     /// Every list and watch of a namespaced type (parents, children, attachments, related objects,
-    /// ControllerRevisions) then goes to each of these namespaces, never cluster-wide, so the hub can run
+    /// `ControllerRevisions`) then goes to each of these namespaces, never cluster-wide, so the hub can run
     /// on Roles in them (`metahook rbac --namespaces a,b`) where a cluster grants no more. The
     /// controller objects (cluster-scoped CRDs) are still watched cluster-wide; a controller whose
     /// parent, child or attachment type is cluster-scoped is refused (`Ready=False`,
