@@ -408,6 +408,8 @@ pub struct HubAccount {
     pub client: Client,
     admin: Client,
     namespace: String,
+    /// The ServiceAccount's name (`hub` unless [`HubAccount::create_named`]).
+    name: String,
     prefix: String,
     /// ClusterRoles and ClusterRoleBindings made (same names), deleted by [`HubAccount::delete`].
     cluster_wide: Vec<String>,
@@ -415,17 +417,29 @@ pub struct HubAccount {
 
 impl HubAccount {
     pub async fn create(admin: &Client, namespace: &str, prefix: &str) -> Self {
+        Self::create_named(admin, namespace, "hub", prefix).await
+    }
+
+    /// A ServiceAccount `name` in `namespace`, which may be shared with other tests (the account, not
+    /// the namespace, is deleted by [`HubAccount::delete`]): e.g. in [`AUDITED_NAMESPACE`].
+    pub async fn create_named(admin: &Client, namespace: &str, name: &str, prefix: &str) -> Self {
         let accounts: Api<ServiceAccount> = Api::namespaced(admin.clone(), namespace);
-        let account: ServiceAccount = serde_json::from_value(json!({"metadata": {"name": "hub"}})).unwrap();
+        let account: ServiceAccount = serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
         accounts.create(&PostParams::default(), &account).await.unwrap();
-        let token = service_account_token(admin, namespace, "hub").await;
+        let token = service_account_token(admin, namespace, name).await;
         Self {
             client: token_client(&token).await,
             admin: admin.clone(),
             namespace: namespace.to_owned(),
+            name: name.to_owned(),
             prefix: prefix.to_owned(),
             cluster_wide: Vec::new(),
         }
+    }
+
+    /// The account's user name as the API server (and its audit log) knows it.
+    pub fn user(&self) -> String {
+        format!("system:serviceaccount:{}:{}", self.namespace, self.name)
     }
 
     /// Grants what `docs` (`metahook rbac` output) say, binding ClusterRoles to the account directly.
@@ -439,7 +453,7 @@ impl HubAccount {
                 let binding = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
                     "metadata": {"name": name},
                     "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
-                    "subjects": [{"kind": "ServiceAccount", "name": "hub", "namespace": self.namespace}]});
+                    "subjects": [{"kind": "ServiceAccount", "name": self.name, "namespace": self.namespace}]});
                 apply_value(&self.admin, &binding).await;
                 self.cluster_wide.push(name);
             } else {
@@ -456,7 +470,36 @@ impl HubAccount {
             let _ = Api::<ClusterRoleBinding>::all(self.admin.clone()).delete(name, &DeleteParams::default()).await;
             let _ = Api::<ClusterRole>::all(self.admin.clone()).delete(name, &DeleteParams::default()).await;
         }
+        let accounts: Api<ServiceAccount> = Api::namespaced(self.admin.clone(), &self.namespace);
+        let _ = accounts.delete(&self.name, &DeleteParams::default()).await;
     }
+}
+
+/// The namespace whose ServiceAccounts the test control plane's API server audits
+/// (`tests/cluster/audit-policy.yaml`); nobody else's requests are recorded.
+pub const AUDITED_NAMESPACE: &str = "metahook-audited";
+
+/// Makes sure [`AUDITED_NAMESPACE`] exists (it is shared by the tests that audit, and never deleted).
+pub async fn audited_namespace(admin: &Client) {
+    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": AUDITED_NAMESPACE}})).unwrap();
+    match Api::<Namespace>::all(admin.clone()).create(&PostParams::default(), &ns).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 409 => {}
+        Err(e) => panic!("creating namespace {AUDITED_NAMESPACE}: {e}"),
+    }
+}
+
+/// The API server's audit records (`.cluster/logs/audit.log`, or `CLUSTER_AUDIT_LOG`) of `user`, as
+/// JSON: `verb`, `objectRef.{resource,namespace,apiGroup}`, `requestURI`, `stage`.
+pub fn audit_records(user: &str) -> Vec<Value> {
+    let path = std::env::var_os("CLUSTER_AUDIT_LOG")
+        .map_or_else(|| repo_root().join(".cluster/logs/audit.log"), PathBuf::from);
+    let text =
+        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading the audit log {}: {e}", path.display()));
+    text.lines()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .filter(|record| record["user"]["username"] == user)
+        .collect()
 }
 
 /// The certificates `tests/hooks/make_pki.sh` makes: a CA, a second CA nobody uses, a client CA; server
