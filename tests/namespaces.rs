@@ -205,3 +205,70 @@ async fn a_controller_with_a_cluster_scoped_parent_is_refused_by_a_hub_limited_t
     let _ = controllers.delete(&label, &DeleteParams::default()).await;
     ns.delete().await;
 }
+
+/// The customize hook asks for the rule in the parent's spec; sync reports what it was given.
+const RULE_FROM_SPEC: &str = r#"
+def customize(req):
+    return {"relatedResources": [req["parent"]["spec"]["rule"]]}
+
+def sync(req):
+    return {"status": {"related": {t: sorted(objs) for t, objs in req["related"].items()}}, "children": []}
+"#;
+
+#[tokio::test]
+async fn related_rules_reaching_outside_a_namespaced_hubs_namespaces_fail_the_sync_saying_so() {
+    let mut w = support::World::new("ns-limited-related", RULE_FROM_SPEC).await;
+    w.stop_hub().await;
+    let config = metahook::ops::config::Config {
+        namespaces: vec![w.ns.name.clone()],
+        ..metahook::ops::config::Config::default()
+    };
+    let client = w.client.clone();
+    w.start_hub_with(&client, config);
+    let other = TestNamespace::create(&w.client, "ns-limited-related-other").await;
+    for ns in [&w.ns.name, &other.name] {
+        apply_value(
+            &w.client,
+            &json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "wanted", "namespace": ns}}),
+        )
+        .await;
+    }
+    w.composite(json!({
+        "generateSelector": true,
+        "parentResource": {"apiVersion": "test.metahook.dev/v1", "resource": "things"},
+        "hooks": {"sync": {"version": "v2", "webhook": {"url": w.hook.url("/sync")}},
+                  "customize": {"version": "v2", "webhook": {"url": w.hook.url("/customize")}}},
+    }))
+    .await;
+    let rule = |namespace: &str| json!({"apiVersion": "v1", "resource": "configmaps", "namespace": namespace, "names": ["wanted"]});
+    w.thing("inside", json!({"rule": rule(&w.ns.name)})).await;
+    w.thing("other-namespace", json!({"rule": rule(&other.name)})).await;
+    w.thing("cluster-scoped", json!({"rule": {"apiVersion": "v1", "resource": "namespaces", "names": [other.name]}}))
+        .await;
+    w.thing(
+        "namespace-selector",
+        json!({"rule": {"apiVersion": "v1", "resource": "configmaps", "namespaceSelector": {"matchLabels": {"x": "y"}}}}),
+    )
+    .await;
+
+    let things = w.things().await;
+    let related =
+        eventually(WAIT, || async { things.get("inside").await.unwrap().data["status"].get("related").cloned() }).await;
+    assert_eq!(related, json!({"ConfigMap.v1": [format!("{}/wanted", w.ns.name)]}), "a rule inside works");
+    for (parent, expected) in [
+        ("other-namespace", format!("namespace {} is not one this hub watches ({})", other.name, w.ns.name)),
+        ("cluster-scoped", format!("a cluster-scoped type, but this hub watches only namespaces {}", w.ns.name)),
+        ("namespace-selector", "namespaceSelector reads Namespaces".to_owned()),
+    ] {
+        let warning = eventually(WAIT, || async {
+            let warnings = support::warnings_for(&w.client, &w.ns.name, parent).await;
+            warnings.into_iter().find(|e| e.starts_with("SyncError: ") && e.contains(&expected))
+        })
+        .await;
+        assert!(warning.contains("related resources"), "{warning}");
+        let status = things.get(parent).await.unwrap().data.get("status").cloned();
+        assert_eq!(status, None, "{parent}: nothing written");
+    }
+    other.delete().await;
+    w.finish("CompositeController").await;
+}
