@@ -7,8 +7,8 @@
 //! type (Metacontroller #1085), so the store here keeps those indexes. The watch itself is
 //! kube-runtime's `watcher`.
 //!
-//! An [`Informer`] is a handle: controllers that use the same type share one watch and one store, and
-//! the watch stops when the last handle is dropped. The store keeps each object as its JSON (see
+//! An [`Informer`] is a handle: controllers that use the same type share its watches and one store, and
+//! the watches stop when the last handle is dropped. The store keeps each object as its JSON (see
 //! `Entry`) and hands out freshly decoded `Arc`s, which are never mutated; callers clone before
 //! changing anything.
 
