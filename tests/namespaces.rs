@@ -1,11 +1,12 @@
 //! A hub limited to some namespaces (`namespaces: [a, b]`) on the real control plane.
 //!
-//! It runs as a ServiceAccount that holds only what `metahook rbac --base --namespaces a,b` printed (a
-//! Role per namespace, the base ClusterRole), syncs parents in `a` and `b` through the real Python
-//! hello-world hook, and never touches a parent in `c`. The API server's audit log (which records the
+//! A replica started as `metahook run --namespaces a,b` runs as a ServiceAccount that holds only what
+//! `metahook rbac --base --namespaces a,b` printed (a Role per namespace, the base ClusterRole), syncs
+//! parents in `a` and `b` through the real Python hello-world hook, and never touches a parent in `c`. The API server's audit log (which records the
 //! ServiceAccounts of `metahook-audited` only, `tests/cluster/audit-policy.yaml`) proves the hub's user
 //! never listed or watched anything cluster-wide but its own controller objects, nor in another
-//! namespace. A controller whose parent type is cluster-scoped is refused, with a reason of its own.
+//! namespace. A controller whose parent type is cluster-scoped is refused, with a reason of its own;
+//! related rules reaching outside the namespaces fail the sync, saying why.
 
 mod support;
 
@@ -15,7 +16,8 @@ use std::time::Duration;
 use kube::api::{DeleteParams, Patch, PatchParams};
 use serde_json::{Value, json};
 use support::{
-    AUDITED_NAMESPACE, ExampleHook, Hub, HubAccount, TestNamespace, api, apply_docs, apply_value, eventually,
+    AUDITED_NAMESPACE, ExampleHook, Hub, HubAccount, HubProcess, TestNamespace, api, apply_docs, apply_value,
+    eventually,
 };
 
 const WAIT: Duration = Duration::from_secs(90);
@@ -81,11 +83,10 @@ async fn a_hub_limited_to_two_namespaces_syncs_there_on_their_roles_and_never_li
     let mut account = HubAccount::create_named(&client, AUDITED_NAMESPACE, &user_name, &label).await;
     account.grant(&printed).await;
 
-    let config = metahook::ops::config::Config {
-        namespaces: vec![a.name.clone(), b.name.clone()],
-        ..metahook::ops::config::Config::default()
-    };
-    let hub = Hub::start_with_config(&account.client, &label, config);
+    // A replica as deployed: its own `metahook run --namespaces a,b` process, on the account's token.
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = account.kubeconfig(dir.path());
+    let hub = HubProcess::start_as(&label, "", &[], &kubeconfig, &["--namespaces", &namespaces_arg]);
     apply_value(&client, &controller).await;
     // c's parent first: had the hub watched c, it would be synced no later than a's and b's.
     for ns in [&c.name, &a.name, &b.name] {
@@ -158,7 +159,7 @@ async fn a_hub_limited_to_two_namespaces_syncs_there_on_their_roles_and_never_li
     }
     assert!(seen.contains("watch compositecontrollers"), "{seen:#?}");
 
-    hub.stop().await;
+    hub.kill();
     let controllers = api(&client, support::CONTROLLERS, "CompositeController", None).await;
     let _ = controllers.delete(&label, &DeleteParams::default()).await;
     account.delete().await;

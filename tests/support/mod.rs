@@ -308,6 +308,18 @@ impl HubProcess {
     /// Like [`HubProcess::start`], with more of the config file (`more_config`, YAML lines) and
     /// environment variables.
     pub fn start_with(label: &str, more_config: &str, env: &[(&str, &str)]) -> Self {
+        Self::start_as(label, more_config, env, &kubeconfig_path(), &[])
+    }
+
+    /// Like [`HubProcess::start_with`], connecting with `kubeconfig` (e.g. [`HubAccount::kubeconfig`])
+    /// and given more command-line arguments after `run` (e.g. `--namespaces a,b`).
+    pub fn start_as(
+        label: &str,
+        more_config: &str,
+        env: &[(&str, &str)],
+        kubeconfig: &std::path::Path,
+        args: &[&str],
+    ) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let config = dir.path().join("metahook.yaml");
         std::fs::write(
@@ -322,7 +334,8 @@ impl HubProcess {
             .args(["run", "--config"])
             .arg(&config)
             .arg("--kubeconfig")
-            .arg(kubeconfig_path())
+            .arg(kubeconfig)
+            .args(args)
             .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())
@@ -413,6 +426,7 @@ pub struct HubAccount {
     prefix: String,
     /// ClusterRoles and ClusterRoleBindings made (same names), deleted by [`HubAccount::delete`].
     cluster_wide: Vec<String>,
+    token: String,
 }
 
 impl HubAccount {
@@ -434,7 +448,19 @@ impl HubAccount {
             name: name.to_owned(),
             prefix: prefix.to_owned(),
             cluster_wide: Vec::new(),
+            token,
         }
+    }
+
+    /// A kubeconfig file in `dir` for the local control plane that authenticates with the account's
+    /// token only, for a hub run as its own process ([`HubProcess::start_as`]).
+    pub fn kubeconfig(&self, dir: &std::path::Path) -> PathBuf {
+        let text = std::fs::read_to_string(kubeconfig_path()).expect("reading the kubeconfig");
+        let mut config: serde_yaml::Value = serde_yaml::from_str(&text).unwrap();
+        config["users"][0]["user"] = serde_yaml::to_value(json!({"token": self.token})).unwrap();
+        let path = dir.join(format!("{}.kubeconfig", self.name));
+        std::fs::write(&path, serde_yaml::to_string(&config).unwrap()).unwrap();
+        path
     }
 
     /// The account's user name as the API server (and its audit log) knows it.
