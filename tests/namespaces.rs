@@ -2,10 +2,10 @@
 //!
 //! A replica started as `metahook run --namespaces a,b` runs as a ServiceAccount that holds only what
 //! `metahook rbac --base --namespaces a,b` printed (a Role per namespace, the base ClusterRole), syncs
-//! parents in `a` and `b` through the real Python hello-world hook, and never touches a parent in `c`. The API server's audit log (which records the
-//! ServiceAccounts of `metahook-audited` only, `tests/cluster/audit-policy.yaml`) proves the hub's user
-//! never listed or watched anything cluster-wide but its own controller objects, nor in another
-//! namespace. A controller whose parent type is cluster-scoped is refused, with a reason of its own;
+//! parents in `a` and `b` through the real Python hello-world hook, and never touches a parent in `c`.
+//! The API server's audit log (which records the ServiceAccounts of `metahook-audited` only,
+//! `tests/cluster/audit-policy.yaml`) proves the hub's user never listed or watched anything
+//! cluster-wide but its own controller objects, nor in another namespace. A controller whose parent type is cluster-scoped is refused, with a reason of its own;
 //! related rules reaching outside the namespaces fail the sync, saying why.
 
 mod support;
