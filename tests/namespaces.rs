@@ -5,8 +5,9 @@
 //! parents in `a` and `b` through the real Python hello-world hook, and never touches a parent in `c`.
 //! The API server's audit log (which records the ServiceAccounts of `metahook-audited` only,
 //! `tests/cluster/audit-policy.yaml`) proves the hub's user never listed or watched anything
-//! cluster-wide but its own controller objects, nor in another namespace. A controller whose parent type is cluster-scoped is refused, with a reason of its own;
-//! related rules reaching outside the namespaces fail the sync, saying why.
+//! cluster-wide but its own controller objects, nor in another namespace. A controller whose parent
+//! type is cluster-scoped is refused, with a reason of its own; related rules reaching outside the
+//! namespaces fail the sync, saying why.
 
 mod support;
 
@@ -241,14 +242,18 @@ async fn related_rules_reaching_outside_a_namespaced_hubs_namespaces_fail_the_sy
                   "customize": {"version": "v2", "webhook": {"url": w.hook.url("/customize")}}},
     }))
     .await;
-    let rule = |namespace: &str| json!({"apiVersion": "v1", "resource": "configmaps", "namespace": namespace, "names": ["wanted"]});
+    let rule = |namespace: &str| {
+        let names = json!(["wanted"]);
+        json!({"apiVersion": "v1", "resource": "configmaps", "namespace": namespace, "names": names})
+    };
     w.thing("inside", json!({"rule": rule(&w.ns.name)})).await;
     w.thing("other-namespace", json!({"rule": rule(&other.name)})).await;
     w.thing("cluster-scoped", json!({"rule": {"apiVersion": "v1", "resource": "namespaces", "names": [other.name]}}))
         .await;
     w.thing(
         "namespace-selector",
-        json!({"rule": {"apiVersion": "v1", "resource": "configmaps", "namespaceSelector": {"matchLabels": {"x": "y"}}}}),
+        json!({"rule": {"apiVersion": "v1", "resource": "configmaps",
+                        "namespaceSelector": {"matchLabels": {"x": "y"}}}}),
     )
     .await;
 
