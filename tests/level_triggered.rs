@@ -452,6 +452,54 @@ async fn a_child_edit_the_watch_never_delivered_is_put_back_by_the_next_relist()
     w.finish("CompositeController").await;
 }
 
+/// A hub limited to two namespaces watches, and relists, each on its own: an edit its ConfigMap watch
+/// in the second namespace never delivered is put back within one interval, as for a cluster-wide hub,
+/// and the parent in the first namespace keeps its child meanwhile.
+#[tokio::test]
+async fn a_namespaced_hub_relists_each_of_its_namespaces_and_puts_a_missed_edit_back() {
+    const INTERVAL: Duration = Duration::from_secs(5);
+    let mut w = World::new("lt-flush-ns", COUNTING).await;
+    w.stop_hub().await;
+    let other = support::TestNamespace::create(&w.client, "lt-flush-ns-other").await;
+    controller(&w, json!({}), with_hook(in_place(), &w)).await;
+    w.thing("t", json!({"count": 1, "message": "first"})).await;
+    let second = json!({"apiVersion": "test.metahook.dev/v1", "kind": "Thing",
+        "metadata": {"name": "t", "namespace": other.name, "labels": {"metahook-test": w.label}},
+        "spec": {"count": 1, "message": "second"}});
+    apply_value(&w.client, &second).await;
+    let other_maps = api(&w.client, "v1", "ConfigMap", Some(&other.name)).await;
+    let message = |maps: kube::Api<DynamicObject>| async move {
+        maps.get_opt("t-0").await.unwrap().map(|cm| cm.data["data"]["message"].clone())
+    };
+    let cut = WatchCut::default();
+    let config = Config {
+        cache_flush_interval: INTERVAL,
+        namespaces: vec![w.ns.name.clone(), other.name.clone()],
+        ..Config::default()
+    };
+    w.start_hub_with(&cut.client(&w.client), config);
+    eventually(WAIT, || async { (message(other_maps.clone()).await? == "second").then_some(()) }).await;
+    eventually(WAIT, || async { (child_message(&w).await? == "first").then_some(()) }).await;
+
+    cut.cut("configmaps");
+    let edit = Patch::Merge(json!({"data": {"message": "missed"}}));
+    other_maps.patch("t-0", &someone_else(), &edit).await.unwrap();
+    eventually(WAIT, || async {
+        cut.dropped().iter().any(|e| e.contains("\"t-0\"") && e.contains("missed")).then_some(())
+    })
+    .await;
+    cut.restore();
+    let edited = std::time::Instant::now();
+    eventually(INTERVAL * 3, || async { (message(other_maps.clone()).await? == "second").then_some(()) }).await;
+    let took = edited.elapsed();
+    println!("an edit the watch of one namespace never delivered was put back after {took:?}");
+    assert!(took < INTERVAL + Duration::from_secs(2), "put back after {took:?}, not within one interval");
+    assert_eq!(child_message(&w).await, Some(json!("first")), "the first namespace's child is untouched");
+    w.stop_hub().await;
+    other.delete().await;
+    w.finish("CompositeController").await;
+}
+
 /// The message of the child `t-0`, if it exists.
 async fn child_message(w: &World) -> Option<Value> {
     w.config_map("t-0").await.map(|cm| cm.data["data"]["message"].clone())

@@ -1,12 +1,14 @@
-//! Shared, indexed caches of any resource type: one watch per type for the whole hub.
+//! Shared, indexed caches of any resource type: one store per type for the whole hub, filled by one
+//! watch per type, or, for a hub limited to some namespaces (`namespaces`), by one watch per type and
+//! namespace, merged into the same store.
 //!
 //! kube-runtime's `reflector::Store` has no secondary indexes; claiming a parent's children needs
 //! "objects controlled by UID x" and "orphans in namespace n" without scanning every object of the
 //! type (Metacontroller #1085), so the store here keeps those indexes. The watch itself is
 //! kube-runtime's `watcher`.
 //!
-//! An [`Informer`] is a handle: controllers that use the same type share one watch and one store, and
-//! the watch stops when the last handle is dropped. The store keeps each object as its JSON (see
+//! An [`Informer`] is a handle: controllers that use the same type share its watches and one store, and
+//! the watches stop when the last handle is dropped. The store keeps each object as its JSON (see
 //! `Entry`) and hands out freshly decoded `Arc`s, which are never mutated; callers clone before
 //! changing anything.
 
@@ -448,6 +450,8 @@ pub struct Informers {
     client: Client,
     /// How often each watch lists its type again (see [`crate::cache::relist`]); `None`: never.
     flush_interval: Option<Duration>,
+    /// The namespaces namespaced types are watched in, one watch each; empty: the whole cluster.
+    namespaces: Arc<[String]>,
     live: Arc<Mutex<HashMap<String, Weak<Shared>>>>,
 }
 
@@ -455,7 +459,33 @@ impl Informers {
     /// Informers on `client` whose watches list their type again every `flush_interval` (zero: never).
     #[must_use]
     pub fn new(client: Client, flush_interval: Duration) -> Self {
-        Self { client, flush_interval: Some(flush_interval).filter(|d| !d.is_zero()), live: Arc::default() }
+        Self {
+            client,
+            flush_interval: Some(flush_interval).filter(|d| !d.is_zero()),
+            namespaces: Arc::default(),
+            live: Arc::default(),
+        }
+    }
+
+    /// These informers, watching namespaced types only in `namespaces` (empty: the whole cluster), one
+    /// watch per namespace into each type's one store: a hub on Roles in those namespaces can list and
+    /// watch nothing wider.
+    #[must_use]
+    pub fn in_namespaces(mut self, namespaces: Vec<String>) -> Self {
+        self.namespaces = namespaces.into();
+        self
+    }
+
+    /// The namespaces the hub is limited to; empty: none (the whole cluster).
+    #[must_use]
+    pub fn namespaces(&self) -> &[String] {
+        &self.namespaces
+    }
+
+    /// Whether objects in `namespace` are watched (always, for a hub not limited to namespaces).
+    #[must_use]
+    pub fn covers(&self, namespace: &str) -> bool {
+        self.namespaces.is_empty() || self.namespaces.iter().any(|n| n == namespace)
     }
 
     /// How often watches list their type again; `None`: never. For other watches of the hub (the
@@ -483,7 +513,12 @@ impl Informers {
             last_error,
             task: Mutex::default(),
         });
-        let task = tokio::spawn(run_watch(self.client.clone(), Arc::downgrade(&shared), self.flush_interval));
+        let task = tokio::spawn(run_watch(
+            self.client.clone(),
+            Arc::downgrade(&shared),
+            self.flush_interval,
+            Arc::clone(&self.namespaces),
+        ));
         *shared.task.lock().expect("task lock") = Some(task.abort_handle());
         live.retain(|_, weak| weak.strong_count() > 0);
         live.insert(id, Arc::downgrade(&shared));
@@ -566,39 +601,67 @@ pub fn slim_managed_fields(obj: &mut DynamicObject) {
     }
 }
 
-async fn run_watch(client: Client, shared: Weak<Shared>, flush_interval: Option<Duration>) {
+/// Where the watches of `resource` look: the whole cluster (`[None]`), or each of `namespaces` for a
+/// namespaced type when the hub is limited to them. Cluster-scoped types have no namespace to limit.
+fn scopes(resource: &ResolvedResource, namespaces: &[String]) -> Vec<Option<String>> {
+    if resource.namespaced && !namespaces.is_empty() {
+        namespaces.iter().cloned().map(Some).collect()
+    } else {
+        vec![None]
+    }
+}
+
+/// One watch per scope (see [`scopes`]), merged: each lists, relists and fails on its own, and the
+/// store is synced once every one of them has listed. A relist of one namespace removes only what is
+/// gone from that namespace.
+async fn run_watch(client: Client, shared: Weak<Shared>, flush_interval: Option<Duration>, namespaces: Arc<[String]>) {
     let resource = match shared.upgrade() {
         Some(s) => Arc::clone(&s.resource),
         None => return,
     };
-    let api: Api<DynamicObject> = Api::all_with(client, &resource.api_resource);
-    // Listed again every flush interval: what changed unseen reaches subscribers as `relisted` changes.
-    let start = move || resilient(watcher(api.clone(), watcher::Config::default())).boxed();
-    let mut events = relisting(start, flush_interval);
-    // Keys seen by a relist in progress: objects go into the store as they arrive (no second full copy
-    // of the cache while a relist runs); at InitDone, what the relist did not see is gone.
-    let mut relisted: Option<HashSet<ObjectKey>> = None;
-    while let Some(event) = events.next().await {
+    let scopes = scopes(&resource, &namespaces);
+    let watches = scopes.iter().enumerate().map(|(index, scope)| {
+        let api: Api<DynamicObject> = match scope {
+            Some(namespace) => Api::namespaced_with(client.clone(), namespace, &resource.api_resource),
+            None => Api::all_with(client.clone(), &resource.api_resource),
+        };
+        // Listed again every flush interval: what changed unseen reaches subscribers as `relisted` changes.
+        let start = move || resilient(watcher(api.clone(), watcher::Config::default())).boxed();
+        relisting(start, flush_interval).map(move |event| (index, event))
+    });
+    let mut events = futures::stream::select_all(watches);
+    // Keys seen by each scope's relist in progress: objects go into the store as they arrive (no second
+    // full copy of the cache while a relist runs); at InitDone, what the relist did not see is gone.
+    let mut relisted: Vec<Option<HashSet<ObjectKey>>> = vec![None; scopes.len()];
+    let mut listed = vec![false; scopes.len()];
+    let mut errors: Vec<Option<WatchFailure>> = vec![None; scopes.len()];
+    while let Some((index, event)) = events.next().await {
         let Some(shared) = shared.upgrade() else { return };
+        let scope = scopes[index].as_deref();
         match event {
             Err(err) => {
-                warn!(resource = %resource.api_resource.plural, "watch error (retrying): {err}");
-                shared.last_error.send_replace(Some(failure(&err)));
+                warn!(resource = %resource.api_resource.plural, namespace = scope, "watch error (retrying): {err}");
+                errors[index] = Some(failure(&err));
+                shared.last_error.send_replace(errors.iter().flatten().next().cloned());
             }
             Ok(watcher::Event::Init) => {
-                shared.last_error.send_replace(None);
-                relisted = Some(HashSet::new());
+                errors[index] = None;
+                shared.last_error.send_replace(errors.iter().flatten().next().cloned());
+                relisted[index] = Some(HashSet::new());
             }
             Ok(watcher::Event::InitApply(obj)) => {
                 let obj = prepare(obj, &resource);
-                relisted.get_or_insert_with(HashSet::new).insert(ObjectKey::of(&obj));
+                relisted[index].get_or_insert_with(HashSet::new).insert(ObjectKey::of(&obj));
                 shared.publish(true, |store| refresh(store, obj).into_iter().collect());
             }
             Ok(watcher::Event::InitDone) => {
-                let seen = relisted.take().unwrap_or_default();
-                shared.publish(true, |store| remove_unseen(store, &seen));
-                shared.synced.send_replace(true);
-                debug!(resource = %resource.api_resource.plural, "cache synced");
+                let seen = relisted[index].take().unwrap_or_default();
+                shared.publish(true, |store| remove_unseen(store, scope, &seen));
+                listed[index] = true;
+                if listed.iter().all(|l| *l) {
+                    shared.synced.send_replace(true);
+                }
+                debug!(resource = %resource.api_resource.plural, namespace = scope, "cache synced");
             }
             Ok(watcher::Event::Apply(obj)) => {
                 let obj = prepare(obj, &resource);
@@ -687,9 +750,20 @@ fn refresh(store: &mut Store, obj: Arc<DynamicObject>) -> Option<Change> {
     Some(Change::Applied { old, new: obj })
 }
 
-/// Removes what a finished relist did not see; reports the deletions.
-fn remove_unseen(store: &mut Store, seen: &HashSet<ObjectKey>) -> Vec<Change> {
-    let gone: Vec<Key> = store.objects.keys().filter(|k| !seen.contains(k.as_ref())).cloned().collect();
+/// Removes what a finished relist of `namespace` (`None`: of the whole cluster) did not see; reports
+/// the deletions. Objects of other namespaces are another watch's, listed on their own.
+fn remove_unseen(store: &mut Store, namespace: Option<&str>, seen: &HashSet<ObjectKey>) -> Vec<Change> {
+    let gone: Vec<Key> = match namespace {
+        None => store.objects.keys().filter(|k| !seen.contains(k.as_ref())).cloned().collect(),
+        Some(ns) => store
+            .by_namespace
+            .get(&Some(ns.to_owned()))
+            .into_iter()
+            .flatten()
+            .filter(|k| !seen.contains(k.as_ref()))
+            .cloned()
+            .collect(),
+    };
     gone.iter().filter_map(|k| store.remove(k)).map(Change::Deleted).collect()
 }
 
@@ -835,6 +909,35 @@ mod tests {
     }
 
     #[test]
+    fn namespaced_types_are_watched_per_namespace_and_cluster_scoped_ones_cluster_wide() {
+        let resource = |namespaced| ResolvedResource {
+            api_resource: kube::core::ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&()),
+            namespaced,
+            has_status: false,
+        };
+        let two = ["a".to_owned(), "b".to_owned()];
+        assert_eq!(scopes(&resource(true), &two), [Some("a".to_owned()), Some("b".to_owned())]);
+        assert_eq!(scopes(&resource(true), &[]), [None], "no namespaces: one watch, cluster-wide");
+        assert_eq!(scopes(&resource(false), &two), [None], "a cluster-scoped type has no namespace");
+    }
+
+    #[test]
+    fn a_namespaces_relist_removes_only_what_is_gone_from_that_namespace() {
+        let mut store = Store::default();
+        store.insert(&object("a", "kept", "1", None));
+        store.insert(&object("a", "gone", "1", None));
+        store.insert(&object("b", "other", "1", None));
+        let seen: HashSet<ObjectKey> = [ObjectKey { namespace: Some("a".into()), name: "kept".into() }].into();
+        let deleted: Vec<String> = remove_unseen(&mut store, Some("a"), &seen)
+            .iter()
+            .map(|c| c.object().metadata.name.clone().unwrap())
+            .collect();
+        assert_eq!(deleted, ["gone"], "b's object is b's watch's to list");
+        assert_eq!(store.objects.len(), 2);
+        assert!(remove_unseen(&mut store, Some("c"), &HashSet::new()).is_empty());
+    }
+
+    #[test]
     fn relist_reports_deletions_and_changed_objects_only() {
         let mut store = Store::default();
         store.insert(&object("a", "same", "1", None));
@@ -843,7 +946,7 @@ mod tests {
         let fresh = [object("a", "same", "1", None), object("a", "changed", "2", None), object("a", "new", "1", None)];
         let seen: HashSet<ObjectKey> = fresh.iter().map(|o| ObjectKey::of(o)).collect();
         let mut changes: Vec<Change> = fresh.into_iter().filter_map(|o| refresh(&mut store, o)).collect();
-        changes.extend(remove_unseen(&mut store, &seen));
+        changes.extend(remove_unseen(&mut store, None, &seen));
         let mut names: Vec<String> = changes
             .iter()
             .map(|c| match c {

@@ -8,7 +8,9 @@
 //! kube-runtime's watcher never relists on its own (only after its resourceVersion expired), so
 //! [`Relisting`] starts a fresh one — which lists first, as every watcher does. The cache compares that
 //! list with what it holds ([`crate::cache::informers`]): only objects whose resourceVersion differs, and
-//! those that are gone, reach the controllers, marked `relisted`.
+//! those that are gone, reach the controllers, marked `relisted`. A hub limited to some namespaces
+//! watches a type once per namespace, each watch relisting on its own (jittered) timer, so a relist
+//! lists one namespace and removes from the cache only what is gone from it.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};

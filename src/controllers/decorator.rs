@@ -189,6 +189,7 @@ impl Controller {
                 .resolve(&rule.api_version, &rule.resource)
                 .await
                 .map_err(|source| StartError::NotFound { role: "target", source })?;
+            crate::engine::sync::within_namespaces(hub, "target", &resource)?;
             let compiled = Rule {
                 labels: rule
                     .label_selector

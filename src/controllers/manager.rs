@@ -307,16 +307,26 @@ async fn report<K: Managed>(hub: &Hub, obj: &K, ready: bool, reason: &str, messa
     }
 }
 
-/// Removes a deleted controller's finalizer from every object that still carries it.
+/// Removes a deleted controller's finalizer from every object that still carries it (in the hub's
+/// namespaces, for a hub limited to some: it may list nothing else).
 async fn release_finalizers<K: Managed>(hub: &Hub, obj: &K) {
     let (finalizer, types) = obj.finalizer();
     for (api_version, resource) in types {
         let Ok(resolved) = hub.discovery.resolve(&api_version, &resource).await else { continue };
-        let list = Api::<kube::api::DynamicObject>::all_with(hub.client.clone(), &resolved.api_resource)
-            .list(&kube::api::ListParams::default())
-            .await;
-        let Ok(list) = list else { continue };
-        for item in list.items.iter().filter(|o| crate::engine::finalizer::has_finalizer(o, &finalizer)) {
+        let apis: Vec<Api<kube::api::DynamicObject>> = match hub.informers.namespaces() {
+            namespaces if resolved.namespaced && !namespaces.is_empty() => namespaces
+                .iter()
+                .map(|ns| Api::namespaced_with(hub.client.clone(), ns, &resolved.api_resource))
+                .collect(),
+            _ => vec![Api::all_with(hub.client.clone(), &resolved.api_resource)],
+        };
+        let mut items = Vec::new();
+        for api in apis {
+            if let Ok(list) = api.list(&kube::api::ListParams::default()).await {
+                items.extend(list.items);
+            }
+        }
+        for item in items.iter().filter(|o| crate::engine::finalizer::has_finalizer(o, &finalizer)) {
             let api = api_for(&hub.client, &resolved, item);
             if let Err(err) = crate::engine::finalizer::remove_finalizer(&api, item, &finalizer).await {
                 warn!(object = %item.name_any(), "could not remove finalizer {finalizer}: {err}");

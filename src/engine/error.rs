@@ -18,6 +18,14 @@ pub enum StartError {
     NoStatusSubresource { resource: String },
     #[error("rolling update methods need a namespaced parent (ControllerRevisions live in its namespace)")]
     RollingNeedsNamespacedParent,
+    /// The hub is limited to some namespaces (`namespaces`), and one of the controller's types has no
+    /// namespace: watching it would be cluster-wide, which the hub's Roles cannot grant and its
+    /// operators did not allow.
+    #[error(
+        "{role} resource {resource} is cluster-scoped, but this hub watches only namespaces {namespaces}: \
+         namespaced RBAC cannot grant it (run it on a hub without `namespaces`)"
+    )]
+    ClusterScoped { role: &'static str, resource: String, namespaces: String },
     #[error("label selector: {0}")]
     Selector(#[from] SelectorError),
     #[error("{0}")]
@@ -42,6 +50,7 @@ impl StartError {
             Self::NotFound { .. } => "ResourceNotFound",
             Self::NoStatusSubresource { .. } => "NoStatusSubresource",
             Self::RollingNeedsNamespacedParent => "UnsupportedUpdateMethod",
+            Self::ClusterScoped { .. } => "ClusterScopedResource",
             Self::Selector(_) => "InvalidSelector",
             Self::Annotation(_) => "InvalidAnnotation",
             Self::CacheSync(crate::cache::informers::SyncTimeout::Forbidden { .. }) => "Forbidden",

@@ -216,6 +216,7 @@ impl<K: Clone + Eq + Hash + Send + Sync + 'static> Related<K> {
             return Err(invalid("namespaceSelector applies only to namespaced resources".into()));
         }
         let mut namespace = raw.namespace.clone().filter(|n| !n.is_empty());
+        self.within_namespaces(raw, &resource, namespace.as_deref()).map_err(invalid)?;
         if scope.version == HookVersion::V1
             && let Some(parent_ns) = scope.namespace
         {
@@ -248,6 +249,31 @@ impl<K: Clone + Eq + Hash + Send + Sync + 'static> Related<K> {
         let labels = parse(&raw.label_selector).map_err(|e| invalid(e.to_string()))?;
         let namespaces = parse(&raw.namespace_selector).map_err(|e| invalid(e.to_string()))?;
         Ok(Rule { informer: self.informer(&resource), names: raw.names.clone(), namespace, labels, namespaces })
+    }
+
+    /// On a hub limited to some namespaces, a rule may only select what those namespaces' watches see:
+    /// no cluster-scoped type, no `namespaceSelector` (it reads Namespaces, cluster-scoped), no other
+    /// namespace. Refusing says so in the parent's `SyncError` instead of selecting nothing silently. A
+    /// rule without a namespace selects in the hub's namespaces.
+    fn within_namespaces(
+        &self,
+        raw: &RelatedResourceRule,
+        resource: &ResolvedResource,
+        namespace: Option<&str>,
+    ) -> Result<(), String> {
+        let informers = &self.hub.informers;
+        let limited = || informers.namespaces().join(",");
+        if informers.namespaces().is_empty() {
+            Ok(())
+        } else if !resource.namespaced {
+            Err(format!("a cluster-scoped type, but this hub watches only namespaces {}", limited()))
+        } else if raw.namespace_selector.is_some() {
+            Err(format!("namespaceSelector reads Namespaces, but this hub watches only namespaces {}", limited()))
+        } else if let Some(ns) = namespace.filter(|ns| !informers.covers(ns)) {
+            Err(format!("namespace {ns} is not one this hub watches ({})", limited()))
+        } else {
+            Ok(())
+        }
     }
 
     /// The shared informer for a related type; the first use starts mapping its changes to parents.

@@ -177,9 +177,24 @@ pub(crate) async fn child_types(
             .resolve(&rule.api_version, &rule.resource)
             .await
             .map_err(|source| StartError::NotFound { role, source })?;
+        within_namespaces(hub, role, &resource)?;
         types.push(ChildType { method: method(rule.method()), informer: hub.informers.get(&resource) });
     }
     Ok(types)
+}
+
+/// Refuses a cluster-scoped type on a hub limited to some namespaces: its watch would be cluster-wide.
+/// Checked before any watch of the controller starts, so a refused controller lists nothing.
+pub(crate) fn within_namespaces(hub: &Hub, role: &'static str, resource: &ResolvedResource) -> Result<(), StartError> {
+    let namespaces = hub.informers.namespaces();
+    if resource.namespaced || namespaces.is_empty() {
+        return Ok(());
+    }
+    Err(StartError::ClusterScoped {
+        role,
+        resource: format!("{}.{}", resource.api_resource.plural, resource.api_version()),
+        namespaces: namespaces.join(","),
+    })
 }
 
 /// What a hook's answer, checked whole, asks to be written.

@@ -110,6 +110,14 @@ pub struct Config {
     pub customize_cache_timeout: Duration,
     /// Traces of the syncs, for an OpenTelemetry collector (off unless an endpoint is set).
     pub tracing: Tracing,
+    /// The namespaces the hub may read and write (`[a, b]`); empty (the default) = the whole cluster.
+    /// Every list and watch of a namespaced type (parents, children, attachments, related objects,
+    /// `ControllerRevisions`) then goes to each of these namespaces, never cluster-wide, so the hub can run
+    /// on Roles in them (`metahook rbac --namespaces a,b`) where a cluster grants no more. The
+    /// controller objects (cluster-scoped CRDs) are still watched cluster-wide; a controller whose
+    /// parent, child or attachment type is cluster-scoped is refused (`Ready=False`,
+    /// `ClusterScopedResource`): namespaced RBAC cannot grant it.
+    pub namespaces: Vec<String>,
 }
 
 /// Traces: one per sync, with a span for its observe phase, each hook call, each child write and the
@@ -208,6 +216,7 @@ impl Default for Config {
             cache_flush_interval: Duration::from_secs(30 * 60),
             customize_cache_timeout: Duration::from_secs(20 * 60),
             tracing: Tracing::default(),
+            namespaces: Vec::new(),
         }
     }
 }
@@ -254,6 +263,9 @@ pub struct ConfigOverrides {
     /// Base URL of an OTLP/HTTP collector to send traces to (`http://collector:4318`); empty: none.
     #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
     pub otlp_endpoint: Option<String>,
+    /// Watch and write only in these namespaces (`a,b`); empty: the whole cluster.
+    #[arg(long, env = "METAHOOK_NAMESPACES", value_delimiter = ',')]
+    pub namespaces: Option<Vec<String>>,
 }
 
 impl Config {
@@ -283,6 +295,10 @@ impl Config {
         }
         if let Some(auth) = overrides.metrics_auth {
             config.metrics_auth = auth;
+        }
+        if let Some(namespaces) = &overrides.namespaces {
+            // `--namespaces ""` (an empty list item) means the whole cluster, as the file's `[]` does.
+            config.namespaces = namespaces.iter().filter(|n| !n.is_empty()).cloned().collect();
         }
         let election = &mut config.leader_election;
         if let Some(enabled) = overrides.leader_elect {
@@ -421,6 +437,12 @@ impl Config {
             return Err(ConfigError::Invalid { field: "cacheSyncTimeout", reason: "must be at least 1 second".into() });
         }
         self.leader_election.validate()?;
+        if let Some(bad) = self.namespaces.iter().find(|n| !is_dns_label(n)) {
+            return Err(ConfigError::Invalid {
+                field: "namespaces",
+                reason: format!("{bad:?} is not a namespace name (a DNS label: a-z, 0-9, '-', at most 63)"),
+            });
+        }
         if self.tracing.enabled() {
             crate::ops::traces::collector_url(&self.tracing.otlp_endpoint)
                 .map_err(|reason| ConfigError::Invalid { field: "tracing.otlpEndpoint", reason })?;
@@ -431,6 +453,17 @@ impl Config {
             .map_err(|e| ConfigError::Invalid { field: "targetLabelSelector", reason: e.to_string() })?;
         Ok(())
     }
+}
+
+/// Whether `name` can name a namespace (an RFC 1123 label): a typo here would otherwise make a hub that
+/// watches nothing and says nothing.
+fn is_dns_label(name: &str) -> bool {
+    let bytes = name.as_bytes();
+    !bytes.is_empty()
+        && bytes.len() <= 63
+        && bytes.iter().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
+        && bytes[0] != b'-'
+        && bytes[bytes.len() - 1] != b'-'
 }
 
 impl LeaderElection {
@@ -575,6 +608,22 @@ mod tests {
         let overrides = ConfigOverrides { metrics_auth: Some(MetricsAuth::Kubernetes), ..ConfigOverrides::default() };
         assert_eq!(Config::load(None, &overrides).unwrap().metrics_auth, MetricsAuth::Kubernetes);
         assert_eq!(Config::default().metrics_auth, MetricsAuth::None, "open by default, as Metacontroller's");
+    }
+
+    #[test]
+    fn namespaces_come_from_the_file_or_a_comma_separated_flag_and_must_be_names() {
+        assert!(Config::default().namespaces.is_empty(), "the whole cluster by default");
+        let config: Config = serde_yaml::from_str("namespaces: [team-a, team-b]").unwrap();
+        assert_eq!(config.namespaces, ["team-a", "team-b"]);
+        let overrides =
+            ConfigOverrides { namespaces: Some(vec!["a".into(), "b".into()]), ..ConfigOverrides::default() };
+        assert_eq!(Config::load(None, &overrides).unwrap().namespaces, ["a", "b"]);
+        let overrides = ConfigOverrides { namespaces: Some(vec![String::new()]), ..ConfigOverrides::default() };
+        assert!(Config::load(None, &overrides).unwrap().namespaces.is_empty(), "an empty flag: the whole cluster");
+        for bad in ["Team", "a b", "-a", "a.b"] {
+            let config = Config { namespaces: vec![bad.into()], ..Config::default() };
+            assert!(config.validate().unwrap_err().to_string().contains("namespaces"), "{bad}");
+        }
     }
 
     #[test]

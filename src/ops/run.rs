@@ -38,7 +38,7 @@ pub fn build(client: Client, config: &Config) -> Hub {
     let metrics = Metrics::default();
     Hub {
         discovery: Discovery::new(client.clone(), config.discovery_interval),
-        informers: Informers::new(client.clone(), config.cache_flush_interval),
+        informers: Informers::new(client.clone(), config.cache_flush_interval).in_namespaces(config.namespaces.clone()),
         hooks: HookClient::new(&config.hook_client(), Some(client.clone())),
         applier: Applier::new(client.clone(), config.field_manager.clone())
             .with_metrics(metrics.apply.clone())

@@ -36,8 +36,9 @@ enum Command {
     /// Run a CompositeController's or DecoratorController's hook on YAML fixtures, without a cluster, and show
     /// what the hub would do.
     Render(crate::tools::render::RenderArgs),
-    /// Print the `ClusterRole` each controller in the files needs, labelled to be aggregated into the hub's,
-    /// and per namespace a `Role` + `RoleBinding` for the Secrets and `ConfigMap`s its hook credentials name.
+    /// Print the `ClusterRole` each controller in the files needs, labelled to be aggregated into the hub's
+    /// (with `--namespaces`, a `Role` + `RoleBinding` in each namespace instead), and per namespace a
+    /// `Role` + `RoleBinding` for the Secrets and `ConfigMap`s its hook credentials name.
     Rbac(RbacArgs),
     /// List what switching this cluster from Metacontroller to metahook would change (`--dry-run`).
     Migrate(crate::tools::migrate::MigrateArgs),
@@ -64,6 +65,10 @@ struct RbacArgs {
     /// is the one `deploy/` installs.
     #[arg(long, value_name = "NAMESPACE/NAME", default_value = crate::tools::rbac::DEFAULT_SERVICE_ACCOUNT)]
     service_account: crate::tools::rbac::ServiceAccount,
+    /// For a hub started with `--namespaces a,b`: each controller's grants as a `Role` + `RoleBinding` in
+    /// each of these namespaces instead of a `ClusterRole` (the base role stays a `ClusterRole`).
+    #[arg(long, value_delimiter = ',', value_name = "NAMESPACES")]
+    namespaces: Vec<String>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -131,7 +136,14 @@ pub fn main() -> ExitCode {
                 eprintln!("metahook rbac: give -f FILE (controllers) and/or --base");
                 return ExitCode::from(2);
             }
-            match crate::tools::rbac::render(&args.files, &args.related, args.base, &args.service_account) {
+            let request = crate::tools::rbac::RbacRequest {
+                files: args.files,
+                related: args.related,
+                base: args.base,
+                hub: Some(args.service_account),
+                namespaces: args.namespaces.into_iter().filter(|n| !n.is_empty()).collect(),
+            };
+            match crate::tools::rbac::render(&request) {
                 Ok(yaml) => {
                     print!("{yaml}");
                     ExitCode::SUCCESS

@@ -253,27 +253,44 @@ impl std::str::FromStr for ServiceAccount {
 pub fn credential_roles(controller: &ControllerObject, name: &str, hub: &ServiceAccount) -> Vec<(Role, RoleBinding)> {
     credential_objects(controller)
         .into_iter()
-        .map(|(namespace, objects)| {
-            let metadata =
-                ObjectMeta { name: Some(name.to_owned()), namespace: Some(namespace.clone()), ..ObjectMeta::default() };
-            let role = Role { metadata: metadata.clone(), rules: Some(objects.rules()) };
-            let binding = RoleBinding {
-                metadata,
-                role_ref: RoleRef {
-                    api_group: Some("rbac.authorization.k8s.io".to_owned()),
-                    kind: "Role".to_owned(),
-                    name: name.to_owned(),
-                },
-                subjects: Some(vec![Subject {
-                    kind: "ServiceAccount".to_owned(),
-                    name: hub.name.clone(),
-                    namespace: Some(hub.namespace.clone()),
-                    ..Subject::default()
-                }]),
-            };
-            (role, binding)
-        })
+        .map(|(namespace, objects)| bound_role(name, &namespace, objects.rules(), hub))
         .collect()
+}
+
+/// For a hub limited to `namespaces` (`metahook rbac --namespaces`), what [`controller_rules`] grants,
+/// as a Role `<name>` in each namespace with a RoleBinding `<name>` to `hub`, instead of a ClusterRole:
+/// such a hub lists and watches the controller's types in those namespaces only
+/// ([`crate::cache::informers`]), and a cluster that allows it no more can grant this.
+#[must_use]
+pub fn namespaced_roles(
+    name: &str,
+    rules: &[PolicyRule],
+    namespaces: &[String],
+    hub: &ServiceAccount,
+) -> Vec<(Role, RoleBinding)> {
+    namespaces.iter().map(|namespace| bound_role(name, namespace, rules.to_vec(), hub)).collect()
+}
+
+/// A Role `name` in `namespace` with `rules`, and a RoleBinding of the same name binding it to `hub`.
+fn bound_role(name: &str, namespace: &str, rules: Vec<PolicyRule>, hub: &ServiceAccount) -> (Role, RoleBinding) {
+    let metadata =
+        ObjectMeta { name: Some(name.to_owned()), namespace: Some(namespace.to_owned()), ..ObjectMeta::default() };
+    let role = Role { metadata: metadata.clone(), rules: Some(rules) };
+    let binding = RoleBinding {
+        metadata,
+        role_ref: RoleRef {
+            api_group: Some("rbac.authorization.k8s.io".to_owned()),
+            kind: "Role".to_owned(),
+            name: name.to_owned(),
+        },
+        subjects: Some(vec![Subject {
+            kind: "ServiceAccount".to_owned(),
+            name: hub.name.clone(),
+            namespace: Some(hub.namespace.clone()),
+            ..Subject::default()
+        }]),
+    };
+    (role, binding)
 }
 
 /// A controller object, as `metahook rbac` reads them.
@@ -412,20 +429,50 @@ pub fn parse_related(text: &str) -> Result<(String, String), RbacError> {
     }
 }
 
-/// `metahook rbac`: the YAML of, per controller in `files`, one aggregated ClusterRole and, per
-/// namespace its hook credentials are in, a Role and a RoleBinding to `hub` (with `base`, the hub's own
-/// base ClusterRole first).
-pub fn render(files: &[String], related: &[String], base: bool, hub: &ServiceAccount) -> Result<String, RbacError> {
-    let related = related.iter().map(|r| parse_related(r)).collect::<Result<Vec<_>, _>>()?;
+/// What `metahook rbac` prints; `namespaces` empty: for a hub that watches the whole cluster.
+#[derive(Clone, Debug, Default)]
+pub struct RbacRequest {
+    /// Controller files (`-f`).
+    pub files: Vec<String>,
+    /// Related types (`--related`, `apiVersion/resource`).
+    pub related: Vec<String>,
+    /// Print the hub's base ClusterRole too (`--base`).
+    pub base: bool,
+    /// The hub's ServiceAccount, which the RoleBindings name.
+    pub hub: Option<ServiceAccount>,
+    /// The namespaces a hub started with `--namespaces` is limited to (`--namespaces`).
+    pub namespaces: Vec<String>,
+}
+
+/// `metahook rbac`: the YAML of, per controller in `files`, one aggregated ClusterRole — or, with
+/// `namespaces`, a Role and a RoleBinding to the hub in each of them — and, per namespace its hook
+/// credentials are in, a Role and a RoleBinding to the hub (with `base`, the hub's own base ClusterRole
+/// first: its CRDs are cluster-scoped, discovery is no resource, and it records Events on controller
+/// objects, which go to `default`; none of that can be a Role).
+pub fn render(request: &RbacRequest) -> Result<String, RbacError> {
+    let related = request.related.iter().map(|r| parse_related(r)).collect::<Result<Vec<_>, _>>()?;
+    let default_hub = || DEFAULT_SERVICE_ACCOUNT.parse::<ServiceAccount>();
+    let hub = match &request.hub {
+        Some(hub) => hub.clone(),
+        None => default_hub()?,
+    };
     let mut docs = Vec::new();
-    if base {
+    if request.base {
         docs.push(typed(&aggregated_role("metahook-base", base_rules())));
     }
-    for file in files {
+    for file in &request.files {
         for controller in read_controllers(file)? {
             let name = format!("metahook-controller-{}", controller.name());
-            docs.push(typed(&aggregated_role(&name, controller_rules(&controller, &related))));
-            for (role, binding) in credential_roles(&controller, &format!("{name}-credentials"), hub) {
+            let rules = controller_rules(&controller, &related);
+            if request.namespaces.is_empty() {
+                docs.push(typed(&aggregated_role(&name, rules)));
+            } else {
+                for (role, binding) in namespaced_roles(&name, &rules, &request.namespaces, &hub) {
+                    docs.push(typed(&role));
+                    docs.push(typed(&binding));
+                }
+            }
+            for (role, binding) in credential_roles(&controller, &format!("{name}-credentials"), &hub) {
                 docs.push(typed(&role));
                 docs.push(typed(&binding));
             }
@@ -605,7 +652,13 @@ spec:
             "kind: CompositeController\nmetadata: {name: web}\nspec:\n  parentResource: {apiVersion: v1, resource: namespaces}\n  hooks: {sync: {webhook: {url: 'https://h/s', clientTLS: {secretRef: {name: cert, namespace: ops}}}}}\n",
         )
         .unwrap();
-        let yaml = render(&[file.display().to_string()], &[], true, &hub()).unwrap();
+        let request = RbacRequest {
+            files: vec![file.display().to_string()],
+            base: true,
+            hub: Some(hub()),
+            ..RbacRequest::default()
+        };
+        let yaml = render(&request).unwrap();
         let docs: Vec<serde_json::Value> =
             serde_yaml::Deserializer::from_str(&yaml).map(|d| serde::Deserialize::deserialize(d).unwrap()).collect();
         let kinds: Vec<_> = docs
@@ -622,6 +675,53 @@ spec:
             ]
         );
         assert!(docs.iter().all(|d| d["apiVersion"] == "rbac.authorization.k8s.io/v1"));
+    }
+
+    #[test]
+    fn with_namespaces_a_controller_gets_a_bound_role_in_each_and_no_cluster_role() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("controller.yaml");
+        std::fs::write(
+            &file,
+            "kind: CompositeController\nmetadata: {name: web}\nspec:\n  parentResource: {apiVersion: example.com/v1, resource: webs}\n  childResources: [{apiVersion: v1, resource: configmaps}]\n  hooks: {sync: {webhook: {url: 'https://h/s'}}}\n",
+        )
+        .unwrap();
+        let request = RbacRequest {
+            files: vec![file.display().to_string()],
+            base: true,
+            hub: Some(hub()),
+            namespaces: vec!["a".into(), "b".into()],
+            ..RbacRequest::default()
+        };
+        let yaml = render(&request).unwrap();
+        let docs: Vec<serde_json::Value> =
+            serde_yaml::Deserializer::from_str(&yaml).map(|d| serde::Deserialize::deserialize(d).unwrap()).collect();
+        let kinds: Vec<String> = docs
+            .iter()
+            .map(|d| {
+                let ns = d["metadata"]["namespace"].as_str().map(|ns| format!(" in {ns}")).unwrap_or_default();
+                format!("{} {}{ns}", d["kind"].as_str().unwrap(), d["metadata"]["name"].as_str().unwrap())
+            })
+            .collect();
+        assert_eq!(
+            kinds,
+            [
+                "ClusterRole metahook-base",
+                "Role metahook-controller-web in a",
+                "RoleBinding metahook-controller-web in a",
+                "Role metahook-controller-web in b",
+                "RoleBinding metahook-controller-web in b",
+            ],
+            "only the base (CRDs, discovery, Events) stays cluster-wide"
+        );
+        let rules: Vec<PolicyRule> = serde_json::from_value(docs[1]["rules"].clone()).unwrap();
+        assert_eq!(verbs(&rules, "example.com", "webs"), ["get", "list", "watch"]);
+        assert_eq!(verbs(&rules, "", "configmaps"), MANAGE);
+        assert_eq!(
+            docs[2]["roleRef"],
+            serde_json::json!({"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "metahook-controller-web"})
+        );
+        assert_eq!(docs[2]["subjects"][0]["name"], "hub");
     }
 
     #[test]

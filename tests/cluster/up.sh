@@ -143,23 +143,64 @@ ensure_storage_class() {
     [[ "$out" == *AlreadyExists* ]] || fail kube-apiserver "could not create StorageClass standard: $out"
 }
 
+# kube-apiserver, with the same flags on a fresh start and when an old cluster is upgraded. Needs
+# ETCD_PORT and API_PORT.
+# --audit-*: audit-policy.yaml records only the ServiceAccounts of namespace metahook-audited (what
+# tests/namespaces.rs reads back, see AUDIT_LOG), at Metadata level; nobody else's requests are written.
+AUDIT_POLICY=$HERE/audit-policy.yaml
+AUDIT_LOG=$LOGS/audit.log
+start_apiserver() {
+  start kube-apiserver "$BIN/kube-apiserver" \
+    --etcd-servers="http://127.0.0.1:$ETCD_PORT" \
+    --bind-address=127.0.0.1 --secure-port="$API_PORT" \
+    --advertise-address=127.0.0.1 --endpoint-reconciler-type=none \
+    --tls-cert-file="$PKI/apiserver.crt" --tls-private-key-file="$PKI/apiserver.key" \
+    --client-ca-file="$PKI/ca.crt" \
+    --authorization-mode=Node,RBAC \
+    --service-account-issuer=https://kubernetes.default.svc.cluster.local \
+    --service-account-key-file="$PKI/sa.pub" --service-account-signing-key-file="$PKI/sa.key" \
+    --service-cluster-ip-range="$SVC_CIDR" \
+    --allow-privileged=true \
+    --enable-priority-and-fairness=false \
+    --audit-policy-file="$AUDIT_POLICY" \
+    --audit-log-path="$AUDIT_LOG" --audit-log-maxsize=50 --audit-log-maxbackup=1 \
+    --profiling=false
+}
+
+# Stops a component (TERM, then KILL after 10 s) and keeps its last log as <name>.log.1.
+stop_component() { # <name>
+  local pid
+  pid=$(alive_pid "$1") || return 0
+  kill -TERM "$pid" 2>/dev/null || true
+  local deadline=$((SECONDS + 10))
+  while kill -0 "$pid" 2>/dev/null && [ $SECONDS -lt $deadline ]; do sleep 0.2; done
+  kill -KILL "$pid" 2>/dev/null || true
+  mv -f "$LOGS/$1.log" "$LOGS/$1.log.1" 2>/dev/null || true
+}
+
 # A cluster started by an older up.sh is brought to today's shape in place, keeping its state (etcd,
-# ports, certificates): a kube-controller-manager without the host-path provisioner or today's feature
-# gates is restarted with today's flags (it keeps no state of its own), and a missing default
-# StorageClass is created.
+# ports, certificates): a kube-apiserver without today's audit flags is restarted with them (its state
+# is etcd's; the other components reconnect), a kube-controller-manager without the host-path
+# provisioner or today's feature gates is restarted with today's flags (it keeps no state of its own),
+# and a missing default StorageClass is created.
 upgrade_running_cluster() {
   local pid
+  pid=$(alive_pid kube-apiserver)
+  if ! tr '\0' '\n' <"/proc/$pid/cmdline" | grep -qx -- "--audit-policy-file=$AUDIT_POLICY"; then
+    log "kube-apiserver runs without today's audit flags; restarting it with today's flags"
+    ETCD_PORT=$(sed -n 's/^CLUSTER_ETCD_PORT=//p' "$CL/env")
+    stop_component kube-apiserver
+    start_apiserver
+    wait_for kube-apiserver "kube-apiserver /readyz on port $API_PORT" readyz
+  fi
+  grep -q '^CLUSTER_AUDIT_LOG=' "$CL/env" || echo "CLUSTER_AUDIT_LOG=$AUDIT_LOG" >>"$CL/env"
   pid=$(alive_pid kube-controller-manager)
   local cmdline
   cmdline=$(tr '\0' '\n' <"/proc/$pid/cmdline")
   if ! grep -qx -- --enable-hostpath-provisioner <<<"$cmdline" ||
     ! grep -qx -- "--feature-gates=$KCM_FEATURE_GATES" <<<"$cmdline"; then
     log "kube-controller-manager runs with older flags; restarting it with today's flags"
-    kill -TERM "$pid" 2>/dev/null || true
-    local deadline=$((SECONDS + 10))
-    while kill -0 "$pid" 2>/dev/null && [ $SECONDS -lt $deadline ]; do sleep 0.2; done
-    kill -KILL "$pid" 2>/dev/null || true
-    mv -f "$LOGS/kube-controller-manager.log" "$LOGS/kube-controller-manager.log.1" 2>/dev/null || true
+    stop_component kube-controller-manager
     start_kcm
     sleep 1
     alive_pid kube-controller-manager >/dev/null || fail kube-controller-manager "process exited after the restart"
@@ -279,6 +320,7 @@ CLUSTER_ADMIN_CERT=$PKI/admin.crt
 CLUSTER_ADMIN_KEY=$PKI/admin.key
 CLUSTER_BIN=$BIN
 CLUSTER_LOGS=$LOGS
+CLUSTER_AUDIT_LOG=$AUDIT_LOG
 EOF
 
 etcd_healthy() { curl -sf --max-time 2 "http://127.0.0.1:$ETCD_PORT/health" 2>/dev/null | grep -q '"health":"true"'; }
@@ -287,19 +329,7 @@ wait_for etcd "etcd /health" etcd_healthy
 # ---------------------------------------------------------------------------------------------
 # kube-apiserver
 
-start kube-apiserver "$BIN/kube-apiserver" \
-  --etcd-servers="http://127.0.0.1:$ETCD_PORT" \
-  --bind-address=127.0.0.1 --secure-port="$API_PORT" \
-  --advertise-address=127.0.0.1 --endpoint-reconciler-type=none \
-  --tls-cert-file="$PKI/apiserver.crt" --tls-private-key-file="$PKI/apiserver.key" \
-  --client-ca-file="$PKI/ca.crt" \
-  --authorization-mode=Node,RBAC \
-  --service-account-issuer=https://kubernetes.default.svc.cluster.local \
-  --service-account-key-file="$PKI/sa.pub" --service-account-signing-key-file="$PKI/sa.key" \
-  --service-cluster-ip-range="$SVC_CIDR" \
-  --allow-privileged=true \
-  --enable-priority-and-fairness=false \
-  --profiling=false
+start_apiserver
 wait_for kube-apiserver "kube-apiserver /readyz on port $API_PORT" readyz
 # Early, so the apiserver's DefaultStorageClass admission has seen it before any test creates a claim.
 ensure_storage_class

@@ -308,6 +308,18 @@ impl HubProcess {
     /// Like [`HubProcess::start`], with more of the config file (`more_config`, YAML lines) and
     /// environment variables.
     pub fn start_with(label: &str, more_config: &str, env: &[(&str, &str)]) -> Self {
+        Self::start_as(label, more_config, env, &kubeconfig_path(), &[])
+    }
+
+    /// Like [`HubProcess::start_with`], connecting with `kubeconfig` (e.g. [`HubAccount::kubeconfig`])
+    /// and given more command-line arguments after `run` (e.g. `--namespaces a,b`).
+    pub fn start_as(
+        label: &str,
+        more_config: &str,
+        env: &[(&str, &str)],
+        kubeconfig: &std::path::Path,
+        args: &[&str],
+    ) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let config = dir.path().join("metahook.yaml");
         std::fs::write(
@@ -322,7 +334,8 @@ impl HubProcess {
             .args(["run", "--config"])
             .arg(&config)
             .arg("--kubeconfig")
-            .arg(kubeconfig_path())
+            .arg(kubeconfig)
+            .args(args)
             .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())
@@ -408,24 +421,51 @@ pub struct HubAccount {
     pub client: Client,
     admin: Client,
     namespace: String,
+    /// The ServiceAccount's name (`hub` unless [`HubAccount::create_named`]).
+    name: String,
     prefix: String,
     /// ClusterRoles and ClusterRoleBindings made (same names), deleted by [`HubAccount::delete`].
     cluster_wide: Vec<String>,
+    token: String,
 }
 
 impl HubAccount {
     pub async fn create(admin: &Client, namespace: &str, prefix: &str) -> Self {
+        Self::create_named(admin, namespace, "hub", prefix).await
+    }
+
+    /// A ServiceAccount `name` in `namespace`, which may be shared with other tests (the account, not
+    /// the namespace, is deleted by [`HubAccount::delete`]): e.g. in [`AUDITED_NAMESPACE`].
+    pub async fn create_named(admin: &Client, namespace: &str, name: &str, prefix: &str) -> Self {
         let accounts: Api<ServiceAccount> = Api::namespaced(admin.clone(), namespace);
-        let account: ServiceAccount = serde_json::from_value(json!({"metadata": {"name": "hub"}})).unwrap();
+        let account: ServiceAccount = serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
         accounts.create(&PostParams::default(), &account).await.unwrap();
-        let token = service_account_token(admin, namespace, "hub").await;
+        let token = service_account_token(admin, namespace, name).await;
         Self {
             client: token_client(&token).await,
             admin: admin.clone(),
             namespace: namespace.to_owned(),
+            name: name.to_owned(),
             prefix: prefix.to_owned(),
             cluster_wide: Vec::new(),
+            token,
         }
+    }
+
+    /// A kubeconfig file in `dir` for the local control plane that authenticates with the account's
+    /// token only, for a hub run as its own process ([`HubProcess::start_as`]).
+    pub fn kubeconfig(&self, dir: &std::path::Path) -> PathBuf {
+        let text = std::fs::read_to_string(kubeconfig_path()).expect("reading the kubeconfig");
+        let mut config: serde_yaml::Value = serde_yaml::from_str(&text).unwrap();
+        config["users"][0]["user"] = serde_yaml::to_value(json!({"token": self.token})).unwrap();
+        let path = dir.join(format!("{}.kubeconfig", self.name));
+        std::fs::write(&path, serde_yaml::to_string(&config).unwrap()).unwrap();
+        path
+    }
+
+    /// The account's user name as the API server (and its audit log) knows it.
+    pub fn user(&self) -> String {
+        format!("system:serviceaccount:{}:{}", self.namespace, self.name)
     }
 
     /// Grants what `docs` (`metahook rbac` output) say, binding ClusterRoles to the account directly.
@@ -439,7 +479,7 @@ impl HubAccount {
                 let binding = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
                     "metadata": {"name": name},
                     "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
-                    "subjects": [{"kind": "ServiceAccount", "name": "hub", "namespace": self.namespace}]});
+                    "subjects": [{"kind": "ServiceAccount", "name": self.name, "namespace": self.namespace}]});
                 apply_value(&self.admin, &binding).await;
                 self.cluster_wide.push(name);
             } else {
@@ -456,7 +496,36 @@ impl HubAccount {
             let _ = Api::<ClusterRoleBinding>::all(self.admin.clone()).delete(name, &DeleteParams::default()).await;
             let _ = Api::<ClusterRole>::all(self.admin.clone()).delete(name, &DeleteParams::default()).await;
         }
+        let accounts: Api<ServiceAccount> = Api::namespaced(self.admin.clone(), &self.namespace);
+        let _ = accounts.delete(&self.name, &DeleteParams::default()).await;
     }
+}
+
+/// The namespace whose ServiceAccounts the test control plane's API server audits
+/// (`tests/cluster/audit-policy.yaml`); nobody else's requests are recorded.
+pub const AUDITED_NAMESPACE: &str = "metahook-audited";
+
+/// Makes sure [`AUDITED_NAMESPACE`] exists (it is shared by the tests that audit, and never deleted).
+pub async fn audited_namespace(admin: &Client) {
+    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": AUDITED_NAMESPACE}})).unwrap();
+    match Api::<Namespace>::all(admin.clone()).create(&PostParams::default(), &ns).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 409 => {}
+        Err(e) => panic!("creating namespace {AUDITED_NAMESPACE}: {e}"),
+    }
+}
+
+/// The API server's audit records (`.cluster/logs/audit.log`, or `CLUSTER_AUDIT_LOG`) of `user`, as
+/// JSON: `verb`, `objectRef.{resource,namespace,apiGroup}`, `requestURI`, `stage`.
+pub fn audit_records(user: &str) -> Vec<Value> {
+    let path = std::env::var_os("CLUSTER_AUDIT_LOG")
+        .map_or_else(|| repo_root().join(".cluster/logs/audit.log"), PathBuf::from);
+    let text =
+        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading the audit log {}: {e}", path.display()));
+    text.lines()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .filter(|record| record["user"]["username"] == user)
+        .collect()
 }
 
 /// The certificates `tests/hooks/make_pki.sh` makes: a CA, a second CA nobody uses, a client CA; server

@@ -63,6 +63,7 @@ impl Controller {
             .resolve(&parent_rule.api_version, &parent_rule.resource)
             .await
             .map_err(|source| StartError::NotFound { role: "parent", source })?;
+        crate::engine::sync::within_namespaces(hub, "parent", &parent_resource)?;
         if !parent_resource.has_status {
             return Err(StartError::NoStatusSubresource {
                 resource: format!("{}.{}", parent_rule.resource, parent_rule.api_version),
