@@ -448,6 +448,10 @@ pub struct Informers {
     client: Client,
     /// How often each watch lists its type again (see [`crate::cache::relist`]); `None`: never.
     flush_interval: Option<Duration>,
+    /// With sharding, the server-side label selector of this replica's own objects (see
+    /// [`crate::cache::shard`]): every watch of [`Informers::get`] carries it, so a cache holds one
+    /// member's share of its type.
+    selector: Option<String>,
     live: Arc<Mutex<HashMap<String, Weak<Shared>>>>,
 }
 
@@ -455,7 +459,20 @@ impl Informers {
     /// Informers on `client` whose watches list their type again every `flush_interval` (zero: never).
     #[must_use]
     pub fn new(client: Client, flush_interval: Duration) -> Self {
-        Self { client, flush_interval: Some(flush_interval).filter(|d| !d.is_zero()), live: Arc::default() }
+        Self {
+            client,
+            flush_interval: Some(flush_interval).filter(|d| !d.is_zero()),
+            selector: None,
+            live: Arc::default(),
+        }
+    }
+
+    /// These informers, watching only the objects `selector` (a server-side label selector) matches:
+    /// a sharded replica's own parents and children.
+    #[must_use]
+    pub fn sharded(mut self, selector: Option<String>) -> Self {
+        self.selector = selector;
+        self
     }
 
     /// How often watches list their type again; `None`: never. For other watches of the hub (the
@@ -468,7 +485,21 @@ impl Informers {
     /// The informer for `resource`, shared with every other user of the same type.
     #[must_use]
     pub fn get(&self, resource: &Arc<ResolvedResource>) -> Informer {
-        let id = format!("{}/{}", resource.api_version(), resource.api_resource.plural);
+        self.informer(resource, self.selector.clone())
+    }
+
+    /// The informer for `resource` with every object of the type, even when sharded: for what a
+    /// replica must see whoever owns it (a rollout's `ControllerRevision`s carry no shard label).
+    #[must_use]
+    pub fn get_unsharded(&self, resource: &Arc<ResolvedResource>) -> Informer {
+        self.informer(resource, None)
+    }
+
+    fn informer(&self, resource: &Arc<ResolvedResource>, selector: Option<String>) -> Informer {
+        let mut id = format!("{}/{}", resource.api_version(), resource.api_resource.plural);
+        if let Some(selector) = &selector {
+            id = format!("{id}?{selector}");
+        }
         let mut live = self.live.lock().expect("informers lock");
         if let Some(shared) = live.get(&id).and_then(Weak::upgrade) {
             return Informer { shared };
@@ -483,7 +514,8 @@ impl Informers {
             last_error,
             task: Mutex::default(),
         });
-        let task = tokio::spawn(run_watch(self.client.clone(), Arc::downgrade(&shared), self.flush_interval));
+        let watch = run_watch(self.client.clone(), Arc::downgrade(&shared), self.flush_interval, selector);
+        let task = tokio::spawn(watch);
         *shared.task.lock().expect("task lock") = Some(task.abort_handle());
         live.retain(|_, weak| weak.strong_count() > 0);
         live.insert(id, Arc::downgrade(&shared));
@@ -566,14 +598,18 @@ pub fn slim_managed_fields(obj: &mut DynamicObject) {
     }
 }
 
-async fn run_watch(client: Client, shared: Weak<Shared>, flush_interval: Option<Duration>) {
+async fn run_watch(client: Client, shared: Weak<Shared>, flush_interval: Option<Duration>, selector: Option<String>) {
     let resource = match shared.upgrade() {
         Some(s) => Arc::clone(&s.resource),
         None => return,
     };
     let api: Api<DynamicObject> = Api::all_with(client, &resource.api_resource);
     // Listed again every flush interval: what changed unseen reaches subscribers as `relisted` changes.
-    let start = move || resilient(watcher(api.clone(), watcher::Config::default())).boxed();
+    let mut config = watcher::Config::default();
+    if let Some(selector) = &selector {
+        config = config.labels(selector);
+    }
+    let start = move || resilient(watcher(api.clone(), config.clone())).boxed();
     let mut events = relisting(start, flush_interval);
     // Keys seen by a relist in progress: objects go into the store as they arrive (no second full copy
     // of the cache while a relist runs); at InitDone, what the relist did not see is gone.

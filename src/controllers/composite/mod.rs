@@ -82,7 +82,9 @@ impl Controller {
                 .resolve(crate::api::GROUP_VERSION, "controllerrevisions")
                 .await
                 .map_err(|source| StartError::NotFound { role: "controllerrevision", source })?;
-            let informer = hub.informers.get(&resource);
+            // Revisions carry no shard label (rollouts write them apart from the children): sharded,
+            // every replica sees them all, and claims only its own parents'.
+            let informer = hub.informers.get_unsharded(&resource);
             informer.wait_synced(hub.settings.cache_sync_timeout).await?;
             Some(Rollouts::new(informer, Arc::clone(&parent_resource), resources(&children), spec))
         } else {
