@@ -28,6 +28,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::{StreamExt as _, stream};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use kube::Client;
@@ -44,6 +45,12 @@ use crate::cache::shard::{
     DRAIN_REQUESTED_ANNOTATION, MEMBER_LABEL, MOVED_FROM_ANNOTATION, RING_LABEL, Shard, assign, drain_label,
     shard_label,
 };
+
+/// Writes the coordinator sends at once when it labels many parents (or children).
+const WRITES_AT_ONCE: usize = 32;
+
+/// How many ticks the coordinator uses the parent types it read before reading them again.
+const TYPES_EVERY_TICKS: u32 = 5;
 
 /// Errors of one pass of the coordinator (it retries at its next pass).
 #[derive(Debug, thiserror::Error)]
@@ -75,6 +82,9 @@ pub struct Roster {
     pub live: Vec<String>,
     /// Members with a Lease that expired or was released (their parents move without drain).
     pub gone: BTreeSet<String>,
+    /// When the first live member expires unless it renews (on this process's clock): the coordinator
+    /// looks again then, so a dead member's parents wait no longer than they must.
+    pub next_expiry: Option<Instant>,
 }
 
 /// Reads the members' Leases and tells live ones from expired ones by when each record last changed
@@ -126,6 +136,8 @@ impl Members {
                 .map_or(self.lease_duration, Duration::from_secs);
             if held && now.duration_since(seen) < duration {
                 roster.live.push(member);
+                let expiry = seen + duration;
+                roster.next_expiry = Some(roster.next_expiry.map_or(expiry, |e| e.min(expiry)));
             } else {
                 roster.gone.insert(member);
             }
@@ -217,6 +229,9 @@ pub struct Coordinator {
     rebalance: Duration,
     /// How often unlabelled parents are looked for (and a full pass runs while something is pending).
     tick: Duration,
+    /// The parent types as last read, and when: read again every few ticks, but not when a member just
+    /// left (its parents wait for nothing else).
+    types: Option<(Instant, Arc<Vec<ParentType>>)>,
 }
 
 impl Coordinator {
@@ -233,6 +248,7 @@ impl Coordinator {
             controllers: config.target_label_selector.clone(),
             rebalance: config.sharding.rebalance_interval,
             tick: election.retry_period,
+            types: None,
         }
     }
 
@@ -247,9 +263,14 @@ impl Coordinator {
                 Ok(still) => pending = still,
                 Err(err) => warn!(ring = %self.ring, "coordinating the ring (retrying): {err}"),
             }
+            let mut wake = Instant::now() + self.tick;
+            if let Some(expiry) = last_roster.as_ref().and_then(|r| r.next_expiry) {
+                // Just after the moment a member would expire, not up to a tick later.
+                wake = wake.min(expiry + Duration::from_millis(50));
+            }
             tokio::select! {
                 () = cancel.cancelled() => return,
-                () = tokio::time::sleep(self.tick) => {}
+                () = tokio::time::sleep_until(wake) => {}
             }
         }
     }
@@ -266,14 +287,21 @@ impl Coordinator {
         if roster.live.is_empty() {
             return Ok(true);
         }
-        let changed = last_roster.as_ref() != Some(&roster);
+        let changed = last_roster.as_ref().is_none_or(|last| last.live != roster.live || last.gone != roster.gone);
         if changed {
             info!(ring = %self.ring, live = ?roster.live, gone = ?roster.gone, "ring members");
         }
-        let types = self.parent_types().await?;
+        let types = match &self.types {
+            Some((read, types)) if changed || read.elapsed() < self.tick * TYPES_EVERY_TICKS => Arc::clone(types),
+            _ => {
+                let types = Arc::new(self.parent_types().await?);
+                self.types = Some((Instant::now(), Arc::clone(&types)));
+                types
+            }
+        };
         let full = changed || pending || last_full.elapsed() >= self.rebalance;
         let mut found = Pending::default();
-        for parent_type in &types {
+        for parent_type in types.iter() {
             if full {
                 self.rebalance_type(parent_type, &roster, &mut found).await?;
             } else {
@@ -377,6 +405,41 @@ impl Coordinator {
         }
     }
 
+    /// [`Coordinator::patch_parent`] for each of `patches`, several at once: a rebalance moves a share
+    /// of every parent, and one at a time would hold a gone member's parents for seconds more.
+    async fn patch_parents(&self, resource: &ResolvedResource, patches: Vec<(&Parent, serde_json::Value)>) {
+        stream::iter(patches)
+            .for_each_concurrent(WRITES_AT_ONCE, |(parent, metadata)| self.patch_parent(resource, parent, metadata))
+            .await;
+    }
+
+    /// Moves `parent` of a gone member to `target`: its `children` first, then the parent (left where it
+    /// is if a child could not be relabelled: it would be invisible to the new owner).
+    async fn move_parent(
+        &self,
+        resource: &ResolvedResource,
+        parent: &Parent,
+        target: &str,
+        children: &[(&Arc<ResolvedResource>, ObjectMeta)],
+    ) {
+        let (label, drain) = (shard_label(&self.ring), drain_label(&self.ring));
+        for (child_type, child) in children {
+            let patch = json!({"metadata": {"uid": child.uid, "labels": {&label: target}}});
+            let api = self.api(child_type, child.namespace.as_deref());
+            let name = child.name.clone().unwrap_or_default();
+            if let Err(err) = api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+                warn!(child = %name, "coordinator could not relabel the child of a gone member's parent: {err}");
+                return;
+            }
+        }
+        let from = parent.owner.clone().unwrap_or_default();
+        let metadata = json!({
+            "labels": {&label: target, &drain: null},
+            "annotations": {MOVED_FROM_ANNOTATION: from, DRAIN_REQUESTED_ANNOTATION: null},
+        });
+        self.patch_parent(resource, parent, metadata).await;
+    }
+
     /// Labels the unlabelled parents of `parent_type` with their member.
     async fn assign_unlabelled(&self, parent_type: &ParentType, roster: &Roster) -> Result<(), RingError> {
         let mut unlabelled = Vec::new();
@@ -384,11 +447,13 @@ impl Coordinator {
             let unassigned = both(selector, &format!("!{}", shard_label(&self.ring)));
             unlabelled.extend(self.list(&parent_type.parent, &unassigned).await?);
         }
-        for meta in unlabelled {
-            let parent = self.parent_of(meta);
-            let Some(target) = assign(&parent.uid, &roster.live) else { continue };
-            self.patch_parent(&parent_type.parent, &parent, json!({"labels": {shard_label(&self.ring): target}})).await;
-        }
+        let parents: Vec<Parent> = unlabelled.into_iter().map(|meta| self.parent_of(meta)).collect();
+        let label = shard_label(&self.ring);
+        let patches = parents
+            .iter()
+            .filter_map(|parent| Some((parent, json!({"labels": {&label: assign(&parent.uid, &roster.live)?}}))))
+            .collect();
+        self.patch_parents(&parent_type.parent, patches).await;
         Ok(())
     }
 
@@ -401,36 +466,32 @@ impl Coordinator {
     ) -> Result<(), RingError> {
         let label = shard_label(&self.ring);
         let drain = drain_label(&self.ring);
-        let mut orphaned: Vec<(Parent, String)> = Vec::new();
-        let mut parents = Vec::new();
+        let mut metas = Vec::new();
         for selector in &parent_type.selectors {
-            parents.extend(self.list(&parent_type.parent, selector).await?);
+            metas.extend(self.list(&parent_type.parent, selector).await?);
         }
-        for meta in parents {
-            let parent = self.parent_of(meta);
+        let parents: Vec<Parent> = metas.into_iter().map(|meta| self.parent_of(meta)).collect();
+        let mut patches = Vec::new();
+        let mut orphaned: Vec<(&Parent, String)> = Vec::new();
+        for parent in &parents {
             let Some(target) = assign(&parent.uid, &roster.live).map(str::to_owned) else { continue };
             match parent.owner.as_deref() {
                 Some(owner) if owner == target => {
                     if parent.drain.is_some() {
                         // Asked to move, then the members changed back: it stays.
-                        self.patch_parent(
-                            &parent_type.parent,
-                            &parent,
-                            json!({"labels": {&drain: null}, "annotations": {DRAIN_REQUESTED_ANNOTATION: null}}),
-                        )
-                        .await;
+                        let metadata =
+                            json!({"labels": {&drain: null}, "annotations": {DRAIN_REQUESTED_ANNOTATION: null}});
+                        patches.push((parent, metadata));
                     }
                 }
-                None => {
-                    self.patch_parent(&parent_type.parent, &parent, json!({"labels": {&label: target}})).await;
-                }
+                None => patches.push((parent, json!({"labels": {&label: target}}))),
                 Some(owner) if roster.live.iter().any(|m| m == owner) => {
                     found.drains += 1;
                     if parent.drain.as_deref() != Some(target.as_str()) {
                         let now = k8s_openapi::jiff::Timestamp::now().to_string();
                         let metadata =
                             json!({"labels": {&drain: target}, "annotations": {DRAIN_REQUESTED_ANNOTATION: now}});
-                        self.patch_parent(&parent_type.parent, &parent, metadata).await;
+                        patches.push((parent, metadata));
                     }
                 }
                 Some(owner) => {
@@ -439,6 +500,7 @@ impl Coordinator {
                 }
             }
         }
+        self.patch_parents(&parent_type.parent, patches).await;
         if orphaned.is_empty() {
             return Ok(());
         }
@@ -446,26 +508,25 @@ impl Coordinator {
         let gone: BTreeSet<&str> = orphaned.iter().filter_map(|(p, _)| p.owner.as_deref()).collect();
         let selector = format!("{label} in ({})", gone.iter().copied().collect::<Vec<_>>().join(","));
         let targets: HashMap<&str, &str> = orphaned.iter().map(|(p, t)| (p.uid.as_str(), t.as_str())).collect();
+        let mut children: HashMap<String, Vec<(&Arc<ResolvedResource>, ObjectMeta)>> = HashMap::new();
         for child_type in &parent_type.children {
             for child in self.list(child_type, &selector).await? {
-                let owner = controller_uid_of(&child);
-                let Some(target) = owner.and_then(|uid| targets.get(uid.as_str())) else { continue };
-                let patch = json!({"metadata": {"uid": child.uid, "labels": {&label: target}}});
-                let api = self.api(child_type, child.namespace.as_deref());
-                let name = child.name.clone().unwrap_or_default();
-                if let Err(err) = api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
-                    warn!(child = %name, "coordinator could not relabel the child of a gone member's parent: {err}");
-                }
+                let Some(owner) = controller_uid_of(&child).filter(|uid| targets.contains_key(uid.as_str())) else {
+                    continue;
+                };
+                children.entry(owner).or_default().push((child_type, child));
             }
         }
-        for (parent, target) in &orphaned {
-            let from = parent.owner.clone().unwrap_or_default();
-            let metadata = json!({
-                "labels": {&label: target, &drain: null},
-                "annotations": {MOVED_FROM_ANNOTATION: from, DRAIN_REQUESTED_ANNOTATION: null},
-            });
-            self.patch_parent(&parent_type.parent, parent, metadata).await;
-        }
+        // Parent by parent, several at once: each one's children first, then the parent, so its new
+        // owner can start on it while the others are still being moved.
+        let moves: Vec<_> = orphaned
+            .iter()
+            .map(|(parent, target)| {
+                let theirs = children.get(&parent.uid).map(Vec::as_slice).unwrap_or_default();
+                self.move_parent(&parent_type.parent, parent, target, theirs)
+            })
+            .collect();
+        stream::iter(moves).buffer_unordered(WRITES_AT_ONCE).for_each(|()| async {}).await;
         info!(parents = orphaned.len(), resource = %parent_type.parent.api_resource.plural, "moved the parents of members that left");
         Ok(())
     }
