@@ -15,7 +15,7 @@ cluster-down: ## stop it and remove .cluster/
 
 # ---- the two commands of the README -------------------------------------------------------------
 
-.PHONY: demo test fmt-check clippy doc docs docs-gen unit integration chaos bench bench-hooks crds hook-libs hook-types image chart-readme failover
+.PHONY: demo test fmt-check clippy doc docs docs-gen unit integration chaos bench bench-hooks crds hook-libs hook-types image chart-readme failover shards
 
 demo: ## the hello-world controller end to end on the local control plane
 	@bash examples-python/hello-world/demo.sh
@@ -89,3 +89,6 @@ chart-readme: ## regenerate the value table of deploy/helm/metahook/README.md fr
 
 failover: cluster-up ## two-replica fail-over, FAILOVER_ROUNDS (default 5) kill -9 rounds; prints take-over times
 	cargo test --locked --test leader -- --ignored --nocapture --test-threads=1
+
+shards: cluster-up ## sharding at full size: 3 replicas x 3,000 parents, a kill -9, a 4th replica; prints converge times and moves
+	cargo test --locked --test sharding -- --ignored --nocapture --test-threads=1
