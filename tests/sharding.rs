@@ -245,7 +245,7 @@ impl Setup {
             .collect()
     }
 
-    /// Whether every parent is owned by one of `members`, none is draining, its status and its child are
+    /// Whether every parent is owned by the member of `members` the assignment gives it, none is draining, its status and its child are
     /// at `version`, and its child carries its owner's label.
     async fn converged(&self, version: &str, members: &BTreeSet<String>) -> bool {
         let (label, drain) = (self.shard_label(), self.drain_label());
@@ -253,13 +253,17 @@ impl Setup {
         let children = self.config_maps().await.list(&ListParams::default()).await.unwrap();
         let children: BTreeMap<String, &DynamicObject> =
             children.items.iter().map(|c| (c.metadata.name.clone().unwrap_or_default(), c)).collect();
+        let members: Vec<String> = members.iter().cloned().collect();
         things.items.len() == self.parents
             && things.items.iter().all(|p| {
                 let labels = p.metadata.labels.clone().unwrap_or_default();
                 let owner = labels.get(&label);
                 let name = p.metadata.name.clone().unwrap_or_default();
                 let child = children.get(&name);
-                owner.is_some_and(|o| members.contains(o))
+                // Where the assignment puts it: a drain the coordinator could not write yet (a conflict
+                // with the test's own update) is not taken for a finished rebalance.
+                let uid = p.metadata.uid.as_deref().unwrap_or_default();
+                owner.map(String::as_str) == metahook::cache::shard::assign(uid, &members)
                     && !labels.contains_key(&drain)
                     && p.data["status"]["version"] == version
                     && child.is_some_and(|c| {
@@ -496,7 +500,9 @@ async fn scenario(test: &str, parents: usize, fraction_bounds: (f64, f64)) {
             log.lines().filter(|l| l.contains("ring members") || l.contains("moved the parents")).collect();
         println!("killed at {killed_at:.3} (unix); the coordinator's log:\n{}", lines.join("\n"));
     }
-    assert!(recovered <= bound, "took {recovered:?}, beyond leaseDuration + 5 s ({bound:?})");
+    // Checked at the end, so that one run prints every figure.
+    let late =
+        (recovered > bound).then(|| format!("re-assigned in {recovered:?}, beyond leaseDuration + 5 s ({bound:?})"));
     // A change every parent must be synced for: the victim's only by their new owners.
     setup.parents_at("v2").await;
     let took = setup.wait_converged("v2", &survivors, Duration::from_secs(120 + parents as u64 / 20)).await;
@@ -563,6 +569,7 @@ async fn scenario(test: &str, parents: usize, fraction_bounds: (f64, f64)) {
     println!("hand-overs logged by the old owners: {handed_over}; hook calls in all: {}", calls.len());
     assert!(handed_over >= moved, "every move to the new member was a hand-over by its live owner");
     setup.finish(replicas).await;
+    assert!(late.is_none(), "{}", late.unwrap_or_default());
 }
 
 #[tokio::test]

@@ -32,6 +32,8 @@ pub(crate) struct Owner<'a> {
     pub client: &'a kube::Client,
     pub children: &'a [ChildType],
     pub metrics: &'a ShardMetrics,
+    /// The parent's children's own label selector, if its kind has one (narrows the live list).
+    pub selector: Option<String>,
 }
 
 /// Hands `parent` (labelled for `shard`'s member) over to `target`: its children, then the parent.
@@ -56,7 +58,11 @@ pub(crate) async fn hand_over(
             Some(ns) => Api::namespaced_with(client.clone(), ns, &child_resource.api_resource),
             None => Api::all_with(client.clone(), &child_resource.api_resource),
         };
-        let mine = ListParams::default().labels(&shard.selector());
+        let selector = match &owner.selector {
+            Some(theirs) if !theirs.is_empty() => format!("{},{theirs}", shard.selector()),
+            _ => shard.selector(),
+        };
+        let mine = ListParams::default().labels(&selector);
         let listed = all.list_metadata(&mine).await.map_err(|source| SyncError::HandOver {
             target: target.to_owned(),
             what: format!("{} (listing)", child_resource.kind()),

@@ -115,6 +115,11 @@ pub(crate) trait Kind: Send + Sync + 'static {
     /// Whether `child`, found in the cache under a desired name but not observed, is `obj`'s own (its
     /// creation's echo was not cached yet) rather than someone else's.
     fn ours(&self, obj: &DynamicObject, child: &DynamicObject) -> bool;
+    /// A server-side label selector of `obj`'s children, if the kind has one: a hand-over lists them
+    /// live, and without it lists every child of this replica in `obj`'s namespace.
+    fn children_selector(&self, _obj: &DynamicObject) -> Option<String> {
+        None
+    }
 }
 
 /// What `Kind::observe` claims: the children (or attachments) by declared type, and what else the kind
@@ -496,7 +501,12 @@ pub(crate) async fn sync<C: Kind>(kind: &C, key: &C::Key, reasons: Reasons) -> R
     {
         // Marked to move: handed over instead of synced (this worker holds the key, so no sync of it
         // is in flight).
-        let owner = Owner { client: &core.hub.client, children: &core.children, metrics: &core.hub.metrics.shard };
+        let owner = Owner {
+            client: &core.hub.client,
+            children: &core.children,
+            metrics: &core.hub.metrics.shard,
+            selector: kind.children_selector(&obj),
+        };
         return hand_over(owner, shard, &obj, &resource, target).await.map(|()| None);
     }
     let observing = observe(kind, key).instrument(info_span!(target: crate::TRACE_SPANS, "observe")).await?;

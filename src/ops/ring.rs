@@ -30,7 +30,7 @@ use std::time::Duration;
 
 use futures::{StreamExt as _, stream};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Client;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
 use serde_json::json;
@@ -41,6 +41,7 @@ use tracing::{debug, info, warn};
 use crate::api::{CompositeController, DecoratorController};
 use crate::cache::discovery::{Discovery, ResolvedResource};
 use crate::cache::informers::controller_uid;
+use crate::cache::selector::server_side;
 use crate::cache::shard::{
     DRAIN_REQUESTED_ANNOTATION, MEMBER_LABEL, MOVED_FROM_ANNOTATION, RING_LABEL, Shard, assign, drain_label,
     shard_label,
@@ -169,24 +170,6 @@ struct ParentType {
     /// Server-side forms of the controllers' parent selectors ("" = every object of the type).
     selectors: BTreeSet<String>,
     children: Vec<Arc<ResolvedResource>>,
-}
-
-/// A controller's parent selector as a server-side label selector string.
-#[must_use]
-pub fn selector_string(selector: Option<&LabelSelector>) -> String {
-    let Some(selector) = selector else { return String::new() };
-    let mut terms: Vec<String> = selector.match_labels.iter().flatten().map(|(k, v)| format!("{k}={v}")).collect();
-    for expression in selector.match_expressions.iter().flatten() {
-        let values = expression.values.clone().unwrap_or_default().join(",");
-        let key = &expression.key;
-        terms.push(match expression.operator.as_str() {
-            "In" => format!("{key} in ({values})"),
-            "NotIn" => format!("{key} notin ({values})"),
-            "Exists" => key.clone(),
-            _ => format!("!{key}"),
-        });
-    }
-    terms.join(",")
 }
 
 /// `a` and `b` together (either may be empty).
@@ -328,14 +311,14 @@ impl Coordinator {
         for cc in &composites.items {
             let rule = &cc.spec.parent_resource;
             let (selectors, children) = wanted.entry((rule.api_version.clone(), rule.resource.clone())).or_default();
-            selectors.insert(selector_string(rule.label_selector.as_ref()));
+            selectors.insert(server_side(rule.label_selector.as_ref()));
             children.extend(cc.spec.child_resources.iter().map(|c| (c.api_version.clone(), c.resource.clone())));
         }
         for dc in &decorators.items {
             for rule in &dc.spec.resources {
                 let (selectors, children) =
                     wanted.entry((rule.api_version.clone(), rule.resource.clone())).or_default();
-                selectors.insert(selector_string(rule.label_selector.as_ref()));
+                selectors.insert(server_side(rule.label_selector.as_ref()));
                 children.extend(dc.spec.attachments.iter().map(|c| (c.api_version.clone(), c.resource.clone())));
             }
         }
@@ -553,6 +536,7 @@ mod tests {
 
     #[test]
     fn parent_selectors_are_written_as_the_api_server_reads_them() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
         let selector: LabelSelector = serde_json::from_value(serde_json::json!({
             "matchLabels": {"app": "web"},
             "matchExpressions": [
@@ -562,8 +546,8 @@ mod tests {
             ],
         }))
         .unwrap();
-        assert_eq!(selector_string(Some(&selector)), "app=web,tier in (a,b),!legacy,team");
-        assert_eq!(selector_string(None), "");
+        assert_eq!(server_side(Some(&selector)), "app=web,tier in (a,b),!legacy,team");
+        assert_eq!(server_side(None), "");
         assert_eq!(both("", "!x"), "!x");
         assert_eq!(both("a=b", "!x"), "a=b,!x");
     }
