@@ -15,7 +15,7 @@ cluster-down: ## stop it and remove .cluster/
 
 # ---- the two commands of the README -------------------------------------------------------------
 
-.PHONY: demo test fmt-check clippy doc docs docs-gen unit integration chaos bench bench-hooks crds hook-libs hook-types image chart-readme failover
+.PHONY: demo test fmt-check clippy doc docs docs-gen unit integration chaos bench bench-hooks crds hook-libs hook-types image chart-readme failover shards
 
 demo: ## the hello-world controller end to end on the local control plane
 	@bash examples-python/hello-world/demo.sh
@@ -66,7 +66,7 @@ chaos: cluster-up ## the fault suite, long: 20 hub kills during a 200-parent rol
 	@FAULT_KILLS=20 FAULT_PARENTS=200 cargo test --locked --test faults -- --test-threads=4; status=$$?; \
 	  echo "---- fault suite figures ----"; cat target/faults/*.txt 2>/dev/null; exit $$status
 
-bench: cluster-up ## fanout benchmark vs raw clients and the Metacontroller mix, then hook call overhead (release; N=, RUNS=, MEM=1, IDLE=, LATENCY=, RESTARTS=, RESYNC=, HUB_BIN=, BASELINE_BIN=, SYSTEMS=)
+bench: cluster-up ## fanout benchmark vs raw clients and the Metacontroller mix, then hook call overhead (release; N=, RUNS=, MEM=1 [SHARDS=1,2,3], IDLE=, LATENCY=, RESTARTS=, RESYNC=, HUB_BIN=, BASELINE_BIN=, SYSTEMS=)
 	cargo test --release --locked --test bench -- --full
 	@if [ "$${MEM:-0}" != 1 ]; then cargo bench --locked --bench hooks; fi
 
@@ -89,3 +89,6 @@ chart-readme: ## regenerate the value table of deploy/helm/metahook/README.md fr
 
 failover: cluster-up ## two-replica fail-over, FAILOVER_ROUNDS (default 5) kill -9 rounds; prints take-over times
 	cargo test --locked --test leader -- --ignored --nocapture --test-threads=1
+
+shards: cluster-up ## sharding at full size: 3 replicas x 3,000 parents, a kill -9, a 4th replica; prints converge times and moves
+	cargo test --locked --test sharding -- --ignored --nocapture --test-threads=1

@@ -452,6 +452,10 @@ pub struct Informers {
     flush_interval: Option<Duration>,
     /// The namespaces namespaced types are watched in, one watch each; empty: the whole cluster.
     namespaces: Arc<[String]>,
+    /// With sharding, the server-side label selector of this replica's own objects (see
+    /// [`crate::cache::shard`]): every watch of [`Informers::get`] carries it, so a cache holds one
+    /// member's share of its type.
+    selector: Option<String>,
     live: Arc<Mutex<HashMap<String, Weak<Shared>>>>,
 }
 
@@ -463,6 +467,7 @@ impl Informers {
             client,
             flush_interval: Some(flush_interval).filter(|d| !d.is_zero()),
             namespaces: Arc::default(),
+            selector: None,
             live: Arc::default(),
         }
     }
@@ -488,6 +493,14 @@ impl Informers {
         self.namespaces.is_empty() || self.namespaces.iter().any(|n| n == namespace)
     }
 
+    /// These informers, watching only the objects `selector` (a server-side label selector) matches:
+    /// a sharded replica's own parents and children.
+    #[must_use]
+    pub fn sharded(mut self, selector: Option<String>) -> Self {
+        self.selector = selector;
+        self
+    }
+
     /// How often watches list their type again; `None`: never. For other watches of the hub (the
     /// controller objects') to do the same.
     #[must_use]
@@ -498,7 +511,21 @@ impl Informers {
     /// The informer for `resource`, shared with every other user of the same type.
     #[must_use]
     pub fn get(&self, resource: &Arc<ResolvedResource>) -> Informer {
-        let id = format!("{}/{}", resource.api_version(), resource.api_resource.plural);
+        self.informer(resource, self.selector.clone())
+    }
+
+    /// The informer for `resource` with every object of the type, even when sharded: for what a
+    /// replica must see whoever owns it (a rollout's `ControllerRevision`s carry no shard label).
+    #[must_use]
+    pub fn get_unsharded(&self, resource: &Arc<ResolvedResource>) -> Informer {
+        self.informer(resource, None)
+    }
+
+    fn informer(&self, resource: &Arc<ResolvedResource>, selector: Option<String>) -> Informer {
+        let mut id = format!("{}/{}", resource.api_version(), resource.api_resource.plural);
+        if let Some(selector) = &selector {
+            id = format!("{id}?{selector}");
+        }
         let mut live = self.live.lock().expect("informers lock");
         if let Some(shared) = live.get(&id).and_then(Weak::upgrade) {
             return Informer { shared };
@@ -518,6 +545,7 @@ impl Informers {
             Arc::downgrade(&shared),
             self.flush_interval,
             Arc::clone(&self.namespaces),
+            selector,
         ));
         *shared.task.lock().expect("task lock") = Some(task.abort_handle());
         live.retain(|_, weak| weak.strong_count() > 0);
@@ -614,7 +642,14 @@ fn scopes(resource: &ResolvedResource, namespaces: &[String]) -> Vec<Option<Stri
 /// One watch per scope (see [`scopes`]), merged: each lists, relists and fails on its own, and the
 /// store is synced once every one of them has listed. A relist of one namespace removes only what is
 /// gone from that namespace.
-async fn run_watch(client: Client, shared: Weak<Shared>, flush_interval: Option<Duration>, namespaces: Arc<[String]>) {
+/// With `selector` (sharding), every one of them lists and watches only the objects it matches.
+async fn run_watch(
+    client: Client,
+    shared: Weak<Shared>,
+    flush_interval: Option<Duration>,
+    namespaces: Arc<[String]>,
+    selector: Option<String>,
+) {
     let resource = match shared.upgrade() {
         Some(s) => Arc::clone(&s.resource),
         None => return,
@@ -626,7 +661,11 @@ async fn run_watch(client: Client, shared: Weak<Shared>, flush_interval: Option<
             None => Api::all_with(client.clone(), &resource.api_resource),
         };
         // Listed again every flush interval: what changed unseen reaches subscribers as `relisted` changes.
-        let start = move || resilient(watcher(api.clone(), watcher::Config::default())).boxed();
+        let mut config = watcher::Config::default();
+        if let Some(selector) = &selector {
+            config = config.labels(selector);
+        }
+        let start = move || resilient(watcher(api.clone(), config.clone())).boxed();
         relisting(start, flush_interval).map(move |event| (index, event))
     });
     let mut events = futures::stream::select_all(watches);

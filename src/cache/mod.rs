@@ -1,6 +1,7 @@
 //! Stage 1, cache: what the hub knows of the cluster. One shared watch and cache per type
 //! ([`informers`]), listed again every flush interval ([`relist`]), the types themselves
-//! ([`discovery`]), and label selectors over cached objects ([`selector`]). Nothing here writes to the
+//! ([`discovery`]), and label selectors over cached objects ([`selector`]), and which replica owns which parent when sharded
+//! ([`shard`]). Nothing here writes to the
 //! API server.
 //!
 //! May import: [`crate::api`].
@@ -9,3 +10,4 @@ pub mod discovery;
 pub mod informers;
 pub mod relist;
 pub mod selector;
+pub mod shard;

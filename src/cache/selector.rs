@@ -270,6 +270,25 @@ fn split_set(term: &str, op: &str) -> Option<(String, Option<Vec<String>>)> {
     Some((key.trim().to_owned(), values))
 }
 
+/// `selector` as a server-side label selector string (`app=web,tier in (a,b),!legacy`), for a list
+/// or watch the API server filters; `None` selects everything ("").
+#[must_use]
+pub fn server_side(selector: Option<&LabelSelector>) -> String {
+    let Some(selector) = selector else { return String::new() };
+    let mut terms: Vec<String> = selector.match_labels.iter().flatten().map(|(k, v)| format!("{k}={v}")).collect();
+    for expression in selector.match_expressions.iter().flatten() {
+        let values = expression.values.clone().unwrap_or_default().join(",");
+        let key = &expression.key;
+        terms.push(match expression.operator.as_str() {
+            "In" => format!("{key} in ({values})"),
+            "NotIn" => format!("{key} notin ({values})"),
+            "Exists" => key.clone(),
+            _ => format!("!{key}"),
+        });
+    }
+    terms.join(",")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -10,6 +10,7 @@ use kube::Client;
 
 use crate::cache::discovery::Discovery;
 use crate::cache::informers::Informers;
+use crate::cache::shard::Shard;
 use crate::engine::events::Events;
 use crate::engine::health::Health;
 use crate::engine::metrics::Metrics;
@@ -30,6 +31,10 @@ pub struct Hub {
     pub metrics: Metrics,
     /// How the controllers are doing (what `/readyz` answers from).
     pub health: Health,
+    /// With sharding, this replica's member of the ring: its caches hold only its own parents and
+    /// children, every child it writes carries its shard label, and a parent marked to move is handed
+    /// over instead of synced (see [`crate::engine::handover`]). `None`: one hub owns everything.
+    pub shard: Option<Shard>,
 }
 
 /// How every controller of the hub runs.

@@ -232,6 +232,8 @@ pub struct Metrics {
     hook_syncs: Family<CauseLabels, Counter>,
     hook_calls_saved: Family<SavedLabels, Counter>,
     pub apply: crate::write::apply::ApplyMetrics,
+    /// This replica's share of a sharded ring (registered only when sharding is on).
+    pub shard: ShardMetrics,
 }
 
 impl Default for Metrics {
@@ -252,7 +254,84 @@ impl Default for Metrics {
             hook_syncs: Family::default(),
             hook_calls_saved: Family::default(),
             apply: crate::write::apply::ApplyMetrics::default(),
+            shard: ShardMetrics::default(),
         }
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DirectionLabels {
+    direction: &'static str,
+}
+
+/// One replica's share of a sharded ring (`metahook_shard_*`): the parents it owns, those it handed
+/// over (`out`) and received (`in`), and how long a hand-over took from the coordinator's request.
+#[derive(Clone, Debug)]
+pub struct ShardMetrics {
+    enabled: Arc<std::sync::atomic::AtomicBool>,
+    parents: Gauge,
+    moves: Family<DirectionLabels, Counter>,
+    drain: Histogram,
+}
+
+impl Default for ShardMetrics {
+    fn default() -> Self {
+        Self {
+            enabled: Arc::default(),
+            parents: Gauge::default(),
+            moves: Family::default(),
+            // 10 ms to about 3 min: a hand-over waits for the sync in flight, then relabels children.
+            drain: Histogram::new(exponential_buckets(0.01, 2.0, 14)),
+        }
+    }
+}
+
+impl ShardMetrics {
+    /// Turns the families on (a hub that is not sharded does not show them).
+    pub fn enable(&self) {
+        self.enabled.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    #[must_use]
+    pub fn enabled(&self) -> bool {
+        self.enabled.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// A parent came into this replica's cache (`moved_in`: handed over by another member).
+    pub fn parent_arrived(&self, moved_in: bool) {
+        self.parents.inc();
+        if moved_in {
+            self.moves.get_or_create(&DirectionLabels { direction: "in" }).inc();
+        }
+    }
+
+    /// A parent left this replica's cache (moved away or deleted).
+    pub fn parent_left(&self) {
+        self.parents.dec();
+    }
+
+    /// A parent was handed over by this replica; `since_request`: since the coordinator asked.
+    pub fn moved_out(&self, took: Duration, since_request: Option<Duration>) {
+        self.moves.get_or_create(&DirectionLabels { direction: "out" }).inc();
+        self.drain.observe(since_request.unwrap_or(took).as_secs_f64());
+    }
+
+    fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "metahook_shard_parents",
+            "Parents this replica owns (in its sharded caches), summed over its controllers",
+            self.parents.clone(),
+        );
+        registry.register(
+            "metahook_shard_moves",
+            "Parents handed over to another replica (out) and received from one (in)",
+            self.moves.clone(),
+        );
+        registry.register(
+            "metahook_shard_drain_seconds",
+            "Time from the coordinator's request to move a parent until this replica had handed it over",
+            self.drain.clone(),
+        );
     }
 }
 
@@ -327,6 +406,9 @@ impl Metrics {
             self.work_duration.clone(),
         );
         registry.register_collector(Box::new(InFlightGauges { queues: Arc::clone(&self.in_flight) }));
+        if self.shard.enabled() {
+            self.shard.register(registry);
+        }
     }
 
     /// The metrics of controller `kind`/`name`, kept across restarts until [`Metrics::remove`].

@@ -283,7 +283,9 @@ impl<K: Clone + Eq + Hash + Send + Sync + 'static> Related<K> {
         if let Some((informer, _)) = informers.get(&id) {
             return informer.clone();
         }
-        let informer = self.hub.informers.get(resource);
+        // Related objects are whatever the customize hook names, owned by nobody's shard: a sharded
+        // replica sees them all, as an unsharded hub does.
+        let informer = self.hub.informers.get_unsharded(resource);
         // Changes from now on only: a parent whose rules name this type reads its related objects from
         // the cache after this (in the same sync), so replaying what is cached would only queue that
         // parent a second time for objects it has just seen.

@@ -25,7 +25,7 @@ use super::identity::{self, AuthHeader, REDACTED};
 use super::metrics::HookLabels;
 use super::pool::{HttpClient, IdentityError, Part, TlsIdentity};
 use super::settings::{self, AuthSource, CaSource, Settings, SettingsError};
-use super::{HookError, Shared, retry_after};
+use super::{HookError, REPLICA_HEADER, Shared, retry_after};
 use crate::api::{EndpointConfig, Hook, HookVersion, UnmarshalMode};
 
 const USER_AGENT: &str = concat!("metahook/", env!("CARGO_PKG_VERSION"));
@@ -205,6 +205,9 @@ impl Endpoint {
         }
         if let Some((_, _, Some(tag))) = &cached {
             request = request.header(header::IF_NONE_MATCH, tag.as_str());
+        }
+        if let Some(replica) = &inner.shared.replica {
+            request = request.header(REPLICA_HEADER, replica.clone());
         }
         if inner.shared.trace_context
             && let Some(headers) = request.headers_mut()

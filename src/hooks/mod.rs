@@ -350,7 +350,14 @@ pub struct HookClientConfig {
     /// a hook's spans join the sync's trace. On when traces are exported; off, the headers are not
     /// even looked for.
     pub trace_context: bool,
+    /// This replica's identity, sent with every call as [`REPLICA_HEADER`] when several replicas share
+    /// the work (sharding): a hook's log then says which replica asked, so "never two replicas syncing
+    /// one parent at once" can be audited from it.
+    pub replica: Option<String>,
 }
+
+/// The request header naming the replica that calls a hook (with sharding on).
+pub const REPLICA_HEADER: &str = "Metahook-Replica";
 
 impl Default for HookClientConfig {
     fn default() -> Self {
@@ -359,6 +366,7 @@ impl Default for HookClientConfig {
             hook_hosts: BTreeMap::new(),
             keep_alive: true,
             trace_context: false,
+            replica: None,
         }
     }
 }
@@ -372,6 +380,8 @@ struct Shared {
     limit: usize,
     /// Whether requests carry the caller's trace context ([`HookClientConfig::trace_context`]).
     trace_context: bool,
+    /// The [`REPLICA_HEADER`] value, if set (an identity that is no header value is left out).
+    replica: Option<http::HeaderValue>,
 }
 
 /// The hub's hook client: connection pools, credential watches and metrics. Controllers get an
@@ -414,6 +424,7 @@ impl HookClient {
             metrics: Arc::new(HookMetrics::default()),
             limit: config.response_limit,
             trace_context: config.trace_context,
+            replica: config.replica.as_deref().and_then(|r| http::HeaderValue::from_str(r).ok()),
         };
         Self { shared: Arc::new(shared) }
     }

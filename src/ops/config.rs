@@ -72,6 +72,8 @@ pub struct Config {
     pub cache_sync_timeout: Duration,
     /// Leader election among replicas of the hub (off for a single process).
     pub leader_election: LeaderElection,
+    /// Sharding: every replica syncs its own share of the parents, instead of one leader syncing all.
+    pub sharding: Sharding,
     /// Where to connect for a hook server instead of where its name leads: key = the server as the hook
     /// URL names it (`greeter.hooks:8080`; without a port, the URL scheme's default), value = the
     /// `host:port` to open the TCP connection to. Only the destination changes: the URL, `Host` header
@@ -151,6 +153,61 @@ pub enum MetricsAuth {
     Kubernetes,
 }
 
+/// Sharding the parents over replicas (see [`crate::ops::ring`]). Each replica holds a Lease of its own
+/// in the leader-election namespace, labelled with the ring, renewed with `leaderElection`'s timings; a
+/// replica whose Lease expired (or was released) leaves the ring. The replica holding the leader Lease
+/// (`leaderElection.leaseName`) is the ring's coordinator: it assigns each parent to a live member by
+/// consistent hashing of the parent's UID, written as the label `shard.metahook.dev/<ring>: <member>`, and
+/// moves parents when members come and go — a live owner's only after it handed the parent over. Each
+/// replica watches parents and children with a label selector for its own member, so its caches hold
+/// about 1/N of the objects; every child and attachment it writes carries the same label. Hook requests
+/// carry the replica's identity in the `Metahook-Replica` header.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
+pub struct Sharding {
+    /// Shard the parents over every replica (the `--sharding` flag sets it). Replaces `leaderElection.enabled`:
+    /// the leader Lease then elects only the coordinator.
+    pub enabled: bool,
+    /// Name of the ring: the suffix of the shard labels, and the label value of the members' Leases.
+    /// Hubs with different rings (or different field managers) never share parents.
+    pub ring: String,
+    /// How often the coordinator lists every parent to check the assignment (also on every change of
+    /// the members, and as soon as a new parent is seen).
+    #[serde(with = "secs")]
+    #[schemars(with = "u64", extend("x-unit" = "seconds"))]
+    pub rebalance_interval: Duration,
+}
+
+impl Default for Sharding {
+    fn default() -> Self {
+        Self { enabled: false, ring: "metahook".to_owned(), rebalance_interval: Duration::from_secs(30) }
+    }
+}
+
+impl Sharding {
+    fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |field, reason: &str| Err(ConfigError::Invalid { field, reason: reason.to_owned() });
+        let name_ok = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.');
+        let ends_ok = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric());
+        let ring = &self.ring;
+        if ring.is_empty()
+            || ring.len() > 63
+            || !ring.chars().all(name_ok)
+            || !ends_ok(ring.chars().next())
+            || !ends_ok(ring.chars().last())
+        {
+            return invalid(
+                "sharding.ring",
+                "must be a label name: 1 to 63 of [A-Za-z0-9-_.], alphanumeric at both ends",
+            );
+        }
+        if self.rebalance_interval.is_zero() {
+            return invalid("sharding.rebalanceInterval", "must be at least 1 second");
+        }
+        Ok(())
+    }
+}
+
 /// Leader election on a `coordination.k8s.io/v1` Lease: only the holder runs controllers.
 /// See [`crate::ops::leader`] for why `renewDeadline < leaseDuration` keeps two hubs from writing at once.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
@@ -206,6 +263,7 @@ impl Default for Config {
             hook_response_limit: crate::hooks::DEFAULT_RESPONSE_LIMIT,
             cache_sync_timeout: Duration::from_secs(60),
             leader_election: LeaderElection::default(),
+            sharding: Sharding::default(),
             hook_hosts: BTreeMap::new(),
             api_qps: 0.0,
             api_burst: 100,
@@ -245,6 +303,12 @@ pub struct ConfigOverrides {
     /// Run controllers only while holding the leader Lease (for several replicas).
     #[arg(long, env = "METAHOOK_LEADER_ELECT", num_args = 0..=1, default_missing_value = "true")]
     pub leader_elect: Option<bool>,
+    /// Shard the parents over every replica (each its own Lease; the leader Lease elects the coordinator).
+    #[arg(long, env = "METAHOOK_SHARDING", num_args = 0..=1, default_missing_value = "true")]
+    pub sharding: Option<bool>,
+    /// Name of the sharding ring.
+    #[arg(long, env = "METAHOOK_SHARD_RING")]
+    pub shard_ring: Option<String>,
     /// Name of the leader Lease.
     #[arg(long, env = "METAHOOK_LEADER_ELECT_LEASE_NAME")]
     pub leader_elect_lease_name: Option<String>,
@@ -299,6 +363,12 @@ impl Config {
         if let Some(namespaces) = &overrides.namespaces {
             // `--namespaces ""` (an empty list item) means the whole cluster, as the file's `[]` does.
             config.namespaces = namespaces.iter().filter(|n| !n.is_empty()).cloned().collect();
+        }
+        if let Some(enabled) = overrides.sharding {
+            config.sharding.enabled = enabled;
+        }
+        if let Some(ring) = &overrides.shard_ring {
+            config.sharding.ring.clone_from(ring);
         }
         let election = &mut config.leader_election;
         if let Some(enabled) = overrides.leader_elect {
@@ -355,6 +425,7 @@ impl Config {
             hook_hosts: self.hook_hosts.clone(),
             keep_alive: true,
             trace_context: self.tracing.enabled(),
+            replica: None,
         }
     }
 
@@ -443,6 +514,7 @@ impl Config {
                 reason: format!("{bad:?} is not a namespace name (a DNS label: a-z, 0-9, '-', at most 63)"),
             });
         }
+        self.sharding.validate()?;
         if self.tracing.enabled() {
             crate::ops::traces::collector_url(&self.tracing.otlp_endpoint)
                 .map_err(|reason| ConfigError::Invalid { field: "tracing.otlpEndpoint", reason })?;
@@ -624,6 +696,24 @@ mod tests {
             let config = Config { namespaces: vec![bad.into()], ..Config::default() };
             assert!(config.validate().unwrap_err().to_string().contains("namespaces"), "{bad}");
         }
+    }
+
+    #[test]
+    fn sharding_is_read_and_its_ring_must_be_a_label_name() {
+        let config: Config = serde_yaml::from_str("sharding: {enabled: true, ring: web}").unwrap();
+        assert!(config.sharding.enabled);
+        assert_eq!(config.sharding.ring, "web");
+        assert!(config.validate().is_ok());
+        for bad in ["", "-web", "we/b", &"r".repeat(64)] {
+            let config =
+                Config { sharding: Sharding { ring: bad.to_owned(), ..Sharding::default() }, ..Config::default() };
+            assert!(config.validate().unwrap_err().to_string().contains("sharding.ring"), "{bad:?}");
+        }
+        let overrides =
+            ConfigOverrides { sharding: Some(true), shard_ring: Some("r2".into()), ..ConfigOverrides::default() };
+        let config = Config::load(None, &overrides).unwrap();
+        assert!(config.sharding.enabled);
+        assert_eq!(config.sharding.ring, "r2");
     }
 
     #[test]

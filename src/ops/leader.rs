@@ -85,6 +85,8 @@ pub struct Elector {
     current: Option<Lease>,
     changed: Arc<Notify>,
     watch: tokio::task::JoinHandle<()>,
+    /// Labels the Lease is created with (a sharding member's Lease names its ring, so members can be listed).
+    labels: std::collections::BTreeMap<String, String>,
 }
 
 impl Drop for Elector {
@@ -103,7 +105,24 @@ impl Elector {
         let leadership = Leadership::new(identity, format!("{namespace}/{name}"));
         let changed = Arc::new(Notify::new());
         let watch = tokio::spawn(watch_lease(api.clone(), name.clone(), Arc::clone(&changed)));
-        Self { api, name, settings, leadership, observed: None, current: None, changed, watch }
+        Self {
+            api,
+            name,
+            settings,
+            leadership,
+            observed: None,
+            current: None,
+            changed,
+            watch,
+            labels: std::collections::BTreeMap::new(),
+        }
+    }
+
+    /// This elector, creating its Lease with `labels`.
+    #[must_use]
+    pub fn labelled(mut self, labels: std::collections::BTreeMap<String, String>) -> Self {
+        self.labels = labels;
+        self
     }
 
     #[must_use]
@@ -223,7 +242,11 @@ impl Elector {
         let existing = self.api.get_opt(&self.name).await.map_err(|e| self.error(e))?;
         let Some(lease) = existing else {
             let lease = Lease {
-                metadata: ObjectMeta { name: Some(self.name.clone()), ..ObjectMeta::default() },
+                metadata: ObjectMeta {
+                    name: Some(self.name.clone()),
+                    labels: Some(self.labels.clone()).filter(|l| !l.is_empty()),
+                    ..ObjectMeta::default()
+                },
                 spec: Some(self.record(None)),
             };
             return match self.api.create(&PostParams::default(), &lease).await {

@@ -1,6 +1,7 @@
 //! Stage 6, operations: running the hub as a cluster add-on. Its configuration ([`config`]), its manners
 //! towards the API server ([`client`]) and the count of its requests ([`client_metrics`]), leader
-//! election ([`leader`]) and the write gate that makes it safe ([`gate`]), `/metrics` and health
+//! election ([`leader`]) and the write gate that makes it safe ([`gate`]), sharding's members and
+//! coordinator ([`ring`]), `/metrics` and health
 //! ([`metrics`]; the process's own from [`process`]; who may read them, [`metrics_auth`]), profiles
 //! ([`pprof`], the heap's from [`heap`]), traces for an OpenTelemetry collector ([`traces`]), and running
 //! it all ([`run`]).
@@ -17,5 +18,6 @@ pub mod metrics;
 pub mod metrics_auth;
 pub mod pprof;
 pub mod process;
+pub mod ring;
 pub mod run;
 pub mod traces;

@@ -1,7 +1,9 @@
 //! Running the hub: builds the shared [`Hub`] from the configuration, serves `/metrics`, health and
 //! profiles, and
 //! runs the controllers ([`run_controllers`]) — at once, or with leader election only while this hub
-//! holds the Lease, with a client whose writes stop at the renew deadline ([`crate::ops::gate`]).
+//! holds the Lease, with a client whose writes stop at the renew deadline ([`crate::ops::gate`]), or
+//! sharded: every replica runs them for its own parents while it holds its member Lease, and the
+//! leader Lease elects the ring's coordinator ([`crate::ops::ring`]).
 
 use std::sync::Arc;
 
@@ -11,16 +13,19 @@ use tracing::{info, warn};
 
 use crate::cache::discovery::Discovery;
 use crate::cache::informers::Informers;
+use crate::cache::shard::{Shard, member_name};
 use crate::controllers::manager::run_controllers;
 use crate::engine::events::Events;
 use crate::engine::health::Health;
 use crate::engine::hub::Hub;
 use crate::engine::metrics::Metrics;
-use crate::hooks::HookClient;
+use crate::hooks::{HookClient, HookClientConfig};
+use crate::ops::config::LeaderElection;
 use crate::ops::config::{Config, MetricsAuth};
 use crate::ops::leader::{Elector, Lost};
 use crate::ops::metrics::{self, Readiness, Routes};
 use crate::ops::metrics_auth::{MetricsAccess, Reviewer};
+use crate::ops::ring::{Coordinator, member_lease_labels, member_lease_name};
 use crate::write::apply::Applier;
 
 /// Errors that stop the hub.
@@ -34,12 +39,27 @@ pub enum HubError {
 /// requests in flight, optional rate limit).
 #[must_use]
 pub fn build(client: Client, config: &Config) -> Hub {
+    build_member(client, config, None)
+}
+
+/// [`build`] for one replica of a sharded ring: `member` is its shard and identity. Its caches watch
+/// only its own objects, and its hook requests name it.
+#[must_use]
+pub fn build_member(client: Client, config: &Config, member: Option<(&Shard, &str)>) -> Hub {
     let client = crate::ops::client::limited(client, config.client_limits());
     let metrics = Metrics::default();
+    let hook_client =
+        HookClientConfig { replica: member.map(|(_, identity)| identity.to_owned()), ..config.hook_client() };
+    if member.is_some() {
+        metrics.shard.enable();
+    }
     Hub {
         discovery: Discovery::new(client.clone(), config.discovery_interval),
-        informers: Informers::new(client.clone(), config.cache_flush_interval).in_namespaces(config.namespaces.clone()),
-        hooks: HookClient::new(&config.hook_client(), Some(client.clone())),
+        informers: Informers::new(client.clone(), config.cache_flush_interval)
+            .in_namespaces(config.namespaces.clone())
+            .sharded(member.map(|(shard, _)| shard.selector())),
+        hooks: HookClient::new(&hook_client, Some(client.clone())),
+        shard: member.map(|(shard, _)| shard.clone()),
         applier: Applier::new(client.clone(), config.field_manager.clone())
             .with_metrics(metrics.apply.clone())
             .taking_over_from(config.take_over_field_managers.clone()),
@@ -65,6 +85,9 @@ pub async fn run(client: Client, config: Config) -> Result<(), HubError> {
 /// Runs every CompositeController and DecoratorController until `cancel` fires (how tests and embedders
 /// run a hub). With `leaderElection.enabled`, only while this hub holds the Lease.
 pub async fn run_until(client: Client, config: Config, cancel: CancellationToken) {
+    if config.sharding.enabled {
+        return run_sharded(client, config, cancel).await;
+    }
     if config.leader_election.enabled {
         return run_elected(client, config, cancel).await;
     }
@@ -148,6 +171,78 @@ async fn run_elected(client: Client, config: Config, cancel: CancellationToken) 
     }
     for server in servers {
         server.abort();
+    }
+}
+
+/// One replica of a sharded ring: holds its member Lease (terms of membership as [`run_elected`]'s terms
+/// of leadership: controllers run only while it is renewed, on a client whose writes stop at its renew
+/// deadline), and beside it competes for the leader Lease, whose holder coordinates the ring.
+async fn run_sharded(client: Client, config: Config, cancel: CancellationToken) {
+    let settings = config.leader_election.clone();
+    let namespace = crate::ops::leader::namespace(&settings, &client);
+    let identity = crate::ops::leader::identity();
+    let shard = Shard { ring: config.sharding.ring.clone(), member: member_name(&identity) };
+    let member_settings = LeaderElection { lease_name: member_lease_name(&shard), ..settings.clone() };
+    let mut membership = Elector::new(client.clone(), &namespace, member_settings, identity.clone())
+        .labelled(member_lease_labels(&shard));
+    let leadership = membership.leadership().clone();
+    let access = metrics_access(&client, &config);
+    let hub =
+        build_member(crate::ops::gate::gated(client.clone(), leadership.clone()), &config, Some((&shard, &identity)));
+    let ready = Readiness { health: hub.health.clone(), leadership: Some(leadership.clone()) };
+    let servers = serve_endpoints(&config, &hub, ready, access).await;
+    let coordinating = tokio::spawn(coordinate(client, config.clone(), namespace, identity.clone(), cancel.clone()));
+    info!(%identity, member = %shard.member, ring = %shard.ring, "joining the ring");
+    while membership.acquire(&cancel).await {
+        hub.health.reset();
+        let term = CancellationToken::new();
+        let controllers =
+            tokio::spawn(run_controllers(hub.clone(), config.target_label_selector.clone(), term.clone()));
+        let lost = tokio::select! {
+            lost = membership.hold() => Some(lost),
+            () = cancel.cancelled() => None,
+        };
+        term.cancel();
+        let _ = controllers.await;
+        match lost {
+            None => {
+                membership.release().await;
+                break;
+            }
+            Some(lost) => warn!(?lost, "lost the member lease; rejoining"),
+        }
+    }
+    let _ = coordinating.await;
+    for server in servers {
+        server.abort();
+    }
+}
+
+/// Coordinates the ring while this replica holds the leader Lease (on a client gated by it), until `cancel`.
+async fn coordinate(client: Client, config: Config, namespace: String, identity: String, cancel: CancellationToken) {
+    let settings = config.leader_election.clone();
+    let mut elector = Elector::new(client.clone(), &namespace, settings.clone(), identity);
+    let gated = crate::ops::client::limited(
+        crate::ops::gate::gated(client, elector.leadership().clone()),
+        config.client_limits(),
+    );
+    while elector.acquire(&cancel).await {
+        let term = CancellationToken::new();
+        let coordinator = Coordinator::new(gated.clone(), &namespace, &config);
+        let running = tokio::spawn(coordinator.run(term.clone()));
+        let lost = tokio::select! {
+            lost = elector.hold() => Some(lost),
+            () = cancel.cancelled() => None,
+        };
+        term.cancel();
+        let _ = running.await;
+        match lost {
+            None => {
+                elector.release().await;
+                break;
+            }
+            Some(lost) => warn!(?lost, "lost the coordinator lease; standing by"),
+        }
     }
 }
 

@@ -21,7 +21,9 @@
 //!
 //! Output: a markdown table on stdout, `target/bench/fanout-<N>.json`, and `target/bench/fanout-<N>.png`
 //! (converged children over time per system). `MEM=1` instead loads 10k parents (30k children) into the
-//! hub and reports its steady RSS and bytes per cached object (for the baseline too, when set).
+//! hub and reports its steady RSS and bytes per cached object (for the baseline too, when set); with
+//! `SHARDS=1,2,3` as well, it converges that world with 1, 2 and 3 sharded replicas in turn and reports
+//! converge time and RSS per replica.
 //!
 //! Run by `cargo test` with no arguments (as part of `make test`) it does a smoke-sized run (N=20, short
 //! phases) so it never rots; `make bench` runs the full size. Figures are printed, never asserted: the
@@ -187,6 +189,14 @@ async fn main() {
         settings.hub_bin.display()
     );
 
+    let shards: Vec<usize> = std::env::var("SHARDS")
+        .ok()
+        .map(|v| v.split(',').filter_map(|n| n.trim().parse().ok()).filter(|&n| n > 0).collect())
+        .unwrap_or_default();
+    if settings.mem && !shards.is_empty() {
+        mem_shards_mode(&client, &settings, &hook, &out, &shards).await;
+        return;
+    }
     if settings.mem {
         mem_mode(&client, &settings, &hook, &out, &settings.hub_bin, "").await;
         if let Some(baseline) = &settings.baseline_bin {
@@ -471,6 +481,53 @@ async fn mem_mode(client: &Client, settings: &Settings, hook: &Hook, out: &Path,
     world.delete_controller(&label).await;
     ns.delete().await;
     wait_namespace_gone(client, &world.ns).await;
+}
+
+/// `MEM=1 SHARDS=1,2,3`: the same world converged by 1, 2 and 3 sharded replicas in turn (issue 25):
+/// converge time and the steady RSS of every replica, and the largest replica's RSS as a share of the
+/// single replica's. The goal (printed, not asserted): at most 0.4 at 3 shards, converge no slower.
+async fn mem_shards_mode(client: &Client, settings: &Settings, hook: &Hook, out: &Path, shards: &[usize]) {
+    let mut rows = Vec::new();
+    let mut single: Option<f64> = None;
+    for &count in shards {
+        let ns = support::TestNamespace::create(client, "bench-shards").await;
+        let label = ns.name.clone();
+        let world = Bench::new(client, &ns.name, settings);
+        eprintln!("[bench] {count} shard(s): creating {} parents", settings.n);
+        world.create_parents("1").await;
+        let tracker = Convergence::start(client, &ns.name).await;
+        world.controller(&label, hook.port, &json!({})).await;
+        let sharding = format!(
+            "leaderElection: {{leaseName: {label}, leaseNamespace: {ns}}}
+sharding: {{enabled: true, ring: {label}}}
+",
+            ns = ns.name
+        );
+        let started = Instant::now();
+        let hubs: Vec<HubRun> = (0..count).map(|_| HubRun::start_with(&settings.hub_bin, &label, &sharding)).collect();
+        tracker.wait("1", settings.n).await;
+        let converge = started.elapsed().as_secs_f64();
+        tokio::time::sleep(settings.idle).await;
+        let rss: Vec<f64> = hubs.iter().map(|h| h.rss_mib().unwrap_or(0.0)).collect();
+        for hub in hubs {
+            hub.stop().await;
+        }
+        let largest = rss.iter().copied().fold(0.0, f64::max);
+        let share = single.map_or(1.0, |one| largest / one);
+        if count == 1 {
+            single = Some(largest);
+        }
+        let each = rss.iter().map(|r| format!("{r:.1}")).collect::<Vec<_>>().join(" / ");
+        rows.push(json!({"shards": count, "converge_s": converge, "rss_mib": rss, "largest_share_of_one": share}));
+        println!("| {count} | {converge:.1} s | {each} MiB | {share:.2} |");
+        world.delete_controller(&label).await;
+        ns.delete().await;
+        wait_namespace_gone(client, &world.ns).await;
+    }
+    let json = json!({"n": settings.n, "children": settings.n * CHILDREN, "shards": rows, "machine": machine()});
+    std::fs::write(out.join(format!("shards-{}.json", settings.n)), serde_json::to_string_pretty(&json).unwrap())
+        .unwrap();
+    println!("(shards | converge | steady RSS per replica | largest replica's RSS / one replica's; goal <= 0.4 at 3)");
 }
 
 // ---- the world: parents, controller, raw writes ------------------------------------------------
@@ -986,12 +1043,19 @@ struct HubHandle {
 
 impl HubRun {
     fn start(bin: &Path, label: &str) -> Self {
+        Self::start_with(bin, label, "")
+    }
+
+    /// Like [`HubRun::start`], with more of the config file (`more`, YAML lines).
+    fn start_with(bin: &Path, label: &str, more: &str) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let config = dir.path().join("metahook.yaml");
         let metrics_port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         std::fs::write(
             &config,
-            format!("targetLabelSelector: \"metahook-test={label}\"\nmetricsAddress: \"127.0.0.1:{metrics_port}\"\n"),
+            format!(
+                "targetLabelSelector: \"metahook-test={label}\"\nmetricsAddress: \"127.0.0.1:{metrics_port}\"\n{more}"
+            ),
         )
         .unwrap();
         let kubeconfig = support::repo_root().join(".cluster/kubeconfig");

@@ -83,7 +83,9 @@ impl Controller {
                 .resolve(crate::api::GROUP_VERSION, "controllerrevisions")
                 .await
                 .map_err(|source| StartError::NotFound { role: "controllerrevision", source })?;
-            let informer = hub.informers.get(&resource);
+            // Revisions carry no shard label (rollouts write them apart from the children): sharded,
+            // every replica sees them all, and claims only its own parents'.
+            let informer = hub.informers.get_unsharded(&resource);
             informer.wait_synced(hub.settings.cache_sync_timeout).await?;
             Some(Rollouts::new(informer, Arc::clone(&parent_resource), resources(&children), spec))
         } else {
@@ -308,6 +310,16 @@ impl Kind for Controller {
 
     fn ours(&self, parent: &DynamicObject, child: &DynamicObject) -> bool {
         controller_uid(child) == parent.metadata.uid.as_deref()
+    }
+
+    /// `controller-uid=<uid>` under `generateSelector`, else the parent's `spec.selector`.
+    fn children_selector(&self, parent: &DynamicObject) -> Option<String> {
+        if self.cc.spec.generate_selector == Some(true) {
+            return Some(format!("{CONTROLLER_UID_LABEL}={}", parent.metadata.uid.as_deref().unwrap_or_default()));
+        }
+        let selector = parent.data.pointer("/spec/selector").cloned()?;
+        let selector = serde_json::from_value(selector).ok()?;
+        Some(crate::cache::selector::server_side(Some(&selector)))
     }
 }
 

@@ -87,6 +87,8 @@ fn exposition() -> String {
     let config = kube::Config::new("http://127.0.0.1:9".parse().expect("a URI"));
     let client = kube::Client::try_from(config).expect("a client needs no connection to be built");
     let hub = crate::ops::run::build(client, &Config::default());
+    // The sharding families, as a sharded replica serves them.
+    hub.metrics.shard.enable();
     let leadership = Leadership::new("metahook-0".to_owned(), "metahook/metahook".to_owned());
     let ready = Readiness { health: hub.health.clone(), leadership: Some(leadership) };
     let registry = crate::ops::metrics::registry(&hub, &ready);
@@ -99,6 +101,8 @@ fn exposition() -> String {
     controller.deletion_guard_refused();
     let _queue = hub.metrics.queue(kind, name);
     hub.metrics.apply.record("ConfigMap", "created");
+    hub.metrics.shard.parent_arrived(true);
+    hub.metrics.shard.moved_out(Duration::ZERO, None);
     crate::ops::client_metrics::process().record("GET", "10.0.0.1:6443", Some(200), Duration::ZERO);
     let hook = HookLabels { kind: kind.to_owned(), controller: name.to_owned(), hook: HookKind::Sync };
     let hooks = hub.hooks.metrics();
