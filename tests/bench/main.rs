@@ -133,6 +133,9 @@ struct Phase {
     /// (`metahook_hook_syncs_total`: change, echo, delay, redundant), and of calls it left out
     /// (`metahook_hook_calls_saved_total`, as `saved:<why>`); empty for a build without them.
     hook_syncs: BTreeMap<String, u64>,
+    /// The hub's own histograms of where a sync's time goes (count and seconds): its syncs, its hook
+    /// calls, and its API requests by verb as it waited for them (empty for a system without them).
+    hub_times: BTreeMap<String, (f64, f64)>,
     hub_cpu_s: f64,
     apiserver_cpu_s: f64,
     /// The API server's own account of the requests it served (from everyone: the systems, the bench's
@@ -229,6 +232,7 @@ async fn main() {
     let mut table = table(&settings, &results);
     table.push_str(&summary(&settings, &runs));
     table.push_str(&costs_table(&settings, &results));
+    table.push_str(&hub_times_table(&settings, &results));
     println!("{table}");
     let json = json!({
         "workload": "fanout", "n": settings.n, "resync_period_s": settings.resync_s, "children_per_parent": CHILDREN, "hub": settings.hub_bin,
@@ -813,6 +817,7 @@ struct Meter {
     hook_calls: u64,
     hook_identical: u64,
     hook_syncs: BTreeMap<String, u64>,
+    hub_times: BTreeMap<String, (f64, f64)>,
     hub_cpu: f64,
     apiserver_cpu: f64,
 }
@@ -827,6 +832,10 @@ impl Meter {
             hook_identical: hook.identical().await,
             hook_syncs: match hub {
                 Some(h) => hook_syncs(h.metrics_port).await,
+                None => BTreeMap::new(),
+            },
+            hub_times: match hub {
+                Some(h) => hub_times(h.metrics_port).await,
                 None => BTreeMap::new(),
             },
             hub_cpu: hub.map_or(0.0, |h| cpu_seconds(h.pid)),
@@ -868,6 +877,18 @@ impl Meter {
                     .collect(),
                 None => BTreeMap::new(),
             },
+            hub_times: match hub {
+                Some(h) => hub_times(h.metrics_port)
+                    .await
+                    .into_iter()
+                    .map(|(key, (count, secs))| {
+                        let (count0, secs0) = self.hub_times.get(&key).copied().unwrap_or_default();
+                        (key, (count - count0, secs - secs0))
+                    })
+                    .filter(|(_, (count, _))| *count > 0.0)
+                    .collect(),
+                None => BTreeMap::new(),
+            },
             hub_cpu_s: hub.map_or(0.0, |h| cpu_seconds(h.pid) - self.hub_cpu),
             apiserver_cpu_s: cpu_seconds(apiserver_pid()) - self.apiserver_cpu,
         }
@@ -898,6 +919,47 @@ async fn hook_syncs(port: u16) -> BTreeMap<String, u64> {
         }
     }
     totals
+}
+
+/// The hub's histograms of its syncs, its hook calls and its API requests (by verb): count and seconds,
+/// keyed by what they time.
+async fn hub_times(port: u16) -> BTreeMap<String, (f64, f64)> {
+    if port == 0 {
+        return BTreeMap::new();
+    }
+    let url = format!("http://127.0.0.1:{port}/metrics");
+    let text = match reqwest::get(&url).await {
+        Ok(response) => response.text().await.unwrap_or_default(),
+        Err(_) => String::new(),
+    };
+    let families = [
+        ("workqueue_queue_duration_seconds", "waiting in the queue"),
+        ("controller_runtime_reconcile_time_seconds", "sync"),
+        ("metahook_hook_request_duration_seconds", "hook call"),
+        ("rest_client_request_duration_seconds", "API request"),
+    ];
+    let mut times: BTreeMap<String, (f64, f64)> = BTreeMap::new();
+    for line in text.lines() {
+        let Some((labels, value)) = line.rsplit_once(' ') else { continue };
+        let value = value.parse::<f64>().unwrap_or(0.0);
+        for (family, what) in families {
+            let (is_count, rest) = if let Some(rest) = labels.strip_prefix(&format!("{family}_count")) {
+                (true, rest)
+            } else if let Some(rest) = labels.strip_prefix(&format!("{family}_sum")) {
+                (false, rest)
+            } else {
+                continue;
+            };
+            let verb = rest.split("verb=\"").nth(1).and_then(|v| v.split('"').next());
+            let key = match verb {
+                Some(verb) => format!("{what} {verb}"),
+                None => what.to_owned(),
+            };
+            let entry = times.entry(key).or_default();
+            if is_count { entry.0 += value } else { entry.1 += value }
+        }
+    }
+    times
 }
 
 /// Write and read requests on ConfigMaps and BenchThing status, as the API server counts them.
@@ -1335,12 +1397,38 @@ fn costs_table(settings: &Settings, results: &[SystemFigures]) -> String {
             format!(" {:.2} / {:.2} |", count as f64 / n, secs * 1000.0 / n)
         })
         .collect();
-    out.push_str(&format!("| all of the above |{total}\n"));
+    out.push_str(&format!("| every request (rows left out too) |{total}\n"));
     let watch: String = results
         .iter()
         .map(|r| format!(" {:.2} / {:.0} |", r.backlog.watch_events as f64 / n, r.backlog.watch_bytes / n))
         .collect();
     out.push_str(&format!("| watch events sent, per parent: count / bytes |{watch}\n"));
+    out
+}
+
+/// Where a hub's time went in the backlog, by its own histograms: how many per parent, and the mean.
+fn hub_times_table(settings: &Settings, results: &[SystemFigures]) -> String {
+    let n = settings.n as f64;
+    let hubs: Vec<&SystemFigures> = results.iter().filter(|r| !r.backlog.hub_times.is_empty()).collect();
+    if hubs.is_empty() {
+        return String::new();
+    }
+    let keys: std::collections::BTreeSet<&String> = hubs.iter().flat_map(|r| r.backlog.hub_times.keys()).collect();
+    let names: String = hubs.iter().map(|r| format!(" {} |", r.name)).collect();
+    let mut out = format!(
+        "\n### The hub's own time in the backlog: per parent / mean ms (its histograms)\n\n| what |{names}\n|---|{}\n",
+        "---|".repeat(hubs.len())
+    );
+    for key in keys {
+        let cells: String = hubs
+            .iter()
+            .map(|r| match r.backlog.hub_times.get(key) {
+                Some(&(count, secs)) if count > 0.0 => format!(" {:.2} / {:.1} |", count / n, secs * 1000.0 / count),
+                _ => " - |".into(),
+            })
+            .collect();
+        out.push_str(&format!("| {key} |{cells}\n"));
+    }
     out
 }
 
