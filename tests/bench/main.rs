@@ -138,6 +138,13 @@ struct Phase {
     hub_times: BTreeMap<String, (f64, f64)>,
     hub_cpu_s: f64,
     apiserver_cpu_s: f64,
+    /// The rest of the machine's CPU: etcd, the controller-manager (its garbage collector watches every
+    /// child), the hook process, and every process on the machine together (from `/proc/stat`), to see
+    /// whether a phase was bound by the machine's cores rather than by anyone's latency.
+    etcd_cpu_s: f64,
+    kcm_cpu_s: f64,
+    hook_cpu_s: f64,
+    machine_cpu_s: f64,
     /// The API server's own account of the requests it served (from everyone: the systems, the bench's
     /// watches, the cluster's controllers), by `VERB resource[/subresource]`: how many, and the seconds
     /// it spent on them (`apiserver_request_duration_seconds` count and sum).
@@ -820,6 +827,43 @@ struct Meter {
     hub_times: BTreeMap<String, (f64, f64)>,
     hub_cpu: f64,
     apiserver_cpu: f64,
+    others: Others,
+}
+
+/// CPU seconds so far of the processes besides the system measured, and of the whole machine.
+#[derive(Clone, Copy, Default)]
+struct Others {
+    etcd: f64,
+    kcm: f64,
+    hook: f64,
+    machine: f64,
+}
+
+impl Others {
+    fn now(hook: &Hook) -> Self {
+        Self {
+            etcd: cpu_seconds(cluster_pid("etcd")),
+            kcm: cpu_seconds(cluster_pid("kube-controller-manager")),
+            hook: cpu_seconds(hook.pid),
+            machine: machine_busy_seconds(),
+        }
+    }
+}
+
+/// CPU seconds the machine has spent busy (every CPU; not idle, not waiting for I/O).
+fn machine_busy_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let ticks: Vec<f64> = stat
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|v| v.parse().ok())
+        .collect();
+    // user nice system idle iowait irq softirq steal (guest time is already inside user).
+    let busy: f64 = ticks.iter().take(8).enumerate().filter(|(i, _)| *i != 3 && *i != 4).map(|(_, t)| t).sum();
+    busy / 100.0
 }
 
 impl Meter {
@@ -840,6 +884,7 @@ impl Meter {
             },
             hub_cpu: hub.map_or(0.0, |h| cpu_seconds(h.pid)),
             apiserver_cpu: cpu_seconds(apiserver_pid()),
+            others: Others::now(hook),
         }
     }
 
@@ -850,6 +895,7 @@ impl Meter {
             requests.get(key).copied().unwrap_or(0).saturating_sub(self.requests.get(key).copied().unwrap_or(0))
         };
         let costs = api_costs(client).await;
+        let others = Others::now(hook);
         Phase {
             seconds,
             requests: costs
@@ -891,6 +937,10 @@ impl Meter {
             },
             hub_cpu_s: hub.map_or(0.0, |h| cpu_seconds(h.pid) - self.hub_cpu),
             apiserver_cpu_s: cpu_seconds(apiserver_pid()) - self.apiserver_cpu,
+            etcd_cpu_s: others.etcd - self.others.etcd,
+            kcm_cpu_s: others.kcm - self.others.kcm,
+            hook_cpu_s: others.hook - self.others.hook,
+            machine_cpu_s: others.machine - self.others.machine,
         }
     }
 }
@@ -1036,7 +1086,12 @@ async fn api_costs(client: &Client) -> ApiCosts {
 }
 
 fn apiserver_pid() -> u32 {
-    let path = support::repo_root().join(".cluster/pids/kube-apiserver.pid");
+    cluster_pid("kube-apiserver")
+}
+
+/// The pid of a control-plane process the test cluster started (0 when unknown).
+fn cluster_pid(name: &str) -> u32 {
+    let path = support::repo_root().join(format!(".cluster/pids/{name}.pid"));
     std::fs::read_to_string(path).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(0)
 }
 
@@ -1162,6 +1217,7 @@ impl HubRun {
 
 struct Hook {
     port: u16,
+    pid: u32,
     http: reqwest::Client,
     _child: tokio::process::Child,
 }
@@ -1178,7 +1234,8 @@ impl Hook {
         let mut lines = tokio::io::BufReader::new(stdout).lines();
         let line = lines.next_line().await.unwrap().expect("hook printed its port");
         let port = line.strip_prefix("PORT ").and_then(|p| p.trim().parse().ok()).expect("PORT line");
-        Self { port, http: reqwest::Client::new(), _child: child }
+        let pid = child.id().unwrap_or(0);
+        Self { port, pid, http: reqwest::Client::new(), _child: child }
     }
 
     async fn get(&self, path: &str) -> Value {
@@ -1403,6 +1460,29 @@ fn costs_table(settings: &Settings, results: &[SystemFigures]) -> String {
         .map(|r| format!(" {:.2} / {:.0} |", r.backlog.watch_events as f64 / n, r.backlog.watch_bytes / n))
         .collect();
     out.push_str(&format!("| watch events sent, per parent: count / bytes |{watch}\n"));
+    out.push_str(&format!(
+        "\n### CPU per parent in the backlog, by process (ms), and how busy the machine was\n\n| process |{names}\n|---|{}\n",
+        "---|".repeat(results.len())
+    ));
+    type CpuOf = fn(&Phase) -> f64;
+    let rows: [(&str, CpuOf); 6] = [
+        ("API server", |p| p.apiserver_cpu_s),
+        ("etcd", |p| p.etcd_cpu_s),
+        ("controller-manager", |p| p.kcm_cpu_s),
+        ("the system (hub, or the mc-mix process)", |p| p.hub_cpu_s),
+        ("hook", |p| p.hook_cpu_s),
+        ("the whole machine", |p| p.machine_cpu_s),
+    ];
+    for (what, cpu) in rows {
+        let cells: String = results.iter().map(|r| format!(" {:.2} |", cpu(&r.backlog) * 1000.0 / n)).collect();
+        out.push_str(&format!("| {what} |{cells}\n"));
+    }
+    let cores = std::thread::available_parallelism().map_or(1, usize::from) as f64;
+    let busy: String = results
+        .iter()
+        .map(|r| format!(" {:.0}% |", 100.0 * r.backlog.machine_cpu_s / (r.backlog.seconds * cores).max(f64::EPSILON)))
+        .collect();
+    out.push_str(&format!("| machine busy, share of {cores} cores |{busy}\n"));
     out
 }
 
