@@ -15,7 +15,7 @@ cluster-down: ## stop it and remove .cluster/
 
 # ---- the two commands of the README -------------------------------------------------------------
 
-.PHONY: demo test fmt-check clippy doc docs docs-gen unit integration chaos bench bench-hooks crds hook-libs hook-types image chart-readme failover shards
+.PHONY: demo test fmt-check clippy doc docs docs-gen unit integration chaos bench bench-requests bench-hooks crds hook-libs hook-types image chart-readme failover shards
 
 demo: ## the hello-world controller end to end on the local control plane
 	@bash examples-python/hello-world/demo.sh
@@ -69,6 +69,9 @@ chaos: cluster-up ## the fault suite, long: 20 hub kills during a 200-parent rol
 bench: cluster-up ## fanout benchmark vs raw clients and the Metacontroller mix, then hook call overhead (release; N=, RUNS=, MEM=1 [SHARDS=1,2,3], IDLE=, LATENCY=, RESTARTS=, RESYNC=, HUB_BIN=, BASELINE_BIN=, SYSTEMS=)
 	cargo test --release --locked --test bench -- --full
 	@if [ "$${MEM:-0}" != 1 ]; then cargo bench --locked --bench hooks; fi
+
+bench-requests: cluster-up ## what one request of each kind the fanout systems make costs the API server and etcd (CPU ms; N=)
+	python3 tests/bench/request_costs.py
 
 bench-hooks: ## hook client per-call overhead, with and without keep-alive, against a Python hook (prints figures)
 	cargo bench --locked --bench hooks

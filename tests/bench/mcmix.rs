@@ -14,7 +14,10 @@
 //!   an update only when the resourceVersion changed), and on the informer's resync every
 //!   `resyncPeriodSeconds` (281, `AddEventHandlerWithResyncPeriod`); a client-go work queue (a key
 //!   queued while it syncs runs again after), 5 workers (`pkg/cmd/metacontroller/main.go` 50);
-//! - each sync: the parent and its children from the caches, the sync hook (v1 request), then per
+//! - each sync: the parent and its children from the caches (the children by the controller-owner UID
+//!   index and the orphan index its informers keep, `pkg/dynamic/informer/informer.go` 44–80, 144–160,
+//!   read by `claimChildren`, `controller.go` 829–850: a lookup, not a scan of every child), the sync
+//!   hook (v1 request), then per
 //!   desired child a **POST** carrying `metacontroller.k8s.io/last-applied-configuration` and the
 //!   controller ownerRef (`pkg/controller/common/manage_children.go` 618–636, `claimOwnership`
 //!   507–518, `pkg/dynamic/apply/apply.go` 39–51), or, for an observed child whose three-way merge
@@ -118,11 +121,52 @@ impl Queue {
     }
 }
 
-/// The informers' caches, by `namespace/name`.
+/// The informers' caches, by `namespace/name`; the children also by their controller owner's UID.
 #[derive(Default)]
 struct Caches {
     parents: Mutex<HashMap<String, Arc<DynamicObject>>>,
-    children: Mutex<HashMap<String, Arc<DynamicObject>>>,
+    children: Mutex<Children>,
+}
+
+/// The child informer's cache with Metacontroller's `ownerUID` index (the workload has no orphans, so
+/// its orphan index would always be empty).
+#[derive(Default)]
+struct Children {
+    objects: HashMap<String, Arc<DynamicObject>>,
+    by_owner: HashMap<String, HashSet<String>>,
+}
+
+impl Children {
+    fn insert(&mut self, key: String, obj: Arc<DynamicObject>) -> Option<Arc<DynamicObject>> {
+        let old = self.remove(&key);
+        if let Some(uid) = controller_uid(&obj) {
+            self.by_owner.entry(uid).or_default().insert(key.clone());
+        }
+        self.objects.insert(key, obj);
+        old
+    }
+
+    fn remove(&mut self, key: &str) -> Option<Arc<DynamicObject>> {
+        let old = self.objects.remove(key)?;
+        if let Some(uid) = controller_uid(&old)
+            && let Some(keys) = self.by_owner.get_mut(&uid)
+        {
+            keys.remove(key);
+            if keys.is_empty() {
+                self.by_owner.remove(&uid);
+            }
+        }
+        Some(old)
+    }
+
+    fn owned_by(&self, uid: &str) -> Vec<Arc<DynamicObject>> {
+        let keys = self.by_owner.get(uid).into_iter().flatten();
+        keys.filter_map(|key| self.objects.get(key)).cloned().collect()
+    }
+}
+
+fn controller_uid(obj: &DynamicObject) -> Option<String> {
+    obj.owner_references().iter().find(|r| r.controller == Some(true)).map(|r| r.uid.clone())
 }
 
 fn key_of(obj: &DynamicObject) -> String {
@@ -267,16 +311,11 @@ async fn sync(
     }
     let ns = parent.namespace().unwrap_or_default();
     let uid = parent.uid().unwrap_or_default();
-    let observed: HashMap<String, Arc<DynamicObject>> = caches
-        .children
-        .lock()
-        .unwrap()
-        .values()
-        .filter(|c| {
-            c.namespace().as_deref() == Some(ns.as_str())
-                && c.owner_references().iter().any(|r| r.controller == Some(true) && r.uid == uid)
-        })
-        .map(|c| (c.name_any(), Arc::clone(c)))
+    let owned = caches.children.lock().unwrap().owned_by(&uid);
+    let observed: HashMap<String, Arc<DynamicObject>> = owned
+        .into_iter()
+        .filter(|c| c.namespace().as_deref() == Some(ns.as_str()))
+        .map(|c| (c.name_any(), c))
         .collect();
     let children: serde_json::Map<String, Value> =
         observed.iter().map(|(name, c)| (name.clone(), serde_json::to_value(c.as_ref()).unwrap())).collect();
