@@ -7,6 +7,9 @@
 //! intervals overlap fail the test. The parents resync every second, so a replica that kept syncing a
 //! parent after it moved would be caught.
 //!
+//! Ownership is read from the members' Leases: each claims its buckets (`shard.metahook.dev/buckets`),
+//! and a parent belongs to the live member that claims its bucket (`metahook::cache::shard::bucket`).
+//!
 //! The short rounds (3 replicas × 300 parents) run in `make test`; `make shards` runs the full sizes
 //! (3,000 parents), which are `#[ignore]` here. Figures are printed (run with `--nocapture`); only the
 //! bounds the issue sets are asserted.
@@ -18,10 +21,11 @@ use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use futures::{StreamExt as _, TryStreamExt as _};
+use futures::StreamExt as _;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Client;
-use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, WatchEvent, WatchParams};
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
+use metahook::cache::shard::{BUCKETS_ANNOTATION, assign, bucket, decode};
 use serde_json::{Value, json};
 use support::{TestNamespace, api, apply_value, eventually};
 
@@ -186,10 +190,6 @@ impl Setup {
         format!("shard.metahook.dev/{}", self.label)
     }
 
-    fn drain_label(&self) -> String {
-        format!("drain.shard.metahook.dev/{}", self.label)
-    }
-
     async fn things(&self) -> Api<DynamicObject> {
         api(&self.client, "test.metahook.dev/v1", "Thing", Some(&self.ns.name)).await
     }
@@ -232,43 +232,69 @@ impl Setup {
             .collect()
     }
 
-    /// Parent name → owning member (its shard label), for every parent.
-    async fn owners(&self) -> BTreeMap<String, Option<String>> {
-        let label = self.shard_label();
-        let list = self.things().await.list(&ListParams::default()).await.unwrap();
+    /// The buckets each member whose Lease has a holder claims (a killed member's until its Lease is
+    /// removed: pass the live members to [`Setup::owners`]).
+    async fn claims(&self) -> BTreeMap<String, BTreeSet<u16>> {
+        let leases: Api<Lease> = Api::namespaced(self.client.clone(), &self.ns.name);
+        let params = ListParams::default().labels(&format!("shard.metahook.dev/ring={}", self.label));
+        let list = leases.list(&params).await.unwrap();
         list.items
             .into_iter()
-            .map(|p| {
-                let owner = p.metadata.labels.as_ref().and_then(|l| l.get(&label)).cloned();
-                (p.metadata.name.unwrap_or_default(), owner)
+            .filter_map(|lease| {
+                let member = lease.metadata.labels?.get("shard.metahook.dev/member")?.clone();
+                lease.spec?.holder_identity.filter(|h| !h.is_empty())?;
+                let claim = lease.metadata.annotations.and_then(|a| a.get(BUCKETS_ANNOTATION).and_then(|c| decode(c)));
+                Some((member, claim.unwrap_or_default()))
             })
             .collect()
     }
 
-    /// Whether every parent is owned by the member of `members` the assignment gives it, none is draining, its status and its child are
-    /// at `version`, and its child carries its owner's label.
+    /// Parent name → the members of `members` claiming its bucket (one, when the ring is settled).
+    async fn owners(&self, members: &BTreeSet<String>) -> BTreeMap<String, Vec<String>> {
+        let claims = self.claims().await;
+        let list = self.things().await.list(&ListParams::default()).await.unwrap();
+        list.items
+            .into_iter()
+            .map(|p| {
+                let b = bucket(p.metadata.uid.as_deref().unwrap_or_default());
+                let owners = claims
+                    .iter()
+                    .filter(|(m, claim)| members.contains(*m) && claim.contains(&b))
+                    .map(|(m, _)| m.clone())
+                    .collect();
+                (p.metadata.name.unwrap_or_default(), owners)
+            })
+            .collect()
+    }
+
+    /// Whether every parent carries its bucket's label, its bucket is claimed by exactly the member of
+    /// `members` the assignment gives it, and its status and its child are at `version`, the child
+    /// labelled with the parent's bucket.
     async fn converged(&self, version: &str, members: &BTreeSet<String>) -> bool {
-        let (label, drain) = (self.shard_label(), self.drain_label());
+        let label = self.shard_label();
+        let claims = self.claims().await;
         let things = self.things().await.list(&ListParams::default()).await.unwrap();
         let children = self.config_maps().await.list(&ListParams::default()).await.unwrap();
         let children: BTreeMap<String, &DynamicObject> =
             children.items.iter().map(|c| (c.metadata.name.clone().unwrap_or_default(), c)).collect();
-        let members: Vec<String> = members.iter().cloned().collect();
+        let listed: Vec<String> = members.iter().cloned().collect();
         things.items.len() == self.parents
             && things.items.iter().all(|p| {
-                let labels = p.metadata.labels.clone().unwrap_or_default();
-                let owner = labels.get(&label);
+                let uid = p.metadata.uid.as_deref().unwrap_or_default();
+                let b = bucket(uid);
+                let value = b.to_string();
+                let labelled = p.metadata.labels.as_ref().and_then(|l| l.get(&label));
+                let claimants: Vec<&String> =
+                    claims.iter().filter(|(m, c)| members.contains(*m) && c.contains(&b)).map(|(m, _)| m).collect();
                 let name = p.metadata.name.clone().unwrap_or_default();
                 let child = children.get(&name);
-                // Where the assignment puts it: a drain the coordinator could not write yet (a conflict
-                // with the test's own update) is not taken for a finished rebalance.
-                let uid = p.metadata.uid.as_deref().unwrap_or_default();
-                owner.map(String::as_str) == metahook::cache::shard::assign(uid, &members)
-                    && !labels.contains_key(&drain)
+                labelled == Some(&value)
+                    && claimants.len() == 1
+                    && Some(claimants[0].as_str()) == assign(uid, &listed)
                     && p.data["status"]["version"] == version
                     && child.is_some_and(|c| {
                         c.data["data"]["version"] == version
-                            && c.metadata.labels.as_ref().and_then(|l| l.get(&label)) == owner
+                            && c.metadata.labels.as_ref().and_then(|l| l.get(&label)) == Some(&value)
                     })
             })
     }
@@ -349,65 +375,55 @@ fn overlaps(calls: &[Call]) -> Vec<(String, String, String)> {
     found
 }
 
-/// (parent, new owner) as the watch saw them.
-type Seen = std::sync::Arc<std::sync::Mutex<Vec<(String, Option<String>)>>>;
-
-/// Every change of a parent's shard label from now on: (parent, new owner), in resourceVersion order.
-struct Moves {
-    seen: Seen,
-    task: tokio::task::JoinHandle<()>,
+/// How many times the replica syncing each parent changed among `calls` (in start order).
+fn changes_of_hands(calls: &[Call]) -> BTreeMap<String, usize> {
+    let mut sorted: Vec<&Call> = calls.iter().collect();
+    sorted.sort_by(|a, b| a.start.total_cmp(&b.start));
+    let mut last: BTreeMap<&str, &str> = BTreeMap::new();
+    let mut changes: BTreeMap<String, usize> = BTreeMap::new();
+    for call in sorted {
+        if let Some(previous) = last.insert(call.name.as_str(), call.replica.as_str())
+            && previous != call.replica
+        {
+            *changes.entry(call.name.clone()).or_default() += 1;
+        }
+    }
+    changes
 }
 
-impl Moves {
-    async fn start(setup: &Setup) -> Self {
-        let things = setup.things().await;
-        let list = things.list(&ListParams::default()).await.unwrap();
-        let version = list.metadata.resource_version.clone().unwrap();
-        let label = setup.shard_label();
-        let mut owners: BTreeMap<String, Option<String>> = list
-            .items
-            .iter()
-            .map(|p| {
-                let owner = p.metadata.labels.as_ref().and_then(|l| l.get(&label)).cloned();
-                (p.metadata.name.clone().unwrap_or_default(), owner)
-            })
-            .collect();
-        let seen: Seen = std::sync::Arc::default();
-        let task = tokio::spawn({
-            let seen = std::sync::Arc::clone(&seen);
-            async move {
-                let params = WatchParams::default().timeout(290);
-                let mut stream = things.watch(&params, &version).await.expect("watching parents").boxed();
-                while let Ok(Some(event)) = stream.try_next().await {
-                    let (WatchEvent::Added(obj) | WatchEvent::Modified(obj)) = event else { continue };
-                    let name = obj.metadata.name.clone().unwrap_or_default();
-                    let owner = obj.metadata.labels.as_ref().and_then(|l| l.get(&label)).cloned();
-                    if owners.get(&name) != Some(&owner) {
-                        owners.insert(name.clone(), owner.clone());
-                        seen.lock().unwrap().push((name, owner));
-                    }
+/// The sum of `field=<n>` over the lines of `log` with `message` (colours or not).
+fn logged_sum(log: &str, message: &str, field: &str) -> usize {
+    let key = format!("{field}=");
+    let mut plain = String::with_capacity(log.len());
+    let mut chars = log.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            // An escape sequence runs to its final letter.
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
                 }
             }
-        });
-        Self { seen, task }
-    }
-
-    /// Moves per parent.
-    fn finish(self) -> BTreeMap<String, Vec<Option<String>>> {
-        self.task.abort();
-        let mut by_parent: BTreeMap<String, Vec<Option<String>>> = BTreeMap::new();
-        for (name, owner) in self.seen.lock().unwrap().iter() {
-            by_parent.entry(name.clone()).or_default().push(owner.clone());
+        } else {
+            plain.push(c);
         }
-        by_parent
     }
+    plain
+        .lines()
+        .filter(|l| l.contains(message))
+        .filter_map(|l| {
+            let at = l.find(&key)? + key.len();
+            l[at..].chars().take_while(char::is_ascii_digit).collect::<String>().parse::<usize>().ok()
+        })
+        .sum()
 }
 
 /// The whole scenario at `parents` parents: 3 replicas converge with no overlapping syncs; one replica
 /// (not the coordinator) is killed with SIGKILL and its parents are re-assigned and converged within
-/// leaseDuration + 5 s; it is replaced, then a 4th replica joins and between 1/4 and 1/3 of the parents
-/// move (bounds widened by the sampling error at this size), each once, with no overlapping syncs
-/// throughout.
+/// leaseDuration + 5 s, without a write to any of them or their children; it is replaced, then a 4th
+/// replica joins and between 1/4 and 1/3 of the parents move (bounds widened by the sampling error at
+/// this size), each once, all to it, every bucket let go by its live owner first, with no overlapping
+/// syncs throughout.
 async fn scenario(test: &str, parents: usize, fraction_bounds: (f64, f64)) {
     let setup = Setup::new(test, parents).await;
     let mut replicas: Vec<Replica> = ["hub-a", "hub-b", "hub-c"].iter().map(|n| setup.start(n)).collect();
@@ -418,7 +434,7 @@ async fn scenario(test: &str, parents: usize, fraction_bounds: (f64, f64)) {
     let started = Instant::now();
     setup.parents_at("v1").await;
     let took = setup.wait_converged("v1", &live, Duration::from_secs(120 + parents as u64 / 20)).await;
-    let owners = setup.owners().await;
+    let owners = setup.owners(&live).await;
     let mut per_member: BTreeMap<String, usize> = BTreeMap::new();
     for owner in owners.values().flatten() {
         *per_member.entry(members[owner].clone()).or_default() += 1;
@@ -438,71 +454,81 @@ async fn scenario(test: &str, parents: usize, fraction_bounds: (f64, f64)) {
     let twice = overlaps(&calls);
     assert!(twice.is_empty(), "parents synced by two replicas at once: {twice:?}");
 
-    // 2. kill -9 of a replica that does not coordinate: its parents move to the others.
+    // 2. kill -9 of a replica that does not coordinate: its buckets go to the others.
     let coordinator = setup.coordinator().await.expect("a coordinator");
     let victim_name = replicas.iter().map(|r| r.name.clone()).find(|n| *n != coordinator).unwrap();
     let victim_member = members.iter().find(|(_, pod)| **pod == victim_name).map(|(m, _)| m.clone()).unwrap();
-    let orphaned = owners.values().filter(|o| o.as_deref() == Some(victim_member.as_str())).count();
     let victims: BTreeSet<String> =
-        owners.iter().filter(|(_, o)| o.as_deref() == Some(victim_member.as_str())).map(|(n, _)| n.clone()).collect();
+        owners.iter().filter(|(_, o)| o.contains(&victim_member)).map(|(n, _)| n.clone()).collect();
+    let versions = |list: &kube::core::ObjectList<DynamicObject>| -> BTreeMap<String, String> {
+        list.items
+            .iter()
+            .filter(|o| victims.contains(o.metadata.name.as_deref().unwrap_or_default()))
+            .map(|o| {
+                (o.metadata.name.clone().unwrap_or_default(), o.metadata.resource_version.clone().unwrap_or_default())
+            })
+            .collect()
+    };
+    let parent_versions = versions(&setup.things().await.list(&ListParams::default()).await.unwrap());
+    let child_versions = versions(&setup.config_maps().await.list(&ListParams::default()).await.unwrap());
     let index = replicas.iter().position(|r| r.name == victim_name).unwrap();
     replicas.remove(index).kill().await;
     let killed = Instant::now();
     let killed_at = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64();
     let survivors: BTreeSet<String> = live.iter().filter(|m| **m != victim_member).cloned().collect();
-    // Re-assigned and converged: each of the victim's parents and its child labelled for a survivor, and
-    // synced by that survivor (its hook call, after the kill). The hook's clock is this machine's.
+    // Re-assigned and converged: each of the victim's parents' buckets claimed by a survivor, and the
+    // parent synced by that survivor (its hook call, after the kill). The hook's clock is this machine's.
     let bound = Duration::from_secs(LEASE_DURATION + 5);
     let reassigned: std::sync::Mutex<Option<Duration>> = std::sync::Mutex::default();
     eventually(Duration::from_secs(120), || async {
-        let owners = setup.owners().await;
-        let children = setup.config_maps().await.list(&ListParams::default()).await.unwrap();
-        let child_owner: BTreeMap<String, Option<String>> = children
-            .items
-            .iter()
-            .map(|c| {
-                let owner = c.metadata.labels.as_ref().and_then(|l| l.get(&setup.shard_label())).cloned();
-                (c.metadata.name.clone().unwrap_or_default(), owner)
-            })
-            .collect();
+        let owners = setup.owners(&survivors).await;
         let synced: BTreeSet<(String, String)> = setup
             .calls()
             .into_iter()
             .filter(|c| c.start > killed_at)
             .map(|c| (c.name, c.replica.rsplit_once('_').map_or(String::new(), |(pod, _)| pod.to_owned())))
             .collect();
-        let moved = |name: &String| owners.get(name).cloned().flatten().filter(|o| survivors.contains(o));
+        let moved = |name: &String| owners.get(name).filter(|o| o.len() == 1).map(|o| o[0].clone());
         if victims.iter().all(|n| moved(n).is_some()) {
             reassigned.lock().unwrap().get_or_insert_with(|| killed.elapsed());
         }
         victims
             .iter()
-            .all(|name| {
-                let Some(owner) = moved(name) else { return false };
-                child_owner.get(name) == Some(&Some(owner.clone()))
-                    && synced.contains(&(name.clone(), members[&owner].clone()))
-            })
+            .all(|name| moved(name).is_some_and(|owner| synced.contains(&(name.clone(), members[&owner].clone()))))
             .then_some(())
     })
     .await;
     let recovered = killed.elapsed();
     let reassigned = reassigned.lock().unwrap().unwrap_or(recovered);
     println!(
-        "kill -9 of {victim_name} ({orphaned} parents): re-assigned {:.1} s and synced by their new owners {:.1} s \
+        "kill -9 of {victim_name} ({} parents): re-assigned {:.1} s and synced by their new owners {:.1} s \
          after the kill (lease {LEASE_DURATION} s; bound {} s)",
+        victims.len(),
         reassigned.as_secs_f64(),
         recovered.as_secs_f64(),
         bound.as_secs()
     );
     if recovered > bound {
-        let log = setup.log(&coordinator);
-        let lines: Vec<&str> =
-            log.lines().filter(|l| l.contains("ring members") || l.contains("moved the parents")).collect();
-        println!("killed at {killed_at:.3} (unix); the coordinator's log:\n{}", lines.join("\n"));
+        for replica in &replicas {
+            let log = setup.log(&replica.name);
+            let lines: Vec<&str> =
+                log.lines().filter(|l| l.contains("buckets") || l.contains("ring members")).collect();
+            println!("killed at {killed_at:.3} (unix); {}'s log:\n{}", replica.name, lines.join("\n"));
+        }
     }
     // Checked at the end, so that one run prints every figure.
     let late =
         (recovered > bound).then(|| format!("re-assigned in {recovered:?}, beyond leaseDuration + 5 s ({bound:?})"));
+    // A move writes nothing: the victim's parents and children are as they were.
+    let rewritten = |before: &BTreeMap<String, String>, after: BTreeMap<String, String>| -> Vec<String> {
+        before.iter().filter(|(n, v)| after.get(*n) != Some(v)).map(|(n, _)| n.clone()).collect()
+    };
+    let parents_written =
+        rewritten(&parent_versions, versions(&setup.things().await.list(&ListParams::default()).await.unwrap()));
+    let children_written =
+        rewritten(&child_versions, versions(&setup.config_maps().await.list(&ListParams::default()).await.unwrap()));
+    assert!(parents_written.is_empty(), "parents written when they moved: {parents_written:?}");
+    assert!(children_written.is_empty(), "children written when their parents moved: {children_written:?}");
     // A change every parent must be synced for: the victim's only by their new owners.
     setup.parents_at("v2").await;
     let took = setup.wait_converged("v2", &survivors, Duration::from_secs(120 + parents as u64 / 20)).await;
@@ -511,7 +537,7 @@ async fn scenario(test: &str, parents: usize, fraction_bounds: (f64, f64)) {
     assert!(twice.is_empty(), "parents synced by two replicas at once: {twice:?}");
 
     // 3. The killed replica is replaced (a new member: its identity is new), then a 4th replica joins:
-    // between 1/4 and 1/3 of the parents move to it, each once, by hand-over from its live owner.
+    // between 1/4 and 1/3 of the parents move to it, each once, every bucket let go by its live owner.
     replicas.push(setup.start("hub-e"));
     // The victim's Lease may linger (it expired with a holder) until the coordinator removes it.
     let new_member = |known: BTreeSet<String>| {
@@ -527,47 +553,57 @@ async fn scenario(test: &str, parents: usize, fraction_bounds: (f64, f64)) {
     let three: BTreeSet<String> = survivors.iter().cloned().chain([replacement.clone()]).collect();
     setup.parents_at("v3").await;
     setup.wait_converged("v3", &three, Duration::from_secs(120 + parents as u64 / 20)).await;
-    let before = setup.owners().await;
-    let moves = Moves::start(&setup).await;
+    let before = setup.owners(&three).await;
+    let joined_at = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64();
+    let logged_before: BTreeMap<String, usize> =
+        replicas.iter().map(|r| (r.name.clone(), setup.log(&r.name).len())).collect();
     replicas.push(setup.start("hub-d"));
     let newcomer = new_member(live.iter().cloned().chain([replacement]).collect()).await;
     let joined: BTreeSet<String> = three.iter().cloned().chain([newcomer.clone()]).collect();
     eventually(Duration::from_secs(120), || async {
-        let owners = setup.owners().await;
-        owners.values().any(|o| o.as_deref() == Some(newcomer.as_str())).then_some(())
+        let owners = setup.owners(&joined).await;
+        owners.values().any(|o| o.contains(&newcomer)).then_some(())
     })
     .await;
     setup.parents_at("v4").await;
     setup.wait_converged("v4", &joined, Duration::from_secs(120 + parents as u64 / 20)).await;
     // Quiet period: a late second move would show up here.
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let after = setup.owners().await;
-    let moved_by_parent = moves.finish();
-    let moved = before.iter().filter(|(name, owner)| after.get(*name) != Some(owner)).count();
-    let fraction = moved as f64 / parents as f64;
-    let moved_more_than_once: Vec<_> = moved_by_parent.iter().filter(|(_, m)| m.len() > 1).collect();
+    let after = setup.owners(&joined).await;
+    let moved: Vec<&String> = before.keys().filter(|name| after.get(*name) != before.get(*name)).collect();
+    let fraction = moved.len() as f64 / parents as f64;
+    let all_to_newcomer = moved.iter().all(|name| after[*name] == [newcomer.clone()]);
+    let since_join: Vec<Call> = setup.calls().into_iter().filter(|c| c.start > joined_at).collect();
+    let hands = changes_of_hands(&since_join);
+    let moved_more_than_once: Vec<_> = hands.iter().filter(|(_, n)| **n > 1).collect();
     println!(
-        "a 4th replica joined: {moved}/{parents} parents moved ({:.1} %), all to it: {}; moved more than once: {}",
+        "a 4th replica joined: {}/{parents} parents moved ({:.1} %), all to it: {all_to_newcomer}; \
+         moved more than once: {}",
+        moved.len(),
         fraction * 100.0,
-        after.iter().filter(|(n, o)| before.get(*n) != Some(o)).all(|(_, o)| o.as_deref() == Some(newcomer.as_str())),
         moved_more_than_once.len()
     );
     assert!(
         (fraction_bounds.0..=fraction_bounds.1).contains(&fraction),
-        "{moved}/{parents} moved, outside {fraction_bounds:?}"
+        "{}/{parents} moved, outside {fraction_bounds:?}",
+        moved.len()
     );
     assert!(moved_more_than_once.is_empty(), "parents moved more than once: {moved_more_than_once:?}");
-    assert!(
-        after.iter().filter(|(n, o)| before.get(*n) != Some(o)).all(|(_, o)| o.as_deref() == Some(newcomer.as_str())),
-        "a parent moved between old members"
-    );
+    assert!(all_to_newcomer, "a parent moved between old members");
     let calls = setup.calls();
     let twice = overlaps(&calls);
     assert!(twice.is_empty(), "parents synced by two replicas at once: {twice:?}");
-    let handed_over: usize =
-        replicas.iter().map(|r| setup.log(&r.name).matches("handed the parent over").count()).sum();
-    println!("hand-overs logged by the old owners: {handed_over}; hook calls in all: {}", calls.len());
-    assert!(handed_over >= moved, "every move to the new member was a hand-over by its live owner");
+    // The newcomer took only buckets their live owners had let go.
+    let since = |name: &str| setup.log(name)[logged_before.get(name).copied().unwrap_or(0)..].to_owned();
+    let let_go: usize = logged_before.keys().map(|name| logged_sum(&since(name), "let buckets go", "buckets")).sum();
+    let taken = logged_sum(&setup.log("hub-d"), "took buckets", "buckets");
+    let taken_unreleased = logged_sum(&setup.log("hub-d"), "took buckets", "left_behind");
+    println!(
+        "buckets let go by the old owners: {let_go}; taken by the newcomer: {taken}; hook calls in all: {}",
+        calls.len()
+    );
+    assert!(taken > 0 && let_go >= taken, "every bucket the newcomer took was let go by its owner first");
+    assert_eq!(taken_unreleased, 0, "the newcomer took no bucket from a member that left");
     setup.finish(replicas).await;
     assert!(late.is_none(), "{}", late.unwrap_or_default());
 }
@@ -582,6 +618,23 @@ async fn three_replicas_share_300_parents_survive_a_kill_and_rebalance_for_a_fou
 #[ignore = "full size (3,000 parents): make shards"]
 async fn three_replicas_share_3000_parents_survive_a_kill_and_rebalance_for_a_fourth() {
     scenario("sharding-full", 3000, (0.22, 0.345)).await;
+}
+
+#[test]
+fn hands_and_logged_counts_are_read_as_written() {
+    let call = |name: &str, replica: &str, start: f64| Call {
+        uid: name.into(),
+        name: name.into(),
+        replica: replica.into(),
+        start,
+        end: start + 0.1,
+    };
+    let calls =
+        [call("p", "a", 0.0), call("p", "a", 1.0), call("p", "b", 2.0), call("q", "a", 0.5), call("p", "a", 3.0)];
+    assert_eq!(changes_of_hands(&calls), BTreeMap::from([("p".to_owned(), 2)]));
+    let log = "x INFO took buckets member=m buckets=3 left_behind=0\nINFO \u{1b}[3mbuckets\u{1b}[0m\u{1b}[2m=\u{1b}[0m4 took buckets\nother buckets=9";
+    assert_eq!(logged_sum(log, "took buckets", "buckets"), 7);
+    assert_eq!(logged_sum(log, "took buckets", "left_behind"), 0);
 }
 
 #[test]

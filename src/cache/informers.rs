@@ -249,6 +249,10 @@ struct Shared {
     /// sync reports).
     last_error: watch::Sender<Option<WatchFailure>>,
     task: Mutex<Option<tokio::task::AbortHandle>>,
+    /// Whether its watches carry the shard selector.
+    sharded: bool,
+    /// The shard selector of the last list every scope finished (sharded caches only).
+    listed_with: watch::Sender<Option<String>>,
 }
 
 /// Why a watch is not delivering: the API's status code (if it answered) and message.
@@ -452,10 +456,10 @@ pub struct Informers {
     flush_interval: Option<Duration>,
     /// The namespaces namespaced types are watched in, one watch each; empty: the whole cluster.
     namespaces: Arc<[String]>,
-    /// With sharding, the server-side label selector of this replica's own objects (see
+    /// With sharding, the server-side label selector of this replica's own objects as it changes (see
     /// [`crate::cache::shard`]): every watch of [`Informers::get`] carries it, so a cache holds one
-    /// member's share of its type.
-    selector: Option<String>,
+    /// member's share of its type, and lists again when it changes.
+    selector: Option<watch::Receiver<String>>,
     live: Arc<Mutex<HashMap<String, Weak<Shared>>>>,
 }
 
@@ -493,12 +497,32 @@ impl Informers {
         self.namespaces.is_empty() || self.namespaces.iter().any(|n| n == namespace)
     }
 
-    /// These informers, watching only the objects `selector` (a server-side label selector) matches:
-    /// a sharded replica's own parents and children.
+    /// These informers, watching only the objects `selector` (a server-side label selector, as it
+    /// changes) matches: a sharded replica's own parents and children.
     #[must_use]
-    pub fn sharded(mut self, selector: Option<String>) -> Self {
+    pub fn sharded(mut self, selector: Option<watch::Receiver<String>>) -> Self {
         self.selector = selector;
         self
+    }
+
+    /// Waits until every sharded cache has listed its type with `selector` (the buckets just taken are
+    /// in it), at most `timeout`; `false` if one had not by then.
+    pub async fn wait_listed(&self, selector: &str, timeout: Duration) -> bool {
+        let sharded: Vec<Arc<Shared>> = self
+            .live
+            .lock()
+            .expect("informers lock")
+            .values()
+            .filter_map(Weak::upgrade)
+            .filter(|s| s.sharded)
+            .collect();
+        let all = futures::future::join_all(sharded.iter().map(|shared| {
+            let mut listed = shared.listed_with.subscribe();
+            async move {
+                let _ = listed.wait_for(|l| l.as_deref() == Some(selector)).await;
+            }
+        }));
+        tokio::time::timeout(timeout, all).await.is_ok()
     }
 
     /// How often watches list their type again; `None`: never. For other watches of the hub (the
@@ -521,10 +545,10 @@ impl Informers {
         self.informer(resource, None)
     }
 
-    fn informer(&self, resource: &Arc<ResolvedResource>, selector: Option<String>) -> Informer {
+    fn informer(&self, resource: &Arc<ResolvedResource>, selector: Option<watch::Receiver<String>>) -> Informer {
         let mut id = format!("{}/{}", resource.api_version(), resource.api_resource.plural);
-        if let Some(selector) = &selector {
-            id = format!("{id}?{selector}");
+        if selector.is_some() {
+            id = format!("{id}?sharded");
         }
         let mut live = self.live.lock().expect("informers lock");
         if let Some(shared) = live.get(&id).and_then(Weak::upgrade) {
@@ -539,6 +563,8 @@ impl Informers {
             synced,
             last_error,
             task: Mutex::default(),
+            sharded: selector.is_some(),
+            listed_with: watch::channel(None).0,
         });
         let task = tokio::spawn(run_watch(
             self.client.clone(),
@@ -642,33 +668,59 @@ fn scopes(resource: &ResolvedResource, namespaces: &[String]) -> Vec<Option<Stri
 /// One watch per scope (see [`scopes`]), merged: each lists, relists and fails on its own, and the
 /// store is synced once every one of them has listed. A relist of one namespace removes only what is
 /// gone from that namespace.
-/// With `selector` (sharding), every one of them lists and watches only the objects it matches.
+/// With `selector` (sharding), every one of them lists and watches only the objects it matches, and
+/// all of them list again when it changes: what the new selector does not match leaves the store as
+/// deleted at the end of that list, what it newly matches arrives in it.
 async fn run_watch(
     client: Client,
     shared: Weak<Shared>,
     flush_interval: Option<Duration>,
     namespaces: Arc<[String]>,
-    selector: Option<String>,
+    mut selector: Option<watch::Receiver<String>>,
 ) {
     let resource = match shared.upgrade() {
         Some(s) => Arc::clone(&s.resource),
         None => return,
     };
     let scopes = scopes(&resource, &namespaces);
-    let watches = scopes.iter().enumerate().map(|(index, scope)| {
-        let api: Api<DynamicObject> = match scope {
-            Some(namespace) => Api::namespaced_with(client.clone(), namespace, &resource.api_resource),
-            None => Api::all_with(client.clone(), &resource.api_resource),
+    loop {
+        let current = selector.as_mut().map(|s| s.borrow_and_update().clone());
+        let watches = scopes.iter().enumerate().map(|(index, scope)| {
+            let api: Api<DynamicObject> = match scope {
+                Some(namespace) => Api::namespaced_with(client.clone(), namespace, &resource.api_resource),
+                None => Api::all_with(client.clone(), &resource.api_resource),
+            };
+            // Listed again every flush interval: what changed unseen reaches subscribers as `relisted` changes.
+            let mut config = watcher::Config::default();
+            if let Some(selector) = &current {
+                config = config.labels(selector);
+            }
+            let start = move || resilient(watcher(api.clone(), config.clone())).boxed();
+            relisting(start, flush_interval).map(move |event| (index, event))
+        });
+        let events = futures::stream::select_all(watches);
+        let changed = async {
+            let Some(selector) = selector.as_mut() else { return std::future::pending().await };
+            if selector.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
         };
-        // Listed again every flush interval: what changed unseen reaches subscribers as `relisted` changes.
-        let mut config = watcher::Config::default();
-        if let Some(selector) = &selector {
-            config = config.labels(selector);
+        tokio::select! {
+            () = watch_scopes(&shared, &resource, &scopes, events, current.as_deref()) => return,
+            () = changed => debug!(resource = %resource.api_resource.plural, "shard selector changed: listing again"),
         }
-        let start = move || resilient(watcher(api.clone(), config.clone())).boxed();
-        relisting(start, flush_interval).map(move |event| (index, event))
-    });
-    let mut events = futures::stream::select_all(watches);
+    }
+}
+
+/// Runs the merged watches of every scope into the store, until they end or the store is dropped.
+/// `selector`: the shard selector they carry, noted when every scope has listed with it.
+async fn watch_scopes(
+    shared: &Weak<Shared>,
+    resource: &ResolvedResource,
+    scopes: &[Option<String>],
+    mut events: impl Stream<Item = (usize, Result<watcher::Event<DynamicObject>, watcher::Error>)> + Unpin,
+    selector: Option<&str>,
+) {
     // Keys seen by each scope's relist in progress: objects go into the store as they arrive (no second
     // full copy of the cache while a relist runs); at InitDone, what the relist did not see is gone.
     let mut relisted: Vec<Option<HashSet<ObjectKey>>> = vec![None; scopes.len()];
@@ -689,7 +741,7 @@ async fn run_watch(
                 relisted[index] = Some(HashSet::new());
             }
             Ok(watcher::Event::InitApply(obj)) => {
-                let obj = prepare(obj, &resource);
+                let obj = prepare(obj, resource);
                 relisted[index].get_or_insert_with(HashSet::new).insert(ObjectKey::of(&obj));
                 shared.publish(true, |store| refresh(store, obj).into_iter().collect());
             }
@@ -699,11 +751,18 @@ async fn run_watch(
                 listed[index] = true;
                 if listed.iter().all(|l| *l) {
                     shared.synced.send_replace(true);
+                    if let Some(selector) = selector {
+                        shared.listed_with.send_if_modified(|l| {
+                            let new = l.as_deref() != Some(selector);
+                            *l = Some(selector.to_owned());
+                            new
+                        });
+                    }
                 }
                 debug!(resource = %resource.api_resource.plural, namespace = scope, "cache synced");
             }
             Ok(watcher::Event::Apply(obj)) => {
-                let obj = prepare(obj, &resource);
+                let obj = prepare(obj, resource);
                 shared.publish(false, |store| {
                     let old = store.insert(&obj);
                     vec![Change::Applied { old, new: obj }]

@@ -1,79 +1,163 @@
-//! Which replica owns which parent when the hub runs sharded: the shard labels, and the assignment of
-//! parents to the live members of a ring.
+//! Which replica owns which parent when the hub runs sharded: the bucket labels, the assignment of
+//! buckets to the live members of a ring, and the gate that lets a replica sync only its own buckets.
 //!
-//! Ownership lives in the API, never in a protocol of our own: the ring's coordinator writes the
-//! owning member as a label on each parent (`shard.metahook.dev/<ring>: <member>`), the owner stamps
-//! the same label on every child and attachment it writes, and each replica watches with a server-side
-//! label selector for its own member, so its cache holds about 1/N of the objects. A parent that is to
-//! move carries the drain label (`drain.shard.metahook.dev/<ring>: <new member>`) until its old owner
-//! has handed it over (see `crate::engine::handover`).
+//! Ownership lives in the API, never in a protocol of our own. Every parent falls in one of
+//! [`BUCKETS`] buckets by a hash of its UID; the ring's coordinator writes that bucket as a label on the
+//! parent once (`shard.metahook.dev/<ring>: <bucket>`), and the hub stamps the parent's bucket on every
+//! child and attachment it writes. The labels never change after that: what moves between replicas is
+//! whole buckets, by changing who watches them. Each replica watches parents and children with a
+//! server-side label selector for the buckets it holds (`shard.metahook.dev/<ring> in (3,17,…)`), so its
+//! cache holds about 1/N of the objects, and a move costs no write to any parent or child.
 //!
-//! The assignment is rendezvous hashing (highest random weight): each parent goes to the member whose
-//! hash with the parent's UID is highest. It needs no ring of virtual nodes, balances as well as the
-//! hash mixes, and when a member joins only the parents it now wins move (to it), when one leaves only
-//! its own parents move: the fewest moves any assignment can make.
+//! Buckets are assigned by rendezvous hashing (highest random weight) over the live members: each
+//! bucket goes to the member whose hash with the bucket is highest. When a member joins only the
+//! buckets it now wins move (to it); when one leaves only its own buckets move: the fewest moves any
+//! assignment can make. A replica claims the buckets it holds in its member Lease
+//! (`shard.metahook.dev/buckets`, see `crate::ops::ring`), and takes a bucket only once no other live
+//! member claims it: never two replicas syncing one parent.
 
-use std::collections::BTreeMap;
+use std::collections::BTreeSet;
+use std::sync::Arc;
 
 use serde_json::Value;
+use tokio::sync::{OwnedRwLockReadGuard, RwLock, watch};
 
-/// The prefix of the label that names a parent's (or child's) owning member, per ring.
+/// How many buckets the parents fall in. Enough that a replica's share is even to about a percent at
+/// three replicas (each member's share of buckets varies by √(B·p(1−p))/B); few enough that a selector
+/// naming a member's buckets stays a few kilobytes.
+pub const BUCKETS: u16 = 1024;
+
+/// The prefix of the label that names a parent's (or child's) bucket, per ring.
 pub const SHARD_LABEL_PREFIX: &str = "shard.metahook.dev/";
-
-/// The prefix of the label that asks a parent's owner to hand it over to the member it names.
-pub const DRAIN_LABEL_PREFIX: &str = "drain.shard.metahook.dev/";
 
 /// The label on a member's Lease that names its ring.
 pub const RING_LABEL: &str = "shard.metahook.dev/ring";
 
-/// The label on a member's Lease that names the member (the value its parents are labelled with).
+/// The label on a member's Lease that names the member.
 pub const MEMBER_LABEL: &str = "shard.metahook.dev/member";
 
-/// The annotation a moved parent carries: the member it came from (for the audit, and the new owner's
-/// count of parents moved in).
-pub const MOVED_FROM_ANNOTATION: &str = "shard.metahook.dev/moved-from";
+/// The annotation on a member's Lease that lists the buckets it claims: a hex bitmap of [`BUCKETS`] bits
+/// (see [`encode`]). A member may sync only buckets it claims; others take none of them while its Lease
+/// is live.
+pub const BUCKETS_ANNOTATION: &str = "shard.metahook.dev/buckets";
 
-/// The annotation the coordinator puts beside the drain label: when it asked for the move (RFC 3339),
-/// for the old owner's drain time metric. Only a metric reads it: wall clocks may differ.
-pub const DRAIN_REQUESTED_ANNOTATION: &str = "shard.metahook.dev/drain-requested-at";
+/// A label value no bucket has: the selector of a replica that holds no bucket matches nothing.
+const NO_BUCKET: &str = "none";
 
-/// One replica's place in a ring: the ring's name and this replica's member name.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// The bucket of the parent with `uid`.
+#[must_use]
+pub fn bucket(uid: &str) -> u16 {
+    u16::try_from(mix(b"", uid.as_bytes()) % u64::from(BUCKETS)).unwrap_or(0)
+}
+
+/// The member that owns `bucket` among `members` (rendezvous hashing); `None` without members. Every
+/// replica computes the same answer from the same members, in any order.
+#[must_use]
+pub fn owner(bucket: u16, members: &[String]) -> Option<&str> {
+    let key = bucket.to_be_bytes();
+    members.iter().max_by_key(|member| (mix(member.as_bytes(), &key), member.as_str())).map(String::as_str)
+}
+
+/// The member that owns the parent with `uid` among `members`: the owner of its bucket.
+#[must_use]
+pub fn assign<'m>(uid: &str, members: &'m [String]) -> Option<&'m str> {
+    owner(bucket(uid), members)
+}
+
+/// The buckets `member` owns among `members` (which should include it).
+#[must_use]
+pub fn share(member: &str, members: &[String]) -> BTreeSet<u16> {
+    (0..BUCKETS).filter(|b| owner(*b, members) == Some(member)).collect()
+}
+
+/// FNV-1a of `a`, a zero byte and `b`, finished with splitmix64's mixer (FNV alone leaves similar keys'
+/// high bits alike, which skews a maximum). Stable across processes and builds, unlike `std`'s hasher.
+fn mix(a: &[u8], b: &[u8]) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in a.iter().chain(&[0]).chain(b) {
+        hash ^= u64::from(*byte);
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    hash = (hash ^ (hash >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    hash = (hash ^ (hash >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    hash ^ (hash >> 31)
+}
+
+/// `buckets` as the [`BUCKETS_ANNOTATION`] writes them: a bitmap, bucket 0 the high bit of the first of
+/// 256 hex digits.
+#[must_use]
+pub fn encode(buckets: &BTreeSet<u16>) -> String {
+    let mut digits = vec![0u8; usize::from(BUCKETS) / 4];
+    for &b in buckets.iter().filter(|b| **b < BUCKETS) {
+        digits[usize::from(b / 4)] |= 8 >> (b % 4);
+    }
+    digits.iter().map(|d| char::from_digit(u32::from(*d), 16).unwrap_or('0')).collect()
+}
+
+/// The buckets of an [`encode`]d bitmap; `None` if it is not one.
+#[must_use]
+pub fn decode(text: &str) -> Option<BTreeSet<u16>> {
+    if text.len() != usize::from(BUCKETS) / 4 {
+        return None;
+    }
+    let mut buckets = BTreeSet::new();
+    for (i, c) in text.chars().enumerate() {
+        let digit = c.to_digit(16)?;
+        let base = u16::try_from(i * 4).ok()?;
+        for bit in 0..4u16 {
+            if digit & (8 >> bit) != 0 {
+                buckets.insert(base + bit);
+            }
+        }
+    }
+    Some(buckets)
+}
+
+/// The shard label's key of `ring`.
+#[must_use]
+pub fn shard_label(ring: &str) -> String {
+    format!("{SHARD_LABEL_PREFIX}{ring}")
+}
+
+/// The server-side label selector of the objects in `buckets` of `ring` (none: a selector that matches
+/// nothing).
+#[must_use]
+pub fn selector(ring: &str, buckets: &BTreeSet<u16>) -> String {
+    let values: Vec<String> = buckets.iter().map(u16::to_string).collect();
+    let values = if values.is_empty() { NO_BUCKET.to_owned() } else { values.join(",") };
+    format!("{} in ({values})", shard_label(ring))
+}
+
+/// One replica's place in a ring: the ring's name, this replica's member name, and the buckets it holds.
+#[derive(Clone)]
 pub struct Shard {
     pub ring: String,
     pub member: String,
+    pub held: Arc<Held>,
+}
+
+impl std::fmt::Debug for Shard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shard").field("ring", &self.ring).field("member", &self.member).finish_non_exhaustive()
+    }
 }
 
 impl Shard {
+    /// `member` of `ring`, holding no bucket yet.
+    #[must_use]
+    pub fn new(ring: &str, member: &str) -> Self {
+        Self { ring: ring.to_owned(), member: member.to_owned(), held: Arc::new(Held::new(ring)) }
+    }
+
     /// The shard label's key of this ring.
     #[must_use]
     pub fn label(&self) -> String {
         shard_label(&self.ring)
     }
 
-    /// The drain label's key of this ring.
-    #[must_use]
-    pub fn drain_label(&self) -> String {
-        drain_label(&self.ring)
-    }
-
-    /// The server-side label selector of this member's objects.
-    #[must_use]
-    pub fn selector(&self) -> String {
-        format!("{}={}", self.label(), self.member)
-    }
-
-    /// Where the parent `labels` are to move, if its owner must hand it over: a drain label naming
-    /// another member than this one.
-    #[must_use]
-    pub fn drain_target<'a>(&self, labels: Option<&'a BTreeMap<String, String>>) -> Option<&'a str> {
-        let target = labels?.get(&self.drain_label())?;
-        (target != &self.member).then_some(target.as_str())
-    }
-
-    /// Puts this member's shard label on a desired object (a child or attachment the hub writes), so
-    /// the object stays in this member's watch and moves with its parent.
-    pub fn stamp(&self, desired: &mut Value) {
+    /// Puts the bucket of the parent with `parent_uid` on a desired object (a child or attachment the
+    /// hub writes), so the object is in the watch of whoever holds its parent.
+    pub fn stamp(&self, desired: &mut Value, parent_uid: &str) {
         let Some(metadata) = desired.as_object_mut().and_then(|o| o.get_mut("metadata")).and_then(Value::as_object_mut)
         else {
             return;
@@ -83,21 +167,115 @@ impl Shard {
             *labels = Value::Object(serde_json::Map::new());
         }
         if let Some(labels) = labels.as_object_mut() {
-            labels.insert(self.label(), Value::String(self.member.clone()));
+            labels.insert(self.label(), Value::String(bucket(parent_uid).to_string()));
         }
     }
 }
 
-/// The shard label's key of `ring`.
-#[must_use]
-pub fn shard_label(ring: &str) -> String {
-    format!("{SHARD_LABEL_PREFIX}{ring}")
+/// Why this replica does not sync a parent now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Standing {
+    /// Its bucket was just taken and the caches are still listing it: sync it a little later.
+    Arriving,
+    /// Another replica's (or nobody's yet): leave it alone.
+    Elsewhere,
 }
 
-/// The drain label's key of `ring`.
-#[must_use]
-pub fn drain_label(ring: &str) -> String {
-    format!("{DRAIN_LABEL_PREFIX}{ring}")
+/// The buckets this replica holds, and the gate every sync passes: a sync holds a read guard for as
+/// long as it runs, so the keeper of the buckets (`crate::ops::ring::Keeper`) — which changes them under
+/// the write lock — knows, once it has the lock, that no sync of a bucket it lets go is in flight and
+/// none will start.
+#[derive(Debug)]
+pub struct Held {
+    ring: String,
+    state: Arc<RwLock<HeldState>>,
+    /// The selector of the buckets held or arriving: the sharded caches watch with it.
+    selection: watch::Sender<String>,
+}
+
+/// The buckets held (a sync's guard keeps them from changing while it runs).
+#[derive(Debug, Default)]
+pub struct HeldState {
+    mine: BTreeSet<u16>,
+    arriving: BTreeSet<u16>,
+}
+
+/// What a sync of a parent of this replica's holds while it runs (see [`Held`]).
+pub type Entered = OwnedRwLockReadGuard<HeldState>;
+
+impl Held {
+    fn new(ring: &str) -> Self {
+        let (selection, _) = watch::channel(selector(ring, &BTreeSet::new()));
+        Self { ring: ring.to_owned(), state: Arc::default(), selection }
+    }
+
+    /// The selector of the buckets this replica watches, as it changes.
+    #[must_use]
+    pub fn selection(&self) -> watch::Receiver<String> {
+        self.selection.subscribe()
+    }
+
+    /// The guard to hold while syncing the parent with `uid`, when its bucket is held; otherwise why not.
+    pub async fn enter(&self, uid: &str) -> Result<Entered, Standing> {
+        let guard = Arc::clone(&self.state).read_owned().await;
+        let bucket = bucket(uid);
+        if guard.mine.contains(&bucket) {
+            Ok(guard)
+        } else if guard.arriving.contains(&bucket) {
+            Err(Standing::Arriving)
+        } else {
+            Err(Standing::Elsewhere)
+        }
+    }
+
+    /// Every bucket held or arriving (what this replica must claim).
+    pub async fn claimed(&self) -> BTreeSet<u16> {
+        let state = self.state.read().await;
+        state.mine.union(&state.arriving).copied().collect()
+    }
+
+    /// Lets `buckets` go: returns once no sync of them is in flight, and none will start. The caches
+    /// stop watching them.
+    pub async fn release(&self, buckets: &BTreeSet<u16>) {
+        let mut state = self.state.write().await;
+        state.mine.retain(|b| !buckets.contains(b));
+        state.arriving.retain(|b| !buckets.contains(b));
+        self.select(&state);
+    }
+
+    /// Takes `buckets` (claimed and unclaimed by anyone else): the caches start watching them; syncs of
+    /// their parents wait until [`Held::settle`]. Returns the new selector.
+    pub async fn take(&self, buckets: &BTreeSet<u16>) -> String {
+        let mut state = self.state.write().await;
+        let new: Vec<u16> = buckets.iter().filter(|b| !state.mine.contains(b)).copied().collect();
+        state.arriving.extend(new);
+        self.select(&state)
+    }
+
+    /// The arriving buckets are listed in the caches: their parents are synced from now on.
+    pub async fn settle(&self) {
+        let mut state = self.state.write().await;
+        let arrived = std::mem::take(&mut state.arriving);
+        state.mine.extend(arrived);
+    }
+
+    /// Nothing held (a term of membership ended: its controllers stopped).
+    pub async fn clear(&self) {
+        let mut state = self.state.write().await;
+        *state = HeldState::default();
+        self.select(&state);
+    }
+
+    fn select(&self, state: &HeldState) -> String {
+        let watched: BTreeSet<u16> = state.mine.union(&state.arriving).copied().collect();
+        let selector = selector(&self.ring, &watched);
+        self.selection.send_if_modified(|current| {
+            let changed = *current != selector;
+            current.clone_from(&selector);
+            changed
+        });
+        selector
+    }
 }
 
 /// A member name for a replica `identity` (`pod-name_1a2b3c4d`): a valid label value (at most 63
@@ -112,29 +290,10 @@ pub fn member_name(identity: &str) -> String {
     if trimmed.is_empty() { "member".to_owned() } else { trimmed.to_owned() }
 }
 
-/// The member that owns the parent with `uid` among `members` (rendezvous hashing); `None` without
-/// members. Every replica computes the same answer from the same members, in any order.
-#[must_use]
-pub fn assign<'m>(uid: &str, members: &'m [String]) -> Option<&'m str> {
-    members.iter().max_by_key(|member| (score(member, uid), member.as_str())).map(String::as_str)
-}
-
-/// The weight of `member` for `uid`: FNV-1a of both, finished with splitmix64's mixer (FNV alone
-/// leaves similar keys' high bits alike, which skews the maximum). Stable across processes and builds,
-/// unlike `std`'s hasher.
-fn score(member: &str, uid: &str) -> u64 {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for byte in member.bytes().chain([0]).chain(uid.bytes()) {
-        hash ^= u64::from(byte);
-        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    hash = (hash ^ (hash >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    hash = (hash ^ (hash >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    hash ^ (hash >> 31)
-}
-
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     fn uids(n: usize) -> Vec<String> {
@@ -145,47 +304,40 @@ mod tests {
         names.iter().map(|&n| n.to_owned()).collect()
     }
 
-    fn counts(uids: &[String], members: &[String]) -> BTreeMap<String, usize> {
-        let mut counts = BTreeMap::new();
-        for uid in uids {
-            *counts.entry(assign(uid, members).unwrap().to_owned()).or_default() += 1;
-        }
-        counts
-    }
-
     #[test]
-    fn parents_are_spread_evenly_over_the_members() {
-        let uids = uids(3000);
+    fn buckets_and_parents_are_spread_evenly_over_the_members() {
         let three = members(&["hub-a-1f2e3d4c", "hub-b-5a6b7c8d", "hub-c-9e0f1a2b"]);
-        let counts = counts(&uids, &three);
-        assert_eq!(counts.len(), 3, "{counts:?}");
-        for (member, n) in &counts {
-            assert!((900..=1100).contains(n), "{member} owns {n} of 3000: {counts:?}");
+        for member in &three {
+            let n = share(member, &three).len();
+            assert!((300..=383).contains(&n), "{member} holds {n} of 1024 buckets");
         }
+        let mut per_bucket = vec![0usize; usize::from(BUCKETS)];
+        for uid in uids(30_000) {
+            per_bucket[usize::from(bucket(&uid))] += 1;
+        }
+        assert!(per_bucket.iter().all(|n| (5..=60).contains(n)), "parents per bucket: {per_bucket:?}");
     }
 
     #[test]
     fn a_joining_member_takes_only_its_share_and_only_for_itself() {
-        let uids = uids(3000);
         let three = members(&["hub-a-1f2e3d4c", "hub-b-5a6b7c8d", "hub-c-9e0f1a2b"]);
         let mut four = three.clone();
         four.push("hub-d-3c4d5e6f".to_owned());
-        let moved: Vec<&String> = uids.iter().filter(|u| assign(u, &three) != assign(u, &four)).collect();
-        assert!((600..=900).contains(&moved.len()), "about a quarter moves: {}", moved.len());
-        for uid in moved {
-            assert_eq!(assign(uid, &four), Some("hub-d-3c4d5e6f"), "a parent moves only to the new member");
+        let moved: Vec<u16> = (0..BUCKETS).filter(|b| owner(*b, &three) != owner(*b, &four)).collect();
+        assert!((200..=310).contains(&moved.len()), "about a quarter moves: {}", moved.len());
+        for b in moved {
+            assert_eq!(owner(b, &four), Some("hub-d-3c4d5e6f"), "a bucket moves only to the new member");
         }
     }
 
     #[test]
-    fn a_leaving_member_gives_up_only_its_own_parents() {
-        let uids = uids(3000);
+    fn a_leaving_member_gives_up_only_its_own_buckets() {
         let three = members(&["hub-a-1f2e3d4c", "hub-b-5a6b7c8d", "hub-c-9e0f1a2b"]);
         let two = members(&["hub-a-1f2e3d4c", "hub-c-9e0f1a2b"]);
-        for uid in &uids {
-            let before = assign(uid, &three).unwrap();
+        for b in 0..BUCKETS {
+            let before = owner(b, &three).unwrap();
             if before != "hub-b-5a6b7c8d" {
-                assert_eq!(assign(uid, &two), Some(before), "{uid} belonged to a member that stayed");
+                assert_eq!(owner(b, &two), Some(before), "{b} belonged to a member that stayed");
             }
         }
     }
@@ -196,8 +348,23 @@ mod tests {
         let b = members(&["z", "x", "y"]);
         for uid in uids(200) {
             assert_eq!(assign(&uid, &a), assign(&uid, &b));
+            assert_eq!(assign(&uid, &a), owner(bucket(&uid), &a));
         }
         assert_eq!(assign("u", &[]), None);
+    }
+
+    #[test]
+    fn claims_round_trip_through_the_annotation() {
+        let some: BTreeSet<u16> = [0, 1, 5, 511, 1023].into();
+        let text = encode(&some);
+        assert_eq!(text.len(), 256);
+        assert!(text.starts_with("c4"), "{text}");
+        assert_eq!(decode(&text), Some(some));
+        assert_eq!(decode(&encode(&BTreeSet::new())), Some(BTreeSet::new()));
+        let all: BTreeSet<u16> = (0..BUCKETS).collect();
+        assert_eq!(decode(&encode(&all)), Some(all));
+        assert_eq!(decode("c4"), None, "too short");
+        assert_eq!(decode(&"x".repeat(256)), None, "not hex");
     }
 
     #[test]
@@ -210,23 +377,55 @@ mod tests {
     }
 
     #[test]
-    fn stamping_adds_the_shard_label_and_keeps_the_others() {
-        let shard = Shard { ring: "r".into(), member: "m1".into() };
+    fn stamping_adds_the_parents_bucket_and_keeps_the_other_labels() {
+        let shard = Shard::new("r", "m1");
+        let uid = "6f1c2a3b-0001-4e5f-8a9b-000000001eef";
         let mut desired = serde_json::json!({"metadata": {"name": "c", "labels": {"app": "x"}}});
-        shard.stamp(&mut desired);
-        assert_eq!(desired["metadata"]["labels"], serde_json::json!({"app": "x", "shard.metahook.dev/r": "m1"}));
+        shard.stamp(&mut desired, uid);
+        let value = bucket(uid).to_string();
+        assert_eq!(desired["metadata"]["labels"], serde_json::json!({"app": "x", "shard.metahook.dev/r": value}));
         let mut bare = serde_json::json!({"metadata": {"name": "c"}});
-        shard.stamp(&mut bare);
-        assert_eq!(bare["metadata"]["labels"]["shard.metahook.dev/r"], "m1");
-        assert_eq!(shard.selector(), "shard.metahook.dev/r=m1");
+        shard.stamp(&mut bare, uid);
+        assert_eq!(bare["metadata"]["labels"]["shard.metahook.dev/r"], value.as_str());
     }
 
     #[test]
-    fn only_a_drain_label_naming_another_member_asks_for_a_hand_over() {
-        let shard = Shard { ring: "r".into(), member: "m1".into() };
-        let labels = |v: &str| BTreeMap::from([("drain.shard.metahook.dev/r".to_owned(), v.to_owned())]);
-        assert_eq!(shard.drain_target(Some(&labels("m2"))), Some("m2"));
-        assert_eq!(shard.drain_target(Some(&labels("m1"))), None);
-        assert_eq!(shard.drain_target(None), None);
+    fn selectors_name_the_buckets_or_match_nothing() {
+        assert_eq!(selector("r", &[3, 17].into()), "shard.metahook.dev/r in (3,17)");
+        assert_eq!(selector("r", &BTreeSet::new()), "shard.metahook.dev/r in (none)");
+    }
+
+    /// A uid whose bucket is `b`.
+    fn uid_in(b: u16) -> String {
+        (0..).map(|i| format!("uid-{i}")).find(|u| bucket(u) == b).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_bucket_is_synced_only_once_settled_and_let_go_only_when_no_sync_of_it_runs() {
+        let shard = Shard::new("r", "m1");
+        let held = &shard.held;
+        let selection = held.selection();
+        let uid = uid_in(7);
+        assert_eq!(held.enter(&uid).await.err(), Some(Standing::Elsewhere));
+        let selector = held.take(&[7].into()).await;
+        assert_eq!(selector, "shard.metahook.dev/r in (7)");
+        assert_eq!(*selection.borrow(), selector, "the caches watch an arriving bucket");
+        assert_eq!(held.enter(&uid).await.err(), Some(Standing::Arriving), "not synced before its caches listed it");
+        held.settle().await;
+        let sync = held.enter(&uid).await.expect("synced once settled");
+        assert_eq!(held.claimed().await, [7].into());
+
+        // A release waits for the sync in flight.
+        let seven: BTreeSet<u16> = [7].into();
+        let releasing = held.release(&seven);
+        tokio::pin!(releasing);
+        assert!(tokio::time::timeout(Duration::from_millis(100), &mut releasing).await.is_err(), "released mid-sync");
+        drop(sync);
+        tokio::time::timeout(Duration::from_secs(5), releasing).await.expect("released after the sync");
+        assert_eq!(held.enter(&uid).await.err(), Some(Standing::Elsewhere));
+        assert_eq!(*selection.borrow(), "shard.metahook.dev/r in (none)");
+        held.take(&[1, 2].into()).await;
+        held.clear().await;
+        assert!(held.claimed().await.is_empty());
     }
 }

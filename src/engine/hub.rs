@@ -31,9 +31,9 @@ pub struct Hub {
     pub metrics: Metrics,
     /// How the controllers are doing (what `/readyz` answers from).
     pub health: Health,
-    /// With sharding, this replica's member of the ring: its caches hold only its own parents and
-    /// children, every child it writes carries its shard label, and a parent marked to move is handed
-    /// over instead of synced (see [`crate::engine::handover`]). `None`: one hub owns everything.
+    /// With sharding, this replica's member of the ring: its caches hold only the parents and children
+    /// of the buckets it holds, every child it writes carries its parent's bucket, and only parents of
+    /// held buckets are synced (see [`crate::cache::shard`]). `None`: one hub owns everything.
     pub shard: Option<Shard>,
 }
 

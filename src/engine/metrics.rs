@@ -264,12 +264,13 @@ struct DirectionLabels {
     direction: &'static str,
 }
 
-/// One replica's share of a sharded ring (`metahook_shard_*`): the parents it owns, those it handed
-/// over (`out`) and received (`in`), and how long a hand-over took from the coordinator's request.
+/// One replica's share of a sharded ring (`metahook_shard_*`): the parents and buckets it holds, the
+/// buckets it let go (`out`) and took (`in`), and how long letting go took (the syncs in flight).
 #[derive(Clone, Debug)]
 pub struct ShardMetrics {
     enabled: Arc<std::sync::atomic::AtomicBool>,
     parents: Gauge,
+    buckets: Gauge,
     moves: Family<DirectionLabels, Counter>,
     drain: Histogram,
 }
@@ -279,9 +280,10 @@ impl Default for ShardMetrics {
         Self {
             enabled: Arc::default(),
             parents: Gauge::default(),
+            buckets: Gauge::default(),
             moves: Family::default(),
-            // 10 ms to about 3 min: a hand-over waits for the sync in flight, then relabels children.
-            drain: Histogram::new(exponential_buckets(0.01, 2.0, 14)),
+            // 1 ms to about 30 s: letting go waits for the syncs in flight (a hook call each at most).
+            drain: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
         }
     }
 }
@@ -297,23 +299,32 @@ impl ShardMetrics {
         self.enabled.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// A parent came into this replica's cache (`moved_in`: handed over by another member).
-    pub fn parent_arrived(&self, moved_in: bool) {
+    /// A parent came into this replica's cache.
+    pub fn parent_arrived(&self) {
         self.parents.inc();
-        if moved_in {
-            self.moves.get_or_create(&DirectionLabels { direction: "in" }).inc();
-        }
     }
 
-    /// A parent left this replica's cache (moved away or deleted).
+    /// A parent left this replica's cache (its bucket let go, or deleted).
     pub fn parent_left(&self) {
         self.parents.dec();
     }
 
-    /// A parent was handed over by this replica; `since_request`: since the coordinator asked.
-    pub fn moved_out(&self, took: Duration, since_request: Option<Duration>) {
-        self.moves.get_or_create(&DirectionLabels { direction: "out" }).inc();
-        self.drain.observe(since_request.unwrap_or(took).as_secs_f64());
+    /// `count` buckets were let go, after waiting `took` for the syncs in flight.
+    pub fn let_go(&self, count: usize, took: Duration) {
+        self.moves.get_or_create(&DirectionLabels { direction: "out" }).inc_by(count as u64);
+        self.buckets.dec_by(i64::try_from(count).unwrap_or(i64::MAX));
+        self.drain.observe(took.as_secs_f64());
+    }
+
+    /// `count` buckets were taken; `held` are held now.
+    pub fn took(&self, count: usize, held: usize) {
+        self.moves.get_or_create(&DirectionLabels { direction: "in" }).inc_by(count as u64);
+        self.buckets.set(i64::try_from(held).unwrap_or(i64::MAX));
+    }
+
+    /// A term of membership ended: nothing is held.
+    pub fn cleared(&self) {
+        self.buckets.set(0);
     }
 
     fn register(&self, registry: &mut Registry) {
@@ -323,13 +334,18 @@ impl ShardMetrics {
             self.parents.clone(),
         );
         registry.register(
+            "metahook_shard_buckets",
+            "Buckets of parents this replica holds (of 1024)",
+            self.buckets.clone(),
+        );
+        registry.register(
             "metahook_shard_moves",
-            "Parents handed over to another replica (out) and received from one (in)",
+            "Buckets of parents this replica let go to another (out) and took (in)",
             self.moves.clone(),
         );
         registry.register(
             "metahook_shard_drain_seconds",
-            "Time from the coordinator's request to move a parent until this replica had handed it over",
+            "Time this replica took to let buckets go: until no sync of their parents was in flight",
             self.drain.clone(),
         );
     }

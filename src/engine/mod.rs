@@ -1,6 +1,6 @@
 //! Stage 4, engine: what every controller kind shares between "something changed" and "the cluster
 //! matches". The work [`queue`] and its reasons, the worker loop and the sync's phases ([`sync`]), the
-//! echoes of the hub's own writes ([`echoes`]), the last request asked ([`answered`]), permanent hook errors reported ([`held`]), the `customize` hook's [`related`] objects, handing a parent over to another replica ([`handover`]), Events
+//! echoes of the hub's own writes ([`echoes`]), the last request asked ([`answered`]), permanent hook errors reported ([`held`]), the `customize` hook's [`related`] objects, Events
 //! ([`events`]), sync requests ([`trigger`]), the controllers' metrics ([`metrics`]) and states
 //! ([`health`]), and the services a controller runs with ([`hub`]).
 //!
@@ -11,7 +11,6 @@ pub mod echoes;
 pub mod error;
 pub mod events;
 pub mod finalizer;
-pub mod handover;
 pub mod health;
 pub mod held;
 pub mod hub;

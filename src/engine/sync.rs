@@ -29,13 +29,12 @@ use tracing::{Instrument as _, debug, info_span, warn};
 use crate::api::{HookVersion, UpdateMethod};
 use crate::cache::discovery::ResolvedResource;
 use crate::cache::informers::{Change, Event, Informer, ObjectKey, controller_uid};
-use crate::cache::shard::MOVED_FROM_ANNOTATION;
+use crate::cache::shard::Standing;
 use crate::engine::answered::{Answered, RequestId};
 use crate::engine::echoes::{Echo, EchoPolicy, Echoes, Seen, Settled, Watched};
 use crate::engine::error::{StartError, SyncError, with_causes};
 use crate::engine::events::reference;
 use crate::engine::finalizer::{Facts, follow_plan, gc_finalizing, has_finalizer, lifecycle_changed, remove_finalizer};
-use crate::engine::handover::{Owner, hand_over};
 use crate::engine::held::Held;
 use crate::engine::hub::Hub;
 use crate::engine::metrics::ControllerMetrics;
@@ -115,11 +114,6 @@ pub(crate) trait Kind: Send + Sync + 'static {
     /// Whether `child`, found in the cache under a desired name but not observed, is `obj`'s own (its
     /// creation's echo was not cached yet) rather than someone else's.
     fn ours(&self, obj: &DynamicObject, child: &DynamicObject) -> bool;
-    /// A server-side label selector of `obj`'s children, if the kind has one: a hand-over lists them
-    /// live, and without it lists every child of this replica in `obj`'s namespace.
-    fn children_selector(&self, _obj: &DynamicObject) -> Option<String> {
-        None
-    }
 }
 
 /// What `Kind::observe` claims: the children (or attachments) by declared type, and what else the kind
@@ -336,10 +330,7 @@ impl<K: Clone + Eq + Hash + Display + Send + Sync + 'static> Core<K> {
         let Event { change, relisted } = event;
         if self.hub.shard.is_some() {
             match change {
-                Change::Applied { old: None, new } => self.hub.metrics.shard.parent_arrived(
-                    !relisted
-                        && new.metadata.annotations.as_ref().is_some_and(|a| a.contains_key(MOVED_FROM_ANNOTATION)),
-                ),
+                Change::Applied { old: None, .. } => self.hub.metrics.shard.parent_arrived(),
                 Change::Deleted(_) => self.hub.metrics.shard.parent_left(),
                 Change::Applied { .. } => {}
             }
@@ -507,22 +498,24 @@ async fn observe<'k, C: Kind>(kind: &'k C, key: &C::Key) -> Result<Option<Observ
     Ok(Some(Observing { obj, resource, api, finalizing, endpoint, observed, claimed, children, related }))
 }
 
+/// How soon a parent whose bucket is arriving (its caches still listing it) is tried again.
+const ARRIVING_RETRY: Duration = Duration::from_millis(200);
+
 /// One sync of `key` (see the module doc); returns when to sync it again, if the hook asked.
 pub(crate) async fn sync<C: Kind>(kind: &C, key: &C::Key, reasons: Reasons) -> Result<Option<Duration>, SyncError> {
     let core = kind.core();
+    // Sharded: only a parent of a bucket this replica holds is synced, and the bucket is not let go
+    // while the sync runs (the guard lives until it returns).
+    let mut _entered = None;
     if let Some(shard) = &core.hub.shard
-        && let Some((obj, resource)) = kind.object(key)
-        && let Some(target) = shard.drain_target(obj.metadata.labels.as_ref())
+        && let Some((obj, _)) = kind.object(key)
     {
-        // Marked to move: handed over instead of synced (this worker holds the key, so no sync of it
-        // is in flight).
-        let owner = Owner {
-            client: &core.hub.client,
-            children: &core.children,
-            metrics: &core.hub.metrics.shard,
-            selector: kind.children_selector(&obj),
-        };
-        return hand_over(owner, shard, &obj, &resource, target).await.map(|()| None);
+        match shard.held.enter(obj.metadata.uid.as_deref().unwrap_or_default()).await {
+            Ok(guard) => _entered = Some(guard),
+            // Its caches are still listing the bucket just taken: soon.
+            Err(Standing::Arriving) => return Ok(Some(ARRIVING_RETRY)),
+            Err(Standing::Elsewhere) => return Ok(None),
+        }
     }
     let observing = observe(kind, key).instrument(info_span!(target: crate::TRACE_SPANS, "observe")).await?;
     let Some(Observing { obj, resource, api, finalizing, endpoint, observed, claimed, children, related }) = observing
@@ -545,8 +538,13 @@ pub(crate) async fn sync<C: Kind>(kind: &C, key: &C::Key, reasons: Reasons) -> R
     };
     core.held.clear(key);
     if let Some(shard) = &core.hub.shard {
-        // Every child carries its parent's shard label: it stays in its owner's watch, and moves with it.
-        decision.desired.iter_mut().flat_map(|children| children.values_mut()).for_each(|child| shard.stamp(child));
+        // Every child carries its parent's bucket: it is in the watch of whoever holds the parent.
+        let uid = obj.metadata.uid.as_deref().unwrap_or_default();
+        decision
+            .desired
+            .iter_mut()
+            .flat_map(|children| children.values_mut())
+            .for_each(|child| shard.stamp(child, uid));
     }
     let plan = Plan::new(&core.children, &observed, &decision.desired, |child| kind.ours(&obj, child))?;
     if !finalizing {

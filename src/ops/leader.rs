@@ -49,7 +49,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::Client;
 use kube::api::{Api, ObjectMeta, PostParams};
 use kube::runtime::{WatchStreamExt as _, watcher};
-use tokio::sync::Notify;
+use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
@@ -87,6 +87,62 @@ pub struct Elector {
     watch: tokio::task::JoinHandle<()>,
     /// Labels the Lease is created with (a sharding member's Lease names its ring, so members can be listed).
     labels: std::collections::BTreeMap<String, String>,
+    /// Annotations the holder publishes with its writes of the Lease (a sharding member's claims).
+    notes: Option<LeaseNotes>,
+}
+
+/// Annotations a holder publishes on its Lease, written with its next write of it — at once when they
+/// change — and which of them have been written. A sharding member's claims on buckets go here: in
+/// the record its liveness is judged by, so a claim is never seen without the member being live, and
+/// no second writer races the elector's compare-and-swap.
+#[derive(Clone, Debug)]
+pub struct LeaseNotes {
+    /// The annotations to write, and their generation.
+    desired: watch::Sender<(u64, std::collections::BTreeMap<String, String>)>,
+    /// The generation of the annotations last written.
+    written: watch::Sender<u64>,
+}
+
+impl Default for LeaseNotes {
+    fn default() -> Self {
+        Self { desired: watch::channel((0, std::collections::BTreeMap::new())).0, written: watch::channel(0).0 }
+    }
+}
+
+impl LeaseNotes {
+    /// Sets the annotations to publish (written with the next write of the Lease, without waiting).
+    pub fn set(&self, notes: std::collections::BTreeMap<String, String>) -> u64 {
+        let mut generation = 0;
+        self.desired.send_modify(|(g, current)| {
+            *g += 1;
+            generation = *g;
+            *current = notes;
+        });
+        generation
+    }
+
+    /// Sets the annotations and waits until a write of the Lease carrying them (or later ones) succeeded;
+    /// `false` if none did within `timeout`.
+    pub async fn publish(&self, notes: std::collections::BTreeMap<String, String>, timeout: Duration) -> bool {
+        let generation = self.set(notes);
+        let mut written = self.written.subscribe();
+        tokio::time::timeout(timeout, written.wait_for(|w| *w >= generation)).await.is_ok_and(|r| r.is_ok())
+    }
+
+    /// The annotations to write now and their generation.
+    fn current(&self) -> (u64, std::collections::BTreeMap<String, String>) {
+        self.desired.borrow().clone()
+    }
+
+    fn wrote(&self, generation: u64) {
+        self.written.send_if_modified(|w| {
+            let newer = generation > *w;
+            if newer {
+                *w = generation;
+            }
+            newer
+        });
+    }
 }
 
 impl Drop for Elector {
@@ -115,6 +171,7 @@ impl Elector {
             changed,
             watch,
             labels: std::collections::BTreeMap::new(),
+            notes: None,
         }
     }
 
@@ -123,6 +180,31 @@ impl Elector {
     pub fn labelled(mut self, labels: std::collections::BTreeMap<String, String>) -> Self {
         self.labels = labels;
         self
+    }
+
+    /// This elector, writing `notes`' annotations with every write of its Lease.
+    #[must_use]
+    pub fn noted(mut self, notes: LeaseNotes) -> Self {
+        self.notes = Some(notes);
+        self
+    }
+
+    /// Puts the notes' annotations on `lease`; returns their generation (0 without notes).
+    fn annotate(&self, lease: &mut Lease) -> u64 {
+        let Some(notes) = &self.notes else { return 0 };
+        let (generation, annotations) = notes.current();
+        let current = lease.metadata.annotations.get_or_insert_with(Default::default);
+        for (key, value) in annotations {
+            current.insert(key, value);
+        }
+        generation
+    }
+
+    /// Records that the notes of `generation` were written.
+    fn noted_written(&self, generation: u64) {
+        if let Some(notes) = &self.notes {
+            notes.wrote(generation);
+        }
     }
 
     #[must_use]
@@ -156,10 +238,24 @@ impl Elector {
     /// Renews the Lease every `retryPeriod` until the term is lost; writes stop (the gate closes) at the
     /// renew deadline even while a renewal is still in flight.
     pub async fn hold(&mut self) -> Lost {
+        let mut notes = self.notes.as_ref().map(|n| n.desired.subscribe());
         loop {
             let Some(deadline) = self.leadership.deadline() else { return Lost::RenewDeadline };
             let next = Instant::now() + self.settings.retry_period;
-            if tokio::time::timeout_at(deadline, tokio::time::sleep_until(next)).await.is_err() {
+            // New notes are written at once (a member waits on its claims), other renewals on schedule.
+            let noted = async {
+                let Some(notes) = notes.as_mut() else { return std::future::pending().await };
+                if notes.changed().await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+            };
+            let wait = async {
+                tokio::select! {
+                    () = tokio::time::sleep_until(next) => {}
+                    () = noted => {}
+                }
+            };
+            if tokio::time::timeout_at(deadline, wait).await.is_err() {
                 return self.lose(Lost::RenewDeadline);
             }
             let sent = Instant::now();
@@ -241,7 +337,7 @@ impl Elector {
         let sent = Instant::now();
         let existing = self.api.get_opt(&self.name).await.map_err(|e| self.error(e))?;
         let Some(lease) = existing else {
-            let lease = Lease {
+            let mut lease = Lease {
                 metadata: ObjectMeta {
                     name: Some(self.name.clone()),
                     labels: Some(self.labels.clone()).filter(|l| !l.is_empty()),
@@ -249,8 +345,12 @@ impl Elector {
                 },
                 spec: Some(self.record(None)),
             };
+            let generation = self.annotate(&mut lease);
             return match self.api.create(&PostParams::default(), &lease).await {
-                Ok(created) => Ok(self.won(&created, sent)),
+                Ok(created) => {
+                    self.noted_written(generation);
+                    Ok(self.won(&created, sent))
+                }
                 Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
                 Err(e) => Err(self.error(e)),
             };
@@ -270,9 +370,13 @@ impl Elector {
         }
         let mut taken = lease.clone();
         taken.spec = Some(self.record(Some(&spec)));
+        let generation = self.annotate(&mut taken);
         let sent = if ours { sent } else { Instant::now() };
         match self.api.replace(&self.name, &PostParams::default(), &taken).await {
-            Ok(written) => Ok(self.won(&written, sent)),
+            Ok(written) => {
+                self.noted_written(generation);
+                Ok(self.won(&written, sent))
+            }
             Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
             Err(e) => Err(self.error(e)),
         }
@@ -307,9 +411,11 @@ impl Elector {
         };
         let mut renewed = current.clone();
         renewed.spec = Some(self.record(current.spec.as_ref()));
+        let generation = self.annotate(&mut renewed);
         match self.api.replace(&self.name, &PostParams::default(), &renewed).await {
             Ok(written) => {
                 self.observe(&written);
+                self.noted_written(generation);
                 Ok(())
             }
             Err(kube::Error::Api(s)) if s.code == 409 => {

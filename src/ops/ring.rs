@@ -1,28 +1,36 @@
-//! Sharding's ring: who its members are (each replica's own Lease), and the coordinator that assigns
-//! parents to them (see [`crate::cache::shard`] for the labels and the hashing).
+//! Sharding's ring: who its members are (each replica's own Lease), which buckets each holds (the
+//! [`Keeper`] of every member), and the coordinator that labels parents with their bucket (see
+//! [`crate::cache::shard`] for the buckets and the hashing).
 //!
 //! # Membership
 //! Every replica holds a Lease of its own, `<ring>-<member>`, in the leader-election namespace, labelled
 //! with the ring and its member name, renewed by the same [`Elector`](crate::ops::leader::Elector) as the
 //! leader Lease and gating the replica's writes the same way: a replica stops writing (and its
-//! controllers stop) `renewDeadline` after its last successful renewal. The coordinator counts a member
-//! live while its Lease has a holder and its record changed within `leaseDuration` of the coordinator's
-//! own clock (the leader module's timing argument, [`crate::ops::leader`]): so by the time the
-//! coordinator moves an expired member's parents, that member has stopped writing for
-//! `leaseDuration − renewDeadline` at least. A Lease released on shutdown (no holder) leaves at once:
-//! its replica stopped its controllers and saw its writes land first.
+//! controllers stop) `renewDeadline` after its last successful renewal. A replica counts another live
+//! while its Lease has a holder and its record changed within `leaseDuration` of the observer's own
+//! clock (the leader module's timing argument, [`crate::ops::leader`]): so by the time a member takes
+//! the buckets of one that expired, that one has stopped writing for `leaseDuration − renewDeadline` at
+//! least. A Lease released on shutdown (no holder) leaves at once: its replica stopped its controllers
+//! and saw its writes land first.
 //!
-//! # Assignment
-//! The coordinator (the replica holding the leader Lease) lists each parent type — metadata only, a page
-//! at a time, nothing kept — and compares every parent's shard label with [`assign`] over the live
-//! members:
-//! - unlabelled: labelled with its member at once (nobody syncs an unlabelled parent);
-//! - owned by a live member that is no longer its member: marked with the drain label; the owner hands
-//!   it over ([`crate::engine::handover`]);
-//! - owned by a member that left: moved without drain, children first (the coordinator relabels the
-//!   children that member's label still names), then the parent.
+//! # Buckets
+//! Every member computes the same assignment of buckets from the live members it reads, and its
+//! [`Keeper`] moves its own holding towards it, writing what it holds as a claim in its Lease
+//! ([`BUCKETS_ANNOTATION`]), with the renewals its liveness is judged by:
+//! - a bucket it holds and no longer owns is let go first — the sync gate ([`crate::cache::shard::Held`])
+//!   waits for the syncs in flight and starts no other — and only then dropped from its claim;
+//! - a bucket it owns is taken only when no other live member claims it: it is claimed first, the
+//!   claims are read again, and a bucket another member claims too is withdrawn (of two members that
+//!   claim at once, at least one reads the other's claim: both wrote before they read). Then the caches
+//!   list it, and its parents are synced once they have.
 //!
-//! Every write carries the resourceVersion (parents) or UID (children) it was decided on.
+//! A member that joins thus waits for each bucket's owner to let it go; the buckets of a member that
+//! dies are free once its Lease expires. Nothing is relabelled on a move.
+//!
+//! # Labels
+//! The coordinator (the replica holding the leader Lease) labels each unlabelled parent with its
+//! bucket, and every `rebalanceInterval` checks every parent's label (a paged metadata list, nothing
+//! kept), putting back one someone else changed.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -40,20 +48,21 @@ use tracing::{debug, info, warn};
 
 use crate::api::{CompositeController, DecoratorController};
 use crate::cache::discovery::{Discovery, ResolvedResource};
-use crate::cache::informers::controller_uid;
+use crate::cache::informers::Informers;
 use crate::cache::selector::server_side;
 use crate::cache::shard::{
-    DRAIN_REQUESTED_ANNOTATION, MEMBER_LABEL, MOVED_FROM_ANNOTATION, RING_LABEL, Shard, assign, drain_label,
-    shard_label,
+    BUCKETS_ANNOTATION, MEMBER_LABEL, RING_LABEL, Shard, bucket, decode, encode, shard_label, share,
 };
+use crate::engine::metrics::ShardMetrics;
+use crate::ops::leader::LeaseNotes;
 
-/// Writes the coordinator sends at once when it labels many parents (or children).
+/// Writes the coordinator sends at once when it labels many parents.
 const WRITES_AT_ONCE: usize = 32;
 
 /// How many ticks the coordinator uses the parent types it read before reading them again.
 const TYPES_EVERY_TICKS: u32 = 5;
 
-/// Errors of one pass of the coordinator (it retries at its next pass).
+/// Errors of one pass of the coordinator or a keeper (each retries at its next pass).
 #[derive(Debug, thiserror::Error)]
 pub enum RingError {
     #[error("reading the members of ring {ring}: {source}")]
@@ -76,16 +85,34 @@ pub fn member_lease_labels(shard: &Shard) -> BTreeMap<String, String> {
     BTreeMap::from([(RING_LABEL.to_owned(), shard.ring.clone()), (MEMBER_LABEL.to_owned(), shard.member.clone())])
 }
 
-/// The ring's members as the coordinator last read them.
+/// The annotations of a member's Lease that claim `buckets`.
+#[must_use]
+pub fn claim_notes(buckets: &BTreeSet<u16>) -> BTreeMap<String, String> {
+    BTreeMap::from([(BUCKETS_ANNOTATION.to_owned(), encode(buckets))])
+}
+
+/// The ring's members as last read.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Roster {
     /// Members whose Lease is held and unexpired, sorted.
     pub live: Vec<String>,
-    /// Members with a Lease that expired or was released (their parents move without drain).
+    /// Members with a Lease that expired or was released.
     pub gone: BTreeSet<String>,
-    /// When the first live member expires unless it renews (on this process's clock): the coordinator
-    /// looks again then, so a dead member's parents wait no longer than they must.
+    /// The buckets each live member claims.
+    pub claims: BTreeMap<String, BTreeSet<u16>>,
+    /// The buckets members that left still claim in their Leases (nobody holds them).
+    pub left_behind: BTreeSet<u16>,
+    /// When the first live member expires unless it renews (on this process's clock): look again
+    /// then, so a dead member's buckets wait no longer than they must.
     pub next_expiry: Option<Instant>,
+}
+
+impl Roster {
+    /// The buckets live members other than `member` claim.
+    #[must_use]
+    pub fn claimed_by_others(&self, member: &str) -> BTreeSet<u16> {
+        self.claims.iter().filter(|(m, _)| *m != member).flat_map(|(_, claim)| claim.iter().copied()).collect()
+    }
 }
 
 /// Reads the members' Leases and tells live ones from expired ones by when each record last changed
@@ -135,11 +162,15 @@ impl Members {
                 .lease_duration_seconds
                 .and_then(|s| u64::try_from(s).ok())
                 .map_or(self.lease_duration, Duration::from_secs);
+            let claim = lease.metadata.annotations.as_ref().and_then(|a| a.get(BUCKETS_ANNOTATION));
+            let claim = claim.and_then(|c| decode(c)).unwrap_or_default();
             if held && now.duration_since(seen) < duration {
+                roster.claims.insert(member.clone(), claim);
                 roster.live.push(member);
                 let expiry = seen + duration;
                 roster.next_expiry = Some(roster.next_expiry.map_or(expiry, |e| e.min(expiry)));
             } else {
+                roster.left_behind.extend(claim);
                 roster.gone.insert(member);
             }
         }
@@ -151,7 +182,7 @@ impl Members {
 
     /// Deletes the Lease of `member`, gone and owning nothing any more.
     async fn forget(&self, member: &str) {
-        let shard = Shard { ring: self.ring.clone(), member: member.to_owned() };
+        let shard = Shard::new(&self.ring, member);
         let name = member_lease_name(&shard);
         match self.api.delete(&name, &DeleteParams::default()).await {
             Ok(_) => info!(member, "removed the lease of a member that left the ring"),
@@ -160,16 +191,11 @@ impl Members {
     }
 }
 
-/// Per parent type (apiVersion, resource): its controllers' parent selectors and child types.
-type Wanted = (BTreeSet<String>, BTreeSet<(String, String)>);
-
-/// One parent type, the label selectors its controllers choose parents with, and the child (or
-/// attachment) types they write.
+/// One parent type, and the label selectors its controllers choose parents with.
 struct ParentType {
     parent: Arc<ResolvedResource>,
     /// Server-side forms of the controllers' parent selectors ("" = every object of the type).
     selectors: BTreeSet<String>,
-    children: Vec<Arc<ResolvedResource>>,
 }
 
 /// `a` and `b` together (either may be empty).
@@ -181,26 +207,159 @@ fn both(a: &str, b: &str) -> String {
     }
 }
 
-/// What one parent looks like to the coordinator.
+/// Moves one member's holding of buckets towards its share of the live members' (see the module doc),
+/// for one term of its membership.
+pub struct Keeper {
+    members: Members,
+    shard: Shard,
+    notes: LeaseNotes,
+    informers: Informers,
+    metrics: ShardMetrics,
+    /// How often the members are read.
+    tick: Duration,
+    /// How long a claim may take to be written (the renew deadline: later, the term is over anyway).
+    write_timeout: Duration,
+    /// How long the caches may take to list the buckets taken before their parents are synced anyway
+    /// (a sync with a cache behind is safe: a create of a child it cannot see yet is refused).
+    list_timeout: Duration,
+}
+
+impl Keeper {
+    /// The keeper of `shard` in `config`'s ring, whose Leases are in `namespace`; `notes` are the
+    /// annotations its member Lease is written with.
+    #[must_use]
+    pub fn new(
+        client: Client,
+        namespace: &str,
+        config: &crate::ops::config::Config,
+        hub: &crate::engine::hub::Hub,
+        shard: Shard,
+        notes: LeaseNotes,
+    ) -> Self {
+        let election = &config.leader_election;
+        Self {
+            members: Members::new(client, namespace, &shard.ring, election.lease_duration),
+            shard,
+            notes,
+            informers: hub.informers.clone(),
+            metrics: hub.metrics.shard.clone(),
+            tick: election.retry_period,
+            write_timeout: election.renew_deadline,
+            list_timeout: config.cache_sync_timeout,
+        }
+    }
+
+    /// Keeps the buckets until `cancel` fires (the term ends; the caller then clears what is held).
+    pub async fn run(mut self, cancel: CancellationToken) {
+        loop {
+            let next_expiry = match self.step().await {
+                Ok(next_expiry) => next_expiry,
+                Err(err) => {
+                    warn!(member = %self.shard.member, "keeping the buckets (retrying): {err}");
+                    None
+                }
+            };
+            let mut wake = Instant::now() + self.tick;
+            if let Some(expiry) = next_expiry {
+                // Just after the moment a member would expire, not up to a tick later.
+                wake = wake.min(expiry + Duration::from_millis(50));
+            }
+            tokio::select! {
+                () = cancel.cancelled() => return,
+                () = tokio::time::sleep_until(wake) => {}
+            }
+        }
+    }
+
+    /// One pass: lets go what is no longer this member's, then takes what is and nobody claims.
+    /// Returns when the first live member expires unless it renews.
+    async fn step(&mut self) -> Result<Option<Instant>, RingError> {
+        let me = self.shard.member.clone();
+        let held = Arc::clone(&self.shard.held);
+        let roster = self.members.read().await?;
+        let mut live = roster.live.clone();
+        if !live.contains(&me) {
+            live.push(me.clone());
+            live.sort();
+        }
+        let mine = share(&me, &live);
+        let claimed = held.claimed().await;
+        let surplus: BTreeSet<u16> = claimed.difference(&mine).copied().collect();
+        if !surplus.is_empty() {
+            let started = std::time::Instant::now();
+            held.release(&surplus).await;
+            self.metrics.let_go(surplus.len(), started.elapsed());
+            let kept = held.claimed().await;
+            let written = self.notes.publish(claim_notes(&kept), self.write_timeout).await;
+            info!(member = %me, buckets = surplus.len(), held = kept.len(), written, took = ?started.elapsed(), live = ?live, "let buckets go");
+        }
+        let claimed = held.claimed().await;
+        let free: BTreeSet<u16> =
+            mine.difference(&claimed).filter(|b| !roster.claimed_by_others(&me).contains(b)).copied().collect();
+        if free.is_empty() {
+            return Ok(roster.next_expiry);
+        }
+        let claim: BTreeSet<u16> = claimed.union(&free).copied().collect();
+        if !self.notes.publish(claim_notes(&claim), self.write_timeout).await {
+            warn!(member = %me, "claiming buckets: the member lease was not written in time; retrying");
+            return Ok(roster.next_expiry);
+        }
+        // Read again after the claim is written: of two members claiming one bucket at once, at least
+        // one sees the other's claim here, and withdraws.
+        let after = self.members.read().await?;
+        let others = after.claimed_by_others(&me);
+        let (contested, won): (BTreeSet<u16>, BTreeSet<u16>) = free.iter().partition(|b| others.contains(b));
+        if !contested.is_empty() {
+            let kept: BTreeSet<u16> = claimed.union(&won).copied().collect();
+            self.notes.set(claim_notes(&kept));
+            info!(member = %me, buckets = contested.len(), "buckets claimed by another member at once: withdrawn");
+        }
+        if won.is_empty() {
+            return Ok(after.next_expiry);
+        }
+        let started = std::time::Instant::now();
+        let from_gone = won.intersection(&roster.left_behind).count();
+        let selector = held.take(&won).await;
+        let listed = self.informers.wait_listed(&selector, self.list_timeout).await;
+        if !listed {
+            warn!(member = %me, "the caches did not list the buckets taken in time: syncing their parents anyway");
+        }
+        held.settle().await;
+        self.metrics.took(won.len(), held.claimed().await.len());
+        info!(member = %me, buckets = won.len(), left_behind = from_gone, held = claim.len() - contested.len(), took = ?started.elapsed(), live = ?live, "took buckets");
+        Ok(after.next_expiry)
+    }
+}
+
+/// One parent as the coordinator sees it.
 struct Parent {
     name: String,
     namespace: Option<String>,
     uid: String,
     version: Option<String>,
-    owner: Option<String>,
-    drain: Option<String>,
+    label: Option<String>,
 }
 
-/// What a pass found still under way: drains requested and not yet handed over, parents on gone members.
-#[derive(Default)]
-struct Pending {
-    drains: usize,
-    /// Gone members some parent is still labelled with.
-    owning: BTreeSet<String>,
+impl Parent {
+    fn of(meta: ObjectMeta, label: &str) -> Self {
+        Self {
+            label: meta.labels.as_ref().and_then(|l| l.get(label)).cloned(),
+            name: meta.name.unwrap_or_default(),
+            namespace: meta.namespace,
+            uid: meta.uid.unwrap_or_default(),
+            version: meta.resource_version,
+        }
+    }
+
+    /// Its bucket's label value.
+    fn bucket(&self) -> String {
+        bucket(&self.uid).to_string()
+    }
 }
 
-/// The ring's coordinator: assigns parents to live members (see the module doc). Runs only while this
-/// replica holds the leader Lease, on a client whose writes stop when it may have lost it.
+/// The ring's coordinator: labels parents with their bucket (see the module doc) and removes the Leases
+/// of members that left. Runs only while this replica holds the leader Lease, on a client whose writes
+/// stop when it may have lost it.
 pub struct Coordinator {
     client: Client,
     discovery: Discovery,
@@ -208,12 +367,11 @@ pub struct Coordinator {
     /// Only controllers whose labels match it (`targetLabelSelector`), as the hub runs them.
     controllers: String,
     members: Members,
-    /// How often a full pass runs when nothing is pending.
+    /// How often every parent's label is checked.
     rebalance: Duration,
-    /// How often unlabelled parents are looked for (and a full pass runs while something is pending).
+    /// How often unlabelled parents are looked for.
     tick: Duration,
-    /// The parent types as last read, and when: read again every few ticks, but not when a member just
-    /// left (its parents wait for nothing else).
+    /// The parent types as last read, and when.
     types: Option<(Instant, Arc<Vec<ParentType>>)>,
 }
 
@@ -238,100 +396,92 @@ impl Coordinator {
     /// Coordinates until `cancel` fires.
     pub async fn run(mut self, cancel: CancellationToken) {
         info!(ring = %self.ring, "coordinating the ring");
+        let mut last_full: Option<Instant> = None;
         let mut last_roster: Option<Roster> = None;
-        let mut last_full = Instant::now();
-        let mut pending = true;
         loop {
-            match self.pass(&mut last_roster, &mut last_full, pending).await {
-                Ok(still) => pending = still,
-                Err(err) => warn!(ring = %self.ring, "coordinating the ring (retrying): {err}"),
-            }
-            let mut wake = Instant::now() + self.tick;
-            if let Some(expiry) = last_roster.as_ref().and_then(|r| r.next_expiry) {
-                // Just after the moment a member would expire, not up to a tick later.
-                wake = wake.min(expiry + Duration::from_millis(50));
+            if let Err(err) = self.pass(&mut last_full, &mut last_roster).await {
+                warn!(ring = %self.ring, "coordinating the ring (retrying): {err}");
             }
             tokio::select! {
                 () = cancel.cancelled() => return,
-                () = tokio::time::sleep_until(wake) => {}
+                () = tokio::time::sleep(self.tick) => {}
             }
         }
     }
 
-    /// One pass: a full one when the members changed, something is pending or the rebalance interval
-    /// passed; otherwise only unlabelled parents. Returns whether something is pending.
+    /// One pass: every parent's label when the rebalance interval passed, otherwise only unlabelled
+    /// parents; and the Leases of members that left are removed.
     async fn pass(
         &mut self,
+        last_full: &mut Option<Instant>,
         last_roster: &mut Option<Roster>,
-        last_full: &mut Instant,
-        pending: bool,
-    ) -> Result<bool, RingError> {
+    ) -> Result<(), RingError> {
         let roster = self.members.read().await?;
-        if roster.live.is_empty() {
-            return Ok(true);
-        }
-        let changed = last_roster.as_ref().is_none_or(|last| last.live != roster.live || last.gone != roster.gone);
-        if changed {
+        if last_roster.as_ref().is_none_or(|last| last.live != roster.live || last.gone != roster.gone) {
             info!(ring = %self.ring, live = ?roster.live, gone = ?roster.gone, "ring members");
         }
+        for member in &roster.gone {
+            self.members.forget(member).await;
+        }
+        *last_roster = Some(roster);
         let types = match &self.types {
-            Some((read, types)) if changed || read.elapsed() < self.tick * TYPES_EVERY_TICKS => Arc::clone(types),
+            Some((read, types)) if read.elapsed() < self.tick * TYPES_EVERY_TICKS => Arc::clone(types),
             _ => {
                 let types = Arc::new(self.parent_types().await?);
                 self.types = Some((Instant::now(), Arc::clone(&types)));
                 types
             }
         };
-        let full = changed || pending || last_full.elapsed() >= self.rebalance;
-        let mut found = Pending::default();
+        let full = last_full.is_none_or(|at| at.elapsed() >= self.rebalance);
+        let label = shard_label(&self.ring);
         for parent_type in types.iter() {
-            if full {
-                self.rebalance_type(parent_type, &roster, &mut found).await?;
-            } else {
-                self.assign_unlabelled(parent_type, &roster).await?;
+            let mut metas = Vec::new();
+            for selector in &parent_type.selectors {
+                let selector = if full { selector.clone() } else { both(selector, &format!("!{label}")) };
+                metas.extend(self.list(&parent_type.parent, &selector).await?);
+            }
+            let parents: Vec<Parent> = metas.into_iter().map(|meta| Parent::of(meta, &label)).collect();
+            let wrong: Vec<&Parent> =
+                parents.iter().filter(|p| p.label.as_deref() != Some(p.bucket().as_str())).collect();
+            if !wrong.is_empty() {
+                let relabelled = wrong.iter().filter(|p| p.label.is_some()).count();
+                self.label_parents(&parent_type.parent, wrong).await;
+                if relabelled > 0 {
+                    warn!(ring = %self.ring, parents = relabelled, resource = %parent_type.parent.api_resource.plural, "put back bucket labels someone else changed");
+                }
             }
         }
         if full {
-            *last_full = Instant::now();
-            for member in roster.gone.difference(&found.owning) {
-                self.members.forget(member).await;
-            }
+            *last_full = Some(Instant::now());
         }
-        *last_roster = Some(roster);
-        Ok(found.drains > 0 || !found.owning.is_empty())
+        Ok(())
     }
 
-    /// Every parent type of the hub's controllers, with the types its controllers write.
+    /// Every parent type of the hub's controllers (and every target type of its decorators).
     async fn parent_types(&self) -> Result<Vec<ParentType>, RingError> {
         let err = |e| RingError::Controllers(Box::new(e));
         let params = ListParams::default().labels(&self.controllers);
         let composites = Api::<CompositeController>::all(self.client.clone()).list(&params).await.map_err(err)?;
         let decorators = Api::<DecoratorController>::all(self.client.clone()).list(&params).await.map_err(err)?;
-        let mut wanted: BTreeMap<(String, String), Wanted> = BTreeMap::new();
-        for cc in &composites.items {
-            let rule = &cc.spec.parent_resource;
-            let (selectors, children) = wanted.entry((rule.api_version.clone(), rule.resource.clone())).or_default();
-            selectors.insert(server_side(rule.label_selector.as_ref()));
-            children.extend(cc.spec.child_resources.iter().map(|c| (c.api_version.clone(), c.resource.clone())));
-        }
-        for dc in &decorators.items {
-            for rule in &dc.spec.resources {
-                let (selectors, children) =
-                    wanted.entry((rule.api_version.clone(), rule.resource.clone())).or_default();
-                selectors.insert(server_side(rule.label_selector.as_ref()));
-                children.extend(dc.spec.attachments.iter().map(|c| (c.api_version.clone(), c.resource.clone())));
-            }
+        let mut wanted: BTreeMap<(String, String), BTreeSet<String>> = BTreeMap::new();
+        let rules = composites
+            .items
+            .iter()
+            .map(|cc| {
+                let rule = &cc.spec.parent_resource;
+                (&rule.api_version, &rule.resource, rule.label_selector.as_ref())
+            })
+            .chain(decorators.items.iter().flat_map(|dc| {
+                dc.spec.resources.iter().map(|rule| (&rule.api_version, &rule.resource, rule.label_selector.as_ref()))
+            }));
+        for (api_version, resource, selector) in rules {
+            let selectors = wanted.entry((api_version.clone(), resource.clone())).or_default();
+            selectors.insert(server_side(selector));
         }
         let mut types = Vec::new();
-        for ((api_version, resource), (selectors, children)) in wanted {
+        for ((api_version, resource), selectors) in wanted {
             let Ok(parent) = self.discovery.resolve(&api_version, &resource).await else { continue };
-            let mut resolved = Vec::new();
-            for (api_version, resource) in children {
-                if let Ok(child) = self.discovery.resolve(&api_version, &resource).await {
-                    resolved.push(child);
-                }
-            }
-            types.push(ParentType { parent, selectors, children: resolved });
+            types.push(ParentType { parent, selectors });
         }
         Ok(types)
     }
@@ -354,18 +504,6 @@ impl Coordinator {
         }
     }
 
-    fn parent_of(&self, meta: ObjectMeta) -> Parent {
-        let label = |key: &str| meta.labels.as_ref().and_then(|l| l.get(key)).cloned();
-        Parent {
-            owner: label(&shard_label(&self.ring)),
-            drain: label(&drain_label(&self.ring)),
-            name: meta.name.unwrap_or_default(),
-            namespace: meta.namespace,
-            uid: meta.uid.unwrap_or_default(),
-            version: meta.resource_version,
-        }
-    }
-
     fn api(&self, resource: &ResolvedResource, namespace: Option<&str>) -> Api<DynamicObject> {
         match namespace.filter(|_| resource.namespaced) {
             Some(ns) => Api::namespaced_with(self.client.clone(), ns, &resource.api_resource),
@@ -373,152 +511,27 @@ impl Coordinator {
         }
     }
 
-    /// Merge-patches a parent's metadata under a compare-and-swap on the version it was decided on; a
-    /// conflict or a parent gone is left to the next pass.
-    async fn patch_parent(&self, resource: &ResolvedResource, parent: &Parent, metadata: serde_json::Value) {
-        let mut patch = json!({"metadata": metadata});
-        patch["metadata"]["resourceVersion"] = json!(parent.version);
-        let api = self.api(resource, parent.namespace.as_deref());
-        match api.patch(&parent.name, &PatchParams::default(), &Patch::Merge(&patch)).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => {
-                debug!(parent = %parent.name, "parent changed since the coordinator looked; next pass");
-            }
-            Err(err) => warn!(parent = %parent.name, "coordinator could not label the parent: {err}"),
-        }
-    }
-
-    /// [`Coordinator::patch_parent`] for each of `patches`, several at once: a rebalance moves a share
-    /// of every parent, and one at a time would hold a gone member's parents for seconds more.
-    async fn patch_parents(&self, resource: &ResolvedResource, patches: Vec<(&Parent, serde_json::Value)>) {
-        stream::iter(patches)
-            .for_each_concurrent(WRITES_AT_ONCE, |(parent, metadata)| self.patch_parent(resource, parent, metadata))
+    /// Labels each of `parents` with its bucket, several at once, each under a compare-and-swap on the
+    /// version it was read at (a conflict or a parent gone is left to the next pass).
+    async fn label_parents(&self, resource: &ResolvedResource, parents: Vec<&Parent>) {
+        let label = shard_label(&self.ring);
+        stream::iter(parents)
+            .for_each_concurrent(WRITES_AT_ONCE, |parent| {
+                let patch =
+                    json!({"metadata": {"resourceVersion": parent.version, "labels": {&label: parent.bucket()}}});
+                let api = self.api(resource, parent.namespace.as_deref());
+                async move {
+                    match api.patch(&parent.name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+                        Ok(_) => {}
+                        Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => {
+                            debug!(parent = %parent.name, "parent changed since the coordinator looked; next pass");
+                        }
+                        Err(err) => warn!(parent = %parent.name, "coordinator could not label the parent: {err}"),
+                    }
+                }
+            })
             .await;
     }
-
-    /// Moves `parent` of a gone member to `target`: its `children` first, then the parent (left where it
-    /// is if a child could not be relabelled: it would be invisible to the new owner).
-    async fn move_parent(
-        &self,
-        resource: &ResolvedResource,
-        parent: &Parent,
-        target: &str,
-        children: &[(&Arc<ResolvedResource>, ObjectMeta)],
-    ) {
-        let (label, drain) = (shard_label(&self.ring), drain_label(&self.ring));
-        for (child_type, child) in children {
-            let patch = json!({"metadata": {"uid": child.uid, "labels": {&label: target}}});
-            let api = self.api(child_type, child.namespace.as_deref());
-            let name = child.name.clone().unwrap_or_default();
-            if let Err(err) = api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
-                warn!(child = %name, "coordinator could not relabel the child of a gone member's parent: {err}");
-                return;
-            }
-        }
-        let from = parent.owner.clone().unwrap_or_default();
-        let metadata = json!({
-            "labels": {&label: target, &drain: null},
-            "annotations": {MOVED_FROM_ANNOTATION: from, DRAIN_REQUESTED_ANNOTATION: null},
-        });
-        self.patch_parent(resource, parent, metadata).await;
-    }
-
-    /// Labels the unlabelled parents of `parent_type` with their member.
-    async fn assign_unlabelled(&self, parent_type: &ParentType, roster: &Roster) -> Result<(), RingError> {
-        let mut unlabelled = Vec::new();
-        for selector in &parent_type.selectors {
-            let unassigned = both(selector, &format!("!{}", shard_label(&self.ring)));
-            unlabelled.extend(self.list(&parent_type.parent, &unassigned).await?);
-        }
-        let parents: Vec<Parent> = unlabelled.into_iter().map(|meta| self.parent_of(meta)).collect();
-        let label = shard_label(&self.ring);
-        let patches = parents
-            .iter()
-            .filter_map(|parent| Some((parent, json!({"labels": {&label: assign(&parent.uid, &roster.live)?}}))))
-            .collect();
-        self.patch_parents(&parent_type.parent, patches).await;
-        Ok(())
-    }
-
-    /// Checks every parent of `parent_type` against the assignment (see the module doc).
-    async fn rebalance_type(
-        &self,
-        parent_type: &ParentType,
-        roster: &Roster,
-        found: &mut Pending,
-    ) -> Result<(), RingError> {
-        let label = shard_label(&self.ring);
-        let drain = drain_label(&self.ring);
-        let mut metas = Vec::new();
-        for selector in &parent_type.selectors {
-            metas.extend(self.list(&parent_type.parent, selector).await?);
-        }
-        let parents: Vec<Parent> = metas.into_iter().map(|meta| self.parent_of(meta)).collect();
-        let mut patches = Vec::new();
-        let mut orphaned: Vec<(&Parent, String)> = Vec::new();
-        for parent in &parents {
-            let Some(target) = assign(&parent.uid, &roster.live).map(str::to_owned) else { continue };
-            match parent.owner.as_deref() {
-                Some(owner) if owner == target => {
-                    if parent.drain.is_some() {
-                        // Asked to move, then the members changed back: it stays.
-                        let metadata =
-                            json!({"labels": {&drain: null}, "annotations": {DRAIN_REQUESTED_ANNOTATION: null}});
-                        patches.push((parent, metadata));
-                    }
-                }
-                None => patches.push((parent, json!({"labels": {&label: target}}))),
-                Some(owner) if roster.live.iter().any(|m| m == owner) => {
-                    found.drains += 1;
-                    if parent.drain.as_deref() != Some(target.as_str()) {
-                        let now = k8s_openapi::jiff::Timestamp::now().to_string();
-                        let metadata =
-                            json!({"labels": {&drain: target}, "annotations": {DRAIN_REQUESTED_ANNOTATION: now}});
-                        patches.push((parent, metadata));
-                    }
-                }
-                Some(owner) => {
-                    found.owning.insert(owner.to_owned());
-                    orphaned.push((parent, target));
-                }
-            }
-        }
-        self.patch_parents(&parent_type.parent, patches).await;
-        if orphaned.is_empty() {
-            return Ok(());
-        }
-        // Children first: by the time the new owner sees the parent, its children are in its watch.
-        let gone: BTreeSet<&str> = orphaned.iter().filter_map(|(p, _)| p.owner.as_deref()).collect();
-        let selector = format!("{label} in ({})", gone.iter().copied().collect::<Vec<_>>().join(","));
-        let targets: HashMap<&str, &str> = orphaned.iter().map(|(p, t)| (p.uid.as_str(), t.as_str())).collect();
-        let mut children: HashMap<String, Vec<(&Arc<ResolvedResource>, ObjectMeta)>> = HashMap::new();
-        for child_type in &parent_type.children {
-            for child in self.list(child_type, &selector).await? {
-                let Some(owner) = controller_uid_of(&child).filter(|uid| targets.contains_key(uid.as_str())) else {
-                    continue;
-                };
-                children.entry(owner).or_default().push((child_type, child));
-            }
-        }
-        // Parent by parent, several at once: each one's children first, then the parent, so its new
-        // owner can start on it while the others are still being moved.
-        let moves: Vec<_> = orphaned
-            .iter()
-            .map(|(parent, target)| {
-                let theirs = children.get(&parent.uid).map(Vec::as_slice).unwrap_or_default();
-                self.move_parent(&parent_type.parent, parent, target, theirs)
-            })
-            .collect();
-        stream::iter(moves).buffer_unordered(WRITES_AT_ONCE).for_each(|()| async {}).await;
-        info!(parents = orphaned.len(), resource = %parent_type.parent.api_resource.plural, "moved the parents of members that left");
-        Ok(())
-    }
-}
-
-/// The controller owner's UID in `meta`.
-fn controller_uid_of(meta: &ObjectMeta) -> Option<String> {
-    let obj = DynamicObject { types: None, metadata: meta.clone(), data: serde_json::Value::Null };
-    controller_uid(&obj).map(str::to_owned)
 }
 
 #[cfg(test)]
@@ -527,7 +540,7 @@ mod tests {
 
     #[test]
     fn member_leases_are_named_and_labelled_for_their_ring() {
-        let shard = Shard { ring: "web_1".into(), member: "hub-0-1a2b3c4d".into() };
+        let shard = Shard::new("web_1", "hub-0-1a2b3c4d");
         assert_eq!(member_lease_name(&shard), "web-1-hub-0-1a2b3c4d");
         let labels = member_lease_labels(&shard);
         assert_eq!(labels[RING_LABEL], "web_1");

@@ -22,10 +22,10 @@ use crate::engine::metrics::Metrics;
 use crate::hooks::{HookClient, HookClientConfig};
 use crate::ops::config::LeaderElection;
 use crate::ops::config::{Config, MetricsAuth};
-use crate::ops::leader::{Elector, Lost};
+use crate::ops::leader::{Elector, LeaseNotes, Lost};
 use crate::ops::metrics::{self, Readiness, Routes};
 use crate::ops::metrics_auth::{MetricsAccess, Reviewer};
-use crate::ops::ring::{Coordinator, member_lease_labels, member_lease_name};
+use crate::ops::ring::{Coordinator, Keeper, claim_notes, member_lease_labels, member_lease_name};
 use crate::write::apply::Applier;
 
 /// Errors that stop the hub.
@@ -57,7 +57,7 @@ pub fn build_member(client: Client, config: &Config, member: Option<(&Shard, &st
         discovery: Discovery::new(client.clone(), config.discovery_interval),
         informers: Informers::new(client.clone(), config.cache_flush_interval)
             .in_namespaces(config.namespaces.clone())
-            .sharded(member.map(|(shard, _)| shard.selector())),
+            .sharded(member.map(|(shard, _)| shard.held.selection())),
         hooks: HookClient::new(&hook_client, Some(client.clone())),
         shard: member.map(|(shard, _)| shard.clone()),
         applier: Applier::new(client.clone(), config.field_manager.clone())
@@ -181,29 +181,42 @@ async fn run_sharded(client: Client, config: Config, cancel: CancellationToken) 
     let settings = config.leader_election.clone();
     let namespace = crate::ops::leader::namespace(&settings, &client);
     let identity = crate::ops::leader::identity();
-    let shard = Shard { ring: config.sharding.ring.clone(), member: member_name(&identity) };
+    let shard = Shard::new(&config.sharding.ring, &member_name(&identity));
     let member_settings = LeaderElection { lease_name: member_lease_name(&shard), ..settings.clone() };
+    let notes = LeaseNotes::default();
     let mut membership = Elector::new(client.clone(), &namespace, member_settings, identity.clone())
-        .labelled(member_lease_labels(&shard));
+        .labelled(member_lease_labels(&shard))
+        .noted(notes.clone());
     let leadership = membership.leadership().clone();
     let access = metrics_access(&client, &config);
     let hub =
         build_member(crate::ops::gate::gated(client.clone(), leadership.clone()), &config, Some((&shard, &identity)));
     let ready = Readiness { health: hub.health.clone(), leadership: Some(leadership.clone()) };
     let servers = serve_endpoints(&config, &hub, ready, access).await;
-    let coordinating = tokio::spawn(coordinate(client, config.clone(), namespace, identity.clone(), cancel.clone()));
+    let coordinating =
+        tokio::spawn(coordinate(client.clone(), config.clone(), namespace.clone(), identity.clone(), cancel.clone()));
     info!(%identity, member = %shard.member, ring = %shard.ring, "joining the ring");
-    while membership.acquire(&cancel).await {
+    loop {
+        // Each term starts claiming nothing: what an earlier term held may have been taken since.
+        notes.set(claim_notes(&std::collections::BTreeSet::new()));
+        if !membership.acquire(&cancel).await {
+            break;
+        }
         hub.health.reset();
         let term = CancellationToken::new();
         let controllers =
             tokio::spawn(run_controllers(hub.clone(), config.target_label_selector.clone(), term.clone()));
+        let keeper = Keeper::new(client.clone(), &namespace, &config, &hub, shard.clone(), notes.clone());
+        let keeping = tokio::spawn(keeper.run(term.clone()));
         let lost = tokio::select! {
             lost = membership.hold() => Some(lost),
             () = cancel.cancelled() => None,
         };
         term.cancel();
         let _ = controllers.await;
+        let _ = keeping.await;
+        shard.held.clear().await;
+        hub.metrics.shard.cleared();
         match lost {
             None => {
                 membership.release().await;

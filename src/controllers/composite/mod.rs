@@ -311,16 +311,6 @@ impl Kind for Controller {
     fn ours(&self, parent: &DynamicObject, child: &DynamicObject) -> bool {
         controller_uid(child) == parent.metadata.uid.as_deref()
     }
-
-    /// `controller-uid=<uid>` under `generateSelector`, else the parent's `spec.selector`.
-    fn children_selector(&self, parent: &DynamicObject) -> Option<String> {
-        if self.cc.spec.generate_selector == Some(true) {
-            return Some(format!("{CONTROLLER_UID_LABEL}={}", parent.metadata.uid.as_deref().unwrap_or_default()));
-        }
-        let selector = parent.data.pointer("/spec/selector").cloned()?;
-        let selector = serde_json::from_value(selector).ok()?;
-        Some(crate::cache::selector::server_side(Some(&selector)))
-    }
 }
 
 /// A rollout's revisions are written before any child.

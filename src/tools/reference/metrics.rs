@@ -101,8 +101,9 @@ fn exposition() -> String {
     controller.deletion_guard_refused();
     let _queue = hub.metrics.queue(kind, name);
     hub.metrics.apply.record("ConfigMap", "created");
-    hub.metrics.shard.parent_arrived(true);
-    hub.metrics.shard.moved_out(Duration::ZERO, None);
+    hub.metrics.shard.parent_arrived();
+    hub.metrics.shard.took(1, 1);
+    hub.metrics.shard.let_go(1, Duration::ZERO);
     crate::ops::client_metrics::process().record("GET", "10.0.0.1:6443", Some(200), Duration::ZERO);
     let hook = HookLabels { kind: kind.to_owned(), controller: name.to_owned(), hook: HookKind::Sync };
     let hooks = hub.hooks.metrics();
