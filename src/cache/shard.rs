@@ -172,15 +172,6 @@ impl Shard {
     }
 }
 
-/// Why this replica does not sync a parent now.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Standing {
-    /// Its bucket was just taken and the caches are still listing it: sync it a little later.
-    Arriving,
-    /// Another replica's (or nobody's yet): leave it alone.
-    Elsewhere,
-}
-
 /// The buckets this replica holds, and the gate every sync passes: a sync holds a read guard for as
 /// long as it runs, so the keeper of the buckets (`crate::ops::ring::Keeper`) — which changes them under
 /// the write lock — knows, once it has the lock, that no sync of a bucket it lets go is in flight and
@@ -191,6 +182,8 @@ pub struct Held {
     state: Arc<RwLock<HeldState>>,
     /// The selector of the buckets held or arriving: the sharded caches watch with it.
     selection: watch::Sender<String>,
+    /// Bumped on every change of the buckets: a sync waiting for an arriving bucket looks again.
+    changed: watch::Sender<u64>,
 }
 
 /// The buckets held (a sync's guard keeps them from changing while it runs).
@@ -206,7 +199,7 @@ pub type Entered = OwnedRwLockReadGuard<HeldState>;
 impl Held {
     fn new(ring: &str) -> Self {
         let (selection, _) = watch::channel(selector(ring, &BTreeSet::new()));
-        Self { ring: ring.to_owned(), state: Arc::default(), selection }
+        Self { ring: ring.to_owned(), state: Arc::default(), selection, changed: watch::channel(0).0 }
     }
 
     /// The selector of the buckets this replica watches, as it changes.
@@ -215,16 +208,25 @@ impl Held {
         self.selection.subscribe()
     }
 
-    /// The guard to hold while syncing the parent with `uid`, when its bucket is held; otherwise why not.
-    pub async fn enter(&self, uid: &str) -> Result<Entered, Standing> {
-        let guard = Arc::clone(&self.state).read_owned().await;
+    /// The guard to hold while syncing the parent with `uid`, when its bucket is held; `None` when it
+    /// is another replica's (or nobody's yet). A parent of a bucket just taken waits here until the
+    /// caches have listed the bucket: its sync would otherwise miss children not listed yet, and a
+    /// retry after a delay would queue behind every resync.
+    pub async fn enter(&self, uid: &str) -> Option<Entered> {
         let bucket = bucket(uid);
-        if guard.mine.contains(&bucket) {
-            Ok(guard)
-        } else if guard.arriving.contains(&bucket) {
-            Err(Standing::Arriving)
-        } else {
-            Err(Standing::Elsewhere)
+        let mut changes = self.changed.subscribe();
+        loop {
+            let guard = Arc::clone(&self.state).read_owned().await;
+            if guard.mine.contains(&bucket) {
+                return Some(guard);
+            }
+            if !guard.arriving.contains(&bucket) {
+                return None;
+            }
+            drop(guard);
+            if changes.changed().await.is_err() {
+                return None;
+            }
         }
     }
 
@@ -241,6 +243,7 @@ impl Held {
         state.mine.retain(|b| !buckets.contains(b));
         state.arriving.retain(|b| !buckets.contains(b));
         self.select(&state);
+        self.bump();
     }
 
     /// Takes `buckets` (claimed and unclaimed by anyone else): the caches start watching them; syncs of
@@ -257,6 +260,7 @@ impl Held {
         let mut state = self.state.write().await;
         let arrived = std::mem::take(&mut state.arriving);
         state.mine.extend(arrived);
+        self.bump();
     }
 
     /// Nothing held (a term of membership ended: its controllers stopped).
@@ -264,6 +268,11 @@ impl Held {
         let mut state = self.state.write().await;
         *state = HeldState::default();
         self.select(&state);
+        self.bump();
+    }
+
+    fn bump(&self) {
+        self.changed.send_modify(|g| *g += 1);
     }
 
     fn select(&self, state: &HeldState) -> String {
@@ -397,7 +406,7 @@ mod tests {
 
     /// A uid whose bucket is `b`.
     fn uid_in(b: u16) -> String {
-        (0..).map(|i| format!("uid-{i}")).find(|u| bucket(u) == b).unwrap()
+        (0..1_000_000).map(|i| format!("uid-{i}")).find(|u| bucket(u) == b).unwrap()
     }
 
     #[tokio::test]
@@ -406,13 +415,18 @@ mod tests {
         let held = &shard.held;
         let selection = held.selection();
         let uid = uid_in(7);
-        assert_eq!(held.enter(&uid).await.err(), Some(Standing::Elsewhere));
+        assert!(held.enter(&uid).await.is_none(), "not held");
         let selector = held.take(&[7].into()).await;
         assert_eq!(selector, "shard.metahook.dev/r in (7)");
         assert_eq!(*selection.borrow(), selector, "the caches watch an arriving bucket");
-        assert_eq!(held.enter(&uid).await.err(), Some(Standing::Arriving), "not synced before its caches listed it");
+        let waiting = held.enter(&uid);
+        tokio::pin!(waiting);
+        assert!(
+            tokio::time::timeout(Duration::from_millis(100), &mut waiting).await.is_err(),
+            "not synced before its caches listed it"
+        );
         held.settle().await;
-        let sync = held.enter(&uid).await.expect("synced once settled");
+        let sync = tokio::time::timeout(Duration::from_secs(5), waiting).await.unwrap().expect("synced once settled");
         assert_eq!(held.claimed().await, [7].into());
 
         // A release waits for the sync in flight.
@@ -422,10 +436,15 @@ mod tests {
         assert!(tokio::time::timeout(Duration::from_millis(100), &mut releasing).await.is_err(), "released mid-sync");
         drop(sync);
         tokio::time::timeout(Duration::from_secs(5), releasing).await.expect("released after the sync");
-        assert_eq!(held.enter(&uid).await.err(), Some(Standing::Elsewhere));
+        assert!(held.enter(&uid).await.is_none(), "let go");
         assert_eq!(*selection.borrow(), "shard.metahook.dev/r in (none)");
-        held.take(&[1, 2].into()).await;
+        // A sync waiting for an arriving bucket is let off when the term ends.
+        held.take(&seven).await;
+        let waiting = held.enter(&uid);
+        tokio::pin!(waiting);
+        assert!(tokio::time::timeout(Duration::from_millis(100), &mut waiting).await.is_err());
         held.clear().await;
+        assert!(tokio::time::timeout(Duration::from_secs(5), waiting).await.unwrap().is_none());
         assert!(held.claimed().await.is_empty());
     }
 }

@@ -29,7 +29,6 @@ use tracing::{Instrument as _, debug, info_span, warn};
 use crate::api::{HookVersion, UpdateMethod};
 use crate::cache::discovery::ResolvedResource;
 use crate::cache::informers::{Change, Event, Informer, ObjectKey, controller_uid};
-use crate::cache::shard::Standing;
 use crate::engine::answered::{Answered, RequestId};
 use crate::engine::echoes::{Echo, EchoPolicy, Echoes, Seen, Settled, Watched};
 use crate::engine::error::{StartError, SyncError, with_causes};
@@ -498,9 +497,6 @@ async fn observe<'k, C: Kind>(kind: &'k C, key: &C::Key) -> Result<Option<Observ
     Ok(Some(Observing { obj, resource, api, finalizing, endpoint, observed, claimed, children, related }))
 }
 
-/// How soon a parent whose bucket is arriving (its caches still listing it) is tried again.
-const ARRIVING_RETRY: Duration = Duration::from_millis(200);
-
 /// One sync of `key` (see the module doc); returns when to sync it again, if the hook asked.
 pub(crate) async fn sync<C: Kind>(kind: &C, key: &C::Key, reasons: Reasons) -> Result<Option<Duration>, SyncError> {
     let core = kind.core();
@@ -511,10 +507,8 @@ pub(crate) async fn sync<C: Kind>(kind: &C, key: &C::Key, reasons: Reasons) -> R
         && let Some((obj, _)) = kind.object(key)
     {
         match shard.held.enter(obj.metadata.uid.as_deref().unwrap_or_default()).await {
-            Ok(guard) => _entered = Some(guard),
-            // Its caches are still listing the bucket just taken: soon.
-            Err(Standing::Arriving) => return Ok(Some(ARRIVING_RETRY)),
-            Err(Standing::Elsewhere) => return Ok(None),
+            Some(guard) => _entered = Some(guard),
+            None => return Ok(None),
         }
     }
     let observing = observe(kind, key).instrument(info_span!(target: crate::TRACE_SPANS, "observe")).await?;

@@ -111,7 +111,12 @@ impl Default for LeaseNotes {
 
 impl LeaseNotes {
     /// Sets the annotations to publish (written with the next write of the Lease, without waiting).
-    pub fn set(&self, notes: std::collections::BTreeMap<String, String>) -> u64 {
+    pub fn set(&self, notes: std::collections::BTreeMap<String, String>) {
+        self.next(notes);
+    }
+
+    /// Sets the annotations; returns their generation.
+    fn next(&self, notes: std::collections::BTreeMap<String, String>) -> u64 {
         let mut generation = 0;
         self.desired.send_modify(|(g, current)| {
             *g += 1;
@@ -124,8 +129,8 @@ impl LeaseNotes {
     /// Sets the annotations and waits until a write of the Lease carrying them (or later ones) succeeded;
     /// `false` if none did within `timeout`.
     pub async fn publish(&self, notes: std::collections::BTreeMap<String, String>, timeout: Duration) -> bool {
-        let generation = self.set(notes);
         let mut written = self.written.subscribe();
+        let generation = self.next(notes);
         tokio::time::timeout(timeout, written.wait_for(|w| *w >= generation)).await.is_ok_and(|r| r.is_ok())
     }
 
@@ -238,14 +243,14 @@ impl Elector {
     /// Renews the Lease every `retryPeriod` until the term is lost; writes stop (the gate closes) at the
     /// renew deadline even while a renewal is still in flight.
     pub async fn hold(&mut self) -> Lost {
-        let mut notes = self.notes.as_ref().map(|n| n.desired.subscribe());
+        let mut note_changes = self.notes.as_ref().map(|n| n.desired.subscribe());
         loop {
             let Some(deadline) = self.leadership.deadline() else { return Lost::RenewDeadline };
             let next = Instant::now() + self.settings.retry_period;
             // New notes are written at once (a member waits on its claims), other renewals on schedule.
             let noted = async {
-                let Some(notes) = notes.as_mut() else { return std::future::pending().await };
-                if notes.changed().await.is_err() {
+                let Some(changes) = note_changes.as_mut() else { return std::future::pending().await };
+                if changes.changed().await.is_err() {
                     std::future::pending::<()>().await;
                 }
             };
