@@ -93,5 +93,5 @@ chart-readme: ## regenerate the value table of deploy/helm/metahook/README.md fr
 failover: cluster-up ## two-replica fail-over, FAILOVER_ROUNDS (default 5) kill -9 rounds; prints take-over times
 	cargo test --locked --test leader -- --ignored --nocapture --test-threads=1
 
-shards: cluster-up ## sharding at full size: 3 replicas x 3,000 parents, a kill -9, a 4th replica; prints converge times and moves
-	cargo test --locked --test sharding -- --ignored --nocapture --test-threads=1
+shards: cluster-up ## sharding at full size (release build): 3 replicas x 3,000 parents, a kill -9, a 4th replica; prints converge times and moves
+	cargo test --release --locked --test sharding -- --ignored --nocapture --test-threads=1

@@ -4,15 +4,15 @@
 //! The audit of "never two replicas syncing one parent at once" is the hook's own log: every call is
 //! logged with its start and end time (one clock: the hook's process), the parent's UID and the
 //! replica that asked (the `Metahook-Replica` header). Two calls for one parent from two replicas whose
-//! intervals overlap fail the test. The parents resync often — every second at 300 parents, every
-//! 10 s at 3,000: the same 300 syncs a second, about what the one Python hook process answers on this
-//! machine beside three hubs — so a replica that kept syncing a parent after it moved would be caught.
+//! intervals overlap fail the test. The parents resync every second, so a replica that kept syncing a
+//! parent after it moved would be caught.
 //!
 //! Ownership is read from the members' Leases: each claims its buckets (`shard.metahook.dev/buckets`),
 //! and a parent belongs to the live member that claims its bucket (`metahook::cache::shard::bucket`).
 //!
 //! The short rounds (3 replicas × 300 parents) run in `make test`; `make shards` runs the full sizes
-//! (3,000 parents), which are `#[ignore]` here. Figures are printed (run with `--nocapture`); only the
+//! (3,000 parents), which are `#[ignore]` here, in a release build (the bounds are about the hub as it
+//! is shipped). Figures are printed (run with `--nocapture`); only the
 //! bounds the issue sets are asserted.
 
 mod support;
@@ -83,12 +83,6 @@ print("PORT %d" % server.server_address[1], flush=True)
 server.serve_forever()
 "#;
 
-/// The parents' resync period: 300 resyncs a second in all (see the module doc). More than the hook
-/// can answer, and every sync — a moved parent's first one too — waits behind the hook's backlog.
-fn resync_period(parents: usize) -> u64 {
-    (parents as u64 / 300).max(1)
-}
-
 struct Replica {
     name: String,
     child: tokio::process::Child,
@@ -148,7 +142,7 @@ impl Setup {
             "metadata": {"name": setup.label, "labels": {"metahook-test": setup.label}},
             "spec": {
                 "generateSelector": true,
-                "resyncPeriodSeconds": resync_period(parents),
+                "resyncPeriodSeconds": 1,
                 "parentResource": {"apiVersion": "test.metahook.dev/v1", "resource": "things",
                                    "labelSelector": {"matchLabels": {"metahook-test": setup.label}}},
                 "childResources": [{"apiVersion": "v1", "resource": "configmaps", "updateStrategy": {"method": "InPlace"}}],

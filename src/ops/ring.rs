@@ -33,7 +33,7 @@
 //! kept), putting back one someone else changed.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::{StreamExt as _, stream};
@@ -41,6 +41,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Client;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
+use kube::runtime::{WatchStreamExt as _, watcher};
 use serde_json::json;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -117,18 +118,63 @@ impl Roster {
 
 /// Reads the members' Leases and tells live ones from expired ones by when each record last changed
 /// on this process's clock.
+///
+/// The instants come from a watch of the ring's Leases as well as from the reads: a renewal is seen
+/// when it happens, not up to a read period later, so a member that died is known gone
+/// `leaseDuration` after its last renewal rather than a period after that. The roster itself is always
+/// a fresh list (a claim must be read after it was written, which a watch's cache does not promise).
 pub struct Members {
     api: Api<Lease>,
     ring: String,
     lease_duration: Duration,
     /// Lease name → (resourceVersion, the instant it was first seen at that version).
-    seen: HashMap<String, (String, Instant)>,
+    seen: Arc<Mutex<HashMap<String, (String, Instant)>>>,
+    watch: tokio::task::AbortHandle,
+}
+
+impl Drop for Members {
+    fn drop(&mut self) {
+        self.watch.abort();
+    }
+}
+
+/// Notes when `lease`'s record was first seen at its version.
+fn note(seen: &Mutex<HashMap<String, (String, Instant)>>, lease: &Lease, now: Instant) -> Instant {
+    let name = lease.metadata.name.clone().unwrap_or_default();
+    let version = lease.metadata.resource_version.clone().unwrap_or_default();
+    let mut seen = seen.lock().expect("seen lock");
+    match seen.get(&name) {
+        Some((v, at)) if *v == version => *at,
+        _ => {
+            seen.insert(name, (version, now));
+            now
+        }
+    }
 }
 
 impl Members {
+    /// The members of `ring`, whose Leases are in `namespace`. Starts watching them (needs a runtime).
     #[must_use]
     pub fn new(client: Client, namespace: &str, ring: &str, lease_duration: Duration) -> Self {
-        Self { api: Api::namespaced(client, namespace), ring: ring.to_owned(), lease_duration, seen: HashMap::new() }
+        let api: Api<Lease> = Api::namespaced(client, namespace);
+        let seen: Arc<Mutex<HashMap<String, (String, Instant)>>> = Arc::default();
+        let config = watcher::Config::default().labels(&format!("{RING_LABEL}={ring}"));
+        let events = watcher(api.clone(), config).default_backoff();
+        let noted = Arc::clone(&seen);
+        let watch = tokio::spawn(async move {
+            let mut events = std::pin::pin!(events);
+            while let Some(event) = events.next().await {
+                match event {
+                    Ok(watcher::Event::Apply(lease) | watcher::Event::InitApply(lease)) => {
+                        note(&noted, &lease, Instant::now());
+                    }
+                    Ok(_) => {}
+                    Err(err) => debug!("watching the ring's leases (retrying): {err}"),
+                }
+            }
+        })
+        .abort_handle();
+        Self { api, ring: ring.to_owned(), lease_duration, seen, watch }
     }
 
     /// The current roster.
@@ -148,14 +194,7 @@ impl Members {
             let Some(member) = lease.metadata.labels.as_ref().and_then(|l| l.get(MEMBER_LABEL)).cloned() else {
                 continue;
             };
-            let version = lease.metadata.resource_version.clone().unwrap_or_default();
-            let seen = match self.seen.get(&name) {
-                Some((v, at)) if *v == version => *at,
-                _ => {
-                    self.seen.insert(name.clone(), (version, now));
-                    now
-                }
-            };
+            let seen = note(&self.seen, lease, now);
             let spec = lease.spec.clone().unwrap_or_default();
             let held = spec.holder_identity.is_some_and(|h| !h.is_empty());
             let duration = spec
@@ -174,7 +213,7 @@ impl Members {
                 roster.gone.insert(member);
             }
         }
-        self.seen.retain(|name, _| names.contains(name));
+        self.seen.lock().expect("seen lock").retain(|name, _| names.contains(name));
         roster.live.sort();
         roster.gone.retain(|m| !roster.live.contains(m));
         Ok(roster)
