@@ -155,24 +155,26 @@ pub enum MetricsAuth {
 
 /// Sharding the parents over replicas (see [`crate::ops::ring`]). Each replica holds a Lease of its own
 /// in the leader-election namespace, labelled with the ring, renewed with `leaderElection`'s timings; a
-/// replica whose Lease expired (or was released) leaves the ring. The replica holding the leader Lease
-/// (`leaderElection.leaseName`) is the ring's coordinator: it assigns each parent to a live member by
-/// consistent hashing of the parent's UID, written as the label `shard.metahook.dev/<ring>: <member>`, and
-/// moves parents when members come and go — a live owner's only after it handed the parent over. Each
-/// replica watches parents and children with a label selector for its own member, so its caches hold
-/// about 1/N of the objects; every child and attachment it writes carries the same label. Hook requests
-/// carry the replica's identity in the `Metahook-Replica` header.
+/// replica whose Lease expired (or was released) leaves the ring. Every parent falls in one of 1024
+/// buckets by a hash of its UID, written once as the label `shard.metahook.dev/<ring>: <bucket>` by the
+/// ring's coordinator (the replica holding the leader Lease, `leaderElection.leaseName`); every child and
+/// attachment the hub writes carries its parent's bucket. The buckets are assigned to the live members by
+/// consistent hashing; each replica claims the buckets it holds in its Lease, takes one only when no
+/// other live member claims it, lets one go only when no sync of it is in flight, and watches parents
+/// and children with a label selector for its buckets, so its caches hold about 1/N of the objects.
+/// Moving a bucket writes nothing to its parents or children. Hook requests carry the replica's identity
+/// in the `Metahook-Replica` header.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", default, deny_unknown_fields)]
 pub struct Sharding {
     /// Shard the parents over every replica (the `--sharding` flag sets it). Replaces `leaderElection.enabled`:
     /// the leader Lease then elects only the coordinator.
     pub enabled: bool,
-    /// Name of the ring: the suffix of the shard labels, and the label value of the members' Leases.
+    /// Name of the ring: the suffix of the bucket labels, and the label value of the members' Leases.
     /// Hubs with different rings (or different field managers) never share parents.
     pub ring: String,
-    /// How often the coordinator lists every parent to check the assignment (also on every change of
-    /// the members, and as soon as a new parent is seen).
+    /// How often the coordinator lists every parent to check its bucket label (a new parent is labelled
+    /// within `leaderElection.retryPeriod`, whatever this is).
     #[serde(with = "secs")]
     #[schemars(with = "u64", extend("x-unit" = "seconds"))]
     pub rebalance_interval: Duration,
