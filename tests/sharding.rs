@@ -423,10 +423,11 @@ fn logged_sum(log: &str, message: &str, field: &str) -> usize {
 /// (not the coordinator) is killed with SIGKILL and its parents are re-assigned and converged within
 /// leaseDuration + 5 s, without a write to any of them or their children; it is replaced, then a 4th
 /// replica joins and between 1/4 and 1/3 of the parents move (bounds widened by the sampling error at
-/// this size), each once, all to it, every bucket let go by its live owner first, with no overlapping
-/// syncs throughout.
+/// this size), each once, all to it, every bucket let go by its live owner first; then the coordinator
+/// is killed and the parents created after that are labelled and synced within leaseDuration + 5 s;
+/// with no overlapping syncs throughout.
 async fn scenario(test: &str, parents: usize, fraction_bounds: (f64, f64)) {
-    let setup = Setup::new(test, parents).await;
+    let mut setup = Setup::new(test, parents).await;
     let mut replicas: Vec<Replica> = ["hub-a", "hub-b", "hub-c"].iter().map(|n| setup.start(n)).collect();
     let members = setup.wait_members(3).await;
     let live: BTreeSet<String> = members.keys().cloned().collect();
@@ -605,8 +606,41 @@ async fn scenario(test: &str, parents: usize, fraction_bounds: (f64, f64)) {
     );
     assert!(taken > 0 && let_go >= taken, "every bucket the newcomer took was let go by its owner first");
     assert_eq!(taken_unreleased, 0, "the newcomer took no bucket from a member that left");
+
+    // 4. kill -9 of the coordinator: another replica takes the leader Lease when it expires and labels
+    // the parents created after the kill, their owners sync them, and the coordinator's own buckets go
+    // to the others — all within leaseDuration + 5 s.
+    let coordinator = setup.coordinator().await.expect("a coordinator");
+    let coordinator_member = setup
+        .members()
+        .await
+        .into_iter()
+        .find(|(_, pod)| *pod == coordinator)
+        .map(|(member, _)| member)
+        .expect("the coordinator is a member");
+    let index = replicas.iter().position(|r| r.name == coordinator).expect("the coordinator is one of ours");
+    replicas.remove(index).kill().await;
+    let killed = Instant::now();
+    let remaining: BTreeSet<String> = joined.iter().filter(|m| **m != coordinator_member).cloned().collect();
+    let added = (parents / 10).max(1);
+    setup.parents += added;
+    setup.parents_at("v4").await;
+    setup.wait_converged("v4", &remaining, Duration::from_secs(120)).await;
+    let recovered = killed.elapsed();
+    println!(
+        "kill -9 of the coordinator {coordinator}: {added} parents created after it labelled and synced, its \
+         buckets re-assigned, every parent converged {:.1} s after the kill (bound {} s)",
+        recovered.as_secs_f64(),
+        bound.as_secs()
+    );
+    let twice = overlaps(&setup.calls());
+    assert!(twice.is_empty(), "parents synced by two replicas at once: {twice:?}");
+    let late_coordinator = (recovered > bound).then(|| {
+        format!("after the coordinator's kill, converged in {recovered:?}, beyond leaseDuration + 5 s ({bound:?})")
+    });
     setup.finish(replicas).await;
     assert!(late.is_none(), "{}", late.unwrap_or_default());
+    assert!(late_coordinator.is_none(), "{}", late_coordinator.unwrap_or_default());
 }
 
 #[tokio::test]

@@ -290,6 +290,14 @@ impl Keeper {
 
     /// Keeps the buckets until `cancel` fires (the term ends; the caller then clears what is held).
     pub async fn run(mut self, cancel: CancellationToken) {
+        // Replicas started together (a new ring, a rollout) see each other's Leases a moment apart: one
+        // that claimed at once would see itself alone, take every bucket, list every object of the
+        // ring's types, and keep that memory after giving most of them back. A period's wait lets
+        // their Leases appear first.
+        tokio::select! {
+            () = cancel.cancelled() => return,
+            () = tokio::time::sleep(self.tick) => {}
+        }
         loop {
             let next_expiry = match self.step().await {
                 Ok(next_expiry) => next_expiry,

@@ -939,17 +939,21 @@ impl Meter {
     }
 }
 
+/// What a hub serves on `/metrics` at `port` (empty when it serves none: port 0, or no answer).
+async fn hub_metrics_text(port: u16) -> String {
+    if port == 0 {
+        return String::new();
+    }
+    match reqwest::get(format!("http://127.0.0.1:{port}/metrics")).await {
+        Ok(response) => response.text().await.unwrap_or_default(),
+        Err(_) => String::new(),
+    }
+}
+
 /// `metahook_hook_syncs_total` by cause, and `metahook_hook_calls_saved_total` by why (as `saved:<why>`),
 /// from a hub's `/metrics` (empty if it has no such metrics).
 async fn hook_syncs(port: u16) -> BTreeMap<String, u64> {
-    if port == 0 {
-        return BTreeMap::new();
-    }
-    let url = format!("http://127.0.0.1:{port}/metrics");
-    let text = match reqwest::get(&url).await {
-        Ok(response) => response.text().await.unwrap_or_default(),
-        Err(_) => String::new(),
-    };
+    let text = hub_metrics_text(port).await;
     let mut totals = BTreeMap::new();
     for (family, label, prefix) in
         [("metahook_hook_syncs_total{", "cause", ""), ("metahook_hook_calls_saved_total{", "why", "saved:")]
@@ -968,14 +972,7 @@ async fn hook_syncs(port: u16) -> BTreeMap<String, u64> {
 /// The hub's histograms of its syncs, its hook calls and its API requests (by verb): count and seconds,
 /// keyed by what they time.
 async fn hub_times(port: u16) -> BTreeMap<String, (f64, f64)> {
-    if port == 0 {
-        return BTreeMap::new();
-    }
-    let url = format!("http://127.0.0.1:{port}/metrics");
-    let text = match reqwest::get(&url).await {
-        Ok(response) => response.text().await.unwrap_or_default(),
-        Err(_) => String::new(),
-    };
+    let text = hub_metrics_text(port).await;
     let families = [
         ("workqueue_queue_duration_seconds", "waiting in the queue"),
         ("controller_runtime_reconcile_time_seconds", "sync"),
