@@ -482,20 +482,9 @@ impl Coordinator {
         let full = last_full.is_none_or(|at| at.elapsed() >= self.rebalance);
         let label = shard_label(&self.ring);
         for parent_type in types.iter() {
-            let mut metas = Vec::new();
             for selector in &parent_type.selectors {
                 let selector = if full { selector.clone() } else { both(selector, &format!("!{label}")) };
-                metas.extend(self.list(&parent_type.parent, &selector).await?);
-            }
-            let parents: Vec<Parent> = metas.into_iter().map(|meta| Parent::of(meta, &label)).collect();
-            let wrong: Vec<&Parent> =
-                parents.iter().filter(|p| p.label.as_deref() != Some(p.bucket().as_str())).collect();
-            if !wrong.is_empty() {
-                let relabelled = wrong.iter().filter(|p| p.label.is_some()).count();
-                self.label_parents(&parent_type.parent, wrong).await;
-                if relabelled > 0 {
-                    warn!(ring = %self.ring, parents = relabelled, resource = %parent_type.parent.api_resource.plural, "put back bucket labels someone else changed");
-                }
+                self.label_type(&parent_type.parent, &selector).await?;
             }
         }
         if full {
@@ -533,20 +522,29 @@ impl Coordinator {
         Ok(types)
     }
 
-    /// Lists `resource`'s objects (metadata only) that `selector` matches, a page at a time.
-    async fn list(&self, resource: &ResolvedResource, selector: &str) -> Result<Vec<ObjectMeta>, RingError> {
+    /// Labels every object of `resource` that `selector` matches with its bucket where its label is not
+    /// that: a page of 500 at a time (metadata only), labelled before the next is read, so the
+    /// coordinator never holds more than a page of a large type.
+    async fn label_type(&self, resource: &ResolvedResource, selector: &str) -> Result<(), RingError> {
+        let label = shard_label(&self.ring);
         let api: Api<DynamicObject> = Api::all_with(self.client.clone(), &resource.api_resource);
         let mut params = ListParams::default().labels(selector).limit(500);
-        let mut items = Vec::new();
         loop {
             let page = api.list_metadata(&params).await.map_err(|source| RingError::List {
                 resource: resource.api_resource.plural.clone(),
                 source: Box::new(source),
             })?;
-            items.extend(page.items.into_iter().map(|o| o.metadata));
+            let parents: Vec<Parent> = page.items.into_iter().map(|o| Parent::of(o.metadata, &label)).collect();
+            let wrong: Vec<&Parent> =
+                parents.iter().filter(|p| p.label.as_deref() != Some(p.bucket().as_str())).collect();
+            let relabelled = wrong.iter().filter(|p| p.label.is_some()).count();
+            if relabelled > 0 {
+                warn!(ring = %self.ring, parents = relabelled, resource = %resource.api_resource.plural, "putting back bucket labels someone else changed");
+            }
+            self.label_parents(resource, wrong).await;
             match page.metadata.continue_ {
                 Some(token) if !token.is_empty() => params = params.continue_token(&token),
-                _ => return Ok(items),
+                _ => return Ok(()),
             }
         }
     }
