@@ -201,8 +201,13 @@ impl Setup {
 
     /// Creates (or moves to `version`) every parent, several at once.
     async fn parents_at(&self, version: &str) {
+        self.parents_in(0..self.parents, version).await;
+    }
+
+    /// Creates (or moves to `version`) the parents numbered `range`, several at once.
+    async fn parents_in(&self, range: std::ops::Range<usize>, version: &str) {
         let things = self.things().await;
-        futures::stream::iter(0..self.parents)
+        futures::stream::iter(range)
             .for_each_concurrent(16, |i| {
                 let things = things.clone();
                 let body = json!({
@@ -623,8 +628,8 @@ async fn scenario(test: &str, parents: usize, fraction_bounds: (f64, f64)) {
     let killed = Instant::now();
     let remaining: BTreeSet<String> = joined.iter().filter(|m| **m != coordinator_member).cloned().collect();
     let added = (parents / 10).max(1);
+    setup.parents_in(parents..parents + added, "v4").await;
     setup.parents += added;
-    setup.parents_at("v4").await;
     setup.wait_converged("v4", &remaining, Duration::from_secs(120)).await;
     let recovered = killed.elapsed();
     println!(

@@ -479,7 +479,10 @@ impl Coordinator {
                 types
             }
         };
-        let full = last_full.is_none_or(|at| at.elapsed() >= self.rebalance);
+        // A new coordinator labels the unlabelled parents first (created while nobody coordinated); the
+        // full check of every label comes a rebalance interval later.
+        let started = *last_full.get_or_insert_with(Instant::now);
+        let full = started.elapsed() >= self.rebalance;
         let label = shard_label(&self.ring);
         for parent_type in types.iter() {
             for selector in &parent_type.selectors {
