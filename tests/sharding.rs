@@ -223,8 +223,8 @@ impl Setup {
             .await;
     }
 
-    /// The live members of the ring: member name → replica (`POD_NAME`), from their Leases.
-    async fn members(&self) -> BTreeMap<String, String> {
+    /// The ring's Leases that have a holder: (member name, replica (`POD_NAME`), the buckets it claims).
+    async fn held_leases(&self) -> Vec<(String, String, BTreeSet<u16>)> {
         let leases: Api<Lease> = Api::namespaced(self.client.clone(), &self.ns.name);
         let params = ListParams::default().labels(&format!("shard.metahook.dev/ring={}", self.label));
         let list = leases.list(&params).await.unwrap();
@@ -233,26 +233,22 @@ impl Setup {
             .filter_map(|lease| {
                 let member = lease.metadata.labels?.get("shard.metahook.dev/member")?.clone();
                 let holder = lease.spec?.holder_identity.filter(|h| !h.is_empty())?;
-                Some((member, holder.rsplit_once('_').map_or(holder.clone(), |(pod, _)| pod.to_owned())))
+                let pod = holder.rsplit_once('_').map_or(holder.clone(), |(pod, _)| pod.to_owned());
+                let claim = lease.metadata.annotations.and_then(|a| a.get(BUCKETS_ANNOTATION).and_then(|c| decode(c)));
+                Some((member, pod, claim.unwrap_or_default()))
             })
             .collect()
+    }
+
+    /// The live members of the ring: member name → replica (`POD_NAME`), from their Leases.
+    async fn members(&self) -> BTreeMap<String, String> {
+        self.held_leases().await.into_iter().map(|(member, pod, _)| (member, pod)).collect()
     }
 
     /// The buckets each member whose Lease has a holder claims (a killed member's until its Lease is
     /// removed: pass the live members to [`Setup::owners`]).
     async fn claims(&self) -> BTreeMap<String, BTreeSet<u16>> {
-        let leases: Api<Lease> = Api::namespaced(self.client.clone(), &self.ns.name);
-        let params = ListParams::default().labels(&format!("shard.metahook.dev/ring={}", self.label));
-        let list = leases.list(&params).await.unwrap();
-        list.items
-            .into_iter()
-            .filter_map(|lease| {
-                let member = lease.metadata.labels?.get("shard.metahook.dev/member")?.clone();
-                lease.spec?.holder_identity.filter(|h| !h.is_empty())?;
-                let claim = lease.metadata.annotations.and_then(|a| a.get(BUCKETS_ANNOTATION).and_then(|c| decode(c)));
-                Some((member, claim.unwrap_or_default()))
-            })
-            .collect()
+        self.held_leases().await.into_iter().map(|(member, _, claim)| (member, claim)).collect()
     }
 
     /// Parent name → the members of `members` claiming its bucket (one, when the ring is settled).
