@@ -174,7 +174,7 @@ pub struct Sharding {
     /// Hubs with different rings (or different field managers) never share parents.
     pub ring: String,
     /// How often the coordinator lists every parent to check its bucket label (a new parent is labelled
-    /// within `leaderElection.retryPeriod`, whatever this is).
+    /// by the replica holding its bucket as soon as that replica's watch sees it, whatever this is).
     #[serde(with = "secs")]
     #[schemars(with = "u64", extend("x-unit" = "seconds"))]
     pub rebalance_interval: Duration,

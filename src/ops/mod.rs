@@ -1,7 +1,7 @@
 //! Stage 6, operations: running the hub as a cluster add-on. Its configuration ([`config`]), its manners
 //! towards the API server ([`client`]) and the count of its requests ([`client_metrics`]), leader
 //! election ([`leader`]) and the write gate that makes it safe ([`gate`]), sharding's members and
-//! coordinator ([`ring`]), `/metrics` and health
+//! coordinator ([`ring`]) and the parents' bucket labels ([`labels`]), `/metrics` and health
 //! ([`metrics`]; the process's own from [`process`]; who may read them, [`metrics_auth`]), profiles
 //! ([`pprof`], the heap's from [`heap`]), traces for an OpenTelemetry collector ([`traces`]), and running
 //! it all ([`run`]).
@@ -13,6 +13,7 @@ pub mod client_metrics;
 pub mod config;
 pub mod gate;
 pub mod heap;
+pub mod labels;
 pub mod leader;
 pub mod metrics;
 pub mod metrics_auth;

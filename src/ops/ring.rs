@@ -1,5 +1,5 @@
 //! Sharding's ring: who its members are (each replica's own Lease), which buckets each holds (the
-//! [`Keeper`] of every member), and the coordinator that labels parents with their bucket (see
+//! [`Keeper`] of every member), and the coordinator that checks parents' bucket labels (see
 //! [`crate::cache::shard`] for the buckets and the hashing).
 //!
 //! # Membership
@@ -28,50 +28,37 @@
 //! dies are free once its Lease expires. Nothing is relabelled on a move.
 //!
 //! # Labels
-//! The coordinator (the replica holding the leader Lease) labels each unlabelled parent with its
-//! bucket, and every `rebalanceInterval` checks every parent's label (a paged metadata list, nothing
-//! kept), putting back one someone else changed.
+//! Each member labels the new parents of the buckets it holds ([`crate::ops::labels`]); the coordinator
+//! (the replica holding the leader Lease) checks every parent's label each `rebalanceInterval` (a paged
+//! metadata list, nothing kept), putting back one someone else changed.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::{StreamExt as _, stream};
+use futures::StreamExt as _;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Client;
-use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams};
 use kube::runtime::{WatchStreamExt as _, watcher};
-use serde_json::json;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use crate::api::{CompositeController, DecoratorController};
 use crate::cache::discovery::{Discovery, ResolvedResource};
 use crate::cache::informers::Informers;
-use crate::cache::selector::server_side;
-use crate::cache::shard::{
-    BUCKETS_ANNOTATION, MEMBER_LABEL, RING_LABEL, Shard, bucket, decode, encode, shard_label, share,
-};
+use crate::cache::shard::{BUCKETS_ANNOTATION, MEMBER_LABEL, RING_LABEL, Shard, decode, encode, shard_label, share};
 use crate::engine::metrics::ShardMetrics;
+use crate::ops::labels::{LabelError, Parent, label_parents, parent_types, scopes};
 use crate::ops::leader::LeaseNotes;
-
-/// Writes the coordinator sends at once when it labels many parents.
-const WRITES_AT_ONCE: usize = 32;
-
-/// How many ticks the coordinator uses the parent types it read before reading them again.
-const TYPES_EVERY_TICKS: u32 = 5;
 
 /// Errors of one pass of the coordinator or a keeper (each retries at its next pass).
 #[derive(Debug, thiserror::Error)]
 pub enum RingError {
     #[error("reading the members of ring {ring}: {source}")]
     Members { ring: String, source: Box<kube::Error> },
-    #[error("reading the controllers: {0}")]
-    Controllers(#[source] Box<kube::Error>),
-    #[error("listing {resource}: {source}")]
-    List { resource: String, source: Box<kube::Error> },
+    #[error(transparent)]
+    Labels(#[from] LabelError),
 }
 
 /// The name of `shard`'s member Lease: `<ring>-<member>` (a DNS subdomain: lower case, `_` → `-`).
@@ -230,22 +217,6 @@ impl Members {
     }
 }
 
-/// One parent type, and the label selectors its controllers choose parents with.
-struct ParentType {
-    parent: Arc<ResolvedResource>,
-    /// Server-side forms of the controllers' parent selectors ("" = every object of the type).
-    selectors: BTreeSet<String>,
-}
-
-/// `a` and `b` together (either may be empty).
-fn both(a: &str, b: &str) -> String {
-    match (a.is_empty(), b.is_empty()) {
-        (true, _) => b.to_owned(),
-        (_, true) => a.to_owned(),
-        _ => format!("{a},{b}"),
-    }
-}
-
 /// Moves one member's holding of buckets towards its share of the live members' (see the module doc),
 /// for one term of its membership.
 pub struct Keeper {
@@ -378,48 +349,21 @@ impl Keeper {
     }
 }
 
-/// One parent as the coordinator sees it.
-struct Parent {
-    name: String,
-    namespace: Option<String>,
-    uid: String,
-    version: Option<String>,
-    label: Option<String>,
-}
-
-impl Parent {
-    fn of(meta: ObjectMeta, label: &str) -> Self {
-        Self {
-            label: meta.labels.as_ref().and_then(|l| l.get(label)).cloned(),
-            name: meta.name.unwrap_or_default(),
-            namespace: meta.namespace,
-            uid: meta.uid.unwrap_or_default(),
-            version: meta.resource_version,
-        }
-    }
-
-    /// Its bucket's label value.
-    fn bucket(&self) -> String {
-        bucket(&self.uid).to_string()
-    }
-}
-
-/// The ring's coordinator: labels parents with their bucket (see the module doc) and removes the Leases
-/// of members that left. Runs only while this replica holds the leader Lease, on a client whose writes
-/// stop when it may have lost it.
+/// The ring's coordinator: checks every parent's bucket label each `rebalanceInterval` (the members
+/// label new parents, [`crate::ops::labels`]) and removes the Leases of members that left. Runs only
+/// while this replica holds the leader Lease, on a client whose writes stop when it may have lost it.
 pub struct Coordinator {
     client: Client,
     discovery: Discovery,
     ring: String,
     /// Only controllers whose labels match it (`targetLabelSelector`), as the hub runs them.
     controllers: String,
+    namespaces: Vec<String>,
     members: Members,
     /// How often every parent's label is checked.
     rebalance: Duration,
-    /// How often unlabelled parents are looked for.
+    /// How often the members are read.
     tick: Duration,
-    /// The parent types as last read, and when.
-    types: Option<(Instant, Arc<Vec<ParentType>>)>,
 }
 
 impl Coordinator {
@@ -434,16 +378,18 @@ impl Coordinator {
             client,
             ring: ring.clone(),
             controllers: config.target_label_selector.clone(),
+            namespaces: config.namespaces.clone(),
             rebalance: config.sharding.rebalance_interval,
             tick: election.retry_period,
-            types: None,
         }
     }
 
     /// Coordinates until `cancel` fires.
     pub async fn run(mut self, cancel: CancellationToken) {
         info!(ring = %self.ring, "coordinating the ring");
-        let mut last_full: Option<Instant> = None;
+        // The first full check a rebalance interval after the election, not at once: a coordinator
+        // that changes hands often would otherwise read every parent each time.
+        let mut last_full = Instant::now();
         let mut last_roster: Option<Roster> = None;
         loop {
             if let Err(err) = self.pass(&mut last_full, &mut last_roster).await {
@@ -456,13 +402,9 @@ impl Coordinator {
         }
     }
 
-    /// One pass: every parent's label when the rebalance interval passed, otherwise only unlabelled
-    /// parents; and the Leases of members that left are removed.
-    async fn pass(
-        &mut self,
-        last_full: &mut Option<Instant>,
-        last_roster: &mut Option<Roster>,
-    ) -> Result<(), RingError> {
+    /// One pass: the Leases of members that left are removed, and every parent's label is checked when
+    /// the rebalance interval has passed.
+    async fn pass(&mut self, last_full: &mut Instant, last_roster: &mut Option<Roster>) -> Result<(), RingError> {
         let roster = self.members.read().await?;
         if last_roster.as_ref().is_none_or(|last| last.live != roster.live || last.gone != roster.gone) {
             info!(ring = %self.ring, live = ?roster.live, gone = ?roster.gone, "ring members");
@@ -471,114 +413,48 @@ impl Coordinator {
             self.members.forget(member).await;
         }
         *last_roster = Some(roster);
-        let types = match &self.types {
-            Some((read, types)) if read.elapsed() < self.tick * TYPES_EVERY_TICKS => Arc::clone(types),
-            _ => {
-                let types = Arc::new(self.parent_types().await?);
-                self.types = Some((Instant::now(), Arc::clone(&types)));
-                types
-            }
-        };
-        // A new coordinator labels the unlabelled parents first (created while nobody coordinated); the
-        // full check of every label comes a rebalance interval later.
-        let started = *last_full.get_or_insert_with(Instant::now);
-        let full = started.elapsed() >= self.rebalance;
-        let label = shard_label(&self.ring);
-        for parent_type in types.iter() {
+        if last_full.elapsed() < self.rebalance {
+            return Ok(());
+        }
+        for parent_type in parent_types(&self.client, &self.discovery, &self.controllers).await? {
             for selector in &parent_type.selectors {
-                let selector = if full { selector.clone() } else { both(selector, &format!("!{label}")) };
-                self.label_type(&parent_type.parent, &selector).await?;
+                for api in scopes::<DynamicObject>(&self.client, &parent_type.parent, &self.namespaces) {
+                    self.label_type(&parent_type.parent, &api, selector).await?;
+                }
             }
         }
-        if full {
-            *last_full = Some(Instant::now());
-        }
+        *last_full = Instant::now();
         Ok(())
     }
 
-    /// Every parent type of the hub's controllers (and every target type of its decorators).
-    async fn parent_types(&self) -> Result<Vec<ParentType>, RingError> {
-        let err = |e| RingError::Controllers(Box::new(e));
-        let params = ListParams::default().labels(&self.controllers);
-        let composites = Api::<CompositeController>::all(self.client.clone()).list(&params).await.map_err(err)?;
-        let decorators = Api::<DecoratorController>::all(self.client.clone()).list(&params).await.map_err(err)?;
-        let mut wanted: BTreeMap<(String, String), BTreeSet<String>> = BTreeMap::new();
-        let rules = composites
-            .items
-            .iter()
-            .map(|cc| {
-                let rule = &cc.spec.parent_resource;
-                (&rule.api_version, &rule.resource, rule.label_selector.as_ref())
-            })
-            .chain(decorators.items.iter().flat_map(|dc| {
-                dc.spec.resources.iter().map(|rule| (&rule.api_version, &rule.resource, rule.label_selector.as_ref()))
-            }));
-        for (api_version, resource, selector) in rules {
-            let selectors = wanted.entry((api_version.clone(), resource.clone())).or_default();
-            selectors.insert(server_side(selector));
-        }
-        let mut types = Vec::new();
-        for ((api_version, resource), selectors) in wanted {
-            let Ok(parent) = self.discovery.resolve(&api_version, &resource).await else { continue };
-            types.push(ParentType { parent, selectors });
-        }
-        Ok(types)
-    }
-
-    /// Labels every object of `resource` that `selector` matches with its bucket where its label is not
-    /// that: a page of 500 at a time (metadata only), labelled before the next is read, so the
-    /// coordinator never holds more than a page of a large type.
-    async fn label_type(&self, resource: &ResolvedResource, selector: &str) -> Result<(), RingError> {
+    /// Labels every object `api` lists with `selector` whose label is not its bucket: a page of 500 at
+    /// a time (metadata only), labelled before the next is read, so the coordinator never holds more
+    /// than a page of a large type.
+    async fn label_type(
+        &self,
+        resource: &ResolvedResource,
+        api: &Api<DynamicObject>,
+        selector: &str,
+    ) -> Result<(), RingError> {
         let label = shard_label(&self.ring);
-        let api: Api<DynamicObject> = Api::all_with(self.client.clone(), &resource.api_resource);
         let mut params = ListParams::default().labels(selector).limit(500);
         loop {
-            let page = api.list_metadata(&params).await.map_err(|source| RingError::List {
+            let page = api.list_metadata(&params).await.map_err(|source| LabelError::List {
                 resource: resource.api_resource.plural.clone(),
                 source: Box::new(source),
             })?;
             let parents: Vec<Parent> = page.items.into_iter().map(|o| Parent::of(o.metadata, &label)).collect();
-            let wrong: Vec<&Parent> =
-                parents.iter().filter(|p| p.label.as_deref() != Some(p.bucket().as_str())).collect();
+            let wrong: Vec<&Parent> = parents.iter().filter(|p| !p.labelled()).collect();
             let relabelled = wrong.iter().filter(|p| p.label.is_some()).count();
             if relabelled > 0 {
                 warn!(ring = %self.ring, parents = relabelled, resource = %resource.api_resource.plural, "putting back bucket labels someone else changed");
             }
-            self.label_parents(resource, wrong).await;
+            label_parents(&self.client, &self.ring, resource, wrong).await;
             match page.metadata.continue_ {
                 Some(token) if !token.is_empty() => params = params.continue_token(&token),
                 _ => return Ok(()),
             }
         }
-    }
-
-    fn api(&self, resource: &ResolvedResource, namespace: Option<&str>) -> Api<DynamicObject> {
-        match namespace.filter(|_| resource.namespaced) {
-            Some(ns) => Api::namespaced_with(self.client.clone(), ns, &resource.api_resource),
-            None => Api::all_with(self.client.clone(), &resource.api_resource),
-        }
-    }
-
-    /// Labels each of `parents` with its bucket, several at once, each under a compare-and-swap on the
-    /// version it was read at (a conflict or a parent gone is left to the next pass).
-    async fn label_parents(&self, resource: &ResolvedResource, parents: Vec<&Parent>) {
-        let label = shard_label(&self.ring);
-        stream::iter(parents)
-            .for_each_concurrent(WRITES_AT_ONCE, |parent| {
-                let patch =
-                    json!({"metadata": {"resourceVersion": parent.version, "labels": {&label: parent.bucket()}}});
-                let api = self.api(resource, parent.namespace.as_deref());
-                async move {
-                    match api.patch(&parent.name, &PatchParams::default(), &Patch::Merge(&patch)).await {
-                        Ok(_) => {}
-                        Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => {
-                            debug!(parent = %parent.name, "parent changed since the coordinator looked; next pass");
-                        }
-                        Err(err) => warn!(parent = %parent.name, "coordinator could not label the parent: {err}"),
-                    }
-                }
-            })
-            .await;
     }
 }
 
@@ -593,23 +469,5 @@ mod tests {
         let labels = member_lease_labels(&shard);
         assert_eq!(labels[RING_LABEL], "web_1");
         assert_eq!(labels[MEMBER_LABEL], "hub-0-1a2b3c4d");
-    }
-
-    #[test]
-    fn parent_selectors_are_written_as_the_api_server_reads_them() {
-        use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
-        let selector: LabelSelector = serde_json::from_value(serde_json::json!({
-            "matchLabels": {"app": "web"},
-            "matchExpressions": [
-                {"key": "tier", "operator": "In", "values": ["a", "b"]},
-                {"key": "legacy", "operator": "DoesNotExist"},
-                {"key": "team", "operator": "Exists"},
-            ],
-        }))
-        .unwrap();
-        assert_eq!(server_side(Some(&selector)), "app=web,tier in (a,b),!legacy,team");
-        assert_eq!(server_side(None), "");
-        assert_eq!(both("", "!x"), "!x");
-        assert_eq!(both("a=b", "!x"), "a=b,!x");
     }
 }

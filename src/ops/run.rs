@@ -22,6 +22,7 @@ use crate::engine::metrics::Metrics;
 use crate::hooks::{HookClient, HookClientConfig};
 use crate::ops::config::LeaderElection;
 use crate::ops::config::{Config, MetricsAuth};
+use crate::ops::labels::Labeller;
 use crate::ops::leader::{Elector, LeaseNotes, Lost};
 use crate::ops::metrics::{self, Readiness, Routes};
 use crate::ops::metrics_auth::{MetricsAccess, Reviewer};
@@ -208,6 +209,7 @@ async fn run_sharded(client: Client, config: Config, cancel: CancellationToken) 
             tokio::spawn(run_controllers(hub.clone(), config.target_label_selector.clone(), term.clone()));
         let keeper = Keeper::new(client.clone(), &namespace, &config, &hub, shard.clone(), notes.clone());
         let keeping = tokio::spawn(keeper.run(term.clone()));
+        let labelling = tokio::spawn(Labeller::new(&config, &hub, Arc::clone(&shard.held)).run(term.clone()));
         let lost = tokio::select! {
             lost = membership.hold() => Some(lost),
             () = cancel.cancelled() => None,
@@ -215,6 +217,7 @@ async fn run_sharded(client: Client, config: Config, cancel: CancellationToken) 
         term.cancel();
         let _ = controllers.await;
         let _ = keeping.await;
+        let _ = labelling.await;
         shard.held.clear().await;
         hub.metrics.shard.cleared();
         match lost {

@@ -1,0 +1,501 @@
+//! Bucket labels on parents: every parent of a sharded ring carries `shard.metahook.dev/<ring>:
+//! <bucket>`, so that each member's caches select the buckets it holds on the server (see
+//! [`crate::cache::shard`]).
+//!
+//! The label is a function of the parent's UID, so whoever writes it writes the same value, and the
+//! write needs no owner. Each member labels the unlabelled parents of the buckets it holds, as its
+//! watch of unlabelled parents reports them and as buckets arrive ([`Labeller`]); the coordinator
+//! checks every parent's label each `rebalanceInterval` and puts back one someone changed
+//! ([`crate::ops::ring::Coordinator`], with [`label_parents`]).
+//!
+//! Why the members and not the coordinator alone: a parent is synced only once it is labelled, so
+//! with the coordinator alone every parent created after it died waited for the next one to be
+//! elected (a leader Lease's duration and more), and a backlog was labelled by one writer rather than
+//! N. Why only the buckets it holds: every member sees every unlabelled parent; the split makes each
+//! label one write, not one per member (all but the first of which would conflict).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{FutureExt as _, Stream, StreamExt as _, stream};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::Client;
+use kube::api::{Api, DynamicObject, PartialObjectMeta, Patch, PatchParams};
+use kube::runtime::{WatchStreamExt as _, watcher};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, warn};
+
+use crate::api::{CompositeController, DecoratorController};
+use crate::cache::discovery::{Discovery, ResolvedResource};
+use crate::cache::selector::server_side;
+use crate::cache::shard::{Held, bucket, shard_label};
+
+/// Label writes sent at once.
+const WRITES_AT_ONCE: usize = 32;
+
+/// Watch events taken in one go before their parents are labelled (a burst of new parents is labelled
+/// in batches written concurrently, not one write per event).
+const EVENTS_AT_ONCE: usize = 500;
+
+/// How many ticks the parent types are used before they are read again.
+pub const TYPES_EVERY_TICKS: u32 = 5;
+
+/// Errors of reading what to label (each retries at its next pass).
+#[derive(Debug, thiserror::Error)]
+pub enum LabelError {
+    #[error("reading the controllers: {0}")]
+    Controllers(#[source] Box<kube::Error>),
+    #[error("listing {resource}: {source}")]
+    List { resource: String, source: Box<kube::Error> },
+}
+
+/// One parent type, and the label selectors its controllers choose parents with.
+pub struct ParentType {
+    pub parent: Arc<ResolvedResource>,
+    /// Server-side forms of the controllers' parent selectors ("" = every object of the type).
+    pub selectors: BTreeSet<String>,
+}
+
+impl ParentType {
+    /// What tells two readings of the types apart.
+    fn key(&self) -> (String, String, BTreeSet<String>) {
+        let resource = &self.parent.api_resource;
+        (resource.api_version.clone(), resource.plural.clone(), self.selectors.clone())
+    }
+}
+
+/// Every parent type of the composite controllers whose labels match `controllers` (the hub's
+/// `targetLabelSelector`), and every target type of such decorators.
+pub async fn parent_types(
+    client: &Client,
+    discovery: &Discovery,
+    controllers: &str,
+) -> Result<Vec<ParentType>, LabelError> {
+    let err = |e| LabelError::Controllers(Box::new(e));
+    let params = kube::api::ListParams::default().labels(controllers);
+    let composites = Api::<CompositeController>::all(client.clone()).list(&params).await.map_err(err)?;
+    let decorators = Api::<DecoratorController>::all(client.clone()).list(&params).await.map_err(err)?;
+    let mut wanted: BTreeMap<(String, String), BTreeSet<String>> = BTreeMap::new();
+    let rules = composites
+        .items
+        .iter()
+        .map(|cc| {
+            let rule = &cc.spec.parent_resource;
+            (&rule.api_version, &rule.resource, rule.label_selector.as_ref())
+        })
+        .chain(decorators.items.iter().flat_map(|dc| {
+            dc.spec.resources.iter().map(|rule| (&rule.api_version, &rule.resource, rule.label_selector.as_ref()))
+        }));
+    for (api_version, resource, selector) in rules {
+        let selectors = wanted.entry((api_version.clone(), resource.clone())).or_default();
+        selectors.insert(server_side(selector));
+    }
+    let mut types = Vec::new();
+    for ((api_version, resource), selectors) in wanted {
+        let Ok(parent) = discovery.resolve(&api_version, &resource).await else { continue };
+        types.push(ParentType { parent, selectors });
+    }
+    Ok(types)
+}
+
+/// `a` and `b` together (either may be empty).
+#[must_use]
+pub fn both(a: &str, b: &str) -> String {
+    match (a.is_empty(), b.is_empty()) {
+        (true, _) => b.to_owned(),
+        (_, true) => a.to_owned(),
+        _ => format!("{a},{b}"),
+    }
+}
+
+/// Where objects of `resource` are listed and watched: in each of `namespaces` for a namespaced type
+/// of a namespaced hub (`namespaces:`), otherwise cluster-wide.
+#[must_use]
+pub fn scopes<K>(client: &Client, resource: &ResolvedResource, namespaces: &[String]) -> Vec<Api<K>>
+where
+    K: kube::Resource<DynamicType = kube::api::ApiResource, Scope = kube::core::DynamicResourceScope>,
+{
+    if resource.namespaced && !namespaces.is_empty() {
+        namespaces.iter().map(|ns| Api::namespaced_with(client.clone(), ns, &resource.api_resource)).collect()
+    } else {
+        vec![Api::all_with(client.clone(), &resource.api_resource)]
+    }
+}
+
+/// One parent, as much of it as labelling needs.
+pub struct Parent {
+    pub name: String,
+    pub namespace: Option<String>,
+    uid: String,
+    version: Option<String>,
+    /// Its bucket label's value now, if it has one.
+    pub label: Option<String>,
+}
+
+impl Parent {
+    /// The parent `meta` describes; `label` is the ring's label key.
+    #[must_use]
+    pub fn of(meta: ObjectMeta, label: &str) -> Self {
+        Self {
+            label: meta.labels.as_ref().and_then(|l| l.get(label)).cloned(),
+            name: meta.name.unwrap_or_default(),
+            namespace: meta.namespace,
+            uid: meta.uid.unwrap_or_default(),
+            version: meta.resource_version,
+        }
+    }
+
+    /// Its bucket.
+    #[must_use]
+    pub fn bucket(&self) -> u16 {
+        bucket(&self.uid)
+    }
+
+    /// Whether its label is its bucket.
+    #[must_use]
+    pub fn labelled(&self) -> bool {
+        self.label.as_deref() == Some(self.bucket().to_string().as_str())
+    }
+}
+
+/// What became of one label write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Written {
+    /// The label is on the parent.
+    Labelled,
+    /// The parent changed or went since it was read: whoever reads it next labels it.
+    Stale,
+    /// Refused for another reason (logged): worth sending again later.
+    Failed,
+}
+
+/// Labels each of `parents` (objects of `resource`) with its bucket in `ring`, several at once, each
+/// under a compare-and-swap on the version it was read at: a parent replaced under the same name since
+/// has another UID, so another bucket, and is left to whoever reads it next (as is one gone). Returns
+/// what became of each, in their order.
+pub async fn label_parents<'a>(
+    client: &Client,
+    ring: &str,
+    resource: &ResolvedResource,
+    parents: impl IntoIterator<Item = &'a Parent>,
+) -> Vec<Written> {
+    let label = shard_label(ring);
+    // Owned before the writes start: the futures borrow nothing of the caller's.
+    let writes: Vec<(Api<DynamicObject>, String, serde_json::Value)> = parents
+        .into_iter()
+        .map(|parent| {
+            let patch = json!({"metadata": {"resourceVersion": parent.version, "labels": {&label: parent.bucket().to_string()}}});
+            let api = match parent.namespace.as_deref().filter(|_| resource.namespaced) {
+                Some(ns) => Api::namespaced_with(client.clone(), ns, &resource.api_resource),
+                None => Api::all_with(client.clone(), &resource.api_resource),
+            };
+            (api, parent.name.clone(), patch)
+        })
+        .collect();
+    stream::iter(writes)
+        .map(|(api, name, patch)| async move {
+            match api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+                Ok(_) => Written::Labelled,
+                Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => {
+                    debug!(parent = %name, "parent changed since it was read; labelled when read again");
+                    Written::Stale
+                }
+                Err(err) => {
+                    warn!(parent = %name, "could not label the parent with its bucket: {err}");
+                    Written::Failed
+                }
+            }
+        })
+        .buffered(WRITES_AT_ONCE)
+        .collect()
+        .await
+}
+
+/// A parent waiting for its label, and what became of the write sent since it was last seen changed
+/// (`None`: none sent yet). One that was written or found stale waits for the watch to report it.
+struct Waiting {
+    parent: Parent,
+    sent: Option<Written>,
+}
+
+type Key = (Option<String>, String);
+
+/// The unlabelled parents one watch reports (a parent type, one of its selectors, one scope).
+struct Unlabelled {
+    resource: Arc<ResolvedResource>,
+    parents: HashMap<Key, Waiting>,
+    /// A list in progress: what it found so far (it replaces `parents` when done).
+    listing: Option<HashMap<Key, Waiting>>,
+}
+
+type Events = Pin<
+    Box<dyn Stream<Item = (usize, Result<watcher::Event<PartialObjectMeta<DynamicObject>>, watcher::Error>)> + Send>,
+>;
+
+impl Unlabelled {
+    fn note(&mut self, event: watcher::Event<PartialObjectMeta<DynamicObject>>, label: &str) {
+        let waiting = |object: PartialObjectMeta<DynamicObject>| {
+            let parent = Parent::of(object.metadata, label);
+            ((parent.namespace.clone(), parent.name.clone()), Waiting { parent, sent: None })
+        };
+        match event {
+            watcher::Event::Init => self.listing = Some(HashMap::new()),
+            watcher::Event::InitApply(object) => {
+                let (key, waiting) = waiting(object);
+                self.listing.get_or_insert_with(HashMap::new).insert(key, waiting);
+            }
+            watcher::Event::InitDone => {
+                if let Some(listed) = self.listing.take() {
+                    self.parents = listed;
+                }
+            }
+            watcher::Event::Apply(object) => {
+                let (key, waiting) = waiting(object);
+                self.parents.insert(key, waiting);
+            }
+            watcher::Event::Delete(object) => {
+                let (key, _) = waiting(object);
+                self.parents.remove(&key);
+            }
+        }
+    }
+}
+
+/// Labels the unlabelled parents of the buckets its member holds (see the module doc), for one term of
+/// the member's membership.
+pub struct Labeller {
+    /// The member's client: its writes stop when the member's Lease may have been lost.
+    client: Client,
+    discovery: Discovery,
+    ring: String,
+    /// Only controllers whose labels match it (`targetLabelSelector`), as the hub runs them.
+    controllers: String,
+    namespaces: Vec<String>,
+    held: Arc<Held>,
+    /// How often a write that failed is sent again.
+    tick: Duration,
+}
+
+impl Labeller {
+    /// The labeller of the member whose buckets are `held`, writing with the member's `hub` client.
+    #[must_use]
+    pub fn new(config: &crate::ops::config::Config, hub: &crate::engine::hub::Hub, held: Arc<Held>) -> Self {
+        Self {
+            client: hub.client.clone(),
+            discovery: hub.discovery.clone(),
+            ring: config.sharding.ring.clone(),
+            controllers: config.target_label_selector.clone(),
+            namespaces: config.namespaces.clone(),
+            held,
+            tick: config.leader_election.retry_period,
+        }
+    }
+
+    /// Labels until `cancel` fires.
+    pub async fn run(self, cancel: CancellationToken) {
+        let label = shard_label(&self.ring);
+        let mut selection = self.held.selection();
+        let mut types: Option<Vec<(String, String, BTreeSet<String>)>> = None;
+        let mut watches: Vec<Unlabelled> = Vec::new();
+        let mut events: stream::SelectAll<Events> = stream::SelectAll::new();
+        let mut tick = tokio::time::interval(self.tick);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut ticks: u32 = 0;
+        loop {
+            let retry = tokio::select! {
+                biased;
+                () = cancel.cancelled() => return,
+                Some((index, event)) = events.next(), if !events.is_empty() => {
+                    self.note(&mut watches, index, event, &label);
+                    // What else has arrived, so a burst is labelled in concurrent batches.
+                    for _ in 1..EVENTS_AT_ONCE {
+                        match events.next().now_or_never() {
+                            Some(Some((index, event))) => self.note(&mut watches, index, event, &label),
+                            _ => break,
+                        }
+                    }
+                    false
+                }
+                changed = selection.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                    false
+                }
+                _ = tick.tick() => {
+                    if ticks.is_multiple_of(TYPES_EVERY_TICKS) {
+                        match parent_types(&self.client, &self.discovery, &self.controllers).await {
+                            Ok(read) => {
+                                let key: Vec<_> = read.iter().map(ParentType::key).collect();
+                                if types.as_ref() != Some(&key) {
+                                    (watches, events) = self.watch(&read, &label);
+                                    types = Some(key);
+                                }
+                            }
+                            Err(err) => warn!(ring = %self.ring, "reading the parent types to label (retrying): {err}"),
+                        }
+                    }
+                    ticks = ticks.wrapping_add(1);
+                    true
+                }
+            };
+            self.label(&mut watches, retry).await;
+        }
+    }
+
+    /// One metadata watch of the unlabelled parents per parent type, selector and scope.
+    fn watch(&self, types: &[ParentType], label: &str) -> (Vec<Unlabelled>, stream::SelectAll<Events>) {
+        let mut watches = Vec::new();
+        let mut events = stream::SelectAll::new();
+        for parent_type in types {
+            for selector in &parent_type.selectors {
+                let config = watcher::Config::default().labels(&both(selector, &format!("!{label}")));
+                for api in
+                    scopes::<PartialObjectMeta<DynamicObject>>(&self.client, &parent_type.parent, &self.namespaces)
+                {
+                    let index = watches.len();
+                    let stream: Events =
+                        watcher(api, config.clone()).default_backoff().map(move |e| (index, e)).boxed();
+                    events.push(stream);
+                    watches.push(Unlabelled {
+                        resource: Arc::clone(&parent_type.parent),
+                        parents: HashMap::new(),
+                        listing: None,
+                    });
+                }
+            }
+        }
+        (watches, events)
+    }
+
+    fn note(
+        &self,
+        watches: &mut [Unlabelled],
+        index: usize,
+        event: Result<watcher::Event<PartialObjectMeta<DynamicObject>>, watcher::Error>,
+        label: &str,
+    ) {
+        match event {
+            Ok(event) => {
+                if let Some(watch) = watches.get_mut(index) {
+                    watch.note(event, label);
+                }
+            }
+            Err(err) => debug!(ring = %self.ring, "watching unlabelled parents (retrying): {err}"),
+        }
+    }
+
+    /// Labels the waiting parents of held buckets not written since they last changed, and with
+    /// `retry` those whose write failed.
+    async fn label(&self, watches: &mut [Unlabelled], retry: bool) {
+        if watches.iter().all(|w| w.parents.is_empty()) {
+            return;
+        }
+        let held = self.held.claimed().await;
+        for watch in watches.iter_mut() {
+            let mut due: Vec<&mut Waiting> = watch
+                .parents
+                .values_mut()
+                .filter(|w| match w.sent {
+                    None => true,
+                    Some(Written::Failed) => retry,
+                    Some(Written::Labelled | Written::Stale) => false,
+                })
+                .filter(|w| held.contains(&w.parent.bucket()))
+                .collect();
+            if due.is_empty() {
+                continue;
+            }
+            let mut parents = Vec::with_capacity(due.len());
+            for waiting in &due {
+                parents.push(&waiting.parent);
+            }
+            let written = label_parents(&self.client, &self.ring, &watch.resource, parents).await;
+            for (waiting, written) in due.iter_mut().zip(&written) {
+                waiting.sent = Some(*written);
+            }
+            debug!(ring = %self.ring, parents = written.len(), resource = %watch.resource.api_resource.plural, "labelled parents of held buckets");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta(name: &str, uid: &str, labels: &[(&str, &str)]) -> PartialObjectMeta<DynamicObject> {
+        let labels: BTreeMap<&str, &str> = labels.iter().copied().collect();
+        serde_json::from_value(json!({
+            "apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
+            "metadata": {"name": name, "namespace": "ns", "uid": uid, "resourceVersion": "1", "labels": labels},
+        }))
+        .unwrap()
+    }
+
+    fn unlabelled() -> Unlabelled {
+        let resource = ResolvedResource {
+            api_resource: kube::api::ApiResource {
+                group: "test.metahook.dev".into(),
+                version: "v1".into(),
+                api_version: "test.metahook.dev/v1".into(),
+                kind: "Thing".into(),
+                plural: "things".into(),
+            },
+            namespaced: true,
+            has_status: true,
+        };
+        Unlabelled { resource: Arc::new(resource), parents: HashMap::new(), listing: None }
+    }
+
+    #[test]
+    fn a_parent_is_labelled_with_its_own_bucket_only() {
+        let label = shard_label("ring");
+        let b = bucket("u1").to_string();
+        assert!(Parent::of(meta("a", "u1", &[(&label, &b)]).metadata, &label).labelled());
+        assert!(!Parent::of(meta("a", "u1", &[]).metadata, &label).labelled());
+        let other = ((bucket("u1") + 1) % 1024).to_string();
+        assert!(!Parent::of(meta("a", "u1", &[(&label, &other)]).metadata, &label).labelled());
+    }
+
+    #[test]
+    fn the_waiting_parents_follow_the_watch_and_a_relist_replaces_them() {
+        let label = shard_label("ring");
+        let mut watch = unlabelled();
+        watch.note(watcher::Event::Apply(meta("a", "u1", &[])), &label);
+        watch.note(watcher::Event::Apply(meta("b", "u2", &[])), &label);
+        watch.parents.values_mut().for_each(|w| w.sent = Some(Written::Labelled));
+        // A change is a parent to try again; a delete (or the label arriving) ends its wait.
+        watch.note(watcher::Event::Apply(meta("a", "u1", &[])), &label);
+        assert_eq!(watch.parents[&(Some("ns".into()), "a".into())].sent, None);
+        watch.note(watcher::Event::Delete(meta("b", "u2", &[])), &label);
+        assert_eq!(watch.parents.len(), 1);
+        // A relist: what it did not find is no longer waiting; until it is done, the old set stands.
+        watch.note(watcher::Event::Init, &label);
+        watch.note(watcher::Event::InitApply(meta("c", "u3", &[])), &label);
+        assert!(watch.parents.contains_key(&(Some("ns".into()), "a".into())));
+        watch.note(watcher::Event::InitDone, &label);
+        let names: BTreeSet<&str> = watch.parents.keys().map(|(_, n)| n.as_str()).collect();
+        assert_eq!(names, BTreeSet::from(["c"]));
+    }
+
+    #[test]
+    fn parent_selectors_are_written_as_the_api_server_reads_them() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+        let selector: LabelSelector = serde_json::from_value(serde_json::json!({
+            "matchLabels": {"app": "web"},
+            "matchExpressions": [
+                {"key": "tier", "operator": "In", "values": ["a", "b"]},
+                {"key": "legacy", "operator": "DoesNotExist"},
+                {"key": "team", "operator": "Exists"},
+            ],
+        }))
+        .unwrap();
+        assert_eq!(server_side(Some(&selector)), "app=web,tier in (a,b),!legacy,team");
+        assert_eq!(server_side(None), "");
+        assert_eq!(both("", "!x"), "!x");
+        assert_eq!(both("a=b", "!x"), "a=b,!x");
+    }
+}
