@@ -499,7 +499,7 @@ async fn mem_mode(client: &Client, settings: &Settings, hook: &Hook, out: &Path,
 /// single replica's. The goal (printed, not asserted): at most 0.4 at 3 shards, converge no slower.
 async fn mem_shards_mode(client: &Client, settings: &Settings, hook: &Hook, out: &Path, shards: &[usize]) {
     let mut rows = Vec::new();
-    let mut single: Option<f64> = None;
+    let mut single: Option<(f64, f64)> = None;
     for &count in shards {
         let ns = support::TestNamespace::create(client, "bench-shards").await;
         let label = ns.name.clone();
@@ -520,17 +520,41 @@ sharding: {{enabled: true, ring: {label}}}
         let converge = started.elapsed().as_secs_f64();
         tokio::time::sleep(settings.idle).await;
         let rss: Vec<f64> = hubs.iter().map(|h| h.rss_mib().unwrap_or(0.0)).collect();
+        let anon: Vec<f64> = hubs.iter().map(|h| h.anon_rss_mib().unwrap_or(0.0)).collect();
+        let peak: Vec<f64> = hubs.iter().map(|h| h.peak_rss_mib().unwrap_or(0.0)).collect();
+        let leases: Api<k8s_openapi::api::coordination::v1::Lease> = Api::namespaced(client.clone(), &ns.name);
+        let coordinator =
+            leases.get_opt(&label).await.ok().flatten().and_then(|l| l.spec?.holder_identity).unwrap_or_default();
+        let mut cached = Vec::new();
+        for hub in &hubs {
+            let text = hub_metrics_text(hub.metrics_port).await;
+            cached.push((metric_sum(&text, "metahook_informer_objects"), metric_sum(&text, "metahook_shard_buckets")));
+        }
+        let hubs_names: Vec<String> = hubs.iter().map(|h| h.name.clone()).collect();
         for hub in hubs {
             hub.stop().await;
         }
         let largest = rss.iter().copied().fold(0.0, f64::max);
-        let share = single.map_or(1.0, |one| largest / one);
+        let largest_anon = anon.iter().copied().fold(0.0, f64::max);
+        let (share, anon_share) = single.map_or((1.0, 1.0), |(one, one_anon)| (largest / one, largest_anon / one_anon));
         if count == 1 {
-            single = Some(largest);
+            single = Some((largest, largest_anon));
         }
-        let each = rss.iter().map(|r| format!("{r:.1}")).collect::<Vec<_>>().join(" / ");
-        rows.push(json!({"shards": count, "converge_s": converge, "rss_mib": rss, "largest_share_of_one": share}));
-        println!("| {count} | {converge:.1} s | {each} MiB | {share:.2} |");
+        let each = (0..rss.len())
+            .map(|i| {
+                let mark = if coordinator.starts_with(&format!("{}_", hubs_names[i])) { "*" } else { "" };
+                format!("{mark}{:.1} ({:.1}, {:.1}; {:.0}, {:.0})", rss[i], anon[i], peak[i], cached[i].0, cached[i].1)
+            })
+            .collect::<Vec<_>>()
+            .join(" / ");
+        let objects: Vec<f64> = cached.iter().map(|c| c.0).collect();
+        let buckets: Vec<f64> = cached.iter().map(|c| c.1).collect();
+        rows.push(
+            json!({"shards": count, "converge_s": converge, "rss_mib": rss, "anon_rss_mib": anon, "peak_rss_mib": peak,
+                         "cached_objects": objects, "buckets": buckets, "coordinator": coordinator,
+                         "largest_share_of_one": share, "largest_anon_share_of_one": anon_share}),
+        );
+        println!("| {count} | {converge:.1} s | {each} MiB | {share:.2} ({anon_share:.2}) |");
         world.delete_controller(&label).await;
         ns.delete().await;
         wait_namespace_gone(client, &world.ns).await;
@@ -538,7 +562,11 @@ sharding: {{enabled: true, ring: {label}}}
     let json = json!({"n": settings.n, "children": settings.n * CHILDREN, "shards": rows, "machine": machine()});
     std::fs::write(out.join(format!("shards-{}.json", settings.n)), serde_json::to_string_pretty(&json).unwrap())
         .unwrap();
-    println!("(shards | converge | steady RSS per replica | largest replica's RSS / one replica's; goal <= 0.4 at 3)");
+    println!(
+        "(shards | converge | steady RSS per replica, * the coordinator (anonymous: the heap, without the binary's mapped \
+         code; peak; objects cached, buckets held) | \
+         largest replica's RSS / one replica's (the same of anonymous RSS); goal <= 0.4 at 3)"
+    );
 }
 
 // ---- the world: parents, controller, raw writes ------------------------------------------------
@@ -950,6 +978,14 @@ async fn hub_metrics_text(port: u16) -> String {
     }
 }
 
+/// The sum of every sample of `family` in a `/metrics` text (0 when it has none).
+fn metric_sum(text: &str, family: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.strip_prefix(family).is_some_and(|rest| rest.starts_with(['{', ' '])))
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum()
+}
+
 /// `metahook_hook_syncs_total` by cause, and `metahook_hook_calls_saved_total` by why (as `saved:<why>`),
 /// from a hub's `/metrics` (empty if it has no such metrics).
 async fn hook_syncs(port: u16) -> BTreeMap<String, u64> {
@@ -1139,8 +1175,13 @@ fn status_kib_meminfo() -> Option<f64> {
 struct HubRun {
     child: tokio::process::Child,
     metrics_port: u16,
+    /// The start of its identity (`POD_NAME`), which Leases it holds name.
+    name: String,
     _dir: tempfile::TempDir,
 }
+
+/// Numbers the hubs a bench starts, for their names.
+static HUBS_STARTED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 /// What the meters read of a running hub: its process and its metrics endpoint.
 #[derive(Debug, Clone, Copy)]
@@ -1167,16 +1208,18 @@ impl HubRun {
         )
         .unwrap();
         let kubeconfig = support::repo_root().join(".cluster/kubeconfig");
+        let name = format!("bench-hub-{}", HUBS_STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
         let child = tokio::process::Command::new(bin)
             .args(["run", "--config"])
             .arg(&config)
             .arg("--kubeconfig")
             .arg(kubeconfig)
             .env("METAHOOK_LOG", std::env::var("BENCH_HUB_LOG").unwrap_or_else(|_| "warn".into()))
+            .env("POD_NAME", &name)
             .kill_on_drop(true)
             .spawn()
             .unwrap_or_else(|e| panic!("starting {}: {e}", bin.display()));
-        Self { child, metrics_port, _dir: dir }
+        Self { child, metrics_port, name, _dir: dir }
     }
 
     fn pid(&self) -> u32 {
@@ -1189,6 +1232,12 @@ impl HubRun {
 
     fn rss_mib(&self) -> Option<f64> {
         status_kib(self.pid(), "VmRSS:").map(|k| k / 1024.0)
+    }
+
+    /// The part of [`HubRun::rss_mib`] that is the process's own memory (heap, stacks), without the pages of
+    /// the binary and libraries it maps, which replicas on one node share and the kernel may drop.
+    fn anon_rss_mib(&self) -> Option<f64> {
+        status_kib(self.pid(), "RssAnon:").map(|k| k / 1024.0)
     }
 
     fn peak_rss_mib(&self) -> Option<f64> {
