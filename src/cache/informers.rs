@@ -538,6 +538,15 @@ impl Informers {
         self.informer(resource, self.selector.clone())
     }
 
+    /// The informer [`Informers::get`] would share for `resource`, if one is running: for a look at
+    /// what is cached that must not start a watch of its own.
+    #[must_use]
+    pub fn running(&self, resource: &Arc<ResolvedResource>) -> Option<Informer> {
+        let id = informer_id(resource, self.selector.is_some());
+        let shared = self.live.lock().expect("informers lock").get(&id).and_then(Weak::upgrade)?;
+        Some(Informer { shared })
+    }
+
     /// The informer for `resource` with every object of the type, even when sharded: for what a
     /// replica must see whoever owns it (a rollout's `ControllerRevision`s carry no shard label).
     #[must_use]
@@ -546,10 +555,7 @@ impl Informers {
     }
 
     fn informer(&self, resource: &Arc<ResolvedResource>, selector: Option<watch::Receiver<String>>) -> Informer {
-        let mut id = format!("{}/{}", resource.api_version(), resource.api_resource.plural);
-        if selector.is_some() {
-            id = format!("{id}?sharded");
-        }
+        let id = informer_id(resource, selector.is_some());
         let mut live = self.live.lock().expect("informers lock");
         if let Some(shared) = live.get(&id).and_then(Weak::upgrade) {
             return Informer { shared };
@@ -632,6 +638,12 @@ fn prepare(mut obj: DynamicObject, resource: &ResolvedResource) -> Arc<DynamicOb
 }
 
 const KUBECTL_LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
+/// The key of `resource`'s shared informer among the live ones.
+fn informer_id(resource: &ResolvedResource, sharded: bool) -> String {
+    let id = format!("{}/{}", resource.api_version(), resource.api_resource.plural);
+    if sharded { format!("{id}?sharded") } else { id }
+}
 
 /// Whether a managedFields entry is of the main resource (not a subresource such as status).
 pub fn main_resource(entry: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry) -> bool {

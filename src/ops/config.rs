@@ -173,8 +173,9 @@ pub struct Sharding {
     /// Name of the ring: the suffix of the bucket labels, and the label value of the members' Leases.
     /// Hubs with different rings (or different field managers) never share parents.
     pub ring: String,
-    /// How often the coordinator lists every parent to check its bucket label (a new parent is labelled
-    /// by the replica holding its bucket as soon as that replica's watch sees it, whatever this is).
+    /// How often bucket labels someone else changed are put back: each replica checks the parents in its
+    /// caches, the coordinator lists those whose label names no bucket (a new parent is labelled by the
+    /// replica holding its bucket as soon as that replica's watch sees it, whatever this is).
     #[serde(with = "secs")]
     #[schemars(with = "u64", extend("x-unit" = "seconds"))]
     pub rebalance_interval: Duration,

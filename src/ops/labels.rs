@@ -4,9 +4,9 @@
 //!
 //! The label is a function of the parent's UID, so whoever writes it writes the same value, and the
 //! write needs no owner. Each member labels the unlabelled parents of the buckets it holds, as its
-//! watch of unlabelled parents reports them and as buckets arrive ([`Labeller`]); the coordinator
-//! checks every parent's label each `rebalanceInterval` and puts back one someone changed
-//! ([`crate::ops::ring::Coordinator`], with [`label_parents`]).
+//! watch of unlabelled parents reports them and as buckets arrive, and each `rebalanceInterval` puts
+//! back a label someone changed that its caches show ([`Labeller`]); the coordinator puts back labels
+//! that name no bucket ([`crate::ops::ring::Coordinator`], with [`label_parents`]).
 //!
 //! Why the members and not the coordinator alone: a parent is synced only once it is labelled, so
 //! with the coordinator alone every parent created after it died waited for the next one to be
@@ -17,7 +17,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::{FutureExt as _, Stream, StreamExt as _, stream};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -30,7 +30,8 @@ use tracing::{debug, warn};
 
 use crate::api::{CompositeController, DecoratorController};
 use crate::cache::discovery::{Discovery, ResolvedResource};
-use crate::cache::selector::server_side;
+use crate::cache::informers::Informers;
+use crate::cache::selector::{Selector, parse_selector_string, server_side};
 use crate::cache::shard::{Held, bucket, shard_label};
 
 /// Label writes sent at once.
@@ -275,8 +276,12 @@ pub struct Labeller {
     controllers: String,
     namespaces: Vec<String>,
     held: Arc<Held>,
+    /// The member's caches: its parents' labels are checked there.
+    informers: Informers,
     /// How often a write that failed is sent again.
     tick: Duration,
+    /// How often the labels of the cached parents are checked.
+    check: Duration,
 }
 
 impl Labeller {
@@ -290,7 +295,9 @@ impl Labeller {
             controllers: config.target_label_selector.clone(),
             namespaces: config.namespaces.clone(),
             held,
+            informers: hub.informers.clone(),
             tick: config.leader_election.retry_period,
+            check: config.sharding.rebalance_interval,
         }
     }
 
@@ -299,6 +306,8 @@ impl Labeller {
         let label = shard_label(&self.ring);
         let mut selection = self.held.selection();
         let mut types: Option<Vec<(String, String, BTreeSet<String>)>> = None;
+        let mut read: Vec<ParentType> = Vec::new();
+        let mut checked = Instant::now();
         let mut watches: Vec<Unlabelled> = Vec::new();
         let mut events: stream::SelectAll<Events> = stream::SelectAll::new();
         let mut tick = tokio::time::interval(self.tick);
@@ -328,17 +337,22 @@ impl Labeller {
                 _ = tick.tick() => {
                     if ticks.is_multiple_of(TYPES_EVERY_TICKS) {
                         match parent_types(&self.client, &self.discovery, &self.controllers).await {
-                            Ok(read) => {
-                                let key: Vec<_> = read.iter().map(ParentType::key).collect();
+                            Ok(now) => {
+                                let key: Vec<_> = now.iter().map(ParentType::key).collect();
                                 if types.as_ref() != Some(&key) {
-                                    (watches, events) = self.watch(&read, &label);
+                                    (watches, events) = self.watch(&now, &label);
                                     types = Some(key);
                                 }
+                                read = now;
                             }
                             Err(err) => warn!(ring = %self.ring, "reading the parent types to label (retrying): {err}"),
                         }
                     }
                     ticks = ticks.wrapping_add(1);
+                    if checked.elapsed() >= self.check {
+                        self.put_back(&read, &label).await;
+                        checked = Instant::now();
+                    }
                     true
                 }
             };
@@ -385,6 +399,36 @@ impl Labeller {
                 }
             }
             Err(err) => debug!(ring = %self.ring, "watching unlabelled parents (retrying): {err}"),
+        }
+    }
+
+    /// Puts back the bucket label of every cached parent whose label names another bucket than its
+    /// UID's (someone changed it, or copied it from another object). Such a parent is in this member's
+    /// cache because its label names a bucket held here, and is synced by nobody (a sync enters the
+    /// bucket of the UID), so nothing is in flight to drain; the write moves it to the holder of its
+    /// own bucket. Read from the caches, not listed: the check costs no request, and no memory but the
+    /// wrong ones.
+    async fn put_back(&self, types: &[ParentType], label: &str) {
+        for parent_type in types {
+            let Some(informer) = self.informers.running(&parent_type.parent) else { continue };
+            let selectors: Vec<Selector> =
+                parent_type.selectors.iter().filter_map(|text| parse_selector_string(text).ok()).collect();
+            let wrong: Vec<Parent> = informer
+                .list(None)
+                .iter()
+                .filter(|obj| {
+                    let labels = obj.metadata.labels.as_ref();
+                    let uid = obj.metadata.uid.as_deref().unwrap_or_default();
+                    labels.and_then(|l| l.get(label)).is_some_and(|value| *value != bucket(uid).to_string())
+                        && selectors.iter().any(|s| s.matches(labels.unwrap_or(&BTreeMap::new())))
+                })
+                .map(|obj| Parent::of(obj.metadata.clone(), label))
+                .collect();
+            if wrong.is_empty() {
+                continue;
+            }
+            warn!(ring = %self.ring, parents = wrong.len(), resource = %parent_type.parent.api_resource.plural, "putting back bucket labels someone else changed");
+            label_parents(&self.client, &self.ring, &parent_type.parent, &wrong).await;
         }
     }
 

@@ -28,9 +28,12 @@
 //! dies are free once its Lease expires. Nothing is relabelled on a move.
 //!
 //! # Labels
-//! Each member labels the new parents of the buckets it holds ([`crate::ops::labels`]); the coordinator
-//! (the replica holding the leader Lease) checks every parent's label each `rebalanceInterval` (a paged
-//! metadata list, nothing kept), putting back one someone else changed.
+//! Each member labels the new parents of the buckets it holds and, each `rebalanceInterval`, puts back
+//! a label its caches show naming another bucket than its parent's ([`crate::ops::labels`]). What no
+//! member's cache or watch can see is a label whose value is no bucket at all: the coordinator (the
+//! replica holding the leader Lease) lists just those each `rebalanceInterval` (the server filters
+//! them; normally none) and puts them back. It used to list every parent (a paged metadata list): at
+//! 10,000 parents that left its replica 5-7 MiB larger than the others and peaked 14 MiB above them.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
@@ -47,9 +50,11 @@ use tracing::{debug, info, warn};
 
 use crate::cache::discovery::{Discovery, ResolvedResource};
 use crate::cache::informers::Informers;
-use crate::cache::shard::{BUCKETS_ANNOTATION, MEMBER_LABEL, RING_LABEL, Shard, decode, encode, shard_label, share};
+use crate::cache::shard::{
+    BUCKETS, BUCKETS_ANNOTATION, MEMBER_LABEL, RING_LABEL, Shard, decode, encode, shard_label, share,
+};
 use crate::engine::metrics::ShardMetrics;
-use crate::ops::labels::{LabelError, Parent, label_parents, parent_types, scopes};
+use crate::ops::labels::{LabelError, Parent, both, label_parents, parent_types, scopes};
 use crate::ops::leader::LeaseNotes;
 
 /// Errors of one pass of the coordinator or a keeper (each retries at its next pass).
@@ -402,8 +407,8 @@ impl Coordinator {
         }
     }
 
-    /// One pass: the Leases of members that left are removed, and every parent's label is checked when
-    /// the rebalance interval has passed.
+    /// One pass: the Leases of members that left are removed, and the labels that name no bucket are
+    /// put back when the rebalance interval has passed.
     async fn pass(&mut self, last_full: &mut Instant, last_roster: &mut Option<Roster>) -> Result<(), RingError> {
         let roster = self.members.read().await?;
         if last_roster.as_ref().is_none_or(|last| last.live != roster.live || last.gone != roster.gone) {
@@ -427,9 +432,8 @@ impl Coordinator {
         Ok(())
     }
 
-    /// Labels every object `api` lists with `selector` whose label is not its bucket: a page of 500 at
-    /// a time (metadata only), labelled before the next is read, so the coordinator never holds more
-    /// than a page of a large type.
+    /// Labels every object `api` lists with `selector` whose label is there but names no bucket: a page
+    /// of 500 at a time (metadata only), labelled before the next is read.
     async fn label_type(
         &self,
         resource: &ResolvedResource,
@@ -437,7 +441,7 @@ impl Coordinator {
         selector: &str,
     ) -> Result<(), RingError> {
         let label = shard_label(&self.ring);
-        let mut params = ListParams::default().labels(selector).limit(500);
+        let mut params = ListParams::default().labels(&both(selector, &no_bucket(&label))).limit(500);
         loop {
             let page = api.list_metadata(&params).await.map_err(|source| LabelError::List {
                 resource: resource.api_resource.plural.clone(),
@@ -458,9 +462,31 @@ impl Coordinator {
     }
 }
 
+/// The selector of objects whose `label` names no bucket: it is there, and its value is none of them.
+fn no_bucket(label: &str) -> String {
+    let buckets: Vec<String> = (0..BUCKETS).map(|b| b.to_string()).collect();
+    format!("{label},{label} notin ({})", buckets.join(","))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_coordinator_lists_only_labels_that_name_no_bucket() {
+        let selector = crate::cache::selector::parse_selector_string(&no_bucket("shard.metahook.dev/web")).unwrap();
+        let labelled = |value: Option<&str>| {
+            let labels: BTreeMap<String, String> =
+                value.map(|v| ("shard.metahook.dev/web".to_owned(), v.to_owned())).into_iter().collect();
+            selector.matches(&labels)
+        };
+        assert!(labelled(Some("elsewhere")));
+        assert!(labelled(Some("1024")));
+        assert!(labelled(Some("007")));
+        assert!(!labelled(Some("0")));
+        assert!(!labelled(Some("1023")));
+        assert!(!labelled(None), "unlabelled parents are the members' to label");
+    }
 
     #[test]
     fn member_leases_are_named_and_labelled_for_their_ring() {
