@@ -28,7 +28,7 @@ use kube::Client;
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt as _, watcher};
-use metahook::cache::shard::{BUCKETS_ANNOTATION, assign, bucket, decode};
+use metahook::cache::shard::{BUCKETS, BUCKETS_ANNOTATION, assign, bucket, decode};
 use serde_json::{Value, json};
 use support::{TestNamespace, api, apply_value, eventually};
 
@@ -36,6 +36,8 @@ use support::{TestNamespace, api, apply_value, eventually};
 const LEASE_DURATION: u64 = 6;
 const RENEW_DEADLINE: u64 = 4;
 const RETRY_PERIOD: u64 = 1;
+/// How often members and the coordinator check the parents' bucket labels.
+const REBALANCE_INTERVAL: u64 = 5;
 
 /// A hook server that logs every call of `/sync` as one JSON line of the file `$HOOK_LOG`: the parent's
 /// UID and name, the replica header, and the call's start and end (`time.time()`, one clock for all).
@@ -202,7 +204,7 @@ impl Setup {
             "discoveryInterval: 2\ntargetLabelSelector: metahook-test={label}\nmetricsAddress: \"\"\n\
              leaderElection:\n  leaseName: {label}\n  leaseNamespace: {ns}\n  \
              leaseDuration: {LEASE_DURATION}\n  renewDeadline: {RENEW_DEADLINE}\n  retryPeriod: {RETRY_PERIOD}\n\
-             sharding:\n  enabled: true\n  ring: {label}\n  rebalanceInterval: 5\n",
+             sharding:\n  enabled: true\n  ring: {label}\n  rebalanceInterval: {REBALANCE_INTERVAL}\n",
             label = self.label,
             ns = self.ns.name,
         )
@@ -459,7 +461,8 @@ fn logged_sum(log: &str, message: &str, field: &str) -> usize {
         .sum()
 }
 
-/// The whole scenario at `parents` parents: 3 replicas converge with no overlapping syncs; one replica
+/// The whole scenario at `parents` parents: 3 replicas converge with no overlapping syncs; two bucket
+/// labels someone else changed (to another bucket, to no bucket) are put back; one replica
 /// (not the coordinator) is killed with SIGKILL and its parents are re-assigned and converged within
 /// leaseDuration + 5 s, without a write to any of them or their children; it is replaced, then a 4th
 /// replica joins and between 1/4 and 1/3 of the parents move (bounds widened by the sampling error at
@@ -496,7 +499,50 @@ async fn scenario(test: &str, parents: usize, fraction_bounds: (f64, f64)) {
     let twice = overlaps(&calls);
     assert!(twice.is_empty(), "parents synced by two replicas at once: {twice:?}");
 
-    // 2. kill -9 of a replica that does not coordinate: its buckets go to the others.
+    // 2. Bucket labels someone changed are put back: one names another bucket (the member whose cache
+    // it lands in writes it back; nobody syncs it meanwhile, a sync enters its UID's bucket), one names
+    // no bucket (no member sees it: the coordinator lists those). Then every parent converges again.
+    let label = setup.shard_label();
+    let things = setup.things().await;
+    let uid_of = |name: &str| {
+        setup
+            .things_seen
+            .now()
+            .into_iter()
+            .find(|p| p.metadata.name.as_deref() == Some(name))
+            .and_then(|p| p.metadata.uid.clone())
+    };
+    let p0_bucket = bucket(&uid_of("p0").expect("p0 is cached"));
+    let changes = [("p0", ((p0_bucket + 1) % BUCKETS).to_string()), ("p1", "elsewhere".to_owned())];
+    for (name, value) in &changes {
+        let patch = json!({"metadata": {"labels": {&label: value}}});
+        things.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
+    }
+    let changed = Instant::now();
+    eventually(Duration::from_secs(60), || async {
+        let now = setup.things_seen.now();
+        changes
+            .iter()
+            .all(|(name, _)| {
+                now.iter().find(|p| p.metadata.name.as_deref() == Some(*name)).is_some_and(|p| {
+                    let own = bucket(p.metadata.uid.as_deref().unwrap_or_default()).to_string();
+                    p.metadata.labels.as_ref().and_then(|l| l.get(&label)) == Some(&own)
+                })
+            })
+            .then_some(())
+    })
+    .await;
+    println!(
+        "bucket labels changed by someone else (another bucket, no bucket) put back {:.1} s later (rebalance \
+         interval {REBALANCE_INTERVAL} s)",
+        changed.elapsed().as_secs_f64()
+    );
+    setup.parents_at("v1b").await;
+    setup.wait_converged("v1b", &live, Duration::from_secs(120 + parents as u64 / 20)).await;
+    let twice = overlaps(&setup.calls());
+    assert!(twice.is_empty(), "parents synced by two replicas at once: {twice:?}");
+
+    // 3. kill -9 of a replica that does not coordinate: its buckets go to the others.
     let coordinator = setup.coordinator().await.expect("a coordinator");
     let victim_name = replicas.iter().map(|r| r.name.clone()).find(|n| *n != coordinator).unwrap();
     let victim_member = members.iter().find(|(_, pod)| **pod == victim_name).map(|(m, _)| m.clone()).unwrap();
@@ -578,7 +624,7 @@ async fn scenario(test: &str, parents: usize, fraction_bounds: (f64, f64)) {
     let twice = overlaps(&setup.calls());
     assert!(twice.is_empty(), "parents synced by two replicas at once: {twice:?}");
 
-    // 3. The killed replica is replaced (a new member: its identity is new), then a 4th replica joins:
+    // 4. The killed replica is replaced (a new member: its identity is new), then a 4th replica joins:
     // between 1/4 and 1/3 of the parents move to it, each once, every bucket let go by its live owner.
     replicas.push(setup.start("hub-e"));
     // The victim's Lease may linger (it expired with a holder) until the coordinator removes it.
@@ -647,7 +693,7 @@ async fn scenario(test: &str, parents: usize, fraction_bounds: (f64, f64)) {
     assert!(taken > 0 && let_go >= taken, "every bucket the newcomer took was let go by its owner first");
     assert_eq!(taken_unreleased, 0, "the newcomer took no bucket from a member that left");
 
-    // 4. kill -9 of the coordinator: another replica takes the leader Lease when it expires and labels
+    // 5. kill -9 of the coordinator: another replica takes the leader Lease when it expires and labels
     // the parents created after the kill, their owners sync them, and the coordinator's own buckets go
     // to the others — all within leaseDuration + 5 s.
     let coordinator = setup.coordinator().await.expect("a coordinator");
