@@ -421,14 +421,23 @@ impl Applier {
         }
     }
 
-    /// Deletes `obj` in the background, only if it is still the same object (UID precondition). `Ok(false)`:
-    /// it was gone or replaced already, so this call deleted nothing (and no echo of it will come).
+    /// Deletes `obj` in the background, only if it is still the object as observed (UID and
+    /// resourceVersion preconditions). `Ok(false)`: it was gone, replaced or changed since, so this call
+    /// deleted nothing (and no echo of it will come). Why the version: the decision to delete was made
+    /// on what the cache showed, and ownership can change under it — the garbage collector orphaning
+    /// the children of a parent deleted with `--cascade=orphan` removes their owner references, and a
+    /// finalize hook's empty answer read on a cache that had not seen that yet would delete a child
+    /// that is no longer the hub's (seen in `orphan_and_foreground_deletes_are_left_to_the_garbage_collector`).
+    /// A change has its own watch event, which syncs the parent again on what is there now.
     pub async fn delete(&self, resource: &ResolvedResource, obj: &DynamicObject) -> Result<bool, ApplyError> {
         let key = ObjectKey::of(obj);
         let span = write_span("delete", resource.kind(), &key);
         let params = DeleteParams {
             propagation_policy: Some(PropagationPolicy::Background),
-            preconditions: Some(Preconditions { uid: obj.metadata.uid.clone(), resource_version: None }),
+            preconditions: Some(Preconditions {
+                uid: obj.metadata.uid.clone(),
+                resource_version: obj.metadata.resource_version.clone(),
+            }),
             ..DeleteParams::default()
         };
         let api = self.api(resource, key.namespace.as_deref());
