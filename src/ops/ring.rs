@@ -447,13 +447,12 @@ impl Coordinator {
                 resource: resource.api_resource.plural.clone(),
                 source: Box::new(source),
             })?;
-            let parents: Vec<Parent> = page.items.into_iter().map(|o| Parent::of(o.metadata, &label)).collect();
-            let wrong: Vec<&Parent> = parents.iter().filter(|p| !p.labelled()).collect();
-            let relabelled = wrong.iter().filter(|p| p.label.is_some()).count();
-            if relabelled > 0 {
-                warn!(ring = %self.ring, parents = relabelled, resource = %resource.api_resource.plural, "putting back bucket labels someone else changed");
+            // The server selected only labels that name no bucket: every one listed is wrong.
+            let wrong: Vec<Parent> = page.items.into_iter().map(|o| Parent::of(o.metadata, &label)).collect();
+            if !wrong.is_empty() {
+                warn!(ring = %self.ring, parents = wrong.len(), resource = %resource.api_resource.plural, "putting back bucket labels someone else changed");
             }
-            label_parents(&self.client, &self.ring, resource, wrong).await;
+            label_parents(&self.client, &self.ring, resource, &wrong).await;
             match page.metadata.continue_ {
                 Some(token) if !token.is_empty() => params = params.continue_token(&token),
                 _ => return Ok(()),
