@@ -8,10 +8,10 @@
 //!
 //! Scenarios: bad hook responses of every kind (each: children and status untouched, a Warning Event,
 //! other parents unaffected); `Recreate` with an invalid replacement; `--cascade=orphan` and
-//! `--cascade=foreground` deletes; a parent deleted mid-sync; absurd resync delays; the safe-delete
-//! guard; two decorator rules selecting one object; the hook down for 30 s; the hub killed with
-//! SIGKILL during a rollout (`FAULT_KILLS`, default 5; `make chaos` runs 20); the API server killed and
-//! restarted.
+//! `--cascade=foreground` deletes; children changed while their deletion is planned; a parent deleted
+//! mid-sync; absurd resync delays; the safe-delete guard; two decorator rules selecting one object; the
+//! hook down for 30 s; the hub killed with SIGKILL during a rollout (`FAULT_KILLS`, default 5; `make
+//! chaos` runs 20); the API server killed and restarted.
 //!
 //! The API server restart must not pull the API out from under the other scenarios of this binary (they
 //! run in parallel threads): every scenario holds [`API_SERVER`] for reading, the restart for writing.
@@ -562,6 +562,63 @@ async fn a_parent_deleted_mid_sync_gets_no_children() {
     fleet.finish().await;
 }
 
+/// A child the hook stops wanting is deleted only as the hub observed it. Two children dropped in one
+/// answer change while the hook is thinking: `changed-1` is annotated (still the parent's) and
+/// `changed-2` is released by its user (owner reference and labels removed: no longer the parent's).
+/// The sync's deletes, planned on what the hook was shown, are refused for both (resourceVersion
+/// precondition); the change's own watch event syncs the parent again on what is there now, which
+/// deletes `changed-1` and leaves `changed-2` alone. Resync is an hour, so only that change-driven sync
+/// can have done it.
+#[tokio::test]
+async fn a_child_changed_during_its_sync_is_deleted_only_if_still_the_parents() {
+    let _api = API_SERVER.read().await;
+    let fleet = Fleet::new("changed-during-sync", "InPlace", json!({"resyncPeriodSeconds": 3600})).await;
+    fleet.parent("changed", json!({"version": "1"})).await;
+    fleet.converged("changed", 3, "1").await;
+    let shown = |r: &Value, child: &str| r["children"]["ConfigMap.v1"][child].clone();
+    let asked_before = fleet.w.hook.requests("/sync").len();
+    // One answer drops both children; the hook takes 4 s to give it.
+    fleet.patch_spec("changed", json!({"replicas": 1, "slow": 4})).await;
+    eventually(WAIT, || async {
+        let requests = fleet.w.hook.requests("/sync");
+        requests[asked_before.min(requests.len())..]
+            .iter()
+            .any(|r| r["parent"]["spec"]["replicas"] == 1 && !shown(r, "changed-2").is_null())
+            .then_some(())
+    })
+    .await;
+    let cms = fleet.config_maps();
+    let mut kept = cms.get("changed-1").await.unwrap();
+    kept.annotations_mut().insert("touched".into(), "by-a-user".into());
+    let kept = cms.replace("changed-1", &PostParams::default(), &kept).await.unwrap();
+    let mut released = cms.get("changed-2").await.unwrap();
+    released.metadata.owner_references = None;
+    released.metadata.labels = Some([("released".to_owned(), "by-a-user".to_owned())].into());
+    let released = cms.replace("changed-2", &PostParams::default(), &released).await.unwrap();
+    let since = Instant::now();
+
+    // The parent's next sync is shown changed-1 as changed, and deletes it.
+    eventually(WAIT, || async { cms.get_opt("changed-1").await.unwrap().is_none().then_some(()) }).await;
+    let deleted_after = since.elapsed();
+    let requests = fleet.w.hook.requests("/sync");
+    assert!(
+        requests.iter().any(|r| {
+            let child = shown(r, "changed-1");
+            child["metadata"]["annotations"]["touched"] == "by-a-user"
+                && child["metadata"]["resourceVersion"] == json!(kept.resource_version())
+        }),
+        "changed-1 was deleted before any sync was shown it changed"
+    );
+    // changed-2 is no longer the parent's: never shown again, never written.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let now = cms.get("changed-2").await.expect("the released child was deleted");
+    assert_eq!(now.uid(), released.uid());
+    assert_eq!(now.resource_version(), released.resource_version(), "the released child was written");
+    let line = format!(" deleted_after_change_s={:.2}", deleted_after.as_secs_f64());
+    fleet.check("changed_during_sync", &line).await.assert_clean();
+    fleet.finish().await;
+}
+
 /// Absurd delays from a hook (resync in 1e9 or 9e18 seconds, Retry-After of centuries) are capped:
 /// the controller's queue keeps working for every parent, including those very ones.
 #[tokio::test]
@@ -833,7 +890,7 @@ async fn the_create_precondition_holds_on_this_api_server() {
 /// hub's delete reports that it deleted nothing, so the other deletion's watch event is not taken for the
 /// echo of the hub's own write (under `sync-on-own-writes: "false"` an echo is not synced, and the parent
 /// would wait for its next resync to see its child gone). The replaced-child case: same name, new UID,
-/// left alone.
+/// left alone. A child changed since it was observed is left alone too (resourceVersion precondition).
 #[tokio::test]
 async fn a_delete_that_finds_the_child_gone_or_replaced_claims_nothing() {
     let _api = API_SERVER.read().await;
@@ -861,5 +918,13 @@ async fn a_delete_that_finds_the_child_gone_or_replaced_claims_nothing() {
     let replacement = cms.create(&PostParams::default(), &create("r")).await.unwrap();
     assert!(!applier.delete(&resource, &old).await.unwrap(), "another object of the same name: nothing deleted");
     assert_eq!(cms.get("r").await.unwrap().uid(), replacement.uid(), "the replacement is left alone");
+
+    let observed = as_dynamic(&cms.create(&PostParams::default(), &create("v")).await.unwrap());
+    let mut changed = cms.get("v").await.unwrap();
+    changed.labels_mut().insert("changed".into(), "yes".into());
+    let changed = cms.replace("v", &PostParams::default(), &changed).await.unwrap();
+    assert!(!applier.delete(&resource, &observed).await.unwrap(), "changed since observed: nothing deleted");
+    assert_eq!(cms.get("v").await.unwrap().resource_version(), changed.resource_version(), "the change is left alone");
+    assert!(applier.delete(&resource, &as_dynamic(&changed)).await.unwrap(), "as observed now: deleted");
     ns.delete().await;
 }
