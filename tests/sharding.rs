@@ -25,10 +25,11 @@ use std::time::{Duration, Instant};
 use futures::StreamExt as _;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Client;
-use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt as _, watcher};
 use metahook::cache::shard::{BUCKETS, BUCKETS_ANNOTATION, assign, bucket, decode};
+use metahook::write::take_over::{LAST_APPLIED_ANNOTATION, METACONTROLLER_MANAGER};
 use serde_json::{Value, json};
 use support::{TestNamespace, api, apply_value, eventually};
 
@@ -758,6 +759,77 @@ async fn scenario(test: &str, parents: usize, fraction_bounds: (f64, f64)) {
     setup.finish(replicas).await;
     assert!(late.is_none(), "{}", late.unwrap_or_default());
     assert!(late_coordinator.is_none(), "{}", late_coordinator.unwrap_or_default());
+}
+
+/// Children written before the ring existed — as Metacontroller (or an unsharded hub) left them:
+/// controlled by their parent, matching its selector, no bucket label — are found and kept, not
+/// re-created: the one each hook still wants is updated in place (same UID) and labelled, the one it
+/// no longer wants is deleted (both need the coordinator's labelling of such children: a member's
+/// caches select children by bucket). Then a bucket label someone removes from a child is put back by
+/// the sync that finds the child in the way of its create.
+#[tokio::test]
+async fn children_written_before_the_ring_are_labelled_and_kept() {
+    let setup = Setup::new("shard-existing", 20).await;
+    setup.parents_in(0..20, "v0").await;
+    let things = setup.things().await;
+    let cms = setup.config_maps().await;
+    let mut kept = BTreeMap::new();
+    for thing in things.list(&ListParams::default()).await.unwrap().items {
+        let name = thing.metadata.name.clone().unwrap();
+        let uid = thing.metadata.uid.clone().unwrap();
+        for (child, version) in [(name.clone(), "v0"), (format!("{name}-old"), "v0")] {
+            // As Metacontroller's dynamic-apply creates a child: a plain create under its field manager,
+            // carrying its last-applied annotation (see `metahook::write::take_over`).
+            let applied = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": child},
+                                 "data": {"version": version}});
+            let body = json!({
+                "apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": child, "namespace": setup.ns.name, "labels": {"controller-uid": uid},
+                             "annotations": {LAST_APPLIED_ANNOTATION: applied.to_string()},
+                             "ownerReferences": [{"apiVersion": "test.metahook.dev/v1", "kind": "Thing", "name": name,
+                                                  "uid": uid, "controller": true, "blockOwnerDeletion": true}]},
+                "data": {"version": version},
+            });
+            let created: DynamicObject = serde_json::from_value(body).unwrap();
+            let params = PostParams { field_manager: Some(METACONTROLLER_MANAGER.into()), ..PostParams::default() };
+            let created = cms.create(&params, &created).await.unwrap();
+            kept.insert(child, created.metadata.uid.unwrap());
+        }
+    }
+    let replicas: Vec<Replica> = ["hub-a", "hub-b"].iter().map(|n| setup.start(n)).collect();
+    let live: BTreeSet<String> = setup.wait_members(2).await.keys().cloned().collect();
+    setup.parents_in(0..20, "v1").await;
+    setup.wait_converged("v1", &live, Duration::from_secs(120)).await;
+    eventually(Duration::from_secs(60), || async {
+        let left = setup.children_seen.now();
+        (!left.iter().any(|c| c.metadata.name.as_deref().is_some_and(|n| n.ends_with("-old")))).then_some(())
+    })
+    .await;
+    for child in setup.children_seen.now() {
+        let name = child.metadata.name.clone().unwrap();
+        if name.starts_with('p') {
+            assert_eq!(child.metadata.uid.as_ref(), kept.get(&name), "{name} was re-created");
+            let annotations = child.metadata.annotations.clone().unwrap_or_default();
+            assert!(!annotations.contains_key(LAST_APPLIED_ANNOTATION), "{name} was not taken over");
+        }
+    }
+
+    // A bucket label removed from a child comes back, on the same child.
+    let label = setup.shard_label();
+    let removed = json!({"metadata": {"labels": {&label: null}}});
+    cms.patch("p0", &PatchParams::default(), &Patch::Merge(&removed)).await.unwrap();
+    let back = Instant::now();
+    eventually(Duration::from_secs(60), || async {
+        let child = cms.get("p0").await.ok()?;
+        child.metadata.labels.as_ref()?.contains_key(&label).then_some(child)
+    })
+    .await;
+    println!("a child's removed bucket label was put back in {:.1} s", back.elapsed().as_secs_f64());
+    assert_eq!(cms.get("p0").await.unwrap().metadata.uid.as_ref(), kept.get("p0"), "p0 was re-created");
+    setup.wait_converged("v1", &live, Duration::from_secs(60)).await;
+    let twice = overlaps(&setup.calls());
+    assert!(twice.is_empty(), "parents synced by two replicas at once: {twice:?}");
+    setup.finish(replicas).await;
 }
 
 #[tokio::test]

@@ -13,6 +13,9 @@
 //! elected (a leader Lease's duration and more), and a backlog was labelled by one writer rather than
 //! N. Why only the buckets it holds: every member sees every unlabelled parent; the split makes each
 //! label one write, not one per member (all but the first of which would conflict).
+//!
+//! Children carry their parent's bucket too: the hub stamps it on what it writes, and the coordinator
+//! labels the children written before the ring existed ([`label_children`]).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::pin::Pin;
@@ -68,6 +71,19 @@ impl ParentType {
     }
 }
 
+/// The composite and decorator controllers whose labels match `controllers` (the hub's
+/// `targetLabelSelector`).
+async fn read_controllers(
+    client: &Client,
+    controllers: &str,
+) -> Result<(Vec<CompositeController>, Vec<DecoratorController>), LabelError> {
+    let err = |e| LabelError::Controllers(Box::new(e));
+    let params = kube::api::ListParams::default().labels(controllers);
+    let composites = Api::<CompositeController>::all(client.clone()).list(&params).await.map_err(err)?;
+    let decorators = Api::<DecoratorController>::all(client.clone()).list(&params).await.map_err(err)?;
+    Ok((composites.items, decorators.items))
+}
+
 /// Every parent type of the composite controllers whose labels match `controllers` (the hub's
 /// `targetLabelSelector`), and every target type of such decorators.
 pub async fn parent_types(
@@ -75,19 +91,15 @@ pub async fn parent_types(
     discovery: &Discovery,
     controllers: &str,
 ) -> Result<Vec<ParentType>, LabelError> {
-    let err = |e| LabelError::Controllers(Box::new(e));
-    let params = kube::api::ListParams::default().labels(controllers);
-    let composites = Api::<CompositeController>::all(client.clone()).list(&params).await.map_err(err)?;
-    let decorators = Api::<DecoratorController>::all(client.clone()).list(&params).await.map_err(err)?;
+    let (composites, decorators) = read_controllers(client, controllers).await?;
     let mut wanted: BTreeMap<(String, String), BTreeSet<String>> = BTreeMap::new();
     let rules = composites
-        .items
         .iter()
         .map(|cc| {
             let rule = &cc.spec.parent_resource;
             (&rule.api_version, &rule.resource, rule.label_selector.as_ref())
         })
-        .chain(decorators.items.iter().flat_map(|dc| {
+        .chain(decorators.iter().flat_map(|dc| {
             dc.spec.resources.iter().map(|rule| (&rule.api_version, &rule.resource, rule.label_selector.as_ref()))
         }));
     for (api_version, resource, selector) in rules {
@@ -98,6 +110,74 @@ pub async fn parent_types(
     for ((api_version, resource), selectors) in wanted {
         let Ok(parent) = discovery.resolve(&api_version, &resource).await else { continue };
         types.push(ParentType { parent, selectors });
+    }
+    Ok(types)
+}
+
+/// What tells two readings of a [`ChildType`] apart: its `apiVersion`, plural and owner kinds.
+pub type ChildTypeKey = (String, String, BTreeSet<(String, String)>);
+
+/// One type of the objects the hub writes for parents (a composite's child type, a decorator's
+/// attachment type), and the parent kinds whose controlled objects of the type are the hub's.
+pub struct ChildType {
+    pub child: Arc<ResolvedResource>,
+    /// (group, kind) of each parent type with this child type.
+    pub owners: BTreeSet<(String, String)>,
+}
+
+impl ChildType {
+    /// What tells two readings of the types apart.
+    #[must_use]
+    pub fn key(&self) -> ChildTypeKey {
+        let resource = &self.child.api_resource;
+        (resource.api_version.clone(), resource.plural.clone(), self.owners.clone())
+    }
+
+    /// The bucket of `meta`'s controller, when that controller is a parent of this type's: the
+    /// bucket label the object should carry.
+    #[must_use]
+    pub fn owner_bucket(&self, meta: &ObjectMeta) -> Option<u16> {
+        let controller = meta.owner_references.iter().flatten().find(|r| r.controller == Some(true))?;
+        let group = controller.api_version.rsplit_once('/').map_or("", |(group, _)| group);
+        self.owners.contains(&(group.to_owned(), controller.kind.clone())).then(|| bucket(&controller.uid))
+    }
+}
+
+/// Every child type of the composite controllers whose labels match `controllers`, and every
+/// attachment type of such decorators, each with the parent kinds it belongs to.
+pub async fn child_types(
+    client: &Client,
+    discovery: &Discovery,
+    controllers: &str,
+) -> Result<Vec<ChildType>, LabelError> {
+    let (composites, decorators) = read_controllers(client, controllers).await?;
+    let mut wanted: BTreeMap<(String, String), BTreeSet<(String, String)>> = BTreeMap::new();
+    let rules = composites
+        .iter()
+        .map(|cc| {
+            let parent = &cc.spec.parent_resource;
+            (vec![(&parent.api_version, &parent.resource)], &cc.spec.child_resources)
+        })
+        .chain(decorators.iter().map(|dc| {
+            let parents = dc.spec.resources.iter().map(|rule| (&rule.api_version, &rule.resource)).collect();
+            (parents, &dc.spec.attachments)
+        }));
+    for (parents, children) in rules {
+        let mut owners = BTreeSet::new();
+        for (api_version, resource) in parents {
+            let Ok(parent) = discovery.resolve(api_version, resource).await else { continue };
+            owners.insert((parent.api_resource.group.clone(), parent.api_resource.kind.clone()));
+        }
+        for child in children {
+            wanted.entry((child.api_version.clone(), child.resource.clone())).or_default().extend(owners.clone());
+        }
+    }
+    let mut types = Vec::new();
+    for ((api_version, resource), owners) in wanted {
+        let Ok(child) = discovery.resolve(&api_version, &resource).await else { continue };
+        if !owners.is_empty() {
+            types.push(ChildType { child, owners });
+        }
     }
     Ok(types)
 }
@@ -183,17 +263,43 @@ pub async fn label_parents<'a>(
     resource: &ResolvedResource,
     parents: impl IntoIterator<Item = &'a Parent>,
 ) -> Vec<Written> {
-    let label = shard_label(ring);
+    let writes = parents.into_iter().map(|parent| Label {
+        name: parent.name.clone(),
+        namespace: parent.namespace.clone(),
+        version: parent.version.clone(),
+        bucket: parent.bucket(),
+    });
+    write_labels(client, ring, resource, writes).await
+}
+
+/// One bucket label to write on an object of a known type.
+pub struct Label {
+    pub name: String,
+    pub namespace: Option<String>,
+    /// The resourceVersion it was read at: the write is refused if the object changed since.
+    pub version: Option<String>,
+    pub bucket: u16,
+}
+
+/// Writes each of `labels` on its object of `resource` (see [`label_parents`]).
+async fn write_labels(
+    client: &Client,
+    ring: &str,
+    resource: &ResolvedResource,
+    labels: impl IntoIterator<Item = Label>,
+) -> Vec<Written> {
+    let key = shard_label(ring);
     // Owned before the writes start: the futures borrow nothing of the caller's.
-    let writes: Vec<(Api<DynamicObject>, String, serde_json::Value)> = parents
+    let writes: Vec<(Api<DynamicObject>, String, serde_json::Value)> = labels
         .into_iter()
-        .map(|parent| {
-            let patch = json!({"metadata": {"resourceVersion": parent.version, "labels": {&label: parent.bucket().to_string()}}});
-            let api = match parent.namespace.as_deref().filter(|_| resource.namespaced) {
+        .map(|label| {
+            let patch =
+                json!({"metadata": {"resourceVersion": label.version, "labels": {&key: label.bucket.to_string()}}});
+            let api = match label.namespace.as_deref().filter(|_| resource.namespaced) {
                 Some(ns) => Api::namespaced_with(client.clone(), ns, &resource.api_resource),
                 None => Api::all_with(client.clone(), &resource.api_resource),
             };
-            (api, parent.name.clone(), patch)
+            (api, label.name, patch)
         })
         .collect();
     stream::iter(writes)
@@ -201,11 +307,11 @@ pub async fn label_parents<'a>(
             match api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
                 Ok(_) => Written::Labelled,
                 Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => {
-                    debug!(parent = %name, "parent changed since it was read; labelled when read again");
+                    debug!(object = %name, "object changed since it was read; labelled when read again");
                     Written::Stale
                 }
                 Err(err) => {
-                    warn!(parent = %name, "could not label the parent with its bucket: {err}");
+                    warn!(object = %name, "could not label the object with its bucket: {err}");
                     Written::Failed
                 }
             }
@@ -213,6 +319,48 @@ pub async fn label_parents<'a>(
         .buffered(WRITES_AT_ONCE)
         .collect()
         .await
+}
+
+/// Labels the objects `api` lists of `child_type` that carry no bucket label of `ring` and whose
+/// controller is a parent of the type's (each with its controller's bucket), a page of 500 at a time
+/// (metadata only, selected by the server), each page labelled before the next is read. Returns how
+/// many were labelled.
+///
+/// Why: the hub stamps the bucket on every child it writes, but children written before the ring
+/// existed (by an unsharded hub, or by Metacontroller before the switch) carry none, and a member's
+/// caches select children by their bucket: their parents' syncs would not see them — a child the hook
+/// still wants would be refused as "taken" on every sync, one it no longer wants would never be deleted.
+/// An object whose controller is not one of these parent types is not the hub's and is not written.
+pub async fn label_children(
+    client: &Client,
+    ring: &str,
+    child_type: &ChildType,
+    api: &Api<DynamicObject>,
+) -> Result<usize, LabelError> {
+    let resource = &child_type.child;
+    let mut params = kube::api::ListParams::default().labels(&format!("!{}", shard_label(ring))).limit(500);
+    let mut labelled = 0;
+    loop {
+        let page = api.list_metadata(&params).await.map_err(|source| LabelError::List {
+            resource: resource.api_resource.plural.clone(),
+            source: Box::new(source),
+        })?;
+        let labels: Vec<Label> = page
+            .items
+            .into_iter()
+            .filter_map(|object| {
+                let bucket = child_type.owner_bucket(&object.metadata)?;
+                let meta = object.metadata;
+                Some(Label { name: meta.name?, namespace: meta.namespace, version: meta.resource_version, bucket })
+            })
+            .collect();
+        let written = write_labels(client, ring, resource, labels).await;
+        labelled += written.iter().filter(|w| **w == Written::Labelled).count();
+        match page.metadata.continue_ {
+            Some(token) if !token.is_empty() => params = params.continue_token(&token),
+            _ => return Ok(labelled),
+        }
+    }
 }
 
 /// A parent waiting for its label, and what became of the write sent since it was last seen changed
@@ -492,6 +640,36 @@ mod tests {
             has_status: true,
         };
         Unlabelled { resource: Arc::new(resource), parents: HashMap::new(), listing: None }
+    }
+
+    #[test]
+    fn a_child_takes_its_controllers_bucket_only_when_the_controller_is_a_parent_type() {
+        let child_type = ChildType {
+            child: Arc::new(ResolvedResource {
+                api_resource: kube::core::ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&()),
+                namespaced: true,
+                has_status: false,
+            }),
+            owners: [("test.metahook.dev".to_owned(), "Thing".to_owned()), (String::new(), "Pod".to_owned())].into(),
+        };
+        let owned = |api_version: &str, kind: &str, controller: Option<bool>| ObjectMeta {
+            owner_references: Some(vec![k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+                api_version: api_version.into(),
+                kind: kind.into(),
+                name: "p".into(),
+                uid: "u-1".into(),
+                controller,
+                ..Default::default()
+            }]),
+            ..ObjectMeta::default()
+        };
+        assert_eq!(child_type.owner_bucket(&owned("test.metahook.dev/v1", "Thing", Some(true))), Some(bucket("u-1")));
+        assert_eq!(child_type.owner_bucket(&owned("test.metahook.dev/v2", "Thing", Some(true))), Some(bucket("u-1")));
+        assert_eq!(child_type.owner_bucket(&owned("v1", "Pod", Some(true))), Some(bucket("u-1")));
+        assert_eq!(child_type.owner_bucket(&owned("other.dev/v1", "Thing", Some(true))), None, "another group");
+        assert_eq!(child_type.owner_bucket(&owned("apps/v1", "Deployment", Some(true))), None, "another kind");
+        assert_eq!(child_type.owner_bucket(&owned("test.metahook.dev/v1", "Thing", None)), None, "not its controller");
+        assert_eq!(child_type.owner_bucket(&ObjectMeta::default()), None, "no owner");
     }
 
     #[test]

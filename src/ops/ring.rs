@@ -34,6 +34,13 @@
 //! replica holding the leader Lease) lists just those each `rebalanceInterval` (the server filters
 //! them; normally none) and puts them back. It used to list every parent (a paged metadata list): at
 //! 10,000 parents that left its replica 5-7 MiB larger than the others and peaked 14 MiB above them.
+//!
+//! Children written before the ring existed (by an unsharded hub, or by Metacontroller before the
+//! switch) carry no bucket label, so no member's cache shows them to their parents' syncs. The
+//! coordinator labels them once per term and child type, as it takes office and for a child type that
+//! appears later (a paged metadata list of the type's objects without the label, the server filtering;
+//! [`crate::ops::labels::label_children`]); a sync that finds such a child in the way of a create
+//! labels it there and then ([`crate::write::apply`]).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
@@ -54,7 +61,9 @@ use crate::cache::shard::{
     BUCKETS, BUCKETS_ANNOTATION, MEMBER_LABEL, RING_LABEL, Shard, decode, encode, shard_label, share,
 };
 use crate::engine::metrics::ShardMetrics;
-use crate::ops::labels::{LabelError, Parent, both, label_parents, parent_types, scopes};
+use crate::ops::labels::{
+    ChildTypeKey, LabelError, Parent, both, child_types, label_children, label_parents, parent_types, scopes,
+};
 use crate::ops::leader::LeaseNotes;
 
 /// Errors of one pass of the coordinator or a keeper (each retries at its next pass).
@@ -369,6 +378,9 @@ pub struct Coordinator {
     rebalance: Duration,
     /// How often the members are read.
     tick: Duration,
+    /// The child types whose unlabelled children were labelled this term (see the module doc), by
+    /// [`crate::ops::labels::ChildType::key`]; `None` before the first look.
+    children_labelled: Option<BTreeSet<ChildTypeKey>>,
 }
 
 impl Coordinator {
@@ -386,6 +398,7 @@ impl Coordinator {
             namespaces: config.namespaces.clone(),
             rebalance: config.sharding.rebalance_interval,
             tick: election.retry_period,
+            children_labelled: None,
         }
     }
 
@@ -418,7 +431,11 @@ impl Coordinator {
             self.members.forget(member).await;
         }
         *last_roster = Some(roster);
-        if last_full.elapsed() < self.rebalance {
+        let due = last_full.elapsed() >= self.rebalance;
+        if due || self.children_labelled.is_none() {
+            self.label_children().await?;
+        }
+        if !due {
             return Ok(());
         }
         for parent_type in parent_types(&self.client, &self.discovery, &self.controllers).await? {
@@ -429,6 +446,26 @@ impl Coordinator {
             }
         }
         *last_full = Instant::now();
+        Ok(())
+    }
+
+    /// Labels the unlabelled children of each child type not done yet this term (see the module doc).
+    async fn label_children(&mut self) -> Result<(), RingError> {
+        let done = self.children_labelled.get_or_insert_with(BTreeSet::new);
+        for child_type in child_types(&self.client, &self.discovery, &self.controllers).await? {
+            let key = child_type.key();
+            if done.contains(&key) {
+                continue;
+            }
+            let mut labelled = 0;
+            for api in scopes::<DynamicObject>(&self.client, &child_type.child, &self.namespaces) {
+                labelled += label_children(&self.client, &self.ring, &child_type, &api).await?;
+            }
+            if labelled > 0 {
+                info!(ring = %self.ring, children = labelled, resource = %child_type.child.api_resource.plural, "labelled children written before the ring with their parents' buckets");
+            }
+            done.insert(key);
+        }
         Ok(())
     }
 

@@ -341,7 +341,9 @@ impl Applier {
     }
 
     /// Explains a refused create: the name belongs to someone else, or to this very parent and the
-    /// cache has not seen it yet (then a quiet retry).
+    /// cache has not seen it yet (then a quiet retry). A sharded cache never shows a child of this
+    /// parent that lacks the bucket label `desired` carries (one written before the ring existed): it
+    /// is labelled here, under a compare-and-swap on the version just read, so the retry sees it.
     async fn taken(
         &self,
         api: &Api<DynamicObject>,
@@ -358,6 +360,9 @@ impl Applier {
             .and_then(Value::as_str);
         match api.get_opt(&key.name).await {
             Ok(Some(existing)) if crate::cache::informers::controller_uid(&existing) == ours => {
+                if ours.is_some() {
+                    label_buckets(api, desired, &existing, &key).await;
+                }
                 ApplyError::Stale { kind, key }
             }
             Ok(Some(existing)) => ApplyError::NotOurs { kind, key, holder: holder(&existing) },
@@ -455,6 +460,33 @@ impl Applier {
 
     fn params(&self) -> PatchParams {
         PatchParams::apply(&self.field_manager).force()
+    }
+}
+
+/// Puts the bucket labels `desired` carries (`shard.metahook.dev/<ring>`) on `existing` where they
+/// differ, under a resourceVersion precondition (see [`Applier::taken`]). A write that fails is logged
+/// and left to the next retry.
+async fn label_buckets(api: &Api<DynamicObject>, desired: &Value, existing: &DynamicObject, key: &ObjectKey) {
+    let have = existing.metadata.labels.as_ref();
+    let missing: serde_json::Map<String, Value> = desired
+        .pointer("/metadata/labels")
+        .and_then(Value::as_object)
+        .into_iter()
+        .flatten()
+        .filter(|(label, value)| {
+            label.starts_with(crate::cache::shard::SHARD_LABEL_PREFIX)
+                && have.and_then(|l| l.get(*label)).map(String::as_str) != value.as_str()
+        })
+        .map(|(label, value)| (label.clone(), value.clone()))
+        .collect();
+    if missing.is_empty() {
+        return;
+    }
+    let patch =
+        serde_json::json!({"metadata": {"resourceVersion": existing.metadata.resource_version, "labels": missing}});
+    match api.patch(&key.name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+        Ok(_) => tracing::info!(child = %key, "labelled a child written before the ring with its parent's bucket"),
+        Err(err) => tracing::debug!(child = %key, "labelling a child with its parent's bucket (retrying): {err}"),
     }
 }
 
