@@ -238,7 +238,11 @@ impl Setup {
     }
 
     async fn config_maps(&self) -> Api<DynamicObject> {
-        api(&self.client, "v1", "ConfigMap", Some(&self.ns.name)).await
+        self.config_maps_in(&self.ns.name).await
+    }
+
+    async fn config_maps_in(&self, namespace: &str) -> Api<DynamicObject> {
+        api(&self.client, "v1", "ConfigMap", Some(namespace)).await
     }
 
     /// Creates (or moves to `version`) every parent, several at once.
@@ -796,6 +800,26 @@ async fn children_written_before_the_ring_are_labelled_and_kept() {
             kept.insert(child, created.metadata.uid.unwrap());
         }
     }
+    // Another controller's parent of the same type, and its child: not the hub's, never written.
+    let elsewhere = TestNamespace::create(&setup.client, "shard-foreign").await;
+    let foreign_cms = setup.config_maps_in(&elsewhere.name).await;
+    let foreign = apply_value(
+        &setup.client,
+        &json!({
+            "apiVersion": "test.metahook.dev/v1", "kind": "Thing",
+            "metadata": {"name": "foreign", "namespace": elsewhere.name, "labels": {"metahook-test": "someone-else"}},
+            "spec": {"version": "v0"},
+        }),
+    )
+    .await;
+    let foreign_child: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "foreign-child", "namespace": elsewhere.name,
+                     "ownerReferences": [{"apiVersion": "test.metahook.dev/v1", "kind": "Thing", "name": "foreign",
+                                          "uid": foreign.metadata.uid, "controller": true}]},
+    }))
+    .unwrap();
+    let foreign_child = foreign_cms.create(&PostParams::default(), &foreign_child).await.unwrap();
     let replicas: Vec<Replica> = ["hub-a", "hub-b"].iter().map(|n| setup.start(n)).collect();
     let live: BTreeSet<String> = setup.wait_members(2).await.keys().cloned().collect();
     setup.parents_in(0..20, "v1").await;
@@ -805,6 +829,20 @@ async fn children_written_before_the_ring_are_labelled_and_kept() {
         (!left.iter().any(|c| c.metadata.name.as_deref().is_some_and(|n| n.ends_with("-old")))).then_some(())
     })
     .await;
+    // The coordinator says so once it has been through every ConfigMap without the label.
+    eventually(Duration::from_secs(60), || async {
+        let logs: Vec<String> = ["hub-a", "hub-b"]
+            .iter()
+            .map(|n| std::fs::read_to_string(setup.dir.path().join(format!("{n}.log"))).unwrap_or_default())
+            .collect();
+        logs.iter().any(|log| log.contains("labelled children written before the ring")).then_some(())
+    })
+    .await;
+    let now = foreign_cms.get("foreign-child").await.unwrap();
+    assert_eq!(
+        now.metadata.resource_version, foreign_child.metadata.resource_version,
+        "another controller's child was written"
+    );
     for child in setup.children_seen.now() {
         let name = child.metadata.name.clone().unwrap();
         if name.starts_with('p') {
@@ -829,6 +867,7 @@ async fn children_written_before_the_ring_are_labelled_and_kept() {
     setup.wait_converged("v1", &live, Duration::from_secs(60)).await;
     let twice = overlaps(&setup.calls());
     assert!(twice.is_empty(), "parents synced by two replicas at once: {twice:?}");
+    elsewhere.delete().await;
     setup.finish(replicas).await;
 }
 

@@ -17,13 +17,13 @@
 //! Children carry their parent's bucket too: the hub stamps it on what it writes, and the coordinator
 //! labels the children written before the ring existed ([`label_children`]).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::{FutureExt as _, Stream, StreamExt as _, stream};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use kube::Client;
 use kube::api::{Api, DynamicObject, PartialObjectMeta, Patch, PatchParams};
 use kube::runtime::{WatchStreamExt as _, watcher};
@@ -31,7 +31,7 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
-use crate::api::{CompositeController, DecoratorController};
+use crate::api::{AnnotationSelector, CompositeController, DecoratorController};
 use crate::cache::discovery::{Discovery, ResolvedResource};
 use crate::cache::informers::Informers;
 use crate::cache::selector::{Selector, parse_selector_string, server_side};
@@ -114,15 +114,37 @@ pub async fn parent_types(
     Ok(types)
 }
 
-/// What tells two readings of a [`ChildType`] apart: its `apiVersion`, plural and owner kinds.
-pub type ChildTypeKey = (String, String, BTreeSet<(String, String)>);
+/// What tells two readings of a [`ChildType`] apart: its `apiVersion` and plural, and its parent rules.
+pub type ChildTypeKey = (String, String, BTreeSet<String>);
+
+/// How one controller selects the parents of a child type: their type, the server-side label selector
+/// ("" = every object of the type) and, for a decorator, the annotation selector (checked here).
+pub struct ParentRule {
+    pub parent: Arc<ResolvedResource>,
+    pub labels: String,
+    pub annotations: Option<AnnotationSelector>,
+}
+
+impl ParentRule {
+    fn key(&self) -> String {
+        let resource = &self.parent.api_resource;
+        let annotations = self.annotations.as_ref().map(|a| serde_json::to_string(a).unwrap_or_default());
+        format!("{}/{}?{}?{}", resource.api_version, resource.plural, self.labels, annotations.unwrap_or_default())
+    }
+
+    /// Whether the annotation selector (if any) selects `meta`.
+    fn selects(&self, meta: &ObjectMeta) -> bool {
+        let Some(annotations) = &self.annotations else { return true };
+        Selector::from_label_selector(&annotations.as_label_selector())
+            .is_ok_and(|s| s.matches(meta.annotations.as_ref().unwrap_or(&BTreeMap::new())))
+    }
+}
 
 /// One type of the objects the hub writes for parents (a composite's child type, a decorator's
-/// attachment type), and the parent kinds whose controlled objects of the type are the hub's.
+/// attachment type), and how the controllers with that type select their parents.
 pub struct ChildType {
     pub child: Arc<ResolvedResource>,
-    /// (group, kind) of each parent type with this child type.
-    pub owners: BTreeSet<(String, String)>,
+    pub parents: Vec<ParentRule>,
 }
 
 impl ChildType {
@@ -130,53 +152,66 @@ impl ChildType {
     #[must_use]
     pub fn key(&self) -> ChildTypeKey {
         let resource = &self.child.api_resource;
-        (resource.api_version.clone(), resource.plural.clone(), self.owners.clone())
+        let rules = self.parents.iter().map(ParentRule::key).collect();
+        (resource.api_version.clone(), resource.plural.clone(), rules)
     }
 
-    /// The bucket of `meta`'s controller, when that controller is a parent of this type's: the
-    /// bucket label the object should carry.
+    /// The UID of `meta`'s controller, when that controller is of a parent type of this type's (whether
+    /// a controller selects that very parent is for [`label_children`] to find out).
     #[must_use]
-    pub fn owner_bucket(&self, meta: &ObjectMeta) -> Option<u16> {
+    pub fn controller<'m>(&self, meta: &'m ObjectMeta) -> Option<&'m str> {
         let controller = meta.owner_references.iter().flatten().find(|r| r.controller == Some(true))?;
         let group = controller.api_version.rsplit_once('/').map_or("", |(group, _)| group);
-        self.owners.contains(&(group.to_owned(), controller.kind.clone())).then(|| bucket(&controller.uid))
+        let resource =
+            |rule: &ParentRule| (rule.parent.api_resource.group.clone(), rule.parent.api_resource.kind.clone());
+        let owner = (group.to_owned(), controller.kind.clone());
+        self.parents.iter().any(|rule| resource(rule) == owner).then_some(controller.uid.as_str())
     }
 }
 
+/// One controller's parent rule, as written: `apiVersion`, resource, label and annotation selectors.
+type Rule<'a> = (&'a String, &'a String, Option<&'a LabelSelector>, Option<&'a AnnotationSelector>);
+
 /// Every child type of the composite controllers whose labels match `controllers`, and every
-/// attachment type of such decorators, each with the parent kinds it belongs to.
+/// attachment type of such decorators, each with how those controllers select their parents.
 pub async fn child_types(
     client: &Client,
     discovery: &Discovery,
     controllers: &str,
 ) -> Result<Vec<ChildType>, LabelError> {
     let (composites, decorators) = read_controllers(client, controllers).await?;
-    let mut wanted: BTreeMap<(String, String), BTreeSet<(String, String)>> = BTreeMap::new();
     let rules = composites
         .iter()
         .map(|cc| {
             let parent = &cc.spec.parent_resource;
-            (vec![(&parent.api_version, &parent.resource)], &cc.spec.child_resources)
+            let rules: Vec<Rule<'_>> =
+                vec![(&parent.api_version, &parent.resource, parent.label_selector.as_ref(), None)];
+            (rules, &cc.spec.child_resources)
         })
         .chain(decorators.iter().map(|dc| {
-            let parents = dc.spec.resources.iter().map(|rule| (&rule.api_version, &rule.resource)).collect();
-            (parents, &dc.spec.attachments)
+            let rules = dc
+                .spec
+                .resources
+                .iter()
+                .map(|r| (&r.api_version, &r.resource, r.label_selector.as_ref(), r.annotation_selector.as_ref()))
+                .collect();
+            (rules, &dc.spec.attachments)
         }));
+    let mut wanted: BTreeMap<(String, String), Vec<ParentRule>> = BTreeMap::new();
     for (parents, children) in rules {
-        let mut owners = BTreeSet::new();
-        for (api_version, resource) in parents {
-            let Ok(parent) = discovery.resolve(api_version, resource).await else { continue };
-            owners.insert((parent.api_resource.group.clone(), parent.api_resource.kind.clone()));
-        }
         for child in children {
-            wanted.entry((child.api_version.clone(), child.resource.clone())).or_default().extend(owners.clone());
+            for &(api_version, resource, labels, annotations) in &parents {
+                let Ok(parent) = discovery.resolve(api_version, resource).await else { continue };
+                let rule = ParentRule { parent, labels: server_side(labels), annotations: annotations.cloned() };
+                wanted.entry((child.api_version.clone(), child.resource.clone())).or_default().push(rule);
+            }
         }
     }
     let mut types = Vec::new();
-    for ((api_version, resource), owners) in wanted {
+    for ((api_version, resource), parents) in wanted {
         let Ok(child) = discovery.resolve(&api_version, &resource).await else { continue };
-        if !owners.is_empty() {
-            types.push(ChildType { child, owners });
+        if !parents.is_empty() {
+            types.push(ChildType { child, parents });
         }
     }
     Ok(types)
@@ -321,46 +356,92 @@ async fn write_labels(
         .await
 }
 
-/// Labels the objects `api` lists of `child_type` that carry no bucket label of `ring` and whose
-/// controller is a parent of the type's (each with its controller's bucket), a page of 500 at a time
-/// (metadata only, selected by the server), each page labelled before the next is read. Returns how
-/// many were labelled.
+/// Labels the objects of `child_type` (in `namespaces`, as [`scopes`] says) that carry no bucket label
+/// of `ring` and whose controller is a parent one of the controllers selects, each with its
+/// controller's bucket: a page of 500 at a time (metadata only, the label's absence selected by the
+/// server), each page labelled before the next is read. Returns how many were labelled.
 ///
 /// Why: the hub stamps the bucket on every child it writes, but children written before the ring
 /// existed (by an unsharded hub, or by Metacontroller before the switch) carry none, and a member's
 /// caches select children by their bucket: their parents' syncs would not see them — a child the hook
 /// still wants would be refused as "taken" on every sync, one it no longer wants would never be deleted.
-/// An object whose controller is not one of these parent types is not the hub's and is not written.
+/// Only children of parents these controllers select are the hub's: another controller's parents may
+/// be of the same type (another hub, another `targetLabelSelector`), so the UIDs of the selected
+/// parents are listed (metadata, once per call, and only when some object is a candidate).
 pub async fn label_children(
     client: &Client,
     ring: &str,
     child_type: &ChildType,
-    api: &Api<DynamicObject>,
+    namespaces: &[String],
 ) -> Result<usize, LabelError> {
     let resource = &child_type.child;
-    let mut params = kube::api::ListParams::default().labels(&format!("!{}", shard_label(ring))).limit(500);
+    let list_error = |resource: &ResolvedResource| {
+        let plural = resource.api_resource.plural.clone();
+        move |source| LabelError::List { resource: plural, source: Box::new(source) }
+    };
+    let mut selected: Option<HashSet<String>> = None;
     let mut labelled = 0;
-    loop {
-        let page = api.list_metadata(&params).await.map_err(|source| LabelError::List {
-            resource: resource.api_resource.plural.clone(),
-            source: Box::new(source),
-        })?;
-        let labels: Vec<Label> = page
-            .items
-            .into_iter()
-            .filter_map(|object| {
-                let bucket = child_type.owner_bucket(&object.metadata)?;
-                let meta = object.metadata;
-                Some(Label { name: meta.name?, namespace: meta.namespace, version: meta.resource_version, bucket })
-            })
-            .collect();
-        let written = write_labels(client, ring, resource, labels).await;
-        labelled += written.iter().filter(|w| **w == Written::Labelled).count();
-        match page.metadata.continue_ {
-            Some(token) if !token.is_empty() => params = params.continue_token(&token),
-            _ => return Ok(labelled),
+    for api in scopes::<DynamicObject>(client, resource, namespaces) {
+        let mut params = kube::api::ListParams::default().labels(&format!("!{}", shard_label(ring))).limit(500);
+        loop {
+            let page = api.list_metadata(&params).await.map_err(list_error(resource))?;
+            let candidates: Vec<_> = page
+                .items
+                .into_iter()
+                .filter_map(|object| Some((child_type.controller(&object.metadata)?.to_owned(), object.metadata)))
+                .collect();
+            if !candidates.is_empty() && selected.is_none() {
+                selected = Some(selected_parents(client, child_type, namespaces).await?);
+            }
+            let selected = selected.as_ref();
+            let labels: Vec<Label> = candidates
+                .into_iter()
+                .filter(|(uid, _)| selected.is_some_and(|s| s.contains(uid)))
+                .filter_map(|(uid, meta)| {
+                    Some(Label {
+                        name: meta.name?,
+                        namespace: meta.namespace,
+                        version: meta.resource_version,
+                        bucket: bucket(&uid),
+                    })
+                })
+                .collect();
+            let written = write_labels(client, ring, resource, labels).await;
+            labelled += written.iter().filter(|w| **w == Written::Labelled).count();
+            match page.metadata.continue_ {
+                Some(token) if !token.is_empty() => params = params.continue_token(&token),
+                _ => break,
+            }
         }
     }
+    Ok(labelled)
+}
+
+/// The UIDs of the parents `child_type`'s controllers select (paged metadata lists).
+async fn selected_parents(
+    client: &Client,
+    child_type: &ChildType,
+    namespaces: &[String],
+) -> Result<HashSet<String>, LabelError> {
+    let mut uids = HashSet::new();
+    for rule in &child_type.parents {
+        for api in scopes::<DynamicObject>(client, &rule.parent, namespaces) {
+            let mut params = kube::api::ListParams::default().labels(&rule.labels).limit(500);
+            loop {
+                let page = api.list_metadata(&params).await.map_err(|source| LabelError::List {
+                    resource: rule.parent.api_resource.plural.clone(),
+                    source: Box::new(source),
+                })?;
+                let chosen = page.items.into_iter().filter(|p| rule.selects(&p.metadata));
+                uids.extend(chosen.filter_map(|p| p.metadata.uid));
+                match page.metadata.continue_ {
+                    Some(token) if !token.is_empty() => params = params.continue_token(&token),
+                    _ => break,
+                }
+            }
+        }
+    }
+    Ok(uids)
 }
 
 /// A parent waiting for its label, and what became of the write sent since it was last seen changed
@@ -643,14 +724,25 @@ mod tests {
     }
 
     #[test]
-    fn a_child_takes_its_controllers_bucket_only_when_the_controller_is_a_parent_type() {
+    fn a_child_is_a_candidate_only_when_its_controller_is_of_a_parent_type() {
+        let resource = |api_resource| Arc::new(ResolvedResource { api_resource, namespaced: true, has_status: false });
+        let thing = kube::core::ApiResource {
+            group: "test.metahook.dev".into(),
+            version: "v1".into(),
+            api_version: "test.metahook.dev/v1".into(),
+            kind: "Thing".into(),
+            plural: "things".into(),
+        };
         let child_type = ChildType {
-            child: Arc::new(ResolvedResource {
-                api_resource: kube::core::ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&()),
-                namespaced: true,
-                has_status: false,
-            }),
-            owners: [("test.metahook.dev".to_owned(), "Thing".to_owned()), (String::new(), "Pod".to_owned())].into(),
+            child: resource(kube::core::ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&())),
+            parents: vec![
+                ParentRule { parent: resource(thing), labels: String::new(), annotations: None },
+                ParentRule {
+                    parent: resource(kube::core::ApiResource::erase::<k8s_openapi::api::core::v1::Pod>(&())),
+                    labels: "app=a".into(),
+                    annotations: None,
+                },
+            ],
         };
         let owned = |api_version: &str, kind: &str, controller: Option<bool>| ObjectMeta {
             owner_references: Some(vec![k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
@@ -663,13 +755,39 @@ mod tests {
             }]),
             ..ObjectMeta::default()
         };
-        assert_eq!(child_type.owner_bucket(&owned("test.metahook.dev/v1", "Thing", Some(true))), Some(bucket("u-1")));
-        assert_eq!(child_type.owner_bucket(&owned("test.metahook.dev/v2", "Thing", Some(true))), Some(bucket("u-1")));
-        assert_eq!(child_type.owner_bucket(&owned("v1", "Pod", Some(true))), Some(bucket("u-1")));
-        assert_eq!(child_type.owner_bucket(&owned("other.dev/v1", "Thing", Some(true))), None, "another group");
-        assert_eq!(child_type.owner_bucket(&owned("apps/v1", "Deployment", Some(true))), None, "another kind");
-        assert_eq!(child_type.owner_bucket(&owned("test.metahook.dev/v1", "Thing", None)), None, "not its controller");
-        assert_eq!(child_type.owner_bucket(&ObjectMeta::default()), None, "no owner");
+        let controller = |meta: ObjectMeta| child_type.controller(&meta).map(str::to_owned);
+        assert_eq!(controller(owned("test.metahook.dev/v1", "Thing", Some(true))).as_deref(), Some("u-1"));
+        assert_eq!(controller(owned("test.metahook.dev/v2", "Thing", Some(true))).as_deref(), Some("u-1"));
+        assert_eq!(controller(owned("v1", "Pod", Some(true))).as_deref(), Some("u-1"));
+        assert_eq!(controller(owned("other.dev/v1", "Thing", Some(true))), None, "another group");
+        assert_eq!(controller(owned("apps/v1", "Deployment", Some(true))), None, "another kind");
+        assert_eq!(controller(owned("test.metahook.dev/v1", "Thing", None)), None, "not its controller");
+        assert_eq!(controller(ObjectMeta::default()), None, "no owner");
+    }
+
+    #[test]
+    fn a_decorators_annotation_selector_is_checked_on_the_parent() {
+        let rule = |annotations: Option<AnnotationSelector>| ParentRule {
+            parent: Arc::new(ResolvedResource {
+                api_resource: kube::core::ApiResource::erase::<k8s_openapi::api::core::v1::Pod>(&()),
+                namespaced: true,
+                has_status: false,
+            }),
+            labels: String::new(),
+            annotations,
+        };
+        let wanted = AnnotationSelector {
+            match_annotations: Some([("decorate".to_owned(), "yes".to_owned())].into()),
+            match_expressions: None,
+        };
+        let annotated = |value: &str| ObjectMeta {
+            annotations: Some([("decorate".to_owned(), value.to_owned())].into()),
+            ..ObjectMeta::default()
+        };
+        assert!(rule(Some(wanted.clone())).selects(&annotated("yes")));
+        assert!(!rule(Some(wanted.clone())).selects(&annotated("no")));
+        assert!(!rule(Some(wanted)).selects(&ObjectMeta::default()));
+        assert!(rule(None).selects(&ObjectMeta::default()));
     }
 
     #[test]

@@ -457,10 +457,7 @@ impl Coordinator {
             if done.contains(&key) {
                 continue;
             }
-            let mut labelled = 0;
-            for api in scopes::<DynamicObject>(&self.client, &child_type.child, &self.namespaces) {
-                labelled += label_children(&self.client, &self.ring, &child_type, &api).await?;
-            }
+            let labelled = label_children(&self.client, &self.ring, &child_type, &self.namespaces).await?;
             if labelled > 0 {
                 info!(ring = %self.ring, children = labelled, resource = %child_type.child.api_resource.plural, "labelled children written before the ring with their parents' buckets");
             }
