@@ -871,6 +871,69 @@ async fn children_written_before_the_ring_are_labelled_and_kept() {
     setup.finish(replicas).await;
 }
 
+/// Orphans are adopted by whichever replica holds the parent that selects them, as an unsharded hub
+/// (and Metacontroller) adopts them. Each parent's child is orphaned with its bucket label moved to a
+/// bucket the other replica holds (as a child keeps its old parent's bucket when that parent is deleted
+/// with `--cascade=orphan`): the parent's sync, refused the create of that name, moves it to
+/// `orphans`, which every replica watches, and adopts it — same UID, its own bucket again. And an
+/// orphan the parent's selector selects under a name its hook does not ask for, in the other
+/// replica's bucket, is moved there by that replica and adopted, then deleted, as Metacontroller would.
+#[tokio::test]
+async fn orphans_are_adopted_by_the_replica_holding_their_parent() {
+    let parents = 12;
+    let setup = Setup::new("shard-orphans", parents).await;
+    let replicas: Vec<Replica> = ["hub-a", "hub-b"].iter().map(|n| setup.start(n)).collect();
+    let live: BTreeSet<String> = setup.wait_members(2).await.keys().cloned().collect();
+    setup.parents_in(0..parents, "v1").await;
+    setup.wait_converged("v1", &live, Duration::from_secs(120)).await;
+    let claims = setup.claims().await;
+    let label = setup.shard_label();
+    let cms = setup.config_maps().await;
+    let mut kept = BTreeMap::new();
+    for thing in setup.things_seen.now() {
+        let name = thing.metadata.name.clone().unwrap();
+        let uid = thing.metadata.uid.clone().unwrap();
+        let holder = claims.iter().find(|(_, held)| held.contains(&bucket(&uid))).map(|(m, _)| m.clone());
+        let elsewhere = claims.iter().find(|(m, _)| Some(*m) != holder.as_ref()).and_then(|(_, held)| held.first());
+        let elsewhere = elsewhere.expect("another replica holds buckets").to_string();
+        let orphaned = json!({"metadata": {"ownerReferences": null, "labels": {&label: elsewhere}}});
+        let child = cms.patch(&name, &PatchParams::default(), &Patch::Merge(&orphaned)).await.unwrap();
+        kept.insert(name.clone(), child.metadata.uid.unwrap());
+        let stray: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": format!("{name}-stray"), "namespace": setup.ns.name,
+                         "labels": {"controller-uid": uid, &label: elsewhere}},
+        }))
+        .unwrap();
+        cms.create(&PostParams::default(), &stray).await.unwrap();
+    }
+    let since = Instant::now();
+    eventually(Duration::from_secs(60), || async {
+        let children = setup.children_seen.now();
+        let strays = children.iter().filter(|c| c.metadata.name.as_deref().is_some_and(|n| n.ends_with("-stray")));
+        (strays.count() == 0).then_some(())
+    })
+    .await;
+    println!("orphans in the other replica's buckets adopted and deleted {:.1} s after", since.elapsed().as_secs_f64());
+    setup.wait_converged("v1", &live, Duration::from_secs(60)).await;
+    for (name, uid) in &kept {
+        let child = cms.get(name).await.unwrap();
+        assert_eq!(child.metadata.uid.as_ref(), Some(uid), "{name} was re-created, not adopted");
+    }
+    let logs: String = ["hub-a", "hub-b"]
+        .iter()
+        .map(|n| std::fs::read_to_string(setup.dir.path().join(format!("{n}.log"))).unwrap_or_default())
+        .collect();
+    assert!(logs.contains("moving orphans where every member sees them"), "no replica moved the strays");
+    assert!(
+        logs.contains("moved a child to the bucket its parent"),
+        "no sync moved the orphan in the way of its create"
+    );
+    let twice = overlaps(&setup.calls());
+    assert!(twice.is_empty(), "parents synced by two replicas at once: {twice:?}");
+    setup.finish(replicas).await;
+}
+
 #[tokio::test]
 async fn three_replicas_share_300_parents_survive_a_kill_and_rebalance_for_a_fourth() {
     // 300 parents: the sampling error of the fraction moved is about 2.8 points (2.5 for the parents in

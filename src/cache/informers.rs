@@ -375,6 +375,13 @@ impl Informer {
         store.by_controller.get(uid).map(|keys| store.resolve(keys)).unwrap_or_default()
     }
 
+    /// Every cached orphan (an object without a controller ownerRef), in every namespace.
+    #[must_use]
+    pub fn orphans(&self) -> Vec<Arc<DynamicObject>> {
+        let store = self.shared.store.read().expect("store lock");
+        store.orphans.values().flat_map(|keys| store.resolve(keys)).collect()
+    }
+
     /// Orphans in `namespace` (`Some(None)` = cluster-scoped; `None` = everywhere) that `selector` selects,
     /// found by its required label when it has one.
     #[must_use]

@@ -7,7 +7,9 @@
 //! child and attachment it writes. The labels never change after that: what moves between replicas is
 //! whole buckets, by changing who watches them. Each replica watches parents and children with a
 //! server-side label selector for the buckets it holds (`shard.metahook.dev/<ring> in (3,17,…)`), so its
-//! cache holds about 1/N of the objects, and a move costs no write to any parent or child.
+//! cache holds about 1/N of the objects, and a move costs no write to any parent or child. A former
+//! child without a controller (released, or orphaned by the garbage collector) is labelled [`ORPHANS`]
+//! instead, which every replica watches: whoever holds a parent that would adopt it sees it.
 //!
 //! Buckets are assigned by rendezvous hashing (highest random weight) over the live members: each
 //! bucket goes to the member whose hash with the bucket is highest. When a member joins only the
@@ -41,8 +43,11 @@ pub const MEMBER_LABEL: &str = "shard.metahook.dev/member";
 /// is live.
 pub const BUCKETS_ANNOTATION: &str = "shard.metahook.dev/buckets";
 
-/// A label value no bucket has: the selector of a replica that holds no bucket matches nothing.
-const NO_BUCKET: &str = "none";
+/// The bucket label's value on a former child that has no controller now (released, or orphaned by
+/// the garbage collector): every member's caches select it, so whichever member holds a parent whose
+/// selector would adopt it finds it, as an unsharded hub would. Its old bucket's holder moves it here
+/// ([`crate::ops::labels`]); an adoption's next apply stamps the adopter's bucket.
+pub const ORPHANS: &str = "orphans";
 
 /// The bucket of the parent with `uid`.
 #[must_use]
@@ -119,8 +124,8 @@ pub fn shard_label(ring: &str) -> String {
     format!("{SHARD_LABEL_PREFIX}{ring}")
 }
 
-/// The server-side label selector of the objects in `buckets` of `ring`, in its shorter form: the
-/// buckets held (none: a selector that matches nothing), or, for more than half of them, the label
+/// The server-side label selector of the objects in `buckets` of `ring`, and of the [`ORPHANS`], in its
+/// shorter form: the buckets held (none: the orphans alone), or, for more than half of them, the label
 /// without the others (all: the label alone, as a replica alone in its ring has). A selector rides in
 /// the URL of every list and watch: at most 512 numbers this way, a few kilobytes.
 #[must_use]
@@ -128,9 +133,8 @@ pub fn selector(ring: &str, buckets: &BTreeSet<u16>) -> String {
     let label = shard_label(ring);
     let join = |values: Vec<String>| values.join(",");
     if buckets.len() * 2 <= usize::from(BUCKETS) {
-        let values: Vec<String> = buckets.iter().map(u16::to_string).collect();
-        let values = if values.is_empty() { NO_BUCKET.to_owned() } else { join(values) };
-        return format!("{label} in ({values})");
+        let values: Vec<String> = buckets.iter().map(u16::to_string).chain([ORPHANS.to_owned()]).collect();
+        return format!("{label} in ({})", join(values));
     }
     let others: Vec<String> = (0..BUCKETS).filter(|b| !buckets.contains(b)).map(|b| b.to_string()).collect();
     if others.is_empty() { label } else { format!("{label},{label} notin ({})", join(others)) }
@@ -407,9 +411,9 @@ mod tests {
     }
 
     #[test]
-    fn selectors_name_the_buckets_or_match_nothing() {
-        assert_eq!(selector("r", &[3, 17].into()), "shard.metahook.dev/r in (3,17)");
-        assert_eq!(selector("r", &BTreeSet::new()), "shard.metahook.dev/r in (none)");
+    fn selectors_name_the_buckets_and_the_orphans() {
+        assert_eq!(selector("r", &[3, 17].into()), "shard.metahook.dev/r in (3,17,orphans)");
+        assert_eq!(selector("r", &BTreeSet::new()), "shard.metahook.dev/r in (orphans)", "none: the orphans alone");
         let all: BTreeSet<u16> = (0..BUCKETS).collect();
         assert_eq!(selector("r", &all), "shard.metahook.dev/r", "all: the label alone");
         let but_two: BTreeSet<u16> = (0..BUCKETS).filter(|b| *b != 5 && *b != 9).collect();
@@ -431,7 +435,7 @@ mod tests {
         let uid = uid_in(7);
         assert!(held.enter(&uid).await.is_none(), "not held");
         let selector = held.take(&[7].into()).await;
-        assert_eq!(selector, "shard.metahook.dev/r in (7)");
+        assert_eq!(selector, "shard.metahook.dev/r in (7,orphans)");
         assert_eq!(*selection.borrow(), selector, "the caches watch an arriving bucket");
         let waiting = held.enter(&uid);
         tokio::pin!(waiting);
@@ -451,7 +455,7 @@ mod tests {
         drop(sync);
         tokio::time::timeout(Duration::from_secs(5), releasing).await.expect("released after the sync");
         assert!(held.enter(&uid).await.is_none(), "let go");
-        assert_eq!(*selection.borrow(), "shard.metahook.dev/r in (none)");
+        assert_eq!(*selection.borrow(), "shard.metahook.dev/r in (orphans)");
         // A sync waiting for an arriving bucket is let off when the term ends.
         held.take(&seven).await;
         let waiting = held.enter(&uid);

@@ -15,7 +15,9 @@
 //! label one write, not one per member (all but the first of which would conflict).
 //!
 //! Children carry their parent's bucket too: the hub stamps it on what it writes, and the coordinator
-//! labels the children written before the ring existed ([`label_children`]).
+//! labels the children written before the ring existed ([`label_children`]). A former child that has
+//! no controller any more is moved to [`ORPHANS`] by the member whose caches show it, each
+//! `rebalanceInterval`, so that any member's parent can adopt it.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::pin::Pin;
@@ -29,13 +31,13 @@ use kube::api::{Api, DynamicObject, PartialObjectMeta, Patch, PatchParams};
 use kube::runtime::{WatchStreamExt as _, watcher};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use crate::api::{AnnotationSelector, CompositeController, DecoratorController};
 use crate::cache::discovery::{Discovery, ResolvedResource};
 use crate::cache::informers::Informers;
 use crate::cache::selector::{Selector, parse_selector_string, server_side};
-use crate::cache::shard::{Held, bucket, shard_label};
+use crate::cache::shard::{Held, ORPHANS, bucket, shard_label};
 
 /// Label writes sent at once.
 const WRITES_AT_ONCE: usize = 32;
@@ -92,6 +94,25 @@ pub async fn parent_types(
     controllers: &str,
 ) -> Result<Vec<ParentType>, LabelError> {
     let (composites, decorators) = read_controllers(client, controllers).await?;
+    Ok(parent_types_of(discovery, &composites, &decorators).await)
+}
+
+/// [`parent_types`] and [`child_types`] from one reading of the controllers.
+pub async fn types(
+    client: &Client,
+    discovery: &Discovery,
+    controllers: &str,
+) -> Result<(Vec<ParentType>, Vec<ChildType>), LabelError> {
+    let (composites, decorators) = read_controllers(client, controllers).await?;
+    let parents = parent_types_of(discovery, &composites, &decorators).await;
+    Ok((parents, child_types_of(discovery, &composites, &decorators).await))
+}
+
+async fn parent_types_of(
+    discovery: &Discovery,
+    composites: &[CompositeController],
+    decorators: &[DecoratorController],
+) -> Vec<ParentType> {
     let mut wanted: BTreeMap<(String, String), BTreeSet<String>> = BTreeMap::new();
     let rules = composites
         .iter()
@@ -111,7 +132,7 @@ pub async fn parent_types(
         let Ok(parent) = discovery.resolve(&api_version, &resource).await else { continue };
         types.push(ParentType { parent, selectors });
     }
-    Ok(types)
+    types
 }
 
 /// What tells two readings of a [`ChildType`] apart: its `apiVersion` and plural, and its parent rules.
@@ -180,6 +201,14 @@ pub async fn child_types(
     controllers: &str,
 ) -> Result<Vec<ChildType>, LabelError> {
     let (composites, decorators) = read_controllers(client, controllers).await?;
+    Ok(child_types_of(discovery, &composites, &decorators).await)
+}
+
+async fn child_types_of(
+    discovery: &Discovery,
+    composites: &[CompositeController],
+    decorators: &[DecoratorController],
+) -> Vec<ChildType> {
     let rules = composites
         .iter()
         .map(|cc| {
@@ -214,7 +243,7 @@ pub async fn child_types(
             types.push(ChildType { child, parents });
         }
     }
-    Ok(types)
+    types
 }
 
 /// `a` and `b` together (either may be empty).
@@ -302,7 +331,7 @@ pub async fn label_parents<'a>(
         name: parent.name.clone(),
         namespace: parent.namespace.clone(),
         version: parent.version.clone(),
-        bucket: parent.bucket(),
+        value: parent.bucket().to_string(),
     });
     write_labels(client, ring, resource, writes).await
 }
@@ -313,7 +342,8 @@ pub struct Label {
     pub namespace: Option<String>,
     /// The resourceVersion it was read at: the write is refused if the object changed since.
     pub version: Option<String>,
-    pub bucket: u16,
+    /// A bucket, or [`ORPHANS`].
+    pub value: String,
 }
 
 /// Writes each of `labels` on its object of `resource` (see [`label_parents`]).
@@ -328,8 +358,7 @@ async fn write_labels(
     let writes: Vec<(Api<DynamicObject>, String, serde_json::Value)> = labels
         .into_iter()
         .map(|label| {
-            let patch =
-                json!({"metadata": {"resourceVersion": label.version, "labels": {&key: label.bucket.to_string()}}});
+            let patch = json!({"metadata": {"resourceVersion": label.version, "labels": {&key: label.value}}});
             let api = match label.namespace.as_deref().filter(|_| resource.namespaced) {
                 Some(ns) => Api::namespaced_with(client.clone(), ns, &resource.api_resource),
                 None => Api::all_with(client.clone(), &resource.api_resource),
@@ -402,7 +431,7 @@ pub async fn label_children(
                         name: meta.name?,
                         namespace: meta.namespace,
                         version: meta.resource_version,
-                        bucket: bucket(&uid),
+                        value: bucket(&uid).to_string(),
                     })
                 })
                 .collect();
@@ -536,6 +565,7 @@ impl Labeller {
         let mut selection = self.held.selection();
         let mut types: Option<Vec<(String, String, BTreeSet<String>)>> = None;
         let mut read: Vec<ParentType> = Vec::new();
+        let mut children: Vec<ChildType> = Vec::new();
         let mut checked = Instant::now();
         let mut watches: Vec<Unlabelled> = Vec::new();
         let mut events: stream::SelectAll<Events> = stream::SelectAll::new();
@@ -565,14 +595,15 @@ impl Labeller {
                 }
                 _ = tick.tick() => {
                     if ticks.is_multiple_of(TYPES_EVERY_TICKS) {
-                        match parent_types(&self.client, &self.discovery, &self.controllers).await {
-                            Ok(now) => {
+                        match self::types(&self.client, &self.discovery, &self.controllers).await {
+                            Ok((now, child_types)) => {
                                 let key: Vec<_> = now.iter().map(ParentType::key).collect();
                                 if types.as_ref() != Some(&key) {
                                     (watches, events) = self.watch(&now, &label);
                                     types = Some(key);
                                 }
                                 read = now;
+                                children = child_types;
                             }
                             Err(err) => warn!(ring = %self.ring, "reading the parent types to label (retrying): {err}"),
                         }
@@ -580,6 +611,7 @@ impl Labeller {
                     ticks = ticks.wrapping_add(1);
                     if checked.elapsed() >= self.check {
                         self.put_back(&read, &label).await;
+                        self.route_orphans(&children, &label).await;
                         checked = Instant::now();
                     }
                     true
@@ -658,6 +690,31 @@ impl Labeller {
             }
             warn!(ring = %self.ring, parents = wrong.len(), resource = %parent_type.parent.api_resource.plural, "putting back bucket labels someone else changed");
             label_parents(&self.client, &self.ring, &parent_type.parent, &wrong).await;
+        }
+    }
+
+    /// Moves the orphans its caches show (former children without a controller now, still labelled
+    /// with a bucket this member holds) to [`ORPHANS`], which every member's caches select: a parent
+    /// that would adopt one may be any member's (an unsharded hub sees every orphan, and Metacontroller
+    /// adopts those its parents select). Nothing else carries the label, so nothing else is written.
+    async fn route_orphans(&self, child_types: &[ChildType], label: &str) {
+        for child_type in child_types {
+            let Some(informer) = self.informers.running(&child_type.child) else { continue };
+            let orphans: Vec<Label> = informer
+                .orphans()
+                .iter()
+                .filter(|obj| obj.metadata.labels.as_ref().and_then(|l| l.get(label)).is_some_and(|v| v != ORPHANS))
+                .map(|obj| Label {
+                    name: obj.metadata.name.clone().unwrap_or_default(),
+                    namespace: obj.metadata.namespace.clone(),
+                    version: obj.metadata.resource_version.clone(),
+                    value: ORPHANS.to_owned(),
+                })
+                .collect();
+            if !orphans.is_empty() {
+                info!(ring = %self.ring, orphans = orphans.len(), resource = %child_type.child.api_resource.plural, "moving orphans where every member sees them");
+                write_labels(&self.client, &self.ring, &child_type.child, orphans).await;
+            }
         }
     }
 

@@ -37,13 +37,14 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
-use serde_json::Value;
+use serde_json::{Value, json};
 use tracing::Instrument as _;
 
 use crate::api::APPLIED_ANNOTATION;
 use crate::api::UpdateMethod;
 use crate::cache::discovery::ResolvedResource;
 use crate::cache::informers::ObjectKey;
+use crate::cache::shard::ORPHANS;
 use crate::write::take_over::{TakeOver, TakeOverError};
 
 /// What applying did. Writes name the resourceVersion (or, for a delete, the UID) they left behind, so
@@ -343,7 +344,11 @@ impl Applier {
     /// Explains a refused create: the name belongs to someone else, or to this very parent and the
     /// cache has not seen it yet (then a quiet retry). A sharded cache never shows a child of this
     /// parent that lacks the bucket label `desired` carries (one written before the ring existed): it
-    /// is labelled here, under a compare-and-swap on the version just read, so the retry sees it.
+    /// is labelled here, under a compare-and-swap on the version just read, so the retry sees it. Nor
+    /// does it show an orphan in another replica's bucket (a former child of a parent deleted with
+    /// `--cascade=orphan`, say): one that carries the ring's label is moved to
+    /// [`ORPHANS`](crate::cache::shard::ORPHANS), and the retry adopts it if the parent's selector
+    /// says so, or reports the name taken.
     async fn taken(
         &self,
         api: &Api<DynamicObject>,
@@ -361,8 +366,17 @@ impl Applier {
         match api.get_opt(&key.name).await {
             Ok(Some(existing)) if crate::cache::informers::controller_uid(&existing) == ours => {
                 if ours.is_some() {
-                    label_buckets(api, desired, &existing, &key).await;
+                    relabel(api, &existing, &key, shard_labels(desired, &existing, None)).await;
                 }
+                ApplyError::Stale { kind, key }
+            }
+            // A former child without a controller, in an old bucket: moved to where every replica sees
+            // it, so the parent that would adopt it (if its selector says so) finds it on the retry.
+            Ok(Some(existing))
+                if ours.is_some()
+                    && crate::cache::informers::controller_uid(&existing).is_none()
+                    && relabel(api, &existing, &key, shard_labels(desired, &existing, Some(ORPHANS))).await =>
+            {
                 ApplyError::Stale { kind, key }
             }
             Ok(Some(existing)) => ApplyError::NotOurs { kind, key, holder: holder(&existing) },
@@ -463,30 +477,49 @@ impl Applier {
     }
 }
 
-/// Puts the bucket labels `desired` carries (`shard.metahook.dev/<ring>`) on `existing` where they
-/// differ, under a resourceVersion precondition (see [`Applier::taken`]). A write that fails is logged
-/// and left to the next retry.
-async fn label_buckets(api: &Api<DynamicObject>, desired: &Value, existing: &DynamicObject, key: &ObjectKey) {
+/// The bucket labels `desired` carries (`shard.metahook.dev/<ring>`) that `existing` should get: with
+/// `value`, only those it already has (then set to `value`), else desired's own; each only where it
+/// differs.
+fn shard_labels(desired: &Value, existing: &DynamicObject, value: Option<&str>) -> serde_json::Map<String, Value> {
     let have = existing.metadata.labels.as_ref();
-    let missing: serde_json::Map<String, Value> = desired
+    desired
         .pointer("/metadata/labels")
         .and_then(Value::as_object)
         .into_iter()
         .flatten()
-        .filter(|(label, value)| {
-            label.starts_with(crate::cache::shard::SHARD_LABEL_PREFIX)
-                && have.and_then(|l| l.get(*label)).map(String::as_str) != value.as_str()
+        .filter(|(label, _)| label.starts_with(crate::cache::shard::SHARD_LABEL_PREFIX))
+        .filter_map(|(label, wanted)| {
+            let now = have.and_then(|l| l.get(label));
+            let to = match value {
+                Some(value) => now.is_some().then(|| Value::String(value.to_owned()))?,
+                None => wanted.clone(),
+            };
+            (now.map(String::as_str) != to.as_str()).then(|| (label.clone(), to))
         })
-        .map(|(label, value)| (label.clone(), value.clone()))
-        .collect();
-    if missing.is_empty() {
-        return;
+        .collect()
+}
+
+/// Writes `labels` on `existing` under a resourceVersion precondition (see [`Applier::taken`]); whether
+/// it did. A write that fails is logged and left to the next retry.
+async fn relabel(
+    api: &Api<DynamicObject>,
+    existing: &DynamicObject,
+    key: &ObjectKey,
+    labels: serde_json::Map<String, Value>,
+) -> bool {
+    if labels.is_empty() {
+        return false;
     }
-    let patch =
-        serde_json::json!({"metadata": {"resourceVersion": existing.metadata.resource_version, "labels": missing}});
+    let patch = json!({"metadata": {"resourceVersion": existing.metadata.resource_version, "labels": labels}});
     match api.patch(&key.name, &PatchParams::default(), &Patch::Merge(&patch)).await {
-        Ok(_) => tracing::info!(child = %key, "labelled a child written before the ring with its parent's bucket"),
-        Err(err) => tracing::debug!(child = %key, "labelling a child with its parent's bucket (retrying): {err}"),
+        Ok(_) => {
+            tracing::info!(child = %key, ?labels, "moved a child to the bucket its parent's replica watches");
+            true
+        }
+        Err(err) => {
+            tracing::debug!(child = %key, "moving a child to its parent's bucket (retrying): {err}");
+            false
+        }
     }
 }
 
