@@ -73,7 +73,10 @@ impl HookProcess {
             .spawn()
             .map_err(|e| RenderError::Setup(format!("starting {cmd:?}: {e}")))?;
         let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
-        while tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_err() {
+        let pid = child.id().unwrap_or_default();
+        while tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_err()
+            || listener_owned_by(pid, port) == Some(false)
+        {
             if let Ok(Some(status)) = child.try_wait() {
                 return Err(RenderError::Setup(format!("hook command {cmd:?} exited with {status}")));
             }
@@ -89,9 +92,97 @@ impl HookProcess {
     }
 }
 
+/// Whether the socket listening on `port` belongs to process `pid` or one of its descendants; `None`
+/// where `/proc` cannot tell (not Linux). Why: the free port is found by binding and closing it, and
+/// until the hook binds it another process may (a test binary starts many servers at once); a probe
+/// that connects there would send the hook's request to a stranger (seen as "connection closed before
+/// message completed" from a hook that had not even started).
+fn listener_owned_by(pid: u32, port: u16) -> Option<bool> {
+    let listening: Vec<String> =
+        ["/proc/net/tcp", "/proc/net/tcp6"].iter().filter_map(|table| std::fs::read_to_string(table).ok()).collect();
+    if listening.is_empty() {
+        return None;
+    }
+    let inodes: Vec<String> = listening.iter().flat_map(|table| listening_inodes(table, port)).collect();
+    if inodes.is_empty() {
+        return Some(false);
+    }
+    let sockets: Vec<String> = inodes.iter().map(|inode| format!("socket:[{inode}]")).collect();
+    let owns = |pid: &u32| {
+        std::fs::read_dir(format!("/proc/{pid}/fd")).into_iter().flatten().flatten().any(|fd| {
+            std::fs::read_link(fd.path()).is_ok_and(|target| sockets.iter().any(|s| target.as_os_str() == s.as_str()))
+        })
+    };
+    Some(family(pid).iter().any(owns))
+}
+
+/// The inodes of the sockets a `/proc/net/tcp`-format `table` lists as listening (state `0A`) on `port`.
+fn listening_inodes(table: &str, port: u16) -> Vec<String> {
+    let wanted = format!("{port:04X}");
+    table
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let local_port = fields.get(1)?.rsplit_once(':')?.1;
+            (local_port == wanted && *fields.get(3)? == "0A").then(|| fields.get(9).map(|s| (*s).to_owned()))?
+        })
+        .collect()
+}
+
+/// `pid` and its descendants (a hook command may be a wrapper that starts the server).
+fn family(pid: u32) -> Vec<u32> {
+    let parents: Vec<(u32, u32)> = std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| {
+            let child: u32 = entry.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
+            // `pid (comm) state ppid …`: comm may hold spaces and parentheses, so read after the last `)`.
+            let parent = stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()?;
+            Some((child, parent))
+        })
+        .collect();
+    let mut family = vec![pid];
+    let mut i = 0;
+    while i < family.len() {
+        let of = family[i];
+        family.extend(parents.iter().filter(|(_, parent)| *parent == of).map(|(child, _)| *child));
+        i += 1;
+    }
+    family
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_listening_socket_of_a_port_is_found_in_proc_net_tcp() {
+        let table = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+   0: 0100007F:9E63 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1234 1 0000 100 0 0 10 0
+   1: 0100007F:9E63 0100007F:ADDE 01 00000000:00000000 00:00000000 00000000     0        0 5678 1 0000 20 4 30 10 -1
+   2: 0100007F:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 9999 1 0000 100 0 0 10 0";
+        assert_eq!(listening_inodes(table, 0x9E63), vec!["1234".to_owned()], "listening only, not the connection");
+        assert!(listening_inodes(table, 0x9E64).is_empty());
+    }
+
+    #[test]
+    fn a_listener_is_found_in_this_process_and_not_in_another() {
+        if !std::path::Path::new("/proc/net/tcp").exists() {
+            return;
+        }
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        assert_eq!(listener_owned_by(std::process::id(), port), Some(true));
+        let mut other = std::process::Command::new("sleep").arg("5").spawn().unwrap();
+        assert_eq!(listener_owned_by(other.id(), port), Some(false), "another process has no such socket");
+        let _ = other.kill();
+        let _ = other.wait();
+        drop(listener);
+        assert_eq!(listener_owned_by(std::process::id(), port), Some(false), "nothing listens");
+    }
 
     #[test]
     fn hook_paths_come_from_the_controller_url() {
