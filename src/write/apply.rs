@@ -773,6 +773,30 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_child_gets_the_bucket_desired_carries_and_an_orphan_only_a_label_it_has() {
+        let desired = json!({"metadata": {"name": "c", "labels": {"app": "a", "shard.metahook.dev/r": "7"}}});
+        let existing = |labels: Value| -> DynamicObject {
+            serde_json::from_value(json!({"apiVersion": "v1", "kind": "ConfigMap",
+                                          "metadata": {"name": "c", "labels": labels}}))
+            .unwrap()
+        };
+        let bucket = |labels: Value| shard_labels(&desired, &existing(labels), None);
+        let orphaned = |labels: Value| shard_labels(&desired, &existing(labels), Some(ORPHANS));
+        assert_eq!(Value::Object(bucket(json!({"app": "a"}))), json!({"shard.metahook.dev/r": "7"}), "missing");
+        assert_eq!(Value::Object(bucket(json!({"shard.metahook.dev/r": "3"}))), json!({"shard.metahook.dev/r": "7"}));
+        assert!(bucket(json!({"shard.metahook.dev/r": "7"})).is_empty(), "already there");
+        assert_eq!(
+            Value::Object(orphaned(json!({"shard.metahook.dev/r": "3"}))),
+            json!({"shard.metahook.dev/r": "orphans"}),
+            "a former child moves to the orphans"
+        );
+        assert!(orphaned(json!({"app": "a"})).is_empty(), "never the ring's: not written");
+        assert!(orphaned(json!({"shard.metahook.dev/r": "orphans"})).is_empty(), "moved already");
+        let unsharded = json!({"metadata": {"name": "c", "labels": {"app": "a"}}});
+        assert!(shard_labels(&unsharded, &existing(json!({})), None).is_empty(), "no ring: nothing");
+    }
+
+    #[test]
     fn server_fields_and_status_are_stripped_from_desired_objects() {
         let desired = serde_json::json!({
             "apiVersion": "v1", "kind": "ConfigMap",
