@@ -33,7 +33,7 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use crate::api::{AnnotationSelector, CompositeController, DecoratorController};
+use crate::api::{AnnotationSelector, ChildResourceRule, CompositeController, DecoratorController};
 use crate::cache::discovery::{Discovery, ResolvedResource};
 use crate::cache::informers::Informers;
 use crate::cache::selector::{Selector, parse_selector_string, server_side};
@@ -114,16 +114,8 @@ async fn parent_types_of(
     decorators: &[DecoratorController],
 ) -> Vec<ParentType> {
     let mut wanted: BTreeMap<(String, String), BTreeSet<String>> = BTreeMap::new();
-    let rules = composites
-        .iter()
-        .map(|cc| {
-            let rule = &cc.spec.parent_resource;
-            (&rule.api_version, &rule.resource, rule.label_selector.as_ref())
-        })
-        .chain(decorators.iter().flat_map(|dc| {
-            dc.spec.resources.iter().map(|rule| (&rule.api_version, &rule.resource, rule.label_selector.as_ref()))
-        }));
-    for (api_version, resource, selector) in rules {
+    let rules = controller_rules(composites, decorators).flat_map(|(parents, _)| parents);
+    for (api_version, resource, selector, _) in rules {
         let selectors = wanted.entry((api_version.clone(), resource.clone())).or_default();
         selectors.insert(server_side(selector));
     }
@@ -183,15 +175,39 @@ impl ChildType {
     pub fn controller<'m>(&self, meta: &'m ObjectMeta) -> Option<&'m str> {
         let controller = meta.owner_references.iter().flatten().find(|r| r.controller == Some(true))?;
         let group = controller.api_version.rsplit_once('/').map_or("", |(group, _)| group);
-        let resource =
-            |rule: &ParentRule| (rule.parent.api_resource.group.clone(), rule.parent.api_resource.kind.clone());
-        let owner = (group.to_owned(), controller.kind.clone());
-        self.parents.iter().any(|rule| resource(rule) == owner).then_some(controller.uid.as_str())
+        let of_owner = |rule: &ParentRule| {
+            let parent = &rule.parent.api_resource;
+            parent.group == group && parent.kind == controller.kind
+        };
+        self.parents.iter().any(of_owner).then_some(controller.uid.as_str())
     }
 }
 
 /// One controller's parent rule, as written: `apiVersion`, resource, label and annotation selectors.
 type Rule<'a> = (&'a String, &'a String, Option<&'a LabelSelector>, Option<&'a AnnotationSelector>);
+
+/// Each controller's parent rules (a composite's one, a decorator's `resources`) and the types it
+/// writes for its parents (child resources, attachments).
+fn controller_rules<'a>(
+    composites: &'a [CompositeController],
+    decorators: &'a [DecoratorController],
+) -> impl Iterator<Item = (Vec<Rule<'a>>, &'a [ChildResourceRule])> {
+    let composites = composites.iter().map(|cc| {
+        let parent = &cc.spec.parent_resource;
+        let rules: Vec<Rule<'a>> = vec![(&parent.api_version, &parent.resource, parent.label_selector.as_ref(), None)];
+        (rules, cc.spec.child_resources.as_slice())
+    });
+    let decorators = decorators.iter().map(|dc| {
+        let rules = dc
+            .spec
+            .resources
+            .iter()
+            .map(|r| (&r.api_version, &r.resource, r.label_selector.as_ref(), r.annotation_selector.as_ref()))
+            .collect();
+        (rules, dc.spec.attachments.as_slice())
+    });
+    composites.chain(decorators)
+}
 
 /// Every child type of the composite controllers whose labels match `controllers`, and every
 /// attachment type of such decorators, each with how those controllers select their parents.
@@ -209,25 +225,8 @@ async fn child_types_of(
     composites: &[CompositeController],
     decorators: &[DecoratorController],
 ) -> Vec<ChildType> {
-    let rules = composites
-        .iter()
-        .map(|cc| {
-            let parent = &cc.spec.parent_resource;
-            let rules: Vec<Rule<'_>> =
-                vec![(&parent.api_version, &parent.resource, parent.label_selector.as_ref(), None)];
-            (rules, &cc.spec.child_resources)
-        })
-        .chain(decorators.iter().map(|dc| {
-            let rules = dc
-                .spec
-                .resources
-                .iter()
-                .map(|r| (&r.api_version, &r.resource, r.label_selector.as_ref(), r.annotation_selector.as_ref()))
-                .collect();
-            (rules, &dc.spec.attachments)
-        }));
     let mut wanted: BTreeMap<(String, String), Vec<ParentRule>> = BTreeMap::new();
-    for (parents, children) in rules {
+    for (parents, children) in controller_rules(composites, decorators) {
         for child in children {
             for &(api_version, resource, labels, annotations) in &parents {
                 let Ok(parent) = discovery.resolve(api_version, resource).await else { continue };
