@@ -878,6 +878,9 @@ async fn children_written_before_the_ring_are_labelled_and_kept() {
 /// `orphans`, which every replica watches, and adopts it — same UID, its own bucket again. And an
 /// orphan the parent's selector selects under a name its hook does not ask for, in the other
 /// replica's bucket, is moved there by that replica and adopted, then deleted, as Metacontroller would.
+/// Four children instead lose their bucket label with their owner, as a user's own object under the
+/// name a hook asks for carries none: the three the parent's selector still selects are moved to
+/// `orphans` by the refused create and adopted; the one it does not select is never written.
 #[tokio::test]
 async fn orphans_are_adopted_by_the_replica_holding_their_parent() {
     let parents = 12;
@@ -890,14 +893,25 @@ async fn orphans_are_adopted_by_the_replica_holding_their_parent() {
     let label = setup.shard_label();
     let cms = setup.config_maps().await;
     let mut kept = BTreeMap::new();
+    // p8–p10: unlabelled orphans their parent selects; p11: an unlabelled object it does not select.
+    let unlabelled = |name: &str| ["p8", "p9", "p10", "p11"].contains(&name);
+    let mut foreign = None;
     for thing in setup.things_seen.now() {
         let name = thing.metadata.name.clone().unwrap();
         let uid = thing.metadata.uid.clone().unwrap();
         let holder = claims.iter().find(|(_, held)| held.contains(&bucket(&uid))).map(|(m, _)| m.clone());
         let elsewhere = claims.iter().find(|(m, _)| Some(*m) != holder.as_ref()).and_then(|(_, held)| held.first());
         let elsewhere = elsewhere.expect("another replica holds buckets").to_string();
-        let orphaned = json!({"metadata": {"ownerReferences": null, "labels": {&label: elsewhere}}});
+        let orphaned = match name.as_str() {
+            "p11" => json!({"metadata": {"ownerReferences": null, "labels": {&label: null, "controller-uid": null}}}),
+            n if unlabelled(n) => json!({"metadata": {"ownerReferences": null, "labels": {&label: null}}}),
+            _ => json!({"metadata": {"ownerReferences": null, "labels": {&label: elsewhere}}}),
+        };
         let child = cms.patch(&name, &PatchParams::default(), &Patch::Merge(&orphaned)).await.unwrap();
+        if name == "p11" {
+            foreign = Some(child);
+            continue;
+        }
         kept.insert(name.clone(), child.metadata.uid.unwrap());
         let stray: DynamicObject = serde_json::from_value(json!({
             "apiVersion": "v1", "kind": "ConfigMap",
@@ -915,15 +929,39 @@ async fn orphans_are_adopted_by_the_replica_holding_their_parent() {
     })
     .await;
     println!("orphans in the other replica's buckets adopted and deleted {:.1} s after", since.elapsed().as_secs_f64());
+    let adopted = eventually(Duration::from_secs(60), || async {
+        for name in ["p8", "p9", "p10"] {
+            let child = cms.get(name).await.ok()?;
+            let owned = child.metadata.owner_references.iter().flatten().any(|r| r.controller == Some(true));
+            let bucket = child.metadata.labels.as_ref()?.get(&label)?;
+            (owned && bucket != "orphans").then_some(())?;
+        }
+        Some(since.elapsed())
+    })
+    .await;
+    println!("unlabelled orphans in the way of their parents' creates adopted {:.1} s after", adopted.as_secs_f64());
+    // The object p11's selector does not select: never written, its parent's create refused, said.
+    let foreign = foreign.expect("p11's child");
+    let refused = "already exists and is not controlled by this parent";
+    let logs = || -> String {
+        ["hub-a", "hub-b"]
+            .iter()
+            .map(|n| std::fs::read_to_string(setup.dir.path().join(format!("{n}.log"))).unwrap_or_default())
+            .collect()
+    };
+    eventually(Duration::from_secs(30), || async {
+        logs().lines().any(|l| l.contains(refused) && l.contains("p11")).then_some(())
+    })
+    .await;
+    let now = cms.get("p11").await.unwrap();
+    assert_eq!(now.metadata.resource_version, foreign.metadata.resource_version, "p11's object was written: {now:?}");
+    cms.delete("p11", &Default::default()).await.unwrap();
     setup.wait_converged("v1", &live, Duration::from_secs(60)).await;
     for (name, uid) in &kept {
         let child = cms.get(name).await.unwrap();
         assert_eq!(child.metadata.uid.as_ref(), Some(uid), "{name} was re-created, not adopted");
     }
-    let logs: String = ["hub-a", "hub-b"]
-        .iter()
-        .map(|n| std::fs::read_to_string(setup.dir.path().join(format!("{n}.log"))).unwrap_or_default())
-        .collect();
+    let logs = logs();
     assert!(logs.contains("moving orphans where every member sees them"), "no replica moved the strays");
     assert!(
         logs.contains("moved a child to the bucket its parent"),

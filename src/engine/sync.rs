@@ -113,6 +113,11 @@ pub(crate) trait Kind: Send + Sync + 'static {
     /// Whether `child`, found in the cache under a desired name but not observed, is `obj`'s own (its
     /// creation's echo was not cached yet) rather than someone else's.
     fn ours(&self, obj: &DynamicObject, child: &DynamicObject) -> bool;
+    /// Whether `obj` (of type `resource`) adopts `child` as its own were it to see it: an orphan its
+    /// selector selects. A decorator adopts nothing.
+    fn adopts(&self, _obj: &DynamicObject, _resource: &ResolvedResource, _child: &DynamicObject) -> bool {
+        false
+    }
 }
 
 /// What `Kind::observe` claims: the children (or attachments) by declared type, and what else the kind
@@ -540,7 +545,9 @@ pub(crate) async fn sync<C: Kind>(kind: &C, key: &C::Key, reasons: Reasons) -> R
             .flat_map(|children| children.values_mut())
             .for_each(|child| shard.stamp(child, uid));
     }
-    let plan = Plan::new(&core.children, &observed, &decision.desired, |child| kind.ours(&obj, child))?;
+    let ours = |child: &DynamicObject| kind.ours(&obj, child);
+    let adopts = |child: &DynamicObject| kind.adopts(&obj, &resource, child);
+    let plan = Plan::new(&core.children, &observed, &decision.desired, ours, &adopts)?;
     if !finalizing {
         plan.check_guard(core.deletion_guard, &obj)?;
     }

@@ -189,13 +189,27 @@ impl Applier {
         observed: Option<&DynamicObject>,
         method: UpdateMethod,
     ) -> Result<Applied, ApplyError> {
+        self.apply_adopting(resource, desired, observed, method, &|_| false).await
+    }
+
+    /// [`Applier::apply`] for a parent that adopts the orphans `adopts` says it selects: one in the way
+    /// of a create that a sharded cache cannot show is moved where it can be seen and adopted (see
+    /// [`Applier::taken`]).
+    pub async fn apply_adopting(
+        &self,
+        resource: &ResolvedResource,
+        desired: &Value,
+        observed: Option<&DynamicObject>,
+        method: UpdateMethod,
+        adopts: Adopts<'_>,
+    ) -> Result<Applied, ApplyError> {
         let result = match observed {
             // Known to change nothing: no request is sent, and there is no write to trace.
             Some(current) if self.is_current(resource, desired, current, method) => Ok(Applied::Unchanged),
             _ => {
                 let verb = if observed.is_some() { "update" } else { "create" };
                 let span = write_span(verb, resource.kind(), &key_of(desired));
-                let result = self.write(resource, desired, observed, method).instrument(span.clone()).await;
+                let result = self.write(resource, desired, observed, method, adopts).instrument(span.clone()).await;
                 span.record("outcome", outcome(&result));
                 if let Err(e) = &result {
                     span.record("otel.status_description", tracing::field::display(e));
@@ -214,6 +228,7 @@ impl Applier {
         desired: &Value,
         observed: Option<&DynamicObject>,
         method: UpdateMethod,
+        adopts: Adopts<'_>,
     ) -> Result<Applied, ApplyError> {
         let key = key_of(desired);
         let cache_key = (resource.api_version().to_owned(), resource.kind().to_owned(), key.clone());
@@ -230,7 +245,7 @@ impl Applier {
                     Ok(Applied::Created { version })
                 }
                 Err(kube::Error::Api(status)) if status.code == 409 => {
-                    Err(self.taken(&api, resource, desired, key).await)
+                    Err(self.taken(&api, resource, desired, key, adopts).await)
                 }
                 Err(source) => Err(ApplyError::Apply { kind: kind(), key, source }),
             };
@@ -348,13 +363,16 @@ impl Applier {
     /// does it show an orphan in another replica's bucket (a former child of a parent deleted with
     /// `--cascade=orphan`, say): one that carries the ring's label is moved to
     /// [`ORPHANS`](crate::cache::shard::ORPHANS), and the retry adopts it if the parent's selector
-    /// says so, or reports the name taken.
+    /// says so, or reports the name taken. An object without a controller that never carried the
+    /// ring's label (created by a user, or before the ring) is moved there only if `adopts` says this
+    /// parent would adopt it, as an unsharded hub that sees it does; anything else is not written.
     async fn taken(
         &self,
         api: &Api<DynamicObject>,
         resource: &ResolvedResource,
         desired: &Value,
         key: ObjectKey,
+        adopts: Adopts<'_>,
     ) -> ApplyError {
         let kind = resource.kind().to_owned();
         let ours = desired
@@ -372,10 +390,11 @@ impl Applier {
             }
             // A former child without a controller, in an old bucket: moved to where every replica sees
             // it, so the parent that would adopt it (if its selector says so) finds it on the retry.
+            // One that never had a bucket is moved there only for a parent that adopts it.
             Ok(Some(existing))
                 if ours.is_some()
                     && crate::cache::informers::controller_uid(&existing).is_none()
-                    && relabel(api, &existing, &key, shard_labels(desired, &existing, Some(ORPHANS))).await =>
+                    && relabel(api, &existing, &key, orphan_labels(desired, &existing, adopts)).await =>
             {
                 ApplyError::Stale { kind, key }
             }
@@ -477,6 +496,9 @@ impl Applier {
     }
 }
 
+/// Whether a sync's parent would adopt an object, were it to see it (see [`Applier::apply_adopting`]).
+pub type Adopts<'a> = &'a (dyn Fn(&DynamicObject) -> bool + Send + Sync);
+
 /// The bucket labels `desired` carries (`shard.metahook.dev/<ring>`) that `existing` should get: with
 /// `value`, only those it already has (then set to `value`), else desired's own; each only where it
 /// differs.
@@ -497,6 +519,20 @@ fn shard_labels(desired: &Value, existing: &DynamicObject, value: Option<&str>) 
             (now.map(String::as_str) != to.as_str()).then(|| (label.clone(), to))
         })
         .collect()
+}
+
+/// The bucket labels that move `existing`, an object without a controller in the way of `desired`'s
+/// create, to [`ORPHANS`]: a former child (it carries a bucket label of the ring) always; one that never
+/// carried it only when `adopts` it (the parent's selector selects it); else none.
+fn orphan_labels(desired: &Value, existing: &DynamicObject, adopts: Adopts<'_>) -> serde_json::Map<String, Value> {
+    let moved = shard_labels(desired, existing, Some(ORPHANS));
+    let unlabelled = shard_labels(desired, existing, None);
+    let have = existing.metadata.labels.as_ref();
+    let never_had_one = unlabelled.keys().all(|label| have.is_none_or(|l| !l.contains_key(label)));
+    if !moved.is_empty() || unlabelled.is_empty() || !never_had_one || !adopts(existing) {
+        return moved;
+    }
+    unlabelled.into_iter().map(|(label, _)| (label, Value::String(ORPHANS.to_owned()))).collect()
 }
 
 /// Writes `labels` on `existing` under a resourceVersion precondition (see [`Applier::taken`]); whether
@@ -794,6 +830,25 @@ mod tests {
         assert!(orphaned(json!({"shard.metahook.dev/r": "orphans"})).is_empty(), "moved already");
         let unsharded = json!({"metadata": {"name": "c", "labels": {"app": "a"}}});
         assert!(shard_labels(&unsharded, &existing(json!({})), None).is_empty(), "no ring: nothing");
+    }
+
+    #[test]
+    fn an_orphan_that_never_had_a_bucket_is_moved_only_for_a_parent_that_adopts_it() {
+        let desired = json!({"metadata": {"name": "c", "labels": {"app": "a", "shard.metahook.dev/r": "7"}}});
+        let existing = |labels: Value| -> DynamicObject {
+            serde_json::from_value(json!({"apiVersion": "v1", "kind": "ConfigMap",
+                                          "metadata": {"name": "c", "labels": labels}}))
+            .unwrap()
+        };
+        let adopts = |obj: &DynamicObject| obj.metadata.labels.as_ref().is_some_and(|l| l.get("app").is_some());
+        let moved = |labels: Value| Value::Object(orphan_labels(&desired, &existing(labels), &adopts));
+        let to_orphans = json!({"shard.metahook.dev/r": "orphans"});
+        assert_eq!(moved(json!({"app": "a"})), to_orphans, "selected, never labelled: moved");
+        assert_eq!(moved(json!({"other": "x"})), json!({}), "not selected: not written");
+        assert_eq!(moved(json!({"shard.metahook.dev/r": "3"})), to_orphans, "a former child, selected or not");
+        assert_eq!(moved(json!({"app": "a", "shard.metahook.dev/r": "orphans"})), json!({}), "moved already");
+        let unsharded = json!({"metadata": {"name": "c", "labels": {"app": "a"}}});
+        assert!(orphan_labels(&unsharded, &existing(json!({"app": "a"})), &adopts).is_empty(), "no ring: nothing");
     }
 
     #[test]

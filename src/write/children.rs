@@ -20,7 +20,7 @@ use crate::cache::discovery::ResolvedResource;
 use crate::cache::informers::{Informer, ObjectKey, controller_uid};
 use crate::cache::selector::Selector;
 use crate::hooks::{ObjectMaps, WireObject, group_version_kind_key, object_key};
-use crate::write::apply::{Applied, Applier, ApplyError, holder, strip_server_fields};
+use crate::write::apply::{Adopts, Applied, Applier, ApplyError, holder, strip_server_fields};
 
 /// The resolved types of `types`, in order.
 #[must_use]
@@ -291,6 +291,8 @@ pub struct Plan<'a> {
     desired: &'a [ChildMap<Value>],
     /// Observed children that are no longer desired and not already going away, by type index.
     deletions: Vec<(usize, Arc<DynamicObject>)>,
+    /// Which orphans the parent adopts (see [`Applier::apply_adopting`]).
+    adopts: Adopts<'a>,
 }
 
 /// Why a plan is refused before anything is written.
@@ -324,12 +326,13 @@ impl<'a> Plan<'a> {
     /// Plans the writes that make `observed` match `desired`, refusing to take over an existing object
     /// that is not one of the parent's children (it is in the type's cache but was not claimed). `ours`
     /// tells the parent's own children from others' (a child that turns up in the cache after the
-    /// children were observed is not someone else's).
+    /// children were observed is not someone else's); `adopts`, which orphans the parent adopts.
     pub fn new(
         types: &'a [ChildType],
         observed: &'a [ChildMap<Arc<DynamicObject>>],
         desired: &'a [ChildMap<Value>],
         ours: impl Fn(&DynamicObject) -> bool,
+        adopts: Adopts<'a>,
     ) -> Result<Self, PlanError> {
         let mut deletions = Vec::new();
         for (index, ((child_type, observed), desired)) in types.iter().zip(observed).zip(desired).enumerate() {
@@ -347,7 +350,7 @@ impl<'a> Plan<'a> {
                 .filter(|(key, obj)| !desired.contains_key(*key) && obj.metadata.deletion_timestamp.is_none());
             deletions.extend(gone.map(|(_, obj)| (index, Arc::clone(obj))));
         }
-        Ok(Self { types, observed, desired, deletions })
+        Ok(Self { types, observed, desired, deletions, adopts })
     }
 
     /// Refuses the plan when its deletions exceed what `guard` allows, unless the parent acknowledges
@@ -424,7 +427,8 @@ impl<'a> Plan<'a> {
                 let current = observed.get(key).map(AsRef::as_ref);
                 writes.push(Box::pin(async move {
                     observer.started(index, key);
-                    let result = applier.apply(child_type.resource(), obj, current, child_type.method).await;
+                    let (resource, method) = (child_type.resource(), child_type.method);
+                    let result = applier.apply_adopting(resource, obj, current, method, self.adopts).await;
                     let version = match &result {
                         Ok(Applied::Created { version } | Applied::Updated { version }) => Some(version.clone()),
                         Ok(Applied::Deleted { uid }) => Some(deleted_version(uid)),

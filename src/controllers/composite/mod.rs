@@ -30,7 +30,7 @@ use crate::engine::sync::{
 use crate::engine::worker::resync_after;
 use crate::hooks::{ControllerHooks, Endpoint};
 use crate::write::apply::{Applier, ApplyError};
-use crate::write::children::{claim, resources};
+use crate::write::children::{Claim, claim, claim_of, resources};
 
 pub use self::ask::{Answer, Ask, CONTROLLER_UID_LABEL, child_selector, validate_response};
 
@@ -310,6 +310,12 @@ impl Kind for Controller {
 
     fn ours(&self, parent: &DynamicObject, child: &DynamicObject) -> bool {
         controller_uid(child) == parent.metadata.uid.as_deref()
+    }
+
+    /// As [`claim`] decides for an orphan it finds in the cache.
+    fn adopts(&self, parent: &DynamicObject, resource: &ResolvedResource, child: &DynamicObject) -> bool {
+        let parent_ns = resource.namespaced.then_some(parent.metadata.namespace.as_deref()).flatten();
+        self.selector_of(parent).is_ok_and(|selector| claim_of(child, parent, parent_ns, &selector) == Claim::Adopt)
     }
 }
 
