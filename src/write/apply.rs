@@ -808,14 +808,21 @@ pub fn strip_server_fields(mut desired: Value) -> Value {
 mod tests {
     use super::*;
 
+    /// A desired child `c` in bucket 7 of ring `r`.
+    fn in_bucket_7() -> Value {
+        json!({"metadata": {"name": "c", "labels": {"app": "a", "shard.metahook.dev/r": "7"}}})
+    }
+
+    /// The object `c` that exists, with `labels`.
+    fn existing(labels: Value) -> DynamicObject {
+        let mut obj = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}});
+        obj["metadata"]["labels"] = labels;
+        serde_json::from_value(obj).unwrap()
+    }
+
     #[test]
     fn a_child_gets_the_bucket_desired_carries_and_an_orphan_only_a_label_it_has() {
-        let desired = json!({"metadata": {"name": "c", "labels": {"app": "a", "shard.metahook.dev/r": "7"}}});
-        let existing = |labels: Value| -> DynamicObject {
-            serde_json::from_value(json!({"apiVersion": "v1", "kind": "ConfigMap",
-                                          "metadata": {"name": "c", "labels": labels}}))
-            .unwrap()
-        };
+        let desired = in_bucket_7();
         let bucket = |labels: Value| shard_labels(&desired, &existing(labels), None);
         let orphaned = |labels: Value| shard_labels(&desired, &existing(labels), Some(ORPHANS));
         assert_eq!(Value::Object(bucket(json!({"app": "a"}))), json!({"shard.metahook.dev/r": "7"}), "missing");
@@ -834,12 +841,7 @@ mod tests {
 
     #[test]
     fn an_orphan_that_never_had_a_bucket_is_moved_only_for_a_parent_that_adopts_it() {
-        let desired = json!({"metadata": {"name": "c", "labels": {"app": "a", "shard.metahook.dev/r": "7"}}});
-        let existing = |labels: Value| -> DynamicObject {
-            serde_json::from_value(json!({"apiVersion": "v1", "kind": "ConfigMap",
-                                          "metadata": {"name": "c", "labels": labels}}))
-            .unwrap()
-        };
+        let desired = in_bucket_7();
         let adopts = |obj: &DynamicObject| obj.metadata.labels.as_ref().is_some_and(|l| l.get("app").is_some());
         let moved = |labels: Value| Value::Object(orphan_labels(&desired, &existing(labels), &adopts));
         let to_orphans = json!({"shard.metahook.dev/r": "orphans"});
