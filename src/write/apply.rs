@@ -193,8 +193,8 @@ impl Applier {
     }
 
     /// [`Applier::apply`] for a parent that adopts the orphans `adopts` says it selects: one in the way
-    /// of a create that a sharded cache cannot show is moved where it can be seen and adopted (see
-    /// [`Applier::taken`]).
+    /// of a create that a sharded cache cannot show (it never carried a bucket label) is moved to
+    /// [`ORPHANS`], where every replica sees it, and the retry adopts it.
     pub async fn apply_adopting(
         &self,
         resource: &ResolvedResource,
