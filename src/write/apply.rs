@@ -181,21 +181,11 @@ impl Applier {
 
     /// Brings `observed` (if any) to `desired`. `desired` must be a complete object with name,
     /// namespace (for namespaced kinds) and ownership already set. `observed` is the object the hub
-    /// claimed as its own; `None` means "create", which never overwrites an existing object.
-    pub async fn apply(
-        &self,
-        resource: &ResolvedResource,
-        desired: &Value,
-        observed: Option<&DynamicObject>,
-        method: UpdateMethod,
-    ) -> Result<Applied, ApplyError> {
-        self.apply_adopting(resource, desired, observed, method, &|_| false).await
-    }
-
-    /// [`Applier::apply`] for a parent that adopts the orphans `adopts` says it selects: one in the way
-    /// of a create that a sharded cache cannot show (it never carried a bucket label) is moved to
+    /// claimed as its own; `None` means "create", which never overwrites an existing object. `adopts`:
+    /// which orphans the object's parent adopts ([`ADOPTS_NOTHING`] for none); one in the way of a
+    /// create that a sharded cache cannot show (it never carried a bucket label) is moved to
     /// [`ORPHANS`], where every replica sees it, and the retry adopts it.
-    pub async fn apply_adopting(
+    pub async fn apply(
         &self,
         resource: &ResolvedResource,
         desired: &Value,
@@ -444,15 +434,7 @@ impl Applier {
     /// `Recreate`: `Ok(false)` when it is gone; a conflict (it changed) is the caller's to retry.
     async fn delete_observed(&self, resource: &ResolvedResource, obj: &DynamicObject) -> Result<bool, kube::Error> {
         let key = ObjectKey::of(obj);
-        let params = DeleteParams {
-            propagation_policy: Some(PropagationPolicy::Background),
-            preconditions: Some(Preconditions {
-                uid: obj.metadata.uid.clone(),
-                resource_version: obj.metadata.resource_version.clone(),
-            }),
-            ..DeleteParams::default()
-        };
-        match self.api(resource, key.namespace.as_deref()).delete(&key.name, &params).await {
+        match self.api(resource, key.namespace.as_deref()).delete(&key.name, &as_observed(obj)).await {
             Ok(_) => Ok(true),
             Err(kube::Error::Api(status)) if status.code == 404 => Ok(false),
             Err(e) => Err(e),
@@ -470,16 +452,8 @@ impl Applier {
     pub async fn delete(&self, resource: &ResolvedResource, obj: &DynamicObject) -> Result<bool, ApplyError> {
         let key = ObjectKey::of(obj);
         let span = write_span("delete", resource.kind(), &key);
-        let params = DeleteParams {
-            propagation_policy: Some(PropagationPolicy::Background),
-            preconditions: Some(Preconditions {
-                uid: obj.metadata.uid.clone(),
-                resource_version: obj.metadata.resource_version.clone(),
-            }),
-            ..DeleteParams::default()
-        };
         let api = self.api(resource, key.namespace.as_deref());
-        let result = match api.delete(&key.name, &params).instrument(span.clone()).await {
+        let result = match api.delete(&key.name, &as_observed(obj)).instrument(span.clone()).await {
             Ok(_) => Ok(true),
             Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => Ok(false),
             Err(source) => Err(ApplyError::Delete { kind: resource.kind().to_owned(), key, source }),
@@ -496,8 +470,11 @@ impl Applier {
     }
 }
 
-/// Whether a sync's parent would adopt an object, were it to see it (see [`Applier::apply_adopting`]).
+/// Whether a sync's parent would adopt an object, were it to see it (see [`Applier::apply`]).
 pub type Adopts<'a> = &'a (dyn Fn(&DynamicObject) -> bool + Send + Sync);
+
+/// For objects written without a parent that adopts orphans (a rollout's revisions).
+pub const ADOPTS_NOTHING: Adopts<'static> = &|_| false;
 
 /// The bucket labels `desired` carries (`shard.metahook.dev/<ring>`) that `existing` should get: with
 /// `value`, only those it already has (then set to `value`), else desired's own; each only where it
@@ -519,6 +496,18 @@ fn shard_labels(desired: &Value, existing: &DynamicObject, value: Option<&str>) 
             (now.map(String::as_str) != to.as_str()).then(|| (label.clone(), to))
         })
         .collect()
+}
+
+/// A background delete of `obj` only while it is exactly as observed (UID and resourceVersion).
+fn as_observed(obj: &DynamicObject) -> DeleteParams {
+    DeleteParams {
+        propagation_policy: Some(PropagationPolicy::Background),
+        preconditions: Some(Preconditions {
+            uid: obj.metadata.uid.clone(),
+            resource_version: obj.metadata.resource_version.clone(),
+        }),
+        ..DeleteParams::default()
+    }
 }
 
 /// The bucket labels that move `existing`, an object without a controller in the way of `desired`'s

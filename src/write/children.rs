@@ -291,7 +291,7 @@ pub struct Plan<'a> {
     desired: &'a [ChildMap<Value>],
     /// Observed children that are no longer desired and not already going away, by type index.
     deletions: Vec<(usize, Arc<DynamicObject>)>,
-    /// Which orphans the parent adopts (see [`Applier::apply_adopting`]).
+    /// Which orphans the parent adopts (see [`Applier::apply`]).
     adopts: Adopts<'a>,
 }
 
@@ -428,7 +428,7 @@ impl<'a> Plan<'a> {
                 writes.push(Box::pin(async move {
                     observer.started(index, key);
                     let (resource, method) = (child_type.resource(), child_type.method);
-                    let result = applier.apply_adopting(resource, obj, current, method, self.adopts).await;
+                    let result = applier.apply(resource, obj, current, method, self.adopts).await;
                     let version = match &result {
                         Ok(Applied::Created { version } | Applied::Updated { version }) => Some(version.clone()),
                         Ok(Applied::Deleted { uid }) => Some(deleted_version(uid)),

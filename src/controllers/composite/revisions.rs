@@ -16,7 +16,7 @@ use sha1::{Digest as _, Sha1};
 use crate::api::UpdateMethod;
 use crate::cache::discovery::ResolvedResource;
 use crate::cache::informers::ObjectKey;
-use crate::write::apply::{Applier, ApplyError};
+use crate::write::apply::{ADOPTS_NOTHING, Applier, ApplyError};
 
 /// Labels Metacontroller puts on revisions, so revisions it wrote are recognised.
 pub const API_GROUP_LABEL: &str = "metacontroller.k8s.io/apiGroup";
@@ -127,7 +127,7 @@ pub async fn persist(
             }
             continue;
         }
-        applier.apply(resource, desired, revision.stored.as_deref(), UpdateMethod::InPlace).await?;
+        applier.apply(resource, desired, revision.stored.as_deref(), UpdateMethod::InPlace, ADOPTS_NOTHING).await?;
     }
     Ok(())
 }
