@@ -86,18 +86,10 @@ async fn read_controllers(
     Ok((composites.items, decorators.items))
 }
 
-/// Every parent type of the composite controllers whose labels match `controllers` (the hub's
-/// `targetLabelSelector`), and every target type of such decorators.
-pub async fn parent_types(
-    client: &Client,
-    discovery: &Discovery,
-    controllers: &str,
-) -> Result<Vec<ParentType>, LabelError> {
-    let (composites, decorators) = read_controllers(client, controllers).await?;
-    Ok(parent_types_of(discovery, &composites, &decorators).await)
-}
-
-/// [`parent_types`] and [`child_types`] from one reading of the controllers.
+/// From one reading of the controllers whose labels match `controllers` (the hub's
+/// `targetLabelSelector`): every parent type of the composites and target type of the decorators, and
+/// every child type of the composites and attachment type of the decorators, each with how those
+/// controllers select their parents.
 pub async fn types(
     client: &Client,
     discovery: &Discovery,
@@ -207,17 +199,6 @@ fn controller_rules<'a>(
         (rules, dc.spec.attachments.as_slice())
     });
     composites.chain(decorators)
-}
-
-/// Every child type of the composite controllers whose labels match `controllers`, and every
-/// attachment type of such decorators, each with how those controllers select their parents.
-pub async fn child_types(
-    client: &Client,
-    discovery: &Discovery,
-    controllers: &str,
-) -> Result<Vec<ChildType>, LabelError> {
-    let (composites, decorators) = read_controllers(client, controllers).await?;
-    Ok(child_types_of(discovery, &composites, &decorators).await)
 }
 
 async fn child_types_of(

@@ -62,7 +62,7 @@ use crate::cache::shard::{
 };
 use crate::engine::metrics::ShardMetrics;
 use crate::ops::labels::{
-    ChildTypeKey, LabelError, Parent, both, child_types, label_children, label_parents, parent_types, scopes,
+    ChildType, ChildTypeKey, LabelError, Parent, both, label_children, label_parents, scopes, types,
 };
 use crate::ops::leader::LeaseNotes;
 
@@ -432,13 +432,15 @@ impl Coordinator {
         }
         *last_roster = Some(roster);
         let due = last_full.elapsed() >= self.rebalance;
-        if due || self.children_labelled.is_none() {
-            self.label_children().await?;
+        if !due && self.children_labelled.is_some() {
+            return Ok(());
         }
+        let (parent_types, child_types) = types(&self.client, &self.discovery, &self.controllers).await?;
+        self.label_children(&child_types).await?;
         if !due {
             return Ok(());
         }
-        for parent_type in parent_types(&self.client, &self.discovery, &self.controllers).await? {
+        for parent_type in parent_types {
             for selector in &parent_type.selectors {
                 for api in scopes::<DynamicObject>(&self.client, &parent_type.parent, &self.namespaces) {
                     self.label_type(&parent_type.parent, &api, selector).await?;
@@ -450,14 +452,14 @@ impl Coordinator {
     }
 
     /// Labels the unlabelled children of each child type not done yet this term (see the module doc).
-    async fn label_children(&mut self) -> Result<(), RingError> {
+    async fn label_children(&mut self, child_types: &[ChildType]) -> Result<(), RingError> {
         let done = self.children_labelled.get_or_insert_with(BTreeSet::new);
-        for child_type in child_types(&self.client, &self.discovery, &self.controllers).await? {
+        for child_type in child_types {
             let key = child_type.key();
             if done.contains(&key) {
                 continue;
             }
-            let labelled = label_children(&self.client, &self.ring, &child_type, &self.namespaces).await?;
+            let labelled = label_children(&self.client, &self.ring, child_type, &self.namespaces).await?;
             if labelled > 0 {
                 info!(ring = %self.ring, children = labelled, resource = %child_type.child.api_resource.plural, "labelled children written before the ring with their parents' buckets");
             }
