@@ -326,6 +326,18 @@ pub struct Label {
     pub value: String,
 }
 
+impl Label {
+    /// `value` for the object `meta` describes, at the version it was read at; `None` without a name.
+    fn of(meta: &ObjectMeta, value: String) -> Option<Self> {
+        Some(Self {
+            name: meta.name.clone()?,
+            namespace: meta.namespace.clone(),
+            version: meta.resource_version.clone(),
+            value,
+        })
+    }
+}
+
 /// Writes each of `labels` on its object of `resource` (see [`label_parents`]).
 async fn write_labels(
     client: &Client,
@@ -406,14 +418,7 @@ pub async fn label_children(
             let labels: Vec<Label> = candidates
                 .into_iter()
                 .filter(|(uid, _)| selected.is_some_and(|s| s.contains(uid)))
-                .filter_map(|(uid, meta)| {
-                    Some(Label {
-                        name: meta.name?,
-                        namespace: meta.namespace,
-                        version: meta.resource_version,
-                        value: bucket(&uid).to_string(),
-                    })
-                })
+                .filter_map(|(uid, meta)| Label::of(&meta, bucket(&uid).to_string()))
                 .collect();
             let written = write_labels(client, ring, resource, labels).await;
             labelled += written.iter().filter(|w| **w == Written::Labelled).count();
@@ -695,12 +700,7 @@ impl Labeller {
                 .orphans()
                 .iter()
                 .filter(|obj| obj.metadata.labels.as_ref().and_then(|l| l.get(label)).is_some_and(|v| v != ORPHANS))
-                .map(|obj| Label {
-                    name: obj.metadata.name.clone().unwrap_or_default(),
-                    namespace: obj.metadata.namespace.clone(),
-                    version: obj.metadata.resource_version.clone(),
-                    value: ORPHANS.to_owned(),
-                })
+                .filter_map(|obj| Label::of(&obj.metadata, ORPHANS.to_owned()))
                 .collect();
             if !orphans.is_empty() {
                 info!(ring = %self.ring, orphans = orphans.len(), resource = %child_type.child.api_resource.plural, "moving orphans where every member sees them");
