@@ -220,6 +220,12 @@ impl UpdateMethod {
     pub fn is_rolling(self) -> bool {
         matches!(self, Self::RollingRecreate | Self::RollingInPlace)
     }
+
+    /// Whether the method changes a differing child by deleting it (and creating it anew).
+    #[must_use]
+    pub fn recreates(self) -> bool {
+        matches!(self, Self::Recreate | Self::RollingRecreate)
+    }
 }
 
 /// Conditions an updated child must report before a rolling update moves on.

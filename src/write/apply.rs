@@ -31,7 +31,9 @@ use std::fmt::Write as _;
 use std::sync::{Arc, Mutex};
 
 use kube::Client;
-use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams, Preconditions, PropagationPolicy};
+use kube::api::{
+    Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams, Preconditions, PropagationPolicy,
+};
 use kube::core::Status;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -76,9 +78,10 @@ pub enum ApplyError {
     #[error("{kind} {key} already exists and is not controlled by this parent ({holder}); it was left untouched")]
     NotOurs { kind: String, key: ObjectKey, holder: String },
     /// `Recreate` would delete the child and then fail to create its replacement: the new state is
-    /// refused for more than immutable fields. The child stays as it is.
-    #[error("not recreating {kind} {key}: the API server refuses its new state: {source}")]
-    Unrecreatable { kind: String, key: ObjectKey, source: kube::Error },
+    /// refused for more than what the original holds (`why`: what the hub found, when it looked
+    /// further than the refusal). The child stays as it is.
+    #[error("not recreating {kind} {key}: the API server refuses its new state: {source}{}", why.as_ref().map(|w| format!(" ({w})")).unwrap_or_default())]
+    Unrecreatable { kind: String, key: ObjectKey, source: kube::Error, why: Option<String> },
     /// The object changed identity or appeared since it was observed (our cache was behind); the sync
     /// is retried quietly with the fresh state.
     #[error("{kind} {key} changed since it was observed; retrying")]
@@ -257,7 +260,7 @@ impl Applier {
             Err(e) => return Err(taken_over_error(e, kind(), key)),
         };
         let current = fingerprint(desired_hash.clone(), observed);
-        if matches!(method, UpdateMethod::Recreate | UpdateMethod::RollingRecreate) {
+        if method.recreates() {
             // Only recreate when applying would really change the object: a dry run shows the result
             // including defaults, so fields set by others or by defaulting don't trigger a delete. It
             // carries the observed resourceVersion: compared with an object that moved on since (our
@@ -272,19 +275,16 @@ impl Applier {
                 Err(kube::Error::Api(status)) if replaced(&status) || moved_on(&status) => {
                     return Err(ApplyError::Stale { kind: kind(), key });
                 }
-                // Immutable fields (most of a Pod's spec) can only change by recreating, which is what
-                // this method is for; any other refusal means the new object is invalid.
-                Err(kube::Error::Api(status)) if status.code == 422 && only_immutability(&status) => {}
-                Err(kube::Error::Api(status)) if status.code == 422 => {
-                    return Err(ApplyError::Unrecreatable { kind: kind(), key, source: kube::Error::Api(status) });
-                }
+                // The update is refused: an immutable field (most of a Pod's spec; a Service's
+                // `clusterIP`, which "may not change once set"), which only recreating can change — what
+                // this method is for — or a new state that is invalid. Which one is not read from the
+                // wording: the replacement's own dry run below tells, and an invalid one is refused there.
+                Err(kube::Error::Api(status)) if status.code == 422 => {}
                 Err(source) => return Err(ApplyError::Apply { kind: kind(), key, source }),
             }
             // Deleting is only safe if the replacement will be accepted: ask the API server first.
-            self.replacement_accepted(&api, desired, observed).await.map_err(|source| ApplyError::Unrecreatable {
-                kind: kind(),
-                key: key.clone(),
-                source,
+            self.replacement_accepted(&api, resource, desired, observed).await.map_err(|refused| {
+                ApplyError::Unrecreatable { kind: kind(), key: key.clone(), source: refused.source, why: refused.why }
             })?;
             // The delete, too, only of the object as observed: one changed meanwhile is compared again.
             return match self.delete_observed(resource, observed).await {
@@ -395,32 +395,67 @@ impl Applier {
     }
 
     /// Whether the API server would accept `desired` as the replacement of `observed` once `observed` is
-    /// deleted. A dry-run create of `desired` under its own name runs every check (validation, admission,
-    /// quota, allocations) before the one that must fail while the original exists, `AlreadyExists`; so
-    /// that refusal alone means yes. Any other refusal may be the new form's fault (an invalid child: the
-    /// original must stay) or only the original's presence (its nodePort still allocated, a quota at its
-    /// limit, a uniqueness webhook). The original's own form, asked the same way, tells which: refused for
-    /// the same causes (or more), the refusal is about what exists, which the delete frees. That form is
-    /// the original restricted to the fields the desired state sets (see [`project`]): what the hub
-    /// asked of it, without what the API server allocated on its own (a clusterIP), which would be
-    /// refused first and hide the rest.
+    /// deleted. A dry-run create of `desired` under its own name runs every check (validation,
+    /// allocations, admission, quota) before the one that must fail while the original exists,
+    /// `AlreadyExists`; so that refusal alone means yes. Any other refusal may be the new form's fault
+    /// (an invalid child: the original must stay) or only the original's presence (its nodePort still
+    /// allocated, a quota it fills, a uniqueness webhook):
+    /// - a quota refusal (the last check of a create, so every other one passed) is decided from the
+    ///   namespace's quotas themselves: their hard and used figures, with the original's share given back
+    ///   ([`crate::write::quota`]);
+    /// - any other is asked of the original's own form the same way: refused for the same causes (or
+    ///   more), the refusal is about what exists, which the delete frees. That form is the original
+    ///   restricted to the fields the desired state sets (see [`project`]): what the hub asked of it,
+    ///   without what the API server allocated on its own (a clusterIP), which would be refused first and
+    ///   hide the rest.
     async fn replacement_accepted(
         &self,
         api: &Api<DynamicObject>,
+        resource: &ResolvedResource,
         desired: &Value,
         observed: &DynamicObject,
-    ) -> Result<(), kube::Error> {
+    ) -> Result<(), Refused> {
         let refused = match self.dry_run_create(api, desired).await {
             Ok(()) => return Ok(()),
             Err(kube::Error::Api(status)) if already_exists(&status) => return Ok(()),
             Err(kube::Error::Api(status)) => status,
-            Err(other) => return Err(other),
+            Err(other) => return Err(Refused { source: other, why: None }),
         };
-        let original = project(&serde_json::to_value(observed).map_err(kube::Error::SerdeError)?, desired);
-        match self.dry_run_create(api, &original).await {
-            Err(kube::Error::Api(status)) if refused_alike(&refused, &status) => Ok(()),
-            _ => Err(kube::Error::Api(refused)),
+        let original =
+            serde_json::to_value(observed).map_err(|e| Refused { source: kube::Error::SerdeError(e), why: None })?;
+        if quota_refusal(&refused) {
+            let namespace = observed.metadata.namespace.as_deref().unwrap_or_default();
+            let why = match self.quota_verdict(namespace, resource, desired, &original).await {
+                Ok(crate::write::quota::Verdict::Fits) => return Ok(()),
+                Ok(crate::write::quota::Verdict::DoesNotFit(why)) => {
+                    format!("it does not fit even without the original: {why}")
+                }
+                Ok(crate::write::quota::Verdict::Unknown(why)) => format!("whether it fits cannot be known: {why}"),
+                Err(e) => format!("the namespace's quotas could not be read: {e}"),
+            };
+            return Err(Refused { source: kube::Error::Api(refused), why: Some(why) });
         }
+        match self.dry_run_create(api, &project(&original, desired)).await {
+            Err(kube::Error::Api(status)) if refused_alike(&refused, &status) => Ok(()),
+            _ => Err(Refused { source: kube::Error::Api(refused), why: None }),
+        }
+    }
+
+    /// What the quotas of `namespace` say of `desired` replacing `original` (see [`crate::write::quota`]).
+    async fn quota_verdict(
+        &self,
+        namespace: &str,
+        resource: &ResolvedResource,
+        desired: &Value,
+        original: &Value,
+    ) -> Result<crate::write::quota::Verdict, kube::Error> {
+        use k8s_openapi::api::core::v1::{LimitRange, ResourceQuota};
+        let quotas =
+            Api::<ResourceQuota>::namespaced(self.client.clone(), namespace).list(&ListParams::default()).await?;
+        let limit_ranges =
+            Api::<LimitRange>::namespaced(self.client.clone(), namespace).list(&ListParams::default().limit(1)).await?;
+        let quotas: Vec<Value> = quotas.items.iter().filter_map(|q| serde_json::to_value(q).ok()).collect();
+        Ok(crate::write::quota::judge(&quotas, !limit_ranges.items.is_empty(), resource, desired, original))
     }
 
     /// A dry-run create of `object` as it is (name included).
@@ -605,6 +640,19 @@ fn already_exists(status: &Status) -> bool {
     status.code == 409 && status.reason == "AlreadyExists"
 }
 
+/// Whether a refused create is the quota admission's (`403 Forbidden … exceeded quota` or `… must
+/// specify …` for a quota's required figures): which check refused is read from the refusal; whether
+/// the replacement fits is decided from the quotas' figures, never from this message.
+fn quota_refusal(status: &Status) -> bool {
+    status.code == 403 && status.reason == "Forbidden" && status.message.contains("quota")
+}
+
+/// Why a replacement would not be accepted: the API server's refusal, and what the hub found beyond it.
+struct Refused {
+    source: kube::Error,
+    why: Option<String>,
+}
+
 /// Whether `new` (a replacement's refusal) is a refusal the original's own form gets too: the same
 /// code and reason, and every cause of `new` (field, reason, message) among the original's — or, with
 /// no causes, the same message. Messages name the values (a port, a quota's figures), so a new form
@@ -681,16 +729,6 @@ fn replaced(status: &Status) -> bool {
             || status.message.contains("metadata.uid")
     };
     (status.code == 409 && status.message.contains("uid mismatch")) || (status.code == 422 && uid_cause())
-}
-
-/// Whether every cause of a 422 is a refusal to change an immutable field (as opposed to an invalid
-/// value, which recreating would not cure).
-fn only_immutability(status: &Status) -> bool {
-    let immutable = |reason: &str, message: &str| reason == "FieldValueForbidden" || message.contains("immutable");
-    match status.details.as_ref().map(|d| &d.causes) {
-        Some(causes) if !causes.is_empty() => causes.iter().all(|c| immutable(&c.reason, &c.message)),
-        _ => status.message.contains("immutable"),
-    }
 }
 
 /// Who holds an object, for messages: its controller, or "no controller".
@@ -866,36 +904,6 @@ mod tests {
                 serde_json::json!({"reason": reason, "message": message, "field": field})).collect::<Vec<_>>()}
         }))
         .unwrap()
-    }
-
-    #[test]
-    fn only_refusals_of_immutable_fields_allow_a_recreate() {
-        let pod = status(
-            422,
-            "Pod \"p\" is invalid",
-            &[(
-                "FieldValueForbidden",
-                "Forbidden: pod updates may not change fields other than `spec.containers[*].image`",
-                "spec",
-            )],
-        );
-        assert!(only_immutability(&pod));
-        let job = status(422, "Job is invalid", &[("FieldValueInvalid", "field is immutable", "spec.template")]);
-        assert!(only_immutability(&job));
-        let invalid = status(
-            422,
-            "Pod is invalid",
-            &[
-                ("FieldValueForbidden", "Forbidden: pod updates may not change fields", "spec"),
-                (
-                    "FieldValueInvalid",
-                    "Invalid value: \"Bad_Name\": a lowercase RFC 1123 label",
-                    "spec.containers[0].name",
-                ),
-            ],
-        );
-        assert!(!only_immutability(&invalid), "an invalid value would make the new object fail to create");
-        assert!(!only_immutability(&status(422, "the server rejected our request", &[])));
     }
 
     #[test]
