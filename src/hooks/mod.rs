@@ -6,11 +6,12 @@
 //!
 //! How a call travels lives in the submodules: [`settings`] decides which TLS/auth settings apply,
 //! [`credentials`] keeps the Secrets and `ConfigMap`s they read current, [`identity`] turns those into a
-//! TLS identity and an `Authorization` header, [`pool`] keeps one client per TLS identity and [`dial`]
-//! the `hookHosts` map, [`etag`] caches answers, [`metrics`] counts calls, and [`endpoint`] puts them
+//! TLS identity and an `Authorization` header, [`pool`] keeps one client per TLS identity, [`dial`]
+//! the `hookHosts` map and [`close`] a TLS server's close without `close_notify`, [`etag`] caches answers, [`metrics`] counts calls, and [`endpoint`] puts them
 //! together for one hook.
 
 pub mod authority;
+pub mod close;
 pub mod credentials;
 pub mod dial;
 pub mod endpoint;

@@ -18,11 +18,13 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 use ring::digest;
 use rustls::RootCertStore;
 
+use super::close::ClosedIsEnd;
 use super::dial::Dialer;
 use super::identity::{ClientCert, client_cert, roots_from_pem, system_roots, tls_config};
 
-/// The HTTP client hooks are called with.
-pub type HttpClient = Client<HttpsConnector<Dialer>, Full<Bytes>>;
+/// The HTTP client hooks are called with: TLS over the `hookHosts` dialer, a peer's close ending a TLS
+/// stream ([`ClosedIsEnd`]).
+pub type HttpClient = Client<ClosedIsEnd<HttpsConnector<Dialer>>, Full<Bytes>>;
 
 /// Which part of a TLS identity a problem is in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -120,7 +122,7 @@ impl Pool {
         if !self.keep_alive {
             builder.pool_max_idle_per_host(0);
         }
-        let client = Arc::new(builder.build(https));
+        let client = Arc::new(builder.build(ClosedIsEnd(https)));
         clients.insert(identity.fingerprint, Arc::downgrade(&client));
         Ok(client)
     }
