@@ -138,15 +138,27 @@ pub fn hook_url(at: &str, webhook: &Webhook) -> Result<HookUrl, SettingsError> {
     Ok(HookUrl { uri, userinfo: Some(userinfo) })
 }
 
-/// `url` with everything between `://` and the last `@` taken out, for error messages about a URL
-/// that may not even parse. Cutting at the last `@` of the whole text over-redacts a URL with `@` in
-/// its path, which only costs a less precise message; cutting at the first `/` would print a password
-/// that holds a `/`.
+/// `url` with everything before its last `@` replaced by [`REDACTED`](super::identity::REDACTED), but
+/// a leading `scheme:` and its slashes, for messages about a URL that may not even parse: with or without
+/// a scheme, with one slash or two (`user:pw@h/sync`, `https:/user:pw@h`), whatever the userinfo holds.
+/// Cutting at the last `@` of the whole text over-redacts a URL with `@` in its path, which only costs a
+/// less precise message; cutting at the first `/` would print a password that holds a `/`.
 fn without_userinfo(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme_end), Some(at)) if at > scheme_end => format!("{}://{}", &url[..scheme_end], &url[at + 1..]),
-        _ => url.to_owned(),
+    let Some(at) = url.rfind('@') else { return url.to_owned() };
+    // `scheme:` followed by at least one slash is kept; anything else before the `@` may be userinfo.
+    let scheme = url
+        .find(':')
+        .filter(|&colon| {
+            let name = &url[..colon];
+            name.starts_with(|c: char| c.is_ascii_alphabetic())
+                && name.chars().all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c))
+                && url[colon + 1..].starts_with('/')
+        })
+        .map_or(0, |colon| colon + 1 + url[colon + 1..].chars().take_while(|c| *c == '/').count());
+    if at < scheme {
+        return url.to_owned();
     }
+    format!("{}{}@{}", &url[..scheme], super::identity::REDACTED, &url[at + 1..])
 }
 
 /// `%XX` escapes decoded; `None` for a `%` not followed by two hex digits (Go refuses those too).
@@ -354,8 +366,34 @@ mod tests {
             let message = err.to_string();
             assert!(!message.contains("s3cret") && !message.contains("alice"), "{message}");
         }
-        assert_eq!(without_userinfo("http://h/a@b"), "http://b", "over-redacts rather than risk a leak");
+        assert_eq!(without_userinfo("http://h/a@b"), "http://<redacted>@b", "over-redacts rather than risk a leak");
         assert_eq!(without_userinfo("not a url"), "not a url");
+    }
+
+    /// Corner 6 of the promises issue: a hook URL's credentials never show, whatever its form — with or
+    /// without a scheme, one slash or two, a URL that does not parse at all.
+    #[test]
+    fn credentials_never_show_whatever_the_form_of_the_url() {
+        let cases = [
+            ("alice7:pw1secret@127.0.0.1:8080/sync", "<redacted>@127.0.0.1:8080/sync"),
+            ("https:/alice7:pw1secret@h/sync", "https:/<redacted>@h/sync"),
+            ("http://alice7:pw1secret@h:99999/sync", "http://<redacted>@h:99999/sync"),
+            ("http://alice7:pw1secret/x@h:1/s", "http://<redacted>@h:1/s"),
+            ("ftp://alice7:pw1secret@h/s", "ftp://<redacted>@h/s"),
+            ("http://alice7:pw1secret%zz@h/s", "http://<redacted>@h/s"),
+            ("//alice7:pw1secret@h/s", "<redacted>@h/s"),
+            ("alice7:pw1secret@", "<redacted>@"),
+            (" http://alice7:pw1secret@h/s", "<redacted>@h/s"),
+            ("http:alice7:pw1secret@h/s", "<redacted>@h/s"),
+        ];
+        for (url, shown) in cases {
+            assert_eq!(without_userinfo(url), shown, "{url}");
+            let Err(err) = hook_url("hooks.sync.webhook", &webhook(json!({"url": url}))) else {
+                panic!("{url} was taken as a hook URL");
+            };
+            let message = err.to_string();
+            assert!(!message.contains("pw1secret") && !message.contains("alice7"), "{url}: {message}");
+        }
     }
 
     #[test]
