@@ -132,15 +132,18 @@ pub enum Saved {
     /// The echo of the controller's own create, update or status write, under
     /// `metahook.dev/sync-on-own-writes: "false"` (counted per echo event).
     OwnWrite,
+    /// The echo of a write of a sync that failed: the object waits for its backoff retry instead.
+    BackingOff,
 }
 
 impl Saved {
-    const ALL: [Self; 2] = [Self::IdenticalRequest, Self::OwnWrite];
+    const ALL: [Self; 3] = [Self::IdenticalRequest, Self::OwnWrite, Self::BackingOff];
 
     fn label(self) -> &'static str {
         match self {
             Self::IdenticalRequest => "identical_request",
             Self::OwnWrite => "own_write",
+            Self::BackingOff => "backing_off",
         }
     }
 }
@@ -401,7 +404,8 @@ impl Metrics {
         registry.register(
             "metahook_hook_calls_saved",
             "Hook calls left out: the same request as the last one answered and applied in full \
-             (identical_request), or echoes of own writes under sync-on-own-writes=false (own_write)",
+             (identical_request), echoes of own writes under sync-on-own-writes=false (own_write), or \
+             echoes of a failing sync's own writes, which wait for its backoff retry (backing_off)",
             self.hook_calls_saved.clone(),
         );
         registry.register("workqueue_depth", "Keys waiting in a controller's queue", self.queue_depth.clone());

@@ -206,6 +206,12 @@ impl Reasons {
         Self(self.0 | Self::bit(reason))
     }
 
+    /// These reasons without `reason`.
+    #[must_use]
+    pub const fn without(self, reason: Reason) -> Self {
+        Self(self.0 & !Self::bit(reason))
+    }
+
     /// Whether `reason` is among them.
     #[must_use]
     pub const fn has(self, reason: Reason) -> bool {
@@ -373,10 +379,41 @@ where
         }
     }
 
-    /// Queues `key` after its backoff delay, and counts one more failure for it.
+    /// Queues `key` for the echo of its own sync's write — unless its syncs are failing: a key whose
+    /// last sync failed waits for its backoff retry, which sees what the echo shows anyway. Returns
+    /// whether it was queued (or parked, while its sync runs).
+    ///
+    /// Why: a failing sync may still write (the status, as Metacontroller writes it even when a child
+    /// could not be written). Its echo would queue the key at once, the sync fail again, and its status
+    /// write echo again: thousands of failed syncs a minute for one parent whose status changes on every
+    /// call, instead of a backoff. A change by someone else ([`WorkQueue::add`]) still goes at once.
+    pub fn add_echo(&self, key: K) -> bool {
+        let backing_off = {
+            let state = self.inner.state.lock().expect("queue lock");
+            !state.processing.contains_key(&key) && state.failures.get(&key).is_some_and(|f| *f > 0)
+        };
+        if !backing_off {
+            add_as(&self.inner, key, Reason::Echo);
+        }
+        !backing_off
+    }
+
+    /// Queues `key` after its backoff delay, and counts one more failure for it. An echo parked while
+    /// its failed sync ran is dropped: the retry sees what it shows (see [`WorkQueue::add_echo`]).
     pub fn add_rate_limited(&self, key: K) {
         let failures = {
             let mut state = self.inner.state.lock().expect("queue lock");
+            if state.processing.contains_key(&key)
+                && let Some(reasons) = state.dirty.get(&key).copied()
+                && reasons.has(Reason::Echo)
+            {
+                let left = reasons.without(Reason::Echo);
+                if left == Reasons::default() {
+                    state.dirty.remove(&key);
+                } else {
+                    state.dirty.insert(key.clone(), left);
+                }
+            }
             let failures = state.failures.entry(key.clone()).or_insert(0);
             *failures += 1;
             *failures - 1
@@ -628,6 +665,36 @@ mod tests {
         assert_eq!(q.reasons(&"busy"), Reasons::of(Reason::Change).and(Reason::Delay));
         assert_eq!(q.next().await, Some("resync"));
         assert_eq!(q.reasons(&"resync"), Reasons::of(Reason::Delay), "only its delay queued it");
+    }
+
+    /// The echo of a failing sync's own write waits for the backoff retry; a change does not, and once a
+    /// sync succeeds its echoes sync again.
+    #[tokio::test(start_paused = true)]
+    async fn the_echo_of_a_failing_sync_waits_for_its_backoff_but_a_change_does_not() {
+        let q = WorkQueue::new(Backoff { base: Duration::from_secs(10), max: Duration::from_secs(60) });
+        q.add("p");
+        let p = q.next().await.unwrap();
+        assert!(q.add_echo("p"), "parked while its sync runs");
+        q.add_rate_limited("p");
+        q.done(&p);
+        assert!(q.is_empty(), "the failed sync's own echo does not queue it at once");
+        assert!(!q.add_echo("p"), "nor one that comes after the sync ended");
+        assert!(q.is_empty());
+        q.add("p");
+        assert_eq!(drain(&q).await, [("p", Reasons::of(Reason::Change))], "a change by someone else goes at once");
+        tokio::time::sleep(Duration::from_secs(11)).await;
+        assert_eq!(drain(&q).await, [("p", Reasons::of(Reason::Delay))], "the retry comes after its backoff");
+        q.forget(&"p");
+        assert!(q.add_echo("p"), "after a success, echoes sync again");
+        assert_eq!(drain(&q).await, [("p", Reasons::of(Reason::Echo))]);
+        // An echo parked with a change: the change stays when the sync fails.
+        q.add("q");
+        let key = q.next().await.unwrap();
+        q.add_echo("q");
+        q.add("q");
+        q.add_rate_limited("q");
+        q.done(&key);
+        assert_eq!(drain(&q).await, [("q", Reasons::of(Reason::Change))]);
     }
 
     #[tokio::test]
