@@ -247,6 +247,11 @@ impl Controller {
         crate::engine::sync::resync_all(self)
     }
 
+    /// Takes the settings of the controller object's annotations (see [`crate::engine::sync::Core::configure`]).
+    pub fn configure(&self, annotations: Option<&std::collections::BTreeMap<String, String>>) -> Result<(), String> {
+        self.core.configure(annotations)
+    }
+
     fn ask(&self) -> Ask<'_> {
         Ask { name: &self.core.name, controller: &self.dc_json, attachment_resources: &self.core.child_resources }
     }

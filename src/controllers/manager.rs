@@ -2,8 +2,10 @@
 //! DecoratorController object: starts it, restarts it when its `spec` changes, stops it when the object
 //! goes away, and reports on the object's status.
 //!
-//! Metadata-only edits (labels, annotations) do not restart a controller, as in Metacontroller, except
-//! the safe-delete guard annotation, which configures the running controller; the
+//! Metadata-only edits (labels, annotations) do not restart a controller, as in Metacontroller; the
+//! annotations that are settings (`metahook.dev/sync-on-own-writes`, the safe-delete guard) reach the
+//! running controller as they change, with no restart (an invalid value restarts it, and its start says
+//! why); the
 //! `metahook.dev/sync-requested-at` annotation ([`crate::engine::trigger`]) queues every object it manages. When a
 //! controller object is deleted, the finalizers it put on parents/targets are removed (Metacontroller
 //! leaves them behind, #1062, and those objects can then never be deleted). Starts, failures to start
@@ -12,7 +14,7 @@
 //! [`crate::ops::run`] runs it, with leader election only while this hub holds the Lease, with a client
 //! whose writes stop at the renew deadline.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt::Debug;
 use std::future::Future;
 use std::sync::{Arc, OnceLock};
@@ -35,8 +37,8 @@ use crate::api::{CompositeController, ControllerStatus, DecoratorController};
 use crate::engine::error::StartError;
 use crate::engine::health::ControllerState;
 use crate::engine::hub::Hub;
+use crate::engine::sync::Settings;
 use crate::engine::sync::api_for;
-use crate::write::children::MAX_DELETIONS_ANNOTATION;
 
 /// A kind of controller object the manager runs.
 pub trait Managed:
@@ -52,6 +54,8 @@ pub trait Managed:
     fn run(running: Arc<Self::Running>, cancel: CancellationToken) -> impl Future<Output = ()> + Send;
     /// Queues every object the controller manages; returns how many.
     fn resync_all(running: &Self::Running) -> usize;
+    /// Takes the settings of the controller object's annotations, live; an invalid one is refused.
+    fn configure(running: &Self::Running, annotations: Option<&BTreeMap<String, String>>) -> Result<(), String>;
     /// The finalizer this controller puts on the objects it syncs, and the types it may be on.
     fn finalizer(&self) -> (String, Vec<(String, String)>);
 }
@@ -73,6 +77,9 @@ impl Managed for CompositeController {
     }
     fn resync_all(running: &Self::Running) -> usize {
         running.resync_all()
+    }
+    fn configure(running: &Self::Running, annotations: Option<&BTreeMap<String, String>>) -> Result<(), String> {
+        running.configure(annotations)
     }
     fn finalizer(&self) -> (String, Vec<(String, String)>) {
         let parent = &self.spec.parent_resource;
@@ -101,6 +108,9 @@ impl Managed for DecoratorController {
     fn resync_all(running: &Self::Running) -> usize {
         running.resync_all()
     }
+    fn configure(running: &Self::Running, annotations: Option<&BTreeMap<String, String>>) -> Result<(), String> {
+        running.configure(annotations)
+    }
     fn finalizer(&self) -> (String, Vec<(String, String)>) {
         let types = self.spec.resources.iter().map(|r| (r.api_version.clone(), r.resource.clone())).collect();
         (crate::controllers::decorator::finalizer_name(&self.name_any()), types)
@@ -110,8 +120,9 @@ impl Managed for DecoratorController {
 struct Running<K: Managed> {
     spec: K::Spec,
     uid: Option<String>,
-    /// The safe-delete guard annotation: the one metadata field that changes how a controller runs.
-    guard: Option<String>,
+    /// The annotations that are settings ([`Settings::annotations`]): a change reaches the running
+    /// controller without a restart.
+    settings: BTreeMap<String, String>,
     /// The value of the sync request annotation last acted on.
     requested: Option<String>,
     /// The controller, once it has started.
@@ -208,10 +219,23 @@ async fn stop<K: Managed>(hub: &Hub, running: &mut HashMap<String, Running<K>>, 
 
 async fn reconcile<K: Managed>(hub: &Hub, running: &mut HashMap<String, Running<K>>, obj: K) {
     let name = obj.name_any();
-    let guard = obj.meta().annotations.as_ref().and_then(|a| a.get(MAX_DELETIONS_ANNOTATION)).cloned();
+    let settings = Settings::annotations(obj.meta().annotations.as_ref());
     let requested = crate::engine::trigger::requested_at(obj.meta()).map(str::to_owned);
+    if let Some(current) = running.get_mut(&name)
+        && &current.spec == obj.spec()
+        && current.uid == obj.meta().uid
+        && current.settings != settings
+        && let Some(controller) = current.started.get()
+    {
+        // Settings are live: the running controller takes them (an invalid value restarts it below,
+        // and the start refuses it with a condition saying why).
+        if K::configure(controller, obj.meta().annotations.as_ref()).is_ok() {
+            info!(controller = %name, kind = %K::kind(&()), ?settings, "settings changed; applied without a restart");
+            current.settings = settings.clone();
+        }
+    }
     if let Some(current) = running.get_mut(&name) {
-        if &current.spec == obj.spec() && current.uid == obj.meta().uid && current.guard == guard {
+        if &current.spec == obj.spec() && current.uid == obj.meta().uid && current.settings == settings {
             if requested.is_some() && requested != current.requested {
                 current.requested.clone_from(&requested);
                 if let Some(controller) = current.started.get() {
@@ -224,7 +248,7 @@ async fn reconcile<K: Managed>(hub: &Hub, running: &mut HashMap<String, Running<
             }
             return;
         }
-        info!(controller = %name, kind = %K::kind(&()), "spec or deletion guard changed; restarting controller");
+        info!(controller = %name, kind = %K::kind(&()), "spec or settings changed; restarting controller");
         stop(hub, running, &name, Some((&obj, "spec changed, restarting"))).await;
     }
     let cancel = CancellationToken::new();
@@ -233,7 +257,7 @@ async fn reconcile<K: Managed>(hub: &Hub, running: &mut HashMap<String, Running<
     let entry = Running {
         spec: obj.spec().clone(),
         uid: obj.meta().uid.clone(),
-        guard,
+        settings,
         requested,
         started: Arc::clone(&started),
         cancel: cancel.clone(),

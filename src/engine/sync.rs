@@ -247,20 +247,54 @@ pub(crate) struct Core<K> {
     pub related: Arc<Related<K>>,
     /// What this controller's syncs wrote, to tell the echo from others' changes.
     pub echoes: Echoes<K>,
-    /// Which echoes sync their object (`metahook.dev/sync-on-own-writes`).
-    pub echo_policy: EchoPolicy,
+    /// What the controller object's annotations set (which echoes sync, the safe-delete guard): read
+    /// at start and replaced whenever the annotations change (see [`Core::configure`]).
+    settings: std::sync::RwLock<Settings>,
     /// Each object's last hook request, and whether its answer was applied in full.
     pub answered: Answered<K>,
     /// The permanent hook errors reported, so each is reported once.
     pub held: Held<K>,
     /// The finalizer this controller puts on the objects it syncs.
     pub finalizer: String,
-    /// The safe-delete guard, from the controller's annotation.
-    pub deletion_guard: Option<DeletionGuard>,
     /// The declared child (or attachment) types.
     pub children: Vec<ChildType>,
     /// Their resolved types, computed once (every sync needs them).
     pub child_resources: Vec<Arc<ResolvedResource>>,
+}
+
+/// What a controller object's annotations set for the engine (each documented as a setting, each read
+/// live).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Settings {
+    /// Which echoes sync their object (`metahook.dev/sync-on-own-writes`).
+    pub echo_policy: EchoPolicy,
+    /// The safe-delete guard (`metahook.dev/max-deletions-per-sync`).
+    pub deletion_guard: Option<DeletionGuard>,
+}
+
+impl Settings {
+    /// The settings `annotations` give; an invalid value is refused with the annotation's name.
+    pub fn from_annotations(annotations: Option<&std::collections::BTreeMap<String, String>>) -> Result<Self, String> {
+        Ok(Self {
+            echo_policy: EchoPolicy::from_annotations(annotations)?,
+            deletion_guard: DeletionGuard::from_annotations(annotations)?,
+        })
+    }
+
+    /// The annotations that are settings, of `annotations` (what a change of must reach the controller).
+    #[must_use]
+    pub fn annotations(
+        annotations: Option<&std::collections::BTreeMap<String, String>>,
+    ) -> std::collections::BTreeMap<String, String> {
+        const SETTINGS: [&str; 2] =
+            [crate::engine::echoes::SYNC_ON_OWN_WRITES_ANNOTATION, crate::write::children::MAX_DELETIONS_ANNOTATION];
+        annotations
+            .into_iter()
+            .flatten()
+            .filter(|(name, _)| SETTINGS.contains(&name.as_str()))
+            .map(|(name, value)| (name.clone(), value.clone()))
+            .collect()
+    }
 }
 
 /// How a controller object configures the engine's part.
@@ -279,8 +313,7 @@ pub(crate) struct CoreSettings<'a> {
 impl<K: Clone + Eq + Hash + Display + Send + Sync + 'static> Core<K> {
     pub fn new(hub: &Hub, settings: CoreSettings<'_>) -> Result<Self, String> {
         let CoreSettings { kind, name, annotations, finalizer, children, customize, controller } = settings;
-        let deletion_guard = DeletionGuard::from_annotations(annotations)?;
-        let echo_policy = EchoPolicy::from_annotations(annotations)?;
+        let settings = Settings::from_annotations(annotations)?;
         let (queue, metrics, enqueue) = controller_queue(hub, kind, &name);
         Ok(Self {
             related: Related::new(hub.clone(), customize, controller, enqueue),
@@ -290,14 +323,26 @@ impl<K: Clone + Eq + Hash + Display + Send + Sync + 'static> Core<K> {
             metrics,
             requests: SyncRequests::default(),
             echoes: Echoes::default(),
-            echo_policy,
+            settings: std::sync::RwLock::new(settings),
             answered: Answered::default(),
             held: Held::default(),
             finalizer,
-            deletion_guard,
             child_resources: resources(&children),
             children,
         })
+    }
+
+    /// What the controller's annotations set now.
+    pub fn settings(&self) -> Settings {
+        *self.settings.read().expect("settings lock")
+    }
+
+    /// Takes the settings of the controller object's `annotations` from now on (they are live: a
+    /// change needs no restart); an invalid value is refused, and the settings stay as they were.
+    pub fn configure(&self, annotations: Option<&std::collections::BTreeMap<String, String>>) -> Result<(), String> {
+        let settings = Settings::from_annotations(annotations)?;
+        *self.settings.write().expect("settings lock") = settings;
+        Ok(())
     }
 
     /// Queues `key` for a change made by someone else.
@@ -308,8 +353,11 @@ impl<K: Clone + Eq + Hash + Display + Send + Sync + 'static> Core<K> {
     /// Queues `key` for the echo of its own sync's write, unless the controller said its hook needs no
     /// such sync (see [`crate::engine::echoes`]).
     pub fn enqueue_echo(&self, key: K, echo: Echo) {
-        if self.echo_policy.syncs(echo) {
-            self.queue.add_for(key, Reason::Echo);
+        if self.settings().echo_policy.syncs(echo) {
+            if !self.queue.add_echo(key) {
+                tracing::trace!(?echo, "echo of a failing sync's own write; its backoff retry sees it");
+                self.metrics.hook_call_saved(crate::engine::metrics::Saved::BackingOff);
+            }
         } else {
             tracing::trace!(object = %key, ?echo, "echo of own write; the controller needs no sync for it");
             self.metrics.hook_call_saved(crate::engine::metrics::Saved::OwnWrite);
@@ -345,6 +393,7 @@ impl<K: Clone + Eq + Hash + Display + Send + Sync + 'static> Core<K> {
                 self.requests.forget(&key);
                 self.echoes.forget(&key);
                 self.answered.forget(&key);
+                self.held.clear(&key);
                 if selected || has_finalizer(obj, &self.finalizer) {
                     self.enqueue(key);
                 }
@@ -549,7 +598,7 @@ pub(crate) async fn sync<C: Kind>(kind: &C, key: &C::Key, reasons: Reasons) -> R
     let adopts = |child: &DynamicObject| kind.adopts(&obj, &resource, child);
     let plan = Plan::new(&core.children, &observed, &decision.desired, ours, &adopts)?;
     if !finalizing {
-        plan.check_guard(core.deletion_guard, &obj)?;
+        plan.check_guard(core.settings().deletion_guard, &obj)?;
     }
 
     // Act.
@@ -594,7 +643,7 @@ async fn hold<C: Kind>(
 ) -> SyncError {
     let message = error.permanent_message().unwrap_or_default().to_owned();
     let error = SyncError::Hook(error);
-    if !core.held.note(key, &message) {
+    if !core.held.note(key, obj.metadata.uid.as_deref().unwrap_or_default(), &message) {
         return error;
     }
     warn!("hook refused the {} for good: {}", C::OBJECT, with_causes(&error));
@@ -625,15 +674,13 @@ async fn act_on_children<C: Kind>(
     if gc_finalizing(obj) || !(before_writes || plan.writes(applier)) {
         return Ok(Some(Executed::default()));
     }
-    if !before_writes && !plan.creates_or_deletes() {
-        // Updates only: each carries its child's UID, so an object that went away meanwhile cannot get
-        // anything resurrected; no need to ask the API server about it first.
-        return Ok(Some(plan.execute(applier, &journal).await));
-    }
-    // No child created or deleted for an object that is gone or replaced (server-side apply would
-    // re-create children the garbage collector has just deleted), or that changed its stage of life while
-    // the hook was thinking (deleted; the GC's orphan or foreground finalizer came or went): the answer
-    // was for another stage, and the next sync asks again.
+    // No child written for an object that is gone or replaced (server-side apply would re-create
+    // children the garbage collector has just deleted), or that changed its stage of life while the hook
+    // was thinking (deleted; the GC's orphan or foreground finalizer came or went): the answer was for
+    // another stage, and the next sync asks again. Updates in place too: after `--cascade=orphan` the
+    // garbage collector takes its owner reference off each child, and an apply of the answer would put
+    // it back — on a child the user asked to keep, whose owner is gone, which the collector then deletes.
+    // A recreating update deletes. So every sync that writes a child reads its parent first.
     match live_parent(&core.hub.client, resource, obj).await? {
         None => Ok(None),
         Some(live) if lifecycle_changed(obj, &live, &core.finalizer) => Err(SyncError::Conflict(C::OBJECT)),

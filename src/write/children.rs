@@ -400,19 +400,6 @@ impl<'a> Plan<'a> {
             })
     }
 
-    /// Whether the plan creates or deletes a child: the writes that must not happen for a parent that is
-    /// gone or changed its stage of life meanwhile (an update carries its child's UID precondition and
-    /// cannot resurrect anything).
-    #[must_use]
-    pub fn creates_or_deletes(&self) -> bool {
-        !self.deletions.is_empty()
-            || self
-                .observed
-                .iter()
-                .zip(self.desired)
-                .any(|(observed, desired)| desired.keys().any(|k| !observed.contains_key(k)))
-    }
-
     /// Carries out the plan in the order that cannot lose data: every create and update first; the
     /// deletions of children no longer desired only when all of those succeeded (a failed apply leaves
     /// the old children in place). `Recreate`'s delete-then-create of one child happens in its apply.

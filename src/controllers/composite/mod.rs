@@ -133,6 +133,11 @@ impl Controller {
         crate::engine::sync::resync_all(self)
     }
 
+    /// Takes the settings of the controller object's annotations (see [`crate::engine::sync::Core::configure`]).
+    pub fn configure(&self, annotations: Option<&std::collections::BTreeMap<String, String>>) -> Result<(), String> {
+        self.core.configure(annotations)
+    }
+
     /// The selector of `parent`'s children, compiled once per parent version.
     fn selector_of(&self, parent: &DynamicObject) -> Result<Arc<Selector>, SyncError> {
         let version = format!(
