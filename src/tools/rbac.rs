@@ -331,6 +331,7 @@ pub fn controller_rules(controller: &ControllerObject, related: &[(String, Strin
             if spec.child_resources.iter().any(|c| c.method().is_rolling()) {
                 grants.add(crate::api::GROUP_VERSION, "controllerrevisions", MANAGE);
             }
+            recreating(&mut grants, &spec.child_resources);
         }
         ControllerObject::Decorator(dc) => {
             // A decorator merges labels and annotations into its targets: always a write.
@@ -340,12 +341,23 @@ pub fn controller_rules(controller: &ControllerObject, related: &[(String, Strin
             for attachment in &dc.spec.attachments {
                 grants.add(&attachment.api_version, &attachment.resource, MANAGE);
             }
+            recreating(&mut grants, &dc.spec.attachments);
         }
     }
     for (api_version, resource) in related {
         grants.add(api_version, resource, READ);
     }
     grants.rules()
+}
+
+/// With a child type that is recreated, the namespace's `ResourceQuota`s and `LimitRange`s are listed to
+/// tell whether a replacement refused by a quota fits once the original is gone
+/// ([`crate::write::quota`]).
+fn recreating(grants: &mut Grants, rules: &[crate::api::ChildResourceRule]) {
+    if rules.iter().any(|rule| rule.method().recreates()) {
+        grants.add("v1", "resourcequotas", &["list"]);
+        grants.add("v1", "limitranges", &["list"]);
+    }
 }
 
 /// A ClusterRole aggregated into the hub's (labelled [`AGGREGATE_LABEL`]`: "true"`).
@@ -507,6 +519,21 @@ mod tests {
             .filter(|r| r.resources.iter().flatten().any(|x| x == resource))
             .flat_map(|r| r.verbs.clone())
             .collect()
+    }
+
+    #[test]
+    fn a_recreated_child_type_lets_the_hub_list_the_quotas_that_may_refuse_its_replacement() {
+        let with = |method: &str| {
+            composite(&format!(
+                "metadata: {{name: web}}\nspec:\n  parentResource: {{apiVersion: example.com/v1, resource: webs}}\n  childResources:\n  - {{apiVersion: v1, resource: pods, updateStrategy: {{method: {method}}}}}\n  hooks: {{sync: {{webhook: {{url: 'http://h/sync'}}}}}}\n"
+            ))
+        };
+        for method in ["Recreate", "RollingRecreate"] {
+            let rules = controller_rules(&with(method), &[]);
+            assert_eq!(verbs(&rules, "", "resourcequotas"), ["list"], "{method}");
+            assert_eq!(verbs(&rules, "", "limitranges"), ["list"], "{method}");
+        }
+        assert!(verbs(&controller_rules(&with("InPlace"), &[]), "", "resourcequotas").is_empty());
     }
 
     #[test]
