@@ -537,12 +537,6 @@ async fn controllers_that_cannot_run_say_why_in_their_ready_condition() {
     let ccs = w.controllers("CompositeController").await;
     for (suffix, parent, child, reason) in [
         (
-            "nostatus",
-            json!({"apiVersion": "test.metahook.dev/v1", "resource": "statuslessthings"}),
-            "configmaps",
-            "NoStatusSubresource",
-        ),
-        (
             "missing",
             json!({"apiVersion": "nope.example.com/v1", "resource": "widgets"}),
             "configmaps",

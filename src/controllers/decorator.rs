@@ -268,6 +268,7 @@ impl Kind for Controller {
     type Claimed = ();
     const OBJECT: &'static str = "target";
     const STATUS_IS_THE_HOOKS: bool = false;
+    const SETS_OBSERVED_GENERATION: bool = false;
 
     fn core(&self) -> &Core<TargetKey> {
         &self.core

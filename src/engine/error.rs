@@ -14,8 +14,6 @@ pub enum StartError {
     NoHooks,
     #[error("{role} resource: {source}")]
     NotFound { role: &'static str, source: DiscoveryError },
-    #[error("parent resource {resource} has no status subresource; metahook writes parent status through /status")]
-    NoStatusSubresource { resource: String },
     #[error("rolling update methods need a namespaced parent (ControllerRevisions live in its namespace)")]
     RollingNeedsNamespacedParent,
     /// The hub is limited to some namespaces (`namespaces`), and one of the controller's types has no
@@ -48,7 +46,6 @@ impl StartError {
             Self::NotFound { role: "attachment", .. } => "AttachmentResourceNotFound",
             Self::NotFound { role: "controllerrevision", .. } => "ControllerRevisionCRDNotInstalled",
             Self::NotFound { .. } => "ResourceNotFound",
-            Self::NoStatusSubresource { .. } => "NoStatusSubresource",
             Self::RollingNeedsNamespacedParent => "UnsupportedUpdateMethod",
             Self::ClusterScoped { .. } => "ClusterScopedResource",
             Self::Selector(_) => "InvalidSelector",

@@ -40,20 +40,30 @@ pub(crate) fn plan(facts: Facts) -> Step {
     }
 }
 
-/// Carries out [`plan`] for `obj`: adds or drops our finalizer as needed. Returns `None` when there is
-/// nothing more to do, else whether the hook is called to finalize.
-pub(crate) async fn follow_plan(
-    api: &Api<DynamicObject>,
-    obj: &DynamicObject,
-    finalizer: &str,
+/// A write of the object's finalizers, resolving to the resourceVersion it left behind (`None`: it
+/// wrote nothing).
+pub(crate) type FinalizerWrite<'a> = futures::future::BoxFuture<'a, Result<Option<String>, SyncError>>;
+
+/// Carries out [`plan`] for `obj`: adds or drops our finalizer as needed, each write made through
+/// `record` (which announces it as the controller's own, so its echo is told from others' changes).
+/// Returns `None` when there is nothing more to do, else whether the hook is called to finalize.
+pub(crate) async fn follow_plan<'a, R, F>(
+    api: &'a Api<DynamicObject>,
+    obj: &'a DynamicObject,
+    finalizer: &'a str,
     facts: Facts,
-) -> Result<Option<bool>, SyncError> {
+    record: R,
+) -> Result<Option<bool>, SyncError>
+where
+    R: FnOnce(FinalizerWrite<'a>) -> F,
+    F: std::future::Future<Output = Result<(), SyncError>>,
+{
     match plan(facts) {
         Step::Skip => Ok(None),
-        Step::DropFinalizer => remove_finalizer(api, obj, finalizer).await.map(|()| None),
+        Step::DropFinalizer => record(Box::pin(remove_finalizer(api, obj, finalizer))).await.map(|()| None),
         Step::Sync { finalizing, add_finalizer } => {
             if add_finalizer {
-                set_finalizer(api, obj, finalizer, true).await?;
+                record(Box::pin(set_finalizer(api, obj, finalizer, true))).await?;
             }
             Ok(Some(finalizing))
         }
@@ -87,12 +97,13 @@ pub(crate) fn gc_finalizing(obj: &DynamicObject) -> bool {
 }
 
 /// Adds or removes `finalizer`, guarded by the object's resourceVersion (a conflict retries the sync).
+/// Returns the resourceVersion it left behind (`None`: the object is gone).
 async fn set_finalizer(
     api: &Api<DynamicObject>,
     obj: &DynamicObject,
     finalizer: &str,
     present: bool,
-) -> Result<(), SyncError> {
+) -> Result<Option<String>, SyncError> {
     let mut finalizers: Vec<&String> = obj.metadata.finalizers.iter().flatten().filter(|f| *f != finalizer).collect();
     let ours = finalizer.to_owned();
     if present {
@@ -101,8 +112,8 @@ async fn set_finalizer(
     let patch = json!({"metadata": {"finalizers": finalizers, "resourceVersion": obj.metadata.resource_version}});
     let name = obj.metadata.name.as_deref().unwrap_or_default();
     match api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Ok(written) => Ok(written.metadata.resource_version),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(None),
         Err(kube::Error::Api(s)) if s.code == 409 => Err(SyncError::Conflict("finalizers")),
         Err(e) => Err(SyncError::Write { what: "finalizers", source: Box::new(e) }),
     }
@@ -115,17 +126,18 @@ const FINALIZER_ATTEMPTS: usize = 5;
 /// just written the object's status, so the copy it read is stale by then; a finalize hook whose status
 /// changes on every call (a timestamp, a counter) would otherwise conflict on every retry, and the
 /// object (and its namespace) could never be deleted. A re-read object that is gone, replaced (another
-/// UID) or without our finalizer needs nothing more.
+/// UID) or without our finalizer needs nothing more. Returns the resourceVersion the removal left
+/// behind (`None`: nothing was written).
 pub(crate) async fn remove_finalizer(
     api: &Api<DynamicObject>,
     obj: &DynamicObject,
     finalizer: &str,
-) -> Result<(), SyncError> {
+) -> Result<Option<String>, SyncError> {
     let name = obj.metadata.name.as_deref().unwrap_or_default();
     let mut current = std::borrow::Cow::Borrowed(obj);
     for _ in 0..FINALIZER_ATTEMPTS {
         if !has_finalizer(&current, finalizer) {
-            return Ok(());
+            return Ok(None);
         }
         match set_finalizer(api, &current, finalizer, false).await {
             Err(SyncError::Conflict(_)) => {}
@@ -133,7 +145,7 @@ pub(crate) async fn remove_finalizer(
         }
         match api.get_opt(name).await {
             Ok(Some(live)) if live.metadata.uid == obj.metadata.uid => current = std::borrow::Cow::Owned(live),
-            Ok(_) => return Ok(()),
+            Ok(_) => return Ok(None),
             Err(e) => return Err(SyncError::Write { what: "finalizers", source: Box::new(e) }),
         }
     }

@@ -9,20 +9,43 @@ use crate::engine::error::SyncError;
 use crate::engine::events::{Events, reference};
 use crate::hooks::HookEvent;
 
-/// Replaces `.status` (through `/status` when the type has that subresource), unless it already is
-/// `status`. Guarded by UID, so a recreated object of the same name is never written. Returns the
-/// resourceVersion the write left behind, if it wrote. A write is traced as a `status` span.
+/// How an object's status is written.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct StatusWrite {
+    /// The type has a `/status` subresource: the status is written there.
+    pub subresource: bool,
+    /// The status carries `observedGeneration`, which the hub sets to the object's generation.
+    pub observed_generation: bool,
+}
+
+/// Replaces `.status` (through `/status` when the type has that subresource, else with a patch of the
+/// whole object, as Metacontroller updates the whole object), unless it already is `status`. Guarded
+/// by UID, so a recreated object of the same name is never written. Returns the resourceVersion the
+/// write left behind, if it wrote. A write is traced as a `status` span.
+///
+/// Without a status subresource, writing `.status` is a change of the object like any other: the API
+/// server counts it in `metadata.generation`. A status that says `observedGeneration` would then say
+/// the generation before its own write, the echo of the write would find it one behind and write again
+/// — Metacontroller's hot loop (#68), which is why it refuses such parents. Here the status says the
+/// generation this very write leaves the object at, and the write carries the resourceVersion it was
+/// computed from, so a change by someone else meanwhile is a conflict (the sync is retried) rather
+/// than a generation the hook never saw; the echo then finds the status as it should be, and writes
+/// nothing.
 pub(crate) async fn replace_status(
     api: &Api<DynamicObject>,
     obj: &DynamicObject,
-    status: Value,
-    subresource: bool,
+    mut status: Value,
+    how: StatusWrite,
 ) -> Result<Option<String>, SyncError> {
     if obj.data.get("status") == Some(&status) {
         return Ok(None);
     }
+    let counted = !how.subresource && how.observed_generation;
+    if counted && let Some(generation) = obj.metadata.generation {
+        status["observedGeneration"] = json!(generation + 1);
+    }
     let span = info_span!(target: crate::TRACE_SPANS, "status", otel.status_description = tracing::field::Empty);
-    let result = write_status(api, obj, status, subresource).instrument(span.clone()).await;
+    let result = write_status(api, obj, status, how.subresource, counted).instrument(span.clone()).await;
     if let Err(e) = &result {
         span.record("otel.status_description", tracing::field::display(e));
     }
@@ -34,12 +57,15 @@ async fn write_status(
     obj: &DynamicObject,
     status: Value,
     subresource: bool,
+    at_version: bool,
 ) -> Result<Option<String>, SyncError> {
-    let patch: json_patch::Patch = serde_json::from_value(json!([
-        {"op": "test", "path": "/metadata/uid", "value": obj.metadata.uid},
-        {"op": "add", "path": "/status", "value": status},
-    ]))
-    .expect("a well-formed JSON patch");
+    let mut ops = vec![json!({"op": "test", "path": "/metadata/uid", "value": obj.metadata.uid})];
+    if at_version {
+        // A resourceVersion in the patched object is a precondition: 409 if it moved on.
+        ops.push(json!({"op": "add", "path": "/metadata/resourceVersion", "value": obj.metadata.resource_version}));
+    }
+    ops.push(json!({"op": "add", "path": "/status", "value": status}));
+    let patch: json_patch::Patch = serde_json::from_value(Value::Array(ops)).expect("a well-formed JSON patch");
     let name = obj.metadata.name.as_deref().unwrap_or_default();
     let patch = Patch::<()>::Json(patch);
     let written = if subresource {

@@ -39,9 +39,9 @@ use crate::engine::hub::Hub;
 use crate::engine::metrics::ControllerMetrics;
 use crate::engine::queue::{Reason, Reasons, WorkQueue};
 use crate::engine::related::{ParentScope, Related};
-use crate::engine::status::{held_status, record_hook_events, replace_status};
+use crate::engine::status::{StatusWrite, held_status, record_hook_events, replace_status};
 use crate::engine::trigger::SyncRequests;
-use crate::engine::worker::{Syncer, controller_queue, resync_period, run_workers};
+use crate::engine::worker::{Synced, Syncer, controller_queue, resync_period, run_workers};
 use crate::hooks::{ControllerHooks, Endpoint, HookError, HookEvent, ObjectMaps};
 use crate::write::apply::{Applier, ApplyError};
 use crate::write::children::{
@@ -61,6 +61,9 @@ pub(crate) trait Kind: Send + Sync + 'static {
     /// Whether the synced object's status is the hook's to write, so the hub may say a permanent hook
     /// error there too (a parent's is; a decorator's target's belongs to whoever owns that type).
     const STATUS_IS_THE_HOOKS: bool;
+    /// Whether the status a decision writes carries `observedGeneration`, set by the hub to the
+    /// object's generation (a composite parent's does, as Metacontroller's).
+    const SETS_OBSERVED_GENERATION: bool;
 
     fn core(&self) -> &Core<Self::Key>;
     /// The caches of the synced objects' types (the parent type; each target type), in type order.
@@ -535,7 +538,9 @@ async fn observe<'k, C: Kind>(kind: &'k C, key: &C::Key) -> Result<Option<Observ
         has_finalizer: has_finalizer(&obj, &core.finalizer),
         deleting: obj.metadata.deletion_timestamp.is_some(),
     };
-    let Some(finalizing) = follow_plan(&api, &obj, &core.finalizer, facts).await? else { return Ok(None) };
+    let object = ObjectKey::of(&obj);
+    let record = |write| core.write_object(key, &object, write);
+    let Some(finalizing) = follow_plan(&api, &obj, &core.finalizer, facts, record).await? else { return Ok(None) };
     let endpoint = kind.hook(finalizing).ok_or(SyncError::NoSyncHook)?;
     let Some((observed, claimed)) = kind.observe(&obj, &resource).await? else { return Ok(None) };
     let version: HookVersion = endpoint.version();
@@ -551,20 +556,25 @@ async fn observe<'k, C: Kind>(kind: &'k C, key: &C::Key) -> Result<Option<Observ
     Ok(Some(Observing { obj, resource, api, finalizing, endpoint, observed, claimed, children, related }))
 }
 
-/// One sync of `key` (see the module doc); returns when to sync it again, if the hook asked.
-pub(crate) async fn sync<C: Kind>(kind: &C, key: &C::Key, reasons: Reasons) -> Result<Option<Duration>, SyncError> {
-    let core = kind.core();
-    // Sharded: only a parent of a bucket this replica holds is synced, and the bucket is not let go
-    // while the sync runs (the guard lives until it returns).
+/// One sync of `key` (see the module doc). Sharded, only an object of a bucket this replica holds is
+/// synced ([`Synced::Elsewhere`] otherwise), and the bucket is not let go while the sync runs (the
+/// guard lives until it returns).
+pub(crate) async fn sync<C: Kind>(kind: &C, key: &C::Key, reasons: Reasons) -> Result<Synced, SyncError> {
     let mut _entered = None;
-    if let Some(shard) = &core.hub.shard
+    if let Some(shard) = &kind.core().hub.shard
         && let Some((obj, _)) = kind.object(key)
     {
         match shard.held.enter(obj.metadata.uid.as_deref().unwrap_or_default()).await {
             Some(guard) => _entered = Some(guard),
-            None => return Ok(None),
+            None => return Ok(Synced::Elsewhere),
         }
     }
+    sync_here(kind, key, reasons).await.map(Synced::Done)
+}
+
+/// [`sync`] of an object this replica holds; returns when to sync it again, if the hook asked.
+async fn sync_here<C: Kind>(kind: &C, key: &C::Key, reasons: Reasons) -> Result<Option<Duration>, SyncError> {
+    let core = kind.core();
     let observing = observe(kind, key).instrument(info_span!(target: crate::TRACE_SPANS, "observe")).await?;
     let Some(Observing { obj, resource, api, finalizing, endpoint, observed, claimed, children, related }) = observing
     else {
@@ -609,7 +619,8 @@ pub(crate) async fn sync<C: Kind>(kind: &C, key: &C::Key, reasons: Reasons) -> R
     };
     let object = ObjectKey::of(&obj);
     if let Some(status) = decision.status {
-        core.write_object(key, &object, replace_status(&api, &obj, status, resource.has_status)).await?;
+        let how = StatusWrite { subresource: resource.has_status, observed_generation: C::SETS_OBSERVED_GENERATION };
+        core.write_object(key, &object, replace_status(&api, &obj, status, how)).await?;
     }
     if let Some(patch) = decision.metadata {
         core.write_object(key, &object, patch_metadata(&api, &obj, &patch)).await?;
@@ -620,7 +631,7 @@ pub(crate) async fn sync<C: Kind>(kind: &C, key: &C::Key, reasons: Reasons) -> R
         return Err(SyncError::Apply(executed.errors));
     }
     if finalizing && decision.finalized {
-        remove_finalizer(&api, &obj, &core.finalizer).await?;
+        core.write_object(key, &object, remove_finalizer(&api, &obj, &core.finalizer)).await?;
     }
     if executed.writes.iter().any(|w| w.recreate) {
         // A child deleted to be recreated: the next sync creates it, whatever becomes of the echo.
@@ -651,7 +662,8 @@ async fn hold<C: Kind>(
     if C::STATUS_IS_THE_HOOKS {
         let now = serde_json::to_value(Time(Timestamp::now())).unwrap_or_default();
         let status = held_status(obj, &message, now.as_str().unwrap_or_default());
-        let write = replace_status(api, obj, status, resource.has_status);
+        let how = StatusWrite { subresource: resource.has_status, observed_generation: false };
+        let write = replace_status(api, obj, status, how);
         if let Err(e) = core.write_object(key, &ObjectKey::of(obj), write).await {
             warn!("could not say the hook's permanent error in the {}'s status: {}", C::OBJECT, with_causes(&e));
         }
@@ -785,7 +797,7 @@ impl<C: Kind> Syncer for C {
         Kind::object(self, key).map(|(obj, _)| obj)
     }
 
-    async fn sync(&self, key: &C::Key, reasons: Reasons) -> Result<Option<Duration>, SyncError> {
+    async fn sync(&self, key: &C::Key, reasons: Reasons) -> Result<Synced, SyncError> {
         sync(self, key, reasons).await
     }
 

@@ -17,6 +17,16 @@ use crate::engine::events::{Events, reference};
 use crate::engine::queue::{Reasons, WorkQueue};
 use crate::write::children::PlanError;
 
+/// What a sync that did not fail did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Synced {
+    /// The object was synced; `Some`: when to sync it again, as its hook asked.
+    Done(Option<Duration>),
+    /// The object is another replica's to sync (sharded): nothing was done here, so nothing is
+    /// reported, counted or scheduled for it — its holder does that.
+    Elsewhere,
+}
+
 /// One controller's sync, driven by [`work`].
 pub(crate) trait Syncer: Send + Sync + 'static {
     type Key: Clone + Eq + Hash + Display + Send + Sync + 'static;
@@ -30,13 +40,9 @@ pub(crate) trait Syncer: Send + Sync + 'static {
     fn sync_requests(&self) -> &crate::engine::trigger::SyncRequests<Self::Key>;
     /// The cached object a key stands for (where failure Events go).
     fn object(&self, key: &Self::Key) -> Option<Arc<DynamicObject>>;
-    /// Syncs one object; returns when to sync it again, if its hook asked. `reasons`: what queued the
-    /// key since its last sync (whether the hook must be asked again, and the metrics' `cause`).
-    fn sync(
-        &self,
-        key: &Self::Key,
-        reasons: Reasons,
-    ) -> impl Future<Output = Result<Option<Duration>, SyncError>> + Send;
+    /// Syncs one object (see [`Synced`]). `reasons`: what queued the key since its last sync (whether
+    /// the hook must be asked again, and the metrics' `cause`).
+    fn sync(&self, key: &Self::Key, reasons: Reasons) -> impl Future<Output = Result<Synced, SyncError>> + Send;
     /// The controller's `resyncPeriodSeconds`, if the object is still cached (a deleted one needs no
     /// more resyncs).
     fn resync_period(&self, key: &Self::Key) -> Option<Duration>;
@@ -71,6 +77,14 @@ async fn handle<S: Syncer>(syncer: &S, queue: &WorkQueue<S::Key>, key: &S::Key) 
         .catch_unwind()
         .await
         .unwrap_or_else(|panic| Err(SyncError::Panicked(panic_message(&*panic))));
+    let result = match result {
+        Ok(Synced::Done(resync)) => Ok(resync),
+        Ok(Synced::Elsewhere) => {
+            debug!("another replica's to sync");
+            return;
+        }
+        Err(e) => Err(e),
+    };
     if matches!(result, Err(SyncError::Panicked(_))) {
         syncer.metrics().panicked();
     }
@@ -254,7 +268,7 @@ mod tests {
         fn object(&self, _: &&'static str) -> Option<Arc<DynamicObject>> {
             None
         }
-        async fn sync(&self, key: &&'static str, reasons: Reasons) -> Result<Option<Duration>, SyncError> {
+        async fn sync(&self, key: &&'static str, reasons: Reasons) -> Result<Synced, SyncError> {
             self.causes.lock().unwrap().push((key, reasons));
             if *key == "slow" {
                 tokio::time::sleep(Duration::from_secs(2)).await;
@@ -265,7 +279,7 @@ mod tests {
                 calls.iter().filter(|(k, _)| k == key).count() == 1
             };
             assert!(!(first && self.panic_first), "a bug in a sync");
-            Ok(None)
+            Ok(if *key == "elsewhere" { Synced::Elsewhere } else { Synced::Done(None) })
         }
         fn resync_period(&self, key: &&'static str) -> Option<Duration> {
             self.period.filter(|_| *key != "gone")
@@ -322,6 +336,34 @@ mod tests {
         assert_eq!(seconds("a"), [0, 5, 10, 20]);
         assert_eq!(seconds("b"), [3, 13, 23]);
         assert_eq!(seconds("gone"), [0]);
+        syncer.queue.shut_down();
+        worker.await.unwrap();
+    }
+
+    /// A key another replica holds is not synced here: its sync request stays unanswered (no "done"
+    /// Event from a replica that did nothing), no outcome is counted and no resync is scheduled.
+    #[tokio::test(start_paused = true)]
+    async fn a_key_that_is_another_replicas_is_neither_reported_nor_counted_nor_resynced() {
+        let metrics = crate::engine::metrics::Metrics::default();
+        let syncer = Panicky::new(&metrics, false, Some(Duration::from_secs(10)));
+        let annotated = |value: Option<&str>| -> DynamicObject {
+            let mut obj = serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "e"}});
+            if let Some(value) = value {
+                obj["metadata"]["annotations"] = serde_json::json!({crate::engine::trigger::SYNC_REQUESTED_AT: value});
+            }
+            serde_json::from_value(obj).unwrap()
+        };
+        assert!(syncer.requests.observe(&"elsewhere", Some(&annotated(None)), &annotated(Some("t1"))));
+        let worker = tokio::spawn(work(Arc::clone(&syncer)));
+        syncer.queue.add("elsewhere");
+        tokio::time::sleep(Duration::from_secs(25)).await;
+        assert_eq!(syncer.calls_of("elsewhere").len(), 1, "no resync of another replica's object");
+        assert_eq!(syncer.requests.take(&"elsewhere").as_deref(), Some("t1"), "the request is left to its holder");
+        let mut registry = prometheus_client::registry::Registry::default();
+        metrics.register(&mut registry);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        assert!(!text.contains(r#"result="success"} 1"#), "nothing was synced: {text}");
         syncer.queue.shut_down();
         worker.await.unwrap();
     }

@@ -251,6 +251,15 @@ impl DryRun {
         if types.methods.iter().any(|m| m.is_rolling()) {
             self.line(2, "rolling updates: compared with the latest revision's answer only");
         }
+        if !parent_resource.has_status {
+            // What the engine does (see `crate::engine::status::replace_status`); Metacontroller refuses
+            // such a parent type, so a switch starts writing these parents' status.
+            self.line(
+                2,
+                "the parent type has no status subresource: the status is written with the whole object \
+                 (its observedGeneration counts that write)",
+            );
+        }
         let parent_selector =
             rule.label_selector.as_ref().map_or(Ok(Selector::everything()), Selector::from_label_selector);
         let Ok(parent_selector) = parent_selector else {

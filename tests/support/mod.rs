@@ -293,7 +293,7 @@ impl Hub {
 }
 
 /// A hub as its own `metahook run` process (the binary this test build made), so a test can kill -9 it.
-/// Runs only controllers labelled `metahook-test=<label>`; its log goes to `log`.
+/// Runs only controllers labelled `metahook-test=<label>`; its log (stdout and stderr) goes to `log`.
 pub struct HubProcess {
     pub log: PathBuf,
     child: std::process::Child,
@@ -330,6 +330,8 @@ impl HubProcess {
         )
         .unwrap();
         let log = dir.path().join("hub.log");
+        // The hub logs to stdout; a panic or a start error goes to stderr: the log file has both.
+        let file = std::fs::File::create(&log).unwrap();
         let child = std::process::Command::new(env!("CARGO_BIN_EXE_metahook"))
             .args(["run", "--config"])
             .arg(&config)
@@ -337,8 +339,8 @@ impl HubProcess {
             .arg(kubeconfig)
             .args(args)
             .envs(env.iter().copied())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
+            .stdout(file.try_clone().unwrap())
+            .stderr(file)
             .spawn()
             .expect("starting metahook run");
         Self { log, child, _dir: dir }

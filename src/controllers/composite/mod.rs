@@ -64,11 +64,6 @@ impl Controller {
             .await
             .map_err(|source| StartError::NotFound { role: "parent", source })?;
         crate::engine::sync::within_namespaces(hub, "parent", &parent_resource)?;
-        if !parent_resource.has_status {
-            return Err(StartError::NoStatusSubresource {
-                resource: format!("{}.{}", parent_rule.resource, parent_rule.api_version),
-            });
-        }
         let parent_selector = match &parent_rule.label_selector {
             Some(s) => Selector::from_label_selector(s)?,
             None => Selector::everything(),
@@ -170,6 +165,7 @@ impl Kind for Controller {
     type Claimed = Vec<Arc<DynamicObject>>;
     const OBJECT: &'static str = "parent";
     const STATUS_IS_THE_HOOKS: bool = true;
+    const SETS_OBSERVED_GENERATION: bool = true;
 
     fn core(&self) -> &Core<ObjectKey> {
         &self.core
