@@ -597,3 +597,91 @@ async fn settings_metacontroller_refuses_keep_the_controller_from_starting_with_
     assert_eq!(ready["message"], "hooks.sync.webhook: authorization and basicAuth are mutually exclusive");
     t.finish().await;
 }
+
+/// A hook server made exactly as Metacontroller's `webhook-auth` example makes its own
+/// (`examples/webhook-auth/manifest/sync.py`): `http.server.HTTPServer` behind `ssl.wrap_socket`,
+/// requiring a client certificate and a bearer token, answering HTTP/1.0 without `Content-Length` and
+/// closing the connection without TLS's `close_notify`. `/cut` sends half of its answer that way.
+const WEBHOOK_AUTH_HOOK: &str = r#"
+import json, ssl, sys
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+CERT, KEY, CLIENT_CA, TOKEN = sys.argv[1:5]
+
+class Controller(BaseHTTPRequestHandler):
+    def do_POST(self):
+        if self.headers.get("Authorization", "") != "Bearer " + TOKEN:
+            self.send_response(401)
+            self.end_headers()
+            return
+        body = self.rfile.read(int(self.headers.get("content-length")))
+        parent = json.loads(body)["parent"]
+        response = {"status": {"working": "fine"},
+                    "children": [{"apiVersion": "v1", "kind": "ConfigMap",
+                                  "metadata": {"name": parent["metadata"]["name"] + "-cm"},
+                                  "data": {"greeting": parent["spec"]["greeting"]}}]}
+        data = json.dumps(response).encode("utf-8")
+        if self.path == "/cut":
+            data = data[: len(data) // 2]
+        self.send_response(200)
+        self.send_header("Content-type", "application/json")
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):
+        pass
+
+ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+ctx.load_cert_chain(CERT, KEY)
+ctx.load_verify_locations(CLIENT_CA)
+ctx.verify_mode = ssl.CERT_REQUIRED
+server = HTTPServer(("127.0.0.1", 0), Controller)
+server.socket = ctx.wrap_socket(server.socket, server_side=True)
+print("PORT %d" % server.server_address[1], flush=True)
+server.serve_forever()
+"#;
+
+/// Corner 11 of the promises issue: a hook Metacontroller can read, the hub can read. Metacontroller's
+/// `webhook-auth` hook (CA bundle, bearer token and an X.509 v1 client certificate, all from
+/// `endpointConfigs`) ends each answer by closing the connection without `close_notify`, which Go's
+/// client takes as the end of the body. The hub reads it the same way — and an answer cut short that
+/// way is refused whole: its child is left as it was.
+#[tokio::test]
+async fn metacontrollers_webhook_auth_hook_is_read_to_its_close_and_a_cut_answer_is_refused() {
+    let pki = Pki::new();
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("sync.py");
+    std::fs::write(&script, WEBHOOK_AUTH_HOOK).unwrap();
+    let token = "webhook-auth-token-3c9e1f";
+    let mut child = tokio::process::Command::new("python3")
+        .arg(&script)
+        .args([pki.path("server.crt"), pki.path("server.key"), pki.path("client-ca.crt"), token.to_owned()])
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("starting the webhook-auth hook");
+    let port = support::port_line(&mut child).await;
+    let t = Setup::new("webhook-auth", config()).await;
+    t.secret("client-cert", &[("tls.crt", &pki.pem("v1-client.crt")), ("tls.key", &pki.pem("v1-client.key"))]).await;
+    t.secret("token", &[("token", token)]).await;
+    t.ca_config_map("hook-ca", &pki.pem("ca.crt")).await;
+    let endpoint = json!([{"host": format!("127.0.0.1:{port}"),
+        "caBundle": {"configMapRef": {"name": "hook-ca", "namespace": t.ns.name}},
+        "authorization": {"secretRef": {"name": "token", "namespace": t.ns.name, "key": "token"}},
+        "clientTLS": {"secretRef": {"name": "client-cert", "namespace": t.ns.name}}}]);
+    let extra = json!({"endpointConfigs": endpoint});
+    t.controller("whole", json!({"url": format!("https://127.0.0.1:{port}/sync")}), extra.clone()).await;
+    t.controller("cut", json!({"url": format!("https://127.0.0.1:{port}/cut")}), extra).await;
+    t.thing("one", "whole", "hello").await;
+    t.wait_greeting("one", "hello").await;
+    t.thing("one", "whole", "bonjour").await;
+    t.wait_greeting("one", "bonjour").await;
+    assert!(warnings_for(&t.client, &t.ns.name, "one").await.is_empty());
+
+    t.thing("two", "cut", "hello").await;
+    let error = t.sync_error("two").await;
+    assert!(error.contains("not valid JSON"), "{error}");
+    assert_eq!(t.greeting("two").await, None, "nothing of a cut answer is written");
+    assert_nowhere(&[token], &t.events().await);
+    t.finish().await;
+}
