@@ -229,8 +229,14 @@ impl Setup {
         Replica { name: name.to_owned(), child }
     }
 
+    /// The label of a parent's own bucket.
     fn shard_label(&self) -> String {
         format!("shard.metahook.dev/{}", self.label)
+    }
+
+    /// The label of a child's parent's bucket.
+    fn child_label(&self) -> String {
+        format!("parent.shard.metahook.dev/{}", self.label)
     }
 
     async fn things(&self) -> Api<DynamicObject> {
@@ -320,6 +326,7 @@ impl Setup {
     /// labelled with the parent's bucket.
     async fn converged(&self, version: &str, members: &BTreeSet<String>) -> bool {
         let label = self.shard_label();
+        let child_label = self.child_label();
         let claims = self.claims().await;
         let things = self.things_seen.now();
         let children = self.children_seen.now();
@@ -342,7 +349,7 @@ impl Setup {
                     && p.data["status"]["version"] == version
                     && child.is_some_and(|c| {
                         c.data["data"]["version"] == version
-                            && c.metadata.labels.as_ref().and_then(|l| l.get(&label)) == Some(&value)
+                            && c.metadata.labels.as_ref().and_then(|l| l.get(&child_label)) == Some(&value)
                     })
             })
     }
@@ -853,7 +860,7 @@ async fn children_written_before_the_ring_are_labelled_and_kept() {
     }
 
     // A bucket label removed from a child comes back, on the same child.
-    let label = setup.shard_label();
+    let label = setup.child_label();
     let removed = json!({"metadata": {"labels": {&label: null}}});
     cms.patch("p0", &PatchParams::default(), &Patch::Merge(&removed)).await.unwrap();
     let back = Instant::now();
@@ -890,7 +897,7 @@ async fn orphans_are_adopted_by_the_replica_holding_their_parent() {
     setup.parents_in(0..parents, "v1").await;
     setup.wait_converged("v1", &live, Duration::from_secs(120)).await;
     let claims = setup.claims().await;
-    let label = setup.shard_label();
+    let label = setup.child_label();
     let cms = setup.config_maps().await;
     let mut kept = BTreeMap::new();
     // p8–p10: unlabelled orphans their parent selects; p11: an unlabelled object it does not select.
@@ -1017,4 +1024,363 @@ fn the_audit_catches_two_replicas_syncing_one_parent_at_once() {
     assert!(overlaps(&[call("a", 0.0, 1.0), call("a", 0.5, 2.0)]).is_empty(), "one replica's own calls");
     assert_eq!(overlaps(&[call("a", 0.0, 3.0), call("a", 0.5, 1.0), call("b", 2.0, 2.5)]).len(), 1);
     assert_eq!(overlaps(&[call("b", 0.9, 1.2), call("a", 0.0, 1.0)]).len(), 1);
+}
+
+/// Nested controllers and a decorator (corner 1 of the promises issue): `outer` makes one `Layer` per
+/// Thing; `inner` takes Layers as parents and makes one ConfigMap each; `decorate` labels every Layer and
+/// attaches a ConfigMap to it. A Layer is a child of one controller, the parent of another and a
+/// decorator's target.
+const NESTED: &str = r#"
+def outer(req):
+    p = req["parent"]
+    layer = {"apiVersion": "test.metahook.dev/v1", "kind": "Layer",
+             "metadata": {"name": p["metadata"]["name"] + "-inner",
+                          "labels": {"metahook-test": p["metadata"]["labels"]["metahook-test"], "level": "inner"}},
+             "spec": {"version": p["spec"]["version"]}}
+    return {"status": {"version": p["spec"]["version"]}, "children": [layer]}
+def inner(req):
+    p = req["parent"]
+    cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": p["metadata"]["name"] + "-cm"},
+          "data": {"version": p["spec"]["version"]}}
+    return {"status": {"version": p["spec"]["version"]}, "children": [cm]}
+def decorate(req):
+    obj = req["object"]
+    att = {"apiVersion": "v1", "kind": "Secret",
+           "metadata": {"name": obj["metadata"]["name"] + "-att", "labels": {"version": obj["spec"]["version"]}}}
+    return {"labels": {"decorated": obj["spec"]["version"]}, "attachments": [att]}
+"#;
+
+/// The kinds of the nested world's objects.
+const KINDS: [(&str, &str); 4] =
+    [("test.metahook.dev/v1", "Thing"), ("test.metahook.dev/v1", "Layer"), ("v1", "ConfigMap"), ("v1", "Secret")];
+
+/// One namespace of the nested world: its controllers (named after it, labelled for its hubs), and
+/// what converged means there.
+struct Nested {
+    client: Client,
+    ns: TestNamespace,
+    label: String,
+    hook: support::HookServer,
+    dir: tempfile::TempDir,
+    parents: usize,
+}
+
+impl Nested {
+    async fn new(test: &str, parents: usize) -> Self {
+        let client = support::client().await;
+        support::install_metahook_crds(&client).await;
+        support::install_crds(&client, include_str!("fixtures/test-crds.yaml")).await;
+        let ns = TestNamespace::create(&client, test).await;
+        let hook = support::HookServer::start(NESTED).await;
+        let label = ns.name.clone();
+        let nested = Self { client, ns, label, hook, dir: tempfile::tempdir().unwrap(), parents };
+        let test_label = json!({"matchLabels": {"metahook-test": nested.label}});
+        let inner_label = json!({"matchLabels": {"metahook-test": nested.label, "level": "inner"}});
+        let composite = |name: &str, parent: &str, child: Value, selector: &Value, path: &str| {
+            json!({"apiVersion": "metacontroller.k8s.io/v1alpha1", "kind": "CompositeController",
+                   "metadata": {"name": name, "labels": {"metahook-test": nested.label}},
+                   "spec": {"generateSelector": true,
+                            "parentResource": {"apiVersion": "test.metahook.dev/v1", "resource": parent,
+                                               "labelSelector": selector},
+                            "childResources": [child],
+                            "hooks": {"sync": {"webhook": {"url": nested.hook.url(path)}}}}})
+        };
+        let in_place = |api_version: &str, resource: &str| json!({"apiVersion": api_version, "resource": resource, "updateStrategy": {"method": "InPlace"}});
+        let outer = composite(
+            &format!("{}-outer", nested.label),
+            "things",
+            in_place("test.metahook.dev/v1", "layers"),
+            &test_label,
+            "/outer",
+        );
+        let inner = composite(
+            &format!("{}-inner", nested.label),
+            "layers",
+            in_place("v1", "configmaps"),
+            &inner_label,
+            "/inner",
+        );
+        let decorator = json!({"apiVersion": "metacontroller.k8s.io/v1alpha1", "kind": "DecoratorController",
+            "metadata": {"name": format!("{}-decorate", nested.label), "labels": {"metahook-test": nested.label}},
+            "spec": {"resources": [{"apiVersion": "test.metahook.dev/v1", "resource": "layers", "labelSelector": inner_label}],
+                     "attachments": [in_place("v1", "secrets")],
+                     "hooks": {"sync": {"webhook": {"url": nested.hook.url("/decorate")}}}}});
+        for controller in [outer, inner, decorator] {
+            apply_value(&nested.client, &controller).await;
+        }
+        nested
+    }
+
+    /// The sharded replicas' configuration: the namespace's own ring, leases and a short rebalance.
+    fn config(&self) -> std::path::PathBuf {
+        let path = self.dir.path().join("metahook.yaml");
+        let text = format!(
+            "discoveryInterval: 2\ntargetLabelSelector: metahook-test={label}\nmetricsAddress: \"\"\n\
+             leaderElection:\n  leaseName: {label}\n  leaseNamespace: {label}\n  \
+             leaseDuration: {LEASE_DURATION}\n  renewDeadline: {RENEW_DEADLINE}\n  retryPeriod: {RETRY_PERIOD}\n\
+             sharding:\n  enabled: true\n  ring: {label}\n  rebalanceInterval: {REBALANCE_INTERVAL}\n",
+            label = self.label,
+        );
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
+    fn start(&self, name: &str) -> Replica {
+        let log = std::fs::File::create(self.dir.path().join(format!("{name}.log"))).unwrap();
+        let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_metahook"))
+            .args(["run", "--config"])
+            .arg(self.config())
+            .arg("--kubeconfig")
+            .arg(support::kubeconfig_path())
+            .env("POD_NAME", name)
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .stdin(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("starting metahook run");
+        Replica { name: name.to_owned(), child }
+    }
+
+    fn log(&self, replica: &str) -> String {
+        std::fs::read_to_string(self.dir.path().join(format!("{replica}.log"))).unwrap_or_default()
+    }
+
+    /// The parents at `version` (created or moved), and one Layer made by a user, no owner.
+    async fn parents_at(&self, version: &str) {
+        for i in 0..self.parents {
+            apply_value(
+                &self.client,
+                &json!({"apiVersion": "test.metahook.dev/v1", "kind": "Thing",
+                        "metadata": {"name": format!("o{i}"), "namespace": self.ns.name,
+                                     "labels": {"metahook-test": self.label}},
+                        "spec": {"version": version}}),
+            )
+            .await;
+        }
+        apply_value(
+            &self.client,
+            &json!({"apiVersion": "test.metahook.dev/v1", "kind": "Layer",
+                    "metadata": {"name": "users-own", "namespace": self.ns.name,
+                                 "labels": {"metahook-test": self.label, "level": "inner"}},
+                    "spec": {"version": version}}),
+        )
+        .await;
+    }
+
+    /// What the namespace holds, as a hub's work shows it: every Thing, Layer, ConfigMap (not the
+    /// namespace's root CA) and Secret by kind and name, with its data or spec and status, its labels but the bucket
+    /// labels and the UID-valued `controller-uid`, and its controller's kind and name.
+    async fn state(&self) -> BTreeMap<String, Value> {
+        let mut state = BTreeMap::new();
+        for (api_version, kind) in KINDS {
+            let objects = api(&self.client, api_version, kind, Some(&self.ns.name)).await;
+            for obj in objects.list(&ListParams::default()).await.unwrap().items {
+                let name = obj.metadata.name.clone().unwrap_or_default();
+                if name == "kube-root-ca.crt" {
+                    continue;
+                }
+                let labels: BTreeMap<String, String> = obj
+                    .metadata
+                    .labels
+                    .clone()
+                    .unwrap_or_default()
+                    .into_iter()
+                    .filter(|(k, _)| {
+                        !k.contains("shard.metahook.dev/") && k != "controller-uid" && k != "metahook-test"
+                    })
+                    .collect();
+                let owner = obj
+                    .metadata
+                    .owner_references
+                    .iter()
+                    .flatten()
+                    .find(|r| r.controller == Some(true))
+                    .map(|r| format!("{}/{}", r.kind, r.name));
+                let mut status = obj.data.get("status").cloned().unwrap_or(Value::Null);
+                if let Some(map) = status.as_object_mut() {
+                    map.remove("observedGeneration");
+                }
+                let body = json!({"labels": labels, "owner": owner, "spec": obj.data.get("spec"),
+                                  "data": obj.data.get("data"), "status": status});
+                state.insert(format!("{kind}/{name}"), body);
+            }
+        }
+        state
+    }
+
+    /// Whether every level is at `version`: each Thing's status, its Layer's spec, status and
+    /// decoration, the Layer's ConfigMap and its attached Secret — for the user's own Layer too.
+    async fn converged(&self, version: &str) -> bool {
+        let state = self.state().await;
+        let layers: Vec<String> =
+            (0..self.parents).map(|i| format!("o{i}-inner")).chain(["users-own".to_owned()]).collect();
+        (0..self.parents).all(|i| state.get(&format!("Thing/o{i}")).is_some_and(|t| t["status"]["version"] == version))
+            && layers.iter().all(|layer| {
+                let at = |key: String, field: &str| state.get(&key).is_some_and(|o| o[field]["version"] == version);
+                at(format!("Layer/{layer}"), "spec")
+                    && at(format!("Layer/{layer}"), "status")
+                    && state.get(&format!("Layer/{layer}")).is_some_and(|l| l["labels"]["decorated"] == version)
+                    && at(format!("ConfigMap/{layer}-cm"), "data")
+                    && at(format!("Secret/{layer}-att"), "labels")
+            })
+    }
+
+    /// Waits until [`Nested::converged`] at `version`; past `timeout`, fails naming what is not there.
+    async fn wait_converged(&self, version: &str, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        while !self.converged(version).await {
+            if Instant::now() > deadline {
+                let state = self.state().await;
+                let behind: Vec<&String> =
+                    state.iter().filter(|(_, v)| !v.to_string().contains(version)).map(|(k, _)| k).collect();
+                panic!("{}: not at {version} after {timeout:?}: {behind:?}", self.ns.name);
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
+    /// The resourceVersion of every object of the namespace's kinds (every write moves one).
+    async fn versions(&self) -> BTreeMap<String, String> {
+        let mut versions = BTreeMap::new();
+        for (api_version, kind) in KINDS {
+            let objects = api(&self.client, api_version, kind, Some(&self.ns.name)).await;
+            for obj in objects.list(&ListParams::default()).await.unwrap().items {
+                let name = format!("{kind}/{}", obj.metadata.name.clone().unwrap_or_default());
+                versions.insert(name, obj.metadata.resource_version.clone().unwrap_or_default());
+            }
+        }
+        versions
+    }
+
+    /// The objects written during `quiet` after `settle` (a settled world writes nothing), and how long
+    /// it took to settle: the first `settle` window in which nothing was written.
+    async fn writes_once_settled(&self, quiet: Duration, settle: Duration) -> Vec<String> {
+        let deadline = Instant::now() + settle;
+        loop {
+            let before = self.versions().await;
+            tokio::time::sleep(quiet).await;
+            let after = self.versions().await;
+            let written: Vec<String> = after
+                .iter()
+                .filter(|(name, rv)| before.get(*name) != Some(*rv))
+                .map(|(name, _)| name.clone())
+                .collect();
+            if written.is_empty() || Instant::now() > deadline {
+                return written;
+            }
+        }
+    }
+
+    async fn finish(self, replicas: Vec<Replica>) {
+        for replica in replicas {
+            replica.kill().await;
+        }
+        for kind in ["CompositeController", "DecoratorController"] {
+            let controllers = api(&self.client, "metacontroller.k8s.io/v1alpha1", kind, None).await;
+            for name in ["outer", "inner", "decorate"] {
+                let _ = controllers.delete(&format!("{}-{name}", self.label), &DeleteParams::default()).await;
+            }
+        }
+        self.ns.delete().await;
+    }
+}
+
+/// Corner 1 of the promises issue: one shard label had two meanings. A Layer is the child of `outer`
+/// (labelled with its parent's bucket) and the parent of `inner` and the decorator's target (found by
+/// its own bucket): with one label, each replica's rebalance moved it back and forth for good. With
+/// 3 sharded replicas, both levels and the decorator converge exactly as with one unsharded hub; once
+/// settled, three rebalance intervals pass without a single write (labels included); a `kill -9` of a
+/// replica hands both levels over, and the world settles again without writes.
+#[tokio::test]
+async fn nested_controllers_and_a_decorator_converge_with_three_replicas_as_with_one() {
+    let parents = 30;
+    let single = Nested::new("shard-nested-one", parents).await;
+    let ring = Nested::new("shard-nested-ring", parents).await;
+    let hub = support::HubProcess::start(&single.label);
+    let mut replicas: Vec<Replica> = ["hub-a", "hub-b", "hub-c"].iter().map(|n| ring.start(n)).collect();
+    single.parents_at("v1").await;
+    ring.parents_at("v1").await;
+    let started = Instant::now();
+    single.wait_converged("v1", Duration::from_secs(120)).await;
+    ring.wait_converged("v1", Duration::from_secs(120)).await;
+    println!("nested: 3 replicas converged {:.1} s after the parents", started.elapsed().as_secs_f64());
+    assert_eq!(ring.state().await, single.state().await, "3 replicas left the world one hub leaves");
+
+    let quiet = Duration::from_secs(3 * REBALANCE_INTERVAL);
+    let written = ring.writes_once_settled(quiet, Duration::from_secs(60)).await;
+    assert!(written.is_empty(), "writes in {quiet:?} of a settled sharded world: {written:?}");
+    let logs: String = ["hub-a", "hub-b", "hub-c"].iter().map(|r| ring.log(r)).collect();
+    assert!(!logs.contains("putting back bucket labels"), "bucket labels fought over:\n{logs}");
+
+    // kill -9 of a replica: the other two take its buckets, at both levels.
+    let killed = replicas.remove(1);
+    println!("killing {}", killed.name);
+    killed.kill().await;
+    single.parents_at("v2").await;
+    ring.parents_at("v2").await;
+    let started = Instant::now();
+    single.wait_converged("v2", Duration::from_secs(120)).await;
+    ring.wait_converged("v2", Duration::from_secs(120)).await;
+    println!("nested: after a kill -9, converged {:.1} s after the change", started.elapsed().as_secs_f64());
+    assert_eq!(ring.state().await, single.state().await, "after the kill, as one hub leaves it");
+    let written = ring.writes_once_settled(quiet, Duration::from_secs(60)).await;
+    assert!(written.is_empty(), "writes in {quiet:?} after the hand-over settled: {written:?}");
+
+    hub.kill();
+    single.finish(Vec::new()).await;
+    ring.finish(replicas).await;
+}
+
+/// Corner 8 of the promises issue: a replica whose shard gate turns a parent away reports nothing for
+/// it. A parent's own bucket label is changed to a bucket the other replica holds, and a sync is
+/// requested on it at once: that replica caches it (its label says so) but does not hold its bucket
+/// (its UID says so), so it must not post "Sync requested … done" — only the replica that holds the
+/// parent's bucket may, once the label is put back and it syncs the parent.
+#[tokio::test]
+async fn a_replica_that_does_not_hold_a_parent_reports_no_sync_of_it() {
+    let setup = Setup::new("shard-gate", 3).await;
+    let replicas: Vec<Replica> = ["hub-a", "hub-b"].iter().map(|n| setup.start(n)).collect();
+    let members = setup.wait_members(2).await;
+    let live: BTreeSet<String> = members.keys().cloned().collect();
+    setup.parents_in(0..3, "v1").await;
+    setup.wait_converged("v1", &live, Duration::from_secs(120)).await;
+    // Both members hold buckets (the second to join waits for the first to let its share go).
+    let claims = eventually(Duration::from_secs(60), || async {
+        let claims = setup.claims().await;
+        (claims.len() == 2 && claims.values().all(|held| !held.is_empty())).then_some(claims)
+    })
+    .await;
+    let label = setup.shard_label();
+    let things = setup.things().await;
+    let mut turned_away = BTreeMap::new();
+    for thing in setup.things_seen.now() {
+        let name = thing.metadata.name.clone().unwrap();
+        let own = bucket(thing.metadata.uid.as_deref().unwrap());
+        let (other, held) = claims.iter().find(|(_, held)| !held.contains(&own)).expect("another member");
+        let wrong = held.first().expect("it holds buckets").to_string();
+        assert!(live.contains(other));
+        turned_away.insert(name.clone(), members[other].clone());
+        let mislabel = json!({"metadata": {"labels": {&label: wrong}}});
+        things.patch(&name, &PatchParams::default(), &Patch::Merge(&mislabel)).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let request = json!({"metadata": {"annotations": {"metahook.dev/sync-requested-at": format!("now-{name}")}}});
+        things.patch(&name, &PatchParams::default(), &Patch::Merge(&request)).await.unwrap();
+    }
+    // Past two rebalance intervals: the labels are put back, the parents synced by their holders.
+    setup.wait_converged("v1", &live, Duration::from_secs(60)).await;
+    tokio::time::sleep(Duration::from_secs(2 * REBALANCE_INTERVAL)).await;
+    for (name, wrong_replica) in &turned_away {
+        let events = support::events_on(&setup.client, &setup.ns.name, name).await;
+        let reported: Vec<String> = events
+            .iter()
+            .filter(|e| e.reason.as_deref() == Some("SyncRequested"))
+            .map(|e| e.reporting_instance.clone().unwrap_or_default())
+            .collect();
+        assert!(
+            !reported.contains(wrong_replica),
+            "{wrong_replica} turned {name} away and still reported its requested sync done: {reported:?}"
+        );
+    }
+    setup.finish(replicas).await;
 }

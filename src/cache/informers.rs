@@ -27,6 +27,7 @@ use tracing::{debug, warn};
 use crate::cache::discovery::ResolvedResource;
 use crate::cache::relist::relisting;
 use crate::cache::selector::Selector;
+use crate::cache::shard::{Role, Selection};
 
 /// Namespace (None for cluster-scoped objects) and name.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -249,8 +250,8 @@ struct Shared {
     /// sync reports).
     last_error: watch::Sender<Option<WatchFailure>>,
     task: Mutex<Option<tokio::task::AbortHandle>>,
-    /// Whether its watches carry the shard selector.
-    sharded: bool,
+    /// With sharding, which of the shard selectors its watches carry.
+    role: Option<Role>,
     /// The shard selector of the last list every scope finished (sharded caches only).
     listed_with: watch::Sender<Option<String>>,
 }
@@ -463,10 +464,10 @@ pub struct Informers {
     flush_interval: Option<Duration>,
     /// The namespaces namespaced types are watched in, one watch each; empty: the whole cluster.
     namespaces: Arc<[String]>,
-    /// With sharding, the server-side label selector of this replica's own objects as it changes (see
-    /// [`crate::cache::shard`]): every watch of [`Informers::get`] carries it, so a cache holds one
-    /// member's share of its type, and lists again when it changes.
-    selector: Option<watch::Receiver<String>>,
+    /// With sharding, the server-side label selectors of this replica's own objects as they change (see
+    /// [`crate::cache::shard`]): every watch of [`Informers::get`] carries the one of its role, so a
+    /// cache holds one member's share of its type, and lists again when it changes.
+    selection: Option<watch::Receiver<Selection>>,
     live: Arc<Mutex<HashMap<String, Weak<Shared>>>>,
 }
 
@@ -478,7 +479,7 @@ impl Informers {
             client,
             flush_interval: Some(flush_interval).filter(|d| !d.is_zero()),
             namespaces: Arc::default(),
-            selector: None,
+            selection: None,
             live: Arc::default(),
         }
     }
@@ -504,27 +505,28 @@ impl Informers {
         self.namespaces.is_empty() || self.namespaces.iter().any(|n| n == namespace)
     }
 
-    /// These informers, watching only the objects `selector` (a server-side label selector, as it
-    /// changes) matches: a sharded replica's own parents and children.
+    /// These informers, watching only the objects `selection` (server-side label selectors, as they
+    /// change) matches: a sharded replica's own parents and children.
     #[must_use]
-    pub fn sharded(mut self, selector: Option<watch::Receiver<String>>) -> Self {
-        self.selector = selector;
+    pub fn sharded(mut self, selection: Option<watch::Receiver<Selection>>) -> Self {
+        self.selection = selection;
         self
     }
 
-    /// Waits until every sharded cache has listed its type with `selector` (the buckets just taken are
-    /// in it), at most `timeout`; `false` if one had not by then.
-    pub async fn wait_listed(&self, selector: &str, timeout: Duration) -> bool {
-        let sharded: Vec<Arc<Shared>> = self
+    /// Waits until every sharded cache has listed its type with the selector of its role in `selection`
+    /// (the buckets just taken are in it), at most `timeout`; `false` if one had not by then.
+    pub async fn wait_listed(&self, selection: &Selection, timeout: Duration) -> bool {
+        let sharded: Vec<(Arc<Shared>, Role)> = self
             .live
             .lock()
             .expect("informers lock")
             .values()
             .filter_map(Weak::upgrade)
-            .filter(|s| s.sharded)
+            .filter_map(|s| s.role.map(|role| (s, role)))
             .collect();
-        let all = futures::future::join_all(sharded.iter().map(|shared| {
+        let all = futures::future::join_all(sharded.iter().map(|(shared, role)| {
             let mut listed = shared.listed_with.subscribe();
+            let selector = selection.of_role(*role);
             async move {
                 let _ = listed.wait_for(|l| l.as_deref() == Some(selector)).await;
             }
@@ -539,17 +541,20 @@ impl Informers {
         self.flush_interval
     }
 
-    /// The informer for `resource`, shared with every other user of the same type.
+    /// The informer for `resource`, shared with every other user of the same type in the same `role`.
+    /// Unsharded, both roles share one cache; sharded, a type that is both a parent type and a child
+    /// type is watched once per role, each with its own label's selector.
     #[must_use]
-    pub fn get(&self, resource: &Arc<ResolvedResource>) -> Informer {
-        self.informer(resource, self.selector.clone())
+    pub fn get(&self, resource: &Arc<ResolvedResource>, role: Role) -> Informer {
+        let sharding = self.selection.as_ref().map(|selection| (role, selection.clone()));
+        self.informer(resource, sharding)
     }
 
-    /// The informer [`Informers::get`] would share for `resource`, if one is running: for a look at
-    /// what is cached that must not start a watch of its own.
+    /// The informer [`Informers::get`] would share for `resource` in `role`, if one is running: for a
+    /// look at what is cached that must not start a watch of its own.
     #[must_use]
-    pub fn running(&self, resource: &Arc<ResolvedResource>) -> Option<Informer> {
-        let id = informer_id(resource, self.selector.is_some());
+    pub fn running(&self, resource: &Arc<ResolvedResource>, role: Role) -> Option<Informer> {
+        let id = informer_id(resource, self.selection.as_ref().map(|_| role));
         let shared = self.live.lock().expect("informers lock").get(&id).and_then(Weak::upgrade)?;
         Some(Informer { shared })
     }
@@ -561,8 +566,13 @@ impl Informers {
         self.informer(resource, None)
     }
 
-    fn informer(&self, resource: &Arc<ResolvedResource>, selector: Option<watch::Receiver<String>>) -> Informer {
-        let id = informer_id(resource, selector.is_some());
+    fn informer(
+        &self,
+        resource: &Arc<ResolvedResource>,
+        sharding: Option<(Role, watch::Receiver<Selection>)>,
+    ) -> Informer {
+        let role = sharding.as_ref().map(|(role, _)| *role);
+        let id = informer_id(resource, role);
         let mut live = self.live.lock().expect("informers lock");
         if let Some(shared) = live.get(&id).and_then(Weak::upgrade) {
             return Informer { shared };
@@ -576,7 +586,7 @@ impl Informers {
             synced,
             last_error,
             task: Mutex::default(),
-            sharded: selector.is_some(),
+            role,
             listed_with: watch::channel(None).0,
         });
         let task = tokio::spawn(run_watch(
@@ -584,7 +594,7 @@ impl Informers {
             Arc::downgrade(&shared),
             self.flush_interval,
             Arc::clone(&self.namespaces),
-            selector,
+            sharding,
         ));
         *shared.task.lock().expect("task lock") = Some(task.abort_handle());
         live.retain(|_, weak| weak.strong_count() > 0);
@@ -646,10 +656,14 @@ fn prepare(mut obj: DynamicObject, resource: &ResolvedResource) -> Arc<DynamicOb
 
 const KUBECTL_LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
-/// The key of `resource`'s shared informer among the live ones.
-fn informer_id(resource: &ResolvedResource, sharded: bool) -> String {
+/// The key of `resource`'s shared informer among the live ones (sharded: one per role).
+fn informer_id(resource: &ResolvedResource, role: Option<Role>) -> String {
     let id = format!("{}/{}", resource.api_version(), resource.api_resource.plural);
-    if sharded { format!("{id}?sharded") } else { id }
+    match role {
+        None => id,
+        Some(Role::Parent) => format!("{id}?sharded-parents"),
+        Some(Role::Child) => format!("{id}?sharded-children"),
+    }
 }
 
 /// Whether a managedFields entry is of the main resource (not a subresource such as status).
@@ -695,7 +709,7 @@ async fn run_watch(
     shared: Weak<Shared>,
     flush_interval: Option<Duration>,
     namespaces: Arc<[String]>,
-    mut selector: Option<watch::Receiver<String>>,
+    mut sharding: Option<(Role, watch::Receiver<Selection>)>,
 ) {
     let resource = match shared.upgrade() {
         Some(s) => Arc::clone(&s.resource),
@@ -703,7 +717,7 @@ async fn run_watch(
     };
     let scopes = scopes(&resource, &namespaces);
     loop {
-        let current = selector.as_mut().map(|s| s.borrow_and_update().clone());
+        let current = sharding.as_mut().map(|(role, s)| s.borrow_and_update().of_role(*role).to_owned());
         let watches = scopes.iter().enumerate().map(|(index, scope)| {
             let api: Api<DynamicObject> = match scope {
                 Some(namespace) => Api::namespaced_with(client.clone(), namespace, &resource.api_resource),
@@ -719,8 +733,9 @@ async fn run_watch(
         });
         let events = futures::stream::select_all(watches);
         let changed = async {
-            let Some(selector) = selector.as_mut() else { return std::future::pending().await };
-            if selector.changed().await.is_err() {
+            let Some((role, selection)) = sharding.as_mut() else { return std::future::pending().await };
+            // Only a change of this role's selector lists again.
+            if selection.wait_for(|now| Some(now.of_role(*role)) != current.as_deref()).await.is_err() {
                 std::future::pending::<()>().await;
             }
         };
@@ -916,7 +931,7 @@ mod tests {
             namespaced: true,
             has_status: false,
         });
-        Informers::new(client, Duration::ZERO).get(&resource)
+        Informers::new(client, Duration::ZERO).get(&resource, Role::Child)
     }
 
     #[tokio::test]

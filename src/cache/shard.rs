@@ -2,14 +2,23 @@
 //! buckets to the live members of a ring, and the gate that lets a replica sync only its own buckets.
 //!
 //! Ownership lives in the API, never in a protocol of our own. Every parent falls in one of
-//! [`BUCKETS`] buckets by a hash of its UID; the ring's coordinator writes that bucket as a label on the
-//! parent once (`shard.metahook.dev/<ring>: <bucket>`), and the hub stamps the parent's bucket on every
-//! child and attachment it writes. The labels never change after that: what moves between replicas is
-//! whole buckets, by changing who watches them. Each replica watches parents and children with a
-//! server-side label selector for the buckets it holds (`shard.metahook.dev/<ring> in (3,17,…)`), so its
-//! cache holds about 1/N of the objects, and a move costs no write to any parent or child. A former
-//! child without a controller (released, or orphaned by the garbage collector) is labelled [`ORPHANS`]
-//! instead, which every replica watches: whoever holds a parent that would adopt it sees it.
+//! [`BUCKETS`] buckets by a hash of its UID. Two labels say where an object belongs, because one object
+//! can be both a parent (of one controller) and a child (of another): a CompositeController's children
+//! that a second controller takes as parents, a composite child that a DecoratorController decorates.
+//! - `shard.metahook.dev/<ring>: <bucket>` on an object synced as a parent (or a decorator's target) is
+//!   its own bucket, the hash of its own UID: the members label the parents of the buckets they hold
+//!   (`crate::ops::labels`), once;
+//! - `parent.shard.metahook.dev/<ring>: <bucket>` on an object written for a parent (a child, an
+//!   attachment) is that parent's bucket: the hub stamps it on everything a sync writes.
+//!
+//! Neither changes after it is written (unless someone else changes it, when it is put back): what moves
+//! between replicas is whole buckets, by changing who watches them. Each replica watches parents with a
+//! server-side selector on the first label for the buckets it holds (`shard.metahook.dev/<ring> in
+//! (3,17,…)`) and children with one on the second, so its caches hold about 1/N of the objects, and a
+//! move costs no write to any parent or child. A type that is both (the second level of nested
+//! controllers) is watched twice, once per role. A former child without a controller (released, or
+//! orphaned by the garbage collector) is labelled [`ORPHANS`] instead, which every replica's children
+//! watches select: whoever holds a parent that would adopt it sees it.
 //!
 //! Buckets are assigned by rendezvous hashing (highest random weight) over the live members: each
 //! bucket goes to the member whose hash with the bucket is highest. When a member joins only the
@@ -29,8 +38,34 @@ use tokio::sync::{OwnedRwLockReadGuard, RwLock, watch};
 /// naming a member's buckets stays a few kilobytes.
 pub const BUCKETS: u16 = 1024;
 
-/// The prefix of the label that names a parent's (or child's) bucket, per ring.
+/// The prefix of the label that names an object's own bucket (a parent's, a decorator target's), per
+/// ring.
 pub const SHARD_LABEL_PREFIX: &str = "shard.metahook.dev/";
+
+/// The prefix of the label that names the bucket of the parent an object was written for (a child's,
+/// an attachment's), per ring.
+pub const PARENT_SHARD_LABEL_PREFIX: &str = "parent.shard.metahook.dev/";
+
+/// Which of an object's two bucket labels a cache of it selects by (see the module doc).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Role {
+    /// Objects a controller syncs (parents, a decorator's targets): by their own bucket.
+    Parent,
+    /// Objects a sync writes for its parent (children, attachments): by their parent's bucket, and the
+    /// [`ORPHANS`].
+    Child,
+}
+
+impl Role {
+    /// The label of this role in `ring`.
+    #[must_use]
+    pub fn label(self, ring: &str) -> String {
+        match self {
+            Self::Parent => shard_label(ring),
+            Self::Child => parent_shard_label(ring),
+        }
+    }
+}
 
 /// The label on a member's Lease that names its ring.
 pub const RING_LABEL: &str = "shard.metahook.dev/ring";
@@ -118,26 +153,61 @@ pub fn decode(text: &str) -> Option<BTreeSet<u16>> {
     Some(buckets)
 }
 
-/// The shard label's key of `ring`.
+/// The key of `ring`'s label of an object's own bucket.
 #[must_use]
 pub fn shard_label(ring: &str) -> String {
     format!("{SHARD_LABEL_PREFIX}{ring}")
 }
 
-/// The server-side label selector of the objects in `buckets` of `ring`, and of the [`ORPHANS`], in its
-/// shorter form: the buckets held (none: the orphans alone), or, for more than half of them, the label
-/// without the others (all: the label alone, as a replica alone in its ring has). A selector rides in
-/// the URL of every list and watch: at most 512 numbers this way, a few kilobytes.
+/// The key of `ring`'s label of the bucket of the parent an object was written for.
 #[must_use]
-pub fn selector(ring: &str, buckets: &BTreeSet<u16>) -> String {
-    let label = shard_label(ring);
+pub fn parent_shard_label(ring: &str) -> String {
+    format!("{PARENT_SHARD_LABEL_PREFIX}{ring}")
+}
+
+/// The server-side label selector of the objects of `role` in `buckets` of `ring` (children: and the
+/// [`ORPHANS`]), in its shorter form: the buckets held (none: nothing but the orphans), or, for more
+/// than half of them, the label without the others (all: the label alone, as a replica alone in its
+/// ring has). A selector rides in the URL of every list and watch: at most 512 numbers this way, a few
+/// kilobytes.
+#[must_use]
+pub fn selector(ring: &str, role: Role, buckets: &BTreeSet<u16>) -> String {
+    let label = role.label(ring);
     let join = |values: Vec<String>| values.join(",");
     if buckets.len() * 2 <= usize::from(BUCKETS) {
-        let values: Vec<String> = buckets.iter().map(u16::to_string).chain([ORPHANS.to_owned()]).collect();
+        let orphans = (role == Role::Child).then(|| ORPHANS.to_owned());
+        let values: Vec<String> = buckets.iter().map(u16::to_string).chain(orphans).collect();
+        // A parent cache of no bucket selects nothing: a value no label has (not a number, not "orphans").
+        let values = if values.is_empty() { vec!["none".to_owned()] } else { values };
         return format!("{label} in ({})", join(values));
     }
     let others: Vec<String> = (0..BUCKETS).filter(|b| !buckets.contains(b)).map(|b| b.to_string()).collect();
+    let others = others.into_iter().chain((role == Role::Parent).then(|| ORPHANS.to_owned())).collect::<Vec<_>>();
     if others.is_empty() { label } else { format!("{label},{label} notin ({})", join(others)) }
+}
+
+/// The selectors a replica's caches watch with, one per [`Role`], for the same buckets.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Selection {
+    pub parents: String,
+    pub children: String,
+}
+
+impl Selection {
+    /// The selectors of `buckets` in `ring`.
+    #[must_use]
+    pub fn of(ring: &str, buckets: &BTreeSet<u16>) -> Self {
+        Self { parents: selector(ring, Role::Parent, buckets), children: selector(ring, Role::Child, buckets) }
+    }
+
+    /// The selector of `role`.
+    #[must_use]
+    pub fn of_role(&self, role: Role) -> &str {
+        match role {
+            Role::Parent => &self.parents,
+            Role::Child => &self.children,
+        }
+    }
 }
 
 /// One replica's place in a ring: the ring's name, this replica's member name, and the buckets it holds.
@@ -161,14 +231,15 @@ impl Shard {
         Self { ring: ring.to_owned(), member: member.to_owned(), held: Arc::new(Held::new(ring)) }
     }
 
-    /// The shard label's key of this ring.
+    /// The key of this ring's label of `role`.
     #[must_use]
-    pub fn label(&self) -> String {
-        shard_label(&self.ring)
+    pub fn label(&self, role: Role) -> String {
+        role.label(&self.ring)
     }
 
     /// Puts the bucket of the parent with `parent_uid` on a desired object (a child or attachment the
-    /// hub writes), so the object is in the watch of whoever holds its parent.
+    /// hub writes) as its parent's bucket label, so the object is in the children watches of whoever
+    /// holds its parent. Its own bucket label, if it is a parent too, is not touched.
     pub fn stamp(&self, desired: &mut Value, parent_uid: &str) {
         let Some(metadata) = desired.as_object_mut().and_then(|o| o.get_mut("metadata")).and_then(Value::as_object_mut)
         else {
@@ -179,7 +250,7 @@ impl Shard {
             *labels = Value::Object(serde_json::Map::new());
         }
         if let Some(labels) = labels.as_object_mut() {
-            labels.insert(self.label(), Value::String(bucket(parent_uid).to_string()));
+            labels.insert(self.label(Role::Child), Value::String(bucket(parent_uid).to_string()));
         }
     }
 }
@@ -192,8 +263,8 @@ impl Shard {
 pub struct Held {
     ring: String,
     state: Arc<RwLock<HeldState>>,
-    /// The selector of the buckets held or arriving: the sharded caches watch with it.
-    selection: watch::Sender<String>,
+    /// The selectors of the buckets held or arriving: the sharded caches watch with them.
+    selection: watch::Sender<Selection>,
     /// Bumped on every change of the buckets: a sync waiting for an arriving bucket looks again.
     changed: watch::Sender<u64>,
 }
@@ -210,13 +281,13 @@ pub type Entered = OwnedRwLockReadGuard<HeldState>;
 
 impl Held {
     fn new(ring: &str) -> Self {
-        let (selection, _) = watch::channel(selector(ring, &BTreeSet::new()));
+        let (selection, _) = watch::channel(Selection::of(ring, &BTreeSet::new()));
         Self { ring: ring.to_owned(), state: Arc::default(), selection, changed: watch::channel(0).0 }
     }
 
-    /// The selector of the buckets this replica watches, as it changes.
+    /// The selectors of the buckets this replica watches, as they change.
     #[must_use]
-    pub fn selection(&self) -> watch::Receiver<String> {
+    pub fn selection(&self) -> watch::Receiver<Selection> {
         self.selection.subscribe()
     }
 
@@ -259,8 +330,8 @@ impl Held {
     }
 
     /// Takes `buckets` (claimed and unclaimed by anyone else): the caches start watching them; syncs of
-    /// their parents wait until [`Held::settle`]. Returns the new selector.
-    pub async fn take(&self, buckets: &BTreeSet<u16>) -> String {
+    /// their parents wait until [`Held::settle`]. Returns the new selectors.
+    pub async fn take(&self, buckets: &BTreeSet<u16>) -> Selection {
         let mut state = self.state.write().await;
         let new: Vec<u16> = buckets.iter().filter(|b| !state.mine.contains(b)).copied().collect();
         state.arriving.extend(new);
@@ -287,9 +358,9 @@ impl Held {
         self.changed.send_modify(|g| *g += 1);
     }
 
-    fn select(&self, state: &HeldState) -> String {
+    fn select(&self, state: &HeldState) -> Selection {
         let watched: BTreeSet<u16> = state.mine.union(&state.arriving).copied().collect();
-        let selector = selector(&self.ring, &watched);
+        let selector = Selection::of(&self.ring, &watched);
         self.selection.send_if_modified(|current| {
             let changed = *current != selector;
             current.clone_from(&selector);
@@ -313,6 +384,7 @@ pub fn member_name(identity: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
     use std::time::Duration;
 
     use super::*;
@@ -401,25 +473,40 @@ mod tests {
     fn stamping_adds_the_parents_bucket_and_keeps_the_other_labels() {
         let shard = Shard::new("r", "m1");
         let uid = "6f1c2a3b-0001-4e5f-8a9b-000000001eef";
-        let mut desired = serde_json::json!({"metadata": {"name": "c", "labels": {"app": "x"}}});
+        let mut desired =
+            serde_json::json!({"metadata": {"name": "c", "labels": {"app": "x", "shard.metahook.dev/r": "5"}}});
         shard.stamp(&mut desired, uid);
         let value = bucket(uid).to_string();
-        assert_eq!(desired["metadata"]["labels"], serde_json::json!({"app": "x", "shard.metahook.dev/r": value}));
+        assert_eq!(
+            desired["metadata"]["labels"],
+            serde_json::json!({"app": "x", "shard.metahook.dev/r": "5", "parent.shard.metahook.dev/r": value}),
+            "a child that is a parent too keeps its own bucket"
+        );
         let mut bare = serde_json::json!({"metadata": {"name": "c"}});
         shard.stamp(&mut bare, uid);
-        assert_eq!(bare["metadata"]["labels"]["shard.metahook.dev/r"], value.as_str());
+        assert_eq!(bare["metadata"]["labels"]["parent.shard.metahook.dev/r"], value.as_str());
     }
 
     #[test]
-    fn selectors_name_the_buckets_and_the_orphans() {
-        assert_eq!(selector("r", &[3, 17].into()), "shard.metahook.dev/r in (3,17,orphans)");
-        assert_eq!(selector("r", &BTreeSet::new()), "shard.metahook.dev/r in (orphans)", "none: the orphans alone");
+    fn selectors_name_the_buckets_of_their_role_and_only_children_select_the_orphans() {
+        let (parents, children) = (Role::Parent, Role::Child);
+        assert_eq!(selector("r", children, &[3, 17].into()), "parent.shard.metahook.dev/r in (3,17,orphans)");
+        assert_eq!(selector("r", parents, &[3, 17].into()), "shard.metahook.dev/r in (3,17)");
+        assert_eq!(selector("r", children, &BTreeSet::new()), "parent.shard.metahook.dev/r in (orphans)");
+        assert_eq!(selector("r", parents, &BTreeSet::new()), "shard.metahook.dev/r in (none)", "none: nothing");
         let all: BTreeSet<u16> = (0..BUCKETS).collect();
-        assert_eq!(selector("r", &all), "shard.metahook.dev/r", "all: the label alone");
+        assert_eq!(selector("r", children, &all), "parent.shard.metahook.dev/r", "all: the label alone");
+        assert_eq!(selector("r", parents, &all), "shard.metahook.dev/r,shard.metahook.dev/r notin (orphans)");
         let but_two: BTreeSet<u16> = (0..BUCKETS).filter(|b| *b != 5 && *b != 9).collect();
-        assert_eq!(selector("r", &but_two), "shard.metahook.dev/r,shard.metahook.dev/r notin (5,9)");
+        assert_eq!(
+            selector("r", children, &but_two),
+            "parent.shard.metahook.dev/r,parent.shard.metahook.dev/r notin (5,9)"
+        );
         let half: BTreeSet<u16> = (0..BUCKETS / 2).collect();
-        assert!(selector("r", &half).contains(" in ("), "half: named");
+        assert!(selector("r", parents, &half).contains(" in ("), "half: named");
+        let parsed = crate::cache::selector::parse_selector_string(&selector("r", parents, &BTreeSet::new())).unwrap();
+        let labelled = |v: &str| BTreeMap::from([("shard.metahook.dev/r".to_owned(), v.to_owned())]);
+        assert!(!parsed.matches(&labelled("0")) && !parsed.matches(&labelled("orphans")));
     }
 
     /// A uid whose bucket is `b`.
@@ -435,7 +522,8 @@ mod tests {
         let uid = uid_in(7);
         assert!(held.enter(&uid).await.is_none(), "not held");
         let selector = held.take(&[7].into()).await;
-        assert_eq!(selector, "shard.metahook.dev/r in (7,orphans)");
+        assert_eq!(selector.children, "parent.shard.metahook.dev/r in (7,orphans)");
+        assert_eq!(selector.parents, "shard.metahook.dev/r in (7)");
         assert_eq!(*selection.borrow(), selector, "the caches watch an arriving bucket");
         let waiting = held.enter(&uid);
         tokio::pin!(waiting);
@@ -455,7 +543,7 @@ mod tests {
         drop(sync);
         tokio::time::timeout(Duration::from_secs(5), releasing).await.expect("released after the sync");
         assert!(held.enter(&uid).await.is_none(), "let go");
-        assert_eq!(*selection.borrow(), "shard.metahook.dev/r in (orphans)");
+        assert_eq!(selection.borrow().children, "parent.shard.metahook.dev/r in (orphans)");
         // A sync waiting for an arriving bucket is let off when the term ends.
         held.take(&seven).await;
         let waiting = held.enter(&uid);

@@ -19,6 +19,7 @@ use crate::api::{DecoratorController, UpdateMethod, labels_of};
 use crate::cache::discovery::ResolvedResource;
 use crate::cache::informers::{Informer, ObjectKey};
 use crate::cache::selector::Selector;
+use crate::cache::shard::Role;
 use crate::engine::error::{StartError, SyncError};
 use crate::engine::hub::Hub;
 use crate::engine::sync::{
@@ -207,7 +208,10 @@ impl Controller {
             };
             match targets.iter_mut().find(|t| *t.informer.resource() == resource) {
                 Some(target) => target.rules.push(compiled),
-                None => targets.push(Target { informer: hub.informers.get(&resource), rules: vec![compiled] }),
+                None => {
+                    targets
+                        .push(Target { informer: hub.informers.get(&resource, Role::Parent), rules: vec![compiled] });
+                }
             }
         }
         // Decorators have no revisions: rolling methods act like their non-rolling forms (as in Metacontroller).

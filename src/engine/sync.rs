@@ -29,6 +29,7 @@ use tracing::{Instrument as _, debug, info_span, warn};
 use crate::api::{HookVersion, UpdateMethod};
 use crate::cache::discovery::ResolvedResource;
 use crate::cache::informers::{Change, Event, Informer, ObjectKey, controller_uid};
+use crate::cache::shard::Role;
 use crate::engine::answered::{Answered, RequestId};
 use crate::engine::echoes::{Echo, EchoPolicy, Echoes, Seen, Settled, Watched};
 use crate::engine::error::{StartError, SyncError, with_causes};
@@ -186,7 +187,7 @@ pub(crate) async fn child_types(
             .await
             .map_err(|source| StartError::NotFound { role, source })?;
         within_namespaces(hub, role, &resource)?;
-        types.push(ChildType { method: method(rule.method()), informer: hub.informers.get(&resource) });
+        types.push(ChildType { method: method(rule.method()), informer: hub.informers.get(&resource, Role::Child) });
     }
     Ok(types)
 }

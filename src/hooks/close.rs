@@ -4,7 +4,7 @@
 //! A hook that answers HTTP/1.0 without `Content-Length` ends its body by closing the connection —
 //! Python's `http.server` behind `ssl.wrap_socket`, Metacontroller's own `webhook-auth` example, closes
 //! the socket without TLS's `close_notify`. rustls reports that as an error ("peer closed connection
-//! without sending TLS close_notify"), hyper gives up on the body, and the hook can never be read.
+//! without sending TLS `close_notify`"), hyper gives up on the body, and the hook can never be read.
 //! rustls leaves the choice to the application because a missing `close_notify` lets an attacker cut
 //! a stream short; that matters only where the end of the stream is the only sign of the end of the
 //! data. Here it costs nothing: a body with a length or chunks still has its truncation caught by

@@ -37,7 +37,7 @@ use crate::api::{AnnotationSelector, ChildResourceRule, CompositeController, Dec
 use crate::cache::discovery::{Discovery, ResolvedResource};
 use crate::cache::informers::Informers;
 use crate::cache::selector::{Selector, parse_selector_string, server_side};
-use crate::cache::shard::{Held, ORPHANS, bucket, shard_label};
+use crate::cache::shard::{Held, ORPHANS, Role, bucket, parent_shard_label, shard_label};
 
 /// Label writes sent at once.
 const WRITES_AT_ONCE: usize = 32;
@@ -313,7 +313,7 @@ pub async fn label_parents<'a>(
         version: parent.version.clone(),
         value: parent.bucket().to_string(),
     });
-    write_labels(client, ring, resource, writes).await
+    write_labels(client, &shard_label(ring), resource, writes).await
 }
 
 /// One bucket label to write on an object of a known type.
@@ -338,19 +338,18 @@ impl Label {
     }
 }
 
-/// Writes each of `labels` on its object of `resource` (see [`label_parents`]).
+/// Writes each of `labels` on its object of `resource` as label `key` (see [`label_parents`]).
 async fn write_labels(
     client: &Client,
-    ring: &str,
+    key: &str,
     resource: &ResolvedResource,
     labels: impl IntoIterator<Item = Label>,
 ) -> Vec<Written> {
-    let key = shard_label(ring);
     // Owned before the writes start: the futures borrow nothing of the caller's.
     let writes: Vec<(Api<DynamicObject>, String, serde_json::Value)> = labels
         .into_iter()
         .map(|label| {
-            let patch = json!({"metadata": {"resourceVersion": label.version, "labels": {&key: label.value}}});
+            let patch = json!({"metadata": {"resourceVersion": label.version, "labels": {key: label.value}}});
             let api = match label.namespace.as_deref().filter(|_| resource.namespaced) {
                 Some(ns) => Api::namespaced_with(client.clone(), ns, &resource.api_resource),
                 None => Api::all_with(client.clone(), &resource.api_resource),
@@ -377,9 +376,9 @@ async fn write_labels(
         .await
 }
 
-/// Labels the objects of `child_type` (in `namespaces`, as [`scopes`] says) that carry no bucket label
-/// of `ring` and whose controller is a parent one of the controllers selects, each with its
-/// controller's bucket: a page of 500 at a time (metadata only, the label's absence selected by the
+/// Labels the objects of `child_type` (in `namespaces`, as [`scopes`] says) that carry no parent's bucket
+/// label of `ring` (`parent.shard.metahook.dev/<ring>`) and whose controller is a parent one of the
+/// controllers selects, each with its controller's bucket: a page of 500 at a time (metadata only, the label's absence selected by the
 /// server), each page labelled before the next is read. Returns how many were labelled.
 ///
 /// Why: the hub stamps the bucket on every child it writes, but children written before the ring
@@ -403,7 +402,8 @@ pub async fn label_children(
     let mut selected: Option<HashSet<String>> = None;
     let mut labelled = 0;
     for api in scopes::<DynamicObject>(client, resource, namespaces) {
-        let mut params = kube::api::ListParams::default().labels(&format!("!{}", shard_label(ring))).limit(500);
+        let key = parent_shard_label(ring);
+        let mut params = kube::api::ListParams::default().labels(&format!("!{key}")).limit(500);
         loop {
             let page = api.list_metadata(&params).await.map_err(list_error(resource))?;
             let candidates: Vec<_> = page
@@ -420,7 +420,7 @@ pub async fn label_children(
                 .filter(|(uid, _)| selected.is_some_and(|s| s.contains(uid)))
                 .filter_map(|(uid, meta)| Label::of(&meta, bucket(&uid).to_string()))
                 .collect();
-            let written = write_labels(client, ring, resource, labels).await;
+            let written = write_labels(client, &key, resource, labels).await;
             labelled += written.iter().filter(|w| **w == Written::Labelled).count();
             match page.metadata.continue_ {
                 Some(token) if !token.is_empty() => params = params.continue_token(&token),
@@ -607,7 +607,7 @@ impl Labeller {
                     ticks = ticks.wrapping_add(1);
                     if checked.elapsed() >= self.check {
                         self.put_back(&read, &label).await;
-                        self.route_orphans(&children, &label).await;
+                        self.route_orphans(&children, &parent_shard_label(&self.ring)).await;
                         checked = Instant::now();
                     }
                     true
@@ -667,7 +667,7 @@ impl Labeller {
     /// wrong ones.
     async fn put_back(&self, types: &[ParentType], label: &str) {
         for parent_type in types {
-            let Some(informer) = self.informers.running(&parent_type.parent) else { continue };
+            let Some(informer) = self.informers.running(&parent_type.parent, Role::Parent) else { continue };
             let selectors: Vec<Selector> =
                 parent_type.selectors.iter().filter_map(|text| parse_selector_string(text).ok()).collect();
             let wrong: Vec<Parent> = informer
@@ -695,7 +695,7 @@ impl Labeller {
     /// adopts those its parents select). Nothing else carries the label, so nothing else is written.
     async fn route_orphans(&self, child_types: &[ChildType], label: &str) {
         for child_type in child_types {
-            let Some(informer) = self.informers.running(&child_type.child) else { continue };
+            let Some(informer) = self.informers.running(&child_type.child, Role::Child) else { continue };
             let orphans: Vec<Label> = informer
                 .orphans()
                 .iter()
@@ -704,7 +704,7 @@ impl Labeller {
                 .collect();
             if !orphans.is_empty() {
                 info!(ring = %self.ring, orphans = orphans.len(), resource = %child_type.child.api_resource.plural, "moving orphans where every member sees them");
-                write_labels(&self.client, &self.ring, &child_type.child, orphans).await;
+                write_labels(&self.client, label, &child_type.child, orphans).await;
             }
         }
     }

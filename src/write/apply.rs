@@ -511,7 +511,8 @@ pub type Adopts<'a> = &'a (dyn Fn(&DynamicObject) -> bool + Send + Sync);
 /// For objects written without a parent that adopts orphans (a rollout's revisions).
 pub const ADOPTS_NOTHING: Adopts<'static> = &|_| false;
 
-/// The bucket labels `desired` carries (`shard.metahook.dev/<ring>`) that `existing` should get: with
+/// The parent's bucket labels `desired` carries (`parent.shard.metahook.dev/<ring>`) that `existing`
+/// should get: with
 /// `value`, only those it already has (then set to `value`), else desired's own; each only where it
 /// differs.
 fn shard_labels(desired: &Value, existing: &DynamicObject, value: Option<&str>) -> serde_json::Map<String, Value> {
@@ -521,7 +522,7 @@ fn shard_labels(desired: &Value, existing: &DynamicObject, value: Option<&str>) 
         .and_then(Value::as_object)
         .into_iter()
         .flatten()
-        .filter(|(label, _)| label.starts_with(crate::cache::shard::SHARD_LABEL_PREFIX))
+        .filter(|(label, _)| label.starts_with(crate::cache::shard::PARENT_SHARD_LABEL_PREFIX))
         .filter_map(|(label, wanted)| {
             let now = have.and_then(|l| l.get(label));
             let to = match value {
@@ -837,7 +838,7 @@ mod tests {
 
     /// A desired child `c` in bucket 7 of ring `r`.
     fn in_bucket_7() -> Value {
-        json!({"metadata": {"name": "c", "labels": {"app": "a", "shard.metahook.dev/r": "7"}}})
+        json!({"metadata": {"name": "c", "labels": {"app": "a", "parent.shard.metahook.dev/r": "7"}}})
     }
 
     /// The object `c` that exists, with `labels`.
@@ -852,16 +853,19 @@ mod tests {
         let desired = in_bucket_7();
         let bucket = |labels: Value| shard_labels(&desired, &existing(labels), None);
         let orphaned = |labels: Value| shard_labels(&desired, &existing(labels), Some(ORPHANS));
-        assert_eq!(Value::Object(bucket(json!({"app": "a"}))), json!({"shard.metahook.dev/r": "7"}), "missing");
-        assert_eq!(Value::Object(bucket(json!({"shard.metahook.dev/r": "3"}))), json!({"shard.metahook.dev/r": "7"}));
-        assert!(bucket(json!({"shard.metahook.dev/r": "7"})).is_empty(), "already there");
+        assert_eq!(Value::Object(bucket(json!({"app": "a"}))), json!({"parent.shard.metahook.dev/r": "7"}), "missing");
         assert_eq!(
-            Value::Object(orphaned(json!({"shard.metahook.dev/r": "3"}))),
-            json!({"shard.metahook.dev/r": "orphans"}),
+            Value::Object(bucket(json!({"parent.shard.metahook.dev/r": "3"}))),
+            json!({"parent.shard.metahook.dev/r": "7"})
+        );
+        assert!(bucket(json!({"parent.shard.metahook.dev/r": "7"})).is_empty(), "already there");
+        assert_eq!(
+            Value::Object(orphaned(json!({"parent.shard.metahook.dev/r": "3"}))),
+            json!({"parent.shard.metahook.dev/r": "orphans"}),
             "a former child moves to the orphans"
         );
         assert!(orphaned(json!({"app": "a"})).is_empty(), "never the ring's: not written");
-        assert!(orphaned(json!({"shard.metahook.dev/r": "orphans"})).is_empty(), "moved already");
+        assert!(orphaned(json!({"parent.shard.metahook.dev/r": "orphans"})).is_empty(), "moved already");
         let unsharded = json!({"metadata": {"name": "c", "labels": {"app": "a"}}});
         assert!(shard_labels(&unsharded, &existing(json!({})), None).is_empty(), "no ring: nothing");
     }
@@ -871,11 +875,11 @@ mod tests {
         let desired = in_bucket_7();
         let adopts = |obj: &DynamicObject| obj.metadata.labels.as_ref().is_some_and(|l| l.get("app").is_some());
         let moved = |labels: Value| Value::Object(orphan_labels(&desired, &existing(labels), &adopts));
-        let to_orphans = json!({"shard.metahook.dev/r": "orphans"});
+        let to_orphans = json!({"parent.shard.metahook.dev/r": "orphans"});
         assert_eq!(moved(json!({"app": "a"})), to_orphans, "selected, never labelled: moved");
         assert_eq!(moved(json!({"other": "x"})), json!({}), "not selected: not written");
-        assert_eq!(moved(json!({"shard.metahook.dev/r": "3"})), to_orphans, "a former child, selected or not");
-        assert_eq!(moved(json!({"app": "a", "shard.metahook.dev/r": "orphans"})), json!({}), "moved already");
+        assert_eq!(moved(json!({"parent.shard.metahook.dev/r": "3"})), to_orphans, "a former child, selected or not");
+        assert_eq!(moved(json!({"app": "a", "parent.shard.metahook.dev/r": "orphans"})), json!({}), "moved already");
         let unsharded = json!({"metadata": {"name": "c", "labels": {"app": "a"}}});
         assert!(orphan_labels(&unsharded, &existing(json!({"app": "a"})), &adopts).is_empty(), "no ring: nothing");
     }

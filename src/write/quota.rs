@@ -251,7 +251,7 @@ fn pod_counts(pod: &Value) -> bool {
     !matches!(pod.pointer("/status/phase").and_then(Value::as_str), Some("Succeeded" | "Failed"))
 }
 
-/// Whether the Pod's QoS class is BestEffort: no container states a cpu or memory request or limit.
+/// Whether the Pod's `QoS` class is `BestEffort`: no container states a cpu or memory request or limit.
 fn best_effort(spec: &Value) -> bool {
     let list = |key: &str| spec.get(key).and_then(Value::as_array).cloned().unwrap_or_default();
     let states = |c: &Value| {
@@ -374,11 +374,10 @@ impl Charged<'_> {
             "services" => NANO,
             "services.loadbalancers" if kind == "LoadBalancer" => NANO,
             "services.nodeports" => match kind {
-                "NodePort" => count(ports.len()),
                 "LoadBalancer" if spec.get("allocateLoadBalancerNodePorts") == Some(&Value::Bool(false)) => {
                     count(ports.iter().filter(|p| p.get("nodePort").and_then(Value::as_i64).unwrap_or(0) != 0).count())
                 }
-                "LoadBalancer" => count(ports.len()),
+                "NodePort" | "LoadBalancer" => count(ports.len()),
                 _ => 0,
             },
             _ => 0,
@@ -436,22 +435,18 @@ pub fn judge(
         let Some(used) = resources(quota.pointer("/status/used")) else {
             return Verdict::Unknown(format!("quota {name}: a figure is not a quantity"));
         };
-        let (covers_new, covers_old) = if scoped(quota) {
-            if !pod {
-                // Every scope but VolumeAttributesClass selects Pods only.
-                let attributes = quota.to_string().contains("VolumeAttributesClass");
-                if attributes {
-                    return Verdict::Unknown(format!("quota {name}: scope VolumeAttributesClass"));
-                }
-                (false, false)
-            } else {
-                match (pod_in_scope(quota, replacement), pod_in_scope(quota, original)) {
-                    (Some(n), Some(o)) => (n, o),
-                    _ => return Verdict::Unknown(format!("quota {name}: a scope this hub cannot evaluate")),
-                }
-            }
-        } else {
+        let (covers_new, covers_old) = if !scoped(quota) {
             (true, true)
+        } else if pod {
+            match (pod_in_scope(quota, replacement), pod_in_scope(quota, original)) {
+                (Some(n), Some(o)) => (n, o),
+                _ => return Verdict::Unknown(format!("quota {name}: a scope this hub cannot evaluate")),
+            }
+        } else if quota.to_string().contains("VolumeAttributesClass") {
+            return Verdict::Unknown(format!("quota {name}: scope VolumeAttributesClass"));
+        } else {
+            // Every scope but VolumeAttributesClass selects Pods only.
+            (false, false)
         };
         if covers_new && pod {
             let spec = replacement.get("spec").unwrap_or(&Value::Null);
@@ -536,7 +531,11 @@ mod tests {
     }
 
     fn quota(name: &str, hard: Value, used: Value) -> Value {
-        json!({"metadata": {"name": name}, "spec": {"hard": hard}, "status": {"hard": hard, "used": used}})
+        let mut quota = json!({"metadata": {"name": name}, "spec": {}, "status": {}});
+        quota["spec"]["hard"] = hard.clone();
+        quota["status"]["hard"] = hard;
+        quota["status"]["used"] = used;
+        quota
     }
 
     fn pod(cpu: &str) -> Value {

@@ -22,6 +22,7 @@ use crate::api::{CompositeController, labels_of};
 use crate::cache::discovery::ResolvedResource;
 use crate::cache::informers::{Change, Event, Informer, ObjectKey, controller_uid};
 use crate::cache::selector::{Selector, SelectorIndex};
+use crate::cache::shard::Role;
 use crate::engine::error::{StartError, SyncError};
 use crate::engine::hub::Hub;
 use crate::engine::sync::{
@@ -86,7 +87,7 @@ impl Controller {
         } else {
             None
         };
-        let parent = hub.informers.get(&parent_resource);
+        let parent = hub.informers.get(&parent_resource, Role::Parent);
         parent.wait_synced(hub.settings.cache_sync_timeout).await?;
         for child in &children {
             child.informer.wait_synced(hub.settings.cache_sync_timeout).await?;

@@ -115,7 +115,7 @@ fn exposition() -> String {
         namespaced: true,
         has_status: false,
     });
-    let _informer = hub.informers.get(&config_maps);
+    let _informer = hub.informers.get(&config_maps, crate::cache::shard::Role::Child);
     crate::ops::metrics::render(&registry)
 }
 
