@@ -113,15 +113,6 @@ pub enum SyncError {
         #[source]
         source: Box<kube::Error>,
     },
-    /// Handing a parent over to another replica failed: a child or the parent could not be relabelled
-    /// (the parent stays with this replica, and the hand-over is retried).
-    #[error("handing the parent over to {target}: relabelling {what}: {source}")]
-    HandOver {
-        target: String,
-        what: String,
-        #[source]
-        source: Box<kube::Error>,
-    },
     /// The sync itself failed unexpectedly; the worker survives and the object is retried.
     #[error("sync panicked: {0}")]
     Panicked(String),
