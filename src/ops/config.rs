@@ -157,9 +157,10 @@ pub enum MetricsAuth {
 /// in the leader-election namespace, labelled with the ring, renewed with `leaderElection`'s timings; a
 /// replica whose Lease expired (or was released) leaves the ring. Every parent falls in one of 1024
 /// buckets by a hash of its UID, written once as the label `shard.metahook.dev/<ring>: <bucket>` by the
-/// ring's coordinator (the replica holding the leader Lease, `leaderElection.leaseName`); every child and
-/// attachment the hub writes carries its parent's bucket. The buckets are assigned to the live members by
-/// consistent hashing; each replica claims the buckets it holds in its Lease, takes one only when no
+/// replicas that hold the buckets (the coordinator, holding the leader Lease `leaderElection.leaseName`,
+/// puts back labels that name no bucket); every child and attachment the hub writes carries its
+/// parent's bucket as `parent.shard.metahook.dev/<ring>: <bucket>`. The buckets are assigned to the live
+/// members by consistent hashing; each replica claims the buckets it holds in its Lease, takes one only when no
 /// other live member claims it, lets one go only when no sync of it is in flight, and watches parents
 /// and children with a label selector for its buckets, so its caches hold about 1/N of the objects.
 /// Moving a bucket writes nothing to its parents or children. Hook requests carry the replica's identity
