@@ -129,7 +129,8 @@ impl Controller {
         crate::engine::sync::resync_all(self)
     }
 
-    /// Takes the settings of the controller object's annotations (see [`crate::engine::sync::Core::configure`]).
+    /// Takes the settings of the controller object's annotations (`metahook.dev/sync-on-own-writes`, the
+    /// safe-delete guard) from now on, live; an invalid value is refused and the settings stay as they were.
     pub fn configure(&self, annotations: Option<&std::collections::BTreeMap<String, String>>) -> Result<(), String> {
         self.core.configure(annotations)
     }
