@@ -266,24 +266,24 @@ impl Applier {
             // carries the observed resourceVersion: compared with an object that moved on since (our
             // cache was behind), a difference would say nothing, so that is a quiet retry.
             let exact = with_precondition_version(&body, observed);
-            match api.patch(&key.name, &self.params().dry_run(), &Patch::Apply(&exact)).await {
+            let update_refused = match api.patch(&key.name, &self.params().dry_run(), &Patch::Apply(&exact)).await {
                 Ok(result) if sanitized(&result) == sanitized(observed) => {
                     self.remember(cache_key, current);
                     return Ok(Applied::Unchanged);
                 }
-                Ok(_) => {}
+                Ok(_) => None,
                 Err(kube::Error::Api(status)) if replaced(&status) || moved_on(&status) => {
                     return Err(ApplyError::Stale { kind: kind(), key });
                 }
                 // The update is refused: an immutable field (most of a Pod's spec; a Service's
                 // `clusterIP`, which "may not change once set"), which only recreating can change — what
-                // this method is for — or a new state that is invalid. Which one is not read from the
-                // wording: the replacement's own dry run below tells, and an invalid one is refused there.
-                Err(kube::Error::Api(status)) if status.code == 422 => {}
+                // this method is for — or a new state that is invalid. The replacement's own dry run
+                // below tells which, with this refusal where that dry run cannot see far enough.
+                Err(kube::Error::Api(status)) if status.code == 422 => Some(status),
                 Err(source) => return Err(ApplyError::Apply { kind: kind(), key, source }),
-            }
+            };
             // Deleting is only safe if the replacement will be accepted: ask the API server first.
-            self.replacement_accepted(&api, resource, desired, observed).await.map_err(|refused| {
+            self.replacement_accepted(&api, resource, desired, observed, update_refused).await.map_err(|refused| {
                 ApplyError::Unrecreatable { kind: kind(), key: key.clone(), source: refused.source, why: refused.why }
             })?;
             // The delete, too, only of the object as observed: one changed meanwhile is compared again.
@@ -395,25 +395,27 @@ impl Applier {
     }
 
     /// Whether the API server would accept `desired` as the replacement of `observed` once `observed` is
-    /// deleted. A dry-run create of `desired` under its own name runs every check (validation,
-    /// allocations, admission, quota) before the one that must fail while the original exists,
-    /// `AlreadyExists`; so that refusal alone means yes. Any other refusal may be the new form's fault
-    /// (an invalid child: the original must stay) or only the original's presence (its nodePort still
-    /// allocated, a quota it fills, a uniqueness webhook):
-    /// - a quota refusal (the last check of a create, so every other one passed) is decided from the
-    ///   namespace's quotas themselves: their hard and used figures, with the original's share given back
-    ///   ([`crate::write::quota`]);
-    /// - any other is asked of the original's own form the same way: refused for the same causes (or
-    ///   more), the refusal is about what exists, which the delete frees. That form is the original
-    ///   restricted to the fields the desired state sets (see [`project`]): what the hub asked of it,
-    ///   without what the API server allocated on its own (a clusterIP), which would be refused first and
-    ///   hide the rest.
+    /// deleted (`update_refused`: the dry-run update's refusal, if it was refused). A dry-run create of
+    /// `desired` under its own name runs every check before the one that must fail while the original
+    /// exists, `AlreadyExists`: so that refusal alone means yes. Its other refusals are read in the
+    /// order the API server checks:
+    /// - a quota refusal comes last (allocations, validation and admission all passed): whether the
+    ///   replacement fits is decided from the namespace's quotas themselves, their hard and used figures
+    ///   with the original's share given back ([`crate::write::quota`]);
+    /// - an allocation (a `nodePort` taken, a `clusterIP`) comes first, before validation: such a
+    ///   refusal is about what the original holds when the original's own form is refused alike (that
+    ///   form is the original restricted to the fields the desired state sets, see [`project`]: what the
+    ///   hub asked of it, without what the API server allocated on its own, which would be refused first
+    ///   and hide the rest). Validation did not run, so the new state must have passed the dry-run update,
+    ///   or been refused there only for fields that cannot change in place ([`only_immutability`]): an
+    ///   invalid replacement is never let through by a refusal that hid it.
     async fn replacement_accepted(
         &self,
         api: &Api<DynamicObject>,
         resource: &ResolvedResource,
         desired: &Value,
         observed: &DynamicObject,
+        update_refused: Option<Box<Status>>,
     ) -> Result<(), Refused> {
         let refused = match self.dry_run_create(api, desired).await {
             Ok(()) => return Ok(()),
@@ -434,6 +436,9 @@ impl Applier {
                 Err(e) => format!("the namespace's quotas could not be read: {e}"),
             };
             return Err(Refused { source: kube::Error::Api(refused), why: Some(why) });
+        }
+        if let Some(update) = update_refused.filter(|u| !only_immutability(u)) {
+            return Err(Refused { source: kube::Error::Api(update), why: None });
         }
         match self.dry_run_create(api, &project(&original, desired)).await {
             Err(kube::Error::Api(status)) if refused_alike(&refused, &status) => Ok(()),
@@ -732,6 +737,24 @@ fn replaced(status: &Status) -> bool {
     (status.code == 409 && status.message.contains("uid mismatch")) || (status.code == 422 && uid_cause())
 }
 
+/// Whether every cause of a refused update is a field that cannot change in place (`field is
+/// immutable`, a Service's `may not change once set`, a Pod's `Forbidden: pod updates may not change
+/// fields…`), as opposed to an invalid value, which recreating would not cure. Read from the causes'
+/// reasons and wording, the only place the API server says it; a wording not known here keeps the
+/// original (the safe side).
+fn only_immutability(status: &Status) -> bool {
+    let immutable = |reason: &str, message: &str| {
+        reason == "FieldValueForbidden"
+            || ["immutable", "may not change", "may not be changed", "cannot change"]
+                .iter()
+                .any(|w| message.contains(w))
+    };
+    match status.details.as_ref().map(|d| &d.causes) {
+        Some(causes) if !causes.is_empty() => causes.iter().all(|c| immutable(&c.reason, &c.message)),
+        _ => immutable("", &status.message),
+    }
+}
+
 /// Who holds an object, for messages: its controller, or "no controller".
 pub(crate) fn holder(obj: &DynamicObject) -> String {
     obj.metadata
@@ -908,6 +931,42 @@ mod tests {
                 serde_json::json!({"reason": reason, "message": message, "field": field})).collect::<Vec<_>>()}
         }))
         .unwrap()
+    }
+
+    #[test]
+    fn only_refusals_of_fields_that_cannot_change_allow_a_recreate_past_a_hiding_refusal() {
+        let pod = status(
+            422,
+            "Pod \"p\" is invalid",
+            &[(
+                "FieldValueForbidden",
+                "Forbidden: pod updates may not change fields other than `spec.containers[*].image`",
+                "spec",
+            )],
+        );
+        assert!(only_immutability(&pod));
+        let job = status(422, "Job is invalid", &[("FieldValueInvalid", "field is immutable", "spec.template")]);
+        assert!(only_immutability(&job));
+        let cluster_ip = status(
+            422,
+            "Service \"s\" is invalid",
+            &[("FieldValueInvalid", "Invalid value: [\"10.96.77.77\"]: may not change once set", "spec.clusterIPs[0]")],
+        );
+        assert!(only_immutability(&cluster_ip), "a Service's clusterIP");
+        let invalid = status(
+            422,
+            "Pod is invalid",
+            &[
+                ("FieldValueForbidden", "Forbidden: pod updates may not change fields", "spec"),
+                (
+                    "FieldValueInvalid",
+                    "Invalid value: \"Bad_Name\": a lowercase RFC 1123 label",
+                    "spec.containers[0].name",
+                ),
+            ],
+        );
+        assert!(!only_immutability(&invalid), "an invalid value would make the new object fail to create");
+        assert!(!only_immutability(&status(422, "the server rejected our request", &[])));
     }
 
     #[test]
