@@ -542,13 +542,13 @@ async fn a_parent_type_without_a_status_subresource_gets_its_children_and_status
     w.finish("CompositeController").await;
 }
 
-/// One ConfigMap per parent; finalizes at once.
+/// One ConfigMap per parent, kept while finalizing (the garbage collector deletes it after its parent:
+/// a delete of the hub's would sync the parent again, as a delete's echo always does); finalizes at once.
 const FINALIZING: &str = r#"
 def sync(req):
     name = req["parent"]["metadata"]["name"]
     return {"status": {"seen": True}, "finalized": req["finalizing"],
-            "children": [] if req["finalizing"] else
-                        [{"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}}]}
+            "children": [{"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}}]}
 "#;
 
 /// Corner 8: the finalizer's add and removal are the hub's own writes. With `sync-on-own-writes:
