@@ -240,11 +240,14 @@ impl LocalPod {
     fn start(example: Example) -> Self {
         let docs = example.render();
         let root = tempfile::tempdir().unwrap();
-        for (path, content) in pod_files(&docs) {
-            let file = root.path().join(path.trim_start_matches('/'));
-            std::fs::create_dir_all(file.parent().unwrap()).unwrap();
-            std::fs::write(file, content).unwrap();
-        }
+        let pod = &one(&docs, "Deployment")["spec"]["template"]["spec"];
+        let mounts: Vec<String> = pod["containers"][0]["volumeMounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["mountPath"].as_str().unwrap().trim_end_matches('/').to_owned())
+            .collect();
+        kubelet_layout(root.path(), &mounts, &pod_files(&docs));
         // An absolute path that exists in the rebuilt file system is taken from it.
         let local = |value: &str| -> String {
             let inside = root.path().join(value.trim_start_matches('/'));
@@ -286,6 +289,34 @@ impl LocalPod {
         let pid = self.child.id().to_string();
         Command::new("kill").args(["-TERM", &pid]).status().unwrap();
         self.child.wait().unwrap().code()
+    }
+}
+
+/// Writes `files` (by path in the container) under `root` as the kubelet lays out a ConfigMap volume at
+/// each of `mounts`: the files in a timestamped directory, `..data` a symlink to it, and each top-level
+/// entry a symlink through `..data` (so an update swaps one link). A program that resolves its imports
+/// from its real path (Node does, for its main module, unless told `--preserve-symlinks-main`) sees
+/// what it sees in the Pod.
+fn kubelet_layout(root: &std::path::Path, mounts: &[String], files: &BTreeMap<String, String>) {
+    const STAMP: &str = "..2026_01_01_00_00_00.000000001";
+    for (path, content) in files {
+        let mount = mounts
+            .iter()
+            .filter(|m| path.starts_with(&format!("{m}/")))
+            .max_by_key(|m| m.len())
+            .unwrap_or_else(|| panic!("{path} is in no volume"));
+        let relative = &path[mount.len() + 1..];
+        let dir = root.join(mount.trim_start_matches('/'));
+        let file = dir.join(STAMP).join(relative);
+        std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+        std::fs::write(&file, content).unwrap();
+        let top = relative.split('/').next().unwrap();
+        if !dir.join(top).exists() {
+            std::os::unix::fs::symlink(format!("..data/{top}"), dir.join(top)).unwrap();
+        }
+        if !dir.join("..data").exists() {
+            std::os::unix::fs::symlink(STAMP, dir.join("..data")).unwrap();
+        }
     }
 }
 
