@@ -2,7 +2,7 @@
 # `make -s cluster-up` prints only the kubeconfig path on stdout:
 #   export KUBECONFIG=$(make -s cluster-up)
 
-.PHONY: cluster-build cluster-up cluster-down
+.PHONY: cluster-build cluster-up cluster-down node-up node-down
 
 cluster-build: ## build etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kwok
 	@bash tests/cluster/build.sh
@@ -10,8 +10,14 @@ cluster-build: ## build etcd, kube-apiserver, kube-controller-manager, kube-sche
 cluster-up: ## start (or reuse) the control plane; last stdout line is the kubeconfig path
 	@bash tests/cluster/up.sh
 
-cluster-down: ## stop it and remove .cluster/
+cluster-down: ## stop it (and the real node) and remove .cluster/
 	@bash tests/cluster/down.sh
+
+node-up: ## add the real node (kubelet, containerd, kube-proxy, CoreDNS) to the running control plane; needs root
+	@bash tests/cluster/node-up.sh
+
+node-down: ## stop the real node and undo what it did to the machine (mounts, cgroups, iptables)
+	@bash tests/cluster/node-down.sh
 
 # ---- the two commands of the README -------------------------------------------------------------
 

@@ -74,6 +74,9 @@ for pv in json.load(sys.stdin)["items"]:
 }
 mapfile -t pv_dirs < <(provisioned_dirs)
 
+# The real node (node-up.sh) first: its kubelet, containers, mounts, cgroups and iptables chains.
+if [ -d "$CL/node" ]; then CLUSTER_LOCK_HELD=1 bash "$HERE/node-down.sh" || true; fi
+
 # Reverse dependency order: clients first, then the apiserver, etcd last. (An apiserver whose
 # etcd vanished first can hang in shutdown for a long time.)
 # shellcheck disable=SC2046 # word splitting of pid lists is intended

@@ -30,9 +30,9 @@ expect() { # <secs> <want> <cmd...>
 expect 10 ok "$K" get --raw /readyz
 step "readyz ok"
 
-ready_nodes() { "$K" get nodes --no-headers | awk '$2 == "Ready"' | wc -l | tr -d ' '; }
+ready_nodes() { "$K" get nodes -l type=kwok --no-headers | awk '$2 == "Ready"' | wc -l | tr -d ' '; }
 expect 30 "$N" ready_nodes
-step "$N nodes Ready"
+step "$N fake nodes Ready"
 
 "$K" create ns "$NS" >/dev/null
 "$K" -n "$NS" create deployment web --image=registry.invalid/pause --replicas=2 >/dev/null

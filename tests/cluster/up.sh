@@ -32,31 +32,6 @@ log() { printf '[cluster-up] %s\n' "$*" >&2; }
 # ---------------------------------------------------------------------------------------------
 # Helpers
 
-# pid of a component if its pid file exists and the process is alive *and* is our binary
-# (guards against pid reuse after a reboot or a crash).
-alive_pid() { # <name>
-  local f=$PIDS/$1.pid pid
-  [ -s "$f" ] || return 1
-  pid=$(cat "$f")
-  kill -0 "$pid" 2>/dev/null || return 1
-  [[ "$(readlink "/proc/$pid/exe" 2>/dev/null || true)" == "$BIN/"* ]] || return 1
-  echo "$pid"
-}
-
-# curl against the apiserver as admin. Needs API_PORT.
-api() { # <method> <path> [json-body]
-  local args=(-sS --fail-with-body --max-time 10 --cacert "$PKI/ca.crt" --cert "$PKI/admin.crt"
-    --key "$PKI/admin.key" -X "$1" "https://127.0.0.1:$API_PORT$2")
-  [ $# -lt 3 ] || args+=(-H 'Content-Type: application/json' --data-binary "$3")
-  curl "${args[@]}"
-}
-
-# Short timeout: a port squatter that accepts but never answers must not stall the poll loop.
-readyz() {
-  [ -n "${API_PORT:-}" ] && [ "$(curl -sS --max-time 3 --cacert "$PKI/ca.crt" --cert "$PKI/admin.crt" \
-    --key "$PKI/admin.key" "https://127.0.0.1:$API_PORT/readyz" 2>/dev/null)" = ok ]
-}
-
 fail() { # <component> <message>
   log "FAILED: $1: $2"
   if [ -f "$LOGS/$1.log" ]; then
@@ -69,37 +44,28 @@ fail() { # <component> <message>
   exit 1
 }
 
-# Polls <check> (a shell function or command) every 0.5 s until it succeeds; on timeout or when
-# <component>'s process dies, fails with its log.
-wait_for() { # <component> <what> <check...>
-  local comp=$1 what=$2 deadline=$((SECONDS + TIMEOUT))
-  shift 2
-  until "$@"; do
-    if [ "$comp" != - ] && ! alive_pid "$comp" >/dev/null; then fail "$comp" "process exited while waiting for $what"; fi
-    [ $SECONDS -lt $deadline ] || fail "$comp" "timed out after ${TIMEOUT}s waiting for $what"
-    sleep 0.5
-  done
-}
-
-# Starts a component detached from this shell (own session, stdin/stdout/stderr away from the
-# caller, so `$(up.sh)` returns and make/CI do not hang), recording pid and log.
-start() { # <name> <binary> args...
-  local name=$1 bin=$2
-  shift 2
-  [ -x "$bin" ] || fail "$name" "binary missing: $bin (run tests/cluster/build.sh)"
-  log "starting $name"
-  CURRENT=$name
-  # 9>&-: the process must not inherit (and so hold) the up/down lock.
-  setsid "$bin" "$@" </dev/null >"$LOGS/$name.log" 2>&1 9>&- &
-  echo $! >"$PIDS/$name.pid"
-}
-
-free_port() {
-  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
-}
+# alive_pid, api, readyz, wait_for, start, free_port
+# shellcheck source=tests/cluster/lib.sh
+source "$HERE/lib.sh"
 
 SVC_CIDR=10.96.0.0/16
+API_SERVICE_IP=10.96.0.1 # the `kubernetes` Service: the first address of SVC_CIDR
+NODE_IP=$(node_ip)
 ADMIN_KC=$CL/admin.kubeconfig
+
+# sign <name> <subject> <extensions>: a key and a certificate signed by the cluster CA (run in $PKI).
+sign() { # <name> <subject> <extensions>
+  openssl req -newkey rsa:2048 -nodes -keyout "$1.key" -out "$1.csr" -subj "$2"
+  openssl x509 -req -in "$1.csr" -CA ca.crt -CAkey ca.key -CAcreateserial -days 3650 -out "$1.crt" \
+    -extfile <(printf '%b' "$3")
+  rm -f "$1.csr"
+}
+# The API server's serving certificate. Its names cover every way it is reached: loopback (tests,
+# components), the `kubernetes` Service (Pods) and the machine's address (the real node).
+sign_apiserver() {
+  sign apiserver /CN=kube-apiserver \
+    "subjectAltName=IP:127.0.0.1,IP:$API_SERVICE_IP${NODE_IP:+,IP:$NODE_IP},DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\nbasicConstraints=CA:FALSE"
+}
 
 # kube-controller-manager, with the same flags on a fresh start and when an old cluster is upgraded.
 # --enable-hostpath-provisioner: the PersistentVolume controller provisions claims of StorageClasses
@@ -145,6 +111,16 @@ ensure_storage_class() {
 
 # kube-apiserver, with the same flags on a fresh start and when an old cluster is upgraded. Needs
 # ETCD_PORT and API_PORT.
+# --bind-address=0.0.0.0: Pods on the real node (node-up.sh) reach it at the machine's address, through
+# the `kubernetes` Service (10.96.0.1:443, whose EndpointSlice node-up.sh writes: with
+# --endpoint-reconciler-type=none the server writes none, and its loopback advertise address could not
+# be an endpoint anyway). --kubelet-preferred-address-types: `kubectl logs` reaches the real node's
+# kubelet at its InternalIP (its host name resolves nowhere). PodNodeSelector and
+# PodTolerationRestriction (upstream admission plugins, off by default): a namespace annotated
+# scheduler.alpha.kubernetes.io/node-selector and .../defaultTolerations sends all its Pods to the real
+# node — the hub's, the hooks', and the Pods hooks ask for, none of which say so themselves. Namespaces
+# without the annotations are not touched.
+ADMISSION_PLUGINS=PodNodeSelector,PodTolerationRestriction
 # --audit-*: audit-policy.yaml records only the ServiceAccounts of namespace metahook-audited (what
 # tests/namespaces.rs reads back, see AUDIT_LOG), at Metadata level; nobody else's requests are written.
 AUDIT_POLICY=$HERE/audit-policy.yaml
@@ -152,8 +128,10 @@ AUDIT_LOG=$LOGS/audit.log
 start_apiserver() {
   start kube-apiserver "$BIN/kube-apiserver" \
     --etcd-servers="http://127.0.0.1:$ETCD_PORT" \
-    --bind-address=127.0.0.1 --secure-port="$API_PORT" \
+    --bind-address=0.0.0.0 --secure-port="$API_PORT" \
     --advertise-address=127.0.0.1 --endpoint-reconciler-type=none \
+    --kubelet-preferred-address-types=InternalIP,Hostname \
+    --enable-admission-plugins="$ADMISSION_PLUGINS" \
     --tls-cert-file="$PKI/apiserver.crt" --tls-private-key-file="$PKI/apiserver.key" \
     --client-ca-file="$PKI/ca.crt" \
     --authorization-mode=Node,RBAC \
@@ -186,8 +164,10 @@ stop_component() { # <name>
 upgrade_running_cluster() {
   local pid
   pid=$(alive_pid kube-apiserver)
-  if ! tr '\0' '\n' <"/proc/$pid/cmdline" | grep -qx -- "--audit-policy-file=$AUDIT_POLICY"; then
-    log "kube-apiserver runs without today's audit flags; restarting it with today's flags"
+  if ! tr '\0' '\n' <"/proc/$pid/cmdline" | grep -qx -- "--audit-policy-file=$AUDIT_POLICY" ||
+    ! tr '\0' '\n' <"/proc/$pid/cmdline" | grep -qx -- "--enable-admission-plugins=$ADMISSION_PLUGINS"; then
+    log "kube-apiserver runs without today's flags; restarting it with today's flags and certificate names"
+    (cd "$PKI" && sign_apiserver) >/dev/null 2>"$LOGS/pki.log" || fail pki "openssl failed"
     ETCD_PORT=$(sed -n 's/^CLUSTER_ETCD_PORT=//p' "$CL/env")
     stop_component kube-apiserver
     start_apiserver
@@ -271,14 +251,7 @@ log "generating PKI in $PKI"
   set -e
   openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.crt -days 3650 -subj /CN=metahook-testenv-ca \
     -addext basicConstraints=critical,CA:TRUE -addext keyUsage=critical,digitalSignature,keyCertSign,cRLSign
-  sign() { # <name> <subject> <extensions>
-    openssl req -newkey rsa:2048 -nodes -keyout "$1.key" -out "$1.csr" -subj "$2"
-    openssl x509 -req -in "$1.csr" -CA ca.crt -CAkey ca.key -CAcreateserial -days 3650 -out "$1.crt" \
-      -extfile <(printf '%b' "$3")
-    rm -f "$1.csr"
-  }
-  sign apiserver /CN=kube-apiserver \
-    'subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\nbasicConstraints=CA:FALSE'
+  sign_apiserver
   sign admin '/O=system:masters/CN=metahook-admin' \
     'keyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=clientAuth\nbasicConstraints=CA:FALSE'
   openssl genrsa -out sa.key 2048
