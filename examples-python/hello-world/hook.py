@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The hello-world sync hook: a HelloWorld parent wants `replicas` Pods that greet `who`.
 
-Standard library only. Listens on 127.0.0.1:$PORT (default 18080).
+Standard library only. Listens on $HOST:$PORT (default 127.0.0.1:18080; in a Pod, HOST=0.0.0.0 so that
+its Service reaches it).
 """
 import json
 import os
@@ -47,6 +48,7 @@ class Hook(BaseHTTPRequestHandler):
 
 
 if __name__ == "__main__":
+    host = os.environ.get("HOST", "127.0.0.1")
     port = int(os.environ.get("PORT", "18080"))
-    print(f"hello-world hook listening on 127.0.0.1:{port}", flush=True)
-    ThreadingHTTPServer(("127.0.0.1", port), Hook).serve_forever()
+    print(f"hello-world hook listening on {host}:{port}", flush=True)
+    ThreadingHTTPServer((host, port), Hook).serve_forever()
