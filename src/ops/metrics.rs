@@ -7,18 +7,23 @@
 //! client-go's `leader_election_master_status` and `rest_client_*` ([`crate::ops::client_metrics`]) and
 //! the `process_*` every Prometheus client exports ([`crate::ops::process`]). With `metricsAuth:
 //! kubernetes`, `/metrics` answers only whom the API server allows ([`crate::ops::metrics_auth`]); the
-//! probes stay open, as the kubelet calls them without a token. A whole HTTP framework for three GET
-//! routes would outweigh the rest of the hub's dependencies, so the responder is a small hand-written one.
+//! probes stay open, as the kubelet calls them without a token. Served by axum on hyper
+//! ([`crate::ops::http`]); `/metrics` is `OpenMetrics` text to a scraper that asks for it (`Accept:
+//! application/openmetrics-text`, as Prometheus does) and the Prometheus text format 0.0.4 to anyone
+//! else, as `client_golang`'s handler negotiates.
 
 use std::sync::Arc;
 
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric as _};
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::Registry;
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpListener;
-use tracing::{debug, info, warn};
+use tracing::{info, warn};
 
 use crate::cache::informers::Informers;
 use crate::engine::health::Health;
@@ -209,50 +214,114 @@ impl Routes {
     }
 }
 
-/// Binds `address`: `host:port`, or Go's `:port` for every address of the host (IPv6 and IPv4 where
-/// the host has IPv6, else IPv4).
-pub async fn bind(address: &str) -> std::io::Result<TcpListener> {
-    match address.strip_prefix(':') {
-        Some(port) => match TcpListener::bind(format!("[::]:{port}")).await {
-            Ok(listener) => Ok(listener),
-            Err(_) => TcpListener::bind(format!("0.0.0.0:{port}")).await,
-        },
-        None => TcpListener::bind(address).await,
+/// How long a request may take, head to answer (a scrape renders in milliseconds; a token review is
+/// one API call).
+const REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The `OpenMetrics` media type, and the Prometheus text format's.
+const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+#[derive(Clone)]
+struct Served {
+    registry: Arc<Registry>,
+    ready: Readiness,
+    access: MetricsAccess,
+}
+
+/// The router of a listener answering `routes` (anything else is 404, another method 405).
+pub fn router(registry: Arc<Registry>, ready: Readiness, routes: Routes, access: MetricsAccess) -> axum::Router {
+    let mut app = axum::Router::new();
+    if routes.metrics {
+        app = app.route("/metrics", get(metrics));
+    }
+    if routes.probes {
+        app = app
+            .route("/healthz", get(|| async { text(StatusCode::OK, "ok\n".to_owned()) }))
+            .route("/readyz", get(readyz));
+    }
+    app.fallback(|| async { text(StatusCode::NOT_FOUND, "not found\n".to_owned()) })
+        .with_state(Served { registry, ready, access })
+        .layer(tower_http::timeout::TimeoutLayer::with_status_code(StatusCode::REQUEST_TIMEOUT, REQUEST_TIMEOUT))
+}
+
+fn text(status: StatusCode, body: String) -> Response {
+    (status, [(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"))], body).into_response()
+}
+
+async fn readyz(State(served): State<Served>) -> Response {
+    match readiness(&served.ready.health, served.ready.leadership.as_ref()) {
+        (true, body) => text(StatusCode::OK, body),
+        (false, body) => text(StatusCode::SERVICE_UNAVAILABLE, body),
     }
 }
 
-/// The most of a request the responder reads: its head, with room for a `ServiceAccount` token (about
-/// 1 KiB, more with many audiences) in its `Authorization` header.
-const HEAD_LIMIT: usize = 16 * 1024;
-
-/// How long a client may take to send its request head; a connection that sends nothing is dropped
-/// rather than kept open for ever.
-const HEAD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
-
-/// Reads a request's head (up to the blank line, at most [`HEAD_LIMIT`] bytes, within [`HEAD_TIMEOUT`]).
-async fn read_head(stream: &mut tokio::net::TcpStream) -> Option<String> {
-    let mut head = Vec::new();
-    let mut buffer = [0_u8; 2048];
-    let reading = async {
-        while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < HEAD_LIMIT {
-            let read = stream.read(&mut buffer).await.ok()?;
-            if read == 0 {
-                break;
+async fn metrics(State(served): State<Served>, headers: HeaderMap) -> Response {
+    let authorization = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+    match served.access.check(authorization, "/metrics").await {
+        Ok(Verdict::Allowed) => {
+            let body = render(&served.registry);
+            let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()).unwrap_or_default();
+            if wants_openmetrics(accept) {
+                ([(header::CONTENT_TYPE, OPENMETRICS)], body).into_response()
+            } else {
+                ([(header::CONTENT_TYPE, PROMETHEUS_TEXT)], prometheus_text(&body)).into_response()
             }
-            head.extend_from_slice(&buffer[..read]);
         }
-        Some(())
-    };
-    tokio::time::timeout(HEAD_TIMEOUT, reading).await.ok()??;
-    Some(String::from_utf8_lossy(&head).into_owned())
+        Ok(Verdict::Unauthenticated) => text(StatusCode::UNAUTHORIZED, "Unauthorized\n".to_owned()),
+        Ok(Verdict::Forbidden) => text(StatusCode::FORBIDDEN, "Forbidden\n".to_owned()),
+        Err(err) => {
+            warn!("refusing a scrape: {err}");
+            text(StatusCode::INTERNAL_SERVER_ERROR, "Authentication or authorization failed\n".to_owned())
+        }
+    }
 }
 
-/// The value of header `name` in a request head.
-fn header<'a>(head: &'a str, name: &str) -> Option<&'a str> {
-    head.lines().skip(1).find_map(|line| {
-        let (key, value) = line.split_once(':')?;
-        key.trim().eq_ignore_ascii_case(name).then(|| value.trim())
+/// Whether an `Accept` header asks for `OpenMetrics` (listed without `q=0`).
+fn wants_openmetrics(accept: &str) -> bool {
+    accept.split(',').any(|range| {
+        let mut parts = range.split(';').map(str::trim);
+        parts.next().is_some_and(|media| media.eq_ignore_ascii_case("application/openmetrics-text"))
+            && !parts.any(|p| p.strip_prefix("q=").is_some_and(|q| q.parse::<f64>().is_ok_and(|q| q <= 0.0)))
     })
+}
+
+/// `OpenMetrics` text in the Prometheus text format 0.0.4: the families a counter declares are named
+/// as its samples are (`x_total`), an info family is a gauge `x_info`, `_created` samples, units,
+/// exemplars and `# EOF` — which that format has not — are left out, other types are untyped.
+#[must_use]
+pub fn prometheus_text(openmetrics: &str) -> String {
+    use std::fmt::Write as _;
+    // The encoder writes a family's HELP before its TYPE: know every family's type first.
+    let types: std::collections::HashMap<&str, &str> =
+        openmetrics.lines().filter_map(|line| line.strip_prefix("# TYPE ")?.split_once(' ')).collect();
+    let renamed = |family: &str| match types.get(family).copied() {
+        Some("counter") => (format!("{family}_total"), "counter"),
+        Some("info") => (format!("{family}_info"), "gauge"),
+        Some(kind @ ("gauge" | "histogram" | "summary")) => (family.to_owned(), kind),
+        _ => (family.to_owned(), "untyped"),
+    };
+    let is_created = |sample: &str| {
+        sample.strip_suffix("_created").is_some_and(|family| {
+            matches!(types.get(family).copied(), Some("counter" | "histogram" | "summary" | "gaugehistogram"))
+        })
+    };
+    let mut out = String::with_capacity(openmetrics.len());
+    for line in openmetrics.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let (name, kind) = renamed(rest.split_once(' ').map_or(rest, |(family, _)| family));
+            let _ = writeln!(out, "# TYPE {name} {kind}");
+        } else if let Some(rest) = line.strip_prefix("# HELP ") {
+            let (family, help) = rest.split_once(' ').unwrap_or((rest, ""));
+            let _ = writeln!(out, "# HELP {} {help}", renamed(family).0);
+        } else if line.starts_with('#') || is_created(line.split(['{', ' ']).next().unwrap_or_default()) {
+            // `# EOF`, `# UNIT`, and the creation times of counters and histograms.
+        } else {
+            out.push_str(line.split(" # ").next().unwrap_or(line));
+            out.push('\n');
+        }
+    }
+    out
 }
 
 /// Serves `routes` on `listener` until the task is dropped; `/metrics` to whom `access` allows.
@@ -263,46 +332,10 @@ pub async fn serve(
     routes: Routes,
     access: MetricsAccess,
 ) {
-    loop {
-        let Ok((mut stream, _)) = listener.accept().await else { continue };
-        let registry = Arc::clone(&registry);
-        let ready = ready.clone();
-        let access = access.clone();
-        tokio::spawn(async move {
-            let Some(request) = read_head(&mut stream).await else { return };
-            let path = request.split_whitespace().nth(1).unwrap_or("/");
-            let text = "text/plain; charset=utf-8";
-            let (status, content_type, body) = match path {
-                "/metrics" if routes.metrics => match access.check(header(&request, "authorization"), path).await {
-                    Ok(Verdict::Allowed) => {
-                        ("200 OK", "application/openmetrics-text; version=1.0.0; charset=utf-8", render(&registry))
-                    }
-                    Ok(Verdict::Unauthenticated) => ("401 Unauthorized", text, "Unauthorized\n".to_owned()),
-                    Ok(Verdict::Forbidden) => ("403 Forbidden", text, "Forbidden\n".to_owned()),
-                    Err(err) => {
-                        warn!("refusing a scrape: {err}");
-                        ("500 Internal Server Error", text, "Authentication or authorization failed\n".to_owned())
-                    }
-                },
-                "/healthz" if routes.probes => ("200 OK", text, "ok\n".to_owned()),
-                "/readyz" if routes.probes => match readiness(&ready.health, ready.leadership.as_ref()) {
-                    (true, body) => ("200 OK", text, body),
-                    (false, body) => ("503 Service Unavailable", text, body),
-                },
-                _ => ("404 Not Found", text, "not found\n".to_owned()),
-            };
-            let response = format!(
-                "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                body.len()
-            );
-            if let Err(err) = stream.write_all(response.as_bytes()).await {
-                debug!("metrics client went away: {err}");
-            }
-        });
-    }
+    crate::ops::http::serve(listener, router(registry, ready, routes, access), crate::ops::http::HEAD_TIMEOUT).await;
 }
 
-/// Binds `address` (empty = disabled, see [`bind`]) and serves `routes` on it in the background,
+/// Binds `address` (empty = disabled, see [`crate::ops::http::bind`]) and serves `routes` on it in the background,
 /// `/metrics` to whom `access` allows.
 pub async fn start(
     address: &str,
@@ -314,7 +347,7 @@ pub async fn start(
     if address.is_empty() {
         return None;
     }
-    match bind(address).await {
+    match crate::ops::http::bind(address).await {
         Ok(listener) => {
             if let Ok(local) = listener.local_addr() {
                 info!(address = %local, "serving {}", routes.describe());
@@ -330,11 +363,13 @@ pub async fn start(
 
 #[cfg(test)]
 mod tests {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
     use super::*;
 
     #[tokio::test]
     async fn each_listener_answers_its_own_routes_and_go_addresses_bind() {
-        let listener = bind(":0").await.expect("Go's :port form binds every address");
+        let listener = crate::ops::http::bind(":0").await.expect("Go's :port form binds every address");
         let port = listener.local_addr().unwrap().port();
         let health = Health::default();
         let ready = Readiness { health, leadership: None };
@@ -342,7 +377,8 @@ mod tests {
             tokio::spawn(serve(listener, Arc::new(Registry::default()), ready, Routes::PROBES, MetricsAccess::Anyone));
         let get = |path: &'static str| async move {
             let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.unwrap();
-            stream.write_all(format!("GET {path} HTTP/1.1\r\n\r\n").as_bytes()).await.unwrap();
+            let request = format!("GET {path} HTTP/1.1\r\nHost: hub\r\nConnection: close\r\n\r\n");
+            stream.write_all(request.as_bytes()).await.unwrap();
             let mut response = String::new();
             stream.read_to_string(&mut response).await.unwrap();
             response.split_whitespace().nth(1).unwrap().to_owned()
@@ -358,7 +394,7 @@ mod tests {
     /// a token it was given to review answers 500, not 401: the header was read.
     #[tokio::test]
     async fn reviewed_metrics_want_a_token_and_the_probes_do_not() {
-        let listener = bind("127.0.0.1:0").await.unwrap();
+        let listener = crate::ops::http::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let client = kube::Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap())).unwrap();
         let access = MetricsAccess::Reviewed(Arc::new(crate::ops::metrics_auth::Reviewer::new(client)));
@@ -367,7 +403,8 @@ mod tests {
         let get = |path: &'static str, authorization: Option<String>| async move {
             let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.unwrap();
             let header = authorization.map(|a| format!("Authorization: {a}\r\n")).unwrap_or_default();
-            stream.write_all(format!("GET {path} HTTP/1.1\r\nHost: hub\r\n{header}\r\n").as_bytes()).await.unwrap();
+            let request = format!("GET {path} HTTP/1.1\r\nHost: hub\r\nConnection: close\r\n{header}\r\n");
+            stream.write_all(request.as_bytes()).await.unwrap();
             let mut response = String::new();
             stream.read_to_string(&mut response).await.unwrap();
             response.split_whitespace().nth(1).unwrap().to_owned()
@@ -380,12 +417,104 @@ mod tests {
         server.abort();
     }
 
+    /// What the hand-written responder got wrong: a query string made a route 404, every method was
+    /// a GET, every connection closed after one answer, and `/metrics` was `OpenMetrics` whatever the
+    /// scraper asked for.
+    #[tokio::test]
+    async fn routes_take_queries_other_methods_are_refused_connections_stay_open_and_accept_is_heeded() {
+        use tokio::io::AsyncBufReadExt as _;
+        let listener = crate::ops::http::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let mut registry = Registry::default();
+        let requests = prometheus_client::metrics::counter::Counter::<u64>::default();
+        requests.inc();
+        registry.register("things", "Things done", requests);
+        let health = Health::default();
+        health.listed("CompositeController");
+        health.listed("DecoratorController");
+        let ready = Readiness { health, leadership: None };
+        let server = tokio::spawn(serve(listener, Arc::new(registry), ready, Routes::ALL, MetricsAccess::Anyone));
+
+        // One connection, several requests: each answer is read by its Content-Length.
+        let stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+        let (read, mut write) = stream.into_split();
+        let mut read = tokio::io::BufReader::new(read);
+        let mut ask = async |method: &str, path: &str, accept: &str| -> (u16, String, String) {
+            let accept = if accept.is_empty() { String::new() } else { format!("Accept: {accept}\r\n") };
+            let request = format!("{method} {path} HTTP/1.1\r\nHost: hub\r\n{accept}\r\n");
+            write.write_all(request.as_bytes()).await.unwrap();
+            let mut status = String::new();
+            read.read_line(&mut status).await.unwrap();
+            let (mut length, mut content_type) = (0, String::new());
+            loop {
+                let mut line = String::new();
+                read.read_line(&mut line).await.unwrap();
+                let line = line.trim_end();
+                if line.is_empty() {
+                    break;
+                }
+                let (name, value) = line.split_once(':').unwrap();
+                match name.to_ascii_lowercase().as_str() {
+                    "content-length" => length = value.trim().parse().unwrap(),
+                    "content-type" => content_type = value.trim().to_owned(),
+                    _ => {}
+                }
+            }
+            let mut body = vec![0; if method == "HEAD" { 0 } else { length }];
+            read.read_exact(&mut body).await.unwrap();
+            (status.split_whitespace().nth(1).unwrap().parse().unwrap(), content_type, String::from_utf8(body).unwrap())
+        };
+        assert_eq!(ask("GET", "/readyz?verbose", "").await.0, 200);
+        assert_eq!(ask("GET", "/healthz?x=1", "").await.0, 200);
+        assert_eq!(ask("POST", "/healthz", "").await.0, 405);
+        assert_eq!(ask("HEAD", "/healthz", "").await.0, 200);
+        assert_eq!(ask("GET", "/nothing", "").await.0, 404);
+
+        let (code, content_type, body) = ask("GET", "/metrics?name[]=x", "").await;
+        assert_eq!((code, content_type.as_str()), (200, PROMETHEUS_TEXT), "{body}");
+        assert!(body.contains("# TYPE things_total counter\nthings_total 1\n"), "{body}");
+        assert!(!body.contains("# EOF") && !body.contains("_created"), "{body}");
+        let prometheus = "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;\
+                          q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1";
+        let (code, content_type, body) = ask("GET", "/metrics", prometheus).await;
+        assert_eq!((code, content_type.as_str()), (200, OPENMETRICS));
+        assert!(body.contains("# TYPE things counter\n") && body.ends_with("# EOF\n"), "{body}");
+        let refused = "application/openmetrics-text; q=0, text/plain";
+        assert_eq!(ask("GET", "/metrics", refused).await.1, PROMETHEUS_TEXT);
+        server.abort();
+    }
+
+    /// A client that starts a request and never finishes its head is dropped after the head timeout.
+    #[tokio::test]
+    async fn a_client_that_never_finishes_its_request_is_dropped() {
+        let listener = crate::ops::http::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let ready = Readiness { health: Health::default(), leadership: None };
+        let router = router(Arc::new(Registry::default()), ready, Routes::ALL, MetricsAccess::Anyone);
+        let timeout = std::time::Duration::from_millis(300);
+        let server = tokio::spawn(crate::ops::http::serve(listener, router, timeout));
+        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+        stream.write_all(b"GET /metrics HTTP/1.1\r\nHost: hub\r\n").await.unwrap();
+        let started = std::time::Instant::now();
+        let mut rest = Vec::new();
+        let read = tokio::time::timeout(std::time::Duration::from_secs(5), stream.read_to_end(&mut rest)).await;
+        assert!(read.is_ok(), "the connection was closed");
+        assert!(started.elapsed() >= timeout, "not before the head timeout");
+        server.abort();
+    }
+
     #[test]
-    fn headers_are_found_in_any_case() {
-        let head = "GET /metrics HTTP/1.1\r\nHost: hub\r\nauthorization:  Bearer t0k\r\n\r\n";
-        assert_eq!(header(head, "Authorization"), Some("Bearer t0k"));
-        assert_eq!(header(head, "Cookie"), None);
-        assert_eq!(header("GET /authorization:x HTTP/1.1\r\n\r\n", "authorization"), None, "not the request line");
+    fn openmetrics_becomes_the_prometheus_text_format() {
+        let openmetrics = "# HELP a Things.\n# TYPE a counter\na_total{x=\"1\"} 3 # {trace_id=\"t\"} 1.0\n\
+                           a_created{x=\"1\"} 1.7e9\n# HELP up Up.\n# TYPE up gauge\nup 1\n# HELP b Build.\n\
+                           # TYPE b info\nb_info{v=\"1\"} 1\n# HELP d_created A gauge so named.\n\
+                           # TYPE d_created gauge\nd_created 2\n# HELP s Seconds.\n# TYPE s histogram\n# UNIT s seconds\n\
+                           s_bucket{le=\"+Inf\"} 1\ns_sum 0.5\ns_count 1\ns_created 1.7e9\n# EOF\n";
+        let text = "# HELP a_total Things.\n# TYPE a_total counter\na_total{x=\"1\"} 3\n\
+                    # HELP up Up.\n# TYPE up gauge\nup 1\n# HELP b_info Build.\n# TYPE b_info gauge\nb_info{v=\"1\"} 1\n\
+                    # HELP d_created A gauge so named.\n# TYPE d_created gauge\nd_created 2\n\
+                    # HELP s Seconds.\n# TYPE s histogram\ns_bucket{le=\"+Inf\"} 1\ns_sum 0.5\ns_count 1\n";
+        assert_eq!(prometheus_text(openmetrics), text);
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //! election ([`leader`]) and the write gate that makes it safe ([`gate`]), sharding's members and
 //! coordinator ([`ring`]) and the parents' bucket labels ([`labels`]), `/metrics` and health
 //! ([`metrics`]; the process's own from [`process`]; who may read them, [`metrics_auth`]), profiles
-//! ([`pprof`], the heap's from [`heap`]), traces for an OpenTelemetry collector ([`traces`]), and running
+//! ([`pprof`], the heap's from [`heap`]), the HTTP serving under both ([`http`]), traces for an OpenTelemetry collector ([`traces`]), and running
 //! it all ([`run`]).
 //!
 //! May import: every stage below (api, cache, hooks, write, engine, controllers).
@@ -13,6 +13,7 @@ pub mod client_metrics;
 pub mod config;
 pub mod gate;
 pub mod heap;
+pub mod http;
 pub mod labels;
 pub mod leader;
 pub mod metrics;

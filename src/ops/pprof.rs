@@ -9,9 +9,12 @@
 
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use axum::extract::RawQuery;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::get;
 use tokio::net::TcpListener;
-use tracing::{debug, info, warn};
+use tracing::{info, warn};
 
 /// How long a CPU profile samples unless `seconds` says.
 const DEFAULT_SECONDS: u64 = 30;
@@ -21,18 +24,24 @@ const MAX_SECONDS: u64 = 600;
 const FREQUENCY: i32 = 100;
 
 struct Response {
-    status: &'static str,
+    status: StatusCode,
     content_type: &'static str,
     body: Vec<u8>,
 }
 
 impl Response {
-    fn text(status: &'static str, body: impl Into<String>) -> Self {
+    fn text(status: StatusCode, body: impl Into<String>) -> Self {
         Self { status, content_type: "text/plain; charset=utf-8", body: body.into().into_bytes() }
     }
 
     fn profile(body: Vec<u8>) -> Self {
-        Self { status: "200 OK", content_type: "application/octet-stream", body }
+        Self { status: StatusCode::OK, content_type: "application/octet-stream", body }
+    }
+}
+
+impl IntoResponse for Response {
+    fn into_response(self) -> axum::response::Response {
+        (self.status, [(header::CONTENT_TYPE, self.content_type)], self.body).into_response()
     }
 }
 
@@ -41,7 +50,7 @@ pub async fn start(address: &str) -> Option<tokio::task::JoinHandle<()>> {
     if address.is_empty() {
         return None;
     }
-    match crate::ops::metrics::bind(address).await {
+    match crate::ops::http::bind(address).await {
         Ok(listener) => {
             let heap = crate::ops::heap::start();
             if let Ok(local) = listener.local_addr() {
@@ -60,49 +69,35 @@ pub async fn start(address: &str) -> Option<tokio::task::JoinHandle<()>> {
     }
 }
 
-/// Serves profiles on `listener` until the task is dropped.
+/// Serves profiles on `listener` until the task is dropped (a CPU profile takes as long as it
+/// samples, so no request timeout but the head's).
 pub async fn serve(listener: TcpListener) {
-    loop {
-        let Ok((mut stream, _)) = listener.accept().await else { continue };
-        tokio::spawn(async move {
-            let mut buffer = [0_u8; 2048];
-            let Ok(read) = stream.read(&mut buffer).await else { return };
-            let request = String::from_utf8_lossy(&buffer[..read]);
-            let target = request.split_whitespace().nth(1).unwrap_or("/");
-            let response = respond(target).await;
-            let head = format!(
-                "HTTP/1.1 {}\r\nContent-Type: {}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-                response.status,
-                response.content_type,
-                response.body.len()
-            );
-            if let Err(err) = async {
-                stream.write_all(head.as_bytes()).await?;
-                stream.write_all(&response.body).await
-            }
-            .await
-            {
-                debug!("profile client went away: {err}");
-            }
-        });
-    }
+    crate::ops::http::serve(listener, router(), crate::ops::http::HEAD_TIMEOUT).await;
 }
 
-async fn respond(target: &str) -> Response {
-    let (path, query) = target.split_once('?').unwrap_or((target, ""));
-    match path {
-        "/debug/pprof/profile" => match seconds(query) {
-            Ok(seconds) => cpu_profile(Duration::from_secs(seconds)).await,
-            Err(reason) => Response::text("400 Bad Request", format!("{reason}\n")),
-        },
-        "/debug/pprof/heap" => heap_profile().await,
-        "/debug/pprof" | "/debug/pprof/" => Response::text(
-            "200 OK",
-            "profile: CPU profile in pprof's format, ?seconds=N (default 30)\n\
-             heap: heap profile in pprof's format (allocations sampled since profiles are served)\n",
-        ),
-        _ => Response::text("404 Not Found", "not found\n"),
-    }
+fn router() -> axum::Router {
+    axum::Router::new()
+        .route(
+            "/debug/pprof/profile",
+            get(|RawQuery(query): RawQuery| async move {
+                match seconds(query.as_deref().unwrap_or_default()) {
+                    Ok(seconds) => cpu_profile(Duration::from_secs(seconds)).await,
+                    Err(reason) => Response::text(StatusCode::BAD_REQUEST, format!("{reason}\n")),
+                }
+            }),
+        )
+        .route("/debug/pprof/heap", get(heap_profile))
+        .route("/debug/pprof", get(index))
+        .route("/debug/pprof/", get(index))
+        .fallback(|| async { Response::text(StatusCode::NOT_FOUND, "not found\n") })
+}
+
+async fn index() -> Response {
+    Response::text(
+        StatusCode::OK,
+        "profile: CPU profile in pprof's format, ?seconds=N (default 30)\n\
+         heap: heap profile in pprof's format (allocations sampled since profiles are served)\n",
+    )
 }
 
 /// The `seconds` parameter of a query string.
@@ -124,7 +119,7 @@ async fn cpu_profile(duration: Duration) -> Response {
         .build()
     {
         Ok(guard) => guard,
-        Err(err) => return Response::text("409 Conflict", format!("cannot start a CPU profile: {err}\n")),
+        Err(err) => return Response::text(StatusCode::CONFLICT, format!("cannot start a CPU profile: {err}\n")),
     };
     tokio::time::sleep(duration).await;
     let encoded = tokio::task::spawn_blocking(move || -> Result<Vec<u8>, String> {
@@ -137,8 +132,8 @@ async fn cpu_profile(duration: Duration) -> Response {
     .await;
     match encoded {
         Ok(Ok(body)) => Response::profile(body),
-        Ok(Err(err)) => Response::text("500 Internal Server Error", format!("building the CPU profile: {err}\n")),
-        Err(err) => Response::text("500 Internal Server Error", format!("building the CPU profile: {err}\n")),
+        Ok(Err(err)) => Response::text(StatusCode::INTERNAL_SERVER_ERROR, format!("building the CPU profile: {err}\n")),
+        Err(err) => Response::text(StatusCode::INTERNAL_SERVER_ERROR, format!("building the CPU profile: {err}\n")),
     }
 }
 
@@ -152,13 +147,13 @@ async fn heap_profile() -> Response {
     match encoded {
         Ok(Some(Ok(body))) => Response::profile(body),
         Ok(None) => Response::text(
-            "501 Not Implemented",
+            StatusCode::NOT_IMPLEMENTED,
             "no heap profile: this process's allocator is not metahook's sampling one\n",
         ),
         Ok(Some(Err(err))) => {
-            Response::text("500 Internal Server Error", format!("encoding the heap profile: {err}\n"))
+            Response::text(StatusCode::INTERNAL_SERVER_ERROR, format!("encoding the heap profile: {err}\n"))
         }
-        Err(err) => Response::text("500 Internal Server Error", format!("building the heap profile: {err}\n")),
+        Err(err) => Response::text(StatusCode::INTERNAL_SERVER_ERROR, format!("building the heap profile: {err}\n")),
     }
 }
 
@@ -186,9 +181,9 @@ mod tests {
             }
             x
         });
-        let response = respond("/debug/pprof/profile?seconds=1").await;
+        let response = cpu_profile(Duration::from_secs(1)).await;
         busy.join().unwrap();
-        assert_eq!(response.status, "200 OK", "{}", String::from_utf8_lossy(&response.body));
+        assert_eq!(response.status, StatusCode::OK, "{}", String::from_utf8_lossy(&response.body));
         let profile = pprof::protos::Profile::parse_from_bytes(&response.body).expect("a pprof protobuf");
         let types: Vec<_> =
             profile.sample_type.iter().map(|t| profile.string_table[usize::try_from(t.ty).unwrap()].clone()).collect();
