@@ -454,7 +454,12 @@ fn the_chart_runs_the_hub_and_the_hooks_as_pods_on_a_real_node() {
     )
     .unwrap();
     let chart = support::repo_root().join("deploy/helm/metahook");
-    helm(&["install", RELEASE, chart.to_str().unwrap(), "-n", RELEASE_NS, "-f", values.path().to_str().unwrap()]);
+    let notes =
+        helm(&["install", RELEASE, chart.to_str().unwrap(), "-n", RELEASE_NS, "-f", values.path().to_str().unwrap()]);
+    assert!(
+        notes.contains("metahook rbac -f controller.yaml | kubectl apply -f -"),
+        "NOTES.txt's next steps:\n{notes}"
+    );
     let hub_selector = format!("app.kubernetes.io/instance={RELEASE}");
     let hubs = ready_pods(RELEASE_NS, &hub_selector, 2);
     let manifest = yaml_docs(&helm(&["get", "manifest", RELEASE, "-n", RELEASE_NS]));

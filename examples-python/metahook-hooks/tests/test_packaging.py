@@ -74,7 +74,7 @@ def test_pip_installs_the_library_into_a_clean_venv_and_a_hook_runs_on_it(tmp_pa
     assert meta["typed"], "py.typed is installed, so type checkers use the library's annotations"
     assert any(url.startswith("Source, https://") for url in meta["urls"]), meta["urls"]
     assert "Typing :: Typed" in meta["classifiers"]
-    assert meta["requires_python"] == ">=3.10"
+    assert meta["requires_python"] == ">=3.11"
 
     (tmp_path / "hook.py").write_text(HOOK)
     port = _free_port()
@@ -94,14 +94,10 @@ def test_pip_installs_the_library_into_a_clean_venv_and_a_hook_runs_on_it(tmp_pa
 
 
 def pyproject_version():
-    """`[project] version` of pyproject.toml (tomllib is 3.11+; the library supports 3.10)."""
-    text = (LIBRARY / "pyproject.toml").read_text()
-    try:
-        import tomllib
-    except ImportError:
-        project = text[text.index("[project]"):]
-        return re.search(r'^version = "([^"]+)"$', project, re.MULTILINE).group(1)
-    return tomllib.loads(text)["project"]["version"]
+    """`[project] version` of pyproject.toml."""
+    import tomllib
+
+    return tomllib.loads((LIBRARY / "pyproject.toml").read_text())["project"]["version"]
 
 
 def test_the_module_version_is_the_package_version():
