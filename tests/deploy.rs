@@ -261,7 +261,11 @@ async fn kustomization_and_chart_render_and_pass_server_side_dry_run() {
         .iter()
         .find(|o| o["kind"] == "ClusterRole" && o["metadata"]["name"] == "hub-cluster-admin-like")
         .expect("rbac.mode=cluster-admin-like ships a */*/* role");
-    assert_eq!(admin["metadata"]["labels"][metahook::tools::rbac::AGGREGATE_LABEL], "true");
+    let admin_binding = overrides
+        .iter()
+        .find(|o| o["kind"] == "ClusterRoleBinding" && o["roleRef"]["name"] == "hub-cluster-admin-like")
+        .expect("rbac.mode=cluster-admin-like binds its */*/* role");
+    assert_eq!(admin_binding["subjects"][0]["kind"], "ServiceAccount");
     assert_eq!(admin["rules"], serde_json::json!([{"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]}]));
     check_leader_election(&overrides, "helm overrides");
     // The optional objects the overrides enable, as given.
@@ -327,12 +331,33 @@ fn check_leader_election(objs: &[Value], what: &str) {
     assert_eq!(binding["subjects"][0]["name"], pod["serviceAccountName"], "{what}: bound to the hub's ServiceAccount");
 }
 
-/// The hub's ClusterRole aggregates by label, and the shipped base role is `metahook rbac --base`'s.
+/// The hub's ClusterRole aggregates by label, and the shipped base role is `metahook rbac --base`'s,
+/// bound directly: no role the release ships is aggregated (an aggregated role deleted with a role it
+/// selects can be re-created by Kubernetes' aggregation controller, and outlive the release).
 fn check_least_privilege(objs: &[Value], what: &str) {
     let roles: Vec<&Value> = objs.iter().filter(|o| o["kind"] == "ClusterRole").collect();
-    let binding = one(objs, "ClusterRoleBinding");
+    let bindings: Vec<&Value> = objs.iter().filter(|o| o["kind"] == "ClusterRoleBinding").collect();
+    let bound = |suffix: &str| {
+        bindings
+            .iter()
+            .find(|b| b["roleRef"]["name"].as_str().is_some_and(|n| n.ends_with(suffix)))
+            .unwrap_or_else(|| panic!("{what}: no binding of a ClusterRole named *{suffix}"))
+    };
+    let binding = bindings
+        .iter()
+        .find(|b| {
+            roles.iter().any(|r| r["metadata"]["name"] == b["roleRef"]["name"] && r.get("aggregationRule").is_some())
+        })
+        .expect("the binding of the hub's aggregated ClusterRole");
     let hub =
         roles.iter().find(|r| r["metadata"]["name"] == binding["roleRef"]["name"]).expect("the bound ClusterRole");
+    for role in &roles {
+        assert!(
+            role["metadata"]["labels"].get(metahook::tools::rbac::AGGREGATE_LABEL).is_none(),
+            "{what}: {} is aggregated into the hub's role; the release binds its own roles directly",
+            role["metadata"]["name"]
+        );
+    }
     assert_eq!(
         hub["aggregationRule"]["clusterRoleSelectors"][0]["matchLabels"][metahook::tools::rbac::AGGREGATE_LABEL],
         "true",
@@ -343,7 +368,7 @@ fn check_least_privilege(objs: &[Value], what: &str) {
         .iter()
         .find(|r| r["metadata"]["name"].as_str().is_some_and(|n| n.ends_with("-base")))
         .expect("the base role");
-    assert_eq!(base["metadata"]["labels"][metahook::tools::rbac::AGGREGATE_LABEL], "true");
+    assert_eq!(bound("-base")["subjects"], binding["subjects"], "{what}: the base role is bound to the hub");
     assert_eq!(base["rules"], serde_json::to_value(metahook::tools::rbac::base_rules()).unwrap(), "{what}: base rules");
 }
 

@@ -643,6 +643,18 @@ fn the_chart_runs_the_hub_and_the_hooks_as_pods_on_a_real_node() {
     });
     // Step 2: the release.
     helm(&["uninstall", RELEASE, "-n", RELEASE_NS, "--wait"]);
+    // Nothing of the release's RBAC comes back: its own roles are bound directly, so deleting them
+    // re-aggregates nothing (an aggregated base role brought the release's ClusterRole back, and
+    // `helm uninstall --wait` then waited for it in vain).
+    std::thread::sleep(Duration::from_secs(3));
+    let left: Vec<String> = kubectl_json(&["get", "clusterroles,clusterrolebindings"])["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["metadata"]["name"].as_str().unwrap().to_owned())
+        .filter(|name| name == RELEASE || name.starts_with(&format!("{RELEASE}-")))
+        .collect();
+    assert!(left.is_empty(), "the release's cluster roles and bindings outlive it: {left:?}");
     // Helm deletes the Deployment; the garbage collector and the kubelet then stop its Pods.
     wait(Duration::from_secs(90), "the hub's Pods to be gone after helm uninstall", || {
         pods(RELEASE_NS, &hub_selector).is_empty().then_some(())

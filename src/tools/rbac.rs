@@ -4,9 +4,11 @@
 //!
 //! Which types the hub touches is decided by the controllers users create, so Metacontroller grants
 //! `*/*/*`. Here the hub's ClusterRole instead aggregates every ClusterRole labelled
-//! [`AGGREGATE_LABEL`]: the base role ([`base_rules`]) plus one role per controller, derived from its
-//! spec ([`controller_rules`]). A controller whose role is missing gets `Ready=False`/`Forbidden` (its
-//! caches cannot fill) instead of a hub with power over the whole cluster.
+//! [`AGGREGATE_LABEL`]: one role per controller, derived from its spec ([`controller_rules`]). A
+//! controller whose role is missing gets `Ready=False`/`Forbidden` (its caches cannot fill) instead of a
+//! hub with power over the whole cluster. The base role ([`base_rules`]) is printed labelled too, for a
+//! hub whose roles are assembled by hand; `deploy/` binds its copy directly (an aggregated role deleted
+//! together with one it selects can be re-created by Kubernetes' aggregation controller).
 //!
 //! Hook credentials (`caBundle`, `clientTLS`, `authorization`, `basicAuth`) are single named objects,
 //! which the hub watches one by one with a `metadata.name` field selector
