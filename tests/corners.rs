@@ -444,8 +444,12 @@ async fn a_hook_urls_password_never_shows() {
         let message = condition["message"].as_str().unwrap_or_default();
         assert!(message.contains("invalid hook URL") && message.contains("<redacted>"), "{url}: {message}");
         assert!(!message.contains("pw1secret") && !message.contains("alice7"), "{url}: {message}");
-        let events = support::events_on(&w.client, "default", &name).await;
-        assert!(!events.is_empty());
+        // The Event is recorded after the condition is written: wait for it.
+        let events = eventually(WAIT, || async {
+            let events = support::events_on(&w.client, "default", &name).await;
+            (!events.is_empty()).then_some(events)
+        })
+        .await;
         for event in events {
             let note = event.note.unwrap_or_default();
             assert!(!note.contains("pw1secret") && !note.contains("alice7"), "{url}: {note}");

@@ -286,7 +286,8 @@ async fn a_lock_other_than_leases_exits_2_naming_it() {
 async fn get_bytes(address: &str, path: &str) -> Option<(u16, Vec<u8>)> {
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
     let mut stream = tokio::net::TcpStream::connect(address).await.ok()?;
-    stream.write_all(format!("GET {path} HTTP/1.1\r\nHost: hub\r\n\r\n").as_bytes()).await.ok()?;
+    // Read to the end: the connection must close after the answer (HTTP/1.1 keeps it open otherwise).
+    stream.write_all(format!("GET {path} HTTP/1.1\r\nHost: hub\r\nConnection: close\r\n\r\n").as_bytes()).await.ok()?;
     let mut response = Vec::new();
     stream.read_to_end(&mut response).await.ok()?;
     let end = response.windows(4).position(|w| w == b"\r\n\r\n")?;

@@ -44,7 +44,8 @@ async fn get(address: &str, path: &str, token: Option<&str>) -> Option<(u16, Str
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
     let mut stream = tokio::net::TcpStream::connect(address).await.ok()?;
     let authorization = token.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
-    let request = format!("GET {path} HTTP/1.1\r\nHost: hub\r\n{authorization}\r\n");
+    // Read to the end: the connection must close after the answer (HTTP/1.1 keeps it open otherwise).
+    let request = format!("GET {path} HTTP/1.1\r\nHost: hub\r\nConnection: close\r\n{authorization}\r\n");
     stream.write_all(request.as_bytes()).await.ok()?;
     let mut response = String::new();
     stream.read_to_string(&mut response).await.ok()?;

@@ -248,7 +248,8 @@ pub async fn port_line(child: &mut tokio::process::Child) -> u16 {
 pub async fn http_get(address: &str, path: &str) -> Option<(u16, String)> {
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
     let mut stream = tokio::net::TcpStream::connect(address).await.ok()?;
-    stream.write_all(format!("GET {path} HTTP/1.1\r\nHost: hub\r\n\r\n").as_bytes()).await.ok()?;
+    // Read to the end: the connection must close after the answer (HTTP/1.1 keeps it open otherwise).
+    stream.write_all(format!("GET {path} HTTP/1.1\r\nHost: hub\r\nConnection: close\r\n\r\n").as_bytes()).await.ok()?;
     let mut response = String::new();
     stream.read_to_string(&mut response).await.ok()?;
     let code = response.split_whitespace().nth(1)?.parse().ok()?;
