@@ -1,10 +1,14 @@
-//! The book (`docs/src/`) and the Markdown at the top of the repository (README.md, CHANGELOG.md,
-//! SECURITY.md) keep working as documentation: every relative link leads to a file that exists, and
-//! every `#anchor` to a heading of its page (with mdBook's slugs); a link in the book stays inside the
-//! book, which is all `mdbook build` publishes; SUMMARY.md lists every page; and every code sample in a
-//! language we can check still parses — YAML (`serde_yaml`, every document), JSON (`serde_json`),
-//! Python (`ast.parse`), JavaScript (`node --check`), shell (`bash -n`). TOML samples are not checked:
-//! no TOML parser is among the crate's dependencies (`book.toml` itself is parsed by `make docs`).
+//! The book (`docs/src/`), the Markdown at the top of the repository (README.md, CHANGELOG.md,
+//! SECURITY.md) and the benchmark's notes (bench/NOTES.md) keep working as documentation: every relative
+//! link leads to a file that exists, and every `#anchor` to a heading of its page (with mdBook's slugs); a
+//! link in the book stays inside the book, which is all `mdbook build` publishes; SUMMARY.md lists every
+//! page; and every code sample in a language we can check still parses — YAML (`serde_yaml`, every
+//! document), JSON (`serde_json`), Python (`ast.parse`), JavaScript (`node --check`), shell (`bash -n`).
+//! TOML samples are not checked: no TOML parser is among the crate's dependencies (`book.toml` itself is
+//! parsed by `make docs`).
+//!
+//! The README's figures table is a copy of the performance page's, which is their source: the lines
+//! between `<!-- figures:begin -->` and `<!-- figures:end -->` must be the same in both.
 //!
 //! Needs no cluster, only `python3`, `node` and `bash`, which `make test` needs anyway.
 
@@ -268,7 +272,65 @@ fn broken_samples(root: &Path, files: &[PathBuf]) -> (Vec<String>, usize) {
 }
 
 const BOOK: &str = "docs/src";
-const TOP: [&str; 3] = ["README.md", "CHANGELOG.md", "SECURITY.md"];
+const TOP: [&str; 4] = ["README.md", "CHANGELOG.md", "SECURITY.md", "bench/NOTES.md"];
+
+// The figures: the performance page's table is their source, the README's a copy of it.
+
+const FIGURES_BEGIN: &str = "<!-- figures:begin -->";
+const FIGURES_END: &str = "<!-- figures:end -->";
+const FIGURES_SOURCE: &str = "docs/src/performance.md";
+const FIGURES_COPY: &str = "README.md";
+
+/// The lines of `text` between its figures markers, each with its line number (from 1), blank lines at
+/// either end left out; `Err` saying why when a marker is missing, repeated, or the end comes first.
+fn figures(text: &str) -> Result<Vec<(usize, &str)>, String> {
+    let lines: Vec<(usize, &str)> = text.lines().enumerate().map(|(i, line)| (i + 1, line)).collect();
+    let find = |marker: &str| match lines.iter().filter(|(_, line)| line.trim() == marker).collect::<Vec<_>>()[..] {
+        [(at, _)] => Ok(*at),
+        [] => Err(format!("no line {marker}")),
+        _ => Err(format!("{marker} more than once")),
+    };
+    let (begin, end) = (find(FIGURES_BEGIN)?, find(FIGURES_END)?);
+    if end < begin {
+        return Err(format!("{FIGURES_END} (line {end}) before {FIGURES_BEGIN} (line {begin})"));
+    }
+    let inside = &lines[begin..end - 1];
+    let filled = |(_, line): &&(usize, &str)| !line.trim().is_empty();
+    let first = inside.iter().position(|line| filled(&line)).unwrap_or(inside.len());
+    let last = inside.iter().rposition(|line| filled(&line)).map_or(first, |at| at + 1);
+    Ok(inside[first..last].to_vec())
+}
+
+/// What turns `source` into `copy`, line by line (a longest common subsequence): `-<line>: text` for a
+/// line only `source` has, `+<line>: text` for one only `copy` has, with their own line numbers. Empty
+/// when the texts are the same.
+fn line_diff(source: &[(usize, &str)], copy: &[(usize, &str)]) -> Vec<String> {
+    let (n, m) = (source.len(), copy.len());
+    // common[i][j]: the longest common subsequence of source[i..] and copy[j..].
+    let mut common = vec![vec![0usize; m + 1]; n + 1];
+    for i in (0..n).rev() {
+        for j in (0..m).rev() {
+            common[i][j] = if source[i].1 == copy[j].1 {
+                common[i + 1][j + 1] + 1
+            } else {
+                common[i + 1][j].max(common[i][j + 1])
+            };
+        }
+    }
+    let (mut i, mut j, mut out) = (0, 0, Vec::new());
+    while i < n || j < m {
+        if i < n && j < m && source[i].1 == copy[j].1 {
+            (i, j) = (i + 1, j + 1);
+        } else if j == m || (i < n && common[i + 1][j] >= common[i][j + 1]) {
+            out.push(format!("-{}: {}", source[i].0, source[i].1));
+            i += 1;
+        } else {
+            out.push(format!("+{}: {}", copy[j].0, copy[j].1));
+            j += 1;
+        }
+    }
+    out
+}
 
 #[test]
 fn every_relative_link_leads_to_a_file_and_heading_that_exist() {
@@ -292,6 +354,24 @@ fn every_code_sample_in_a_checked_language_parses() {
     let (broken, checked) = broken_samples(&root, &files);
     assert!(broken.is_empty(), "samples that no longer parse:\n{}", broken.join("\n"));
     assert!(checked > 0, "no sample was checked");
+}
+
+#[test]
+fn the_readmes_figures_are_a_copy_of_the_performance_pages() {
+    let root = repo_root();
+    let read = |file: &str| std::fs::read_to_string(root.join(file)).unwrap_or_else(|e| panic!("{file}: {e}"));
+    let (source_text, copy_text) = (read(FIGURES_SOURCE), read(FIGURES_COPY));
+    let source = figures(&source_text).unwrap_or_else(|why| panic!("{FIGURES_SOURCE}: {why}"));
+    let copy = figures(&copy_text).unwrap_or_else(|why| panic!("{FIGURES_COPY}: {why}"));
+    assert!(source.iter().any(|(_, line)| line.starts_with('|')), "{FIGURES_SOURCE}: no table between the markers");
+    let diff = line_diff(&source, &copy);
+    assert!(
+        diff.is_empty(),
+        "the figures in {FIGURES_COPY} are not those of {FIGURES_SOURCE}, their source: change the source, then \
+         copy what is between {FIGURES_BEGIN} and {FIGURES_END} into {FIGURES_COPY}.\n\
+         - {FIGURES_SOURCE}, + {FIGURES_COPY}, with line numbers:\n{}",
+        diff.join("\n")
+    );
 }
 
 // The checks themselves, on a made-up book, so that a check that passes is one that could have failed.
@@ -350,4 +430,30 @@ fn a_sample_that_does_not_parse_is_reported_in_each_checked_language() {
     let (broken, checked) = broken_samples(repo.path(), &[PathBuf::from("good.md")]);
     assert!(broken.is_empty(), "{broken:#?}");
     assert_eq!(checked, 2, "the text block is not checked");
+}
+
+#[test]
+fn a_changed_or_added_figure_and_a_missing_marker_are_reported() {
+    let source = concat!(
+        "# Figures\n<!-- figures:begin -->\n\n",
+        "| what | s |\n|---|---|\n| backlog | 31.10 |\n| update | 39.93 |\n",
+        "\n<!-- figures:end -->\n",
+    );
+    let changed = format!("intro\n\n{}", source.replace("31.10", "31.20"));
+    let added = source.replace("| update |", "| idle | 0 |\n| update |");
+    fn lines(text: &str) -> Vec<(usize, &str)> {
+        figures(text).unwrap()
+    }
+    assert_eq!(lines(source).first(), Some(&(4, "| what | s |")), "blank lines at the ends are left out");
+    assert!(line_diff(&lines(source), &lines(source)).is_empty());
+    assert_eq!(line_diff(&lines(source), &lines(&changed)), ["-6: | backlog | 31.10 |", "+8: | backlog | 31.20 |"]);
+    assert_eq!(line_diff(&lines(source), &lines(&added)), ["+7: | idle | 0 |"]);
+    assert_eq!(line_diff(&lines(&added), &lines(source)), ["-7: | idle | 0 |"]);
+    assert_eq!(figures("| a |\n").unwrap_err(), format!("no line {FIGURES_BEGIN}"));
+    assert_eq!(figures(&source.replace(FIGURES_END, "")).unwrap_err(), format!("no line {FIGURES_END}"));
+    assert_eq!(
+        figures(&format!("{FIGURES_END}\n{FIGURES_BEGIN}\n")).unwrap_err(),
+        format!("{FIGURES_END} (line 1) before {FIGURES_BEGIN} (line 2)")
+    );
+    assert!(figures(&format!("{source}{FIGURES_BEGIN}\n")).unwrap_err().contains("more than once"));
 }
