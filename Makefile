@@ -21,7 +21,7 @@ node-down: ## stop the real node and undo what it did to the machine (mounts, cg
 
 # ---- the two commands of the README -------------------------------------------------------------
 
-.PHONY: demo test fmt-check clippy doc docs docs-gen unit integration chaos bench bench-requests bench-hooks crds hook-libs hook-types image chart-readme failover shards
+.PHONY: demo test fmt-check clippy doc docs docs-gen unit integration chaos bench bench-requests bench-hooks crds hook-libs hook-types hook-wire-types image chart-readme failover shards
 
 demo: ## the hello-world controller end to end on the local control plane
 	@bash examples-python/hello-world/demo.sh
@@ -58,6 +58,9 @@ hook-libs: hook-types ## tests of the Python and Node hook helper libraries, ins
 	@if [ -d examples-js/metahook-hooks/test ]; then \
 	  TSC=$(HOOK_TOOLS)/node/node_modules/.bin/tsc TYPE_ROOTS=$(HOOK_TOOLS)/node/node_modules/@types \
 	  node --test examples-js/metahook-hooks/test/; fi
+
+hook-wire-types: ## regenerate the hook libraries' wire types (wire_gen.py, wire.d.ts) from the Rust types in src/hooks/wire.rs
+	METAHOOK_UPDATE_WIRE_TYPES=1 cargo test --locked --lib tools::wiretypes::tests::checked_in_wire_types_match_the_rust_types
 
 hook-types: ## mypy --strict and tsc --strict over the hook libraries and every example (pinned tools, target/hook-tools)
 	@HOOK_TOOLS=$(HOOK_TOOLS) bash tests/hook-types/check.sh

@@ -250,7 +250,7 @@ fi
 # ---- hooks-node ------------------------------------------------------------------------------------
 REF=metahook.local/hooks-node:$VERSION
 JSLIB=$ROOT/examples-js/metahook-hooks
-mapfile -t jsfiles < <(cd "$JSLIB" && { printf '%s\n' package.json index.js index.d.ts README.md && find src -type f; } | LC_ALL=C sort)
+mapfile -t jsfiles < <(cd "$JSLIB" && { printf '%s\n' package.json index.js index.d.ts wire.d.ts README.md && find src -type f; } | LC_ALL=C sort)
 declare -A NODE=()
 DEB_SKIP[python3]=1 # nodejs depends on it for npm's node-gyp, not in the image
 deb_closure NODE nodejs ca-certificates base-files

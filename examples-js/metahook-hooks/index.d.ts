@@ -1,9 +1,27 @@
 /**
  * Types of metahook-hooks: the hook wire protocol (Metacontroller v1/v2 plus metahook's `events`
  * extension) and the library's functions. Field names are the JSON names.
+ *
+ * The request and response bodies are generated from the hub's own (Rust) types into `wire.d.ts`
+ * (`make hook-wire-types`, which a test keeps current) and re-exported here; the Kubernetes object
+ * types they are generic over (`KubeObject`, `ObjectMap`, ...) are written by hand below.
  */
 
 import type { Server } from "node:http";
+
+import type {
+  CompositeRequest,
+  CompositeResponse,
+  CustomizeRequest,
+  CustomizeResponse,
+  DecoratorRequest,
+  DecoratorResponse,
+  HookEvent,
+  LabelSelector,
+  RelatedResourceRule,
+} from "./wire.js";
+
+export * from "./wire.js";
 
 /** `metadata` of a Kubernetes object (the fields hooks usually read; others are `unknown`). */
 export interface ObjectMeta {
@@ -68,100 +86,12 @@ export type ObjectTypes = Record<string, KubeObject>;
  */
 export type ObjectMap<Types extends ObjectTypes = ObjectTypes> = { [Type in keyof Types]: Record<string, Types[Type]> };
 
-/** An Event the hub records on the parent (metahook extension; Metacontroller ignores it). */
-export interface HookEvent {
-  type: "Normal" | "Warning";
-  reason: string;
-  message: string;
-}
-
-/**
- * Body of a CompositeController `sync` or `finalize` call, typed by its parent and its declared child
- * types: `CompositeRequest<Greeting, { "Pod.v1": Pod }>` makes `childrenOf(request, "Pod.v1")` a
- * `Pod[]`, and a misspelt type key a compile error.
- */
-export interface CompositeRequest<
-  Parent extends KubeObject = KubeObject,
-  Children extends ObjectTypes = ObjectTypes,
-  Related extends ObjectTypes = ObjectTypes,
-> {
-  controller: KubeObject;
-  parent: Parent;
-  children: ObjectMap<Children>;
-  related: ObjectMap<Related>;
-  finalizing: boolean;
-}
-
 /** `Request<Parent, Children>`: the composite request, the one most hooks take. */
 export type Request<
   Parent extends KubeObject = KubeObject,
   Children extends ObjectTypes = ObjectTypes,
   Related extends ObjectTypes = ObjectTypes,
 > = CompositeRequest<Parent, Children, Related>;
-
-/** Answer to a CompositeController `sync` or `finalize` call. */
-export interface CompositeResponse {
-  status?: Record<string, unknown> | null;
-  children?: KubeObject[];
-  resyncAfterSeconds?: number;
-  finalized?: boolean;
-  events?: HookEvent[];
-}
-
-/** Body of a DecoratorController `sync` or `finalize` call (the target is `object`). */
-export interface DecoratorRequest<
-  Target extends KubeObject = KubeObject,
-  Attachments extends ObjectTypes = ObjectTypes,
-  Related extends ObjectTypes = ObjectTypes,
-> {
-  controller: KubeObject;
-  object: Target;
-  attachments: ObjectMap<Attachments>;
-  related: ObjectMap<Related>;
-  finalizing: boolean;
-}
-
-/** Answer to a DecoratorController call; labels/annotations merge (`null` deletes a key). */
-export interface DecoratorResponse {
-  labels?: Record<string, string | null>;
-  annotations?: Record<string, string | null>;
-  status?: Record<string, unknown> | null;
-  attachments?: KubeObject[];
-  resyncAfterSeconds?: number;
-  finalized?: boolean;
-  events?: HookEvent[];
-}
-
-export interface LabelSelectorRequirement {
-  key: string;
-  operator: "In" | "NotIn" | "Exists" | "DoesNotExist";
-  values?: string[];
-}
-
-export interface LabelSelector {
-  matchLabels?: Record<string, string>;
-  matchExpressions?: LabelSelectorRequirement[];
-}
-
-/** One kind of related object a customize hook asks for (`names` excludes the selectors). */
-export interface RelatedResourceRule {
-  apiVersion: string;
-  resource: string;
-  labelSelector?: LabelSelector;
-  namespaceSelector?: LabelSelector;
-  namespace?: string;
-  names?: string[];
-}
-
-/** Body of a `customize` call, for both controller kinds (the target is `parent` here too). */
-export interface CustomizeRequest<Parent extends KubeObject = KubeObject> {
-  controller: KubeObject;
-  parent: Parent;
-}
-
-export interface CustomizeResponse {
-  relatedResources: RelatedResourceRule[];
-}
 
 export type HookRequest = CompositeRequest | DecoratorRequest | CustomizeRequest;
 export type HookResponse = CompositeResponse | DecoratorResponse | CustomizeResponse;

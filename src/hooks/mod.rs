@@ -1,6 +1,7 @@
 //! The hook wire protocol (Metacontroller v1 and v2) and the client that calls hooks.
 //!
-//! Wire types mirror the JSON exactly; what the engine does with a response (validation, applying)
+//! The request and response bodies ([`wire`]) mirror the JSON exactly, and are the source of the helper
+//! libraries' Python and TypeScript types; what the engine does with a response (validation, applying)
 //! lives in [`crate::controllers::composite`]. Objects travel as `serde_json::Value` because hooks may return any
 //! kind, including kinds this binary has never heard of.
 //!
@@ -20,6 +21,7 @@ pub mod identity;
 pub mod metrics;
 pub mod pool;
 pub mod settings;
+pub mod wire;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -27,7 +29,7 @@ use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::DynamicObject;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use serde_json::Value;
 
 pub use self::credentials::CredentialError;
@@ -36,6 +38,11 @@ pub use self::endpoint::Endpoint;
 pub use self::metrics::{HookKind, HookLabels, HookMetrics};
 use self::pool::Pool;
 pub use self::settings::SettingsError;
+pub(crate) use self::wire::{COMPOSITE_RESPONSE_FIELDS, CUSTOMIZE_RESPONSE_FIELDS, DECORATOR_RESPONSE_FIELDS};
+pub use self::wire::{
+    CompositeRequest, CompositeResponse, CustomizeRequest, CustomizeResponse, DecoratorRequest, DecoratorResponse,
+    HookEvent, RelatedResourceRule,
+};
 use crate::api::{EndpointConfig, Hook, HookVersion, UnmarshalMode};
 
 /// `children`, `attachments` and `related` maps: `"Kind.group/version"` → object key → object.
@@ -127,133 +134,6 @@ impl Serialize for MetadataView<'_> {
 #[must_use]
 pub fn for_hooks(obj: &DynamicObject) -> Value {
     serde_json::to_value(ObjectView(obj)).unwrap_or(Value::Null)
-}
-
-/// Request body of a CompositeController `sync` or `finalize` hook.
-#[derive(Debug, Serialize)]
-pub struct CompositeRequest<'a> {
-    pub controller: &'a Value,
-    pub parent: &'a Value,
-    pub children: &'a ObjectMaps,
-    pub related: &'a ObjectMaps,
-    pub finalizing: bool,
-}
-
-/// Response body of a CompositeController `sync` or `finalize` hook.
-#[derive(Debug, Default, Clone, PartialEq, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct CompositeResponse {
-    /// Replaces the parent's `.status`; `null` means "no status" (only `observedGeneration` is kept).
-    #[serde(default)]
-    pub status: Option<Value>,
-    /// Every child that should exist; a child missing here is deleted.
-    #[serde(default, deserialize_with = "null_as_default")]
-    pub children: Vec<Value>,
-    /// Sync this parent again after this many seconds (fractions allowed); `0` or absent = no resync.
-    #[serde(default)]
-    pub resync_after_seconds: Option<f64>,
-    /// With `finalizing: true`: the parent may now be let go (the finalizer is removed).
-    #[serde(default)]
-    pub finalized: bool,
-    /// metahook extension: Events to record on the parent (Metacontroller hooks never send it).
-    #[serde(default, deserialize_with = "null_as_default")]
-    pub events: Vec<HookEvent>,
-}
-
-pub(crate) const COMPOSITE_RESPONSE_FIELDS: &[&str] =
-    &["status", "children", "resyncAfterSeconds", "finalized", "events"];
-
-/// Request body of a `customize` hook (both controller kinds send `parent`).
-#[derive(Debug, Serialize)]
-pub struct CustomizeRequest<'a> {
-    pub controller: &'a Value,
-    pub parent: &'a Value,
-}
-
-/// Response body of a `customize` hook.
-#[derive(Debug, Default, Clone, PartialEq, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct CustomizeResponse {
-    #[serde(default, deserialize_with = "null_as_default")]
-    pub related_resources: Vec<RelatedResourceRule>,
-}
-
-const CUSTOMIZE_RESPONSE_FIELDS: &[&str] = &["relatedResources"];
-
-/// Which objects a parent wants to see as `related`.
-#[derive(Debug, Default, Clone, PartialEq, Deserialize, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct RelatedResourceRule {
-    pub api_version: String,
-    pub resource: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub label_selector: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub namespace_selector: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub namespace: Option<String>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub names: Vec<String>,
-}
-
-/// Request body of a DecoratorController `sync` or `finalize` hook.
-#[derive(Debug, Serialize)]
-pub struct DecoratorRequest<'a> {
-    pub controller: &'a Value,
-    pub object: &'a Value,
-    pub attachments: &'a ObjectMaps,
-    pub related: &'a ObjectMaps,
-    pub finalizing: bool,
-}
-
-/// Response body of a DecoratorController `sync` or `finalize` hook.
-#[derive(Debug, Default, Clone, PartialEq, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct DecoratorResponse {
-    /// Merged into the target's labels; `null` deletes a key, unspecified keys are untouched.
-    #[serde(default, deserialize_with = "null_as_default")]
-    pub labels: BTreeMap<String, Option<String>>,
-    /// Merged into the target's annotations, like `labels`.
-    #[serde(default, deserialize_with = "null_as_default")]
-    pub annotations: BTreeMap<String, Option<String>>,
-    /// Replaces `.status` when present; `null` or absent leaves it alone.
-    #[serde(default)]
-    pub status: Option<Value>,
-    #[serde(default, deserialize_with = "null_as_default")]
-    pub attachments: Vec<Value>,
-    #[serde(default)]
-    pub resync_after_seconds: Option<f64>,
-    #[serde(default)]
-    pub finalized: bool,
-    /// metahook extension, as in [`CompositeResponse::events`].
-    #[serde(default, deserialize_with = "null_as_default")]
-    pub events: Vec<HookEvent>,
-}
-
-const DECORATOR_RESPONSE_FIELDS: &[&str] =
-    &["labels", "annotations", "status", "attachments", "resyncAfterSeconds", "finalized", "events"];
-
-/// An Event a hook asks the hub to record on the object it was called for (metahook extension).
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
-pub struct HookEvent {
-    /// `Normal` or `Warning`.
-    #[serde(rename = "type", default = "normal")]
-    pub type_: String,
-    pub reason: String,
-    #[serde(default)]
-    pub message: String,
-}
-
-fn normal() -> String {
-    "Normal".to_owned()
-}
-
-fn null_as_default<'de, D, T>(d: D) -> Result<T, D::Error>
-where
-    D: serde::Deserializer<'de>,
-    T: Default + Deserialize<'de>,
-{
-    Option::<T>::deserialize(d).map(Option::unwrap_or_default)
 }
 
 /// Outer key of an object map: `Kind.version` for the core group, else `Kind.group/version`.

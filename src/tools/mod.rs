@@ -1,8 +1,9 @@
 //! Stage 7, tools: the command line ([`cli`]; Metacontroller's, [`metacontroller`], in Go's syntax,
 //! [`goflag`]; its logs, [`logs`]) and what it runs besides the hub — `metahook render`
 //! ([`render`]), `metahook migrate --dry-run` ([`migrate`]), the CRDs ([`crds`]) and least-privilege roles
-//! ([`rbac`]), an operator's view of the controllers (`metahook status`, [`status`]), and the book's
-//! generated reference pages ([`reference`](mod@reference)).
+//! ([`rbac`]), an operator's view of the controllers (`metahook status`, [`status`]), the book's
+//! generated reference pages ([`reference`](mod@reference)), and the hook libraries' Python and
+//! TypeScript wire types, generated from the Rust ones ([`wiretypes`]).
 //!
 //! May import: anything.
 
@@ -16,3 +17,4 @@ pub mod rbac;
 pub mod reference;
 pub mod render;
 pub mod status;
+pub mod wiretypes;

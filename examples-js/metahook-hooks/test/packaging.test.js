@@ -45,7 +45,7 @@ test("npm pack ships exactly the library, and a hook runs on the installed tarba
   const shipped = packed.files.map((f) => f.path).sort();
   assert.deepEqual(
     shipped.filter((p) => !p.startsWith("src/")),
-    ["README.md", "index.d.ts", "index.js", "package.json"],
+    ["README.md", "index.d.ts", "index.js", "package.json", "wire.d.ts"],
     "no tests or fixtures in the package",
   );
   const sources = readdirSync(join(LIBRARY, "src")).map((f) => `src/${f}`).sort();
