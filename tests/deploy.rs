@@ -15,6 +15,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use metahook::ops::config::{Config, ConfigOverrides};
+use metahook::ops::yaml;
 use serde_json::Value;
 
 fn kubeconfig() -> PathBuf {
@@ -43,10 +44,7 @@ fn run_verify(out: &Path) {
 /// Every object of a multi-document YAML rendering.
 fn objects(path: &Path) -> Vec<Value> {
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
-    serde_yaml::Deserializer::from_str(&text)
-        .map(|doc| serde::Deserialize::deserialize(doc).expect("valid YAML"))
-        .filter(|v: &Value| !v.is_null())
-        .collect()
+    yaml::from_documents(&text).expect("valid YAML")
 }
 
 fn one<'a>(objs: &'a [Value], kind: &str) -> &'a Value {
@@ -83,7 +81,7 @@ fn normalised(mut obj: Value) -> Value {
     if kind == "ConfigMap"
         && let Some(file) = obj["data"].get_mut("metahook.yaml")
     {
-        *file = serde_yaml::from_str(file.as_str().unwrap()).expect("the config file is YAML");
+        *file = yaml::from_str(file.as_str().unwrap()).expect("the config file is YAML");
     }
     if kind == "Deployment" {
         let template = &mut obj["spec"]["template"];
@@ -512,7 +510,7 @@ fn promql_expressions() -> Vec<(String, String)> {
 /// (group name, rule) of every rule in deploy/prometheus/metahook.rules.yaml.
 fn alert_rules() -> Vec<(String, Value)> {
     let text = std::fs::read_to_string(support::repo_root().join("deploy/prometheus/metahook.rules.yaml")).unwrap();
-    let file: Value = serde_yaml::from_str(&text).unwrap();
+    let file: Value = yaml::from_str(&text).unwrap();
     file["groups"]
         .as_array()
         .unwrap()
@@ -677,7 +675,7 @@ struct ValueKey {
     children: Vec<ValueKey>,
 }
 
-/// The keys of a values.yaml with their comments, read line by line (serde_yaml drops comments).
+/// The keys of a values.yaml with their comments, read line by line (a YAML reader drops comments).
 fn value_keys(text: &str) -> Vec<ValueKey> {
     // (indent, key) for every key line, with its doc.
     let mut flat: Vec<(usize, String, String)> = Vec::new();
@@ -744,7 +742,7 @@ fn values_table(text: &str) -> String {
             out.push(format!("| `{}` | `{}` | {text} |", key.path, cell(&default)));
         }
     }
-    let defaults: Value = serde_yaml::from_str(text).expect("values.yaml is YAML");
+    let defaults: Value = yaml::from_str(text).expect("values.yaml is YAML");
     let mut out = vec!["| Key | Default | Description |".to_owned(), "|---|---|---|".to_owned()];
     let mut undocumented = Vec::new();
     rows(&value_keys(text), &defaults, &mut out, &mut undocumented);

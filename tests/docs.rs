@@ -2,7 +2,7 @@
 //! SECURITY.md) and the benchmark's notes (bench/NOTES.md) keep working as documentation: every relative
 //! link leads to a file that exists, and every `#anchor` to a heading of its page (with mdBook's slugs); a
 //! link in the book stays inside the book, which is all `mdbook build` publishes; SUMMARY.md lists every
-//! page; and every code sample in a language we can check still parses — YAML (`serde_yaml`, every
+//! page; and every code sample in a language we can check still parses — YAML (as metahook reads it, every
 //! document), JSON (`serde_json`), Python (`ast.parse`), JavaScript (`node --check`), shell (`bash -n`).
 //! TOML samples are not checked: no TOML parser is among the crate's dependencies (`book.toml` itself is
 //! parsed by `make docs`).
@@ -237,9 +237,9 @@ fn run(program: &str, args: &[&str], input: &str) -> Result<(), String> {
 /// Whether `code` parses as `language`; `None` for a language not checked.
 fn check_sample(language: &str, code: &str, scratch: &Path) -> Option<Result<(), String>> {
     Some(match language {
-        "yaml" | "yml" => serde_yaml::Deserializer::from_str(code)
-            .try_for_each(|doc| serde::Deserialize::deserialize(doc).map(|_: serde_yaml::Value| ()))
-            .map_err(|e| e.to_string()),
+        "yaml" | "yml" => {
+            metahook::ops::yaml::from_documents::<serde_json::Value>(code).map(|_| ()).map_err(|e| e.to_string())
+        }
         "json" => serde_json::from_str::<serde_json::Value>(code).map(|_| ()).map_err(|e| e.to_string()),
         "python" | "py" => run("python3", &["-c", "import ast, sys; ast.parse(sys.stdin.read())"], code),
         "js" | "javascript" | "mjs" => {

@@ -16,6 +16,7 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use metahook::ops::yaml;
 use serde_json::{Value, json};
 
 /// The examples: directory, the library's files the Pod must get, and the controller's name.
@@ -38,10 +39,7 @@ impl Example {
             .expect("running kubectl kustomize");
         assert!(out.status.success(), "kubectl kustomize {}: {}", self.dir, String::from_utf8_lossy(&out.stderr));
         let text = String::from_utf8(out.stdout).unwrap();
-        serde_yaml::Deserializer::from_str(&text)
-            .map(|doc| serde::Deserialize::deserialize(doc).expect("valid YAML"))
-            .filter(|v: &Value| !v.is_null())
-            .collect()
+        yaml::from_documents(&text).expect("valid YAML")
     }
 
     /// The library files a Pod must see: every module of the helper library.
@@ -190,7 +188,7 @@ async fn check_manifests(example: Example) {
     }
     let dir = tempfile::tempdir().unwrap();
     let rendered = dir.path().join("rendered.yaml");
-    let text: String = docs.iter().map(|d| format!("---\n{}", serde_yaml::to_string(d).unwrap())).collect();
+    let text: String = docs.iter().map(|d| format!("---\n{}", yaml::to_string(d).unwrap())).collect();
     std::fs::write(&rendered, text).unwrap();
     let out = Command::new(kubectl())
         .args(["apply", "--dry-run=server", "--validate=strict", "-f"])
@@ -335,7 +333,7 @@ async fn reqwest_get(url: &str) -> Option<u16> {
 /// One sync call, as the hub would make it for the example's sample Greeting.
 async fn sync_once(example: Example, port: u16) -> Value {
     let path = support::repo_root().join(example.dir).join("greeting.yaml");
-    let mut parent: Value = serde_yaml::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let mut parent: Value = yaml::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     parent["metadata"]["namespace"] = json!("default");
     parent["metadata"]["generation"] = json!(1);
     let body = json!({"controller": {}, "parent": parent, "children": {"ConfigMap.v1": {}}, "related": {}, "finalizing": false});
@@ -419,10 +417,9 @@ async fn hub_calls_the_hook_by_its_service_name(example: Example) {
     account.grant(&roles).await;
     let hub = support::Hub::start_with_config(&account.client, &label, config);
 
-    let mut greeting: Value = serde_yaml::from_str(
-        &std::fs::read_to_string(support::repo_root().join(example.dir).join("greeting.yaml")).unwrap(),
-    )
-    .unwrap();
+    let mut greeting: Value =
+        yaml::from_str(&std::fs::read_to_string(support::repo_root().join(example.dir).join("greeting.yaml")).unwrap())
+            .unwrap();
     greeting["metadata"]["namespace"] = json!(ns.name);
     greeting["metadata"]["labels"] = json!({"metahook-test": label});
     support::apply_value(&client, &greeting).await;

@@ -15,6 +15,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use kube::api::{DeleteParams, Patch, PatchParams};
+use metahook::ops::yaml;
 use serde_json::{Value, json};
 use support::{
     AUDITED_NAMESPACE, ExampleHook, Hub, HubAccount, HubProcess, TestNamespace, api, apply_docs, apply_value,
@@ -53,7 +54,7 @@ async fn a_hub_limited_to_two_namespaces_syncs_there_on_their_roles_and_never_li
     // What `metahook rbac --namespaces a,b` prints: the base ClusterRole, and the controller's grants as a
     // Role + RoleBinding in a and in b; no ClusterRole for the controller.
     let file = tempfile::NamedTempFile::new().unwrap();
-    std::fs::write(file.path(), serde_yaml::to_string(&controller).unwrap()).unwrap();
+    std::fs::write(file.path(), yaml::to_string(&controller).unwrap()).unwrap();
     let user_name = format!("hub-{}", support::unique_suffix());
     let account_arg = format!("{AUDITED_NAMESPACE}/{user_name}");
     let namespaces_arg = format!("{},{}", a.name, b.name);

@@ -11,6 +11,7 @@ use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::api::rbac::v1::{AggregationRule, ClusterRole, ClusterRoleBinding, RoleRef, Subject};
 use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
+use metahook::ops::yaml;
 use metahook::tools::rbac::AGGREGATE_LABEL;
 use serde_json::{Value, json};
 use support::{
@@ -90,16 +91,14 @@ async fn a_hub_with_only_the_printed_roles_runs_an_example_and_reports_a_forbidd
     roles.create(&PostParams::default(), &hub_role).await.unwrap();
     // The roles exactly as `metahook rbac --base -f controller.yaml` prints them, relabelled for this test.
     let file = tempfile::NamedTempFile::new().unwrap();
-    std::fs::write(file.path(), serde_yaml::to_string(&controller_doc).unwrap()).unwrap();
+    std::fs::write(file.path(), yaml::to_string(&controller_doc).unwrap()).unwrap();
     let output = std::process::Command::new(env!("CARGO_BIN_EXE_metahook"))
         .args(["rbac", "--base", "-f"])
         .arg(file.path())
         .output()
         .unwrap();
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
-    let mut printed: Vec<ClusterRole> = serde_yaml::Deserializer::from_str(&String::from_utf8(output.stdout).unwrap())
-        .map(|doc| serde::Deserialize::deserialize(doc).unwrap())
-        .collect();
+    let mut printed: Vec<ClusterRole> = yaml::from_documents(&String::from_utf8(output.stdout).unwrap()).unwrap();
     assert_eq!(printed.len(), 2, "the base role and the controller's");
     for role in &mut printed {
         assert_eq!(role.labels().get(AGGREGATE_LABEL).map(String::as_str), Some("true"));

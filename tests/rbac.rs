@@ -8,6 +8,7 @@ mod support;
 use std::time::Duration;
 
 use kube::api::{DeleteParams, Patch, PatchParams};
+use metahook::ops::yaml;
 use serde_json::{Value, json};
 use support::{ExampleHook, Hub, HubAccount, Pki, TestNamespace, api, apply_docs, apply_value, eventually};
 
@@ -37,7 +38,7 @@ async fn a_hub_reads_its_hooks_tls_secrets_with_the_printed_credential_roles_and
 
     // What `metahook rbac` prints for it: the base and controller ClusterRoles, and the credentials.
     let file = tempfile::NamedTempFile::new().unwrap();
-    std::fs::write(file.path(), serde_yaml::to_string(&controller[0]).unwrap()).unwrap();
+    std::fs::write(file.path(), yaml::to_string(&controller[0]).unwrap()).unwrap();
     let hub_account = format!("{}/hub", ns.name);
     let printed =
         support::metahook_rbac(&["--base", "-f", file.path().to_str().unwrap(), "--service-account", &hub_account]);

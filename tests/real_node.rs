@@ -23,6 +23,7 @@ use std::process::{Command, Stdio};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+use metahook::ops::yaml;
 use serde_json::{Value, json};
 
 /// The namespace of the chart's release (audited).
@@ -107,10 +108,7 @@ fn helm(args: &[&str]) -> String {
 }
 
 fn yaml_docs(text: &str) -> Vec<Value> {
-    serde_yaml::Deserializer::from_str(text)
-        .map(|doc| serde::Deserialize::deserialize(doc).expect("valid YAML"))
-        .filter(|v: &Value| !v.is_null())
-        .collect()
+    yaml::from_documents(text).expect("valid YAML")
 }
 
 /// Polls `check` every half second until it gives a value; panics naming `what` after `timeout`.
@@ -286,7 +284,7 @@ fn hello_world(namespace: &str, label: &str) -> String {
     for role in support::metahook_rbac(&["-f", controller_file.to_str().unwrap()]) {
         docs.push(role);
     }
-    let mut controller: Value = serde_yaml::from_str(&std::fs::read_to_string(&controller_file).unwrap()).unwrap();
+    let mut controller: Value = yaml::from_str(&std::fs::read_to_string(&controller_file).unwrap()).unwrap();
     controller["metadata"]["name"] = json!(controller_name);
     controller["metadata"]["labels"] = json!({"metahook-test": label});
     controller["spec"]["parentResource"]["labelSelector"] = json!({"matchLabels": {"metahook-test": label}});
@@ -331,7 +329,7 @@ fn hello_world(namespace: &str, label: &str) -> String {
 
 /// A HelloWorld parent; its Pods (busybox, `echo` the greeting) really run: their logs say it.
 fn hello_world_greets(namespace: &str, label: &str, name: &str, who: &str) {
-    let mut parent: Value = serde_yaml::from_str(
+    let mut parent: Value = yaml::from_str(
         &std::fs::read_to_string(support::repo_root().join("examples-python/hello-world/hello.yaml")).unwrap(),
     )
     .unwrap();
@@ -535,7 +533,7 @@ fn the_chart_runs_the_hub_and_the_hooks_as_pods_on_a_real_node() {
         &(0..greetings).map(|i| greeting(&hooks, &label, &format!("g{i}"), &format!("World {i}"))).collect::<Vec<_>>(),
     );
     greetings_say(&hooks, greetings, |i| format!("World {i}"), "every Greeting's ConfigMap (Python hook)");
-    let js_greeting: Value = serde_yaml::from_str(
+    let js_greeting: Value = yaml::from_str(
         &std::fs::read_to_string(support::repo_root().join("examples-js/in-cluster/greeting.yaml")).unwrap(),
     )
     .unwrap();

@@ -625,7 +625,7 @@ hooks:
       url: https://hooks.example.com/customize
       caBundle: {inline: "-----BEGIN CERTIFICATE-----"}
 "#;
-        let spec: CompositeControllerSpec = serde_yaml::from_str(yaml).unwrap();
+        let spec: CompositeControllerSpec = crate::ops::yaml::from_str(yaml).unwrap();
         let sync = &spec.hooks.as_ref().unwrap().sync.as_ref().unwrap().webhook;
         assert_eq!(sync.authorization.as_ref().unwrap().type_.as_deref(), Some("Token"));
         assert_eq!(
@@ -633,7 +633,7 @@ hooks:
             Some("bundle.pem")
         );
         assert_eq!(spec.endpoint_configs[0].client_tls.as_ref().unwrap().private_key_key.as_deref(), Some("key.pem"));
-        let original: serde_json::Value = serde_yaml::from_str(yaml).unwrap();
+        let original: serde_json::Value = crate::ops::yaml::from_str(yaml).unwrap();
         assert_eq!(serde_json::to_value(&spec).unwrap(), original);
     }
 
@@ -674,10 +674,10 @@ spec:
         service: {name: catset-controller, namespace: metacontroller, port: 8080}
         path: /finalize
 "#;
-        let cc: CompositeController = serde_yaml::from_str(yaml).unwrap();
+        let cc: CompositeController = crate::ops::yaml::from_str(yaml).unwrap();
         assert_eq!(cc.spec.child_resources[0].method(), UpdateMethod::RollingRecreate);
         assert_eq!(cc.spec.child_resources[1].method(), UpdateMethod::OnDelete);
-        let original: serde_json::Value = serde_yaml::from_str(yaml).unwrap();
+        let original: serde_json::Value = crate::ops::yaml::from_str(yaml).unwrap();
         let mut back = serde_json::to_value(&cc).unwrap();
         back.as_object_mut().unwrap().remove("status");
         assert_eq!(back["spec"], original["spec"]);

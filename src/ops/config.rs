@@ -15,7 +15,11 @@ pub enum ConfigError {
     #[error("reading config file {path}: {source}")]
     Read { path: PathBuf, source: std::io::Error },
     #[error("parsing config file {path}: {source}")]
-    Parse { path: PathBuf, source: serde_yaml::Error },
+    Parse { path: PathBuf, source: crate::ops::yaml::Error },
+    /// The file's keys, put over the current settings key by key, are no settings (an unknown key, a value
+    /// of the wrong type): found once merged, so without a position in the file.
+    #[error("parsing config file {path}: {source}")]
+    Overlay { path: PathBuf, source: serde_json::Error },
     #[error("invalid setting {field}: {reason}")]
     Invalid { field: &'static str, reason: String },
 }
@@ -436,16 +440,16 @@ impl Config {
     fn from_file(path: &Path) -> Result<Self, ConfigError> {
         let text =
             std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
-        serde_yaml::from_str(&text).map_err(|source| ConfigError::Parse { path: path.to_owned(), source })
+        crate::ops::yaml::from_str(&text).map_err(|source| ConfigError::Parse { path: path.to_owned(), source })
     }
 
     /// These settings with those the file at `path` sets put over them: keys the file leaves out keep
     /// their value here rather than the built-in default (how Metacontroller's defaults and a
     /// `METAHOOK_CONFIG` file combine). Not validated.
     pub fn overlaid_with_file(&self, path: &Path) -> Result<Self, ConfigError> {
-        fn overlay(base: &mut serde_yaml::Value, over: serde_yaml::Value) {
+        fn overlay(base: &mut serde_json::Value, over: serde_json::Value) {
             match (base, over) {
-                (serde_yaml::Value::Mapping(base), serde_yaml::Value::Mapping(over)) => {
+                (serde_json::Value::Object(base), serde_json::Value::Object(over)) => {
                     for (key, value) in over {
                         match base.get_mut(&key) {
                             Some(slot) => overlay(slot, value),
@@ -456,15 +460,16 @@ impl Config {
                 (slot, value) => *slot = value,
             }
         }
-        let parse = |source| ConfigError::Parse { path: path.to_owned(), source };
+        let merge = |source| ConfigError::Overlay { path: path.to_owned(), source };
         let text =
             std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
-        let mut merged = serde_yaml::to_value(self).map_err(parse)?;
-        let over: serde_yaml::Value = serde_yaml::from_str(&text).map_err(parse)?;
+        let mut merged = serde_json::to_value(self).map_err(merge)?;
+        let over: serde_json::Value =
+            crate::ops::yaml::from_str(&text).map_err(|source| ConfigError::Parse { path: path.to_owned(), source })?;
         if !over.is_null() {
             overlay(&mut merged, over);
         }
-        serde_yaml::from_value(merged).map_err(parse)
+        serde_json::from_value(merged).map_err(merge)
     }
 
     /// Checks the settings together; the error names the setting.
@@ -592,6 +597,7 @@ mod millis {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ops::yaml;
 
     #[test]
     fn documented_default_file_matches_built_in_defaults() {
@@ -617,10 +623,10 @@ mod tests {
 
     #[test]
     fn hook_hosts_are_read_and_checked() {
-        let config: Config = serde_yaml::from_str("hookHosts: {\"greeter.hooks:8080\": \"127.0.0.1:41234\"}").unwrap();
+        let config: Config = yaml::from_str("hookHosts: {\"greeter.hooks:8080\": \"127.0.0.1:41234\"}").unwrap();
         assert_eq!(config.hook_hosts["greeter.hooks:8080"], "127.0.0.1:41234");
         assert!(config.validate().is_ok());
-        let config: Config = serde_yaml::from_str("hookHosts: {\"greeter.hooks\": \"127.0.0.1\"}").unwrap();
+        let config: Config = yaml::from_str("hookHosts: {\"greeter.hooks\": \"127.0.0.1\"}").unwrap();
         let err = config.validate().unwrap_err();
         assert!(err.to_string().contains("hookHosts"), "{err}");
     }
@@ -668,19 +674,19 @@ mod tests {
     #[test]
     fn events_are_limited_only_when_configured() {
         assert_eq!(Config::default().events_limit(), None, "metahook run records every Event, as before");
-        let config: Config = serde_yaml::from_str("eventsQPS: 0.5\neventsBurst: 3").unwrap();
+        let config: Config = yaml::from_str("eventsQPS: 0.5\neventsBurst: 3").unwrap();
         assert_eq!(config.events_limit(), Some(crate::engine::events::Limit { qps: 0.5, burst: 3 }));
-        let config: Config = serde_yaml::from_str("eventsQPS: 1\neventsBurst: 0").unwrap();
+        let config: Config = yaml::from_str("eventsQPS: 1\neventsBurst: 0").unwrap();
         assert!(config.validate().unwrap_err().to_string().contains("eventsBurst"));
-        let config: Config = serde_yaml::from_str("eventsQPS: -1").unwrap();
+        let config: Config = yaml::from_str("eventsQPS: -1").unwrap();
         assert!(config.validate().unwrap_err().to_string().contains("eventsQPS"));
     }
 
     #[test]
     fn metrics_auth_is_read_from_the_file_and_overridden_by_its_flag() {
-        let config: Config = serde_yaml::from_str("metricsAuth: kubernetes").unwrap();
+        let config: Config = yaml::from_str("metricsAuth: kubernetes").unwrap();
         assert_eq!(config.metrics_auth, MetricsAuth::Kubernetes);
-        assert!(serde_yaml::from_str::<Config>("metricsAuth: tls").is_err(), "only the values it knows");
+        assert!(yaml::from_str::<Config>("metricsAuth: tls").is_err(), "only the values it knows");
         let overrides = ConfigOverrides { metrics_auth: Some(MetricsAuth::Kubernetes), ..ConfigOverrides::default() };
         assert_eq!(Config::load(None, &overrides).unwrap().metrics_auth, MetricsAuth::Kubernetes);
         assert_eq!(Config::default().metrics_auth, MetricsAuth::None, "open by default, as Metacontroller's");
@@ -689,7 +695,7 @@ mod tests {
     #[test]
     fn namespaces_come_from_the_file_or_a_comma_separated_flag_and_must_be_names() {
         assert!(Config::default().namespaces.is_empty(), "the whole cluster by default");
-        let config: Config = serde_yaml::from_str("namespaces: [team-a, team-b]").unwrap();
+        let config: Config = yaml::from_str("namespaces: [team-a, team-b]").unwrap();
         assert_eq!(config.namespaces, ["team-a", "team-b"]);
         let overrides =
             ConfigOverrides { namespaces: Some(vec!["a".into(), "b".into()]), ..ConfigOverrides::default() };
@@ -704,7 +710,7 @@ mod tests {
 
     #[test]
     fn sharding_is_read_and_its_ring_must_be_a_label_name() {
-        let config: Config = serde_yaml::from_str("sharding: {enabled: true, ring: web}").unwrap();
+        let config: Config = yaml::from_str("sharding: {enabled: true, ring: web}").unwrap();
         assert!(config.sharding.enabled);
         assert_eq!(config.sharding.ring, "web");
         assert!(config.validate().is_ok());
@@ -722,7 +728,12 @@ mod tests {
 
     #[test]
     fn unknown_keys_in_file_are_rejected() {
-        let err = serde_yaml::from_str::<Config>("workerz: 3").unwrap_err();
+        let err = yaml::from_str::<Config>("workerz: 3").unwrap_err();
         assert!(err.to_string().contains("workerz"), "{err}");
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("metahook.yaml");
+        std::fs::write(&path, "workers: 3\nleaderElection:\n  leaseNme: x\n").unwrap();
+        let err = Config::load(Some(&path), &ConfigOverrides::default()).unwrap_err().to_string();
+        assert!(err.contains("leaseNme") && err.ends_with("at line 3, column 3"), "the key and where it is: {err}");
     }
 }

@@ -3,8 +3,8 @@
 //! election ([`leader`]) and the write gate that makes it safe ([`gate`]), sharding's members and
 //! coordinator ([`ring`]) and the parents' bucket labels ([`labels`]), `/metrics` and health
 //! ([`metrics`]; the process's own from [`process`]; who may read them, [`metrics_auth`]), profiles
-//! ([`pprof`], the heap's from [`heap`]), the HTTP serving under both ([`http`]), traces for an OpenTelemetry collector ([`traces`]), and running
-//! it all ([`run`]).
+//! ([`pprof`], the heap's from [`heap`]), the HTTP serving under both ([`http`]), traces for an OpenTelemetry collector ([`traces`]), the YAML
+//! users write and metahook prints ([`yaml`]), and running it all ([`run`]).
 //!
 //! May import: every stage below (api, cache, hooks, write, engine, controllers).
 
@@ -23,3 +23,4 @@ pub mod process;
 pub mod ring;
 pub mod run;
 pub mod traces;
+pub mod yaml;

@@ -24,6 +24,7 @@ use k8s_openapi::api::rbac::v1::{ClusterRole, PolicyRule, Role, RoleBinding, Rol
 use kube::api::ObjectMeta;
 
 use crate::api::{Authorization, BasicAuth, CaBundle, ClientTls, CompositeController, DecoratorController, Hook};
+use crate::ops::yaml;
 
 /// The label that aggregates a ClusterRole into the hub's.
 pub const AGGREGATE_LABEL: &str = "metahook.dev/aggregate-to-hub";
@@ -45,7 +46,11 @@ pub enum RbacError {
     #[error("reading {path}: {source}")]
     Read { path: String, source: std::io::Error },
     #[error("{path}: {source}")]
-    Parse { path: String, source: serde_yaml::Error },
+    Parse { path: String, source: yaml::Error },
+    /// A controller object that is no controller (a field of the wrong type): found in the document read,
+    /// so without a position in the file.
+    #[error("{path}: {source}")]
+    Controller { path: String, source: serde_json::Error },
     #[error("{path}: no CompositeController or DecoratorController in it")]
     NoController { path: String },
     #[error("--related {0}: expected apiVersion/resource, e.g. v1/configmaps or apps/v1/deployments")]
@@ -400,11 +405,12 @@ pub fn read_controllers(path: &str) -> Result<Vec<ControllerObject>, RbacError> 
     } else {
         std::fs::read_to_string(path).map_err(read)?
     };
-    let parse = |source| RbacError::Parse { path: path.to_owned(), source };
+    let docs: Vec<serde_json::Value> =
+        yaml::from_documents(&text).map_err(|source| RbacError::Parse { path: path.to_owned(), source })?;
     let mut found = Vec::new();
-    for doc in serde_yaml::Deserializer::from_str(&text) {
-        let value: serde_yaml::Value = serde::Deserialize::deserialize(doc).map_err(parse)?;
-        collect_controllers(value, &mut found).map_err(parse)?;
+    for value in docs {
+        collect_controllers(value, &mut found)
+            .map_err(|source| RbacError::Controller { path: path.to_owned(), source })?;
     }
     if found.is_empty() {
         return Err(RbacError::NoController { path: path.to_owned() });
@@ -413,16 +419,16 @@ pub fn read_controllers(path: &str) -> Result<Vec<ControllerObject>, RbacError> 
 }
 
 /// The controller objects in one YAML document: itself, or the items of a `List`.
-fn collect_controllers(value: serde_yaml::Value, found: &mut Vec<ControllerObject>) -> Result<(), serde_yaml::Error> {
-    match value.get("kind").and_then(serde_yaml::Value::as_str) {
+fn collect_controllers(value: serde_json::Value, found: &mut Vec<ControllerObject>) -> Result<(), serde_json::Error> {
+    match value.get("kind").and_then(serde_json::Value::as_str) {
         Some("CompositeController") => {
-            found.push(ControllerObject::Composite(Box::new(serde_yaml::from_value(value)?)));
+            found.push(ControllerObject::Composite(Box::new(serde_json::from_value(value)?)));
         }
         Some("DecoratorController") => {
-            found.push(ControllerObject::Decorator(Box::new(serde_yaml::from_value(value)?)));
+            found.push(ControllerObject::Decorator(Box::new(serde_json::from_value(value)?)));
         }
         Some(kind) if kind.ends_with("List") => {
-            if let Some(serde_yaml::Value::Sequence(items)) = value.get("items") {
+            if let Some(serde_json::Value::Array(items)) = value.get("items") {
                 for item in items.clone() {
                     collect_controllers(item, found)?;
                 }
@@ -492,7 +498,7 @@ pub fn render(request: &RbacRequest) -> Result<String, RbacError> {
             }
         }
     }
-    let docs: Vec<String> = docs.iter().map(|d| serde_yaml::to_string(d).unwrap_or_default()).collect();
+    let docs: Vec<String> = docs.iter().map(|d| yaml::to_string(d).unwrap_or_default()).collect();
     Ok(docs.join("---\n"))
 }
 
@@ -511,7 +517,7 @@ mod tests {
     use super::*;
 
     fn composite(yaml: &str) -> ControllerObject {
-        ControllerObject::Composite(Box::new(serde_yaml::from_str(yaml).unwrap()))
+        ControllerObject::Composite(Box::new(yaml::from_str(yaml).unwrap()))
     }
 
     fn verbs(rules: &[PolicyRule], group: &str, resource: &str) -> Vec<String> {
@@ -645,7 +651,7 @@ spec:
     #[test]
     fn a_decorators_hook_credentials_are_granted_too_and_an_inline_ca_names_nothing() {
         let dc = ControllerObject::Decorator(Box::new(
-            serde_yaml::from_str(
+            yaml::from_str(
                 r"
 metadata: {name: labeller}
 spec:
@@ -688,8 +694,7 @@ spec:
             ..RbacRequest::default()
         };
         let yaml = render(&request).unwrap();
-        let docs: Vec<serde_json::Value> =
-            serde_yaml::Deserializer::from_str(&yaml).map(|d| serde::Deserialize::deserialize(d).unwrap()).collect();
+        let docs: Vec<serde_json::Value> = yaml::from_documents(&yaml).unwrap();
         let kinds: Vec<_> = docs
             .iter()
             .map(|d| format!("{} {}", d["kind"].as_str().unwrap(), d["metadata"]["name"].as_str().unwrap()))
@@ -723,8 +728,7 @@ spec:
             ..RbacRequest::default()
         };
         let yaml = render(&request).unwrap();
-        let docs: Vec<serde_json::Value> =
-            serde_yaml::Deserializer::from_str(&yaml).map(|d| serde::Deserialize::deserialize(d).unwrap()).collect();
+        let docs: Vec<serde_json::Value> = yaml::from_documents(&yaml).unwrap();
         let kinds: Vec<String> = docs
             .iter()
             .map(|d| {

@@ -19,6 +19,7 @@ use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::core::ApiResource;
 use kube::{Client, ResourceExt as _};
+use metahook::ops::yaml;
 use serde_json::{Value, json};
 use tokio::io::AsyncBufReadExt as _;
 use tokio_util::sync::CancellationToken;
@@ -88,11 +89,7 @@ pub fn unique_suffix() -> String {
 /// Creates or updates objects from YAML (server-side apply, field manager `metahook-tests`).
 pub async fn apply_yaml(client: &Client, yaml: &str) -> Vec<DynamicObject> {
     let mut applied = Vec::new();
-    for doc in serde_yaml::Deserializer::from_str(yaml) {
-        let value: serde_json::Value = serde::Deserialize::deserialize(doc).expect("valid YAML");
-        if value.is_null() {
-            continue;
-        }
+    for value in yaml::from_documents::<serde_json::Value>(yaml).expect("valid YAML") {
         applied.push(apply_value(client, &value).await);
     }
     applied
@@ -141,8 +138,7 @@ pub async fn api(client: &Client, api_version: &str, kind: &str, namespace: Opti
 
 /// Installs CRDs (idempotent) and waits until each is Established and served.
 pub async fn install_crds(client: &Client, yaml: &str) {
-    for doc in serde_yaml::Deserializer::from_str(yaml) {
-        let crd: CustomResourceDefinition = serde::Deserialize::deserialize(doc).expect("a CRD");
+    for crd in yaml::from_documents::<CustomResourceDefinition>(yaml).expect("CRDs") {
         let api = Api::<CustomResourceDefinition>::all(client.clone());
         api.patch(&crd.name_any(), &PatchParams::apply("metahook-tests").force(), &Patch::Apply(&crd))
             .await
@@ -393,7 +389,7 @@ pub fn metahook_rbac(args: &[&str]) -> Vec<Value> {
         .expect("running metahook rbac");
     assert!(output.status.success(), "metahook rbac {args:?}: {}", String::from_utf8_lossy(&output.stderr));
     let text = String::from_utf8(output.stdout).unwrap();
-    serde_yaml::Deserializer::from_str(&text).map(|doc| serde::Deserialize::deserialize(doc).unwrap()).collect()
+    yaml::from_documents(&text).unwrap()
 }
 
 /// A token for the ServiceAccount `namespace/name`, from the TokenRequest API (valid an hour).
@@ -459,10 +455,10 @@ impl HubAccount {
     /// token only, for a hub run as its own process ([`HubProcess::start_as`]).
     pub fn kubeconfig(&self, dir: &std::path::Path) -> PathBuf {
         let text = std::fs::read_to_string(kubeconfig_path()).expect("reading the kubeconfig");
-        let mut config: serde_yaml::Value = serde_yaml::from_str(&text).unwrap();
-        config["users"][0]["user"] = serde_yaml::to_value(json!({"token": self.token})).unwrap();
+        let mut config: Value = yaml::from_str(&text).unwrap();
+        config["users"][0]["user"] = json!({"token": self.token});
         let path = dir.join(format!("{}.kubeconfig", self.name));
-        std::fs::write(&path, serde_yaml::to_string(&config).unwrap()).unwrap();
+        std::fs::write(&path, yaml::to_string(&config).unwrap()).unwrap();
         path
     }
 
@@ -743,11 +739,7 @@ pub fn example_docs(path: &str, port: u16, label: &str, namespace: &str) -> Vec<
     let text = std::fs::read_to_string(repo_root().join(path)).unwrap_or_else(|e| panic!("reading {path}: {e}"));
     let text = text.replace("127.0.0.1:18080", &format!("127.0.0.1:{port}"));
     let mut docs = Vec::new();
-    for doc in serde_yaml::Deserializer::from_str(&text) {
-        let mut value: serde_json::Value = serde::Deserialize::deserialize(doc).expect("valid YAML");
-        if value.is_null() {
-            continue;
-        }
+    for mut value in yaml::from_documents::<serde_json::Value>(&text).expect("valid YAML") {
         let kind = value["kind"].as_str().unwrap_or_default().to_owned();
         if kind == "CompositeController" || kind == "DecoratorController" {
             value["metadata"]["labels"]["metahook-test"] = serde_json::json!(label);

@@ -12,16 +12,15 @@ use crate::api::{ChildResourceRule, HookVersion};
 use crate::cache::discovery::ResolvedResource;
 use crate::cache::informers::ObjectKey;
 use crate::hooks::{ObjectMaps, WireObject, group_version_kind_key, object_key};
+use crate::ops::yaml;
 
 use super::args::{RenderArgs, RenderError, input};
 
 fn read_docs(path: &Path) -> Result<Vec<Value>, RenderError> {
     let text = std::fs::read_to_string(path).map_err(|e| input(path, &e.to_string()))?;
     let mut docs = Vec::new();
-    for doc in serde_yaml::Deserializer::from_str(&text) {
-        let value: Value = serde::Deserialize::deserialize(doc).map_err(|e| input(path, &e.to_string()))?;
+    for value in yaml::from_documents(&text).map_err(|e| input(path, &e.to_string()))? {
         match value {
-            Value::Null => {}
             Value::Object(ref map) if map.get("kind").and_then(Value::as_str).is_some_and(|k| k.ends_with("List")) => {
                 docs.extend(map.get("items").and_then(Value::as_array).into_iter().flatten().cloned());
             }

@@ -298,7 +298,7 @@ fn comparable(observed: &DynamicObject, desired: &Value) -> Value {
 }
 
 fn yaml(value: &Value) -> String {
-    serde_yaml::to_string(value).unwrap_or_default()
+    crate::ops::yaml::to_string(value).unwrap_or_default()
 }
 
 /// A minimal line diff (longest common subsequence): `-` observed, `+` desired, ` ` both.
