@@ -59,6 +59,14 @@ impl fmt::Debug for ClientCert {
     }
 }
 
+impl ClientCert {
+    /// The chain and its signing key, as rustls takes them (a server presents one the same way).
+    #[must_use]
+    pub fn certified_key(&self) -> Arc<CertifiedKey> {
+        Arc::clone(&self.0)
+    }
+}
+
 /// Parses a certificate chain (`cert_pem`) and private key (`key_pem`) and checks that they belong
 /// together. Errors say which one is wrong, never what it holds.
 pub fn client_cert(cert_pem: &[u8], key_pem: &[u8]) -> Result<ClientCert, (&'static str, String)> {
@@ -137,7 +145,9 @@ impl<'a> Der<'a> {
     }
 }
 
-fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+/// ring, the provider kube links, for every TLS configuration the hub makes.
+#[must_use]
+pub fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 

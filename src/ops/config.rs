@@ -57,9 +57,15 @@ pub struct Config {
     /// with `Authorization: Bearer <token>` whose user the API server allows to `get` the non-resource
     /// URL `/metrics` (a `TokenReview`, then a `SubjectAccessReview`, as controller-runtime's metrics filter
     /// asks; the hub needs `create` on `tokenreviews` and `subjectaccessreviews`, which its base role
-    /// grants). Answers are remembered for up to a minute. `/healthz` and `/readyz` stay open. The
-    /// token crosses the network in plain HTTP, so keep the address on the cluster network.
+    /// grants). Answers are remembered for up to a minute. `/healthz` and `/readyz` stay open. Without
+    /// `metricsCertDir` the token crosses the network in plain HTTP, so set both together.
     pub metrics_auth: MetricsAuth,
+    /// A directory holding `tls.crt` (the chain, PEM) and `tls.key` (its private key, PEM), as a mounted
+    /// `kubernetes.io/tls` Secret lays them out: `metricsAddress` then serves HTTPS (TLS 1.2 and 1.3),
+    /// probes included when they share it. The files are read again every few seconds and a new pair
+    /// is served from the next connection on (a renewed certificate needs no restart); a pair that
+    /// does not load keeps the last good one and is logged. Empty: plain HTTP.
+    pub metrics_cert_dir: String,
     /// Where `/healthz` and `/readyz` are served, on a listener of their own (`host:port` or `:port`; as
     /// Metacontroller's `--health-probe-bind-address`); empty disables them. Unset (`null`): on
     /// `metricsAddress`, beside `/metrics`.
@@ -266,6 +272,7 @@ impl Default for Config {
             backoff_max: Duration::from_secs(1000),
             metrics_address: "0.0.0.0:9999".to_owned(),
             metrics_auth: MetricsAuth::None,
+            metrics_cert_dir: String::new(),
             health_probe_address: None,
             pprof_address: String::new(),
             hook_response_limit: crate::hooks::DEFAULT_RESPONSE_LIMIT,
@@ -308,6 +315,9 @@ pub struct ConfigOverrides {
     /// Who may read /metrics: none, or kubernetes (a bearer token whose user may get /metrics).
     #[arg(long, env = "METAHOOK_METRICS_AUTH", value_enum)]
     pub metrics_auth: Option<MetricsAuth>,
+    /// Serve the metrics address over HTTPS with tls.crt and tls.key from this directory (reloaded when they change).
+    #[arg(long, env = "METAHOOK_METRICS_CERT_DIR")]
+    pub metrics_cert_dir: Option<String>,
     /// Run controllers only while holding the leader Lease (for several replicas).
     #[arg(long, env = "METAHOOK_LEADER_ELECT", num_args = 0..=1, default_missing_value = "true")]
     pub leader_elect: Option<bool>,
@@ -367,6 +377,9 @@ impl Config {
         }
         if let Some(auth) = overrides.metrics_auth {
             config.metrics_auth = auth;
+        }
+        if let Some(dir) = &overrides.metrics_cert_dir {
+            config.metrics_cert_dir.clone_from(dir);
         }
         if let Some(namespaces) = &overrides.namespaces {
             // `--namespaces ""` (an empty list item) means the whole cluster, as the file's `[]` does.

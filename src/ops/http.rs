@@ -6,7 +6,8 @@
 //! hyper-util's builder, which has one ([`HEAD_TIMEOUT`]), and a failing `accept()` (out of file
 //! descriptors, say) backs off as Go's `http.Server` does — 5 ms doubling to 1 s — instead of spinning.
 //! Everything else is axum's and hyper's: routing with query strings, 405 for other methods (HEAD is a
-//! GET without its body), keep-alive, HTTP/1.1 framing.
+//! GET without its body), keep-alive, HTTP/1.1 framing. HTTPS, when asked for, is tokio-rustls's
+//! acceptor over the same loop, its certificate from [`crate::ops::serving_cert`].
 
 use std::time::Duration;
 
@@ -38,8 +39,13 @@ pub fn accept_backoff(failures: u32) -> Duration {
 }
 
 /// Serves `router` on `listener` until the task is dropped; a request head must arrive within
-/// `head_timeout`.
-pub async fn serve(listener: TcpListener, router: axum::Router, head_timeout: Duration) {
+/// `head_timeout`. With `tls`, every connection is HTTPS (the handshake within `head_timeout` too).
+pub async fn serve(
+    listener: TcpListener,
+    router: axum::Router,
+    head_timeout: Duration,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+) {
     let mut failures = 0_u32;
     loop {
         let stream = match listener.accept().await {
@@ -56,13 +62,28 @@ pub async fn serve(listener: TcpListener, router: axum::Router, head_timeout: Du
             }
         };
         let service = TowerToHyperService::new(router.clone());
+        let tls = tls.clone();
         tokio::spawn(async move {
-            let mut builder = auto::Builder::new(TokioExecutor::new());
-            builder.http1().timer(TokioTimer::new()).header_read_timeout(head_timeout);
-            if let Err(err) = builder.serve_connection(TokioIo::new(stream), service).await {
-                debug!("HTTP connection ended: {err}");
+            let Some(tls) = tls else {
+                return serve_connection(stream, service, head_timeout).await;
+            };
+            match tokio::time::timeout(head_timeout, tls.accept(stream)).await {
+                Ok(Ok(stream)) => serve_connection(stream, service, head_timeout).await,
+                Ok(Err(err)) => debug!("TLS handshake failed: {err}"),
+                Err(_) => debug!("TLS handshake not finished in {head_timeout:?}"),
             }
         });
+    }
+}
+
+async fn serve_connection<I>(io: I, service: TowerToHyperService<axum::Router>, head_timeout: Duration)
+where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder.http1().timer(TokioTimer::new()).header_read_timeout(head_timeout);
+    if let Err(err) = builder.serve_connection(TokioIo::new(io), service).await {
+        debug!("HTTP connection ended: {err}");
     }
 }
 

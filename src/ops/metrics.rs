@@ -331,18 +331,21 @@ pub async fn serve(
     ready: Readiness,
     routes: Routes,
     access: MetricsAccess,
+    tls: Option<tokio_rustls::TlsAcceptor>,
 ) {
-    crate::ops::http::serve(listener, router(registry, ready, routes, access), crate::ops::http::HEAD_TIMEOUT).await;
+    crate::ops::http::serve(listener, router(registry, ready, routes, access), crate::ops::http::HEAD_TIMEOUT, tls)
+        .await;
 }
 
 /// Binds `address` (empty = disabled, see [`crate::ops::http::bind`]) and serves `routes` on it in the background,
-/// `/metrics` to whom `access` allows.
+/// `/metrics` to whom `access` allows, over HTTPS with `tls`.
 pub async fn start(
     address: &str,
     registry: Arc<Registry>,
     ready: Readiness,
     routes: Routes,
     access: MetricsAccess,
+    tls: Option<tokio_rustls::TlsAcceptor>,
 ) -> Option<tokio::task::JoinHandle<()>> {
     if address.is_empty() {
         return None;
@@ -350,9 +353,10 @@ pub async fn start(
     match crate::ops::http::bind(address).await {
         Ok(listener) => {
             if let Ok(local) = listener.local_addr() {
-                info!(address = %local, "serving {}", routes.describe());
+                let scheme = if tls.is_some() { "https" } else { "http" };
+                info!(address = %local, scheme, "serving {}", routes.describe());
             }
-            Some(tokio::spawn(serve(listener, registry, ready, routes, access)))
+            Some(tokio::spawn(serve(listener, registry, ready, routes, access, tls)))
         }
         Err(err) => {
             warn!(address, "cannot serve {}: {err}", routes.describe());
@@ -373,8 +377,14 @@ mod tests {
         let port = listener.local_addr().unwrap().port();
         let health = Health::default();
         let ready = Readiness { health, leadership: None };
-        let probes =
-            tokio::spawn(serve(listener, Arc::new(Registry::default()), ready, Routes::PROBES, MetricsAccess::Anyone));
+        let probes = tokio::spawn(serve(
+            listener,
+            Arc::new(Registry::default()),
+            ready,
+            Routes::PROBES,
+            MetricsAccess::Anyone,
+            None,
+        ));
         let get = |path: &'static str| async move {
             let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.unwrap();
             let request = format!("GET {path} HTTP/1.1\r\nHost: hub\r\nConnection: close\r\n\r\n");
@@ -399,7 +409,7 @@ mod tests {
         let client = kube::Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap())).unwrap();
         let access = MetricsAccess::Reviewed(Arc::new(crate::ops::metrics_auth::Reviewer::new(client)));
         let ready = Readiness { health: Health::default(), leadership: None };
-        let server = tokio::spawn(serve(listener, Arc::new(Registry::default()), ready, Routes::ALL, access));
+        let server = tokio::spawn(serve(listener, Arc::new(Registry::default()), ready, Routes::ALL, access, None));
         let get = |path: &'static str, authorization: Option<String>| async move {
             let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.unwrap();
             let header = authorization.map(|a| format!("Authorization: {a}\r\n")).unwrap_or_default();
@@ -433,7 +443,7 @@ mod tests {
         health.listed("CompositeController");
         health.listed("DecoratorController");
         let ready = Readiness { health, leadership: None };
-        let server = tokio::spawn(serve(listener, Arc::new(registry), ready, Routes::ALL, MetricsAccess::Anyone));
+        let server = tokio::spawn(serve(listener, Arc::new(registry), ready, Routes::ALL, MetricsAccess::Anyone, None));
 
         // One connection, several requests: each answer is read by its Content-Length.
         let stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.unwrap();
@@ -492,7 +502,7 @@ mod tests {
         let ready = Readiness { health: Health::default(), leadership: None };
         let router = router(Arc::new(Registry::default()), ready, Routes::ALL, MetricsAccess::Anyone);
         let timeout = std::time::Duration::from_millis(300);
-        let server = tokio::spawn(crate::ops::http::serve(listener, router, timeout));
+        let server = tokio::spawn(crate::ops::http::serve(listener, router, timeout, None));
         let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.unwrap();
         stream.write_all(b"GET /metrics HTTP/1.1\r\nHost: hub\r\n").await.unwrap();
         let started = std::time::Instant::now();

@@ -2,9 +2,10 @@
 //! towards the API server ([`client`]) and the count of its requests ([`client_metrics`]), leader
 //! election ([`leader`]) and the write gate that makes it safe ([`gate`]), sharding's members and
 //! coordinator ([`ring`]) and the parents' bucket labels ([`labels`]), `/metrics` and health
-//! ([`metrics`]; the process's own from [`process`]; who may read them, [`metrics_auth`]), profiles
-//! ([`pprof`], the heap's from [`heap`]), the HTTP serving under both ([`http`]), traces for an OpenTelemetry collector ([`traces`]), the YAML
-//! users write and metahook prints ([`yaml`]), and running it all ([`run`]).
+//! ([`metrics`]; the process's own from [`process`]; who may read them, [`metrics_auth`]; HTTPS from
+//! renewed certificate files, [`serving_cert`]), profiles ([`pprof`], the heap's from [`heap`]), the HTTP
+//! serving under both ([`http`]), traces for an OpenTelemetry collector ([`traces`]), the YAML users write
+//! and metahook prints ([`yaml`]), and running it all ([`run`]).
 //!
 //! May import: every stage below (api, cache, hooks, write, engine, controllers).
 
@@ -22,5 +23,6 @@ pub mod pprof;
 pub mod process;
 pub mod ring;
 pub mod run;
+pub mod serving_cert;
 pub mod traces;
 pub mod yaml;

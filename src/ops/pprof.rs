@@ -72,7 +72,7 @@ pub async fn start(address: &str) -> Option<tokio::task::JoinHandle<()>> {
 /// Serves profiles on `listener` until the task is dropped (a CPU profile takes as long as it
 /// samples, so no request timeout but the head's).
 pub async fn serve(listener: TcpListener) {
-    crate::ops::http::serve(listener, router(), crate::ops::http::HEAD_TIMEOUT).await;
+    crate::ops::http::serve(listener, router(), crate::ops::http::HEAD_TIMEOUT, None).await;
 }
 
 fn router() -> axum::Router {

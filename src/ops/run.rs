@@ -27,6 +27,7 @@ use crate::ops::leader::{Elector, LeaseNotes, Lost};
 use crate::ops::metrics::{self, Readiness, Routes};
 use crate::ops::metrics_auth::{MetricsAccess, Reviewer};
 use crate::ops::ring::{Coordinator, Keeper, claim_notes, member_lease_labels, member_lease_name};
+use crate::ops::serving_cert::{CertError, RELOAD_EVERY, ServingCert};
 use crate::write::apply::Applier;
 
 /// Errors that stop the hub.
@@ -34,6 +35,9 @@ use crate::write::apply::Applier;
 pub enum HubError {
     #[error("waiting for shutdown signal: {0}")]
     Signal(#[from] std::io::Error),
+    /// `metricsCertDir` holds no usable pair: the hub does not start rather than serve tokens in clear.
+    #[error("metricsCertDir: {0}")]
+    MetricsCert(#[from] CertError),
 }
 
 /// The hub's shared services for `config`, all on `client` (with the hub's manners: user agent,
@@ -74,6 +78,9 @@ pub fn build_member(client: Client, config: &Config, member: Option<(&Shard, &st
 
 /// Runs every CompositeController and DecoratorController until Ctrl-C / SIGTERM.
 pub async fn run(client: Client, config: Config) -> Result<(), HubError> {
+    if !config.metrics_cert_dir.is_empty() {
+        ServingCert::load(&config.metrics_cert_dir)?;
+    }
     let cancel = CancellationToken::new();
     let hub = tokio::spawn(run_until(client, config, cancel.clone()));
     shutdown_signal().await?;
@@ -116,7 +123,9 @@ fn metrics_access(client: &Client, config: &Config) -> MetricsAccess {
 
 /// `/metrics` (to whom `access` allows) and the probes on `metricsAddress`, or the probes on
 /// `healthProbeAddress` when that is set (both on one listener when the two are the same address);
-/// profiles on `pprofAddress`.
+/// profiles on `pprofAddress`. `metricsAddress` is HTTPS with `metricsCertDir` (and so are the probes
+/// when they share it); if its pair does not load, nothing is served there rather than plain HTTP
+/// ([`run`] refuses to start first, so only an embedder calling [`run_until`] gets here).
 async fn serve_endpoints(
     config: &Config,
     hub: &Hub,
@@ -124,16 +133,32 @@ async fn serve_endpoints(
     access: MetricsAccess,
 ) -> Vec<tokio::task::JoinHandle<()>> {
     let registry = Arc::new(metrics::registry(hub, &ready));
-    let metrics_address = config.metrics_address.as_str();
+    let mut metrics_address = config.metrics_address.as_str();
+    let mut watcher = None;
+    let tls = match config.metrics_cert_dir.as_str() {
+        "" => None,
+        dir => match ServingCert::load(dir) {
+            Ok(cert) => {
+                watcher = Some(tokio::spawn(Arc::clone(&cert).watch(RELOAD_EVERY)));
+                Some(cert.acceptor())
+            }
+            Err(err) => {
+                tracing::error!(address = metrics_address, "not serving the metrics address: metricsCertDir: {err}");
+                metrics_address = "";
+                None
+            }
+        },
+    };
     let servers = match config.health_probe_address.as_deref() {
-        Some(probes) if probes != metrics_address => vec![
-            metrics::start(metrics_address, registry.clone(), ready.clone(), Routes::METRICS, access.clone()).await,
-            metrics::start(probes, registry, ready, Routes::PROBES, access).await,
+        Some(probes) if probes != config.metrics_address => vec![
+            metrics::start(metrics_address, registry.clone(), ready.clone(), Routes::METRICS, access.clone(), tls)
+                .await,
+            metrics::start(probes, registry, ready, Routes::PROBES, access, None).await,
         ],
-        _ => vec![metrics::start(metrics_address, registry, ready, Routes::ALL, access).await],
+        _ => vec![metrics::start(metrics_address, registry, ready, Routes::ALL, access, tls).await],
     };
     let profiles = crate::ops::pprof::start(&config.pprof_address).await;
-    servers.into_iter().chain([profiles]).flatten().collect()
+    servers.into_iter().chain([profiles, watcher]).flatten().collect()
 }
 
 /// Terms of leadership, one after the other: acquire the Lease, run the controllers with a client whose
