@@ -62,9 +62,18 @@ app.kubernetes.io/component: hub
 
 {{/* The hub's config file (metahook.yaml) as rendered into the ConfigMap. */}}
 {{- define "metahook.configFile" -}}
-{{- if .Values.config }}
-{{- toYaml .Values.config }}
+{{- $config := deepCopy (.Values.config | default dict) }}
+{{- if .Values.metrics.tls.secretName }}
+{{- $_ := set $config "metricsCertDir" (include "metahook.metricsCertDir" .) }}
+{{- end }}
+{{- if $config }}
+{{- toYaml $config }}
 {{- else -}}
 {}
 {{- end }}
+{{- end }}
+
+{{/* Where metrics.tls.secretName is mounted (config.metricsCertDir). */}}
+{{- define "metahook.metricsCertDir" -}}
+/etc/metahook-metrics-tls
 {{- end }}
