@@ -26,7 +26,7 @@ node-down: ## stop the real node and undo what it did to the machine (mounts, cg
 demo: ## the hello-world controller end to end on the local control plane
 	@bash examples-python/hello-world/demo.sh
 
-test: fmt-check clippy doc docs unit hook-types hook-libs integration ## everything CI runs
+test: fmt-check clippy doc docs unit hook-types hook-libs integration demo ## everything CI runs
 
 fmt-check:
 	cargo fmt --check
