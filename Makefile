@@ -21,12 +21,12 @@ node-down: ## stop the real node and undo what it did to the machine (mounts, cg
 
 # ---- the two commands of the README -------------------------------------------------------------
 
-.PHONY: demo test fmt-check clippy doc docs docs-gen unit integration chaos bench bench-requests bench-hooks crds hook-libs hook-types hook-wire-types image chart-readme failover shards
+.PHONY: demo test fmt-check clippy deny doc docs docs-gen unit integration chaos bench bench-requests bench-hooks crds hook-libs hook-types hook-wire-types image chart-readme failover shards
 
 demo: ## the hello-world controller end to end on the local control plane
 	@bash examples-python/hello-world/demo.sh
 
-test: fmt-check clippy doc docs unit hook-types hook-libs integration demo ## everything CI runs
+test: fmt-check clippy deny doc docs unit hook-types hook-libs integration demo ## everything CI runs
 
 fmt-check:
 	cargo fmt --check
@@ -50,6 +50,20 @@ docs: ## the book (docs/) into target/book, offline; installs the pinned mdbook 
 	$(MDBOOK) build docs -d ../target/book
 	@! grep -rlE '<(script|link)[^>]*(src|href)="(https?:)?//' target/book --include='*.html' \
 	  || { echo "the pages above load scripts or styles from the network; the book must work offline" >&2; exit 1; }
+
+# cargo-deny, the dependency policy's checker (deny.toml): a pinned tool like mdbook, but kept outside
+# the clone, per version, because it takes 10-30 minutes to build on 2 cores (CI's fresh clones reuse it).
+CARGO_DENY_VERSION := 0.20.2
+TOOLS_CACHE ?= $(HOME)/.cache/metahook/tools
+CARGO_DENY := $(TOOLS_CACHE)/cargo-deny-$(CARGO_DENY_VERSION)/bin/cargo-deny
+
+deny: ## the dependency policy (deny.toml): licenses, banned and duplicate crates, sources; offline (advisories: SECURITY.md)
+	@if [ "$$($(CARGO_DENY) --version 2>/dev/null)" != "cargo-deny $(CARGO_DENY_VERSION)" ]; then \
+	  echo "building cargo-deny $(CARGO_DENY_VERSION) into $(TOOLS_CACHE) (once per machine: 10-30 min on 2 cores)"; \
+	  cargo install cargo-deny --locked --version $(CARGO_DENY_VERSION) --root $(TOOLS_CACHE)/cargo-deny-$(CARGO_DENY_VERSION); fi
+	@# Every platform's crates are in Cargo.lock; cargo-deny reads them offline once they are downloaded.
+	cargo fetch --locked --quiet
+	$(CARGO_DENY) --offline check licenses bans sources
 
 HOOK_TOOLS ?= $(CURDIR)/target/hook-tools
 
