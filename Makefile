@@ -21,12 +21,15 @@ node-down: ## stop the real node and undo what it did to the machine (mounts, cg
 
 # ---- the two commands of the README -------------------------------------------------------------
 
-.PHONY: demo test fmt-check clippy deny doc docs docs-gen unit integration chaos bench bench-requests bench-hooks crds hook-libs hook-types hook-wire-types image chart-readme failover shards
+.PHONY: demo install-check test fmt-check clippy deny doc docs docs-gen unit integration chaos bench bench-requests bench-hooks crds hook-libs hook-types hook-wire-types image chart-readme failover shards
 
 demo: ## the hello-world controller end to end on the local control plane
 	@bash examples-python/hello-world/demo.sh
 
-test: fmt-check clippy deny doc docs unit hook-types hook-libs integration demo ## everything CI runs
+install-check: ## `cargo install --path . --locked` (dev profile) gives a metahook that runs render and rbac away from the repository
+	@bash tests/install.sh
+
+test: fmt-check clippy deny doc docs unit hook-types hook-libs integration demo install-check ## everything CI runs
 
 fmt-check:
 	cargo fmt --check
