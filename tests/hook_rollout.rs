@@ -111,6 +111,7 @@ async fn world(test: &str, dir: &Path, first: &str, versioned: bool) -> (World, 
         Config {
             hook_change_resync_qps: QPS,
             hook_version_probe_interval: Duration::from_secs(1),
+            metrics_address: String::new(),
             ..Config::default()
         },
     );
@@ -139,6 +140,19 @@ async fn children_say(w: &World, version: &str) {
     }
 }
 
+/// Waits until the controller's `status.hookVersion` is `expected`; fails showing the last one seen.
+async fn status_becomes(w: &World, expected: &Value) {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let seen = hook_version_status(w).await;
+        if seen == *expected {
+            return;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "status.hookVersion is {seen}, not {expected}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 async fn hook_version_status(w: &World) -> Value {
     let controllers = support::api(&w.client, support::CONTROLLERS, "CompositeController", None).await;
     controllers.get(&w.label).await.unwrap().data["status"]["hookVersion"].clone()
@@ -155,7 +169,7 @@ async fn a_new_hook_version_resyncs_every_parent_at_the_pace_and_the_status_coun
     let (_keep, dir) = dir();
     let (w, first) = world("hook-rollout", &dir, "v1", true).await;
     let full = json!({"version": "v1", "synced": PARENTS, "parents": PARENTS});
-    eventually(WAIT, || async { (hook_version_status(&w).await == full).then_some(()) }).await;
+    status_becomes(&w, &full).await;
 
     // The new version on the same port; nothing about the parents changes.
     let port = first.port;
@@ -165,7 +179,7 @@ async fn a_new_hook_version_resyncs_every_parent_at_the_pace_and_the_status_coun
     let _second = Hook::start(&dir, port, "v2", true).await;
     children_say(&w, "v2").await;
     let full = json!({"version": "v2", "synced": PARENTS, "parents": PARENTS});
-    eventually(WAIT, || async { (hook_version_status(&w).await == full).then_some(()) }).await;
+    status_becomes(&w, &full).await;
 
     let after: Vec<(f64, String, String)> = calls(&dir.join("calls.jsonl")).split_off(rolled);
     let v2: Vec<&(f64, String, String)> = after.iter().filter(|(_, _, v)| v == "v2").collect();

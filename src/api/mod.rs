@@ -537,9 +537,9 @@ pub struct HookVersionStatus {
     /// The version reported last for the first time (`Metahook-Hook-Version`).
     pub version: String,
     /// Parents whose last hook answer came from that version.
-    pub synced: u64,
+    pub synced: i64,
     /// Parents the controller has (selects or still finalizes).
-    pub parents: u64,
+    pub parents: i64,
 }
 
 /// Parses a Go `time.Duration` string such as `10s`, `1m30s`, `1.5h` or `250ms`.

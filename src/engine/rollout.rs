@@ -14,7 +14,8 @@
 //! that time even on a quiet cluster. A hook that never sent the header is never probed.
 //!
 //! The controller object's `status.hookVersion` says the version and how many parents it answered for,
-//! written as the round goes (at most every [`REPORT_EVERY`]) and when it ends (not with sharding,
+//! written as the round goes (at most every [`REPORT_EVERY`]), when it ends, and between rounds as
+//! parents come and go (only when the figures changed: nothing at idle) (not with sharding,
 //! where each replica knows only its share: there the log line at the end of a round says it). Without the header,
 //! nothing here runs: Metacontroller's behaviour.
 
@@ -50,13 +51,27 @@ pub(crate) async fn run<C: Kind>(kind: Arc<C>, cancel: CancellationToken) {
     };
     let versions = kind.hook_versions().clone();
     let mut rounds = versions.rounds();
+    // The workers start with us and may have heard the first version before we subscribed.
+    rounds.mark_changed();
     let mut first = true;
     let mut probe = Probe::new(settings.hook_version_probe_interval);
+    let mut reporter = Reporter::new(&*kind);
+    let mut reports = tokio::time::interval(REPORT_EVERY);
+    reports.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             changed = rounds.changed() => if changed.is_err() { return },
             () = probe.tick() => {
                 probe.next(&*kind, &versions);
+                continue;
+            }
+            // Between rounds, parents come and go: the count follows (a write only when it changed).
+            _ = reports.tick() => {
+                if let Some(version) = versions.newest() {
+                    reporter.write(&*kind, progress(&*kind, &versions, &version)).await;
+                    let here: std::collections::HashSet<RootKey> = managed(&*kind).into_iter().map(|(_, r)| r).collect();
+                    versions.retain(|object| here.contains(object));
+                }
                 continue;
             }
             () = cancel.cancelled() => return,
@@ -67,7 +82,7 @@ pub(crate) async fn run<C: Kind>(kind: Arc<C>, cancel: CancellationToken) {
         // started), so it is only reported.
         let requeue = !std::mem::take(&mut first);
         tokio::select! {
-            () = round(&*kind, &versions, &version, requeue.then_some(interval), &mut rounds) => {}
+            () = round(&*kind, &versions, &version, requeue.then_some(interval), &mut rounds, &mut reporter) => {}
             () = cancel.cancelled() => return,
         }
     }
@@ -82,11 +97,11 @@ async fn round<C: Kind>(
     version: &str,
     interval: Option<Duration>,
     rounds: &mut watch::Receiver<u64>,
+    reporter: &mut Reporter,
 ) {
     let core = kind.core();
-    let mut reporter = Reporter::new(kind);
     let Some(interval) = interval else {
-        settle(kind, versions, version, rounds, &mut reporter).await;
+        settle(kind, versions, version, rounds, reporter).await;
         reporter.write(kind, progress(kind, versions, version)).await;
         return;
     };
@@ -107,7 +122,7 @@ async fn round<C: Kind>(
             core.queue.add_for(key, Reason::Delay);
             reporter.maybe(kind, versions, version).await;
         }
-        if !settle(kind, versions, version, rounds, &mut reporter).await {
+        if !settle(kind, versions, version, rounds, reporter).await {
             return;
         }
     }
@@ -207,8 +222,8 @@ fn progress<C: Kind>(kind: &C, versions: &HookVersions, version: &str) -> HookVe
     let synced = all.iter().filter(|(_, root)| versions.is_current(root)).count();
     HookVersionStatus {
         version: version.to_owned(),
-        synced: u64::try_from(synced).unwrap_or(u64::MAX),
-        parents: u64::try_from(all.len()).unwrap_or(u64::MAX),
+        synced: i64::try_from(synced).unwrap_or(i64::MAX),
+        parents: i64::try_from(all.len()).unwrap_or(i64::MAX),
     }
 }
 

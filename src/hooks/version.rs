@@ -77,6 +77,11 @@ impl HookVersions {
         self.state.lock().expect("hook versions lock").by_object.remove(object);
     }
 
+    /// Forgets what answered for every object but those `keep` says are still there.
+    pub fn retain(&self, keep: impl Fn(&RootKey) -> bool) {
+        self.state.lock().expect("hook versions lock").by_object.retain(|object, _| keep(object));
+    }
+
     /// The version parents should be answered by, once any was reported.
     #[must_use]
     pub fn newest(&self) -> Option<String> {
@@ -136,5 +141,8 @@ mod tests {
         assert_eq!(versions.newest().as_deref(), Some("v1"));
         versions.forget(&key("a"));
         assert!(!versions.is_current(&key("a")));
+        assert!(!versions.observe(key("b"), "v1"));
+        versions.retain(|k| *k != key("b"));
+        assert!(!versions.is_current(&key("b")));
     }
 }
