@@ -323,15 +323,16 @@ pub struct Informer {
 }
 
 impl Informer {
-    /// A cache filled once with `objects` (of type `resource`, as a LIST returned them) and never
+    /// A cache filled once with `objects` (of type `resource`, as a LIST returns them) and never
     /// watched: synced from the start, it never changes. For a one-off reader that must decide exactly
     /// as the hub decides from its caches — `metahook diff` claims children and plans writes through
     /// the engine's own functions, which read informers — without starting a watch per type.
     #[must_use]
     pub fn listed(resource: &Arc<ResolvedResource>, objects: impl IntoIterator<Item = DynamicObject>) -> Self {
+        // Prepared as a watch prepares what it caches, so the objects read the same.
         let mut store = Store::default();
         for obj in objects {
-            store.insert(&obj);
+            store.insert(&prepare(obj, resource));
         }
         let shared = Shared {
             resource: Arc::clone(resource),
