@@ -561,6 +561,30 @@ fn the_chart_runs_the_hub_and_the_hooks_as_pods_on_a_real_node() {
     let hook_logs = kubectl(&["logs", "-n", &hooks, "-l", "app.kubernetes.io/name=greeter-py", "--tail=-1"]);
     assert!(hook_logs.contains("/sync"), "the Python hook logs its calls:\n{hook_logs}");
 
+    // `metahook status --metrics-pods`: both replicas found by label and read through the API server's
+    // pod proxy, no port-forward; the leader named, the Python controller's parents counted.
+    let status = run(Command::new(env!("CARGO_BIN_EXE_metahook"))
+        .env("KUBECONFIG", support::kubeconfig_path())
+        .args(["status", "-o", "json", "--interval", "0s", "-l", &format!("metahook-test={label}")])
+        .args(["--metrics-pods", &format!("{RELEASE_NS}/{hub_selector}")]));
+    let status: Value = serde_json::from_str(&status).unwrap();
+    let sources = status["metrics"]["sources"].as_array().unwrap();
+    let mut read: Vec<&str> = sources.iter().map(|s| s["pod"].as_str().unwrap()).collect();
+    read.sort_unstable();
+    let mut expected: Vec<String> =
+        hubs.iter().map(|p| format!("{RELEASE_NS}/{}", p["metadata"]["name"].as_str().unwrap())).collect();
+    expected.sort();
+    assert_eq!(read, expected, "every replica read through its Pod: {status}");
+    assert!(sources.iter().all(|s| s["answered"] == true), "{status}");
+    let leaders: Vec<&str> =
+        sources.iter().filter(|s| s["leader"] == true).map(|s| s["pod"].as_str().unwrap()).collect();
+    assert_eq!(leaders, [format!("{RELEASE_NS}/{first_leader}")], "{status}");
+    let controllers = status["controllers"].as_array().unwrap();
+    let greeter = controllers.iter().find(|c| c["name"] == python_controller.as_str());
+    let greeter = greeter.unwrap_or_else(|| panic!("the Python controller is reported: {status}"));
+    assert_eq!(greeter["parents"], greetings, "{greeter}");
+    assert!(greeter["errors"].as_u64().is_some(), "the leader's figures were read: {greeter}");
+
     // ---- 3. the leader's Pod deleted while parents change ----
     let since = support::audit_records(&user).len();
     kubectl(&["delete", "pod", "-n", RELEASE_NS, &first_leader, "--wait=false"]);

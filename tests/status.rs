@@ -1,7 +1,9 @@
 //! `metahook status -o json` on the real control plane, against a hub that serves its metrics: the
 //! test's controller is there, `Ready`, with the parents its selector selects; syncs while it watches
 //! show as syncs per minute, the hook's latency is known; and once the hook fails for a parent, its
-//! `SyncError` is the last error, naming that parent, and the errors are counted.
+//! `SyncError` is the last error, naming that parent, and the errors are counted. With two sharded
+//! replicas, each read by its own `--metrics-url`, the figures are the sum of the replicas' shares, each
+//! replica's role is named, and a replica that does not answer is reported without hiding the others.
 
 mod support;
 
@@ -9,7 +11,7 @@ use std::time::Duration;
 
 use metahook::ops::config::Config;
 use serde_json::{Value, json};
-use support::{World, eventually};
+use support::{HubProcess, World, eventually};
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -29,15 +31,27 @@ fn free_address() -> String {
     format!("127.0.0.1:{port}")
 }
 
-/// `metahook status -o json ARGS...` for the test's controllers, started now; its JSON when it ends.
+/// `metahook status -o json ARGS...` for the test's controllers, started now; its JSON when it ends,
+/// which must be with exit status 0.
 fn status(label: &str, args: &[&str]) -> tokio::task::JoinHandle<Value> {
+    let running = status_exiting(label, args);
+    tokio::spawn(async move {
+        let (code, report) = running.await.unwrap();
+        assert_eq!(code, Some(0), "metahook status exit status: {report}");
+        report
+    })
+}
+
+/// Like [`status`], with the exit status whatever it is.
+fn status_exiting(label: &str, args: &[&str]) -> tokio::task::JoinHandle<(Option<i32>, Value)> {
     let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_metahook"));
     command.args(["status", "-o", "json", "-l", &format!("metahook-test={label}")]).args(args);
     command.env("KUBECONFIG", support::kubeconfig_path()).kill_on_drop(true);
     tokio::spawn(async move {
         let output = command.output().await.expect("running metahook status");
-        assert!(output.status.success(), "metahook status: {}", String::from_utf8_lossy(&output.stderr));
-        serde_json::from_slice(&output.stdout).expect("JSON")
+        let report = serde_json::from_slice(&output.stdout)
+            .unwrap_or_else(|e| panic!("JSON ({e}): {}", String::from_utf8_lossy(&output.stderr)));
+        (output.status.code(), report)
     })
 }
 
@@ -84,9 +98,12 @@ async fn status_shows_ready_parents_rates_latency_and_the_last_error_with_its_pa
     assert!(p50 > 0.0 && p50 <= p99, "{web}");
     assert!(web["lastError"].is_null(), "{web}");
     assert_eq!(web["problems"], json!([]));
-    assert_eq!(report["metrics"]["url"], json!(metrics_url));
-    assert!(report["metrics"]["intervalSeconds"].as_f64().unwrap() >= 4.0, "{report}");
-    assert!(report["metrics"]["leader"].is_null(), "no leader election: {report}");
+    let source = &report["metrics"]["sources"][0];
+    assert_eq!(report["metrics"]["sources"].as_array().unwrap().len(), 1, "{report}");
+    assert_eq!((&source["url"], &source["answered"]), (&json!(metrics_url), &json!(true)), "{report}");
+    assert!(source["intervalSeconds"].as_f64().unwrap() >= 4.0, "{report}");
+    assert!(source["leader"].is_null() && source["shardBuckets"].is_null(), "no leader election: {report}");
+    assert_eq!(web["bySource"].as_array().unwrap().len(), 1, "{web}");
 
     // The hook fails for a new parent: its SyncError is the last error, and the errors are counted.
     w.thing("broken", json!({"fail": true})).await;
@@ -116,5 +133,115 @@ async fn status_shows_ready_parents_rates_latency_and_the_last_error_with_its_pa
     assert!(web["errors"].is_null() && web["hookLatencySeconds"]["p50"].is_null(), "{web}");
     assert_eq!(web["lastError"]["parent"]["name"], "broken");
     assert!(report["metrics"].is_null());
+    w.finish("CompositeController").await;
+}
+
+/// Two sharded replicas as `metahook run` processes, each serving its metrics: `metahook status` given
+/// both `--metrics-url`s reports the controller's syncs and errors as the sum of what each replica did
+/// (each did some: the ring splits the parents), names the ring's coordinator and each replica's
+/// buckets; given a third URL nobody answers, it still reports the two, names the third with its
+/// error and exits 2.
+#[tokio::test]
+async fn status_sums_sharded_replicas_and_names_a_replica_that_does_not_answer() {
+    const PARENTS: usize = 24;
+    let mut w = World::new("status-shards", HOOK).await;
+    w.stop_hub().await;
+    let sharded = format!(
+        "leaderElection:\n  leaseName: {label}\n  leaseNamespace: {ns}\n  leaseDuration: 6\n  renewDeadline: 4\n  \
+         retryPeriod: 1\nsharding:\n  enabled: true\n  ring: {label}\n  rebalanceInterval: 2\n",
+        label = w.label,
+        ns = w.ns.name,
+    );
+    let addresses = [free_address(), free_address()];
+    let _replicas: Vec<HubProcess> = addresses
+        .iter()
+        .enumerate()
+        .map(|(i, address)| {
+            let pod = format!("replica-{i}");
+            HubProcess::start_with(&w.label, &sharded, &[("POD_NAME", &pod), ("METAHOOK_METRICS_ADDRESS", address)])
+        })
+        .collect();
+    let urls: Vec<String> = addresses.iter().map(|a| format!("http://{a}/metrics")).collect();
+    w.composite(json!({
+        "generateSelector": true,
+        "parentResource": {"apiVersion": "test.metahook.dev/v1", "resource": "things"},
+        "childResources": [{"apiVersion": "v1", "resource": "configmaps", "updateStrategy": {"method": "InPlace"}}],
+        "hooks": {"sync": {"webhook": {"url": w.hook.url("/sync")}}},
+    }))
+    .await;
+    for i in 0..PARENTS {
+        w.thing(&format!("t{i}"), json!({"n": 0})).await;
+    }
+    let both = ["--metrics-url", &urls[0], "--metrics-url", &urls[1]];
+    // The ring settled: both replicas hold buckets, all 1024 between them, and every parent has its child.
+    eventually(WAIT, || async {
+        let report = status_exiting(&w.label, &[&both[..], &["--interval", "0s"]].concat()).await.unwrap().1;
+        let sources = report["metrics"]["sources"].as_array()?.clone();
+        let buckets: Vec<u64> = sources.iter().filter_map(|s| s["shardBuckets"].as_u64()).collect();
+        (buckets.len() == 2 && buckets.iter().all(|b| *b > 0) && buckets.iter().sum::<u64>() == 1024).then_some(())
+    })
+    .await;
+    for i in 0..PARENTS {
+        eventually(WAIT, || async { w.config_map(&format!("t{i}-cm")).await }).await;
+    }
+
+    // Every parent changes while status watches: each change is one sync, on whichever replica holds it.
+    let running = status(&w.label, &[&both[..], &["--interval", "6s"]].concat());
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    for i in 0..PARENTS {
+        w.thing(&format!("t{i}"), json!({"n": 1})).await;
+    }
+    for i in 0..PARENTS {
+        eventually(WAIT, || async { w.config_map(&format!("t{i}-cm")).await.filter(|cm| cm.data["data"]["n"] == "1") })
+            .await;
+    }
+    let report = running.await.unwrap();
+    let sources = report["metrics"]["sources"].as_array().unwrap();
+    assert_eq!(sources.iter().map(|s| s["url"].as_str().unwrap()).collect::<Vec<_>>(), urls, "{report}");
+    assert!(sources.iter().all(|s| s["answered"] == true && s["error"].is_null()), "{report}");
+    let leaders: Vec<bool> = sources.iter().map(|s| s["leader"].as_bool().expect("leader election is on")).collect();
+    assert_eq!(leaders.iter().filter(|l| **l).count(), 1, "one coordinator of the ring: {report}");
+    let buckets: Vec<u64> = sources.iter().map(|s| s["shardBuckets"].as_u64().unwrap()).collect();
+    assert_eq!(buckets.iter().sum::<u64>(), 1024, "{report}");
+    let web = &report["controllers"][0];
+    assert_eq!(web["parents"], PARENTS, "{web}");
+    let interval = sources[0]["intervalSeconds"].as_f64().unwrap();
+    let total = web["syncsPerMinute"].as_f64().unwrap();
+    // At least one sync per changed parent within the interval (resyncs and echoes may add more).
+    assert!(total * interval / 60.0 >= PARENTS as f64 - 0.5, "{PARENTS} syncs in {interval} s: {web}");
+    let shares = web["bySource"].as_array().unwrap();
+    assert_eq!(shares.len(), 2, "both replicas synced some of the parents: {web}");
+    let summed: f64 = shares.iter().map(|s| s["syncsPerMinute"].as_f64().unwrap()).sum();
+    assert!((summed - total).abs() < 1e-6, "the total is the sum of the shares: {web}");
+    assert!(shares.iter().all(|s| s["syncsPerMinute"].as_f64().unwrap() > 0.0), "{web}");
+    let p50 = web["hookLatencySeconds"]["p50"].as_f64().unwrap();
+    assert!(p50 > 0.0 && p50 <= web["hookLatencySeconds"]["p99"].as_f64().unwrap(), "{web}");
+
+    // A parent whose hook fails: its errors are counted by the replica holding it, and in the total.
+    w.thing("broken", json!({"fail": true})).await;
+    eventually(WAIT, || async {
+        let warnings = support::warnings_for(&w.client, &w.ns.name, "broken").await;
+        warnings.iter().any(|w| w.starts_with("SyncError: ")).then_some(())
+    })
+    .await;
+    let report = status(&w.label, &[&both[..], &["--interval", "0s"]].concat()).await.unwrap();
+    let web = &report["controllers"][0];
+    let errors = web["errors"].as_u64().unwrap();
+    assert!(errors >= 1, "{web}");
+    let shares: u64 = web["bySource"].as_array().unwrap().iter().filter_map(|s| s["errors"].as_u64()).sum();
+    assert_eq!(shares, errors, "{web}");
+
+    // A third replica that does not answer: named with its error, the others still summed, exit 2.
+    let gone = format!("http://{}/metrics", free_address());
+    let (code, report) =
+        status_exiting(&w.label, &[&both[..], &["--metrics-url", &gone, "--interval", "0s"]].concat()).await.unwrap();
+    assert_eq!(code, Some(2), "a partial report: {report}");
+    let sources = report["metrics"]["sources"].as_array().unwrap();
+    assert_eq!(sources.len(), 3, "{report}");
+    assert_eq!((&sources[2]["url"], &sources[2]["answered"]), (&json!(gone), &json!(false)), "{report}");
+    assert!(sources[2]["error"].as_str().is_some_and(|e| !e.is_empty()), "{report}");
+    let web = &report["controllers"][0];
+    assert!(web["errors"].as_u64().unwrap() >= errors, "the two that answered still count: {web}");
+    assert_eq!(web["bySource"].as_array().unwrap().len(), 2, "{web}");
     w.finish("CompositeController").await;
 }

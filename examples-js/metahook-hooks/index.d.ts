@@ -296,7 +296,17 @@ export interface ServerOptions {
    * (mutual TLS), or the handshake fails. Needs `tlsCert` and `tlsKey`.
    */
   clientCa?: string;
+  /**
+   * This hook's version (default `$HOOK_VERSION`), sent with every answer as `Metahook-Hook-Version`:
+   * a version the hub has not heard before makes it sync every parent again, paced.
+   */
+  hookVersion?: string;
 }
+
+/** The response header a hook names its version in. */
+export const HOOK_VERSION_HEADER: "Metahook-Hook-Version";
+/** The environment variable the server reads the hook's version from. */
+export const HOOK_VERSION_ENV: "HOOK_VERSION";
 
 export interface ServeOptions extends ServerOptions {
   /** Default: `$PORT`, else 8080. */

@@ -20,7 +20,17 @@ export {
   typeKey,
 } from "./src/objects.js";
 export { compositeResponse, customizeResponse, decoratorResponse, event, relatedRule } from "./src/responses.js";
-export { DEFAULT_PORT, DRAIN_SECONDS, PermanentError, RetryLater, createHookServer, listenAddress, serve } from "./src/server.js";
+export {
+  DEFAULT_PORT,
+  DRAIN_SECONDS,
+  HOOK_VERSION_ENV,
+  HOOK_VERSION_HEADER,
+  PermanentError,
+  RetryLater,
+  createHookServer,
+  listenAddress,
+  serve,
+} from "./src/server.js";
 export { conditionStatus, findCondition, setCondition } from "./src/conditions.js";
 export { fixtureRequest, loadObjects, runHookOnFixtures } from "./src/fixtures.js";
 export { requestLog } from "./src/log.js";

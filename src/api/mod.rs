@@ -524,6 +524,22 @@ pub struct ControllerStatus {
     /// `Ready`: whether the controller runs, and if not, why.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
+    /// The newest version its hooks reported (`Metahook-Hook-Version`) and how many of its parents that
+    /// version has answered for; absent until a hook names a version.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hook_version: Option<HookVersionStatus>,
+}
+
+/// How far a new hook version has got: parents it answered for, of all the controller's parents.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HookVersionStatus {
+    /// The version reported last for the first time (`Metahook-Hook-Version`).
+    pub version: String,
+    /// Parents whose last hook answer came from that version.
+    pub synced: u64,
+    /// Parents the controller has (selects or still finalizes).
+    pub parents: u64,
 }
 
 /// Parses a Go `time.Duration` string such as `10s`, `1m30s`, `1.5h` or `250ms`.

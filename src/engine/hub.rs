@@ -49,4 +49,10 @@ pub struct Settings {
     /// How long a customize hook's answer is used before the hook is asked again (see
     /// [`crate::engine::related`]).
     pub customize_cache_timeout: Duration,
+    /// Time between two parents re-synced for a hook's new version (`hookChangeResyncQPS`); `None`:
+    /// no re-sync (see [`crate::engine::rollout`]).
+    pub hook_change_resync_interval: Option<Duration>,
+    /// How often one parent of a controller whose hook names its version is synced again, in turn, so a
+    /// new version is noticed while nothing changes (`hookVersionProbeInterval`); `None`: never.
+    pub hook_version_probe_interval: Option<Duration>,
 }

@@ -1,8 +1,9 @@
 //! Stage 4, engine: what every controller kind shares between "something changed" and "the cluster
 //! matches". The work [`queue`] and its reasons, the worker loop and the sync's phases ([`sync`]), the
 //! echoes of the hub's own writes ([`echoes`]), the last request asked ([`answered`]), permanent hook errors reported ([`held`]), the `customize` hook's [`related`] objects, Events
-//! ([`events`]), sync requests ([`trigger`]), the controllers' metrics ([`metrics`]) and states
-//! ([`health`]), and the services a controller runs with ([`hub`]).
+//! ([`events`]), sync requests ([`trigger`]), re-syncs for a hook's new version ([`rollout`]), the
+//! controllers' metrics ([`metrics`]) and states ([`health`]), and the services a controller runs with
+//! ([`hub`]).
 //!
 //! May import: [`crate::api`], [`crate::cache`], [`crate::hooks`], [`crate::write`].
 
@@ -17,6 +18,7 @@ pub mod hub;
 pub mod metrics;
 pub mod queue;
 pub mod related;
+pub mod rollout;
 pub mod status;
 pub mod sync;
 pub mod trigger;

@@ -89,6 +89,8 @@ pub(crate) trait Kind: Send + Sync + 'static {
     fn owners(&self, child: &DynamicObject, adopt: bool) -> Vec<Self::Key>;
     /// The hook a sync calls, if the controller has one (`finalizing`: the finalize hook).
     fn hook(&self, finalizing: bool) -> Option<&Endpoint>;
+    /// The versions its hooks reported (`Metahook-Hook-Version`), which [`crate::engine::rollout`] follows.
+    fn hook_versions(&self) -> &crate::hooks::HookVersions;
     /// Whether the controller has a finalize hook (it then puts its finalizer on what it syncs).
     fn has_finalize_hook(&self) -> bool;
     /// `resyncPeriodSeconds`.
@@ -242,6 +244,8 @@ impl Before for () {
 /// What the engine keeps for one running controller, whatever its kind.
 pub(crate) struct Core<K> {
     pub hub: Hub,
+    /// `CompositeController` or `DecoratorController`.
+    pub kind: &'static str,
     /// The controller object's name.
     pub name: String,
     pub queue: WorkQueue<K>,
@@ -322,6 +326,7 @@ impl<K: Clone + Eq + Hash + Display + Send + Sync + 'static> Core<K> {
         Ok(Self {
             related: Related::new(hub.clone(), customize, controller, enqueue),
             hub: hub.clone(),
+            kind,
             name,
             queue,
             metrics,

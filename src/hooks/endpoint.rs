@@ -1,5 +1,6 @@
 //! One hook of one controller, ready to call: its URL, timeout and decoding mode, the live sources of
-//! its TLS identity and `Authorization` header, its ETag cache and its metric labels.
+//! its TLS identity and `Authorization` header, its ETag cache, its metric labels and the versions it
+//! reports of itself ([`super::version`]).
 //!
 //! A URL with `user:password@` is called as Go's HTTP client (and so Metacontroller) calls it: the
 //! userinfo becomes `Authorization: Basic ...` unless the hook's settings supply an `Authorization`
@@ -17,7 +18,7 @@ use http::{Request, Uri, header};
 use http_body_util::{BodyExt as _, Full};
 use serde::Serialize;
 use serde_json::Value;
-use tracing::Instrument as _;
+use tracing::{Instrument as _, info};
 
 use super::credentials::{CredentialError, Sensitive, Watched};
 use super::etag::{EtagCache, RootKey};
@@ -25,6 +26,7 @@ use super::identity::{self, AuthHeader, REDACTED};
 use super::metrics::HookLabels;
 use super::pool::{HttpClient, IdentityError, Part, TlsIdentity};
 use super::settings::{self, AuthSource, CaSource, Settings, SettingsError};
+use super::version::{HOOK_VERSION_HEADER, HookVersions};
 use super::{HookError, REPLICA_HEADER, Shared, retry_after};
 use crate::api::{EndpointConfig, Hook, HookVersion, UnmarshalMode};
 
@@ -58,6 +60,8 @@ struct Inner {
     /// the URL only when the request has none.
     url_auth: Option<AuthHeader>,
     etag: Option<EtagCache>,
+    /// The versions the hook reported (shared by a controller's hooks).
+    versions: HookVersions,
     /// The client for the TLS material last used, with the versions of the objects it was read from.
     client: Mutex<Option<(Vec<u64>, Arc<HttpClient>)>>,
 }
@@ -86,6 +90,7 @@ impl Endpoint {
         hook: &Hook,
         endpoint_configs: &[EndpointConfig],
         labels: HookLabels,
+        versions: HookVersions,
     ) -> Result<Self, SettingsError> {
         let at = format!("hooks.{}.webhook", labels.hook);
         let settings::HookUrl { uri, userinfo } = settings::hook_url(&at, &hook.webhook)?;
@@ -123,6 +128,7 @@ impl Endpoint {
             auth,
             url_auth,
             etag: EtagCache::new(hook.webhook.etag.as_ref()),
+            versions,
             client: Mutex::default(),
             shared,
         })))
@@ -224,6 +230,12 @@ impl Endpoint {
         }
         let (parts, body) = response.into_parts();
         let bytes = read_limited(&inner.url, body, &parts.headers, inner.shared.limit).await?;
+        if matches!(status, 200 | 304 | 412)
+            && let Some(version) = parts.headers.get(HOOK_VERSION_HEADER).and_then(|v| v.to_str().ok())
+            && inner.versions.observe(RootKey::of(root), version)
+        {
+            info!(url = %inner.url, %version, "the hook reports a new version; its parents are synced again");
+        }
         if let Some((cache, key, Some(tag))) = &cached
             && (status == 304 || status == 412)
         {

@@ -31,6 +31,12 @@ impl RootKey {
         let text = |pointer: &str| object.pointer(pointer).and_then(Value::as_str).unwrap_or_default().to_owned();
         Self { kind: text("/kind"), namespace: text("/metadata/namespace"), name: text("/metadata/name") }
     }
+
+    /// The key of an object of `kind` (`namespace` empty for a cluster-scoped one).
+    #[must_use]
+    pub fn new(kind: &str, namespace: &str, name: &str) -> Self {
+        Self { kind: kind.to_owned(), namespace: namespace.to_owned(), name: name.to_owned() }
+    }
 }
 
 struct Entry {

@@ -8,8 +8,8 @@
 //! How a call travels lives in the submodules: [`settings`] decides which TLS/auth settings apply,
 //! [`credentials`] keeps the Secrets and `ConfigMap`s they read current, [`identity`] turns those into a
 //! TLS identity and an `Authorization` header, [`pool`] keeps one client per TLS identity, [`dial`]
-//! the `hookHosts` map and [`close`] a TLS server's close without `close_notify`, [`etag`] caches answers, [`metrics`] counts calls, and [`endpoint`] puts them
-//! together for one hook.
+//! the `hookHosts` map and [`close`] a TLS server's close without `close_notify`, [`etag`] caches answers, [`metrics`] counts calls, [`version`] keeps the versions a hook
+//! reports of itself, and [`endpoint`] puts them together for one hook.
 
 pub mod authority;
 pub mod close;
@@ -21,6 +21,7 @@ pub mod identity;
 pub mod metrics;
 pub mod pool;
 pub mod settings;
+pub mod version;
 pub mod wire;
 
 use std::collections::BTreeMap;
@@ -38,6 +39,7 @@ pub use self::endpoint::Endpoint;
 pub use self::metrics::{HookKind, HookLabels, HookMetrics};
 use self::pool::Pool;
 pub use self::settings::SettingsError;
+pub use self::version::{HOOK_VERSION_HEADER, HookVersions};
 pub(crate) use self::wire::{COMPOSITE_RESPONSE_FIELDS, CUSTOMIZE_RESPONSE_FIELDS, DECORATOR_RESPONSE_FIELDS};
 pub use self::wire::{
     CompositeRequest, CompositeResponse, CustomizeRequest, CustomizeResponse, DecoratorRequest, DecoratorResponse,
@@ -292,6 +294,8 @@ pub struct ControllerHooks {
     pub sync: Option<Endpoint>,
     pub finalize: Option<Endpoint>,
     pub customize: Option<Endpoint>,
+    /// The versions all three reported (`Metahook-Hook-Version`), shared.
+    pub versions: HookVersions,
 }
 
 impl HookClient {
@@ -324,7 +328,7 @@ impl HookClient {
         endpoint_configs: &[EndpointConfig],
         labels: HookLabels,
     ) -> Result<Endpoint, SettingsError> {
-        Endpoint::new(Arc::clone(&self.shared), hook, endpoint_configs, labels)
+        Endpoint::new(Arc::clone(&self.shared), hook, endpoint_configs, labels, HookVersions::default())
     }
 
     /// Endpoints for a controller's `sync`, `finalize` and `customize` hooks.
@@ -336,10 +340,11 @@ impl HookClient {
         endpoint_configs: &[EndpointConfig],
     ) -> Result<ControllerHooks, SettingsError> {
         let [sync, finalize, customize] = hooks;
+        let versions = HookVersions::default();
         let endpoint = |hook: Option<&Hook>, which: HookKind| {
             hook.map(|hook| {
                 let labels = HookLabels { kind: kind.to_owned(), controller: name.to_owned(), hook: which };
-                self.endpoint(hook, endpoint_configs, labels)
+                Endpoint::new(Arc::clone(&self.shared), hook, endpoint_configs, labels, versions.clone())
             })
             .transpose()
         };
@@ -347,6 +352,7 @@ impl HookClient {
             sync: endpoint(sync, HookKind::Sync)?,
             finalize: endpoint(finalize, HookKind::Finalize)?,
             customize: endpoint(customize, HookKind::Customize)?,
+            versions,
         })
     }
 }

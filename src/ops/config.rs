@@ -103,6 +103,16 @@ pub struct Config {
     pub events_qps: f64,
     /// Events per object that may go at once above `eventsQPS` (with a limit set).
     pub events_burst: u32,
+    /// When a controller's hook answers with a `Metahook-Hook-Version` it has not reported before,
+    /// every parent is synced again at this many per second, behind the changes; 0 = not at all.
+    /// Without the header nothing is re-synced (Metacontroller's behaviour).
+    #[serde(rename = "hookChangeResyncQPS")]
+    pub hook_change_resync_qps: f64,
+    /// How often a controller whose hook names its version asks it again about one of its parents (in
+    /// turn), so that a new version is noticed while nothing changes; 0 = only as syncs happen.
+    #[serde(with = "secs")]
+    #[schemars(with = "u64", extend("x-unit" = "seconds"))]
+    pub hook_version_probe_interval: Duration,
     /// API requests open at once, for the whole hub.
     pub max_requests_in_flight: usize,
     /// Field managers whose ownership of children and attachments the hub takes over on its first
@@ -284,6 +294,8 @@ impl Default for Config {
             api_burst: 100,
             events_qps: 0.0,
             events_burst: 25,
+            hook_change_resync_qps: 20.0,
+            hook_version_probe_interval: Duration::from_secs(30),
             max_requests_in_flight: 64,
             take_over_field_managers: vec![crate::write::take_over::METACONTROLLER_MANAGER.to_owned()],
             cache_flush_interval: Duration::from_secs(30 * 60),
@@ -345,6 +357,9 @@ pub struct ConfigOverrides {
     /// Base URL of an OTLP/HTTP collector to send traces to (`http://collector:4318`); empty: none.
     #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
     pub otlp_endpoint: Option<String>,
+    /// Parents re-synced per second when a hook reports a new Metahook-Hook-Version; 0 = none.
+    #[arg(long, env = "METAHOOK_HOOK_CHANGE_RESYNC_QPS")]
+    pub hook_change_resync_qps: Option<f64>,
     /// Watch and write only in these namespaces (`a,b`); empty: the whole cluster.
     #[arg(long, env = "METAHOOK_NAMESPACES", value_delimiter = ',')]
     pub namespaces: Option<Vec<String>>,
@@ -374,6 +389,9 @@ impl Config {
         }
         if let Some(endpoint) = &overrides.otlp_endpoint {
             config.tracing.otlp_endpoint.clone_from(endpoint);
+        }
+        if let Some(qps) = overrides.hook_change_resync_qps {
+            config.hook_change_resync_qps = qps;
         }
         if let Some(auth) = overrides.metrics_auth {
             config.metrics_auth = auth;
@@ -422,6 +440,10 @@ impl Config {
             cache_sync_timeout: self.cache_sync_timeout,
             backoff: crate::engine::queue::Backoff { base: self.backoff_base, max: self.backoff_max },
             customize_cache_timeout: self.customize_cache_timeout,
+            hook_change_resync_interval: (self.hook_change_resync_qps > 0.0)
+                .then(|| Duration::from_secs_f64(1.0 / self.hook_change_resync_qps)),
+            hook_version_probe_interval: (!self.hook_version_probe_interval.is_zero())
+                .then_some(self.hook_version_probe_interval),
         }
     }
 
@@ -512,6 +534,12 @@ impl Config {
             return Err(ConfigError::Invalid {
                 field: "customizeCacheTimeout",
                 reason: "must be at least 1 second".into(),
+            });
+        }
+        if !(self.hook_change_resync_qps >= 0.0 && self.hook_change_resync_qps.is_finite()) {
+            return Err(ConfigError::Invalid {
+                field: "hookChangeResyncQPS",
+                reason: "must be a finite number, 0 or more".into(),
             });
         }
         if !(self.events_qps >= 0.0 && self.events_qps.is_finite()) {

@@ -40,20 +40,19 @@ pub fn registry(hub: &Hub, ready: &Readiness) -> Registry {
     hub.hooks.metrics().register(&mut registry);
     crate::ops::client_metrics::process().register(&mut registry);
     registry.register_collector(Box::new(crate::ops::process::ProcessMetrics));
-    register_snapshot(&mut registry, ready.health.clone(), ready.leadership.clone(), hub.informers.clone());
+    register_snapshot(&mut registry, ready.clone(), hub.informers.clone());
     registry
 }
 
 /// Scrape-time gauges: controllers by state, informer caches, leadership.
 struct Snapshot {
-    health: Health,
-    leadership: Option<Leadership>,
+    ready: Readiness,
     informers: Informers,
 }
 
 impl std::fmt::Debug for Snapshot {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Snapshot").field("health", &self.health).finish_non_exhaustive()
+        f.debug_struct("Snapshot").field("ready", &self.ready).finish_non_exhaustive()
     }
 }
 
@@ -103,7 +102,7 @@ impl Collector for Snapshot {
             let labels = ResourceLabels { resource: cache.resource.clone() };
             ConstGauge::new(i64::from(cache.synced)).encode(synced.encode_family(&labels)?)?;
         }
-        let by_state = self.health.count_by_state();
+        let by_state = self.ready.health.count_by_state();
         let mut controllers = encoder.encode_descriptor(
             "metahook_controllers",
             "Controllers by state (starting: waiting for caches; failed: see their Ready condition).",
@@ -113,27 +112,38 @@ impl Collector for Snapshot {
         for (state, count) in by_state {
             ConstGauge::new(count).encode(controllers.encode_family(&StateLabels { state })?)?;
         }
-        if let Some(leadership) = &self.leadership {
+        if let Some(leadership) = self.ready.leader_lease() {
             let mut leader = encoder.encode_descriptor(
                 "leader_election_master_status",
-                "1 while this hub holds the leader Lease and may write.",
+                "1 while this hub holds the leader Lease (sharded: coordinates the ring).",
                 None,
                 prometheus_client::metrics::MetricType::Gauge,
             )?;
             let labels = LeaseLabels { name: leadership.lease.clone() };
             ConstGauge::new(i64::from(leadership.may_write())).encode(leader.encode_family(&labels)?)?;
         }
+        if let (Some(member), Some(_)) = (&self.ready.leadership, &self.ready.coordination) {
+            let mut held = encoder.encode_descriptor(
+                "metahook_shard_member",
+                "1 while this replica holds its member Lease of the ring and may write.",
+                None,
+                prometheus_client::metrics::MetricType::Gauge,
+            )?;
+            let labels = LeaseLabels { name: member.lease.clone() };
+            ConstGauge::new(i64::from(member.may_write())).encode(held.encode_family(&labels)?)?;
+        }
         Ok(())
     }
 }
 
 /// The families [`register_snapshot`] computes when scraped.
-pub const SCRAPE_TIME_FAMILIES: [&str; 5] = [
+pub const SCRAPE_TIME_FAMILIES: [&str; 6] = [
     "metahook_watched_types",
     "metahook_informer_objects",
     "metahook_informer_synced",
     "metahook_controllers",
     "leader_election_master_status",
+    "metahook_shard_member",
 ];
 
 /// Names of the families in `registry` (as `# TYPE` declares them, without sample suffixes).
@@ -148,13 +158,8 @@ pub fn family_names(registry: &Registry) -> std::collections::BTreeSet<String> {
 }
 
 /// Registers the scrape-time gauges (caches, controllers, leadership).
-pub fn register_snapshot(
-    registry: &mut Registry,
-    health: Health,
-    leadership: Option<Leadership>,
-    informers: Informers,
-) {
-    registry.register_collector(Box::new(Snapshot { health, leadership, informers }));
+pub fn register_snapshot(registry: &mut Registry, ready: Readiness, informers: Informers) {
+    registry.register_collector(Box::new(Snapshot { ready, informers }));
 }
 
 /// Ready, and a body saying why (or why not): a standby is ready (it must be, for a rolling update to
@@ -184,11 +189,24 @@ pub fn render(registry: &Registry) -> String {
     out
 }
 
-/// What `/readyz` answers from.
+/// What `/readyz` answers from, and the leases `/metrics` reports.
 #[derive(Clone, Debug)]
 pub struct Readiness {
     pub health: Health,
+    /// The Lease that gates this replica's writes: the leader Lease, or with sharding its member Lease.
     pub leadership: Option<Leadership>,
+    /// With sharding, the leader Lease, whose holder coordinates the ring (it gates no sync).
+    pub coordination: Option<Leadership>,
+}
+
+impl Readiness {
+    /// The leader Lease, which `leader_election_master_status` reports: with sharding the
+    /// coordinator's, so that the family means the same thing whether the hub is sharded or not (one
+    /// replica at 1), and each member Lease goes to `metahook_shard_member`.
+    #[must_use]
+    pub fn leader_lease(&self) -> Option<&Leadership> {
+        self.coordination.as_ref().or(self.leadership.as_ref())
+    }
 }
 
 /// Which endpoints a listener answers; the others are 404.
@@ -376,7 +394,7 @@ mod tests {
         let listener = crate::ops::http::bind(":0").await.expect("Go's :port form binds every address");
         let port = listener.local_addr().unwrap().port();
         let health = Health::default();
-        let ready = Readiness { health, leadership: None };
+        let ready = Readiness { health, leadership: None, coordination: None };
         let probes = tokio::spawn(serve(
             listener,
             Arc::new(Registry::default()),
@@ -408,7 +426,7 @@ mod tests {
         let port = listener.local_addr().unwrap().port();
         let client = kube::Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap())).unwrap();
         let access = MetricsAccess::Reviewed(Arc::new(crate::ops::metrics_auth::Reviewer::new(client)));
-        let ready = Readiness { health: Health::default(), leadership: None };
+        let ready = Readiness { health: Health::default(), leadership: None, coordination: None };
         let server = tokio::spawn(serve(listener, Arc::new(Registry::default()), ready, Routes::ALL, access, None));
         let get = |path: &'static str, authorization: Option<String>| async move {
             let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.unwrap();
@@ -442,7 +460,7 @@ mod tests {
         let health = Health::default();
         health.listed("CompositeController");
         health.listed("DecoratorController");
-        let ready = Readiness { health, leadership: None };
+        let ready = Readiness { health, leadership: None, coordination: None };
         let server = tokio::spawn(serve(listener, Arc::new(registry), ready, Routes::ALL, MetricsAccess::Anyone, None));
 
         // One connection, several requests: each answer is read by its Content-Length.
@@ -499,7 +517,7 @@ mod tests {
     async fn a_client_that_never_finishes_its_request_is_dropped() {
         let listener = crate::ops::http::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
-        let ready = Readiness { health: Health::default(), leadership: None };
+        let ready = Readiness { health: Health::default(), leadership: None, coordination: None };
         let router = router(Arc::new(Registry::default()), ready, Routes::ALL, MetricsAccess::Anyone);
         let timeout = std::time::Duration::from_millis(300);
         let server = tokio::spawn(crate::ops::http::serve(listener, router, timeout, None));

@@ -101,7 +101,7 @@ pub async fn run_until(client: Client, config: Config, cancel: CancellationToken
     }
     let access = metrics_access(&client, &config);
     let hub = build(client, &config);
-    let ready = Readiness { health: hub.health.clone(), leadership: None };
+    let ready = Readiness { health: hub.health.clone(), leadership: None, coordination: None };
     let servers = serve_endpoints(&config, &hub, ready, access).await;
     run_controllers(hub, config.target_label_selector.clone(), cancel).await;
     for server in servers {
@@ -172,7 +172,7 @@ async fn run_elected(client: Client, config: Config, cancel: CancellationToken) 
     let leadership = elector.leadership().clone();
     let access = metrics_access(&client, &config);
     let hub = build(crate::ops::gate::gated(client, leadership.clone()), &config);
-    let ready = Readiness { health: hub.health.clone(), leadership: Some(leadership.clone()) };
+    let ready = Readiness { health: hub.health.clone(), leadership: Some(leadership.clone()), coordination: None };
     let servers = serve_endpoints(&config, &hub, ready, access).await;
     info!(identity = %leadership.identity, lease = %leadership.lease, "waiting to lead");
     while elector.acquire(&cancel).await {
@@ -217,10 +217,15 @@ async fn run_sharded(client: Client, config: Config, cancel: CancellationToken) 
     let access = metrics_access(&client, &config);
     let hub =
         build_member(crate::ops::gate::gated(client.clone(), leadership.clone()), &config, Some((&shard, &identity)));
-    let ready = Readiness { health: hub.health.clone(), leadership: Some(leadership.clone()) };
+    let elector = Elector::new(client.clone(), &namespace, settings, identity.clone());
+    let ready = Readiness {
+        health: hub.health.clone(),
+        leadership: Some(leadership.clone()),
+        coordination: Some(elector.leadership().clone()),
+    };
     let servers = serve_endpoints(&config, &hub, ready, access).await;
     let coordinating =
-        tokio::spawn(coordinate(client.clone(), config.clone(), namespace.clone(), identity.clone(), cancel.clone()));
+        tokio::spawn(coordinate(elector, client.clone(), config.clone(), namespace.clone(), cancel.clone()));
     info!(%identity, member = %shard.member, ring = %shard.ring, "joining the ring");
     loop {
         // Each term starts claiming nothing: what an earlier term held may have been taken since.
@@ -259,10 +264,15 @@ async fn run_sharded(client: Client, config: Config, cancel: CancellationToken) 
     }
 }
 
-/// Coordinates the ring while this replica holds the leader Lease (on a client gated by it), until `cancel`.
-async fn coordinate(client: Client, config: Config, namespace: String, identity: String, cancel: CancellationToken) {
-    let settings = config.leader_election.clone();
-    let mut elector = Elector::new(client.clone(), &namespace, settings.clone(), identity);
+/// Coordinates the ring while this replica holds the leader Lease of `elector` (on a client gated by
+/// it), until `cancel`.
+async fn coordinate(
+    mut elector: Elector,
+    client: Client,
+    config: Config,
+    namespace: String,
+    cancel: CancellationToken,
+) {
     let gated = crate::ops::client::limited(
         crate::ops::gate::gated(client, elector.leadership().clone()),
         config.client_limits(),

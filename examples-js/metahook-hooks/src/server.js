@@ -10,6 +10,10 @@
  * What a hook in a Pod needs besides routing: `GET /healthz` for probes, the listen address from
  * `PORT` and `HOST`, and a graceful stop: on SIGTERM (Kubernetes' way of stopping a Pod) the server
  * stops accepting connections, lets the calls in flight finish and answer, then closes.
+ *
+ * A hook that names its version (`hookVersion`, default `$HOOK_VERSION`) sends it with every answer as
+ * `Metahook-Hook-Version`: when the hub hears a version it has not heard before, it syncs every parent
+ * again (paced), so rolling out a new hook needs no resync period to show.
  */
 
 import http from "node:http";
@@ -26,6 +30,10 @@ export const DEFAULT_PORT = 8080;
 export const DRAIN_SECONDS = 25;
 const HEALTH_PATH = "/healthz";
 const LOG_ENV = "METAHOOK_LOG_REQUESTS";
+/** The response header a hook names its version in. */
+export const HOOK_VERSION_HEADER = "Metahook-Hook-Version";
+/** Where the server reads the hook's version from when it is given none. */
+export const HOOK_VERSION_ENV = "HOOK_VERSION";
 
 /**
  * Throw from a hook to answer 429 with `Retry-After`: the hub calls again after that many seconds,
@@ -78,10 +86,12 @@ export function listenAddress({ port, host } = {}, env = process.env) {
  * (default `$METAHOOK_MAX_BODY`, else 64 MiB) are refused with 413; chunked bodies are read like others.
  * With `tlsCert` and `tlsKey` (default `$TLS_CERT_FILE`, `$TLS_KEY_FILE`) it is an `https.Server`
  * that picks up renewed files; with `clientCa` too (`$TLS_CLIENT_CA_FILE`) clients must present a
- * certificate that CA signed.
+ * certificate that CA signed. `hookVersion` (default `$HOOK_VERSION`) goes with every answer as
+ * `Metahook-Hook-Version`.
  */
 export function createHookServer(routes, options = {}) {
   const { logRequests = false, drainSeconds = DRAIN_SECONDS, log, maxBody } = options;
+  const hookVersion = hookVersionOf(options.hookVersion ?? (process.env[HOOK_VERSION_ENV] || undefined));
   const table = new Map(Object.entries(routes));
   for (const [path, fn] of table) {
     if (!path.startsWith("/") || typeof fn !== "function") {
@@ -89,7 +99,14 @@ export function createHookServer(routes, options = {}) {
     }
   }
   const write = log ?? ((line) => process.stderr.write(`${line}\n`));
-  const state = { draining: false, known: [...table.keys()].sort().join(", "), logRequests, write, maxBody: maxBodyBytes(maxBody) };
+  const state = {
+    draining: false,
+    known: [...table.keys()].sort().join(", "),
+    logRequests,
+    write,
+    maxBody: maxBodyBytes(maxBody),
+    answered: hookVersion === undefined ? {} : { [HOOK_VERSION_HEADER]: hookVersion },
+  };
   /** Responses not yet finished: a drain waits for them, and tells their clients not to reuse the connection. */
   const active = new Set();
   const listener = (req, res) => {
@@ -251,8 +268,18 @@ async function call(fn, path, request, res, state, trace) {
   } catch (e) {
     return reply(res, 500, `hook ${path} response is not JSON: ${e instanceof Error ? e.message : e}`);
   }
-  send(res, 200, "application/json", encoded);
+  send(res, 200, "application/json", encoded, state.answered);
   return {};
+}
+
+/** A hook version as a header can carry it: one line, not empty; `undefined` stays so. */
+function hookVersionOf(text) {
+  if (text === undefined) return undefined;
+  const version = String(text).trim();
+  if (version === "" || /[\r\n]/.test(version)) {
+    throw new RangeError(`hookVersion ${JSON.stringify(text)}: one line, not empty`);
+  }
+  return version;
 }
 
 /** The request log fields naming the object the call is for. */

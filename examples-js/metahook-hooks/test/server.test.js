@@ -52,6 +52,31 @@ test("routes by path, sync and async handlers alike", async () => {
   assert.deepEqual(JSON.parse((await call("/finalize")).text), { children: [], finalized: true });
 });
 
+test("a hook version goes with every answer, from the option or $HOOK_VERSION; none without", async () => {
+  assert.equal((await call("/sync")).headers.get("metahook-hook-version"), null);
+  const before = process.env.HOOK_VERSION;
+  for (const [options, env, expected] of [[{ hookVersion: "2.1.0" }, undefined, "2.1.0"], [{}, "from-env", "from-env"]]) {
+    if (env === undefined) delete process.env.HOOK_VERSION;
+    else process.env.HOOK_VERSION = env;
+    const versioned = await serve(ROUTES, { port: 0, host: "127.0.0.1", quiet: true, handleSignals: false, ...options });
+    try {
+      const response = await fetch(`http://127.0.0.1:${versioned.address().port}/sync`, {
+        method: "POST",
+        headers: { "Content-Type": "application/json" },
+        body: JSON.stringify(REQUEST),
+      });
+      assert.equal(response.status, 200);
+      assert.equal(response.headers.get("metahook-hook-version"), expected);
+      await response.text();
+    } finally {
+      await new Promise((resolve) => versioned.close(resolve));
+    }
+  }
+  if (before === undefined) delete process.env.HOOK_VERSION;
+  else process.env.HOOK_VERSION = before;
+  assert.throws(() => createHookServer(ROUTES, { hookVersion: "v1\r\nX-Injected: 1" }), /one line/);
+});
+
 test("query strings do not change the route", async () => {
   assert.equal((await call("/sync?debug=1")).status, 200);
 });

@@ -9,6 +9,10 @@ than "failed": `RetryLater(seconds)` answers 429 + `Retry-After` (call again the
 `PermanentError(message)` answers 422 + `Metahook-Error: permanent` (retrying cannot help until the
 parent or its children change: the hub reports it once and waits for a change instead of backing off).
 
+A hook that names its version (`hook_version=`, or `$HOOK_VERSION` for `serve`) sends it with every
+answer as `Metahook-Hook-Version`: when the hub hears a version it has not heard before, it syncs every
+parent again (paced), so rolling out a new hook needs no resync period to show.
+
 What a hook in a Pod needs besides routing: `GET /healthz` for probes, the listen address from `PORT`
 and `HOST`, and a graceful stop: on SIGTERM (Kubernetes' way of stopping a Pod) the server stops
 accepting connections, lets the calls in flight finish and answer, then returns. With a certificate and
@@ -47,6 +51,8 @@ __all__ = [
     "DRAIN_SECONDS",
     "Handler",
     "HookResult",
+    "HOOK_VERSION_ENV",
+    "HOOK_VERSION_HEADER",
     "HookServer",
     "PermanentError",
     "RetryLater",
@@ -55,6 +61,11 @@ __all__ = [
     "serve",
     "start_server",
 ]
+
+HOOK_VERSION_HEADER = "Metahook-Hook-Version"
+"""The response header a hook names its version in."""
+HOOK_VERSION_ENV = "HOOK_VERSION"
+"""Where `serve` reads the hook's version from when it is given none."""
 
 HookResult = Mapping[str, Any] | None
 """What a hook function returns: the response dict (a `CompositeResponse`, ...), or None (a 500)."""
@@ -190,7 +201,11 @@ class HookServer:
         tls_cert: str | None = None,
         tls_key: str | None = None,
         client_ca: str | None = None,
+        hook_version: str | None = None,
     ) -> None:
+        if hook_version is not None and (not hook_version.strip() or any(c in hook_version for c in "\r\n")):
+            raise ValueError(f"hook_version {hook_version!r}: one line, not empty")
+        self.hook_version = hook_version.strip() if hook_version else None
         for path, fn in routes.items():
             if not isinstance(path, str) or not path.startswith("/") or not callable(fn):
                 raise ValueError(f"route {path!r}: paths start with '/' and map to a function")
@@ -469,7 +484,8 @@ class HookServer:
             encoded = json.dumps(with_events(response, log.events)).encode()
         except (TypeError, ValueError) as e:
             return _text(500, f"hook {path} response is not JSON: {e}")
-        return _Reply(200, encoded, "application/json")
+        headers = {HOOK_VERSION_HEADER: self.hook_version} if self.hook_version else None
+        return _Reply(200, encoded, "application/json", headers)
 
     async def _write(self, writer: asyncio.StreamWriter, reply: _Reply, request: _Request | None) -> None:
         head = [f"HTTP/1.1 {reply.code} {_REASONS.get(reply.code, 'Unknown')}"]
@@ -604,6 +620,7 @@ def make_server(
     tls_cert: str | None = None,
     tls_key: str | None = None,
     client_ca: str | None = None,
+    hook_version: str | None = None,
 ) -> HookServer:
     """A bound, not yet serving, server for `routes` (`{"/sync": sync, ...}`); HTTPS when `tls_cert`
     and `tls_key` name PEM files, requiring client certificates signed by `client_ca` if given."""
@@ -618,6 +635,7 @@ def make_server(
         tls_cert=tls_cert,
         tls_key=tls_key,
         client_ca=client_ca,
+        hook_version=hook_version,
     )
 
 
@@ -633,6 +651,7 @@ def start_server(
     tls_cert: str | None = None,
     tls_key: str | None = None,
     client_ca: str | None = None,
+    hook_version: str | None = None,
 ) -> HookServer:
     """Serves `routes` in a background thread and returns the server once it accepts calls (tests use
     port 0 and read `server.port` or `server.url`). Stop it with `server.shutdown(); server.server_close()`."""
@@ -647,6 +666,7 @@ def start_server(
         tls_cert=tls_cert,
         tls_key=tls_key,
         client_ca=client_ca,
+        hook_version=hook_version,
     )
     threading.Thread(target=server.serve_forever, name=f"metahook-hooks:{server.port}", daemon=True).start()
     server._ready.wait()
@@ -664,6 +684,7 @@ def serve(
     tls_cert: str | None = None,
     tls_key: str | None = None,
     client_ca: str | None = None,
+    hook_version: str | None = None,
 ) -> None:
     """Serves `routes` until SIGTERM or Ctrl-C, then drains and returns.
 
@@ -676,6 +697,7 @@ def serve(
     `tls_cert`, `tls_key` and `client_ca` (default, when none is given: `$TLS_CERT_FILE`,
     `$TLS_KEY_FILE`, `$TLS_CLIENT_CA_FILE`) serve HTTPS, health checks included, from PEM files that
     are loaded again when they change; with a client CA, clients must present a certificate it signed.
+    `hook_version` (default: `$HOOK_VERSION`) is sent with every answer as `Metahook-Hook-Version`.
 
     Only `serve` reads the environment: `make_server` and `start_server` (tests, embedding) take
     arguments only, so a test suite run in a shell with these variables set behaves the same.
@@ -696,6 +718,7 @@ def serve(
         tls_cert=files.cert if files else None,
         tls_key=files.key if files else None,
         client_ca=files.client_ca if files else None,
+        hook_version=hook_version if hook_version is not None else (os.environ.get(HOOK_VERSION_ENV) or None),
     )
     print(_banner(server), file=sys.stderr, flush=True)
     try:

@@ -146,6 +146,40 @@ def test_permanent_error_is_422_marked_permanent_with_the_message_first(server):
     assert "Traceback" not in text, "a permanent error is the hook's verdict, not a crash"
 
 
+def test_a_hook_version_is_sent_with_every_answer_and_only_then():
+    versioned = start_server(ROUTES, hook_version="2.1.0")
+    try:
+        status, headers, _ = call(versioned, "/sync")
+        assert (status, headers["Metahook-Hook-Version"]) == (200, "2.1.0")
+    finally:
+        versioned.shutdown()
+        versioned.server_close()
+    with pytest.raises(ValueError, match="one line"):
+        make_server(ROUTES, hook_version="v1\r\nX-Injected: 1")
+
+
+def test_without_a_hook_version_no_header_is_sent(server):
+    status, headers, _ = call(server, "/sync")
+    assert status == 200 and headers.get("Metahook-Hook-Version") is None
+
+
+def test_serve_takes_the_hook_version_from_the_environment(tmp_path):
+    script = tmp_path / "hook.py"
+    script.write_text("from metahook_hooks import serve\nserve({'/sync': lambda r: {'children': []}}, port=0, host='127.0.0.1')\n")
+    env = {**os.environ, "HOOK_VERSION": "from-env", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    process = subprocess.Popen([sys.executable, str(script)], env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        banner = process.stderr.readline()
+        port = int(banner.split("listening on http://127.0.0.1:")[1].split()[0])
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/sync", data=b"{}", method="POST",
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=5) as response:
+            assert response.headers["Metahook-Hook-Version"] == "from-env"
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
 def test_permanent_error_is_logged_with_its_message():
     log = io.StringIO()
     server = start_server(ROUTES, log_stream=log)

@@ -118,9 +118,11 @@ impl Controller {
         }))
     }
 
-    /// Runs watches-to-queue mapping and the workers until `cancel` fires.
+    /// Runs watches-to-queue mapping and the workers, and follows the hook's versions
+    /// ([`crate::engine::rollout`]), until `cancel` fires.
     pub async fn run(self: Arc<Self>, cancel: CancellationToken) {
-        crate::engine::sync::run(self, cancel).await;
+        let versions = crate::engine::rollout::run(Arc::clone(&self), cancel.clone());
+        tokio::join!(crate::engine::sync::run(self, cancel), versions);
     }
 
     /// Queues every parent it selects (or still finalizes) now — a sync requested on the controller
@@ -236,6 +238,10 @@ impl Kind for Controller {
 
     fn hook(&self, finalizing: bool) -> Option<&Endpoint> {
         if finalizing { self.endpoints.finalize.as_ref() } else { self.endpoints.sync.as_ref() }
+    }
+
+    fn hook_versions(&self) -> &crate::hooks::HookVersions {
+        &self.endpoints.versions
     }
 
     fn has_finalize_hook(&self) -> bool {

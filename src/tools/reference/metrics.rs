@@ -89,8 +89,9 @@ fn exposition() -> String {
     let hub = crate::ops::run::build(client, &Config::default());
     // The sharding families, as a sharded replica serves them.
     hub.metrics.shard.enable();
-    let leadership = Leadership::new("metahook-0".to_owned(), "metahook/metahook".to_owned());
-    let ready = Readiness { health: hub.health.clone(), leadership: Some(leadership) };
+    let member = Leadership::new("metahook-0".to_owned(), "metahook/metahook-0".to_owned());
+    let leader = Leadership::new("metahook-0".to_owned(), "metahook/metahook".to_owned());
+    let ready = Readiness { health: hub.health.clone(), leadership: Some(member), coordination: Some(leader) };
     let registry = crate::ops::metrics::registry(&hub, &ready);
 
     let (kind, name) = ("CompositeController", "example");

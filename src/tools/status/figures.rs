@@ -4,6 +4,10 @@
 //! A counter says how many since the replica started, so a rate needs two scrapes some time apart; with
 //! one, the rates are unknown. The latency quantiles are over the replica's lifetime (the histogram's
 //! buckets as served), estimated as Prometheus' `histogram_quantile` does.
+//!
+//! Several replicas ([`total`]) — a sharded ring, where each syncs its share of the parents — add up as
+//! Prometheus' `sum` would: counts and rates are summed, and the latency histograms are summed bucket by
+//! bucket before the quantiles are taken (quantiles of quantiles would mean nothing).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -17,8 +21,11 @@ const RECONCILE_BEFORE: &str = "metahook_reconcile_total";
 /// Buckets of the hook request-duration histogram ([`crate::hooks::metrics`]), labelled `kind`,
 /// `controller`, `hook`, `le`.
 const HOOK_BUCKETS: &str = "metahook_hook_request_duration_seconds_bucket";
-/// 1 on the replica that holds the leader Lease (and so runs the controllers).
+/// 1 on the replica that holds the leader Lease (and so runs the controllers, or, sharded, coordinates
+/// the ring).
 const LEADER: &str = "leader_election_master_status";
+/// The buckets of parents a sharded replica holds (of 1024); not served without sharding.
+const SHARD_BUCKETS: &str = "metahook_shard_buckets";
 
 /// A controller as the metrics label it.
 #[derive(Clone, Copy, Debug)]
@@ -62,6 +69,12 @@ impl Scrape {
             *by_result.entry(sample.label("result").unwrap_or_default().to_owned()).or_insert(0.0) += sample.value;
         }
         (!by_result.is_empty()).then_some(by_result)
+    }
+
+    /// Whether the replica is a member of a sharded ring, and how many of the ring's buckets it holds.
+    #[must_use]
+    pub fn shard_buckets(&self) -> Option<u64> {
+        self.samples.iter().find(|s| s.name == SHARD_BUCKETS).map(|s| count(s.value))
     }
 
     /// The controller's hook latency histogram, every hook's buckets added: (upper bound, calls at or
@@ -127,6 +140,53 @@ pub fn figures(first: Option<&Scrape>, last: &Scrape, controller: Controller<'_>
         hook_p50: quantile(0.5, &buckets),
         hook_p99: quantile(0.99, &buckets),
     }
+}
+
+/// The two scrapes of one replica: `first` (for the rates) and `last`.
+#[derive(Clone, Copy, Debug)]
+pub struct Replica<'a> {
+    pub first: Option<&'a Scrape>,
+    pub last: &'a Scrape,
+}
+
+/// The figures of `controller` over every replica in `replicas`: each figure summed over the replicas
+/// that have it (`None` when none has), the hook latency from their histograms summed by bucket.
+#[must_use]
+pub fn total(replicas: &[Replica<'_>], controller: Controller<'_>) -> Figures {
+    let each: Vec<Figures> = replicas.iter().map(|r| figures(r.first, r.last, controller)).collect();
+    let sum = |pick: fn(&Figures) -> Option<f64>| -> Option<f64> {
+        each.iter().filter_map(pick).fold(None, |total, value| Some(total.unwrap_or(0.0) + value))
+    };
+    let histograms: Vec<Vec<(f64, f64)>> = replicas.iter().map(|r| r.last.hook_buckets(controller)).collect();
+    let buckets = merge(&histograms);
+    Figures {
+        syncs_per_minute: sum(|f| f.syncs_per_minute),
+        errors: each.iter().filter_map(|f| f.errors).fold(None, |total, n| Some(total.unwrap_or(0) + n)),
+        errors_per_minute: sum(|f| f.errors_per_minute),
+        hook_p50: quantile(0.5, &buckets),
+        hook_p99: quantile(0.99, &buckets),
+    }
+}
+
+/// Cumulative histograms (each sorted by bound) added into one, as `sum by (le)` does. Replicas of one
+/// version serve the same bounds, and then this is a plain sum per bound; should two versions differ,
+/// each histogram counts at a bound it lacks what it has at its nearest bound below (what it knows to
+/// be at or below it), so the sum stays cumulative and never overstates a bucket.
+#[must_use]
+pub fn merge(histograms: &[Vec<(f64, f64)>]) -> Vec<(f64, f64)> {
+    let mut bounds: Vec<f64> = histograms.iter().flatten().map(|(bound, _)| *bound).collect();
+    bounds.sort_by(f64::total_cmp);
+    bounds.dedup_by(|a, b| a.total_cmp(b).is_eq());
+    bounds
+        .into_iter()
+        .map(|bound| {
+            let at = histograms
+                .iter()
+                .map(|h| h.iter().take_while(|(b, _)| *b <= bound).last().map_or(0.0, |(_, count)| *count))
+                .sum();
+            (bound, at)
+        })
+        .collect()
 }
 
 /// A counter's value as a count (counters hold whole numbers; a float is how the format carries them).
@@ -238,6 +298,43 @@ mod tests {
             .replace("result=\"error\"} 4", "result=\"error\"} 1");
         let figures = figures(Some(&first), &scrape(&restarted, 60), WEB);
         assert!(close(figures.errors_per_minute, 1.0), "{figures:?}");
+    }
+
+    #[test]
+    fn replicas_add_up_their_rates_errors_and_histograms() {
+        let first = scrape(FIXTURE, 0);
+        let later = FIXTURE.replace(
+            "controller=\"compositecontroller/web\",result=\"success\"} 20",
+            "controller=\"compositecontroller/web\",result=\"success\"} 35",
+        );
+        let last = scrape(&later, 10);
+        let alone = figures(Some(&first), &last, WEB);
+        let (other_first, other_last) = (scrape(FIXTURE, 1), scrape(FIXTURE, 11));
+        let standby = scrape("leader_election_master_status{name=\"metahook\"} 0\n", 10);
+        let replicas = [
+            Replica { first: Some(&first), last: &last },
+            Replica { first: Some(&other_first), last: &other_last },
+            Replica { first: None, last: &standby },
+        ];
+        let total = total(&replicas, WEB);
+        assert!(close(total.syncs_per_minute, 15.0 * 6.0), "the second replica synced none: {total:?}");
+        assert_eq!(total.errors, Some(8), "4 on each replica that runs it");
+        // The same histogram twice: the same quantiles as one of them alone.
+        assert!(close(total.hook_p50, alone.hook_p50.unwrap()), "{total:?}");
+        assert!(close(total.hook_p99, alone.hook_p99.unwrap()), "{total:?}");
+        let nobody = Controller { kind: "CompositeController", name: "elsewhere" };
+        assert_eq!(super::total(&replicas, nobody), Figures::default(), "no replica runs it: unknown, not 0");
+    }
+
+    #[test]
+    fn histograms_are_summed_bucket_by_bucket() {
+        let a = vec![(0.1, 1.0), (0.2, 3.0), (f64::INFINITY, 4.0)];
+        let b = vec![(0.1, 0.0), (0.2, 10.0), (f64::INFINITY, 10.0)];
+        assert_eq!(merge(&[a.clone(), b]), vec![(0.1, 1.0), (0.2, 13.0), (f64::INFINITY, 14.0)]);
+        // Other bounds: a bound one lacks counts what it has below it.
+        let c = vec![(0.15, 2.0), (f64::INFINITY, 2.0)];
+        assert_eq!(merge(&[a, c]), vec![(0.1, 1.0), (0.15, 3.0), (0.2, 5.0), (f64::INFINITY, 6.0)]);
+        assert_eq!(merge(&[]), Vec::<(f64, f64)>::new());
     }
 
     #[test]

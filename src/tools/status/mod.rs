@@ -2,27 +2,33 @@
 //! syncs per minute, errors, hook latency, and the last error with its parent.
 //!
 //! Two sources, each optional in what it adds: the API ([`cluster`]: conditions, parents, Events),
-//! and a hub replica's `/metrics` ([`exposition`] reads the text, [`figures`] the numbers; a rate needs
-//! two scrapes `--interval` apart). [`report`] renders the result as a table or as JSON.
+//! and the hub replicas' `/metrics` ([`sources`] says which, [`scrape`] reads them, [`exposition`] the
+//! text, [`figures`] the numbers, summed over the replicas; a rate needs two scrapes `--interval`
+//! apart). [`report`] renders the result as a table or as JSON.
 
 pub mod cluster;
 pub mod exposition;
 pub mod figures;
 pub mod report;
+pub mod scrape;
+pub mod sources;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use http_body_util::BodyExt as _;
+use futures::future::join_all;
 use kube::Client;
 
-use self::figures::{Controller, Scrape};
-use self::report::{ControllerReport, Latency, MetricsSource, Report};
+use self::figures::{Controller, Replica, Scrape};
+use self::report::{ControllerReport, Latency, Metrics, MetricsSource, Report, SourceFigures};
+use self::scrape::Scraper;
+use self::sources::{PodSelector, Source};
 use crate::cache::selector::parse_selector_string;
 
-/// How long one scrape of `/metrics` may take.
-const SCRAPE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Exit code when the report was printed but a replica's metrics could not be read: its figures are
+/// missing from the sums, which the report says.
+pub const EXIT_PARTIAL: u8 = 2;
 
 /// Arguments of `metahook status`.
 #[derive(Debug, Clone, clap::Args)]
@@ -33,10 +39,36 @@ pub struct StatusArgs {
     /// Only controllers whose labels match, e.g. `team=web` (the form of the hub's `targetLabelSelector`).
     #[arg(short = 'l', long)]
     pub selector: Option<String>,
-    /// A hub replica's metrics, `http://HOST:PORT/metrics` (the leader's: only it runs controllers; e.g.
-    /// through `kubectl port-forward`). Without it, syncs/min, errors and hook latency are unknown.
+    /// A hub replica's metrics, `http://HOST:PORT/metrics` or `https://…` (e.g. through `kubectl
+    /// port-forward`); once per replica: the figures are summed over them. Unsharded, the leader's are
+    /// enough (only it runs controllers); sharded, every replica syncs its share. Without it (or
+    /// `--metrics-pods`), syncs/min, errors and hook latency are unknown.
     #[arg(long, value_name = "URL")]
-    pub metrics_url: Option<String>,
+    pub metrics_url: Vec<String>,
+    /// The hub's Pods, `NAMESPACE/SELECTOR` (e.g. `metahook/app.kubernetes.io/name=metahook`): each is
+    /// scraped through the API server's pod proxy, with the kubeconfig's credentials (`get` on
+    /// `pods/proxy`). The proxy forwards no token: a hub with `metricsAuth: kubernetes` refuses it.
+    #[arg(long, value_name = "NAMESPACE/SELECTOR", value_parser = sources::pod_selector)]
+    pub metrics_pods: Option<PodSelector>,
+    /// With `--metrics-pods`: the container port, by name or number.
+    #[arg(long, value_name = "PORT", default_value = "metrics")]
+    pub metrics_port: String,
+    /// With `--metrics-pods`: `https` when the hub serves its metrics in HTTPS (`metricsCertDir`).
+    #[arg(long, value_name = "SCHEME", default_value = "http", value_parser = ["http", "https"])]
+    pub metrics_scheme: String,
+    /// PEM file of the CA that signed the hub's metrics certificate, for `https://` URLs; without it,
+    /// the system's roots.
+    #[arg(long, value_name = "FILE")]
+    pub metrics_ca: Option<PathBuf>,
+    /// The name to verify the hub's certificate for, instead of each URL's host (through a
+    /// port-forward to 127.0.0.1: the Service name the certificate names).
+    #[arg(long, value_name = "NAME")]
+    pub metrics_server_name: Option<String>,
+    /// File holding a bearer token sent with every `--metrics-url` scrape, for a hub with
+    /// `metricsAuth: kubernetes`: e.g. `<(kubectl create token NAME)` for a `ServiceAccount` allowed to
+    /// get `/metrics`.
+    #[arg(long, value_name = "FILE")]
+    pub metrics_token_file: Option<PathBuf>,
     /// Time between the two scrapes syncs/min is measured over (a Go duration); `0s` scrapes once, and
     /// the rates are unknown.
     #[arg(long, default_value = "10s", value_parser = interval)]
@@ -72,17 +104,12 @@ pub enum StatusError {
         #[source]
         source: kube::Error,
     },
-    #[error("scraping {url}: {reason}")]
-    Scrape { url: String, reason: String },
-    #[error("reading {url}: {source}")]
-    Exposition {
-        url: String,
-        #[source]
-        source: exposition::ExpositionError,
-    },
+    #[error("{0}")]
+    Scraper(#[source] scrape::SetupError),
 }
 
-/// Entry point of `metahook status`: prints the report, exits 1 when it could not be made.
+/// Entry point of `metahook status`: prints the report; exits 1 when it could not be made, and
+/// [`EXIT_PARTIAL`] when a replica's metrics could not be read (the report names it).
 #[must_use]
 pub fn main(args: &StatusArgs) -> ExitCode {
     let run = async {
@@ -101,7 +128,11 @@ pub fn main(args: &StatusArgs) -> ExitCode {
                 Format::Table => print!("{}", report.table(k8s_openapi::jiff::Timestamp::now())),
                 Format::Json => print!("{}", report.json()),
             }
-            ExitCode::SUCCESS
+            if report.metrics.iter().flat_map(|m| &m.sources).all(|s| s.answered) {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(EXIT_PARTIAL)
+            }
         }
         Err(e) => {
             eprintln!("metahook status: {e}");
@@ -110,37 +141,78 @@ pub fn main(args: &StatusArgs) -> ExitCode {
     }
 }
 
-/// The report on the cluster `client` talks to. The first scrape is taken before the API is read and
-/// the second `interval` after the first, so reading the API does not add to the wait.
+/// The report on the cluster `client` talks to. The first scrapes are taken before the API is read and
+/// the second `interval` after the first, so reading the API does not add to the wait; every source is
+/// scraped at once.
 pub async fn status(client: &Client, args: &StatusArgs) -> Result<Report, StatusError> {
     let selector =
         parse_selector_string(args.selector.as_deref().unwrap_or_default()).map_err(StatusError::Selector)?;
+    let scraper = Scraper::new(
+        client.clone(),
+        args.metrics_ca.as_deref(),
+        args.metrics_server_name.as_deref(),
+        args.metrics_token_file.as_deref(),
+    )
+    .map_err(StatusError::Scraper)?;
     let started = Instant::now();
+    let mut sources: Vec<Source> = args.metrics_url.iter().cloned().map(Source::Url).collect();
+    if let Some(pods) = &args.metrics_pods {
+        sources.extend(sources::pods(client, pods, &args.metrics_scheme, &args.metrics_port).await);
+    }
     let two_scrapes = !args.interval.is_zero();
-    let first = match &args.metrics_url {
-        Some(url) if two_scrapes => Some(scrape(url, started).await?),
-        _ => None,
-    };
+    let first =
+        if two_scrapes && !sources.is_empty() { scrape_all(&scraper, &sources, started).await } else { Vec::new() };
     let observed = cluster::observe(client, &selector).await?;
-    let last = match &args.metrics_url {
-        Some(url) => {
-            tokio::time::sleep_until((started + args.interval).into()).await;
-            Some(scrape(url, started).await?)
-        }
-        None => None,
+    let last = if sources.is_empty() {
+        Vec::new()
+    } else {
+        tokio::time::sleep_until((started + args.interval).into()).await;
+        scrape_all(&scraper, &sources, started).await
     };
-    let metrics = args.metrics_url.as_ref().map(|url| MetricsSource {
-        url: url.clone(),
-        interval_seconds: first.as_ref().zip(last.as_ref()).map(|(f, l)| l.after.saturating_sub(f.after).as_secs_f64()),
-        leader: last.as_ref().and_then(Scrape::leader),
-    });
+    // A replica counts only when every scrape of it answered: half of its figures would mislead.
+    let mut answered: Vec<(usize, Replica<'_>)> = Vec::new();
+    let mut reports = Vec::new();
+    for (index, source) in sources.iter().enumerate() {
+        let before = first.get(index);
+        let failure = before.and_then(|f| f.as_ref().err()).or_else(|| last[index].as_ref().err());
+        let (url, pod) = (source.url().to_owned(), source.pod().map(str::to_owned));
+        match (failure, &last[index]) {
+            (None, Ok(now)) => {
+                let before = before.and_then(|f| f.as_ref().ok());
+                reports.push(MetricsSource {
+                    url,
+                    pod,
+                    answered: true,
+                    error: None,
+                    interval_seconds: before.map(|f| now.after.saturating_sub(f.after).as_secs_f64()),
+                    leader: now.leader(),
+                    shard_buckets: now.shard_buckets(),
+                });
+                answered.push((index, Replica { first: before, last: now }));
+            }
+            (Some(error), _) | (None, Err(error)) => {
+                reports.push(MetricsSource::failed(url, pod, error.to_string()));
+            }
+        }
+    }
+    let metrics = (!sources.is_empty()).then_some(Metrics { sources: reports });
+    let replicas: Vec<Replica<'_>> = answered.iter().map(|(_, r)| *r).collect();
     let controllers = observed
         .into_iter()
         .map(|o| {
-            let figures = last
-                .as_ref()
-                .map(|l| figures::figures(first.as_ref(), l, Controller { kind: o.kind, name: &o.name }))
-                .unwrap_or_default();
+            let controller = Controller { kind: o.kind, name: &o.name };
+            let figures = figures::total(&replicas, controller);
+            let by_source = answered
+                .iter()
+                .filter_map(|(index, r)| {
+                    let own = figures::figures(r.first, r.last, controller);
+                    (own != figures::Figures::default()).then(|| SourceFigures {
+                        url: sources[*index].url().to_owned(),
+                        syncs_per_minute: own.syncs_per_minute,
+                        errors: own.errors,
+                    })
+                })
+                .collect();
             let mut problems = o.problems;
             let parents = match o.parents {
                 Ok(parents) => Some(parents.len()),
@@ -151,13 +223,14 @@ pub async fn status(client: &Client, args: &StatusArgs) -> Result<Report, Status
             };
             ControllerReport {
                 kind: o.kind.to_owned(),
-                name: o.name,
+                name: o.name.clone(),
                 ready: o.ready,
                 parents,
                 syncs_per_minute: figures.syncs_per_minute,
                 errors: figures.errors,
                 errors_per_minute: figures.errors_per_minute,
                 hook_latency_seconds: Latency { p50: figures.hook_p50, p99: figures.hook_p99 },
+                by_source,
                 last_error: o.last_error,
                 problems,
             }
@@ -166,28 +239,15 @@ pub async fn status(client: &Client, args: &StatusArgs) -> Result<Report, Status
     Ok(Report { controllers, metrics })
 }
 
-/// One scrape of a replica's `/metrics` (plain HTTP, as the hub serves it), timed from `started`.
-async fn scrape(url: &str, started: Instant) -> Result<Scrape, StatusError> {
-    let failed = |reason: String| StatusError::Scrape { url: url.to_owned(), reason };
-    let uri: http::Uri = url.parse().map_err(|e: http::uri::InvalidUri| failed(e.to_string()))?;
-    if uri.scheme_str() != Some("http") {
-        return Err(failed("only http:// URLs: the hub serves /metrics over plain HTTP".to_owned()));
-    }
-    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-        .build_http::<http_body_util::Empty<bytes::Bytes>>();
-    let after = started.elapsed();
-    let fetch = async {
-        let response = client.get(uri).await.map_err(|e| failed(e.to_string()))?;
-        let status = response.status();
-        let body = response.into_body().collect().await.map_err(|e| failed(e.to_string()))?.to_bytes();
-        if !status.is_success() {
-            return Err(failed(format!("answered {status}")));
-        }
-        String::from_utf8(body.to_vec()).map_err(|_| failed("the answer is not UTF-8 text".to_owned()))
-    };
-    let text = tokio::time::timeout(SCRAPE_TIMEOUT, fetch)
-        .await
-        .map_err(|_| failed(format!("no answer within {}s", SCRAPE_TIMEOUT.as_secs())))??;
-    let samples = exposition::parse(&text).map_err(|source| StatusError::Exposition { url: url.to_owned(), source })?;
-    Ok(Scrape { samples, after })
+/// One scrape of every source at once, each timed from `started`.
+async fn scrape_all(
+    scraper: &Scraper,
+    sources: &[Source],
+    started: Instant,
+) -> Vec<Result<Scrape, scrape::ScrapeError>> {
+    join_all(sources.iter().map(|source| async move {
+        let after = started.elapsed();
+        scraper.scrape(source).await.map(|samples| Scrape { samples, after })
+    }))
+    .await
 }

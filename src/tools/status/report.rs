@@ -7,26 +7,60 @@ use std::fmt::Write as _;
 use k8s_openapi::jiff::Timestamp;
 use serde::Serialize;
 
+use crate::cache::shard::BUCKETS;
+
 /// The whole report.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Report {
     /// CompositeControllers, then DecoratorControllers, each by name.
     pub controllers: Vec<ControllerReport>,
-    /// Where the figures come from; `None` without `--metrics-url`.
-    pub metrics: Option<MetricsSource>,
+    /// Where the figures come from; `None` without `--metrics-url` or `--metrics-pods`.
+    pub metrics: Option<Metrics>,
 }
 
-/// The replica whose `/metrics` were read.
+/// The replicas whose `/metrics` were read; every controller's figures are summed over those that
+/// answered.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Metrics {
+    pub sources: Vec<MetricsSource>,
+}
+
+/// One replica's `/metrics`.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct MetricsSource {
+    /// The URL given, or the API server path a Pod was read through (`--metrics-pods`).
     pub url: String,
+    /// `namespace/name` of the Pod, when read through the API server.
+    pub pod: Option<String>,
+    /// Whether every scrape of it answered; when not, its figures count nowhere and `error` says why.
+    pub answered: bool,
+    pub error: Option<String>,
     /// Seconds between the two scrapes the rates are measured over; `None`: one scrape, no rates.
     pub interval_seconds: Option<f64>,
-    /// Whether the replica holds the leader Lease (only the leader runs controllers); `None` when it
-    /// runs without leader election.
+    /// Whether the replica holds the leader Lease (unsharded, only the leader runs controllers;
+    /// sharded, it coordinates the ring); `None` when it runs without leader election.
     pub leader: Option<bool>,
+    /// With sharding, the buckets of parents the replica holds (of 1024): its share of the syncs.
+    pub shard_buckets: Option<u64>,
+}
+
+impl MetricsSource {
+    /// A replica whose scrape did not answer.
+    #[must_use]
+    pub fn failed(url: String, pod: Option<String>, error: String) -> Self {
+        Self {
+            url,
+            pod,
+            answered: false,
+            error: Some(error),
+            interval_seconds: None,
+            leader: None,
+            shard_buckets: None,
+        }
+    }
 }
 
 /// One controller.
@@ -40,16 +74,29 @@ pub struct ControllerReport {
     /// Parents (a DecoratorController's targets) its selectors select now; `None` when they could not
     /// be listed (see `problems`).
     pub parents: Option<usize>,
+    /// Summed over the replicas that answered, as are the errors.
     pub syncs_per_minute: Option<f64>,
-    /// Syncs that ended in an error since the replica started.
+    /// Syncs that ended in an error since each replica started.
     pub errors: Option<u64>,
     pub errors_per_minute: Option<f64>,
-    /// Over the replica's lifetime, every hook of the controller together.
+    /// Over the replicas' lifetimes, every hook of the controller together (their histograms summed).
     pub hook_latency_seconds: Latency,
+    /// The share of each replica that runs it (has its series), by source `url`: with sharding, each
+    /// syncs its own parents.
+    pub by_source: Vec<SourceFigures>,
     /// The latest Warning Event on one of its parents.
     pub last_error: Option<LastError>,
     /// What could not be read about it.
     pub problems: Vec<String>,
+}
+
+/// One replica's share of a controller's figures.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SourceFigures {
+    pub url: String,
+    pub syncs_per_minute: Option<f64>,
+    pub errors: Option<u64>,
 }
 
 /// The controller's `Ready` condition as the hub last wrote it.
@@ -154,21 +201,76 @@ impl Report {
     /// The footer that says where SYNCS/MIN, ERRORS and the latencies come from.
     fn source(&self) -> String {
         let Some(metrics) = &self.metrics else {
-            return "No --metrics-url: syncs/min, errors and hook latency unknown.\n".to_owned();
+            return "No --metrics-url or --metrics-pods: syncs/min, errors and hook latency unknown.\n".to_owned();
         };
-        let rates = metrics
-            .interval_seconds
+        let answered: Vec<&MetricsSource> = metrics.sources.iter().filter(|s| s.answered).collect();
+        let rates = answered
+            .iter()
+            .filter_map(|s| s.interval_seconds)
+            .reduce(f64::min)
             .map_or_else(|| "one scrape, no rates".to_owned(), |s| format!("syncs/min over {s:.0}s"));
-        let leader = match metrics.leader {
-            Some(true) => "; the leader",
-            Some(false) => "; NOT the leader: it runs no controllers, point --metrics-url at the leader",
-            None => "",
-        };
-        format!(
-            "Metrics from {} ({rates}{leader}); errors since it started, hook latency over its lifetime.\n",
-            metrics.url
-        )
+        let mut out = String::new();
+        if let [only] = metrics.sources.as_slice()
+            && only.answered
+        {
+            let role = match (only.leader, only.shard_buckets) {
+                (_, Some(held)) if held >= u64::from(BUCKETS) => "; holds every bucket of the ring".to_owned(),
+                (_, Some(held)) => format!(
+                    "; holds {held} of {BUCKETS} buckets: only its share of the syncs, give every replica's \
+                     --metrics-url or --metrics-pods"
+                ),
+                (Some(true), None) => "; the leader".to_owned(),
+                (Some(false), None) => {
+                    "; NOT the leader: it runs no controllers, point --metrics-url at the leader".to_owned()
+                }
+                (None, None) => String::new(),
+            };
+            let _ = writeln!(
+                out,
+                "Metrics from {} ({rates}{role}); errors since it started, hook latency over its lifetime.",
+                only.url
+            );
+            return out;
+        }
+        let _ = writeln!(
+            out,
+            "Metrics summed over the {} of {} replicas that answered ({rates}); errors since each started, hook \
+             latency over their lifetimes:",
+            answered.len(),
+            metrics.sources.len()
+        );
+        let width = metrics.sources.iter().map(|s| s.url.chars().count()).max().unwrap_or(0);
+        for s in &metrics.sources {
+            let _ = writeln!(out, "  {:width$}   {}", s.url, role(s).trim_end());
+        }
+        let sharded: Vec<u64> = answered.iter().filter_map(|s| s.shard_buckets).collect();
+        let held: u64 = sharded.iter().sum();
+        if !sharded.is_empty() && held < u64::from(BUCKETS) {
+            let _ = writeln!(
+                out,
+                "The replicas that answered hold {held} of {BUCKETS} buckets: the syncs of the others are missing."
+            );
+        } else if sharded.is_empty() && !answered.is_empty() && answered.iter().all(|s| s.leader == Some(false)) {
+            out.push_str("None of them is the leader: a standby runs no controllers.\n");
+        }
+        out
     }
+}
+
+/// What one source is in the footer: its role, or why it did not answer.
+fn role(source: &MetricsSource) -> String {
+    if let Some(error) = &source.error {
+        return format!("DID NOT ANSWER: {error}");
+    }
+    let pod = source.pod.as_ref().map(|p| format!("pod {p}; ")).unwrap_or_default();
+    let role = match (source.leader, source.shard_buckets) {
+        (Some(true), Some(held)) => format!("the leader, holds {held} buckets"),
+        (_, Some(held)) => format!("holds {held} buckets"),
+        (Some(true), None) => "the leader".to_owned(),
+        (Some(false), None) => "a standby: runs no controllers".to_owned(),
+        (None, None) => "no leader election".to_owned(),
+    };
+    pod + &role
 }
 
 fn unknown() -> String {
@@ -233,6 +335,11 @@ mod tests {
             errors: Some(4),
             errors_per_minute: Some(0.5),
             hook_latency_seconds: Latency { p50: Some(0.0042), p99: Some(0.035) },
+            by_source: vec![SourceFigures {
+                url: "http://127.0.0.1:9999/metrics".into(),
+                syncs_per_minute: Some(12.0),
+                errors: Some(4),
+            }],
             last_error: Some(LastError {
                 reason: "SyncError".into(),
                 note: "Sync error: hook answered 500,\nbody: boom".into(),
@@ -255,15 +362,22 @@ mod tests {
             errors: None,
             errors_per_minute: None,
             hook_latency_seconds: Latency::default(),
+            by_source: Vec::new(),
             last_error: None,
             problems: vec!["cannot list its parents: listing v1/secrets: forbidden".into()],
         };
         Report {
             controllers: vec![web, labels],
-            metrics: Some(MetricsSource {
-                url: "http://127.0.0.1:9999/metrics".into(),
-                interval_seconds: Some(10.0),
-                leader: Some(true),
+            metrics: Some(Metrics {
+                sources: vec![MetricsSource {
+                    url: "http://127.0.0.1:9999/metrics".into(),
+                    pod: None,
+                    answered: true,
+                    error: None,
+                    interval_seconds: Some(10.0),
+                    leader: Some(true),
+                    shard_buckets: None,
+                }],
             }),
         }
     }
@@ -303,6 +417,7 @@ Metrics from http://127.0.0.1:9999/metrics (syncs/min over 10s; the leader); err
                 "ready": {"status": "True", "reason": "Running", "message": ""},
                 "parents": 3, "syncsPerMinute": 12.0, "errors": 4, "errorsPerMinute": 0.5,
                 "hookLatencySeconds": {"p50": 0.0042, "p99": 0.035},
+                "bySource": [{"url": "http://127.0.0.1:9999/metrics", "syncsPerMinute": 12.0, "errors": 4}],
                 "lastError": {"reason": "SyncError", "note": "Sync error: hook answered 500,\nbody: boom",
                               "parent": {"apiVersion": "example.com/v1", "kind": "Web", "namespace": "shop", "name": "front"},
                               "time": "2026-01-01T11:57:00Z"},
@@ -316,7 +431,9 @@ Metrics from http://127.0.0.1:9999/metrics (syncs/min over 10s; the leader); err
         assert_eq!(labels["hookLatencySeconds"], serde_json::json!({"p50": null, "p99": null}));
         assert_eq!(
             json["metrics"],
-            serde_json::json!({"url": "http://127.0.0.1:9999/metrics", "intervalSeconds": 10.0, "leader": true})
+            serde_json::json!({"sources": [{"url": "http://127.0.0.1:9999/metrics", "pod": null, "answered": true,
+                                            "error": null, "intervalSeconds": 10.0, "leader": true,
+                                            "shardBuckets": null}]})
         );
     }
 
@@ -325,15 +442,66 @@ Metrics from http://127.0.0.1:9999/metrics (syncs/min over 10s; the leader); err
         let mut report = report();
         report.metrics = None;
         assert!(
-            report.table(Timestamp::now()).ends_with("No --metrics-url: syncs/min, errors and hook latency unknown.\n")
+            report
+                .table(Timestamp::now())
+                .ends_with("No --metrics-url or --metrics-pods: syncs/min, errors and hook latency unknown.\n")
         );
         assert_eq!(
             serde_json::from_str::<serde_json::Value>(&report.json()).unwrap()["metrics"],
             serde_json::Value::Null
         );
-        report.metrics = Some(MetricsSource { url: "u".into(), interval_seconds: None, leader: Some(false) });
+        let source = MetricsSource {
+            url: "u".into(),
+            pod: None,
+            answered: true,
+            error: None,
+            interval_seconds: None,
+            leader: Some(false),
+            shard_buckets: None,
+        };
+        report.metrics = Some(Metrics { sources: vec![source] });
         let footer = report.source();
         assert!(footer.contains("one scrape, no rates") && footer.contains("NOT the leader"), "{footer}");
+    }
+
+    #[test]
+    fn several_replicas_are_listed_with_their_roles_and_the_one_that_did_not_answer() {
+        let mut report = report();
+        let replica = |url: &str, leader: bool, held: u64| MetricsSource {
+            url: url.into(),
+            pod: None,
+            answered: true,
+            error: None,
+            interval_seconds: Some(10.2),
+            leader: Some(leader),
+            shard_buckets: Some(held),
+        };
+        let down = MetricsSource::failed("http://c:9999/metrics".into(), None, "connection refused".into());
+        report.metrics = Some(Metrics {
+            sources: vec![
+                replica("http://a:9999/metrics", true, 341),
+                replica("http://b:9999/metrics", false, 342),
+                down,
+            ],
+        });
+        assert_eq!(
+            report.source(),
+            "\
+Metrics summed over the 2 of 3 replicas that answered (syncs/min over 10s); errors since each started, hook latency over their lifetimes:
+  http://a:9999/metrics   the leader, holds 341 buckets
+  http://b:9999/metrics   holds 342 buckets
+  http://c:9999/metrics   DID NOT ANSWER: connection refused
+The replicas that answered hold 683 of 1024 buckets: the syncs of the others are missing.
+"
+        );
+        // One sharded replica alone: its share only.
+        report.metrics = Some(Metrics { sources: vec![replica("http://a:9999/metrics", false, 341)] });
+        assert!(report.source().contains("; holds 341 of 1024 buckets: only its share"), "{}", report.source());
+        // Unsharded standbys only.
+        let mut standby = replica("http://b:9999/metrics", false, 0);
+        standby.shard_buckets = None;
+        report.metrics = Some(Metrics { sources: vec![standby.clone(), standby] });
+        assert!(report.source().ends_with("None of them is the leader: a standby runs no controllers.\n"));
     }
 
     #[test]
