@@ -24,7 +24,8 @@ const PAGE: u32 = 500;
 /// The controller to preview.
 pub(super) enum Controller {
     Composite(Box<CompositeController>),
-    Decorator(Box<DecoratorController>),
+    /// A DecoratorController (not previewed yet).
+    Decorator,
 }
 
 /// The cluster, through one paced, read-only client.
@@ -55,7 +56,7 @@ impl Live {
         match (composite, decorator) {
             (Some(_), Some(_)) => Err(DiffError::Ambiguous(name.to_owned())),
             (Some(cc), None) => Ok(Controller::Composite(Box::new(cc))),
-            (None, Some(dc)) => Ok(Controller::Decorator(Box::new(dc))),
+            (None, Some(_)) => Ok(Controller::Decorator),
             (None, None) => Err(DiffError::NotFound(name.to_owned())),
         }
     }
