@@ -77,7 +77,11 @@ impl Live {
 
     /// Every object of `resource` in `namespace` (`None`: everywhere), page by page, as a cache holds
     /// them.
-    pub(super) async fn cache(&self, resource: &Arc<ResolvedResource>, namespaces: &Namespaces) -> Result<Informer, DiffError> {
+    pub(super) async fn cache(
+        &self,
+        resource: &Arc<ResolvedResource>,
+        namespaces: &Namespaces,
+    ) -> Result<Informer, DiffError> {
         let mut objects = Vec::new();
         let scopes: Vec<Option<&str>> = match namespaces {
             Namespaces::Each(names) if resource.namespaced => names.iter().map(|n| Some(n.as_str())).collect(),
@@ -89,7 +93,11 @@ impl Live {
         Ok(Informer::listed(resource, objects))
     }
 
-    async fn list(&self, resource: &ResolvedResource, namespace: Option<&str>) -> Result<Vec<DynamicObject>, DiffError> {
+    async fn list(
+        &self,
+        resource: &ResolvedResource,
+        namespace: Option<&str>,
+    ) -> Result<Vec<DynamicObject>, DiffError> {
         let api: Api<DynamicObject> = match namespace {
             Some(ns) => Api::namespaced_with(self.client.clone(), ns, &resource.api_resource),
             None => Api::all_with(self.client.clone(), &resource.api_resource),

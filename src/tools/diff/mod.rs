@@ -74,9 +74,9 @@ pub async fn diff(args: &DiffArgs) -> Result<Report, DiffError> {
     let live = Live::new(limited_as(client, limits, USER_AGENT));
     match live.controller(&args.controller).await? {
         Controller::Composite(cc) => composite_diff(&live, &cc, selector.as_ref(), args).await,
-        Controller::Decorator => Err(DiffError::Unsupported(
-            "DecoratorControllers (only CompositeControllers are previewed so far)".into(),
-        )),
+        Controller::Decorator => {
+            Err(DiffError::Unsupported("DecoratorControllers (only CompositeControllers are previewed so far)".into()))
+        }
     }
 }
 
@@ -122,9 +122,10 @@ async fn composite_diff(
     let child_resources = resources(&types);
 
     let cc_json = serde_json::to_value(cc).unwrap_or(Value::Null);
-    let (hook, _server) = crate::tools::render::hook::hook_to_call(hook, args.hook_url.as_deref(), args.hook_cmd.as_deref())
-        .await
-        .map_err(|e| DiffError::Hook(with_causes(&e)))?;
+    let (hook, _server) =
+        crate::tools::render::hook::hook_to_call(hook, args.hook_url.as_deref(), args.hook_cmd.as_deref())
+            .await
+            .map_err(|e| DiffError::Hook(with_causes(&e)))?;
     let endpoint = live.endpoint(&hook, &spec.endpoint_configs, "CompositeController", &name)?;
     let applier = live.applier();
     let guard = crate::write::children::DeletionGuard::from_annotations(cc.metadata.annotations.as_ref())

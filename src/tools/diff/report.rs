@@ -70,7 +70,13 @@ pub struct FieldChange {
 impl ChildChange {
     pub(super) fn named(resource: &ResolvedResource, obj: &DynamicObject) -> Self {
         let key = ObjectKey::of(obj);
-        Self { kind: resource.kind().to_owned(), namespace: key.namespace, name: key.name, fields: Vec::new(), recreate: false }
+        Self {
+            kind: resource.kind().to_owned(),
+            namespace: key.namespace,
+            name: key.name,
+            fields: Vec::new(),
+            recreate: false,
+        }
     }
 
     pub(super) fn desired(resource: &ResolvedResource, key: &ObjectKey, _desired: &Value) -> Self {
@@ -80,7 +86,12 @@ impl ChildChange {
 
     /// An update of `current` to `desired`: the fields desired sets that differ (server-side apply
     /// leaves the others alone).
-    pub(super) fn update(resource: &ResolvedResource, current: &DynamicObject, desired: &Value, recreate: bool) -> Self {
+    pub(super) fn update(
+        resource: &ResolvedResource,
+        current: &DynamicObject,
+        desired: &Value,
+        recreate: bool,
+    ) -> Self {
         let mut change = Self::named(resource, current);
         let mut fields = Vec::new();
         changed_fields("", &comparable(current, desired), desired, &mut fields);
