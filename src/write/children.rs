@@ -445,7 +445,7 @@ impl<'a> Plan<'a> {
     /// `metahook diff` reports, so a preview names exactly the children a sync writes.
     pub fn planned<'s>(&'s self, applier: &'s Applier) -> impl Iterator<Item = PlannedWrite> + 's {
         let deletes = self.deletions.iter().map(|(index, obj)| PlannedWrite::Delete(*index, Arc::clone(obj)));
-        let applies = self.types.iter().zip(self.observed).zip(self.desired).enumerate().flat_map(
+        let writes = self.types.iter().zip(self.observed).zip(self.desired).enumerate().flat_map(
             move |(index, ((child_type, observed), desired))| {
                 desired.iter().filter_map(move |(key, obj)| match observed.get(key) {
                     None => Some(PlannedWrite::Create(index, key.clone())),
@@ -456,7 +456,7 @@ impl<'a> Plan<'a> {
                 })
             },
         );
-        deletes.chain(applies)
+        deletes.chain(writes)
     }
 
     /// Carries out the plan in the order that cannot lose data: every create and update first; the

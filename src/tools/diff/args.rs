@@ -73,7 +73,7 @@ pub enum DiffError {
         role: &'static str,
         resource: String,
         #[source]
-        source: crate::cache::discovery::DiscoveryError,
+        source: Box<crate::cache::discovery::DiscoveryError>,
     },
     #[error("the controller's {0}")]
     Controller(String),

@@ -71,7 +71,7 @@ impl Live {
         self.discovery.resolve(api_version, resource).await.map_err(|source| DiffError::Resolve {
             role,
             resource: format!("{resource}.{api_version}"),
-            source,
+            source: Box::new(source),
         })
     }
 

@@ -129,7 +129,7 @@ async fn composite_diff(
     let endpoint = live.endpoint(&hook, &spec.endpoint_configs, "CompositeController", &name)?;
     let applier = live.applier();
     let guard = crate::write::children::DeletionGuard::from_annotations(cc.metadata.annotations.as_ref())
-        .map_err(|e| DiffError::Controller(e.to_string()))?;
+        .map_err(DiffError::Controller)?;
     let ask = composite::Ask {
         cc,
         controller: &cc_json,
