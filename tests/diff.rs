@@ -137,6 +137,28 @@ async fn diff_predicts_exactly_the_writes_the_hub_then_makes() {
     let t1_report = report["parents"].as_array().unwrap().iter().find(|p| p["parent"] == t1.as_str()).unwrap();
     assert_eq!(t1_report["update"][0]["fields"], json!([{"path": "/data/v", "old": "1", "new": "2"}]));
     assert_eq!(t1_report["status"], json!([{"path": "/status/children", "old": 2, "new": 1}]));
+    // The same preview for a terminal: the summary first, then each change on a line of its own.
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_metahook"))
+        .args(["diff", &w.label, "--qps", "0", "--hook-url", &w.hook.url("/candidate")])
+        .env("KUBECONFIG", support::kubeconfig_path())
+        .output()
+        .await
+        .expect("running metahook diff");
+    assert_eq!(output.status.code(), Some(2));
+    let text = String::from_utf8_lossy(&output.stdout);
+    let ns = &w.ns.name;
+    let expected = [
+        "2 parents: 1 create, 1 update (0 recreate), 1 delete, 0 adopt, 0 release, 2 status changes, 0 refused, \
+         0 skipped"
+            .to_owned(),
+        format!(
+            "parent {ns}/t1\n  ~ update ConfigMap {ns}/t1-a\n      /data/v: \"1\" → \"2\"\n  - delete ConfigMap {ns}/t1-b\n  ~ status\n      /status/children: 2 → 1\n"
+        ),
+        format!("parent {ns}/t2\n  + create ConfigMap {ns}/t2-c\n  ~ status\n      /status/children: 2 → 3\n"),
+    ];
+    for line in &expected {
+        assert!(text.contains(line.as_str()), "{line:?} in:\n{text}");
+    }
     assert_eq!(versions(&w).await, before, "diff wrote nothing: every child's resourceVersion is unchanged");
 
     // The hub, switched to the candidate, writes what diff predicted, no more.
