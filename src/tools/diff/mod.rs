@@ -2,12 +2,14 @@
 //! state, before it is rolled out.
 //!
 //! Every decision is the engine's own: the children of a parent are claimed by
-//! [`claims`](crate::write::children::claims) from caches filled by one LIST per type
-//! ([`live`]), the request is built by [`request_map`] in the hook's protocol version, the answer is
-//! judged by [`composite::Ask`] (the checks a sync makes), and the writes are planned by
-//! [`plan`](crate::engine::sync::plan) and [`Plan::planned`](crate::write::children::Plan::planned),
+//! [`claims`] from caches filled by one LIST per type
+//! (`live`), the request is built by [`request_map`] in the hook's protocol version, the answer is
+//! judged by [`composite::Ask`] (the checks a sync makes), and the writes are planned by the engine's
+//! `plan` and [`Plan::planned`](crate::write::children::Plan::planned),
 //! with [`Applier::is_current`](crate::write::apply::Applier::is_current) judging whether a child is
 //! current. So what diff reports is what a sync would write; nothing is written.
+//!
+//! A sharded hub's bucket labels are put on the desired children as the hub puts them (`shard`).
 //!
 //! Previewed for now: CompositeControllers without a customize hook and without rolling updates. A
 //! DecoratorController, a customize hook or a rolling child type is refused as
@@ -16,6 +18,7 @@
 mod args;
 mod live;
 mod report;
+mod shard;
 
 pub use args::{DiffArgs, DiffError, EXIT_ERROR, EXIT_RISKY, EXIT_SAFE, Format};
 pub use report::{ChildChange, FieldChange, ParentReport, Report};
@@ -196,13 +199,14 @@ impl Preview<'_> {
         let related = ObjectMaps::new();
         let parent_json = crate::hooks::for_hooks(parent);
         let observed = Observed { children: &children, related: &related, finalizing: false };
-        let answer = match self.ask.ask(self.endpoint, parent, &parent_json, observed, &selector).await {
+        let mut answer = match self.ask.ask(self.endpoint, parent, &parent_json, observed, &selector).await {
             Ok(answer) => answer,
             Err(e) => {
                 report.refused = Some(with_causes(&e));
                 return report;
             }
         };
+        shard::stamp_as_live(&mut answer.desired, &owned, parent.metadata.uid.as_deref().unwrap_or_default());
         let ours = |child: &DynamicObject| is_child_of(child, parent);
         let adopts = |child: &DynamicObject| adopts(parent, resource, &selector, child);
         let plan = match plan(self.types, &owned, &answer.desired, parent, self.guard, ours, &adopts) {
