@@ -15,7 +15,7 @@ const WAIT: Duration = Duration::from_secs(90);
 
 /// `sync` is the running hook: two ConfigMaps per Thing, `v: "1"`. `candidate` changes `t1-a`'s data,
 /// drops `t1-b` and adds `t2-c`. `refuse` answers `t1` with a Secret (not a declared child type).
-/// `same` answers as `sync` does.
+/// `malformed` answers `t2` with a ConfigMap without a name. `same` answers as `sync` does.
 const HOOK: &str = r#"
 def children(name, extra):
     cms = {s: {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name + "-" + s}, "data": {"v": "1"}}
@@ -43,6 +43,12 @@ def refuse(req):
     answer = sync(req)
     if req["parent"]["metadata"]["name"] == "t1":
         answer["children"].append({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "t1-s"}})
+    return answer
+
+def malformed(req):
+    answer = sync(req)
+    if req["parent"]["metadata"]["name"] == "t2":
+        answer["children"].append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {}})
     return answer
 "#;
 
@@ -198,6 +204,13 @@ async fn a_refused_answer_is_risky_and_an_unchanged_one_is_safe() {
     assert_eq!(refused[0]["parent"], t1.as_str(), "{report:#}");
     assert!(refused[0]["refused"].as_str().unwrap().contains("Secret"), "names the undeclared type: {report:#}");
 
+    let (code, report) = diff(&w, "/malformed", &support::kubeconfig_path(), &["--qps", "0"]).await;
+    assert_eq!(code, 2, "a malformed child is refused: {report:#}");
+    let refused: Vec<&Value> =
+        report["parents"].as_array().unwrap().iter().filter(|p| p.get("refused").is_some()).collect();
+    assert_eq!(refused.len(), 1, "{report:#}");
+    assert_eq!(refused[0]["parent"], format!("{}/t2", w.ns.name), "{report:#}");
+
     let (code, report) = diff(&w, "/same", &support::kubeconfig_path(), &[]).await;
     assert_eq!(code, 0, "nothing changes: {report:#}");
     let summary = &report["summary"];
@@ -210,6 +223,30 @@ async fn a_refused_answer_is_risky_and_an_unchanged_one_is_safe() {
     let (_, report) = diff(&w, "/candidate", &support::kubeconfig_path(), &["-l", "metahook-test=nobody"]).await;
     assert_eq!(report["summary"]["parents"], 0, "{report:#}");
     assert_eq!(versions(&w).await, before);
+
+    // A DecoratorController is not previewed yet: said so, exit code 1.
+    let name = format!("{}-decorator", w.label);
+    w.controller(
+        "DecoratorController",
+        &name,
+        json!({
+            "resources": [{"apiVersion": "test.metahook.dev/v1", "resource": "things",
+                           "labelSelector": {"matchLabels": {"metahook-test": "nobody"}}}],
+            "hooks": {"sync": {"webhook": {"url": w.hook.url("/same")}}},
+        }),
+    )
+    .await;
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_metahook"))
+        .args(["diff", &name])
+        .env("KUBECONFIG", support::kubeconfig_path())
+        .output()
+        .await
+        .expect("running metahook diff");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("not previewed yet: DecoratorControllers"), "{stderr}");
+    let decorators = w.controllers("DecoratorController").await;
+    decorators.delete(&name, &Default::default()).await.unwrap();
     w.finish("CompositeController").await;
 }
 
