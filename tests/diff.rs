@@ -143,6 +143,24 @@ async fn diff_predicts_exactly_the_writes_the_hub_then_makes() {
     let t1_report = report["parents"].as_array().unwrap().iter().find(|p| p["parent"] == t1.as_str()).unwrap();
     assert_eq!(t1_report["update"][0]["fields"], json!([{"path": "/data/v", "old": "1", "new": "2"}]));
     assert_eq!(t1_report["status"], json!([{"path": "/status/children", "old": 2, "new": 1}]));
+    // The same candidate started by diff itself (`--hook-cmd`, asked on the controller's path).
+    let dir = tempfile::tempdir().unwrap();
+    let handlers = dir.path().join("candidate.py");
+    std::fs::write(&handlers, format!("{HOOK}\nsync = candidate\n")).unwrap();
+    let server = support::repo_root().join("tests/hooks/hookserver.py");
+    let cmd = format!("env HOOK_PORT=$PORT python3 {} {}", server.display(), handlers.display());
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_metahook"))
+        .args(["diff", &w.label, "-o", "json", "--qps", "0", "--hook-cmd", &cmd])
+        .env("KUBECONFIG", support::kubeconfig_path())
+        .output()
+        .await
+        .expect("running metahook diff");
+    let started: Value = serde_json::from_slice(&output.stdout)
+        .unwrap_or_else(|e| panic!("no JSON ({e}): {}", String::from_utf8_lossy(&output.stderr)));
+    assert_eq!(output.status.code(), Some(2));
+    assert_eq!(started["summary"], report["summary"], "{started:#}");
+    assert_eq!(started["parents"], report["parents"], "{started:#}");
+
     // The same preview for a terminal: the summary first, then each change on a line of its own.
     let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_metahook"))
         .args(["diff", &w.label, "--qps", "0", "--hook-url", &w.hook.url("/candidate")])

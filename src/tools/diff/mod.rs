@@ -106,7 +106,7 @@ async fn composite_diff(
         Some(s) => Selector::from_label_selector(s).map_err(|e| DiffError::Controller(with_causes(&e)))?,
         None => Selector::everything(),
     };
-    let parents: Vec<Arc<DynamicObject>> = live
+    let mut parents: Vec<Arc<DynamicObject>> = live
         .cache(&parent_resource, &Namespaces::Anywhere)
         .await?
         .list(None)
@@ -116,6 +116,8 @@ async fn composite_diff(
             parent_selector.matches(&labels) && selector.is_none_or(|s| s.matches(&labels))
         })
         .collect();
+    // In a stable order, so two previews compare line by line.
+    parents.sort_by_key(|p| crate::cache::informers::ObjectKey::of(p));
     let namespaces = Namespaces::of(&parents, parent_resource.namespaced);
     let types = if parents.is_empty() {
         Vec::new()
