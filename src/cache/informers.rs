@@ -323,6 +323,30 @@ pub struct Informer {
 }
 
 impl Informer {
+    /// A cache filled once with `objects` (of type `resource`, as a LIST returns them) and never
+    /// watched: synced from the start, it never changes. For a one-off reader that must decide exactly
+    /// as the hub decides from its caches — `metahook diff` claims children and plans writes through
+    /// the engine's own functions, which read informers — without starting a watch per type.
+    #[must_use]
+    pub fn listed(resource: &Arc<ResolvedResource>, objects: impl IntoIterator<Item = DynamicObject>) -> Self {
+        // Prepared as a watch prepares what it caches, so the objects read the same.
+        let mut store = Store::default();
+        for obj in objects {
+            store.insert(&prepare(obj, resource));
+        }
+        let shared = Shared {
+            resource: Arc::clone(resource),
+            store: RwLock::new(store),
+            subscribers: Mutex::default(),
+            synced: watch::channel(true).0,
+            last_error: watch::channel(None).0,
+            task: Mutex::default(),
+            role: None,
+            listed_with: watch::channel(None).0,
+        };
+        Self { shared: Arc::new(shared) }
+    }
+
     #[must_use]
     pub fn resource(&self) -> &Arc<ResolvedResource> {
         &self.shared.resource
@@ -961,6 +985,22 @@ mod tests {
         };
         assert_eq!(names(&mut everything), ["cached", "new"]);
         assert_eq!(names(&mut changes), ["new"]);
+    }
+
+    #[test]
+    fn a_listed_cache_is_synced_and_indexed_like_a_watched_one() {
+        let resource = Arc::new(ResolvedResource {
+            api_resource: kube::core::ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&()),
+            namespaced: true,
+            has_status: false,
+        });
+        let objects = [object("a", "owned", "1", Some("u-1")), object("a", "orphan", "2", None)];
+        let informer = Informer::listed(&resource, objects.iter().map(|o| (**o).clone()));
+        assert!(informer.is_synced());
+        let names = |objs: Vec<Arc<DynamicObject>>| objs.iter().map(|o| ObjectKey::of(o).name).collect::<Vec<_>>();
+        assert_eq!(names(informer.controlled_by("u-1")), ["owned"]);
+        assert_eq!(names(informer.orphans()), ["orphan"]);
+        assert!(informer.get(&ObjectKey { namespace: Some("a".into()), name: "owned".into() }).is_some());
     }
 
     #[test]

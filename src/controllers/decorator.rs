@@ -27,7 +27,7 @@ use crate::engine::sync::{
 };
 use crate::engine::worker::resync_after;
 use crate::hooks::{ControllerHooks, DecoratorRequest, DecoratorResponse, Endpoint};
-use crate::write::children::{ChildMap, ChildRules, desired_children};
+use crate::write::children::{ChildMap, ChildRules, ChildType, desired_children};
 
 /// Annotation naming the DecoratorController that manages an attachment.
 pub const DECORATOR_ANNOTATION: &str = "metacontroller.k8s.io/decorator-controller";
@@ -106,6 +106,48 @@ pub fn validate_response(
     let metadata_patch =
         metadata_patch(target, &response.labels, &response.annotations).map_err(SyncError::InvalidResponse)?;
     Ok(Answer { desired, status, metadata_patch })
+}
+
+impl Answer {
+    /// What the engine writes for this answer (`response`: the hook's, for resync, finalized, Events).
+    pub(crate) fn into_decision(self, response: DecoratorResponse) -> Decision<()> {
+        let Self { desired, status, metadata_patch } = self;
+        Decision {
+            desired,
+            status,
+            metadata: metadata_patch,
+            resync: resync_after(response.resync_after_seconds),
+            finalized: response.finalized,
+            events: response.events,
+            before: None,
+        }
+    }
+}
+
+/// The attachments of `target` (of type `resource`) by declared type, from the attachment types'
+/// caches: what [`is_attachment_of`] says is `controller`'s, in the target's namespace when it has one.
+/// A decorator adopts nothing. The engine's observe phase and `metahook diff` both read them so.
+#[must_use]
+pub fn attachments(
+    types: &[ChildType],
+    target: &DynamicObject,
+    resource: &ResolvedResource,
+    controller: &str,
+) -> Vec<ChildMap<Arc<DynamicObject>>> {
+    let uid = target.metadata.uid.as_deref().unwrap_or_default();
+    types
+        .iter()
+        .map(|attachment| {
+            attachment
+                .informer
+                .controlled_by(uid)
+                .into_iter()
+                .filter(|obj| !resource.namespaced || obj.metadata.namespace == target.metadata.namespace)
+                .filter(|obj| is_attachment_of(obj, uid, controller))
+                .map(|obj| (ObjectKey::of(&obj), obj))
+                .collect()
+        })
+        .collect()
 }
 
 /// Finalizer a DecoratorController puts on its targets when it has a finalize hook.
@@ -362,22 +404,7 @@ impl Kind for Controller {
         target: &DynamicObject,
         resource: &ResolvedResource,
     ) -> Result<Option<Observation<()>>, SyncError> {
-        let uid = target.metadata.uid.as_deref().unwrap_or_default();
-        let observed = self
-            .core
-            .children
-            .iter()
-            .map(|attachment| {
-                attachment
-                    .informer
-                    .controlled_by(uid)
-                    .into_iter()
-                    .filter(|obj| !resource.namespaced || obj.metadata.namespace == target.metadata.namespace)
-                    .filter(|obj| self.is_ours(obj))
-                    .map(|obj| (ObjectKey::of(&obj), obj))
-                    .collect()
-            })
-            .collect();
+        let observed = attachments(&self.core.children, target, resource, &self.core.name);
         Ok(Some((observed, ())))
     }
 
@@ -388,21 +415,12 @@ impl Kind for Controller {
         call: Call<'_>,
         (): &(),
     ) -> Result<Decision<()>, SyncError> {
-        let (Answer { desired, status, metadata_patch }, response) =
-            self.ask().ask(call.endpoint, target, resource, call).await?;
-        Ok(Decision {
-            desired,
-            status,
-            metadata: metadata_patch,
-            resync: resync_after(response.resync_after_seconds),
-            finalized: response.finalized,
-            events: response.events,
-            before: None,
-        })
+        let (answer, response) = self.ask().ask(call.endpoint, target, resource, call).await?;
+        Ok(answer.into_decision(response))
     }
 
     fn ours(&self, target: &DynamicObject, child: &DynamicObject) -> bool {
-        crate::cache::informers::controller_uid(child) == target.metadata.uid.as_deref() && self.is_ours(child)
+        is_attachment_of(child, target.metadata.uid.as_deref().unwrap_or_default(), &self.core.name)
     }
 }
 

@@ -612,10 +612,8 @@ async fn sync_here<C: Kind>(kind: &C, key: &C::Key, reasons: Reasons) -> Result<
     }
     let ours = |child: &DynamicObject| kind.ours(&obj, child);
     let adopts = |child: &DynamicObject| kind.adopts(&obj, &resource, child);
-    let plan = Plan::new(&core.children, &observed, &decision.desired, ours, &adopts)?;
-    if !finalizing {
-        plan.check_guard(core.settings().deletion_guard, &obj)?;
-    }
+    let guard = (!finalizing).then(|| core.settings().deletion_guard).flatten();
+    let plan = plan(&core.children, &observed, &decision.desired, &obj, guard, ours, &adopts)?;
 
     // Act.
     record_hook_events(&core.hub.events, &obj, &decision.events).await;
@@ -645,6 +643,24 @@ async fn sync_here<C: Kind>(kind: &C, key: &C::Key, reasons: Reasons) -> Result<
     }
     core.answered.applied(key);
     Ok(decision.resync)
+}
+
+/// The plan of a decision's child writes, refused whole before anything is written: a desired name
+/// taken by an object that is not `obj`'s ([`Plan::new`]; `ours` and `adopts` say what is), or more
+/// deletions than `guard` allows (`None` when finalizing: a finalize hook may delete everything). The
+/// engine's sync and `metahook diff` both plan through it, so a preview refuses what a sync refuses.
+pub(crate) fn plan<'a>(
+    children: &'a [ChildType],
+    observed: &'a [ChildMap<Arc<DynamicObject>>],
+    desired: &'a [ChildMap<Value>],
+    obj: &DynamicObject,
+    guard: Option<DeletionGuard>,
+    ours: impl Fn(&DynamicObject) -> bool,
+    adopts: crate::write::apply::Adopts<'a>,
+) -> Result<Plan<'a>, SyncError> {
+    let plan = Plan::new(children, observed, desired, ours, adopts)?;
+    plan.check_guard(guard, obj)?;
+    Ok(plan)
 }
 
 /// Reports a permanent hook error, once per message: a Warning Event and, where the status is the

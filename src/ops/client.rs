@@ -162,10 +162,18 @@ pub struct Limits {
 /// `client` with the hub's user agent, in-flight bound and rate limit.
 #[must_use]
 pub fn limited(client: Client, limits: Limits) -> Client {
+    limited_as(client, limits, USER_AGENT)
+}
+
+/// [`limited`] under another user agent: a tool that reads the cluster (`metahook diff`) names itself,
+/// so the API server's audit log and priority and fairness tell its requests from the hub's.
+#[must_use]
+pub fn limited_as(client: Client, limits: Limits, user_agent: &'static str) -> Client {
     let namespace = client.default_namespace().to_owned();
     let bucket = (limits.qps > 0.0).then(|| Arc::new(Mutex::new(Bucket::new(limits.qps, limits.burst.max(1)))));
-    let service = Limited { client, in_flight: Arc::new(Semaphore::new(limits.in_flight.max(1))), bucket };
-    Client::new(service, namespace)
+    let in_flight = Arc::new(Semaphore::new(limits.in_flight.max(1)));
+    let user_agent = http::HeaderValue::from_static(user_agent);
+    Client::new(Limited { client, in_flight, bucket, user_agent }, namespace)
 }
 
 #[derive(Clone)]
@@ -173,6 +181,7 @@ struct Limited {
     client: Client,
     in_flight: Arc<Semaphore>,
     bucket: Option<Arc<Mutex<Bucket>>>,
+    user_agent: http::HeaderValue,
 }
 
 impl tower_service::Service<http::Request<kube::client::Body>> for Limited {
@@ -185,7 +194,7 @@ impl tower_service::Service<http::Request<kube::client::Body>> for Limited {
     }
 
     fn call(&mut self, mut request: http::Request<kube::client::Body>) -> Self::Future {
-        request.headers_mut().insert(http::header::USER_AGENT, http::HeaderValue::from_static(USER_AGENT));
+        request.headers_mut().insert(http::header::USER_AGENT, self.user_agent.clone());
         let (client, in_flight, bucket) = (self.client.clone(), Arc::clone(&self.in_flight), self.bucket.clone());
         Box::pin(async move {
             if let Some(bucket) = bucket {

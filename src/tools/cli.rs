@@ -1,4 +1,4 @@
-//! Command line: `metahook run`, `version`, `crds`, `render`, `rbac`, `migrate` and `status`; and, started as
+//! Command line: `metahook run`, `version`, `crds`, `render`, `rbac`, `migrate`, `status` and `diff`; and, started as
 //! `metacontroller` or with flags only, Metacontroller's command line ([`crate::tools::metacontroller`]).
 //!
 //! This is the only place that uses `anyhow`: everything below it returns typed errors.
@@ -45,6 +45,10 @@ enum Command {
     /// Show each controller: Ready, parents, syncs/min, errors, hook latency, and the last error with its
     /// parent (from the API and, with `--metrics-url`, a hub replica's metrics).
     Status(crate::tools::status::StatusArgs),
+    /// Preview, read-only, what a candidate hook would change in the cluster: per parent, the children a
+    /// sync would create, update (old → new), delete, the status change and refusals. Exit 2 when
+    /// anything would be deleted, recreated or refused, 0 otherwise, 1 when no preview could be made.
+    Diff(crate::tools::diff::DiffArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -156,6 +160,7 @@ pub fn main() -> ExitCode {
         }
         Command::Migrate(args) => crate::tools::migrate::main(&args),
         Command::Status(args) => crate::tools::status::main(&args),
+        Command::Diff(args) => crate::tools::diff::main(&args),
         Command::Run(args) => {
             let logging = Logging { format: args.log_format, ..Logging::default() };
             let config = Config::load(args.config.as_deref(), &args.overrides).map_err(anyhow::Error::from);

@@ -1,7 +1,8 @@
 //! Stage 7, tools: the command line ([`cli`]; Metacontroller's, [`metacontroller`], in Go's syntax,
 //! [`goflag`]; its logs, [`logs`]) and what it runs besides the hub — `metahook render`
 //! ([`render`]), `metahook migrate --dry-run` ([`migrate`]), the CRDs ([`crds`]) and least-privilege roles
-//! ([`rbac`]), an operator's view of the controllers (`metahook status`, [`status`]), the book's
+//! ([`rbac`]), an operator's view of the controllers (`metahook status`, [`status`]), a read-only preview of a candidate hook's writes
+//! (`metahook diff`, [`diff`]), the book's
 //! generated reference pages ([`reference`](mod@reference)), and the hook libraries' Python and
 //! TypeScript wire types, generated from the Rust ones ([`wiretypes`]).
 //!
@@ -9,6 +10,7 @@
 
 pub mod cli;
 pub mod crds;
+pub mod diff;
 pub mod goflag;
 pub mod logs;
 pub mod metacontroller;

@@ -125,8 +125,67 @@ pub fn claim_of(obj: &DynamicObject, parent: &DynamicObject, parent_ns: Option<&
     }
 }
 
+/// What claiming decides for one parent from the caches, before any write: by type, the children it
+/// owns, and the objects it releases and adopts (each `(type index, object)`). Each decision is
+/// [`claim_of`]'s; [`claim`] carries it out, and `metahook diff` shows it without writing.
+#[derive(Debug, Default)]
+pub struct Claims {
+    /// Owned, selected children, by type.
+    pub owned: Vec<ChildMap<Arc<DynamicObject>>>,
+    /// Controlled by the parent, but no longer selected: their ownerReference goes.
+    pub release: Vec<(usize, Arc<DynamicObject>)>,
+    /// Selected orphans: the parent becomes their controller.
+    pub adopt: Vec<(usize, Arc<DynamicObject>)>,
+}
+
+/// What claiming `parent`'s children of `types` decides, from the types' caches (see [`Claims`]).
+#[must_use]
+pub fn claims(
+    parent: &DynamicObject,
+    parent_resource: &ResolvedResource,
+    selector: &Selector,
+    types: &[ChildType],
+) -> Claims {
+    let parent_uid = parent.metadata.uid.as_deref().unwrap_or_default();
+    let parent_ns = parent_resource.namespaced.then_some(parent.metadata.namespace.as_deref()).flatten();
+    let mut claims = Claims::default();
+    for (index, child_type) in types.iter().enumerate() {
+        let mut owned = ChildMap::new();
+        for obj in child_type.informer.controlled_by(parent_uid) {
+            match claim_of(&obj, parent, parent_ns, selector) {
+                Claim::Owned => {
+                    owned.insert(ObjectKey::of(&obj), obj);
+                }
+                Claim::Release => claims.release.push((index, obj)),
+                Claim::Adopt | Claim::Ignore(_) => {}
+            }
+        }
+        let orphans = orphans_to_adopt(&child_type.informer, parent, parent_ns, selector);
+        claims.adopt.extend(orphans.into_iter().map(|obj| (index, obj)));
+        claims.owned.push(owned);
+    }
+    claims
+}
+
+/// The orphans of `informer`'s type that `parent` adopts: none while it is being deleted.
+fn orphans_to_adopt(
+    informer: &Informer,
+    parent: &DynamicObject,
+    parent_ns: Option<&str>,
+    selector: &Selector,
+) -> Vec<Arc<DynamicObject>> {
+    if parent.metadata.deletion_timestamp.is_some() {
+        return Vec::new();
+    }
+    // The index narrows the candidates to selected orphans; claim_of still decides.
+    let candidates = informer.orphans_selected(parent_ns.map(Some), selector);
+    candidates.into_iter().filter(|obj| claim_of(obj, parent, parent_ns, selector) == Claim::Adopt).collect()
+}
+
 /// Claims the children of `parent` for each type: owned-and-matching objects, plus adopted orphans.
-/// Owned objects that no longer match `selector` are released. Each decision is [`claim_of`]'s.
+/// Owned objects that no longer match `selector` are released. What to do is [`claims`]'s decision;
+/// an adoption is preceded by one live read of the parent. Returns no maps at all when the parent
+/// turned out gone or being deleted.
 pub async fn claim(
     client: &Client,
     parent: &DynamicObject,
@@ -135,28 +194,22 @@ pub async fn claim(
     types: &[ChildType],
 ) -> Result<Vec<ChildMap<Arc<DynamicObject>>>, ClaimError> {
     let parent_uid = parent.metadata.uid.as_deref().unwrap_or_default();
-    let parent_ns = parent_resource.namespaced.then_some(parent.metadata.namespace.as_deref()).flatten();
-    let mut parent_checked = false;
-    let mut claimed = Vec::with_capacity(types.len());
-    for child_type in types {
-        let mut children = ChildMap::new();
-        for obj in child_type.informer.controlled_by(parent_uid) {
-            match claim_of(&obj, parent, parent_ns, selector) {
-                Claim::Owned => {
-                    children.insert(ObjectKey::of(&obj), obj);
-                }
-                Claim::Release => release(client, child_type.resource(), &obj, parent_uid).await?,
-                Claim::Adopt | Claim::Ignore(_) => {}
-            }
-        }
-        let orphans = Adopter { client, parent, parent_resource, parent_ns, selector };
-        let Some(adopted) = orphans.adopt(&child_type.informer, &mut parent_checked).await? else {
-            return Ok(Vec::new());
-        };
-        children.extend(adopted.into_iter().map(|obj| (ObjectKey::of(&obj), Arc::new(obj))));
-        claimed.push(children);
+    let Claims { mut owned, release: released, adopt: adopted } = claims(parent, parent_resource, selector, types);
+    for (index, obj) in released {
+        release(client, types[index].resource(), &obj, parent_uid).await?;
     }
-    Ok(claimed)
+    if !adopted.is_empty() {
+        let live = live_parent(client, parent_resource, parent).await?;
+        if live.is_none_or(|p| p.metadata.deletion_timestamp.is_some()) {
+            return Ok(Vec::new());
+        }
+    }
+    for (index, obj) in adopted {
+        let owner = owner_reference(parent, parent_resource);
+        let obj = adopt(client, types[index].resource(), &obj, owner).await?;
+        owned[index].insert(ObjectKey::of(&obj), Arc::new(obj));
+    }
+    Ok(owned)
 }
 
 /// Adopts the orphans of `informer`'s type that `selector` selects, as [`claim`] adopts children: none
@@ -193,14 +246,7 @@ impl Adopter<'_> {
         parent_checked: &mut bool,
     ) -> Result<Option<Vec<DynamicObject>>, ClaimError> {
         let mut adopted = Vec::new();
-        if self.parent.metadata.deletion_timestamp.is_some() {
-            return Ok(Some(adopted));
-        }
-        // The index narrows the candidates to selected orphans; claim_of still decides.
-        for obj in informer.orphans_selected(self.parent_ns.map(Some), self.selector) {
-            if claim_of(&obj, self.parent, self.parent_ns, self.selector) != Claim::Adopt {
-                continue;
-            }
+        for obj in orphans_to_adopt(informer, self.parent, self.parent_ns, self.selector) {
             if !*parent_checked {
                 let live = live_parent(self.client, self.parent_resource, self.parent).await?;
                 if live.is_none_or(|p| p.metadata.deletion_timestamp.is_some()) {
@@ -391,13 +437,26 @@ impl<'a> Plan<'a> {
     /// Whether carrying out the plan writes anything (creates, changes or deletes a child).
     #[must_use]
     pub fn writes(&self, applier: &Applier) -> bool {
-        !self.deletions.is_empty()
-            || self.types.iter().zip(self.observed).zip(self.desired).any(|((child_type, observed), desired)| {
-                desired.iter().any(|(key, obj)| match observed.get(key) {
-                    None => true,
-                    Some(current) => !applier.is_current(child_type.resource(), obj, current, child_type.method),
+        self.planned(applier).next().is_some()
+    }
+
+    /// The writes carrying out the plan makes, one per child: deletions first, then each desired child
+    /// that is missing or not current (by [`Applier::is_current`], as [`Plan::execute`] decides). What
+    /// `metahook diff` reports, so a preview names exactly the children a sync writes.
+    pub fn planned<'s>(&'s self, applier: &'s Applier) -> impl Iterator<Item = PlannedWrite> + 's {
+        let deletes = self.deletions.iter().map(|(index, obj)| PlannedWrite::Delete(*index, Arc::clone(obj)));
+        let writes = self.types.iter().zip(self.observed).zip(self.desired).enumerate().flat_map(
+            move |(index, ((child_type, observed), desired))| {
+                desired.iter().filter_map(move |(key, obj)| match observed.get(key) {
+                    None => Some(PlannedWrite::Create(index, key.clone())),
+                    Some(current) if !applier.is_current(child_type.resource(), obj, current, child_type.method) => {
+                        Some(PlannedWrite::Update(index, key.clone()))
+                    }
+                    Some(_) => None,
                 })
-            })
+            },
+        );
+        deletes.chain(writes)
     }
 
     /// Carries out the plan in the order that cannot lose data: every create and update first; the
@@ -482,6 +541,17 @@ impl<'a> Plan<'a> {
         }
         executed
     }
+}
+
+/// One child write of a plan ([`Plan::planned`]), with the index of the child's declared type.
+#[derive(Debug, Clone)]
+pub enum PlannedWrite {
+    /// A desired child that does not exist yet.
+    Create(usize, ObjectKey),
+    /// A desired child that exists but is not as desired (under `Recreate`, deleted and created again).
+    Update(usize, ObjectKey),
+    /// An observed child that is no longer desired.
+    Delete(usize, Arc<DynamicObject>),
 }
 
 /// Told about every write of [`Plan::execute`] as it starts and ends (`version`: what it left behind, or

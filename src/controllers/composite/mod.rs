@@ -318,14 +318,26 @@ impl Kind for Controller {
     }
 
     fn ours(&self, parent: &DynamicObject, child: &DynamicObject) -> bool {
-        controller_uid(child) == parent.metadata.uid.as_deref()
+        is_child_of(child, parent)
     }
 
-    /// As [`claim`] decides for an orphan it finds in the cache.
     fn adopts(&self, parent: &DynamicObject, resource: &ResolvedResource, child: &DynamicObject) -> bool {
-        let parent_ns = resource.namespaced.then_some(parent.metadata.namespace.as_deref()).flatten();
-        self.selector_of(parent).is_ok_and(|selector| claim_of(child, parent, parent_ns, &selector) == Claim::Adopt)
+        self.selector_of(parent).is_ok_and(|selector| adopts(parent, resource, &selector, child))
     }
+}
+
+/// Whether `child` is `parent`'s own: the parent is its controller (whatever its labels say).
+#[must_use]
+pub fn is_child_of(child: &DynamicObject, parent: &DynamicObject) -> bool {
+    controller_uid(child) == parent.metadata.uid.as_deref()
+}
+
+/// Whether `parent` (of type `resource`, children selected by `selector`) adopts `child` were it to
+/// see it: as [`claim`] decides for an orphan it finds in the cache.
+#[must_use]
+pub fn adopts(parent: &DynamicObject, resource: &ResolvedResource, selector: &Selector, child: &DynamicObject) -> bool {
+    let parent_ns = resource.namespaced.then_some(parent.metadata.namespace.as_deref()).flatten();
+    claim_of(child, parent, parent_ns, selector) == Claim::Adopt
 }
 
 /// A rollout's revisions are written before any child.

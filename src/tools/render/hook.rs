@@ -9,11 +9,16 @@ use crate::hooks::{Endpoint, HookClient, HookKind, HookLabels};
 
 use super::args::{RenderArgs, RenderError};
 
-/// The hook to call: the controller's, or `--hook`, or a server started with `--hook-cmd` (kept alive
-/// by the returned handle).
-pub(super) async fn hook_to_call(hook: &Hook, args: &RenderArgs) -> Result<(Hook, Option<HookProcess>), RenderError> {
-    Ok(match (&args.hook, &args.hook_cmd) {
-        (Some(url), _) => (with_url(hook, url.clone()), None),
+/// The hook to call: the controller's, or the one at `url` (`--hook`, `--hook-url`), or a server
+/// started with `cmd` (`--hook-cmd`, kept alive by the returned handle). `metahook render` and
+/// `metahook diff` both call their candidate so.
+pub(crate) async fn hook_to_call(
+    hook: &Hook,
+    url: Option<&str>,
+    cmd: Option<&str>,
+) -> Result<(Hook, Option<HookProcess>), RenderError> {
+    Ok(match (url, cmd) {
+        (Some(url), _) => (with_url(hook, url.to_owned()), None),
         (None, Some(cmd)) => {
             let server = HookProcess::start(cmd).await?;
             let path = hook_path(hook);
@@ -53,7 +58,7 @@ fn hook_path(hook: &Hook) -> String {
 
 /// A hook server started for one render, killed when dropped. Its stdout and stderr go to render's
 /// stderr, so a hook's prints and tracebacks are seen without mixing into the report.
-pub(super) struct HookProcess {
+pub(crate) struct HookProcess {
     port: u16,
     _child: tokio::process::Child,
 }

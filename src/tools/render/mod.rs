@@ -16,8 +16,8 @@
 
 mod args;
 mod fixtures;
-mod hook;
-mod report;
+pub(crate) mod hook;
+pub(crate) mod report;
 
 pub use args::{Format, RenderArgs, RenderError};
 
@@ -113,7 +113,7 @@ async fn render_composite(args: &RenderArgs, controller: Value) -> Result<Report
     let version = hook.version();
     let request_children = request_map(&types.resources, version, parent_ns, &observed);
     let related = related_map(&read_objects(&args.related)?, version, parent_ns);
-    let (hook, _server) = hook_to_call(hook, args).await?;
+    let (hook, _server) = hook_to_call(hook, args.hook.as_deref(), args.hook_cmd.as_deref()).await?;
     let endpoint =
         endpoint(&hook, &cc.spec.endpoint_configs, "CompositeController", cc.metadata.name.as_deref(), args)?;
     let ask = composite::Ask {
@@ -200,7 +200,7 @@ async fn render_decorator(args: &RenderArgs, controller: Value) -> Result<Report
     let version = hook.version();
     let attachments = request_map(&types.resources, version, target_ns, &observed);
     let related = related_map(&read_objects(&args.related)?, version, target_ns);
-    let (hook, _server) = hook_to_call(hook, args).await?;
+    let (hook, _server) = hook_to_call(hook, args.hook.as_deref(), args.hook_cmd.as_deref()).await?;
     let endpoint =
         endpoint(&hook, &dc.spec.endpoint_configs, "DecoratorController", dc.metadata.name.as_deref(), args)?;
     let ask = decorator::Ask { name: &name, controller: &controller, attachment_resources: &types.resources };
@@ -226,7 +226,7 @@ async fn render_decorator(args: &RenderArgs, controller: Value) -> Result<Report
 }
 
 /// Whether a decorator rule's label and annotation selectors match the target.
-fn selects(rule: &crate::api::DecoratorResourceRule, target: &DynamicObject) -> Result<bool, RenderError> {
+pub(crate) fn selects(rule: &crate::api::DecoratorResourceRule, target: &DynamicObject) -> Result<bool, RenderError> {
     let setup =
         |e: crate::cache::selector::SelectorError| RenderError::Setup(format!("the controller's selector: {e}"));
     let labels = rule.label_selector.as_ref().map(crate::cache::selector::Selector::from_label_selector).transpose();

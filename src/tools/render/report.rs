@@ -285,7 +285,7 @@ pub(super) fn describe(obj: &DynamicObject) -> String {
 
 /// The observed object cut down to the fields the desired one sets, so the diff shows only what
 /// applying would change (server-side apply leaves other fields alone).
-fn comparable(observed: &DynamicObject, desired: &Value) -> Value {
+pub(crate) fn comparable(observed: &DynamicObject, desired: &Value) -> Value {
     pub(super) fn cut(have: &Value, want: &Value) -> Value {
         match (have, want) {
             (Value::Object(h), Value::Object(w)) => {

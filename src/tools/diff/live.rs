@@ -1,0 +1,177 @@
+//! Reading the cluster as the hub's caches would hold it, read-only and paced: the controller, its
+//! parents (a decorator's targets), and their children of each declared type — each type listed once
+//! per namespace it is needed in, into [`Informer::listed`] caches, so the engine's own functions
+//! (claiming, planning) read them exactly as they read the hub's watched caches.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kube::api::{Api, DynamicObject, ListParams};
+use kube::{Client, Resource as _};
+
+use super::args::DiffError;
+use crate::api::{ChildResourceRule, CompositeController, DecoratorController, EndpointConfig, Hook, UpdateMethod};
+use crate::cache::discovery::{Discovery, ResolvedResource};
+use crate::cache::informers::Informer;
+use crate::hooks::{Endpoint, HookClient, HookClientConfig, HookKind, HookLabels};
+use crate::write::apply::Applier;
+use crate::write::children::ChildType;
+
+/// Objects per LIST request.
+const PAGE: u32 = 500;
+
+/// The controller to preview.
+pub(super) enum Controller {
+    Composite(Box<CompositeController>),
+    /// A DecoratorController (not previewed yet).
+    Decorator,
+}
+
+/// The cluster, through one paced, read-only client.
+pub(super) struct Live {
+    client: Client,
+    discovery: Discovery,
+}
+
+impl Live {
+    pub(super) fn new(client: Client) -> Self {
+        Self { discovery: Discovery::new(client.clone(), Duration::from_secs(600)), client }
+    }
+
+    /// The CompositeController or DecoratorController called `name`.
+    pub(super) async fn controller(&self, name: &str) -> Result<Controller, DiffError> {
+        let read = |what: &str| {
+            let what = format!("{what} {name}");
+            move |source| DiffError::Read { what, source }
+        };
+        let composite = Api::<CompositeController>::all(self.client.clone())
+            .get_opt(name)
+            .await
+            .map_err(read("CompositeController"))?;
+        let decorator = Api::<DecoratorController>::all(self.client.clone())
+            .get_opt(name)
+            .await
+            .map_err(read("DecoratorController"))?;
+        match (composite, decorator) {
+            (Some(_), Some(_)) => Err(DiffError::Ambiguous(name.to_owned())),
+            (Some(cc), None) => Ok(Controller::Composite(Box::new(cc))),
+            (None, Some(_)) => Ok(Controller::Decorator),
+            (None, None) => Err(DiffError::NotFound(name.to_owned())),
+        }
+    }
+
+    /// The type `api_version`/`resource` as discovery serves it; `role` names it in the error.
+    pub(super) async fn resolve(
+        &self,
+        role: &'static str,
+        api_version: &str,
+        resource: &str,
+    ) -> Result<Arc<ResolvedResource>, DiffError> {
+        self.discovery.resolve(api_version, resource).await.map_err(|source| DiffError::Resolve {
+            role,
+            resource: format!("{resource}.{api_version}"),
+            source: Box::new(source),
+        })
+    }
+
+    /// Every object of `resource` in `namespace` (`None`: everywhere), page by page, as a cache holds
+    /// them.
+    pub(super) async fn cache(
+        &self,
+        resource: &Arc<ResolvedResource>,
+        namespaces: &Namespaces,
+    ) -> Result<Informer, DiffError> {
+        let mut objects = Vec::new();
+        let scopes: Vec<Option<&str>> = match namespaces {
+            Namespaces::Each(names) if resource.namespaced => names.iter().map(|n| Some(n.as_str())).collect(),
+            _ => vec![None],
+        };
+        for namespace in scopes {
+            objects.extend(self.list(resource, namespace).await?);
+        }
+        Ok(Informer::listed(resource, objects))
+    }
+
+    async fn list(
+        &self,
+        resource: &ResolvedResource,
+        namespace: Option<&str>,
+    ) -> Result<Vec<DynamicObject>, DiffError> {
+        let api: Api<DynamicObject> = match namespace {
+            Some(ns) => Api::namespaced_with(self.client.clone(), ns, &resource.api_resource),
+            None => Api::all_with(self.client.clone(), &resource.api_resource),
+        };
+        let what = || {
+            let plural = &resource.api_resource.plural;
+            namespace.map_or_else(|| plural.clone(), |ns| format!("{plural} in {ns}"))
+        };
+        let mut objects = Vec::new();
+        let mut params = ListParams::default().limit(PAGE);
+        loop {
+            let page = api.list(&params).await.map_err(|source| DiffError::Read { what: what(), source })?;
+            objects.extend(page.items);
+            match page.metadata.continue_.filter(|c| !c.is_empty()) {
+                Some(token) => params = params.continue_token(&token),
+                None => return Ok(objects),
+            }
+        }
+    }
+
+    /// The declared child (attachment) types, each cached from the namespaces `namespaces` names, with
+    /// the update method `method` gives it (as the engine's `child_types` gives it).
+    pub(super) async fn child_types(
+        &self,
+        rules: &[ChildResourceRule],
+        role: &'static str,
+        method: impl Fn(UpdateMethod) -> UpdateMethod,
+        namespaces: &Namespaces,
+    ) -> Result<Vec<ChildType>, DiffError> {
+        let mut types = Vec::with_capacity(rules.len());
+        for rule in rules {
+            let resource = self.resolve(role, &rule.api_version, &rule.resource).await?;
+            let informer = self.cache(&resource, namespaces).await?;
+            types.push(ChildType { method: method(rule.method()), informer });
+        }
+        Ok(types)
+    }
+
+    /// The candidate's endpoint: `hook` with the TLS/auth settings the controller gives it (Secrets and
+    /// `ConfigMap`s they name are read from the cluster, as the hub reads them).
+    pub(super) fn endpoint(
+        &self,
+        hook: &Hook,
+        endpoint_configs: &[EndpointConfig],
+        kind: &str,
+        name: &str,
+    ) -> Result<Endpoint, DiffError> {
+        let labels = HookLabels { kind: kind.to_owned(), controller: name.to_owned(), hook: HookKind::Sync };
+        HookClient::new(&HookClientConfig::default(), Some(self.client.clone()))
+            .endpoint(hook, endpoint_configs, labels)
+            .map_err(|e| DiffError::Hook(crate::engine::error::with_causes(&e)))
+    }
+
+    /// An applier that is only asked whether a child is current ([`Applier::is_current`]), never to
+    /// write: with the hub's default field manager, it judges as the hub's does.
+    pub(super) fn applier(&self) -> Applier {
+        Applier::new(self.client.clone(), crate::ops::config::Config::default().field_manager)
+    }
+}
+
+/// Where the children of the previewed parents can be: in each of their namespaces, or anywhere
+/// (cluster-scoped parents).
+pub(super) enum Namespaces {
+    Each(BTreeSet<String>),
+    Anywhere,
+}
+
+impl Namespaces {
+    /// The namespaces of `parents`, or anywhere when they are cluster-scoped.
+    pub(super) fn of(parents: &[Arc<DynamicObject>], namespaced: bool) -> Self {
+        if namespaced {
+            Self::Each(parents.iter().filter_map(|p| p.meta().namespace.clone()).collect())
+        } else {
+            Self::Anywhere
+        }
+    }
+}
