@@ -55,6 +55,15 @@ fn status_exiting(label: &str, args: &[&str]) -> tokio::task::JoinHandle<(Option
     })
 }
 
+/// Waits for a `SyncError` Warning Event on the test's parent `name`.
+async fn sync_error_on(w: &World, name: &str) {
+    eventually(WAIT, || async {
+        let warnings = support::warnings_for(&w.client, &w.ns.name, name).await;
+        warnings.iter().any(|w| w.starts_with("SyncError: ")).then_some(())
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn status_shows_ready_parents_rates_latency_and_the_last_error_with_its_parent() {
     let mut w = World::new("status", HOOK).await;
@@ -107,11 +116,7 @@ async fn status_shows_ready_parents_rates_latency_and_the_last_error_with_its_pa
 
     // The hook fails for a new parent: its SyncError is the last error, and the errors are counted.
     w.thing("broken", json!({"fail": true})).await;
-    eventually(WAIT, || async {
-        let warnings = support::warnings_for(&w.client, &w.ns.name, "broken").await;
-        warnings.iter().any(|w| w.starts_with("SyncError: ")).then_some(())
-    })
-    .await;
+    sync_error_on(&w, "broken").await;
     let report = status(&w.label, &["--metrics-url", &metrics_url, "--interval", "0s"]).await.unwrap();
     let web = &report["controllers"][0];
     assert_eq!(web["parents"], 3, "{web}");
@@ -219,11 +224,7 @@ async fn status_sums_sharded_replicas_and_names_a_replica_that_does_not_answer()
 
     // A parent whose hook fails: its errors are counted by the replica holding it, and in the total.
     w.thing("broken", json!({"fail": true})).await;
-    eventually(WAIT, || async {
-        let warnings = support::warnings_for(&w.client, &w.ns.name, "broken").await;
-        warnings.iter().any(|w| w.starts_with("SyncError: ")).then_some(())
-    })
-    .await;
+    sync_error_on(&w, "broken").await;
     let report = status(&w.label, &[&both[..], &["--interval", "0s"]].concat()).await.unwrap();
     let web = &report["controllers"][0];
     let errors = web["errors"].as_u64().unwrap();

@@ -29,7 +29,6 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::api::HookVersionStatus;
-use crate::engine::finalizer::has_finalizer;
 use crate::engine::queue::Reason;
 use crate::engine::sync::Kind;
 use crate::hooks::HookVersions;
@@ -68,8 +67,9 @@ pub(crate) async fn run<C: Kind>(kind: Arc<C>, cancel: CancellationToken) {
             // Between rounds, parents come and go: the count follows (a write only when it changed).
             _ = reports.tick() => {
                 if let Some(version) = versions.newest() {
-                    reporter.write(&*kind, progress(&*kind, &versions, &version)).await;
-                    let here: std::collections::HashSet<RootKey> = managed(&*kind).into_iter().map(|(_, r)| r).collect();
+                    let all = managed(&*kind);
+                    reporter.write(&*kind, progress_of(&all, &versions, &version)).await;
+                    let here: std::collections::HashSet<RootKey> = all.into_iter().map(|(_, r)| r).collect();
                     versions.retain(|object| here.contains(object));
                 }
                 continue;
@@ -196,29 +196,25 @@ async fn settle<C: Kind>(
     true
 }
 
-/// Every object the controller manages (selects, or still finalizes), with the key hooks know it by.
+/// Every object the controller manages, with the key hooks know it by.
 fn managed<C: Kind>(kind: &C) -> Vec<(C::Key, RootKey)> {
-    let core = kind.core();
-    let mut out = Vec::new();
-    for (type_index, informer) in kind.object_informers().into_iter().enumerate() {
-        for obj in informer.list(None) {
-            if kind.selects(type_index, &obj) || has_finalizer(&obj, &core.finalizer) {
-                let kind_name = obj.types.as_ref().map(|t| t.kind.as_str()).unwrap_or_default();
-                let root = RootKey::new(
-                    kind_name,
-                    obj.metadata.namespace.as_deref().unwrap_or_default(),
-                    obj.metadata.name.as_deref().unwrap_or_default(),
-                );
-                out.push((kind.key_of(type_index, &obj), root));
-            }
-        }
-    }
-    out
+    crate::engine::sync::managed(kind)
+        .into_iter()
+        .map(|(key, obj)| {
+            let kind_name = obj.types.as_ref().map(|t| t.kind.as_str()).unwrap_or_default();
+            let namespace = obj.metadata.namespace.as_deref().unwrap_or_default();
+            (key, RootKey::new(kind_name, namespace, obj.metadata.name.as_deref().unwrap_or_default()))
+        })
+        .collect()
 }
 
 /// The controller's parents, and how many `version` answered for last.
 fn progress<C: Kind>(kind: &C, versions: &HookVersions, version: &str) -> HookVersionStatus {
-    let all = managed(kind);
+    progress_of(&managed(kind), versions, version)
+}
+
+/// [`progress`] over `all`, the parents listed already.
+fn progress_of<K>(all: &[(K, RootKey)], versions: &HookVersions, version: &str) -> HookVersionStatus {
     let synced = all.iter().filter(|(_, root)| versions.is_current(root)).count();
     HookVersionStatus {
         version: version.to_owned(),

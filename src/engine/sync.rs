@@ -778,17 +778,25 @@ pub(crate) async fn run<C: Kind>(kind: Arc<C>, cancel: tokio_util::sync::Cancell
 /// Queues every object `kind` selects or still finalizes, for a sync requested on the controller object
 /// (its hook is asked even if nothing changed); returns how many.
 pub(crate) fn resync_all<C: Kind>(kind: &C) -> usize {
-    let core = kind.core();
-    let mut queued = 0;
+    let managed = managed(kind);
+    for (key, _) in &managed {
+        kind.core().queue.add_for(key.clone(), Reason::Requested);
+    }
+    managed.len()
+}
+
+/// Every object `kind` manages now — it selects it, or still has its finalizer on it — with its key.
+pub(crate) fn managed<C: Kind>(kind: &C) -> Vec<(C::Key, Arc<DynamicObject>)> {
+    let finalizer = &kind.core().finalizer;
+    let mut out = Vec::new();
     for (type_index, informer) in kind.object_informers().into_iter().enumerate() {
         for obj in informer.list(None) {
-            if kind.selects(type_index, &obj) || has_finalizer(&obj, &core.finalizer) {
-                core.queue.add_for(kind.key_of(type_index, &obj), Reason::Requested);
-                queued += 1;
+            if kind.selects(type_index, &obj) || has_finalizer(&obj, finalizer) {
+                out.push((kind.key_of(type_index, &obj), obj));
             }
         }
     }
-    queued
+    out
 }
 
 /// Every kind runs in the engine's worker.
