@@ -528,6 +528,45 @@ pub struct ControllerStatus {
     /// version has answered for; absent until a hook names a version.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hook_version: Option<HookVersionStatus>,
+    /// The canary of the sync hook named by the `metahook.dev/canary` annotation: its state and what it
+    /// and the current hook did side by side; absent without the annotation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub canary: Option<CanaryStatus>,
+}
+
+/// A canary of the sync hook: a candidate hook answers for the parents of the first `percent` of buckets.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CanaryStatus {
+    /// The candidate's URL (the `service` form spelled out); empty when the annotation is invalid.
+    pub url: String,
+    /// The share of parents (by bucket) the candidate answers for while `Running`.
+    pub percent: f64,
+    /// `Running`, `Halted` (its error ratio passed `maxErrorRatio`: the current hook answers for every
+    /// parent again) or `Invalid` (the annotation cannot be used: nothing changed).
+    pub state: String,
+    /// Why it halted, or what is wrong with the annotation.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
+    /// Syncs of the parents the current hook answered for, since the canary started.
+    pub current: CanaryTally,
+    /// Syncs of the parents the candidate answered for.
+    pub candidate: CanaryTally,
+}
+
+/// What the syncs of one side of a canary did.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CanaryTally {
+    /// Syncs that asked this side's hook.
+    pub syncs: i64,
+    /// Of those, syncs that failed: the hook's error, an answer the hub refused, a write the API server
+    /// refused.
+    pub errors: i64,
+    /// Of those, the hook's permanent errors (`Metahook-Error: permanent`).
+    pub permanent_errors: i64,
+    /// Children created, updated or deleted by those syncs.
+    pub writes: i64,
 }
 
 /// How far a new hook version has got: parents it answered for, of all the controller's parents.

@@ -277,6 +277,8 @@ impl Controller {
                 children: attachments,
                 customize: endpoints.customize.clone(),
                 controller: dc_json.clone(),
+                sync_hook: dc.spec.hooks.sync.clone(),
+                endpoint_configs: dc.spec.endpoint_configs.clone(),
             },
         )
         .map_err(StartError::Annotation)?;
@@ -284,10 +286,11 @@ impl Controller {
     }
 
     /// Runs watches-to-queue mapping and the workers, and follows the hook's versions
-    /// ([`crate::engine::rollout`]), until `cancel` fires.
+    /// ([`crate::engine::rollout`]) and its canary ([`crate::engine::canary`]), until `cancel` fires.
     pub async fn run(self: Arc<Self>, cancel: CancellationToken) {
         let versions = crate::engine::rollout::run(Arc::clone(&self), cancel.clone());
-        tokio::join!(crate::engine::sync::run(self, cancel), versions);
+        let canary = crate::engine::canary::run(Arc::clone(&self), cancel.clone());
+        tokio::join!(crate::engine::sync::run(self, cancel), versions, canary);
     }
 
     /// Queues every selected target now (a sync requested on the controller object); returns how many.

@@ -324,7 +324,11 @@ async fn report<K: Managed>(hub: &Hub, obj: &K, ready: bool, reason: &str, messa
         observed_generation: generation,
         last_transition_time: Time(Timestamp::now()),
     };
-    let patch = json!({"status": {"observedGeneration": generation, "conditions": [condition]}});
+    // The other conditions (a canary's) are kept: a merge patch replaces the whole list.
+    let mut conditions: Vec<&Condition> =
+        obj.status().into_iter().flat_map(|s| &s.conditions).filter(|c| c.type_ != "Ready").collect();
+    conditions.push(&condition);
+    let patch = json!({"status": {"observedGeneration": generation, "conditions": conditions}});
     let api: Api<K> = Api::all(hub.client.clone());
     if let Err(err) = api.patch_status(&obj.name_any(), &PatchParams::default(), &Patch::Merge(&patch)).await {
         warn!(controller = %obj.name_any(), "could not update controller status: {err}");

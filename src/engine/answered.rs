@@ -2,7 +2,7 @@
 //! very same request again can leave the call out.
 //!
 //! This is the one hook call the hub saves, and it saves it only for identical work: a request is
-//! identified by the parent, the `finalizing` flag and every child and related object it shows, each by
+//! identified by the hook asked (its URL: a parent a canary moves to another hook is asked again), the parent, the `finalizing` flag and every child and related object it shows, each by
 //! UID and resourceVersion (the API server moves an object's resourceVersion on every change, so equal
 //! versions mean equal objects). Any change a hook could see — the echo of the hub's own write included
 //! — makes another request, and is asked. Such duplicates come from events that overtake a sync: a
@@ -26,15 +26,22 @@ use crate::hooks::ObjectMaps;
 pub struct RequestId([u8; 20]);
 
 impl RequestId {
-    /// The identity of a request showing `parent` with these children (or attachments) and related
-    /// objects, as the hook would receive it.
+    /// The identity of a request to the hook at `hook` showing `parent` with these children (or
+    /// attachments) and related objects, as the hook would receive it.
     #[must_use]
-    pub fn of(parent: &DynamicObject, finalizing: bool, children: &ObjectMaps, related: &ObjectMaps) -> Self {
+    pub fn of(
+        hook: &str,
+        parent: &DynamicObject,
+        finalizing: bool,
+        children: &ObjectMaps,
+        related: &ObjectMaps,
+    ) -> Self {
         let mut hash = sha1::Sha1::new();
         let mut field = |text: &str| {
             hash.update(text.as_bytes());
             hash.update([0]);
         };
+        field(hook);
         field(parent.metadata.uid.as_deref().unwrap_or_default());
         field(parent.metadata.resource_version.as_deref().unwrap_or_default());
         field(if finalizing { "finalizing" } else { "syncing" });
@@ -121,17 +128,34 @@ mod tests {
     fn any_version_or_object_a_hook_would_see_changes_the_request() {
         let parent = object("p", "u-p", "10");
         let children = maps(&[("a", "u-a", "11"), ("b", "u-b", "12")]);
-        let id = RequestId::of(&parent, false, &children, &ObjectMaps::new());
-        assert_eq!(id, RequestId::of(&parent, false, &children, &ObjectMaps::new()), "the same request");
+        let id = RequestId::of("http://h/sync", &parent, false, &children, &ObjectMaps::new());
+        assert_eq!(
+            id,
+            RequestId::of("http://h/sync", &parent, false, &children, &ObjectMaps::new()),
+            "the same request"
+        );
         let others = [
-            RequestId::of(&object("p", "u-p", "13"), false, &children, &ObjectMaps::new()),
-            RequestId::of(&object("p", "u-q", "10"), false, &children, &ObjectMaps::new()),
-            RequestId::of(&parent, true, &children, &ObjectMaps::new()),
-            RequestId::of(&parent, false, &maps(&[("a", "u-a", "11"), ("b", "u-b", "14")]), &ObjectMaps::new()),
-            RequestId::of(&parent, false, &maps(&[("a", "u-a", "11")]), &ObjectMaps::new()),
-            RequestId::of(&parent, false, &maps(&[("a", "u-a", "11"), ("b", "u-c", "12")]), &ObjectMaps::new()),
-            RequestId::of(&parent, false, &children, &maps(&[("r", "u-r", "1")])),
-            RequestId::of(&parent, false, &ObjectMaps::new(), &children),
+            RequestId::of("http://h/sync", &object("p", "u-p", "13"), false, &children, &ObjectMaps::new()),
+            RequestId::of("http://h/sync", &object("p", "u-q", "10"), false, &children, &ObjectMaps::new()),
+            RequestId::of("http://h/sync", &parent, true, &children, &ObjectMaps::new()),
+            RequestId::of(
+                "http://h/sync",
+                &parent,
+                false,
+                &maps(&[("a", "u-a", "11"), ("b", "u-b", "14")]),
+                &ObjectMaps::new(),
+            ),
+            RequestId::of("http://h/sync", &parent, false, &maps(&[("a", "u-a", "11")]), &ObjectMaps::new()),
+            RequestId::of(
+                "http://h/sync",
+                &parent,
+                false,
+                &maps(&[("a", "u-a", "11"), ("b", "u-c", "12")]),
+                &ObjectMaps::new(),
+            ),
+            RequestId::of("http://h/sync", &parent, false, &children, &maps(&[("r", "u-r", "1")])),
+            RequestId::of("http://h/sync", &parent, false, &ObjectMaps::new(), &children),
+            RequestId::of("http://h-v2/sync", &parent, false, &children, &ObjectMaps::new()),
         ];
         for (i, other) in others.iter().enumerate() {
             assert_ne!(*other, id, "case {i}");
@@ -141,8 +165,10 @@ mod tests {
     #[test]
     fn a_request_is_known_as_the_last_one_and_whether_its_answer_was_applied_in_full() {
         let answered: Answered<&str> = Answered::default();
-        let id = RequestId::of(&object("p", "u-p", "10"), false, &ObjectMaps::new(), &ObjectMaps::new());
-        let next = RequestId::of(&object("p", "u-p", "11"), false, &ObjectMaps::new(), &ObjectMaps::new());
+        let id =
+            RequestId::of("http://h/sync", &object("p", "u-p", "10"), false, &ObjectMaps::new(), &ObjectMaps::new());
+        let next =
+            RequestId::of("http://h/sync", &object("p", "u-p", "11"), false, &ObjectMaps::new(), &ObjectMaps::new());
         assert_eq!(answered.seen(&"p", id), None);
         answered.asked(&"p", id);
         assert_eq!(answered.seen(&"p", id), Some(false), "asked, its answer not applied (yet)");

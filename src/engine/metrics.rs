@@ -57,6 +57,25 @@ struct SavedLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CanaryLabels {
+    kind: String,
+    controller: String,
+    side: &'static str,
+    result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SideLabels {
+    kind: String,
+    controller: String,
+    side: &'static str,
+}
+
+/// The `side` and `result` label values of the canary families (see [`crate::engine::canary`]).
+const CANARY_SIDES: [&str; 2] = ["current", "candidate"];
+const CANARY_RESULTS: [&str; 3] = ["ok", "error", "permanent_error"];
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct QueueLabels {
     name: String,
 }
@@ -167,6 +186,11 @@ pub struct ControllerMetrics {
     guard_refusals: Counter,
     hook_syncs: Family<CauseLabels, Counter>,
     saved: Family<SavedLabels, Counter>,
+    canary_syncs: Family<CanaryLabels, Counter>,
+    canary_writes: Family<SideLabels, Counter>,
+    /// The canary gauges, shown only once a canary ran.
+    canary_percent: Family<ControllerLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    canary_halted: Family<ControllerLabels, Gauge>,
 }
 
 impl ControllerMetrics {
@@ -209,6 +233,25 @@ impl ControllerMetrics {
         self.saved.get_or_create(&labels).inc();
     }
 
+    /// Counts a sync of a canary's `side` that ended with `result` after `writes` child writes.
+    pub fn canary_sync(&self, side: &'static str, result: &'static str, writes: usize) {
+        let (kind, controller) = (self.kind.clone(), self.controller.clone());
+        let labels = CanaryLabels { kind: kind.clone(), controller: controller.clone(), side, result };
+        self.canary_syncs.get_or_create(&labels).inc();
+        self.canary_writes.get_or_create(&SideLabels { kind, controller, side }).inc_by(writes as u64);
+    }
+
+    /// Notes the share of parents the candidate answers for (0 without a canary, or once halted), and
+    /// whether the canary halted.
+    pub fn canary_state(&self, percent: f64, halted: bool) {
+        let labels = ControllerLabels { kind: self.kind.clone(), controller: self.controller.clone() };
+        if percent == 0.0 && !halted && self.canary_percent.get(&labels).is_none() {
+            return;
+        }
+        self.canary_percent.get_or_create(&labels).set(percent);
+        self.canary_halted.get_or_create(&labels).set(i64::from(halted));
+    }
+
     /// Counts a sync the safe-delete guard refused.
     pub fn deletion_guard_refused(&self) {
         self.guard_refusals.inc();
@@ -234,6 +277,10 @@ pub struct Metrics {
     guard_refusals: Family<ControllerLabels, Counter>,
     hook_syncs: Family<CauseLabels, Counter>,
     hook_calls_saved: Family<SavedLabels, Counter>,
+    canary_syncs: Family<CanaryLabels, Counter>,
+    canary_writes: Family<SideLabels, Counter>,
+    canary_percent: Family<ControllerLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    canary_halted: Family<ControllerLabels, Gauge>,
     pub apply: crate::write::apply::ApplyMetrics,
     /// This replica's share of a sharded ring (registered only when sharding is on).
     pub shard: ShardMetrics,
@@ -256,6 +303,10 @@ impl Default for Metrics {
             guard_refusals: Family::default(),
             hook_syncs: Family::default(),
             hook_calls_saved: Family::default(),
+            canary_syncs: Family::default(),
+            canary_writes: Family::default(),
+            canary_percent: Family::default(),
+            canary_halted: Family::default(),
             apply: crate::write::apply::ApplyMetrics::default(),
             shard: ShardMetrics::default(),
         }
@@ -408,6 +459,27 @@ impl Metrics {
              echoes of a failing sync's own writes, which wait for its backoff retry (backing_off)",
             self.hook_calls_saved.clone(),
         );
+        registry.register(
+            "metahook_canary_syncs",
+            "Syncs of a canary's parents (metahook.dev/canary) that asked their hook, by side (current, \
+             candidate) and result (ok, error, permanent_error; a conflict or a hook's 429 is not counted)",
+            self.canary_syncs.clone(),
+        );
+        registry.register(
+            "metahook_canary_writes",
+            "Children created, updated or deleted by the syncs of a canary's parents, by side",
+            self.canary_writes.clone(),
+        );
+        registry.register(
+            "metahook_canary_percent",
+            "The share of a controller's parents its canary's candidate answers for (0: none, or halted)",
+            self.canary_percent.clone(),
+        );
+        registry.register(
+            "metahook_canary_halted",
+            "1 when a controller's canary halted itself (its candidate's error ratio passed maxErrorRatio)",
+            self.canary_halted.clone(),
+        );
         registry.register("workqueue_depth", "Keys waiting in a controller's queue", self.queue_depth.clone());
         registry.register("workqueue_adds", "Keys added to a controller's queue", self.queue_adds.clone());
         registry.register(
@@ -448,6 +520,10 @@ impl Metrics {
             guard_refusals: self.guard_refusals.get_or_create(&labels).clone(),
             hook_syncs: self.hook_syncs.clone(),
             saved: self.hook_calls_saved.clone(),
+            canary_syncs: self.canary_syncs.clone(),
+            canary_writes: self.canary_writes.clone(),
+            canary_percent: self.canary_percent.clone(),
+            canary_halted: self.canary_halted.clone(),
         })
     }
 
@@ -478,6 +554,20 @@ impl Metrics {
         self.max_concurrent.remove(&reconciler);
         self.in_flight.lock().expect("metrics lock").remove(&reconciler.controller);
         self.guard_refusals.remove(&labels);
+        self.canary_percent.remove(&labels);
+        self.canary_halted.remove(&labels);
+        for side in CANARY_SIDES {
+            let (kind, controller) = (kind.to_owned(), name.to_owned());
+            self.canary_writes.remove(&SideLabels { kind: kind.clone(), controller: controller.clone(), side });
+            for result in CANARY_RESULTS {
+                self.canary_syncs.remove(&CanaryLabels {
+                    kind: kind.clone(),
+                    controller: controller.clone(),
+                    side,
+                    result,
+                });
+            }
+        }
         for result in [Outcome::Success, Outcome::RequeueAfter, Outcome::Requeue, Outcome::Error] {
             self.reconcile.remove(&ResultLabels { controller: reconciler.controller.clone(), result: result.label() });
         }

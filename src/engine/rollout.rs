@@ -22,7 +22,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use serde_json::json;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -235,16 +235,8 @@ struct Reporter {
 
 impl Reporter {
     fn new<C: Kind>(kind: &C) -> Self {
-        let core = kind.core();
-        let (group, version) = crate::api::GROUP_VERSION.split_once('/').unwrap_or(("", crate::api::GROUP_VERSION));
-        let resource = ApiResource {
-            group: group.to_owned(),
-            version: version.to_owned(),
-            api_version: crate::api::GROUP_VERSION.to_owned(),
-            kind: core.kind.to_owned(),
-            plural: format!("{}s", core.kind.to_ascii_lowercase()),
-        };
-        let api = core.hub.shard.is_none().then(|| Api::all_with(core.hub.client.clone(), &resource));
+        let hub = &kind.core().hub;
+        let api = hub.shard.is_none().then(|| crate::engine::canary::controller_api(hub, kind.core().kind));
         Self { api, last: None, at: None }
     }
 

@@ -31,6 +31,7 @@ use crate::cache::discovery::ResolvedResource;
 use crate::cache::informers::{Change, Event, Informer, ObjectKey, controller_uid};
 use crate::cache::shard::Role;
 use crate::engine::answered::{Answered, RequestId};
+use crate::engine::canary::{Canary, CanarySettings, Pick};
 use crate::engine::echoes::{Echo, EchoPolicy, Echoes, Seen, Settled, Watched};
 use crate::engine::error::{StartError, SyncError, with_causes};
 use crate::engine::events::reference;
@@ -268,6 +269,8 @@ pub(crate) struct Core<K> {
     pub children: Vec<ChildType>,
     /// Their resolved types, computed once (every sync needs them).
     pub child_resources: Vec<Arc<ResolvedResource>>,
+    /// The canary of the sync hook, if the controller object's annotation starts one.
+    pub canary: Canary,
 }
 
 /// What a controller object's annotations set for the engine (each documented as a setting, each read
@@ -294,8 +297,11 @@ impl Settings {
     pub fn annotations(
         annotations: Option<&std::collections::BTreeMap<String, String>>,
     ) -> std::collections::BTreeMap<String, String> {
-        const SETTINGS: [&str; 2] =
-            [crate::engine::echoes::SYNC_ON_OWN_WRITES_ANNOTATION, crate::write::children::MAX_DELETIONS_ANNOTATION];
+        const SETTINGS: [&str; 3] = [
+            crate::engine::echoes::SYNC_ON_OWN_WRITES_ANNOTATION,
+            crate::write::children::MAX_DELETIONS_ANNOTATION,
+            crate::engine::canary::CANARY_ANNOTATION,
+        ];
         annotations
             .into_iter()
             .flatten()
@@ -316,14 +322,37 @@ pub(crate) struct CoreSettings<'a> {
     /// The `customize` hook, if any, and the controller object as hooks receive it.
     pub customize: Option<Endpoint>,
     pub controller: Value,
+    /// The `sync` hook and the `endpointConfigs` a canary's candidate takes its settings from.
+    pub sync_hook: Option<crate::api::Hook>,
+    pub endpoint_configs: Vec<crate::api::EndpointConfig>,
 }
 
 impl<K: Clone + Eq + Hash + Display + Send + Sync + 'static> Core<K> {
     pub fn new(hub: &Hub, settings: CoreSettings<'_>) -> Result<Self, String> {
-        let CoreSettings { kind, name, annotations, finalizer, children, customize, controller } = settings;
+        let CoreSettings {
+            kind,
+            name,
+            annotations,
+            finalizer,
+            children,
+            customize,
+            controller,
+            sync_hook,
+            endpoint_configs,
+        } = settings;
         let settings = Settings::from_annotations(annotations)?;
         let (queue, metrics, enqueue) = controller_queue(hub, kind, &name);
+        let canary = CanarySettings {
+            kind,
+            name: &name,
+            base: sync_hook,
+            endpoint_configs,
+            controller: &controller,
+            annotations,
+        };
+        let canary = Canary::new(hub, Arc::clone(&metrics), canary);
         Ok(Self {
+            canary,
             related: Related::new(hub.clone(), customize, controller, enqueue),
             hub: hub.clone(),
             kind,
@@ -351,6 +380,7 @@ impl<K: Clone + Eq + Hash + Display + Send + Sync + 'static> Core<K> {
     pub fn configure(&self, annotations: Option<&std::collections::BTreeMap<String, String>>) -> Result<(), String> {
         let settings = Settings::from_annotations(annotations)?;
         *self.settings.write().expect("settings lock") = settings;
+        self.canary.configure(annotations);
         Ok(())
     }
 
@@ -519,12 +549,15 @@ impl<K: Clone + Eq + Hash + Display + Send + Sync + 'static> WriteObserver for J
 
 /// What a sync's observe phase found: the object and its finalizer decision, the hook to ask and what
 /// it is asked about, and what the kind claimed besides the children (for `decide`).
-struct Observing<'k, C: Kind> {
+struct Observing<C: Kind> {
     obj: Arc<DynamicObject>,
     resource: Arc<ResolvedResource>,
     api: Api<DynamicObject>,
     finalizing: bool,
-    endpoint: &'k Endpoint,
+    /// The hook to ask: the controller's, or a canary's candidate.
+    endpoint: Endpoint,
+    /// The side of a canary this sync is on, if one runs.
+    canary: Option<Pick>,
     observed: Vec<ChildMap<Arc<DynamicObject>>>,
     claimed: C::Claimed,
     /// The children as the request shows them.
@@ -534,7 +567,7 @@ struct Observing<'k, C: Kind> {
 
 /// The observe phase of a sync of `key` (in an `observe` span: a trace shows how long the cache reads,
 /// the finalizer and the customize hook took). `None`: nothing to sync, the object went away.
-async fn observe<'k, C: Kind>(kind: &'k C, key: &C::Key) -> Result<Option<Observing<'k, C>>, SyncError> {
+async fn observe<C: Kind>(kind: &C, key: &C::Key) -> Result<Option<Observing<C>>, SyncError> {
     let core = kind.core();
     let Some((obj, resource)) = kind.object(key) else { return Ok(None) };
     let api = api_for(&core.hub.client, &resource, &obj);
@@ -547,7 +580,11 @@ async fn observe<'k, C: Kind>(kind: &'k C, key: &C::Key) -> Result<Option<Observ
     let object = ObjectKey::of(&obj);
     let record = |write| core.write_object(key, &object, write);
     let Some(finalizing) = follow_plan(&api, &obj, &core.finalizer, facts, record).await? else { return Ok(None) };
-    let endpoint = kind.hook(finalizing).ok_or(SyncError::NoSyncHook)?;
+    let canary = core.canary.pick(obj.metadata.uid.as_deref().unwrap_or_default(), finalizing);
+    let endpoint = match canary.as_ref().and_then(Pick::candidate) {
+        Some(candidate) => candidate.clone(),
+        None => kind.hook(finalizing).ok_or(SyncError::NoSyncHook)?.clone(),
+    };
     let Some((observed, claimed)) = kind.observe(&obj, &resource).await? else { return Ok(None) };
     let version: HookVersion = endpoint.version();
     let namespace = resource.namespaced.then_some(obj.metadata.namespace.as_deref()).flatten();
@@ -559,7 +596,7 @@ async fn observe<'k, C: Kind>(kind: &'k C, key: &C::Key) -> Result<Option<Observ
         Err(e) => return Err(e),
     };
     let children = request_map(&core.child_resources, version, namespace, &observed);
-    Ok(Some(Observing { obj, resource, api, finalizing, endpoint, observed, claimed, children, related }))
+    Ok(Some(Observing { obj, resource, api, finalizing, endpoint, canary, observed, claimed, children, related }))
 }
 
 /// One sync of `key` (see the module doc). Sharded, only an object of a bucket this replica holds is
@@ -582,21 +619,42 @@ pub(crate) async fn sync<C: Kind>(kind: &C, key: &C::Key, reasons: Reasons) -> R
 async fn sync_here<C: Kind>(kind: &C, key: &C::Key, reasons: Reasons) -> Result<Option<Duration>, SyncError> {
     let core = kind.core();
     let observing = observe(kind, key).instrument(info_span!(target: crate::TRACE_SPANS, "observe")).await?;
-    let Some(Observing { obj, resource, api, finalizing, endpoint, observed, claimed, children, related }) = observing
-    else {
+    let Some(observing) = observing else {
         return Ok(None);
     };
-
-    // Decide.
-    let request = kind.identifies_requests().then(|| RequestId::of(&obj, finalizing, &children, &related));
+    let request = kind.identifies_requests().then(|| {
+        let Observing { obj, endpoint, finalizing, children, related, .. } = &observing;
+        RequestId::of(endpoint.url(), obj, *finalizing, children, related)
+    });
     if !ask_hook(&core.answered, &core.metrics, key, request, reasons) {
         return Ok(None);
     }
-    let call = Call { endpoint, children: &children, related: &related, finalizing, observed: &observed };
-    let mut decision = match kind.decide(&obj, &resource, call, &claimed).await {
+    let mut writes = 0;
+    let result = answer(kind, key, &observing, &mut writes).await;
+    if let Some(pick) = &observing.canary {
+        core.canary.record(pick, &result, writes);
+    }
+    result
+}
+
+/// The rest of a sync that asks its hook: decide, act and record (see the module doc). `writes` counts
+/// the children written, whatever the outcome.
+async fn answer<C: Kind>(
+    kind: &C,
+    key: &C::Key,
+    observing: &Observing<C>,
+    writes: &mut usize,
+) -> Result<Option<Duration>, SyncError> {
+    let core = kind.core();
+    let Observing { obj, resource, api, finalizing, endpoint, observed, claimed, children, related, .. } = observing;
+    let finalizing = *finalizing;
+
+    // Decide.
+    let call = Call { endpoint, children, related, finalizing, observed };
+    let mut decision = match kind.decide(obj, resource, call, claimed).await {
         Ok(decision) => decision,
         Err(SyncError::Hook(e)) if e.permanent_message().is_some() => {
-            return Err(hold::<C>(core, key, &obj, &api, &resource, e).await);
+            return Err(hold::<C>(core, key, obj, api, resource, e).await);
         }
         Err(e) => return Err(e),
     };
@@ -610,24 +668,24 @@ async fn sync_here<C: Kind>(kind: &C, key: &C::Key, reasons: Reasons) -> Result<
             .flat_map(|children| children.values_mut())
             .for_each(|child| shard.stamp(child, uid));
     }
-    let ours = |child: &DynamicObject| kind.ours(&obj, child);
-    let adopts = |child: &DynamicObject| kind.adopts(&obj, &resource, child);
+    let ours = |child: &DynamicObject| kind.ours(obj, child);
+    let adopts = |child: &DynamicObject| kind.adopts(obj, resource, child);
     let guard = (!finalizing).then(|| core.settings().deletion_guard).flatten();
-    let plan = plan(&core.children, &observed, &decision.desired, &obj, guard, ours, &adopts)?;
+    let plan = plan(&core.children, observed, &decision.desired, obj, guard, ours, &adopts)?;
 
     // Act.
-    record_hook_events(&core.hub.events, &obj, &decision.events).await;
-    let Some(executed) = act_on_children::<C>(core, key, &obj, &resource, &plan, decision.before.as_ref()).await?
-    else {
+    record_hook_events(&core.hub.events, obj, &decision.events).await;
+    let Some(executed) = act_on_children::<C>(core, key, obj, resource, &plan, decision.before.as_ref()).await? else {
         return Ok(None);
     };
-    let object = ObjectKey::of(&obj);
+    *writes = executed.writes.len();
+    let object = ObjectKey::of(obj);
     if let Some(status) = decision.status {
         let how = StatusWrite { subresource: resource.has_status, observed_generation: C::SETS_OBSERVED_GENERATION };
-        core.write_object(key, &object, replace_status(&api, &obj, status, how)).await?;
+        core.write_object(key, &object, replace_status(api, obj, status, how)).await?;
     }
     if let Some(patch) = decision.metadata {
-        core.write_object(key, &object, patch_metadata(&api, &obj, &patch)).await?;
+        core.write_object(key, &object, patch_metadata(api, obj, &patch)).await?;
     }
 
     // Record.
@@ -635,7 +693,7 @@ async fn sync_here<C: Kind>(kind: &C, key: &C::Key, reasons: Reasons) -> Result<
         return Err(SyncError::Apply(executed.errors));
     }
     if finalizing && decision.finalized {
-        core.write_object(key, &object, remove_finalizer(&api, &obj, &core.finalizer)).await?;
+        core.write_object(key, &object, remove_finalizer(api, obj, &core.finalizer)).await?;
     }
     if executed.writes.iter().any(|w| w.recreate) {
         // A child deleted to be recreated: the next sync creates it, whatever becomes of the echo.

@@ -22,6 +22,8 @@ pub enum HookKind {
     Sync,
     Finalize,
     Customize,
+    /// The candidate of a canary (`metahook.dev/canary`), called instead of `sync` for its share.
+    Canary,
 }
 
 impl HookKind {
@@ -31,6 +33,7 @@ impl HookKind {
             Self::Sync => "sync",
             Self::Finalize => "finalize",
             Self::Customize => "customize",
+            Self::Canary => "canary",
         }
     }
 }

@@ -103,6 +103,8 @@ impl Controller {
                 children,
                 customize: endpoints.customize.clone(),
                 controller: cc_json.clone(),
+                sync_hook: cc.spec.hooks.as_ref().and_then(|h| h.sync.clone()),
+                endpoint_configs: cc.spec.endpoint_configs.clone(),
             },
         )
         .map_err(StartError::Annotation)?;
@@ -119,10 +121,11 @@ impl Controller {
     }
 
     /// Runs watches-to-queue mapping and the workers, and follows the hook's versions
-    /// ([`crate::engine::rollout`]), until `cancel` fires.
+    /// ([`crate::engine::rollout`]) and its canary ([`crate::engine::canary`]), until `cancel` fires.
     pub async fn run(self: Arc<Self>, cancel: CancellationToken) {
         let versions = crate::engine::rollout::run(Arc::clone(&self), cancel.clone());
-        tokio::join!(crate::engine::sync::run(self, cancel), versions);
+        let canary = crate::engine::canary::run(Arc::clone(&self), cancel.clone());
+        tokio::join!(crate::engine::sync::run(self, cancel), versions, canary);
     }
 
     /// Queues every parent it selects (or still finalizes) now — a sync requested on the controller

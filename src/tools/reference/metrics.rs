@@ -100,6 +100,8 @@ fn exposition() -> String {
     controller.hook_sync(Cause::Change);
     controller.hook_call_saved(Saved::IdenticalRequest);
     controller.deletion_guard_refused();
+    controller.canary_sync("candidate", "ok", 1);
+    controller.canary_state(10.0, false);
     let _queue = hub.metrics.queue(kind, name);
     hub.metrics.apply.record("ConfigMap", "created");
     hub.metrics.shard.parent_arrived();

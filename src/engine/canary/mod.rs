@@ -1,0 +1,547 @@
+//! A canary of a controller's sync hook: a candidate hook answers for a share of the parents and the
+//! current hook for the rest, each side's syncs are counted side by side, and the canary halts itself
+//! when the candidate fails too often.
+//!
+//! It is set by the controller object's [`CANARY_ANNOTATION`], read live (no restart):
+//! `{"url": "http://hook-v2/sync", "percent": 10}`, or `"service"` (with `"path"`) as a hook names its
+//! server, and optionally `"timeout"`, `"maxErrorRatio"` (default 0.1) and `"minSyncs"` (default 20).
+//! The candidate is called with the sync hook's own settings (protocol version, timeout unless the
+//! annotation sets one, TLS, authorization, ETag) at its own URL; the finalize and customize hooks stay
+//! the current ones, and finalizing syncs are not part of the canary.
+//!
+//! **Which parents.** Those whose bucket — the hash of the UID that sharding splits by
+//! ([`crate::cache::shard::bucket`]) — falls in the first `percent` of the [`BUCKETS`]. A bucket never
+//! changes, so a parent stays on its side for the whole canary, and raising the percent only adds
+//! parents to it.
+//!
+//! **Level-triggered.** A parent that changes sides is asked again: the request identity the engine
+//! uses to skip an identical request includes the hook's URL ([`crate::engine::answered`]), and each
+//! change of sides — a canary started, a new percent or URL, a halt, the annotation removed — queues
+//! the parents that move, at `hookChangeResyncQPS` as a new hook version's parents are.
+//!
+//! **Halting.** Once the candidate has been asked `minSyncs` times, an error ratio above
+//! `maxErrorRatio` halts it: its parents go back to the current hook, the controller's status says
+//! `Halted` and why (and a `CanaryHalted` condition), and a Warning Event on the controller says it
+//! too. A halted canary stays halted until its annotation changes (any edit starts a new one, with new
+//! counts) or is removed. Promoting is changing the sync hook's URL in the controller's spec.
+//!
+//! **Reported** in the controller's `status.canary` while it runs (at most every [`REPORT_EVERY`], only
+//! when the figures changed) and in the `metahook_canary_*` metrics. With sharding each replica counts
+//! and halts on its own share, so the status is not written (the replicas would overwrite each other);
+//! the metrics sum the shares, and each replica's halt is an Event and a log line.
+//!
+//! An annotation that cannot be used (not JSON, no URL, a percent out of range, hook settings the hub
+//! refuses) changes nothing: the current hook answers for every parent, and the status, a Warning Event
+//! and the log say why. Unlike the other settings annotations it does not stop the controller: a typo in
+//! a rollout's tooling must not stop the controller it rolls out.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use serde::Deserialize;
+use serde_json::Value;
+use tokio::sync::watch;
+use tracing::{info, warn};
+
+use crate::api::{CanaryStatus, CanaryTally, EndpointConfig, Hook, ServiceReference};
+use crate::cache::shard::{BUCKETS, bucket};
+use crate::engine::error::SyncError;
+use crate::engine::hub::Hub;
+use crate::engine::metrics::ControllerMetrics;
+use crate::hooks::{Endpoint, HookError, HookKind, HookLabels};
+
+mod follow;
+
+pub(crate) use self::follow::{controller_api, run};
+
+/// The controller annotation that starts a canary (see the module doc).
+pub const CANARY_ANNOTATION: &str = "metahook.dev/canary";
+/// The condition a halted canary puts on its controller.
+pub const HALTED_CONDITION: &str = "CanaryHalted";
+/// How often the status is written while a canary runs (when its figures changed).
+pub const REPORT_EVERY: Duration = Duration::from_secs(2);
+const DEFAULT_MAX_ERROR_RATIO: f64 = 0.1;
+const DEFAULT_MIN_SYNCS: u64 = 20;
+
+/// The annotation's value.
+#[derive(Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct Spec {
+    #[serde(default)]
+    url: Option<String>,
+    #[serde(default)]
+    service: Option<ServiceReference>,
+    #[serde(default)]
+    path: Option<String>,
+    #[serde(default)]
+    timeout: Option<String>,
+    percent: f64,
+    #[serde(default = "default_max_error_ratio")]
+    max_error_ratio: f64,
+    #[serde(default = "default_min_syncs")]
+    min_syncs: u64,
+}
+
+fn default_max_error_ratio() -> f64 {
+    DEFAULT_MAX_ERROR_RATIO
+}
+
+fn default_min_syncs() -> u64 {
+    DEFAULT_MIN_SYNCS
+}
+
+impl Spec {
+    fn parse(text: &str) -> Result<Self, String> {
+        let spec: Self = serde_json::from_str(text).map_err(|e| e.to_string())?;
+        if !(spec.percent > 0.0 && spec.percent <= 100.0) {
+            return Err(format!("percent must be more than 0 and at most 100, not {}", spec.percent));
+        }
+        if !(0.0..=1.0).contains(&spec.max_error_ratio) {
+            return Err(format!("maxErrorRatio must be from 0 to 1, not {}", spec.max_error_ratio));
+        }
+        if spec.url.is_some() == spec.service.is_some() {
+            return Err("exactly one of url and service must be set".into());
+        }
+        if let Some(timeout) = &spec.timeout
+            && crate::api::parse_go_duration(timeout).is_none()
+        {
+            return Err(format!("timeout {timeout:?} is not a duration such as 10s"));
+        }
+        Ok(spec)
+    }
+
+    /// The candidate: the sync hook `base` at the annotation's URL.
+    fn hook(&self, base: &Hook) -> Hook {
+        let mut hook = base.clone();
+        hook.webhook.url.clone_from(&self.url);
+        hook.webhook.service.clone_from(&self.service);
+        hook.webhook.path = self.service.as_ref().and(self.path.clone());
+        if self.timeout.is_some() {
+            hook.webhook.timeout.clone_from(&self.timeout);
+        }
+        hook
+    }
+
+    /// Parents of buckets below this are the candidate's.
+    fn buckets(&self) -> u16 {
+        let share = (self.percent / 100.0 * f64::from(BUCKETS)).ceil();
+        // In range: percent is at most 100.
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let buckets = share as u16;
+        buckets.min(BUCKETS)
+    }
+}
+
+/// Which hook answers for a parent while a canary runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Side {
+    Current,
+    Candidate,
+}
+
+impl Side {
+    /// The `side` label of the metrics.
+    #[must_use]
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Current => "current",
+            Self::Candidate => "candidate",
+        }
+    }
+}
+
+/// How a sync of one side ended, as the canary counts it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Counted {
+    Ok,
+    Error,
+    PermanentError,
+}
+
+impl Counted {
+    /// The `result` label of the metrics.
+    #[must_use]
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Ok => "ok",
+            Self::Error => "error",
+            Self::PermanentError => "permanent_error",
+        }
+    }
+
+    /// How `result` counts; `None` for what is retried quietly and says nothing of the hook (a conflict
+    /// with another writer, a related cache still filling, the hook's own 429).
+    fn of(result: &Result<Option<Duration>, SyncError>) -> Option<Self> {
+        match result {
+            Ok(_) => Some(Self::Ok),
+            Err(
+                SyncError::Hook(HookError::TooManyRequests { .. })
+                | SyncError::Conflict(_)
+                | SyncError::RelatedNotSynced(_),
+            ) => None,
+            Err(SyncError::Hook(e)) if e.permanent_message().is_some() => Some(Self::PermanentError),
+            Err(_) => Some(Self::Error),
+        }
+    }
+}
+
+/// One side's counts.
+#[derive(Debug, Default)]
+struct Tally {
+    syncs: AtomicU64,
+    errors: AtomicU64,
+    permanent: AtomicU64,
+    writes: AtomicU64,
+}
+
+impl Tally {
+    fn add(&self, result: Counted, writes: usize) {
+        self.syncs.fetch_add(1, Ordering::Relaxed);
+        match result {
+            Counted::Ok => {}
+            Counted::Error => {
+                self.errors.fetch_add(1, Ordering::Relaxed);
+            }
+            Counted::PermanentError => {
+                self.errors.fetch_add(1, Ordering::Relaxed);
+                self.permanent.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.writes.fetch_add(writes as u64, Ordering::Relaxed);
+    }
+
+    fn status(&self) -> CanaryTally {
+        let read = |n: &AtomicU64| i64::try_from(n.load(Ordering::Relaxed)).unwrap_or(i64::MAX);
+        CanaryTally {
+            syncs: read(&self.syncs),
+            errors: read(&self.errors),
+            permanent_errors: read(&self.permanent),
+            writes: read(&self.writes),
+        }
+    }
+}
+
+/// A canary started by one value of the annotation.
+#[derive(Debug)]
+pub struct Live {
+    spec: Spec,
+    endpoint: Endpoint,
+    buckets: u16,
+    current: Tally,
+    candidate: Tally,
+    /// Why it halted, once it has.
+    halted: OnceLock<String>,
+}
+
+impl Live {
+    fn halted(&self) -> Option<&str> {
+        self.halted.get().map(String::as_str)
+    }
+
+    /// The candidate's URL and share while it answers for parents; `None` once halted.
+    fn answering(&self) -> Option<(String, u16)> {
+        self.halted().is_none().then(|| (self.endpoint.url().to_owned(), self.buckets))
+    }
+
+    /// Counts one sync of `side`; returns whether it halted the canary: the candidate asked at least
+    /// `minSyncs` times, with an error ratio above `maxErrorRatio`.
+    fn count(&self, side: Side, counted: Counted, writes: usize) -> bool {
+        let tally = match side {
+            Side::Current => &self.current,
+            Side::Candidate => &self.candidate,
+        };
+        tally.add(counted, writes);
+        if side == Side::Current || self.halted().is_some() {
+            return false;
+        }
+        let syncs = self.candidate.syncs.load(Ordering::Relaxed);
+        let errors = self.candidate.errors.load(Ordering::Relaxed);
+        #[allow(clippy::cast_precision_loss)]
+        let ratio = errors as f64 / syncs.max(1) as f64;
+        if syncs < self.spec.min_syncs || ratio <= self.spec.max_error_ratio {
+            return false;
+        }
+        let why = format!(
+            "the candidate failed {errors} of {syncs} syncs ({ratio:.2}), more than maxErrorRatio {}: the current \
+             hook answers for every parent again",
+            self.spec.max_error_ratio
+        );
+        self.halted.set(why).is_ok()
+    }
+
+    fn status(&self) -> CanaryStatus {
+        CanaryStatus {
+            url: self.endpoint.url().to_owned(),
+            percent: self.spec.percent,
+            state: if self.halted().is_some() { "Halted" } else { "Running" }.into(),
+            message: self.halted().unwrap_or_default().to_owned(),
+            current: self.current.status(),
+            candidate: self.candidate.status(),
+        }
+    }
+}
+
+/// The side a sync is on, for counting it once it ends.
+#[derive(Debug, Clone)]
+pub struct Pick {
+    live: Arc<Live>,
+    side: Side,
+}
+
+impl Pick {
+    /// The candidate, when this sync is the candidate's.
+    #[must_use]
+    pub fn candidate(&self) -> Option<&Endpoint> {
+        (self.side == Side::Candidate).then_some(&self.live.endpoint)
+    }
+}
+
+#[derive(Debug, Default)]
+struct State {
+    /// The annotation's value the state comes from.
+    annotation: Option<String>,
+    live: Option<Arc<Live>>,
+    /// Why the annotation cannot be used.
+    invalid: Option<String>,
+}
+
+/// A controller's canary, if its annotation starts one.
+pub(crate) struct Canary {
+    hub: Hub,
+    kind: &'static str,
+    name: String,
+    /// The sync hook the candidate takes its settings from (none: no canary can start).
+    base: Option<Hook>,
+    endpoint_configs: Vec<EndpointConfig>,
+    /// The controller object, for Events.
+    controller: ObjectReference,
+    /// Whether the controller object's status showed a canary when it started (one to clear).
+    reported: bool,
+    metrics: Arc<ControllerMetrics>,
+    state: Mutex<State>,
+    /// Bumped on every change of the state (a new annotation, a halt).
+    changes: watch::Sender<u64>,
+}
+
+/// What [`Canary::new`] builds from.
+pub(crate) struct CanarySettings<'a> {
+    pub kind: &'static str,
+    pub name: &'a str,
+    pub base: Option<Hook>,
+    pub endpoint_configs: Vec<EndpointConfig>,
+    /// The controller object, as hooks receive it.
+    pub controller: &'a Value,
+    pub annotations: Option<&'a std::collections::BTreeMap<String, String>>,
+}
+
+impl Canary {
+    pub fn new(hub: &Hub, metrics: Arc<ControllerMetrics>, settings: CanarySettings<'_>) -> Self {
+        let CanarySettings { kind, name, base, endpoint_configs, controller, annotations } = settings;
+        let text = |field: &str| controller[field].as_str().map(str::to_owned);
+        let reference = ObjectReference {
+            api_version: text("apiVersion"),
+            kind: text("kind"),
+            name: Some(name.to_owned()),
+            uid: controller["metadata"]["uid"].as_str().map(str::to_owned),
+            ..ObjectReference::default()
+        };
+        let status = &controller["status"];
+        let reported = !status["canary"].is_null()
+            || status["conditions"].as_array().is_some_and(|c| c.iter().any(|c| c["type"] == HALTED_CONDITION));
+        let canary = Self {
+            hub: hub.clone(),
+            kind,
+            name: name.to_owned(),
+            base,
+            endpoint_configs,
+            controller: reference,
+            reported,
+            metrics,
+            state: Mutex::default(),
+            changes: watch::Sender::new(0),
+        };
+        canary.configure(annotations);
+        canary
+    }
+
+    /// Takes the controller object's annotations: a new value of [`CANARY_ANNOTATION`] starts a new
+    /// canary (or none); the same value changes nothing (a halted canary stays halted).
+    pub fn configure(&self, annotations: Option<&std::collections::BTreeMap<String, String>>) {
+        let annotation = annotations.and_then(|a| a.get(CANARY_ANNOTATION)).cloned();
+        let mut state = self.state.lock().expect("canary lock");
+        if state.annotation == annotation {
+            return;
+        }
+        *state = State { annotation: annotation.clone(), live: None, invalid: None };
+        if let Some(text) = annotation {
+            match self.start(&text) {
+                Ok(live) => {
+                    info!(controller = %self.name, url = live.endpoint.url(), percent = live.spec.percent, "canary started");
+                    state.live = Some(Arc::new(live));
+                }
+                Err(why) => {
+                    warn!(controller = %self.name, "{CANARY_ANNOTATION} cannot be used, no canary runs: {why}");
+                    state.invalid = Some(why);
+                }
+            }
+        }
+        drop(state);
+        self.changes.send_modify(|n| *n += 1);
+    }
+
+    fn start(&self, text: &str) -> Result<Live, String> {
+        let spec = Spec::parse(text)?;
+        let base = self.base.as_ref().ok_or("the controller has no sync hook")?;
+        let labels = HookLabels { kind: self.kind.to_owned(), controller: self.name.clone(), hook: HookKind::Canary };
+        let endpoint =
+            self.hub.hooks.endpoint(&spec.hook(base), &self.endpoint_configs, labels).map_err(|e| e.to_string())?;
+        Ok(Live {
+            buckets: spec.buckets(),
+            spec,
+            endpoint,
+            current: Tally::default(),
+            candidate: Tally::default(),
+            halted: OnceLock::new(),
+        })
+    }
+
+    /// The side of the object whose UID is `uid` in the canary running now; `None` without one, and for
+    /// a finalizing sync (the finalize hook is not part of a canary).
+    pub fn pick(&self, uid: &str, finalizing: bool) -> Option<Pick> {
+        if finalizing {
+            return None;
+        }
+        let live = self.state.lock().expect("canary lock").live.clone()?;
+        let side = if live.halted().is_none() && bucket(uid) < live.buckets { Side::Candidate } else { Side::Current };
+        Some(Pick { live, side })
+    }
+
+    /// Counts a sync that asked `pick`'s hook and ended with `result` after `writes` child writes; halts
+    /// the canary when the candidate's error ratio passes its limit.
+    pub fn record(&self, pick: &Pick, result: &Result<Option<Duration>, SyncError>, writes: usize) {
+        let Some(counted) = Counted::of(result) else { return };
+        self.metrics.canary_sync(pick.side.label(), counted.label(), writes);
+        if pick.live.count(pick.side, counted, writes) {
+            self.changes.send_modify(|n| *n += 1);
+        }
+    }
+
+    /// The canary now, and why the annotation cannot be used.
+    fn view(&self) -> (Option<Arc<Live>>, Option<String>) {
+        let state = self.state.lock().expect("canary lock");
+        (state.live.clone(), state.invalid.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn the_annotation_is_checked_whole() {
+        let spec = Spec::parse(r#"{"url": "http://h/sync", "percent": 10}"#).unwrap();
+        assert_eq!((spec.max_error_ratio, spec.min_syncs), (0.1, 20));
+        assert_eq!(spec.buckets(), 103, "10 % of 1024 buckets, rounded up");
+        assert_eq!(Spec::parse(r#"{"url": "http://h/sync", "percent": 100}"#).unwrap().buckets(), BUCKETS);
+        for (bad, says) in [
+            (r#"{"url": "http://h/sync"}"#, "missing field `percent`"),
+            (r#"{"url": "http://h/sync", "percent": 0}"#, "percent must be more than 0"),
+            (r#"{"url": "http://h/sync", "percent": 101}"#, "at most 100"),
+            (r#"{"percent": 10}"#, "exactly one of url and service"),
+            (r#"{"url": "http://h/sync", "percent": 10, "maxErrorRatio": 2}"#, "maxErrorRatio must be from 0 to 1"),
+            (r#"{"url": "http://h/sync", "percent": 10, "timeout": "soon"}"#, "not a duration"),
+            (r#"{"url": "http://h/sync", "percent": 10, "pct": 1}"#, "unknown field `pct`"),
+            ("10%", "invalid type"),
+        ] {
+            let err = Spec::parse(bad).unwrap_err();
+            assert!(err.contains(says), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn the_candidate_keeps_the_sync_hooks_settings_at_its_own_url() {
+        let base: Hook = serde_json::from_value(json!({"version": "v2", "webhook": {
+            "service": {"name": "hook", "namespace": "ns"}, "path": "/sync", "timeout": "5s",
+            "etag": {"enabled": true}}}))
+        .unwrap();
+        let spec = Spec::parse(r#"{"url": "http://hook-v2/sync", "percent": 5}"#).unwrap();
+        let hook = spec.hook(&base);
+        assert_eq!(hook.webhook.url.as_deref(), Some("http://hook-v2/sync"));
+        assert!(hook.webhook.service.is_none() && hook.webhook.path.is_none());
+        assert_eq!((hook.version, hook.webhook.timeout.as_deref()), (base.version, Some("5s")));
+        assert_eq!(hook.webhook.etag, base.webhook.etag);
+        let spec = Spec::parse(
+            r#"{"service": {"name": "hook-v2", "namespace": "ns"}, "path": "/v2", "percent": 5, "timeout": "1s"}"#,
+        )
+        .unwrap();
+        let hook = spec.hook(&base);
+        assert_eq!(hook.webhook.service.as_ref().map(|s| s.name.as_str()), Some("hook-v2"));
+        assert_eq!((hook.webhook.path.as_deref(), hook.webhook.timeout.as_deref()), (Some("/v2"), Some("1s")));
+    }
+
+    #[test]
+    fn what_a_sync_says_of_its_hook() {
+        let url = String::new();
+        assert_eq!(Counted::of(&Ok(None)), Some(Counted::Ok));
+        assert_eq!(Counted::of(&Err(SyncError::InvalidResponse("x".into()))), Some(Counted::Error));
+        let permanent = HookError::Permanent { url: url.clone(), code: 422, message: "no".into() };
+        assert_eq!(Counted::of(&Err(SyncError::Hook(permanent))), Some(Counted::PermanentError));
+        let status = HookError::Status { url: url.clone(), code: 500, body: String::new() };
+        assert_eq!(Counted::of(&Err(SyncError::Hook(status))), Some(Counted::Error));
+        let later = HookError::TooManyRequests { url, retry_after: Duration::ZERO };
+        assert_eq!(Counted::of(&Err(SyncError::Hook(later))), None);
+        assert_eq!(Counted::of(&Err(SyncError::Conflict("parent"))), None);
+    }
+
+    fn live(annotation: &str) -> Live {
+        let spec = Spec::parse(annotation).unwrap();
+        let base: Hook = serde_json::from_value(json!({"webhook": {"url": "http://current/sync"}})).unwrap();
+        let labels = HookLabels { kind: "CompositeController".into(), controller: "c".into(), hook: HookKind::Canary };
+        let endpoint = crate::hooks::HookClient::default().endpoint(&spec.hook(&base), &[], labels).unwrap();
+        Live {
+            buckets: spec.buckets(),
+            spec,
+            endpoint,
+            current: Tally::default(),
+            candidate: Tally::default(),
+            halted: OnceLock::new(),
+        }
+    }
+
+    #[test]
+    fn the_candidate_halts_past_its_error_ratio_once_it_has_enough_syncs() {
+        let canary = live(r#"{"url": "http://candidate/sync", "percent": 10}"#);
+        // The current hook's failures are not the candidate's.
+        for _ in 0..30 {
+            assert!(!canary.count(Side::Current, Counted::Error, 0));
+        }
+        // 19 failures of 19: too few syncs to judge.
+        for _ in 0..19 {
+            assert!(!canary.count(Side::Candidate, Counted::Error, 0));
+        }
+        assert_eq!(canary.answering(), Some(("http://candidate/sync".into(), 103)));
+        assert!(canary.count(Side::Candidate, Counted::Ok, 2), "the 20th sync: 19 of 20 failed");
+        assert_eq!(canary.answering(), None);
+        assert!(!canary.count(Side::Candidate, Counted::Error, 0), "halts once");
+        let status = canary.status();
+        assert_eq!(status.state, "Halted");
+        assert!(status.message.contains("failed 19 of 20 syncs"), "{}", status.message);
+        assert_eq!((status.candidate.syncs, status.candidate.errors, status.candidate.writes), (21, 20, 2));
+        assert_eq!((status.current.syncs, status.current.errors), (30, 30));
+    }
+
+    #[test]
+    fn a_ratio_at_the_limit_does_not_halt() {
+        let canary = live(r#"{"url": "http://candidate/sync", "percent": 50, "maxErrorRatio": 0.25, "minSyncs": 4}"#);
+        for counted in [Counted::Ok, Counted::Ok, Counted::Ok, Counted::PermanentError] {
+            assert!(!canary.count(Side::Candidate, counted, 1), "1 of 4 is 0.25: not above");
+        }
+        assert!(canary.count(Side::Candidate, Counted::PermanentError, 0), "2 of 5 is");
+        let status = canary.status();
+        assert_eq!((status.candidate.errors, status.candidate.permanent_errors), (2, 2));
+    }
+}
