@@ -1,0 +1,228 @@
+//! A canary of a sync hook on the real control plane (issue 43, part 3): the `metahook.dev/canary`
+//! annotation sends the parents of the first `percent` of buckets to a candidate hook, and only those
+//! (each hook's log says which parents it was asked about); the controller's status counts both sides;
+//! removing the annotation brings every parent back to the current hook. A candidate that answers
+//! errors is halted by itself: its parents are synced by the current hook again, nothing it touched is
+//! lost, and the controller says why.
+//!
+//! Both run after the hub has answered every parent once (its caches warm, every request answered and
+//! applied): a parent that changes sides shows the hook the very request it was last asked, and must be
+//! asked again all the same.
+
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use kube::api::{Patch, PatchParams};
+use metahook::ops::config::Config;
+use serde_json::{Value, json};
+use support::{HookServer, World, eventually};
+
+const WAIT: Duration = Duration::from_secs(120);
+
+/// One ConfigMap per Thing saying which hook answered (the `SIDE` each server's handlers define).
+fn hook(side: &str, fails: bool) -> String {
+    let answer = if fails {
+        "    raise RuntimeError('the candidate is broken')".to_owned()
+    } else {
+        format!(
+            "    name = request['parent']['metadata']['name']\n    return {{'children': [{{'apiVersion': 'v1', \
+             'kind': 'ConfigMap', 'metadata': {{'name': name + '-cm'}}, 'data': {{'side': '{side}'}}}}]}}"
+        )
+    };
+    format!("def sync(request):\n{answer}\n")
+}
+
+/// The parents a hook was asked about, in the order asked.
+fn asked(hook: &HookServer) -> Vec<String> {
+    hook.requests("/sync").iter().map(|r| r["parent"]["metadata"]["name"].as_str().unwrap().to_owned()).collect()
+}
+
+/// A world of `parents` Things whose controller's hook is the current one (`w.hook`), every child
+/// answered by it; returns the Things' buckets by name.
+async fn world(test: &str, parents: usize) -> (World, BTreeMap<String, u16>) {
+    let mut w = World::new(test, &hook("current", false)).await;
+    w.stop_hub().await;
+    let client = w.client.clone();
+    let config = Config { hook_change_resync_qps: 100.0, metrics_address: String::new(), ..Config::default() };
+    w.start_hub_with(&client, config);
+    w.composite(json!({
+        "generateSelector": true,
+        "parentResource": {"apiVersion": "test.metahook.dev/v1", "resource": "things"},
+        "childResources": [{"apiVersion": "v1", "resource": "configmaps", "updateStrategy": {"method": "InPlace"}}],
+        "hooks": {"sync": {"webhook": {"url": w.hook.url("/sync")}}},
+    }))
+    .await;
+    let mut buckets = BTreeMap::new();
+    for i in 0..parents {
+        let name = format!("t{i}");
+        let thing = w.thing(&name, json!({})).await;
+        buckets.insert(name, metahook::cache::shard::bucket(thing.metadata.uid.as_deref().unwrap()));
+    }
+    for name in buckets.keys() {
+        child_says(&w, name, "current").await;
+    }
+    (w, buckets)
+}
+
+/// Waits until `parent`'s child says `side`.
+async fn child_says(w: &World, parent: &str, side: &str) {
+    eventually(WAIT, || async {
+        w.config_map(&format!("{parent}-cm")).await.filter(|cm| cm.data["data"]["side"] == side)
+    })
+    .await;
+}
+
+/// Sets (or, with `Null`, removes) the controller's canary annotation.
+async fn set_canary(w: &World, canary: Value) {
+    let value = if canary.is_null() { Value::Null } else { json!(canary.to_string()) };
+    let patch = json!({"metadata": {"annotations": {"metahook.dev/canary": value}}});
+    let controllers = w.controllers("CompositeController").await;
+    controllers.patch(&w.label, &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
+}
+
+async fn controller_status(w: &World) -> Value {
+    w.controllers("CompositeController").await.get(&w.label).await.unwrap().data["status"].clone()
+}
+
+/// Waits until the controller's `status.canary` passes `check`; returns it.
+async fn canary_status(w: &World, check: impl Fn(&Value) -> bool) -> Value {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let canary = controller_status(w).await["canary"].clone();
+        if check(&canary) {
+            return canary;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "status.canary is still {canary}");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// The parents of the first `percent` of the 1024 buckets.
+fn share(buckets: &BTreeMap<String, u16>, percent: f64) -> BTreeSet<String> {
+    let below = (percent / 100.0 * 1024.0).ceil();
+    buckets.iter().filter(|(_, b)| f64::from(**b) < below).map(|(name, _)| name.clone()).collect()
+}
+
+#[tokio::test]
+async fn the_candidate_answers_for_its_tenth_of_the_parents_and_only_those() {
+    const PARENTS: usize = 200;
+    let (w, buckets) = world("canary-share", PARENTS).await;
+    let candidate = HookServer::start(&hook("candidate", false)).await;
+    let canary = share(&buckets, 10.0);
+    // About 20 of 200 (10.06 % of buckets): far from none and far from all.
+    assert!((5..=45).contains(&canary.len()), "{} parents in the canary's buckets", canary.len());
+
+    set_canary(&w, json!({"url": candidate.url("/sync"), "percent": 10})).await;
+    for name in buckets.keys() {
+        if canary.contains(name) {
+            child_says(&w, name, "candidate").await;
+        }
+    }
+    let running =
+        canary_status(&w, |c| c["state"] == "Running" && c["candidate"]["syncs"].as_u64() >= Some(canary.len() as u64))
+            .await;
+    assert_eq!((running["percent"].as_f64(), running["url"].as_str()), (Some(10.0), Some(&*candidate.url("/sync"))));
+    // Every parent outside still says what the current hook said, and the candidate was asked about
+    // exactly the canary's parents: each once, and once more for the echo of the child it changed.
+    for name in buckets.keys().filter(|n| !canary.contains(*n)) {
+        let cm = w.config_map(&format!("{name}-cm")).await.unwrap();
+        assert_eq!(cm.data["data"]["side"], "current", "{name} is not in the canary's buckets");
+    }
+    let asked_candidate = asked(&candidate);
+    assert_eq!(asked_candidate.iter().cloned().collect::<BTreeSet<_>>(), canary);
+    for name in &canary {
+        let times = asked_candidate.iter().filter(|n| *n == name).count();
+        assert!(times <= 2, "{name} asked {times} times: {asked_candidate:?}");
+    }
+
+    // A change of every parent: each side syncs its own, counted side by side.
+    for name in buckets.keys() {
+        w.thing(name, json!({"round": 2})).await;
+    }
+    let outside = (PARENTS - canary.len()) as u64;
+    let both = canary_status(&w, |c| {
+        c["current"]["syncs"].as_u64() >= Some(outside)
+            && c["candidate"]["syncs"].as_u64() >= Some(2 * canary.len() as u64)
+    })
+    .await;
+    assert_eq!((both["current"]["errors"].as_u64(), both["candidate"]["errors"].as_u64()), (Some(0), Some(0)));
+    assert_eq!(both["candidate"]["writes"].as_u64(), Some(canary.len() as u64), "each canary child rewritten once");
+    let asked_candidate: BTreeSet<String> = asked(&candidate).into_iter().collect();
+    assert_eq!(asked_candidate, canary, "the change reached no other parent's candidate call");
+    eprintln!("{} of {PARENTS} parents in the canary; side by side: {both}", canary.len());
+
+    // The annotation removed: the current hook answers for every parent again, the status is cleared.
+    set_canary(&w, Value::Null).await;
+    for name in &canary {
+        child_says(&w, name, "current").await;
+    }
+    canary_status(&w, Value::is_null).await;
+    let before = asked(&candidate).len();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(asked(&candidate).len(), before, "the candidate is asked nothing once the canary ended");
+    w.finish("CompositeController").await;
+}
+
+#[tokio::test]
+async fn a_failing_candidate_halts_and_its_parents_go_back_to_the_current_hook_with_nothing_lost() {
+    const PARENTS: usize = 60;
+    let (w, buckets) = world("canary-halt", PARENTS).await;
+    let candidate = HookServer::start(&hook("candidate", true)).await;
+    let canary = share(&buckets, 50.0);
+    assert!((15..=45).contains(&canary.len()), "{} parents in the canary's buckets", canary.len());
+    let children = w.config_maps().await;
+    let uids = |list: kube::api::ObjectList<kube::api::DynamicObject>| -> BTreeMap<String, String> {
+        list.items
+            .into_iter()
+            .map(|cm| (cm.metadata.name.clone().unwrap(), cm.metadata.uid.clone().unwrap()))
+            .filter(|(name, _)| name.ends_with("-cm"))
+            .collect()
+    };
+    let before = uids(children.list(&Default::default()).await.unwrap());
+    assert_eq!(before.len(), PARENTS);
+    let current_asked = asked(&w.hook).len();
+
+    set_canary(&w, json!({"url": candidate.url("/sync"), "percent": 50})).await;
+    let halted = canary_status(&w, |c| c["state"] == "Halted").await;
+    let (syncs, errors) =
+        (halted["candidate"]["syncs"].as_u64().unwrap(), halted["candidate"]["errors"].as_u64().unwrap());
+    assert!(syncs >= 20, "halted after at least minSyncs syncs: {halted}");
+    assert_eq!(errors, syncs, "every candidate sync failed: {halted}");
+    assert!(halted["message"].as_str().unwrap().contains("more than maxErrorRatio 0.1"), "{halted}");
+    let status = controller_status(&w).await;
+    let condition = status["conditions"].as_array().unwrap().iter().find(|c| c["type"] == "CanaryHalted").cloned();
+    let condition = condition.unwrap_or_else(|| panic!("no CanaryHalted condition: {status}"));
+    assert_eq!(
+        (condition["status"].as_str(), condition["reason"].as_str()),
+        (Some("True"), Some("ErrorRatioExceeded"))
+    );
+    let ready = status["conditions"].as_array().unwrap().iter().any(|c| c["type"] == "Ready" && c["status"] == "True");
+    assert!(ready, "the Ready condition is kept beside it: {status}");
+
+    // Every canary parent is synced by the current hook again, after the halt.
+    eventually(WAIT, || async {
+        let again: BTreeSet<String> = asked(&w.hook).split_off(current_asked).into_iter().collect();
+        canary.is_subset(&again).then_some(())
+    })
+    .await;
+    // Nothing the failing candidate was asked about was lost or changed: the same children, the same
+    // objects, as the current hook wrote them.
+    let after = uids(children.list(&Default::default()).await.unwrap());
+    assert_eq!(after, before, "no child deleted or recreated");
+    for name in buckets.keys() {
+        let cm = w.config_map(&format!("{name}-cm")).await.unwrap();
+        assert_eq!(cm.data["data"]["side"], "current", "{name}");
+    }
+    // The candidate is asked nothing more: a halted canary stays halted.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let asked_then = asked(&candidate).len();
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(asked(&candidate).len(), asked_then, "a halted candidate is not asked");
+    let still = canary_status(&w, |c| c["state"] == "Halted").await;
+    assert_eq!(still["candidate"]["syncs"].as_u64(), Some(asked_then as u64), "every candidate call counted: {still}");
+    assert_eq!(still["candidate"]["errors"], still["candidate"]["syncs"]);
+    eprintln!("{} of {PARENTS} parents in the canary; halted: {still}", canary.len());
+    w.finish("CompositeController").await;
+}
