@@ -178,6 +178,13 @@ pub struct ChildResourceRule {
     pub resource: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub update_strategy: Option<ChildUpdateStrategy>,
+    /// A metahook extension: children of this type may be in other namespaces than their namespaced
+    /// parent's (or cluster-scoped). Those carry the parent's UID in the `metahook.dev/parent-uid` label
+    /// instead of an ownerReference, and the hub deletes them when the parent is deleted (its finalizer
+    /// holds the parent until then). Not on a cluster-scoped parent, a DecoratorController, or a hub
+    /// limited to some namespaces.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cross_namespace: Option<bool>,
 }
 
 impl ChildResourceRule {
@@ -185,6 +192,12 @@ impl ChildResourceRule {
     #[must_use]
     pub fn method(&self) -> UpdateMethod {
         self.update_strategy.as_ref().and_then(|s| s.method).unwrap_or_default()
+    }
+
+    /// Whether children of this type may live outside the parent's namespace (`crossNamespace`).
+    #[must_use]
+    pub fn cross_namespace(&self) -> bool {
+        self.cross_namespace == Some(true)
     }
 }
 

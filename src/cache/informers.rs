@@ -80,10 +80,24 @@ impl Change {
     }
 }
 
-/// The UID of the controller owner of `obj`, if any.
+/// The label that names the parent of a child no `ownerReference` can point from (in another namespace
+/// than its namespaced parent, or cluster-scoped under one): the parent's UID. Such children exist only
+/// for child types declared `crossNamespace`; the label is their claim, as a controller `ownerReference`
+/// is an owned child's (see the book's "Children in other namespaces").
+pub const PARENT_UID_LABEL: &str = "metahook.dev/parent-uid";
+
+/// The annotation beside [`PARENT_UID_LABEL`]: `<namespace>/<name>` of the parent, to find it by when
+/// the child changes (the label decides whose child it is).
+pub const PARENT_ANNOTATION: &str = "metahook.dev/parent";
+
+/// The UID of the controller of `obj`, if any: its controller owner's, or the parent its
+/// [`PARENT_UID_LABEL`] names.
 #[must_use]
 pub fn controller_uid(obj: &DynamicObject) -> Option<&str> {
-    obj.metadata.owner_references.iter().flatten().find(|r| r.controller == Some(true)).map(|r| r.uid.as_str())
+    let owner = obj.metadata.owner_references.iter().flatten().find(|r| r.controller == Some(true));
+    owner
+        .map(|r| r.uid.as_str())
+        .or_else(|| obj.metadata.labels.as_ref().and_then(|l| l.get(PARENT_UID_LABEL)).map(String::as_str))
 }
 
 /// (namespace, label key, label value): how orphans are found by a selector's required label.

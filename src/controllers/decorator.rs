@@ -95,7 +95,8 @@ pub fn validate_response(
     response: &DecoratorResponse,
 ) -> Result<Answer, SyncError> {
     let annotations = BTreeMap::from([(DECORATOR_ANNOTATION.to_owned(), controller.to_owned())]);
-    let rules = ChildRules { default_labels: None, annotations: Some(&annotations), selector: None };
+    let rules =
+        ChildRules { default_labels: None, annotations: Some(&annotations), selector: None, cross_namespace: &[] };
     let desired = desired_children(attachment_resources, target, resource, &response.attachments, rules)
         .map_err(SyncError::InvalidResponse)?;
     let status = match &response.status {
@@ -257,6 +258,12 @@ impl Controller {
             }
         }
         // Decorators have no revisions: rolling methods act like their non-rolling forms (as in Metacontroller).
+        if spec.attachments.iter().any(crate::api::ChildResourceRule::cross_namespace) {
+            return Err(StartError::CrossNamespace(
+                "crossNamespace is for a CompositeController's children, not a DecoratorController's attachments"
+                    .into(),
+            ));
+        }
         let attachments = child_types(hub, &spec.attachments, "attachment", |method| match method {
             UpdateMethod::RollingRecreate => UpdateMethod::Recreate,
             UpdateMethod::RollingInPlace => UpdateMethod::InPlace,

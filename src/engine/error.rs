@@ -33,6 +33,9 @@ pub enum StartError {
     CacheSync(#[from] crate::cache::informers::SyncTimeout),
     #[error("{0}")]
     InvalidHookSetting(#[from] crate::hooks::SettingsError),
+    /// A child type is declared `crossNamespace` where that cannot be honoured.
+    #[error("{0}")]
+    CrossNamespace(String),
 }
 
 impl StartError {
@@ -53,6 +56,7 @@ impl StartError {
             Self::CacheSync(crate::cache::informers::SyncTimeout::Forbidden { .. }) => "Forbidden",
             Self::CacheSync(crate::cache::informers::SyncTimeout::NotSynced { .. }) => "WatchFailed",
             Self::InvalidHookSetting(_) => "InvalidHookSetting",
+            Self::CrossNamespace(_) => "UnsupportedCrossNamespace",
         }
     }
 }

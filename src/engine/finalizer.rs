@@ -19,24 +19,30 @@ pub(crate) enum Step {
 
 /// What the finalizer decision depends on.
 #[derive(Debug, Clone, Copy)]
-#[allow(clippy::struct_excessive_bools)] // four independent facts; an enum would hide which is which
+#[allow(clippy::struct_excessive_bools)] // five independent facts; an enum would hide which is which
 pub(crate) struct Facts {
     pub finalize_hook: bool,
+    /// The object may have children by label (`crossNamespace`), which the hub deletes itself when the
+    /// object is deleted: the finalizer holds it until then, finalize hook or not.
+    pub cleanup: bool,
     pub selected: bool,
     pub has_finalizer: bool,
     pub deleting: bool,
 }
 
 /// Metacontroller's finalizer rules: a finalize hook is called on deletion, and when the object stops
-/// matching the controller's selector, for as long as our finalizer is on it.
+/// matching the controller's selector, for as long as our finalizer is on it. With children by label
+/// (`cleanup`), the finalizer is on every synced object and a deletion finalizes, hook or not (an object
+/// the controller stops selecting keeps its children, as owned children stay with theirs).
 pub(crate) fn plan(facts: Facts) -> Step {
-    let Facts { finalize_hook: has_finalize_hook, selected, has_finalizer, deleting } = facts;
-    let finalizing = has_finalize_hook && (deleting || !selected);
-    match (has_finalize_hook, has_finalizer) {
+    let Facts { finalize_hook: has_finalize_hook, cleanup, selected, has_finalizer, deleting } = facts;
+    let finalizing = (has_finalize_hook && (deleting || !selected)) || (cleanup && deleting);
+    let wants_finalizer = has_finalize_hook || cleanup;
+    match (wants_finalizer, has_finalizer) {
         (false, true) => Step::DropFinalizer,
         _ if finalizing && has_finalizer => Step::Sync { finalizing: true, add_finalizer: false },
         _ if deleting || !selected => Step::Skip,
-        _ => Step::Sync { finalizing: false, add_finalizer: has_finalize_hook && !has_finalizer },
+        _ => Step::Sync { finalizing: false, add_finalizer: wants_finalizer && !has_finalizer },
     }
 }
 
@@ -158,7 +164,27 @@ mod tests {
     /// Facts in the order (finalize hook, selected, has our finalizer, deleting) keep the table readable.
     #[allow(clippy::fn_params_excessive_bools)]
     fn f(finalize_hook: bool, selected: bool, has_finalizer: bool, deleting: bool) -> Facts {
-        Facts { finalize_hook, selected, has_finalizer, deleting }
+        Facts { finalize_hook, cleanup: false, selected, has_finalizer, deleting }
+    }
+
+    /// [`f`] for a controller with children by label.
+    #[allow(clippy::fn_params_excessive_bools)]
+    fn c(finalize_hook: bool, selected: bool, has_finalizer: bool, deleting: bool) -> Facts {
+        Facts { cleanup: true, ..f(finalize_hook, selected, has_finalizer, deleting) }
+    }
+
+    #[test]
+    fn children_by_label_hold_the_object_until_its_deletion_is_finalized() {
+        // The finalizer goes on without a finalize hook, and stays while the object is not selected.
+        assert_eq!(plan(c(false, true, false, false)), Step::Sync { finalizing: false, add_finalizer: true });
+        assert_eq!(plan(c(false, true, true, false)), Step::Sync { finalizing: false, add_finalizer: false });
+        assert_eq!(plan(c(false, false, true, false)), Step::Skip);
+        // A deletion finalizes, selected or not; without our finalizer there is nothing to hold.
+        assert_eq!(plan(c(false, true, true, true)), Step::Sync { finalizing: true, add_finalizer: false });
+        assert_eq!(plan(c(false, false, true, true)), Step::Sync { finalizing: true, add_finalizer: false });
+        assert_eq!(plan(c(false, true, false, true)), Step::Skip);
+        // With a finalize hook, its own rules hold too.
+        assert_eq!(plan(c(true, false, true, false)), Step::Sync { finalizing: true, add_finalizer: false });
     }
 
     #[test]

@@ -94,6 +94,10 @@ pub(crate) trait Kind: Send + Sync + 'static {
     fn hook_versions(&self) -> &crate::hooks::HookVersions;
     /// Whether the controller has a finalize hook (it then puts its finalizer on what it syncs).
     fn has_finalize_hook(&self) -> bool;
+    /// Whether objects may have children by label (`crossNamespace`), which the hub deletes itself.
+    fn cleans_up(&self) -> bool {
+        false
+    }
     /// `resyncPeriodSeconds`.
     fn resync_period_seconds(&self) -> Option<i32>;
     /// The object's children (or attachments) as this kind claims them, by declared type, and what else
@@ -190,7 +194,8 @@ pub(crate) async fn child_types(
             .await
             .map_err(|source| StartError::NotFound { role, source })?;
         within_namespaces(hub, role, &resource)?;
-        types.push(ChildType { method: method(rule.method()), informer: hub.informers.get(&resource, Role::Child) });
+        let informer = hub.informers.get(&resource, Role::Child);
+        types.push(ChildType { method: method(rule.method()), informer, cross_namespace: rule.cross_namespace() });
     }
     Ok(types)
 }
@@ -271,6 +276,8 @@ pub(crate) struct Core<K> {
     pub child_resources: Vec<Arc<ResolvedResource>>,
     /// The canary of the sync hook, if the controller object's annotation starts one.
     pub canary: Canary,
+    /// UIDs of objects seen deleted with `--cascade=orphan` (see [`let_go_of_labelled`]).
+    orphaned: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
 /// What a controller object's annotations set for the engine (each documented as a setting, each read
@@ -353,6 +360,7 @@ impl<K: Clone + Eq + Hash + Display + Send + Sync + 'static> Core<K> {
         let canary = Canary::new(hub, Arc::clone(&metrics), canary);
         Ok(Self {
             canary,
+            orphaned: std::sync::Mutex::default(),
             related: Related::new(hub.clone(), customize, controller, enqueue),
             hub: hub.clone(),
             kind,
@@ -428,6 +436,7 @@ impl<K: Clone + Eq + Hash + Display + Send + Sync + 'static> Core<K> {
         }
         let new = match change {
             Change::Deleted(obj) => {
+                self.orphaned.lock().expect("orphaned lock").remove(obj.metadata.uid.as_deref().unwrap_or_default());
                 self.related.forget(&key);
                 self.requests.forget(&key);
                 self.echoes.forget(&key);
@@ -440,6 +449,12 @@ impl<K: Clone + Eq + Hash + Display + Send + Sync + 'static> Core<K> {
             }
             Change::Applied { new, .. } => new,
         };
+        if new.metadata.deletion_timestamp.is_some() && new.metadata.finalizers.iter().flatten().any(|f| f == "orphan")
+        {
+            // The garbage collector takes `orphan` off once it has orphaned the owned children, which may
+            // be before this object's sync: remembered, so children by label are kept too.
+            self.orphaned.lock().expect("orphaned lock").insert(new.metadata.uid.clone().unwrap_or_default());
+        }
         if !selected && !has_finalizer(new, &self.finalizer) {
             return;
         }
@@ -573,6 +588,7 @@ async fn observe<C: Kind>(kind: &C, key: &C::Key) -> Result<Option<Observing<C>>
     let api = api_for(&core.hub.client, &resource, &obj);
     let facts = Facts {
         finalize_hook: kind.has_finalize_hook(),
+        cleanup: kind.cleans_up(),
         selected: kind.selects(kind.type_of(key), &obj),
         has_finalizer: has_finalizer(&obj, &core.finalizer),
         deleting: obj.metadata.deletion_timestamp.is_some(),
@@ -580,6 +596,13 @@ async fn observe<C: Kind>(kind: &C, key: &C::Key) -> Result<Option<Observing<C>>
     let object = ObjectKey::of(&obj);
     let record = |write| core.write_object(key, &object, write);
     let Some(finalizing) = follow_plan(&api, &obj, &core.finalizer, facts, record).await? else { return Ok(None) };
+    if finalizing && kind.hook(true).is_none() {
+        // Deleted, with children by label and no finalize hook to ask: they go, then the finalizer.
+        if let_go_of_labelled(core, &obj).await? {
+            core.write_object(key, &object, remove_finalizer(&api, &obj, &core.finalizer)).await?;
+        }
+        return Ok(None);
+    }
     let canary = core.canary.pick(obj.metadata.uid.as_deref().unwrap_or_default(), finalizing);
     let endpoint = match canary.as_ref().and_then(Pick::candidate) {
         Some(candidate) => candidate.clone(),
@@ -692,7 +715,7 @@ async fn answer<C: Kind>(
     if !executed.errors.is_empty() {
         return Err(SyncError::Apply(executed.errors));
     }
-    if finalizing && decision.finalized {
+    if finalizing && decision.finalized && let_go_of_labelled(core, obj).await? {
         core.write_object(key, &object, remove_finalizer(api, obj, &core.finalizer)).await?;
     }
     if executed.writes.iter().any(|w| w.recreate) {
@@ -783,6 +806,58 @@ async fn act_on_children<C: Kind>(
             Ok(Some(plan.execute(applier, &journal).await))
         }
     }
+}
+
+/// The end of a deleted object's children by label (`crossNamespace`), once its finalize hook (if any)
+/// let go: each is deleted (as observed: a precondition on its UID), or released under `--cascade=orphan`
+/// (the user keeps the children, as the garbage collector keeps owned ones). Returns whether none is
+/// left, so the finalizer may go; otherwise each deletion's event queues the object again.
+///
+/// An orphaning deletion is known by the `orphan` finalizer, on the object now or on any version of it
+/// this hub saw. The garbage collector takes that finalizer off once it has orphaned the owned children,
+/// so a hub that was down for the whole of an orphaning deletion cannot tell it from another one, and
+/// deletes (the book says so).
+async fn let_go_of_labelled<K>(core: &Core<K>, obj: &DynamicObject) -> Result<bool, SyncError> {
+    let uid = obj.metadata.uid.as_deref().unwrap_or_default();
+    let orphan = obj.metadata.finalizers.iter().flatten().any(|f| f == "orphan")
+        || core.orphaned.lock().expect("orphaned lock").contains(uid);
+    let client = &core.hub.client;
+    let mut left = 0;
+    for child_type in core.children.iter().filter(|t| t.cross_namespace) {
+        let resource = child_type.resource();
+        let labelled = child_type
+            .informer
+            .controlled_by(uid)
+            .into_iter()
+            .filter(|child| !child.metadata.owner_references.iter().flatten().any(|r| r.controller == Some(true)));
+        for child in labelled {
+            left += 1;
+            let key = ObjectKey::of(&child);
+            if orphan {
+                crate::write::children::label(client, resource, &child, None, "releasing")
+                    .await
+                    .map_err(|e| SyncError::Claim(Box::new(e)))?;
+                continue;
+            }
+            let api: Api<DynamicObject> = match &key.namespace {
+                Some(ns) => Api::namespaced_with(client.clone(), ns, &resource.api_resource),
+                None => Api::all_with(client.clone(), &resource.api_resource),
+            };
+            let params = kube::api::DeleteParams {
+                preconditions: Some(kube::api::Preconditions {
+                    uid: child.metadata.uid.clone(),
+                    resource_version: None,
+                }),
+                ..kube::api::DeleteParams::background()
+            };
+            match api.delete(&key.name, &params).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
+                Err(e) => return Err(SyncError::Write { what: "a child in another namespace", source: Box::new(e) }),
+            }
+        }
+    }
+    Ok(left == 0)
 }
 
 /// Merges the labels and annotations a hook asked for (a patch naming the object's UID, so it is

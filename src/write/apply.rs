@@ -370,7 +370,14 @@ impl Applier {
             .and_then(Value::as_array)
             .and_then(|refs| refs.iter().find(|r| r.get("controller") == Some(&Value::Bool(true))))
             .and_then(|r| r.get("uid"))
-            .and_then(Value::as_str);
+            .and_then(Value::as_str)
+            .or_else(|| {
+                // A child by label (in another namespace than its parent): the label names the parent.
+                desired
+                    .pointer("/metadata/labels")
+                    .and_then(|l| l.get(crate::cache::informers::PARENT_UID_LABEL))?
+                    .as_str()
+            });
         match api.get_opt(&key.name).await {
             Ok(Some(existing)) if crate::cache::informers::controller_uid(&existing) == ours => {
                 if ours.is_some() {

@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 use crate::api::validation;
 use crate::api::{HookVersion, UpdateMethod, labels_of};
 use crate::cache::discovery::ResolvedResource;
-use crate::cache::informers::{Informer, ObjectKey, controller_uid};
+use crate::cache::informers::{Informer, ObjectKey, PARENT_ANNOTATION, PARENT_UID_LABEL, controller_uid};
 use crate::cache::selector::Selector;
 use crate::hooks::{ObjectMaps, WireObject, group_version_kind_key, object_key};
 use crate::write::apply::{Adopts, Applied, Applier, ApplyError, holder, strip_server_fields};
@@ -33,6 +33,9 @@ pub fn resources(types: &[ChildType]) -> Vec<Arc<ResolvedResource>> {
 pub struct ChildType {
     pub method: UpdateMethod,
     pub informer: Informer,
+    /// Children may live outside the namespaced parent's namespace, tracked by [`PARENT_UID_LABEL`]
+    /// there (`crossNamespace`).
+    pub cross_namespace: bool,
 }
 
 impl ChildType {
@@ -150,6 +153,8 @@ pub fn claims(
     let parent_ns = parent_resource.namespaced.then_some(parent.metadata.namespace.as_deref()).flatten();
     let mut claims = Claims::default();
     for (index, child_type) in types.iter().enumerate() {
+        // A type whose children may be anywhere is claimed anywhere.
+        let parent_ns = if child_type.cross_namespace { None } else { parent_ns };
         let mut owned = ChildMap::new();
         for obj in child_type.informer.controlled_by(parent_uid) {
             match claim_of(&obj, parent, parent_ns, selector) {
@@ -196,7 +201,7 @@ pub async fn claim(
     let parent_uid = parent.metadata.uid.as_deref().unwrap_or_default();
     let Claims { mut owned, release: released, adopt: adopted } = claims(parent, parent_resource, selector, types);
     for (index, obj) in released {
-        release(client, types[index].resource(), &obj, parent_uid).await?;
+        release(client, types[index].resource(), &obj, parent_uid, parent_resource).await?;
     }
     if !adopted.is_empty() {
         let live = live_parent(client, parent_resource, parent).await?;
@@ -205,8 +210,12 @@ pub async fn claim(
         }
     }
     for (index, obj) in adopted {
-        let owner = owner_reference(parent, parent_resource);
-        let obj = adopt(client, types[index].resource(), &obj, owner).await?;
+        let resource = types[index].resource();
+        let obj = if by_label(parent, parent_resource, obj.metadata.namespace.as_deref()) {
+            label(client, resource, &obj, Some(parent), "adopting").await?
+        } else {
+            adopt(client, resource, &obj, owner_reference(parent, parent_resource)).await?
+        };
         owned[index].insert(ObjectKey::of(&obj), Arc::new(obj));
     }
     Ok(owned)
@@ -289,14 +298,72 @@ async fn adopt(
     patch_owner_references(client, resource, obj, &refs, "adopting").await
 }
 
+/// Whether a child of `parent` in `namespace` is tracked by [`PARENT_UID_LABEL`] rather than an
+/// `ownerReference`: a namespaced parent's child elsewhere (another namespace, or cluster-scoped), which
+/// no `ownerReference` can point from.
+#[must_use]
+pub fn by_label(parent: &DynamicObject, parent_resource: &ResolvedResource, namespace: Option<&str>) -> bool {
+    parent_resource.namespaced && namespace != parent.metadata.namespace.as_deref()
+}
+
+/// The labels and annotations that make an object `parent`'s child by label ([`by_label`]).
+#[must_use]
+pub fn parent_marks(parent: &DynamicObject) -> (BTreeMap<String, String>, BTreeMap<String, String>) {
+    let uid = parent.metadata.uid.clone().unwrap_or_default();
+    let namespace = parent.metadata.namespace.as_deref().unwrap_or_default();
+    let name = parent.metadata.name.as_deref().unwrap_or_default();
+    (
+        BTreeMap::from([(PARENT_UID_LABEL.to_owned(), uid)]),
+        BTreeMap::from([(PARENT_ANNOTATION.to_owned(), format!("{namespace}/{name}"))]),
+    )
+}
+
+/// Puts `parent`'s marks on `obj` (adopting it), or with `None` takes them off (releasing it), if it is
+/// still the object looked at: the patch names its UID and resourceVersion.
+pub async fn label(
+    client: &Client,
+    resource: &ResolvedResource,
+    obj: &DynamicObject,
+    parent: Option<&DynamicObject>,
+    action: &'static str,
+) -> Result<DynamicObject, ClaimError> {
+    let key = ObjectKey::of(obj);
+    let api: Api<DynamicObject> = match &key.namespace {
+        Some(ns) => Api::namespaced_with(client.clone(), ns, &resource.api_resource),
+        None => Api::all_with(client.clone(), &resource.api_resource),
+    };
+    let (labels, annotations) = match parent {
+        Some(parent) => {
+            let (labels, annotations) = parent_marks(parent);
+            (json!(labels), json!(annotations))
+        }
+        None => (json!({(PARENT_UID_LABEL): null}), json!({(PARENT_ANNOTATION): null})),
+    };
+    let patch = json!({"metadata": {
+        "uid": obj.metadata.uid, "resourceVersion": obj.metadata.resource_version,
+        "labels": labels, "annotations": annotations,
+    }});
+    api.patch(&key.name, &PatchParams::default(), &Patch::Merge(&patch)).await.map_err(|source| ClaimError::Patch {
+        action,
+        kind: resource.kind().to_owned(),
+        key,
+        source,
+    })
+}
+
 async fn release(
     client: &Client,
     resource: &ResolvedResource,
     obj: &DynamicObject,
     parent_uid: &str,
+    parent_resource: &ResolvedResource,
 ) -> Result<(), ClaimError> {
     if controller_uid(obj) != Some(parent_uid) {
         return Ok(());
+    }
+    let owned_by_reference = obj.metadata.owner_references.iter().flatten().any(|r| r.controller == Some(true));
+    if !owned_by_reference && parent_resource.namespaced {
+        return label(client, resource, obj, None, "releasing").await.map(drop);
     }
     let refs: Vec<OwnerReference> =
         obj.metadata.owner_references.iter().flatten().filter(|r| r.uid != parent_uid).cloned().collect();
@@ -674,9 +741,11 @@ pub fn request_map(
     for (resource, objects) in types.iter().zip(observed) {
         let entry = maps.entry(group_version_kind_key(resource.api_version(), resource.kind())).or_default();
         for (key, obj) in objects {
-            if let Some(k) = object_key(version, parent_ns, key.namespace.as_deref(), &key.name) {
-                entry.insert(k, WireObject(Arc::clone(obj)));
-            }
+            // v1 cannot name a child outside a namespaced parent's namespace (Metacontroller has none):
+            // a `crossNamespace` child is keyed `namespace/name`, as a cluster-scoped parent's are.
+            let k =
+                object_key(version, parent_ns, key.namespace.as_deref(), &key.name).unwrap_or_else(|| key.to_string());
+            entry.insert(k, WireObject(Arc::clone(obj)));
         }
     }
     maps
@@ -691,6 +760,9 @@ pub struct ChildRules<'a> {
     pub annotations: Option<&'a BTreeMap<String, String>>,
     /// The selector every child's labels must match (the parent's child selector).
     pub selector: Option<&'a Selector>,
+    /// By type index: whether the type's children may be outside the parent's namespace
+    /// (`crossNamespace`); a type not listed may not.
+    pub cross_namespace: &'a [bool],
 }
 
 impl ChildRules<'_> {
@@ -767,7 +839,8 @@ pub fn desired_children(
             .and_then(Value::as_object_mut)
             .ok_or_else(|| invalid("metadata is not an object".into()))?;
         let requested = meta.get("namespace").and_then(Value::as_str);
-        let namespace = resolve_namespace(resource, parent_ns.as_deref(), requested).map_err(invalid)?;
+        let anywhere = rules.cross_namespace.get(index).copied().unwrap_or(false);
+        let namespace = resolve_namespace(resource, parent_ns.as_deref(), requested, anywhere).map_err(invalid)?;
         match &namespace {
             Some(ns) => {
                 validation::check_namespace(ns).map_err(invalid)?;
@@ -790,7 +863,22 @@ pub fn desired_children(
                 foreign.kind, foreign.name, foreign.uid
             )));
         }
-        meta.insert("ownerReferences".into(), Value::Array(vec![owner.clone()]));
+        let labelled = meta.get("labels").and_then(|l| l.get(PARENT_UID_LABEL)).and_then(Value::as_str);
+        if labelled.is_some_and(|uid| uid != parent_uid) {
+            return Err(invalid(format!("the label {PARENT_UID_LABEL} is the hub's to set (the parent's UID)")));
+        }
+        if by_label(parent, parent_resource, namespace.as_deref()) {
+            // No ownerReference can point from here: the parent's marks say whose child it is.
+            meta.remove("ownerReferences");
+            let (labels, annotations) = parent_marks(parent);
+            for (field, marks) in [("labels", labels), ("annotations", annotations)] {
+                let map = meta.entry(field).or_insert_with(|| json!({}));
+                let map = map.as_object_mut().ok_or_else(|| invalid(format!("metadata.{field} is not an object")))?;
+                map.extend(marks.into_iter().map(|(k, v)| (k, Value::String(v))));
+            }
+        } else {
+            meta.insert("ownerReferences".into(), Value::Array(vec![owner.clone()]));
+        }
         validation::check_size(&obj).map_err(invalid)?;
         let key = ObjectKey { namespace, name: name.to_owned() };
         if desired[index].insert(key.clone(), obj).is_some() {
@@ -801,18 +889,27 @@ pub fn desired_children(
 }
 
 /// Namespace a desired child lands in. Namespaced children default to the parent's namespace and must
-/// stay in it; under a cluster-scoped parent they must name one.
+/// stay in it unless their type is declared `crossNamespace` (`anywhere`); under a cluster-scoped parent
+/// they must name one.
 fn resolve_namespace(
     resource: &ResolvedResource,
     parent_ns: Option<&str>,
     requested: Option<&str>,
+    anywhere: bool,
 ) -> Result<Option<String>, String> {
     match (resource.namespaced, parent_ns, requested) {
         (false, None, _) => Ok(None),
-        (false, Some(_), _) => Err("cluster-scoped children of a namespaced parent are not supported".into()),
+        (false, Some(_), _) if anywhere => Ok(None),
+        (true, Some(_), Some(r)) if anywhere && !r.is_empty() => Ok(Some(r.to_owned())),
+        (false, Some(_), _) => {
+            Err("cluster-scoped children of a namespaced parent need the child type declared crossNamespace".into())
+        }
         (true, Some(p), None) => Ok(Some(p.to_owned())),
         (true, Some(p), Some(r)) if r == p || r.is_empty() => Ok(Some(p.to_owned())),
-        (true, Some(p), Some(r)) => Err(format!("namespace {r} differs from the parent's namespace {p}")),
+        (true, Some(p), Some(r)) => Err(format!(
+            "namespace {r} differs from the parent's namespace {p} (a child type declared crossNamespace may \
+             have children elsewhere)"
+        )),
         (true, None, Some(r)) if !r.is_empty() => Ok(Some(r.to_owned())),
         (true, None, _) => Err("a namespaced child of a cluster-scoped parent must set metadata.namespace".into()),
     }
@@ -842,9 +939,9 @@ mod tests {
     #[test]
     fn namespaced_children_default_to_and_stay_in_the_parent_namespace() {
         let r = resource(true);
-        assert_eq!(resolve_namespace(&r, Some("a"), None).unwrap().as_deref(), Some("a"));
-        assert_eq!(resolve_namespace(&r, Some("a"), Some("a")).unwrap().as_deref(), Some("a"));
-        assert!(resolve_namespace(&r, Some("a"), Some("b")).unwrap_err().contains("differs"));
+        assert_eq!(resolve_namespace(&r, Some("a"), None, false).unwrap().as_deref(), Some("a"));
+        assert_eq!(resolve_namespace(&r, Some("a"), Some("a"), false).unwrap().as_deref(), Some("a"));
+        assert!(resolve_namespace(&r, Some("a"), Some("b"), false).unwrap_err().contains("differs"));
     }
 
     fn parent() -> DynamicObject {
@@ -911,11 +1008,21 @@ mod tests {
     }
 
     #[test]
+    fn cross_namespace_types_may_have_children_anywhere() {
+        let r = resource(true);
+        assert_eq!(resolve_namespace(&r, Some("a"), Some("b"), true).unwrap().as_deref(), Some("b"));
+        assert_eq!(resolve_namespace(&r, Some("a"), None, true).unwrap().as_deref(), Some("a"));
+        assert_eq!(resolve_namespace(&resource(false), Some("a"), None, true).unwrap(), None);
+        let err = resolve_namespace(&r, Some("a"), Some("b"), false).unwrap_err();
+        assert!(err.contains("crossNamespace"), "{err}");
+    }
+
+    #[test]
     fn cluster_parents_need_explicit_child_namespaces() {
-        assert_eq!(resolve_namespace(&resource(true), None, Some("b")).unwrap().as_deref(), Some("b"));
-        assert!(resolve_namespace(&resource(true), None, None).is_err());
-        assert_eq!(resolve_namespace(&resource(false), None, None).unwrap(), None);
-        assert!(resolve_namespace(&resource(false), Some("a"), None).is_err());
+        assert_eq!(resolve_namespace(&resource(true), None, Some("b"), false).unwrap().as_deref(), Some("b"));
+        assert!(resolve_namespace(&resource(true), None, None, false).is_err());
+        assert_eq!(resolve_namespace(&resource(false), None, None, false).unwrap(), None);
+        assert!(resolve_namespace(&resource(false), Some("a"), None, false).is_err());
     }
 
     fn object(namespace: &str, labels: &Value, owner: Option<&str>, deleting: bool) -> DynamicObject {
@@ -962,8 +1069,12 @@ mod tests {
         let defaults = BTreeMap::from([("controller-uid".to_owned(), "u-1".to_owned())]);
         let annotations = BTreeMap::from([("by".to_owned(), "me".to_owned())]);
         let selector = Selector::from_labels(&defaults);
-        let rules =
-            ChildRules { default_labels: Some(&defaults), annotations: Some(&annotations), selector: Some(&selector) };
+        let rules = ChildRules {
+            default_labels: Some(&defaults),
+            annotations: Some(&annotations),
+            selector: Some(&selector),
+            cross_namespace: &[],
+        };
         let item = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "a", "labels": {"x": "y"}}});
         let desired = desired_children(&types, &parent(), &resource(true), &[item], rules).unwrap();
         let meta = &desired[0].values().next().unwrap()["metadata"];

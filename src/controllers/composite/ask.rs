@@ -111,7 +111,15 @@ pub fn validate_response(
 ) -> Result<(Vec<ChildMap<Value>>, Value), SyncError> {
     let generated = (cc.spec.generate_selector == Some(true))
         .then(|| BTreeMap::from([(CONTROLLER_UID_LABEL.to_owned(), parent.metadata.uid.clone().unwrap_or_default())]));
-    let rules = ChildRules { default_labels: generated.as_ref(), annotations: None, selector: Some(selector) };
+    // In the order of `child_resources`: the spec's.
+    let cross_namespace: Vec<bool> =
+        cc.spec.child_resources.iter().map(crate::api::ChildResourceRule::cross_namespace).collect();
+    let rules = ChildRules {
+        default_labels: generated.as_ref(),
+        annotations: None,
+        selector: Some(selector),
+        cross_namespace: &cross_namespace,
+    };
     let desired = desired_children(child_resources, parent, parent_resource, &response.children, rules)
         .map_err(SyncError::InvalidResponse)?;
     Ok((desired, desired_status(parent, response.status.as_ref())?))

@@ -20,7 +20,9 @@ use tokio_util::sync::CancellationToken;
 use self::rollouts::{Pending, Rollouts};
 use crate::api::{CompositeController, labels_of};
 use crate::cache::discovery::ResolvedResource;
-use crate::cache::informers::{Change, Event, Informer, ObjectKey, controller_uid};
+use crate::cache::informers::{
+    Change, Event, Informer, ObjectKey, PARENT_ANNOTATION, PARENT_UID_LABEL, controller_uid,
+};
 use crate::cache::selector::{Selector, SelectorIndex};
 use crate::cache::shard::Role;
 use crate::engine::error::{StartError, SyncError};
@@ -31,7 +33,7 @@ use crate::engine::sync::{
 use crate::engine::worker::resync_after;
 use crate::hooks::{ControllerHooks, Endpoint};
 use crate::write::apply::{Applier, ApplyError};
-use crate::write::children::{Claim, claim, claim_of, resources};
+use crate::write::children::{Claim, by_label, claim, claim_of, resources};
 
 pub use self::ask::{Answer, Ask, CONTROLLER_UID_LABEL, child_selector, validate_response};
 
@@ -69,6 +71,22 @@ impl Controller {
             Some(s) => Selector::from_label_selector(s)?,
             None => Selector::everything(),
         };
+        if spec.child_resources.iter().any(crate::api::ChildResourceRule::cross_namespace) {
+            if !parent_resource.namespaced {
+                return Err(StartError::CrossNamespace(
+                    "crossNamespace is for a namespaced parent: a cluster-scoped parent owns children in any \
+                     namespace already"
+                        .into(),
+                ));
+            }
+            if !hub.informers.namespaces().is_empty() {
+                return Err(StartError::CrossNamespace(
+                    "crossNamespace needs a hub that watches every namespace a child may be in; this hub watches \
+                     only its `namespaces`"
+                        .into(),
+                ));
+            }
+        }
         let children = child_types(hub, &spec.child_resources, "child", |method| method).await?;
         let rollouts = if spec.child_resources.iter().any(|r| r.method().is_rolling()) {
             if !parent_resource.namespaced {
@@ -147,11 +165,18 @@ impl Controller {
             parent.metadata.uid.as_deref().unwrap_or_default(),
             parent.metadata.generation.unwrap_or_default()
         );
-        let scope = if self.parent.resource().namespaced { parent.metadata.namespace.as_deref() } else { None };
+        // With children anywhere (crossNamespace), an orphan anywhere may be the parent's to adopt.
+        let namespaced = self.parent.resource().namespaced && !self.cross_namespace();
+        let scope = if namespaced { parent.metadata.namespace.as_deref() } else { None };
         self.selectors
             .lock()
             .expect("selectors lock")
             .get_or_compile(&ObjectKey::of(parent), &version, scope, || child_selector(&self.cc, parent))
+    }
+
+    /// Whether a child type may have children outside the parent's namespace (`crossNamespace`).
+    fn cross_namespace(&self) -> bool {
+        self.core.children.iter().any(|t| t.cross_namespace)
     }
 
     /// How this controller asks its hook.
@@ -221,6 +246,11 @@ impl Kind for Controller {
     /// The parent controlling `child`, or, for an orphan with `adopt`, every parent that would adopt it.
     fn owners(&self, child: &DynamicObject, adopt: bool) -> Vec<ObjectKey> {
         let parent_resource = self.parent.resource();
+        if let Some(key) = labelled_parent(child).filter(|_| parent_resource.namespaced) {
+            // A child by label: the annotation says where its parent is, the label whether it is that one.
+            let current = self.parent.get(&key).is_some_and(|p| p.metadata.uid.as_deref() == controller_uid(child));
+            return if current { vec![key] } else { Vec::new() };
+        }
         let owner = child.metadata.owner_references.iter().flatten().find(|r| r.controller == Some(true));
         if let Some(owner) = owner {
             let same_group = group_of(&owner.api_version) == group_of(parent_resource.api_version());
@@ -249,6 +279,10 @@ impl Kind for Controller {
 
     fn has_finalize_hook(&self) -> bool {
         self.cc.spec.hooks.as_ref().is_some_and(|h| h.finalize.is_some())
+    }
+
+    fn cleans_up(&self) -> bool {
+        self.cross_namespace()
     }
 
     fn resync_period_seconds(&self) -> Option<i32> {
@@ -336,11 +370,25 @@ pub fn is_child_of(child: &DynamicObject, parent: &DynamicObject) -> bool {
 }
 
 /// Whether `parent` (of type `resource`, children selected by `selector`) adopts `child` were it to
-/// see it: as [`claim`] decides for an orphan it finds in the cache.
+/// see it: as [`claim`] decides for an orphan it finds in the cache. A child outside the parent's
+/// namespace is asked about only for a type declared `crossNamespace` (a hook's answer cannot name one
+/// elsewhere for another), so its namespace is no reason not to.
 #[must_use]
 pub fn adopts(parent: &DynamicObject, resource: &ResolvedResource, selector: &Selector, child: &DynamicObject) -> bool {
     let parent_ns = resource.namespaced.then_some(parent.metadata.namespace.as_deref()).flatten();
+    let parent_ns = if by_label(parent, resource, child.metadata.namespace.as_deref()) { None } else { parent_ns };
     claim_of(child, parent, parent_ns, selector) == Claim::Adopt
+}
+
+/// The parent a child by label names (its [`PARENT_ANNOTATION`]), when it has no controller
+/// `ownerReference`; whether it is that parent's child is the label's to say.
+fn labelled_parent(child: &DynamicObject) -> Option<ObjectKey> {
+    if child.metadata.owner_references.iter().flatten().any(|r| r.controller == Some(true)) {
+        return None;
+    }
+    child.metadata.labels.as_ref()?.get(PARENT_UID_LABEL)?;
+    let (namespace, name) = child.metadata.annotations.as_ref()?.get(PARENT_ANNOTATION)?.split_once('/')?;
+    Some(ObjectKey { namespace: Some(namespace.to_owned()), name: name.to_owned() })
 }
 
 /// A rollout's revisions are written before any child.

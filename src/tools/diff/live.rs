@@ -131,7 +131,7 @@ impl Live {
         for rule in rules {
             let resource = self.resolve(role, &rule.api_version, &rule.resource).await?;
             let informer = self.cache(&resource, namespaces).await?;
-            types.push(ChildType { method: method(rule.method()), informer });
+            types.push(ChildType { method: method(rule.method()), informer, cross_namespace: rule.cross_namespace() });
         }
         Ok(types)
     }

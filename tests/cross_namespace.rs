@@ -1,0 +1,273 @@
+//! Children in other namespaces (issue 44, part 2; the book's "Children in other namespaces") on the
+//! real control plane: a child type declared `crossNamespace` lets a namespaced parent's hook put children
+//! in another namespace, tracked by the parent's UID label instead of an ownerReference, under the same
+//! rules as owned children — drift put back, a dropped child deleted, a name held by anyone else refusing
+//! the whole sync, another parent's child never claimed, a selected orphan adopted in place — and deleted
+//! by the hub with their parent (also when the hub was down meanwhile), kept under `--cascade=orphan`.
+
+mod support;
+
+use std::time::Duration;
+
+use kube::api::{DeleteParams, Patch, PatchParams, PropagationPolicy};
+use serde_json::{Value, json};
+use support::{TestNamespace, World, eventually};
+
+const WAIT: Duration = Duration::from_secs(60);
+const PARENT_UID: &str = "metahook.dev/parent-uid";
+const PARENT: &str = "metahook.dev/parent";
+
+/// Each Thing's `spec.children` lists its ConfigMaps: `{"name", "namespace"?, "v"?}`; the status counts
+/// the children the request showed.
+const HOOK: &str = r#"
+def sync(request):
+    spec = request["parent"].get("spec") or {}
+    children = []
+    for c in spec.get("children", []):
+        metadata = {"name": c["name"]}
+        if c.get("namespace"):
+            metadata["namespace"] = c["namespace"]
+        children.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata, "data": {"v": str(c.get("v", "1"))}})
+    seen = sorted(request["children"].get("ConfigMap.v1", {}).keys())
+    return {"children": children, "status": {"seen": seen}}
+"#;
+
+/// The world: a controller of Things whose ConfigMaps are `crossNamespace`, and a second namespace.
+async fn world(test: &str) -> (World, TestNamespace) {
+    let w = World::new(test, HOOK).await;
+    let other = TestNamespace::create(&w.client, &format!("{test}-b")).await;
+    w.composite(json!({
+        "generateSelector": true,
+        "parentResource": {"apiVersion": "test.metahook.dev/v1", "resource": "things"},
+        "childResources": [{"apiVersion": "v1", "resource": "configmaps", "crossNamespace": true,
+                            "updateStrategy": {"method": "InPlace"}}],
+        "hooks": {"sync": {"webhook": {"url": w.hook.url("/sync")}}},
+    }))
+    .await;
+    (w, other)
+}
+
+fn child(name: &str, namespace: Option<&str>) -> Value {
+    match namespace {
+        Some(ns) => json!({"name": name, "namespace": ns}),
+        None => json!({"name": name}),
+    }
+}
+
+async fn config_map(w: &World, namespace: &str, name: &str) -> Option<kube::api::DynamicObject> {
+    support::api(&w.client, "v1", "ConfigMap", Some(namespace)).await.get_opt(name).await.unwrap()
+}
+
+async fn exists(w: &World, namespace: &str, name: &str) -> kube::api::DynamicObject {
+    eventually(WAIT, || config_map(w, namespace, name)).await
+}
+
+async fn gone(w: &World, namespace: &str, name: &str) {
+    eventually(WAIT, || async { config_map(w, namespace, name).await.is_none().then_some(()) }).await;
+}
+
+fn label<'a>(obj: &'a kube::api::DynamicObject, key: &str) -> Option<&'a str> {
+    obj.metadata.labels.as_ref()?.get(key).map(String::as_str)
+}
+
+fn annotation<'a>(obj: &'a kube::api::DynamicObject, key: &str) -> Option<&'a str> {
+    obj.metadata.annotations.as_ref()?.get(key).map(String::as_str)
+}
+
+#[tokio::test]
+async fn a_child_elsewhere_carries_its_parents_uid_and_is_put_back_and_deleted_like_an_owned_one() {
+    let (w, other) = world("xns-rules").await;
+    let b = other.name.as_str();
+    let parent = w.thing("p1", json!({"children": [child("p1-a", None), child("p1-b", Some(b))]})).await;
+    let uid = parent.metadata.uid.clone().unwrap();
+    let here = exists(&w, &w.ns.name, "p1-a").await;
+    let there = exists(&w, b, "p1-b").await;
+    // Here an ownerReference, as always; there the parent's marks, and no ownerReference.
+    assert_eq!(here.metadata.owner_references.as_ref().unwrap()[0].uid, uid);
+    assert!(label(&here, PARENT_UID).is_none());
+    assert!(there.metadata.owner_references.as_ref().is_none_or(Vec::is_empty), "{:?}", there.metadata);
+    assert_eq!(label(&there, PARENT_UID), Some(uid.as_str()));
+    assert_eq!(annotation(&there, PARENT).map(str::to_owned), Some(format!("{}/p1", w.ns.name)));
+    // The hook sees it among the parent's children, keyed namespace/name.
+    let expected = json!(["p1-a", format!("{b}/p1-b")]);
+    eventually(WAIT, || async {
+        let thing = w.things().await.get("p1").await.unwrap();
+        (thing.data["status"]["seen"] == expected).then_some(())
+    })
+    .await;
+
+    // Drift is put back; a deleted child is made again.
+    let cms = support::api(&w.client, "v1", "ConfigMap", Some(b)).await;
+    let drift = json!({"data": {"v": "drifted"}});
+    cms.patch("p1-b", &PatchParams::default(), &Patch::Merge(&drift)).await.unwrap();
+    eventually(WAIT, || async { config_map(&w, b, "p1-b").await.filter(|cm| cm.data["data"]["v"] == "1") }).await;
+    cms.delete("p1-b", &DeleteParams::default()).await.unwrap();
+    let again = eventually(WAIT, || async {
+        config_map(&w, b, "p1-b").await.filter(|cm| cm.metadata.uid != there.metadata.uid)
+    })
+    .await;
+    assert_eq!(label(&again, PARENT_UID), Some(uid.as_str()));
+
+    // A child the hook no longer asks for is deleted; the other stays.
+    w.thing("p1", json!({"children": [child("p1-a", None)]})).await;
+    gone(&w, b, "p1-b").await;
+    assert_eq!(config_map(&w, &w.ns.name, "p1-a").await.unwrap().metadata.uid, here.metadata.uid);
+
+    other.delete().await;
+    w.finish("CompositeController").await;
+}
+
+#[tokio::test]
+async fn a_name_held_elsewhere_by_anyone_else_refuses_the_whole_sync_and_a_selected_orphan_is_adopted() {
+    let (mut w, other) = world("xns-claims").await;
+    let b = other.name.as_str();
+    let cms = support::api(&w.client, "v1", "ConfigMap", Some(b)).await;
+
+    // Someone's own ConfigMap of the desired name, which the parent does not select.
+    support::apply_value(
+        &w.client,
+        &json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "taken", "namespace": b},
+                "data": {"v": "theirs"}}),
+    )
+    .await;
+    w.thing("p2", json!({"children": [child("p2-a", None), child("taken", Some(b))]})).await;
+    eventually(WAIT, || async {
+        let warnings = support::warnings_for(&w.client, &w.ns.name, "p2").await;
+        warnings.iter().any(|m| m.contains("taken")).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(config_map(&w, &w.ns.name, "p2-a").await.is_none(), "nothing of a refused answer is written");
+    let theirs = cms.get("taken").await.unwrap();
+    assert_eq!((label(&theirs, PARENT_UID), theirs.data["data"]["v"].as_str()), (None, Some("theirs")));
+
+    // Another parent's child is never claimed: the second parent's answer naming it is refused.
+    let p3 = w.thing("p3", json!({"children": [child("p3-b", Some(b))]})).await;
+    let held = exists(&w, b, "p3-b").await;
+    w.thing("p4", json!({"children": [child("p4-a", None), child("p3-b", Some(b))]})).await;
+    eventually(WAIT, || async {
+        let warnings = support::warnings_for(&w.client, &w.ns.name, "p4").await;
+        warnings.iter().any(|m| m.contains("p3-b")).then_some(())
+    })
+    .await;
+    let still = cms.get("p3-b").await.unwrap();
+    assert_eq!(label(&still, PARENT_UID), p3.metadata.uid.as_deref());
+    assert_eq!(still.metadata.resource_version, held.metadata.resource_version, "p3-b untouched");
+    assert!(config_map(&w, &w.ns.name, "p4-a").await.is_none());
+
+    // An orphan the parent selects (`controller-uid=<its uid>` under generateSelector) is adopted where
+    // it is: the same object, now with the parent's marks. (Made while the hub is down: a selected
+    // orphan the hook does not ask for is adopted and then deleted, as an owned child would be.)
+    let p5 = w.thing("p5", json!({"children": []})).await;
+    let p5_uid = p5.metadata.uid.clone().unwrap();
+    w.stop_hub().await;
+    let orphan = support::apply_value(
+        &w.client,
+        &json!({"apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": "stray", "namespace": b, "labels": {"controller-uid": p5_uid}},
+                "data": {"v": "old"}}),
+    )
+    .await;
+    w.thing("p5", json!({"children": [child("stray", Some(b))]})).await;
+    w.start_hub();
+    let adopted = eventually(WAIT, || async {
+        config_map(&w, b, "stray").await.filter(|cm| cm.data["data"]["v"] == "1" && label(cm, PARENT_UID).is_some())
+    })
+    .await;
+    assert_eq!(adopted.metadata.uid, orphan.metadata.uid, "adopted in place, not recreated");
+    assert_eq!(label(&adopted, PARENT_UID), Some(p5_uid.as_str()));
+
+    other.delete().await;
+    w.finish("CompositeController").await;
+}
+
+#[tokio::test]
+async fn a_deleted_parent_takes_its_children_elsewhere_even_if_the_hub_was_down_and_orphaning_keeps_them() {
+    let (mut w, other) = world("xns-delete").await;
+    let b = other.name.as_str();
+    let things = w.things().await;
+
+    w.thing("p6", json!({"children": [child("p6-a", None), child("p6-b", Some(b))]})).await;
+    exists(&w, b, "p6-b").await;
+    exists(&w, &w.ns.name, "p6-a").await;
+    // The hub's finalizer holds the parent while the hub is down: nothing is deleted without it.
+    w.stop_hub().await;
+    things.delete("p6", &DeleteParams::background()).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let held = things.get_opt("p6").await.unwrap().expect("the parent waits for the hub");
+    assert!(held.metadata.deletion_timestamp.is_some());
+    assert!(config_map(&w, b, "p6-b").await.is_some(), "the child elsewhere is still there");
+    w.start_hub();
+    gone(&w, b, "p6-b").await;
+    eventually(WAIT, || async { things.get_opt("p6").await.unwrap().is_none().then_some(()) }).await;
+
+    // `--cascade=orphan`: the parent goes, its children stay, no longer anyone's.
+    w.thing("p7", json!({"children": [child("p7-a", None), child("p7-b", Some(b))]})).await;
+    exists(&w, b, "p7-b").await;
+    exists(&w, &w.ns.name, "p7-a").await;
+    let orphan = DeleteParams { propagation_policy: Some(PropagationPolicy::Orphan), ..DeleteParams::default() };
+    things.delete("p7", &orphan).await.unwrap();
+    eventually(WAIT, || async { things.get_opt("p7").await.unwrap().is_none().then_some(()) }).await;
+    let kept = config_map(&w, b, "p7-b").await.expect("kept under --cascade=orphan");
+    assert_eq!((label(&kept, PARENT_UID), annotation(&kept, PARENT)), (None, None), "{:?}", kept.metadata);
+    let kept_here = config_map(&w, &w.ns.name, "p7-a").await.expect("kept under --cascade=orphan");
+    eventually(WAIT, || async {
+        let cm = config_map(&w, &w.ns.name, "p7-a").await?;
+        cm.metadata.owner_references.as_ref().is_none_or(Vec::is_empty).then_some(())
+    })
+    .await;
+    drop(kept_here);
+
+    other.delete().await;
+    w.finish("CompositeController").await;
+}
+
+#[tokio::test]
+async fn a_childs_namespace_deleted_and_made_again_gets_its_child_back_and_nothing_else_is_lost() {
+    let (w, other) = world("xns-namespace").await;
+    let b = other.name.clone();
+    w.thing("p8", json!({"children": [child("p8-a", None), child("p8-b", Some(&b))]})).await;
+    let here = exists(&w, &w.ns.name, "p8-a").await;
+    exists(&w, &b, "p8-b").await;
+    let namespaces: kube::Api<k8s_openapi::api::core::v1::Namespace> = kube::Api::all(w.client.clone());
+    namespaces.delete(&b, &DeleteParams::default()).await.unwrap();
+    eventually(Duration::from_secs(120), || async { namespaces.get_opt(&b).await.unwrap().is_none().then_some(()) })
+        .await;
+    // The sync fails while the namespace is missing (an Event names it); the child here stays as it was.
+    eventually(WAIT, || async {
+        let warnings = support::warnings_for(&w.client, &w.ns.name, "p8").await;
+        warnings.iter().any(|m| m.contains(&b)).then_some(())
+    })
+    .await;
+    let still = config_map(&w, &w.ns.name, "p8-a").await.expect("the child here is kept");
+    assert_eq!(still.metadata.uid, here.metadata.uid);
+    // The namespace again: the retries (backing off) make the child there again.
+    support::apply_value(&w.client, &json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": b}})).await;
+    let back = eventually(Duration::from_secs(120), || config_map(&w, &b, "p8-b")).await;
+    assert!(label(&back, PARENT_UID).is_some());
+    let _ = namespaces.delete(&b, &DeleteParams::default()).await;
+    w.finish("CompositeController").await;
+}
+
+#[tokio::test]
+async fn cross_namespace_is_refused_where_it_cannot_be_honoured() {
+    let w = World::new("xns-refused", HOOK).await;
+    // A cluster-scoped parent owns children anywhere already.
+    w.composite(json!({
+        "generateSelector": true,
+        "parentResource": {"apiVersion": "test.metahook.dev/v1", "resource": "clusterthings"},
+        "childResources": [{"apiVersion": "v1", "resource": "configmaps", "crossNamespace": true}],
+        "hooks": {"sync": {"webhook": {"url": w.hook.url("/sync")}}},
+    }))
+    .await;
+    let controllers = w.controllers("CompositeController").await;
+    let ready = eventually(WAIT, || async {
+        let cc = controllers.get(&w.label).await.unwrap();
+        let conditions = cc.data["status"]["conditions"].as_array().cloned().unwrap_or_default();
+        conditions.into_iter().find(|c| c["type"] == "Ready" && c["status"] == "False")
+    })
+    .await;
+    assert_eq!(ready["reason"], "UnsupportedCrossNamespace", "{ready}");
+    assert!(ready["message"].as_str().unwrap().contains("cluster-scoped parent"), "{ready}");
+    w.finish("CompositeController").await;
+}
