@@ -165,12 +165,21 @@ pub(crate) fn controller_hooks(
     hooks: Option<[Option<&crate::api::Hook>; 3]>,
     endpoint_configs: &[crate::api::EndpointConfig],
 ) -> Result<ControllerHooks, StartError> {
+    let hooks = check_hooks(hooks)?;
+    Ok(hub.hooks.controller_hooks(kind, name, hooks, endpoint_configs)?)
+}
+
+/// A controller needs a sync or a finalize hook (of `[sync, finalize, customize]`): what of its start
+/// needs no cluster, also checked when controllers are read from files.
+pub fn check_hooks(
+    hooks: Option<[Option<&crate::api::Hook>; 3]>,
+) -> Result<[Option<&crate::api::Hook>; 3], StartError> {
     let hooks = hooks.ok_or(StartError::NoHooks)?;
     let [sync, finalize, _] = hooks;
     if sync.is_none() && finalize.is_none() {
         return Err(StartError::NoHooks);
     }
-    Ok(hub.hooks.controller_hooks(kind, name, hooks, endpoint_configs)?)
+    Ok(hooks)
 }
 
 /// The declared child (or attachment) types, resolved, each with the update method `method` says;
@@ -268,6 +277,8 @@ pub(crate) struct Core<K> {
     pub children: Vec<ChildType>,
     /// Their resolved types, computed once (every sync needs them).
     pub child_resources: Vec<Arc<ResolvedResource>>,
+    /// Read from a file (`controllersFrom`): there is no controller object in the API to write a status to.
+    pub from_file: bool,
 }
 
 /// What a controller object's annotations set for the engine (each documented as a setting, each read
@@ -322,6 +333,7 @@ impl<K: Clone + Eq + Hash + Display + Send + Sync + 'static> Core<K> {
     pub fn new(hub: &Hub, settings: CoreSettings<'_>) -> Result<Self, String> {
         let CoreSettings { kind, name, annotations, finalizer, children, customize, controller } = settings;
         let settings = Settings::from_annotations(annotations)?;
+        let from_file = annotations.is_some_and(|a| a.contains_key(crate::api::FROM_FILE_ANNOTATION));
         let (queue, metrics, enqueue) = controller_queue(hub, kind, &name);
         Ok(Self {
             related: Related::new(hub.clone(), customize, controller, enqueue),
@@ -338,6 +350,7 @@ impl<K: Clone + Eq + Hash + Display + Send + Sync + 'static> Core<K> {
             finalizer,
             child_resources: resources(&children),
             children,
+            from_file,
         })
     }
 

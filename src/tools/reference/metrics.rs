@@ -105,6 +105,9 @@ fn exposition() -> String {
     hub.metrics.shard.parent_arrived();
     hub.metrics.shard.took(1, 1);
     hub.metrics.shard.let_go(1, Duration::ZERO);
+    hub.metrics.files.read(0);
+    hub.metrics.files.refused(kind, 0);
+    hub.metrics.files.ready(kind, name, "/etc/metahook/controllers/example.yaml document 1", true, "Running");
     crate::ops::client_metrics::process().record("GET", "10.0.0.1:6443", Some(200), Duration::ZERO);
     let hook = HookLabels { kind: kind.to_owned(), controller: name.to_owned(), hook: HookKind::Sync };
     let hooks = hub.hooks.metrics();
