@@ -134,7 +134,11 @@ fn parse(text: &str) -> BTreeMap<String, Family> {
             let (name, help) = rest.split_once(' ').unwrap_or((rest, ""));
             help.clone_into(&mut families.entry(name.to_owned()).or_default().help);
         } else if !line.starts_with('#') && !line.is_empty() {
-            let series = line.split_once(' ').map_or(line, |(series, _)| series);
+            // The value follows the series; a label value may hold spaces (`file="a.yaml document 1"`).
+            let series = match line.rfind('}') {
+                Some(end) => &line[..=end],
+                None => line.split_once(' ').map_or(line, |(series, _)| series),
+            };
             let (metric, labels) = series.split_once('{').unwrap_or((series, ""));
             let labels = label_pairs(labels.trim_end_matches('}'));
             let Some((_, family)) = families.iter_mut().rev().find(|(name, _)| metric.starts_with(name.as_str()))
