@@ -227,7 +227,7 @@ async fn watch_controllers<K: Managed>(hub: Hub, selector: String, files: Option
         controllers.files_changed(first).await;
     }
     let mut events = if set.is_none() || served::<K>(&hub, true).await { Some(open()) } else { None };
-    let mut recheck = tokio::time::interval(hub.discovery.ttl());
+    let mut recheck = tokio::time::interval(hub.discovery.ttl().max(Duration::from_secs(1)));
     recheck.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     recheck.reset();
     let mut relisted: Option<Vec<String>> = None;
@@ -392,10 +392,10 @@ impl<K: Managed> Controllers<K> {
         self.files = files;
         for (name, obj) in gone {
             self.settle(&name).await;
+            self.hub.metrics.files.forget(&K::kind(&()), &name);
             if !self.api.contains_key(&name) {
                 // Removed from the files as a controller object is deleted: its finalizers go too.
                 self.hub.metrics.remove(&K::kind(&()), &name);
-                self.hub.metrics.files.forget(&K::kind(&()), &name);
                 release_finalizers(&self.hub, &*obj).await;
             }
         }
