@@ -204,6 +204,22 @@ async fn file_controllers_run_without_the_controller_crds_and_follow_their_files
     assert_eq!(metric(&address, "metahook_controllers_file_errors ").await, Some(0.0));
     let ready = "metahook_file_controller_ready{kind=\"CompositeController\",controller=\"web\"";
     eventually(WAIT, || async { (metric(&address, ready).await == Some(1.0)).then_some(()) }).await;
+    // `metahook status` shows it, from the hub's metrics (the cluster has no controller objects to list).
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_metahook"))
+        .args(["status", "--interval", "0s", "-o", "json", "--metrics-url", &format!("http://{address}/metrics")])
+        .arg("--kubeconfig")
+        .arg(&cluster.kubeconfig)
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "metahook status: {}", String::from_utf8_lossy(&output.stderr));
+    let report: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let web_status = report["controllers"].as_array().unwrap().iter().find(|c| c["name"] == "web").cloned();
+    let web_status = web_status.unwrap_or_else(|| panic!("no web in {report:#}"));
+    assert_eq!(web_status["file"], format!("{} document 1", file.display()));
+    assert_eq!(
+        (web_status["ready"]["status"].as_str(), web_status["ready"]["reason"].as_str()),
+        (Some("True"), Some("Running"))
+    );
 
     // 2. A live change of the file restarts the controller with it: its children follow the new hook.
     write(&file, &format!("{}---\n{idle}", composite("web", &label, "web", &hook.url("/sync2"))));
