@@ -306,6 +306,12 @@ impl FileMetrics {
         self.reloads.get_or_create(&ReloadLabels { result }).inc();
     }
 
+    /// What the last reading refused (`metahook_controllers_file_errors`).
+    #[must_use]
+    pub fn errors(&self) -> i64 {
+        self.errors.get()
+    }
+
     /// How many file controllers of `kind` are refused because an API object of that kind and name runs.
     pub fn refused(&self, kind: &str, count: usize) {
         let labels = KindLabel { kind: kind.to_owned() };

@@ -322,6 +322,32 @@ spec:
         assert!(errors[0].reason.starts_with("metadata.name: name \"Web\" is invalid"), "{errors:#?}");
     }
 
+    #[tokio::test]
+    async fn a_bad_reading_keeps_the_last_good_set_and_a_fixed_one_is_taken() {
+        // Nothing listens on port 9 of the loopback: the hub's parts are built, the cluster never asked.
+        let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
+        let hub = crate::ops::run::build(kube::Client::try_from(config).unwrap(), &crate::Config::default());
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("c.yaml");
+        std::fs::write(&file, GOOD).unwrap();
+        let (mut reader, files) = Reader::start(vec![dir.path().display().to_string()], hub.clone()).await;
+        assert_eq!(files.set.borrow().composites.len(), 1);
+        let errors = || hub.metrics.files.errors();
+        std::fs::write(&file, format!("{GOOD}---\nkind: [\n")).unwrap();
+        reader.read().await;
+        assert_eq!(files.set.borrow().composites["web"].0, format!("{} document 1", file.display()), "kept");
+        assert_eq!(errors(), 1);
+        std::fs::write(&file, GOOD.replace("name: web}", "name: api}")).unwrap();
+        reader.read().await;
+        let set = files.set.borrow().clone();
+        assert_eq!(set.composites.keys().collect::<Vec<_>>(), ["api"]);
+        assert_eq!(set.decorators.keys().collect::<Vec<_>>(), ["api"]);
+        assert_eq!(errors(), 0);
+        std::fs::remove_file(&file).unwrap();
+        reader.read().await;
+        assert!(files.set.borrow().composites.is_empty(), "an empty directory is no controller, not an error");
+    }
+
     #[test]
     fn a_directory_gives_its_controller_files_in_order_through_symlinks_and_not_hidden_ones() {
         let dir = tempfile::tempdir().unwrap();
