@@ -10,8 +10,9 @@ cluster-build: ## build etcd, kube-apiserver, kube-controller-manager, kube-sche
 cluster-up: ## start (or reuse) the control plane; last stdout line is the kubeconfig path
 	@bash tests/cluster/up.sh
 
-cluster-down: ## stop it (and the real node) and remove .cluster/
+cluster-down: ## stop it (and the real node) and remove .cluster/ (and a second cluster a test left, .cluster-*/)
 	@bash tests/cluster/down.sh
+	@for dir in .cluster-*/; do [ -d "$$dir" ] && CLUSTER_DIR=$(CURDIR)/$${dir%/} bash tests/cluster/down.sh; done; true
 
 node-up: ## add the real node (kubelet, containerd, kube-proxy, CoreDNS) to the running control plane; needs root
 	@bash tests/cluster/node-up.sh

@@ -242,6 +242,26 @@ async fn kustomization_and_chart_render_and_pass_server_side_dry_run() {
     assert_eq!(container["args"].as_array().unwrap().last().unwrap(), "--workers=8");
     assert!(container["env"].as_array().unwrap().iter().any(|e| e["name"] == "METAHOOK_LOG"));
     assert_eq!(config.leader_election.lease_duration.as_secs(), 30);
+    // Standalone mode: the ConfigMap named and the chart's own, mounted where controllersFrom reads.
+    assert_eq!(config.controllers_from, ["/etc/metahook-controllers/configmap", "/etc/metahook-controllers/chart"]);
+    let pod = &one(&overrides, "Deployment")["spec"]["template"]["spec"];
+    let volume = |name: &str| pod["volumes"].as_array().unwrap().iter().find(|v| v["name"] == name).cloned();
+    assert_eq!(volume("controllers-configmap").unwrap()["configMap"]["name"], "team-controllers");
+    assert_eq!(volume("controllers-chart").unwrap()["configMap"]["name"], "hub-controllers");
+    let mounts: Vec<&str> =
+        container["volumeMounts"].as_array().unwrap().iter().filter_map(|m| m["mountPath"].as_str()).collect();
+    assert!(
+        mounts.contains(&"/etc/metahook-controllers/configmap") && mounts.contains(&"/etc/metahook-controllers/chart")
+    );
+    let rendered = overrides
+        .iter()
+        .find(|o| o["kind"] == "ConfigMap" && o["metadata"]["name"] == "hub-controllers")
+        .expect("the controllers value renders a ConfigMap");
+    let text = rendered["data"]["controllers.yaml"].as_str().unwrap().to_owned();
+    let read = metahook::ops::files::parse(&[("controllers.yaml".to_owned(), text)])
+        .expect("the hub reads what the chart renders");
+    assert_eq!((read.composites.len(), read.decorators.len()), (1, 1));
+    assert!(container["env"].as_array().unwrap().iter().any(|e| e["name"] == "POD_UID"), "Events name the Pod by UID");
     assert_eq!(config.leader_election.renew_deadline.as_secs(), 20);
     assert_eq!(one(&overrides, "Deployment")["spec"]["replicas"], 3);
     // healthProbeAddress puts the probes on their own port, and the chart points them there.

@@ -1,6 +1,7 @@
 //! Stage 0, api: the `metacontroller.k8s.io/v1alpha1` resources that users write, field for field what
 //! Metacontroller accepts, so existing controller YAML applies unchanged; and the API server's own rules
-//! for names, labels and sizes ([`validation`]).
+//! for names, labels and sizes ([`validation`]), and the CRDs' schema for controllers that never reach
+//! the API server ([`schema`]).
 //!
 //! May import: nothing of the crate (the ground floor).
 //!
@@ -9,11 +10,24 @@
 
 pub mod json;
 pub mod revision;
+pub mod schema;
 pub mod validation;
 
 /// The annotation that carries the hash of the desired state an object was last applied from (written
 /// with every apply; see [`crate::write::apply`]).
 pub const APPLIED_ANNOTATION: &str = "metahook.dev/applied";
+
+/// The annotation the hub puts on a controller it read from a file (`controllersFrom`): where it was
+/// read, `<path> document <n>`. Such a controller is nowhere in the API, so nothing writes a status or
+/// an Event on it. The hub removes it from controller objects it reads from the API, so none can pose
+/// as one read from a file.
+pub const FROM_FILE_ANNOTATION: &str = "metahook.dev/from-file";
+
+/// Where a controller was read from, if from a file ([`FROM_FILE_ANNOTATION`]).
+#[must_use]
+pub fn from_file(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> Option<&str> {
+    meta.annotations.as_ref()?.get(FROM_FILE_ANNOTATION).map(String::as_str)
+}
 
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -62,6 +62,12 @@ impl Discovery {
         Self { client, ttl, cache: Arc::default() }
     }
 
+    /// How long an answer is used before discovery is asked again (`discoveryInterval`).
+    #[must_use]
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
     /// Resolves `resource` (lowercase plural) in `api_version` (`group/version` or `v1`).
     pub async fn resolve(&self, api_version: &str, resource: &str) -> Result<Arc<ResolvedResource>, DiscoveryError> {
         let key = (api_version.to_owned(), resource.to_owned());

@@ -11,16 +11,21 @@
 //! leaves them behind, #1062, and those objects can then never be deleted). Starts, failures to start
 //! and stops are Events on the controller object.
 //!
+//! Controllers read from files ([`crate::controllers::files`]) run here too, by the same rules: a changed
+//! spec restarts one, a removed one stops (and its finalizers go, as for a deleted object). What would go
+//! on the object (status, Events) goes to the log, the metrics and the hub's Pod instead.
+//!
 //! [`crate::ops::run`] runs it, with leader election only while this hub holds the Lease, with a client
 //! whose writes stop at the renew deadline.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt::Debug;
 use std::future::Future;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use futures::StreamExt as _;
+use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams};
@@ -34,6 +39,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::api::{CompositeController, ControllerStatus, DecoratorController};
+use crate::controllers::files::{FileControllers, Files};
 use crate::engine::error::StartError;
 use crate::engine::health::ControllerState;
 use crate::engine::hub::Hub;
@@ -58,6 +64,8 @@ pub trait Managed:
     fn configure(running: &Self::Running, annotations: Option<&BTreeMap<String, String>>) -> Result<(), String>;
     /// The finalizer this controller puts on the objects it syncs, and the types it may be on.
     fn finalizer(&self) -> (String, Vec<(String, String)>);
+    /// The controllers of this kind in a reading of the files.
+    fn from_files(files: &FileControllers) -> &BTreeMap<String, (String, Arc<Self>)>;
 }
 
 impl Managed for CompositeController {
@@ -88,6 +96,9 @@ impl Managed for CompositeController {
             vec![(parent.api_version.clone(), parent.resource.clone())],
         )
     }
+    fn from_files(files: &FileControllers) -> &BTreeMap<String, (String, Arc<Self>)> {
+        &files.composites
+    }
 }
 
 impl Managed for DecoratorController {
@@ -115,11 +126,16 @@ impl Managed for DecoratorController {
         let types = self.spec.resources.iter().map(|r| (r.api_version.clone(), r.resource.clone())).collect();
         (crate::controllers::decorator::finalizer_name(&self.name_any()), types)
     }
+    fn from_files(files: &FileControllers) -> &BTreeMap<String, (String, Arc<Self>)> {
+        &files.decorators
+    }
 }
 
 struct Running<K: Managed> {
     spec: K::Spec,
     uid: Option<String>,
+    /// Where it was read, for a controller from a file (`None`: an API object).
+    origin: Option<String>,
     /// The annotations that are settings ([`Settings::annotations`]): a change reaches the running
     /// controller without a restart.
     settings: BTreeMap<String, String>,
@@ -149,16 +165,51 @@ fn reference<K: Managed>(obj: &K) -> k8s_openapi::api::core::v1::ObjectReference
     }
 }
 
-/// Runs the controllers of both kinds (those whose objects match `selector`, a label selector; empty =
-/// all) until `cancel` fires.
-pub async fn run_controllers(hub: Hub, selector: String, cancel: CancellationToken) {
-    let composites = Box::pin(watch_controllers::<CompositeController>(hub.clone(), selector.clone(), cancel.clone()));
-    let decorators = Box::pin(watch_controllers::<DecoratorController>(hub, selector, cancel));
+/// An Event about controller `obj`: on the object, or for one read from a file (which is nowhere in the
+/// API) on the hub's Pod, `pod`, naming the controller and its file; without a Pod, none (the log says it).
+async fn announce<K: Managed>(
+    hub: &Hub,
+    pod: Option<&ObjectReference>,
+    obj: &K,
+    warning: bool,
+    reason: &str,
+    note: String,
+) {
+    let (target, note) = match crate::api::from_file(obj.meta()) {
+        None => (reference(obj), note),
+        Some(file) => match pod {
+            Some(pod) => (pod.clone(), format!("{} {} ({file}): {note}", K::kind(&()), obj.name_any())),
+            None => return,
+        },
+    };
+    if warning {
+        hub.events.warning(&target, reason, note).await;
+    } else {
+        hub.events.normal(&target, reason, note).await;
+    }
+}
+
+/// Runs the controllers of both kinds until `cancel` fires: those whose objects match `selector` (a label
+/// selector; empty = all), and those read from `files`, if given.
+pub async fn run_controllers(hub: Hub, selector: String, files: Option<Files>, cancel: CancellationToken) {
+    let composites = Box::pin(watch_controllers::<CompositeController>(
+        hub.clone(),
+        selector.clone(),
+        files.clone(),
+        cancel.clone(),
+    ));
+    let decorators = Box::pin(watch_controllers::<DecoratorController>(hub, selector, files, cancel));
     tokio::join!(composites, decorators);
 }
 
-/// Watches controller objects of kind `K` (those matching the target label selector) until `cancel` fires.
-async fn watch_controllers<K: Managed>(hub: Hub, selector: String, cancel: CancellationToken) {
+/// Watches controller objects of kind `K` (those matching the target label selector), and follows the
+/// file controllers of `files`, until `cancel` fires.
+///
+/// With files, the kind's CRD may be absent (standalone mode, for clusters where a team may not install
+/// cluster-scoped CRDs): then nothing is watched, and discovery is asked again every discovery interval,
+/// so a CRD installed later is watched from then on. Without files a missing CRD is an error the watch
+/// retries and logs, as before: a hub that has nothing to run says so.
+async fn watch_controllers<K: Managed>(hub: Hub, selector: String, files: Option<Files>, cancel: CancellationToken) {
     let api: Api<K> = Api::all(hub.client.clone());
     let mut config = watcher::Config::default();
     if !selector.is_empty() {
@@ -167,63 +218,255 @@ async fn watch_controllers<K: Managed>(hub: Hub, selector: String, cancel: Cance
     // Listed again every flush interval, as every cache of the hub is: a controller object changed or
     // deleted unseen is acted on then.
     let start = move || crate::cache::informers::resilient(watcher(api.clone(), config.clone())).boxed();
-    let mut events = crate::cache::relist::relisting(start, hub.informers.flush_interval());
-    let mut running: HashMap<String, Running<K>> = HashMap::new();
+    let flush = hub.informers.flush_interval();
+    let open = || crate::cache::relist::relisting(start.clone(), flush);
+    let mut controllers = Controllers::<K>::new(hub.clone(), files.as_ref().and_then(|f| f.pod.clone()));
+    let mut set = files.map(|f| f.set);
+    if let Some(set) = &mut set {
+        let first = K::from_files(&set.borrow_and_update()).clone();
+        controllers.files_changed(first).await;
+    }
+    let mut events = if set.is_none() || served::<K>(&hub, true).await { Some(open()) } else { None };
+    let mut recheck = tokio::time::interval(hub.discovery.ttl().max(Duration::from_secs(1)));
+    recheck.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    recheck.reset();
     let mut relisted: Option<Vec<String>> = None;
     loop {
-        let event = tokio::select! {
-            () = cancel.cancelled() => break,
-            event = events.next() => event,
+        let watching = events.is_some();
+        let next = async {
+            match &mut events {
+                Some(events) => events.next().await,
+                None => std::future::pending().await,
+            }
         };
-        let Some(event) = event else { break };
-        match event {
-            Err(err) => warn!("watching {}s (retrying): {err}", K::kind(&())),
-            Ok(watcher::Event::Init) => relisted = Some(Vec::new()),
-            Ok(watcher::Event::InitApply(obj)) => {
-                relisted.get_or_insert_with(Vec::new).push(obj.name_any());
-                reconcile(&hub, &mut running, obj).await;
+        let changed = async {
+            match &mut set {
+                Some(set) => set.changed().await.is_ok(),
+                None => std::future::pending().await,
             }
-            Ok(watcher::Event::InitDone) => {
-                hub.health.listed(&K::kind(&()));
-                let seen = relisted.take().unwrap_or_default();
-                let gone: Vec<String> = running.keys().filter(|n| !seen.contains(n)).cloned().collect();
-                for name in gone {
-                    stop(&hub, &mut running, &name, None).await;
+        };
+        let step = tokio::select! {
+            () = cancel.cancelled() => break,
+            event = next => Step::Event(event),
+            open = changed => Step::Files(open),
+            _ = recheck.tick(), if !watching => Step::Recheck,
+        };
+        match step {
+            Step::Event(None) => break,
+            Step::Event(Some(event)) => controllers.event(event, &mut relisted).await,
+            Step::Files(open) => match set.as_mut().filter(|_| open) {
+                Some(receiver) => {
+                    let files = K::from_files(&receiver.borrow_and_update()).clone();
+                    controllers.files_changed(files).await;
                 }
-            }
-            Ok(watcher::Event::Apply(obj)) => reconcile(&hub, &mut running, obj).await,
-            Ok(watcher::Event::Delete(obj)) => {
-                stop(&hub, &mut running, &obj.name_any(), None).await;
-                hub.metrics.remove(&K::kind(&()), &obj.name_any());
-                release_finalizers(&hub, &obj).await;
+                // The reader is gone (the hub is stopping): the last set runs on.
+                None => set = None,
+            },
+            Step::Recheck => {
+                if served::<K>(&hub, false).await {
+                    events = Some(open());
+                }
             }
         }
     }
-    for (name, controller) in running.drain() {
+    for (name, controller) in controllers.running.drain() {
         controller.stop().await;
         hub.health.remove(&K::kind(&()), &name);
     }
 }
 
-/// Stops controller `name`; `obj` (when it still exists) gets a `Stopped` Event saying `why`.
-async fn stop<K: Managed>(hub: &Hub, running: &mut HashMap<String, Running<K>>, name: &str, obj: Option<(&K, &str)>) {
-    if let Some(controller) = running.remove(name) {
-        info!(controller = name, kind = %K::kind(&()), "stopping controller");
-        controller.stop().await;
-        hub.health.remove(&K::kind(&()), name);
-        if let Some((obj, why)) = obj {
-            hub.events.normal(&reference(obj), "Stopped", format!("Controller stopped: {why}")).await;
+/// What woke the manager's loop.
+enum Step<E> {
+    /// A watch event of the controller objects (`None`: the watch ended).
+    Event(Option<E>),
+    /// A new reading of the files (`false`: the reader is gone).
+    Files(bool),
+    /// Time to ask discovery again whether the CRD is installed.
+    Recheck,
+}
+
+/// Whether the API serves kind `K` (its CRD is installed); `first`: the first asking, which says in the
+/// log what follows when it is not. A kind not served counts as listed (there is nothing to list), so
+/// the hub gets ready on its file controllers.
+async fn served<K: Managed>(hub: &Hub, first: bool) -> bool {
+    let kind = K::kind(&());
+    match hub.discovery.resolve(crate::api::GROUP_VERSION, &K::plural(&())).await {
+        Ok(_) => {
+            if !first {
+                info!(%kind, "the {kind} CRD is installed now: watching its objects beside the controllers from files");
+            }
+            true
+        }
+        Err(err) => {
+            if first {
+                info!(
+                    %kind,
+                    "not watching {kind}s: {err}; running the controllers from files, and asking again every \
+                     discovery interval"
+                );
+            }
+            hub.health.listed(&kind);
+            false
         }
     }
 }
 
-async fn reconcile<K: Managed>(hub: &Hub, running: &mut HashMap<String, Running<K>>, obj: K) {
+/// The controllers of one kind: those of the API and of the files, and which of them run.
+struct Controllers<K: Managed> {
+    hub: Hub,
+    /// Where Events about file controllers go.
+    pod: Option<ObjectReference>,
+    /// The controller objects of the API (matching the selector), as last seen.
+    api: HashMap<String, K>,
+    /// The file controllers, as last read, each with where it was read.
+    files: BTreeMap<String, (String, Arc<K>)>,
+    /// File controllers not run because an API object has their name (reported once each).
+    refused: BTreeSet<String>,
+    running: HashMap<String, Running<K>>,
+}
+
+impl<K: Managed> Controllers<K> {
+    fn new(hub: Hub, pod: Option<ObjectReference>) -> Self {
+        Self {
+            hub,
+            pod,
+            api: HashMap::new(),
+            files: BTreeMap::new(),
+            refused: BTreeSet::new(),
+            running: HashMap::new(),
+        }
+    }
+
+    async fn event(&mut self, event: Result<watcher::Event<K>, watcher::Error>, relisted: &mut Option<Vec<String>>) {
+        match event {
+            Err(err) => warn!("watching {}s (retrying): {err}", K::kind(&())),
+            Ok(watcher::Event::Init) => *relisted = Some(Vec::new()),
+            Ok(watcher::Event::InitApply(obj)) => {
+                relisted.get_or_insert_with(Vec::new).push(obj.name_any());
+                self.applied(obj).await;
+            }
+            Ok(watcher::Event::InitDone) => {
+                self.hub.health.listed(&K::kind(&()));
+                let seen = relisted.take().unwrap_or_default();
+                let gone: Vec<String> = self.api.keys().filter(|n| !seen.contains(n)).cloned().collect();
+                for name in gone {
+                    self.api.remove(&name);
+                    self.settle(&name).await;
+                }
+            }
+            Ok(watcher::Event::Apply(obj)) => self.applied(obj).await,
+            Ok(watcher::Event::Delete(obj)) => {
+                let name = obj.name_any();
+                self.api.remove(&name);
+                if self.files.contains_key(&name) {
+                    // The file's controller of that name takes over, with the same finalizer.
+                    self.settle(&name).await;
+                } else {
+                    stop(&self.hub, &mut self.running, &name, None).await;
+                    self.hub.metrics.remove(&K::kind(&()), &name);
+                    release_finalizers(&self.hub, &obj).await;
+                }
+            }
+        }
+    }
+
+    async fn applied(&mut self, mut obj: K) {
+        // Only the hub marks a controller as read from a file.
+        if let Some(annotations) = obj.meta_mut().annotations.as_mut() {
+            annotations.remove(crate::api::FROM_FILE_ANNOTATION);
+        }
+        let name = obj.name_any();
+        self.api.insert(name.clone(), obj);
+        self.settle(&name).await;
+    }
+
+    /// Takes a new reading of the files: starts, restarts and stops what changed.
+    async fn files_changed(&mut self, files: BTreeMap<String, (String, Arc<K>)>) {
+        let gone: Vec<(String, Arc<K>)> = self
+            .files
+            .iter()
+            .filter(|(n, _)| !files.contains_key(*n))
+            .map(|(n, (_, obj))| (n.clone(), Arc::clone(obj)))
+            .collect();
+        let names: Vec<String> = files.keys().cloned().collect();
+        self.files = files;
+        for (name, obj) in gone {
+            self.settle(&name).await;
+            self.hub.metrics.files.forget(&K::kind(&()), &name);
+            if !self.api.contains_key(&name) {
+                // Removed from the files as a controller object is deleted: its finalizers go too.
+                self.hub.metrics.remove(&K::kind(&()), &name);
+                release_finalizers(&self.hub, &*obj).await;
+            }
+        }
+        for name in names {
+            self.settle(&name).await;
+        }
+    }
+
+    /// Runs what `name` should be now: the API object, else the file's controller, else nothing. A name
+    /// both have runs the API object, and the file's is refused (said once, until it is no longer).
+    async fn settle(&mut self, name: &str) {
+        let kind = K::kind(&());
+        let file = self.files.get(name).cloned();
+        match (&file, self.api.contains_key(name)) {
+            (Some((origin, obj)), true) => {
+                if self.refused.insert(name.to_owned()) {
+                    let why = format!(
+                        "{kind} {name:?} of {origin} is not run: a {kind} object of that name is in the API, and \
+                         the API object runs (the file's starts when the object is deleted)"
+                    );
+                    warn!(controller = name, %kind, file = %origin, "{why}");
+                    self.hub.metrics.files.ready(&kind, name, origin, false, "NameInUse");
+                    announce(&self.hub, self.pod.as_ref(), &**obj, true, "NameInUse", why).await;
+                }
+            }
+            _ => {
+                self.refused.remove(name);
+            }
+        }
+        self.hub.metrics.files.refused(&kind, self.refused.len());
+        if let Some(obj) = self.api.get(name).cloned() {
+            reconcile(&self.hub, self.pod.as_ref(), &mut self.running, obj).await;
+        } else if let Some((_, obj)) = file {
+            reconcile(&self.hub, self.pod.as_ref(), &mut self.running, (*obj).clone()).await;
+        } else {
+            stop(&self.hub, &mut self.running, name, None).await;
+        }
+    }
+}
+
+/// Stops controller `name`; `obj` (when it still exists) gets a `Stopped` Event saying `why`.
+async fn stop<K: Managed>(
+    hub: &Hub,
+    running: &mut HashMap<String, Running<K>>,
+    name: &str,
+    obj: Option<(&K, Option<&ObjectReference>, &str)>,
+) {
+    if let Some(controller) = running.remove(name) {
+        info!(controller = name, kind = %K::kind(&()), "stopping controller");
+        controller.stop().await;
+        hub.health.remove(&K::kind(&()), name);
+        if let Some((obj, pod, why)) = obj {
+            announce(hub, pod, obj, false, "Stopped", format!("Controller stopped: {why}")).await;
+        }
+    }
+}
+
+async fn reconcile<K: Managed>(
+    hub: &Hub,
+    pod: Option<&ObjectReference>,
+    running: &mut HashMap<String, Running<K>>,
+    obj: K,
+) {
     let name = obj.name_any();
     let settings = Settings::annotations(obj.meta().annotations.as_ref());
     let requested = crate::engine::trigger::requested_at(obj.meta()).map(str::to_owned);
+    let origin = crate::api::from_file(obj.meta()).map(str::to_owned);
     if let Some(current) = running.get_mut(&name)
         && &current.spec == obj.spec()
         && current.uid == obj.meta().uid
+        && current.origin == origin
         && current.settings != settings
         && let Some(controller) = current.started.get()
     {
@@ -235,7 +478,11 @@ async fn reconcile<K: Managed>(hub: &Hub, running: &mut HashMap<String, Running<
         }
     }
     if let Some(current) = running.get_mut(&name) {
-        if &current.spec == obj.spec() && current.uid == obj.meta().uid && current.settings == settings {
+        if &current.spec == obj.spec()
+            && current.uid == obj.meta().uid
+            && current.origin == origin
+            && current.settings == settings
+        {
             if requested.is_some() && requested != current.requested {
                 current.requested.clone_from(&requested);
                 if let Some(controller) = current.started.get() {
@@ -243,13 +490,13 @@ async fn reconcile<K: Managed>(hub: &Hub, running: &mut HashMap<String, Running<
                     let at = requested.unwrap_or_default();
                     info!(controller = %name, kind = %K::kind(&()), queued, "sync requested at {at}");
                     let note = format!("Sync requested at {at}: queued {queued} objects");
-                    hub.events.normal(&reference(&obj), "SyncRequested", note).await;
+                    announce(hub, pod, &obj, false, "SyncRequested", note).await;
                 }
             }
             return;
         }
-        info!(controller = %name, kind = %K::kind(&()), "spec or settings changed; restarting controller");
-        stop(hub, running, &name, Some((&obj, "spec changed, restarting"))).await;
+        info!(controller = %name, kind = %K::kind(&()), file = ?origin, "spec or settings changed; restarting controller");
+        stop(hub, running, &name, Some((&obj, pod, "spec changed, restarting"))).await;
     }
     let cancel = CancellationToken::new();
     let started = Arc::new(OnceLock::new());
@@ -257,19 +504,28 @@ async fn reconcile<K: Managed>(hub: &Hub, running: &mut HashMap<String, Running<
     let entry = Running {
         spec: obj.spec().clone(),
         uid: obj.meta().uid.clone(),
+        origin,
         settings,
         requested,
         started: Arc::clone(&started),
         cancel: cancel.clone(),
-        task: tokio::spawn(supervise(hub.clone(), Arc::new(obj), started, cancel)),
+        task: tokio::spawn(supervise(hub.clone(), pod.cloned(), Arc::new(obj), started, cancel)),
     };
     running.insert(name, entry);
 }
 
 /// Starts the controller, retrying with backoff while it cannot start, then runs it until cancelled.
-async fn supervise<K: Managed>(hub: Hub, obj: Arc<K>, slot: Arc<OnceLock<Arc<K::Running>>>, cancel: CancellationToken) {
+async fn supervise<K: Managed>(
+    hub: Hub,
+    pod: Option<ObjectReference>,
+    obj: Arc<K>,
+    slot: Arc<OnceLock<Arc<K::Running>>>,
+    cancel: CancellationToken,
+) {
     let name = obj.name_any();
     let kind = K::kind(&());
+    let file = crate::api::from_file(obj.meta()).map(str::to_owned);
+    let pod = pod.as_ref();
     let mut delay = Duration::from_secs(1);
     // Only the first attempt holds `/readyz` back: a controller that failed reports on itself.
     loop {
@@ -279,23 +535,23 @@ async fn supervise<K: Managed>(hub: Hub, obj: Arc<K>, slot: Arc<OnceLock<Arc<K::
         };
         match started {
             Ok(controller) => {
-                info!(controller = %name, kind = %kind, "controller started");
+                info!(controller = %name, kind = %kind, file, "controller started");
                 hub.health.set(&kind, &name, ControllerState::Running);
                 let _ = slot.set(Arc::clone(&controller));
                 // Said while the controller runs: its first syncs need not wait for the status write
                 // and the Event (60-70 ms of a restart's 0.75 s at 1,000 parents).
-                let announce = async {
+                let announced = async {
                     report(&hub, &*obj, true, "Running", "controller is running".into()).await;
-                    hub.events.normal(&reference(&*obj), "Started", "Controller started: caches synced".into()).await;
+                    announce(&hub, pod, &*obj, false, "Started", "Controller started: caches synced".into()).await;
                 };
-                tokio::join!(announce, K::run(controller, cancel));
+                tokio::join!(announced, K::run(controller, cancel));
                 return;
             }
             Err(err) => {
-                warn!(controller = %name, kind = %kind, "cannot start controller (retrying in {delay:?}): {err}");
+                warn!(controller = %name, kind = %kind, file, "cannot start controller (retrying in {delay:?}): {err}");
                 hub.health.set(&kind, &name, ControllerState::Failed(err.reason().to_owned()));
                 report(&hub, &*obj, false, err.reason(), err.to_string()).await;
-                hub.events.warning(&reference(&*obj), err.reason(), format!("Cannot start controller: {err}")).await;
+                announce(&hub, pod, &*obj, true, err.reason(), format!("Cannot start controller: {err}")).await;
                 tokio::select! {
                     () = cancel.cancelled() => return,
                     () = tokio::time::sleep(delay) => {}
@@ -307,7 +563,13 @@ async fn supervise<K: Managed>(hub: Hub, obj: Arc<K>, slot: Arc<OnceLock<Arc<K::
 }
 
 /// Writes the `Ready` condition and `observedGeneration` when they change.
+/// For a controller read from a file, which has no status to write, `metahook_file_controller_ready`
+/// says it instead (and the log, where the manager says each start and each failure).
 async fn report<K: Managed>(hub: &Hub, obj: &K, ready: bool, reason: &str, message: String) {
+    if let Some(file) = crate::api::from_file(obj.meta()) {
+        hub.metrics.files.ready(&K::kind(&()), &obj.name_any(), file, ready, reason);
+        return;
+    }
     let status = if ready { "True" } else { "False" };
     let current = obj.status().and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"));
     let generation = obj.meta().generation;

@@ -284,6 +284,8 @@ pub struct Metrics {
     pub apply: crate::write::apply::ApplyMetrics,
     /// This replica's share of a sharded ring (registered only when sharding is on).
     pub shard: ShardMetrics,
+    /// The controllers read from files (`controllersFrom`).
+    pub files: FileMetrics,
 }
 
 impl Default for Metrics {
@@ -309,7 +311,119 @@ impl Default for Metrics {
             canary_halted: Family::default(),
             apply: crate::write::apply::ApplyMetrics::default(),
             shard: ShardMetrics::default(),
+            files: FileMetrics::default(),
         }
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabel {
+    kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReloadLabels {
+    result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+struct FileControllerLabels {
+    kind: String,
+    controller: String,
+    file: String,
+    reason: String,
+}
+
+/// Each file controller's (kind, name): its file, the reason of its `Ready`, and whether it is.
+type FileStates = BTreeMap<(String, String), (String, String, bool)>;
+
+/// The controllers read from files (`metahook_controllers_file_*`): what their last reading found wrong,
+/// how readings went, and each file controller's state, which an API object would carry in its status.
+#[derive(Clone, Debug, Default)]
+pub struct FileMetrics {
+    errors: Gauge,
+    reloads: Family<ReloadLabels, Counter>,
+    refused: Family<KindLabel, Gauge>,
+    /// Each file controller's `Ready` (1 or 0) with its reason, by kind and name: the status an API
+    /// object would carry.
+    ready: Arc<Mutex<FileStates>>,
+}
+
+impl FileMetrics {
+    /// A reading of the files: `errors` documents (or files) refused, 0 when it was good.
+    pub fn read(&self, errors: usize) {
+        self.errors.set(i64::try_from(errors).unwrap_or(i64::MAX));
+        let result = if errors == 0 { "ok" } else { "error" };
+        self.reloads.get_or_create(&ReloadLabels { result }).inc();
+    }
+
+    /// What the last reading refused (`metahook_controllers_file_errors`).
+    #[must_use]
+    pub fn errors(&self) -> i64 {
+        self.errors.get()
+    }
+
+    /// How many file controllers of `kind` are refused because an API object of that kind and name runs.
+    pub fn refused(&self, kind: &str, count: usize) {
+        let labels = KindLabel { kind: kind.to_owned() };
+        self.refused.get_or_create(&labels).set(i64::try_from(count).unwrap_or(i64::MAX));
+    }
+
+    /// File controller `kind`/`name` (from `file`) is ready or not, for `reason`.
+    pub fn ready(&self, kind: &str, name: &str, file: &str, ready: bool, reason: &str) {
+        let value = (file.to_owned(), reason.to_owned(), ready);
+        self.ready.lock().expect("file metrics lock").insert((kind.to_owned(), name.to_owned()), value);
+    }
+
+    /// File controller `kind`/`name` no longer runs.
+    pub fn forget(&self, kind: &str, name: &str) {
+        self.ready.lock().expect("file metrics lock").remove(&(kind.to_owned(), name.to_owned()));
+    }
+
+    fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "metahook_controllers_file_errors",
+            "Documents (or files) of controllersFrom that the last reading refused; while above 0 the last good \
+             set of file controllers runs",
+            self.errors.clone(),
+        );
+        registry.register(
+            "metahook_controllers_file_reload",
+            "Readings of controllersFrom that found a change, by result (ok, error)",
+            self.reloads.clone(),
+        );
+        registry.register(
+            "metahook_controllers_file_refused",
+            "File controllers not run because a controller object of the same kind and name is in the API",
+            self.refused.clone(),
+        );
+        registry.register_collector(Box::new(FileReady(Arc::clone(&self.ready))));
+    }
+}
+
+/// `metahook_file_controller_ready`, read when scraped.
+#[derive(Debug)]
+struct FileReady(Arc<Mutex<FileStates>>);
+
+impl Collector for FileReady {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let mut family = encoder.encode_descriptor(
+            "metahook_file_controller_ready",
+            "1 when a controller read from a file runs, 0 when it cannot start (reason says why): the Ready \
+             condition an API object would carry.",
+            None,
+            MetricType::Gauge,
+        )?;
+        for ((kind, controller), (file, reason, ready)) in self.0.lock().expect("file metrics lock").iter() {
+            let labels = FileControllerLabels {
+                kind: kind.clone(),
+                controller: controller.clone(),
+                file: file.clone(),
+                reason: reason.clone(),
+            };
+            ConstGauge::new(i64::from(*ready)).encode(family.encode_family(&labels)?)?;
+        }
+        Ok(())
     }
 }
 
@@ -498,6 +612,7 @@ impl Metrics {
             self.work_duration.clone(),
         );
         registry.register_collector(Box::new(InFlightGauges { queues: Arc::clone(&self.in_flight) }));
+        self.files.register(registry);
         if self.shard.enabled() {
             self.shard.register(registry);
         }

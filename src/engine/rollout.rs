@@ -16,7 +16,8 @@
 //! The controller object's `status.hookVersion` says the version and how many parents it answered for,
 //! written as the round goes (at most every [`REPORT_EVERY`]), when it ends, and between rounds as
 //! parents come and go (only when the figures changed: nothing at idle) (not with sharding,
-//! where each replica knows only its share: there the log line at the end of a round says it). Without the header,
+//! where each replica knows only its share, nor for a controller read from a file, which has no object:
+//! there the log line at the end of a round says it). Without the header,
 //! nothing here runs: Metacontroller's behaviour.
 
 use std::sync::Arc;
@@ -227,7 +228,7 @@ fn progress_of<K>(all: &[(K, RootKey)], versions: &HookVersions, version: &str) 
 /// [`REPORT_EVERY`] (and always at the end of a round).
 struct Reporter {
     /// `None` with sharding: each replica sees only its share of the parents, and their reports would
-    /// overwrite each other (the log says each replica's progress).
+    /// overwrite each other (the log says each replica's progress); and for a controller read from a file.
     api: Option<Api<DynamicObject>>,
     last: Option<HookVersionStatus>,
     at: Option<tokio::time::Instant>,
@@ -235,8 +236,10 @@ struct Reporter {
 
 impl Reporter {
     fn new<C: Kind>(kind: &C) -> Self {
-        let hub = &kind.core().hub;
-        let api = hub.shard.is_none().then(|| crate::engine::canary::controller_api(hub, kind.core().kind));
+        let core = kind.core();
+        // A controller read from a file has no object to write to: the log line at the end of a round says it.
+        let api = (core.hub.shard.is_none() && !core.from_file)
+            .then(|| crate::engine::canary::controller_api(&core.hub, core.kind));
         Self { api, last: None, at: None }
     }
 

@@ -170,12 +170,21 @@ pub(crate) fn controller_hooks(
     hooks: Option<[Option<&crate::api::Hook>; 3]>,
     endpoint_configs: &[crate::api::EndpointConfig],
 ) -> Result<ControllerHooks, StartError> {
+    let hooks = check_hooks(hooks)?;
+    Ok(hub.hooks.controller_hooks(kind, name, hooks, endpoint_configs)?)
+}
+
+/// A controller needs a sync or a finalize hook (of `[sync, finalize, customize]`): what of its start
+/// needs no cluster, also checked when controllers are read from files.
+pub fn check_hooks(
+    hooks: Option<[Option<&crate::api::Hook>; 3]>,
+) -> Result<[Option<&crate::api::Hook>; 3], StartError> {
     let hooks = hooks.ok_or(StartError::NoHooks)?;
     let [sync, finalize, _] = hooks;
     if sync.is_none() && finalize.is_none() {
         return Err(StartError::NoHooks);
     }
-    Ok(hub.hooks.controller_hooks(kind, name, hooks, endpoint_configs)?)
+    Ok(hooks)
 }
 
 /// The declared child (or attachment) types, resolved, each with the update method `method` says;
@@ -278,6 +287,8 @@ pub(crate) struct Core<K> {
     pub canary: Canary,
     /// UIDs of objects seen deleted with `--cascade=orphan` (see [`let_go_of_labelled`]).
     orphaned: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// Read from a file (`controllersFrom`): there is no controller object in the API to write a status to.
+    pub from_file: bool,
 }
 
 /// What a controller object's annotations set for the engine (each documented as a setting, each read
@@ -348,6 +359,7 @@ impl<K: Clone + Eq + Hash + Display + Send + Sync + 'static> Core<K> {
             endpoint_configs,
         } = settings;
         let settings = Settings::from_annotations(annotations)?;
+        let from_file = annotations.is_some_and(|a| a.contains_key(crate::api::FROM_FILE_ANNOTATION));
         let (queue, metrics, enqueue) = controller_queue(hub, kind, &name);
         let canary = CanarySettings {
             kind,
@@ -356,6 +368,7 @@ impl<K: Clone + Eq + Hash + Display + Send + Sync + 'static> Core<K> {
             endpoint_configs,
             controller: &controller,
             annotations,
+            from_file,
         };
         let canary = Canary::new(hub, Arc::clone(&metrics), canary);
         Ok(Self {
@@ -375,6 +388,7 @@ impl<K: Clone + Eq + Hash + Display + Send + Sync + 'static> Core<K> {
             finalizer,
             child_resources: resources(&children),
             children,
+            from_file,
         })
     }
 

@@ -140,6 +140,17 @@ pub struct Config {
     /// parent, child or attachment type is cluster-scoped is refused (`Ready=False`,
     /// `ClusterScopedResource`): namespaced RBAC cannot grant it.
     pub namespaces: Vec<String>,
+    /// Controllers read from files besides the CompositeController and DecoratorController objects of
+    /// the API (standalone mode, for clusters where the controller CRDs may not be installed): paths of
+    /// files, or of directories whose `*.yaml`, `*.yml` and `*.json` files are read (a mounted
+    /// `ConfigMap`). Each holds YAML documents (`---`), every one a controller as you would apply it,
+    /// checked as the API server and the controller's start check one. The files are read again every 2
+    /// seconds: a changed controller restarts, a removed one stops; a reading with an error keeps the
+    /// last good set running and says why (log, an Event on the hub's Pod,
+    /// `metahook_controllers_file_errors`). A name a controller object of the same kind has too runs the
+    /// object, and the file's is refused. With files, missing controller CRDs are no error. Not with
+    /// `sharding`.
+    pub controllers_from: Vec<String>,
 }
 
 /// Traces: one per sync, with a span for its observe phase, each hook call, each child write and the
@@ -302,6 +313,7 @@ impl Default for Config {
             customize_cache_timeout: Duration::from_secs(20 * 60),
             tracing: Tracing::default(),
             namespaces: Vec::new(),
+            controllers_from: Vec::new(),
         }
     }
 }
@@ -363,6 +375,9 @@ pub struct ConfigOverrides {
     /// Watch and write only in these namespaces (`a,b`); empty: the whole cluster.
     #[arg(long, env = "METAHOOK_NAMESPACES", value_delimiter = ',')]
     pub namespaces: Option<Vec<String>>,
+    /// Also run the controllers of these files or directories (repeat it, or `a,b`); reloaded as they change.
+    #[arg(long, env = "METAHOOK_CONTROLLERS_FROM", value_delimiter = ',')]
+    pub controllers_from: Option<Vec<String>>,
 }
 
 impl Config {
@@ -402,6 +417,10 @@ impl Config {
         if let Some(namespaces) = &overrides.namespaces {
             // `--namespaces ""` (an empty list item) means the whole cluster, as the file's `[]` does.
             config.namespaces = namespaces.iter().filter(|n| !n.is_empty()).cloned().collect();
+        }
+        if let Some(paths) = &overrides.controllers_from {
+            // As `--namespaces`: an empty item is nothing, so `--controllers-from ""` turns files off.
+            config.controllers_from = paths.iter().filter(|p| !p.is_empty()).cloned().collect();
         }
         if let Some(enabled) = overrides.sharding {
             config.sharding.enabled = enabled;
@@ -565,6 +584,13 @@ impl Config {
             });
         }
         self.sharding.validate()?;
+        if self.sharding.enabled && !self.controllers_from.is_empty() {
+            // The ring's coordinator and labeller find the parent types in the controller objects of the API.
+            return Err(ConfigError::Invalid {
+                field: "controllersFrom",
+                reason: "is not supported with sharding (sharding.enabled) yet".into(),
+            });
+        }
         if self.tracing.enabled() {
             crate::ops::traces::collector_url(&self.tracing.otlp_endpoint)
                 .map_err(|reason| ConfigError::Invalid { field: "tracing.otlpEndpoint", reason })?;
@@ -765,6 +791,25 @@ mod tests {
         let config = Config::load(None, &overrides).unwrap();
         assert!(config.sharding.enabled);
         assert_eq!(config.sharding.ring, "r2");
+    }
+
+    #[test]
+    fn controllers_from_comes_from_the_file_or_a_repeatable_comma_separated_flag() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.yaml");
+        std::fs::write(&path, "controllersFrom: [/etc/metahook/controllers]\n").unwrap();
+        let config = Config::load(Some(&path), &ConfigOverrides::default()).unwrap();
+        assert_eq!(config.controllers_from, ["/etc/metahook/controllers"]);
+        let overrides = ConfigOverrides {
+            controllers_from: Some(vec!["a.yaml".into(), "dir".into()]),
+            ..ConfigOverrides::default()
+        };
+        assert_eq!(Config::load(Some(&path), &overrides).unwrap().controllers_from, ["a.yaml", "dir"]);
+        let overrides = ConfigOverrides { controllers_from: Some(vec![String::new()]), ..ConfigOverrides::default() };
+        assert!(Config::load(Some(&path), &overrides).unwrap().controllers_from.is_empty());
+        let overrides = ConfigOverrides { sharding: Some(true), ..ConfigOverrides::default() };
+        let err = Config::load(Some(&path), &overrides).unwrap_err().to_string();
+        assert!(err.contains("controllersFrom"), "{err}");
     }
 
     #[test]

@@ -1,4 +1,5 @@
-//! Stage 6, operations: running the hub as a cluster add-on. Its configuration ([`config`]), its manners
+//! Stage 6, operations: running the hub as a cluster add-on. Its configuration ([`config`]) and the
+//! controllers it reads from files ([`files`]), its manners
 //! towards the API server ([`client`]) and the count of its requests ([`client_metrics`]), leader
 //! election ([`leader`]) and the write gate that makes it safe ([`gate`]), sharding's members and
 //! coordinator ([`ring`]) and the parents' bucket labels ([`labels`]), `/metrics` and health
@@ -12,6 +13,7 @@
 pub mod client;
 pub mod client_metrics;
 pub mod config;
+pub mod files;
 pub mod gate;
 pub mod heap;
 pub mod http;

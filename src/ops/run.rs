@@ -14,6 +14,7 @@ use tracing::{info, warn};
 use crate::cache::discovery::Discovery;
 use crate::cache::informers::Informers;
 use crate::cache::shard::{Shard, member_name};
+use crate::controllers::files::Files;
 use crate::controllers::manager::run_controllers;
 use crate::engine::events::Events;
 use crate::engine::health::Health;
@@ -22,6 +23,7 @@ use crate::engine::metrics::Metrics;
 use crate::hooks::{HookClient, HookClientConfig};
 use crate::ops::config::LeaderElection;
 use crate::ops::config::{Config, MetricsAuth};
+use crate::ops::files::Reader;
 use crate::ops::labels::Labeller;
 use crate::ops::leader::{Elector, LeaseNotes, Lost};
 use crate::ops::metrics::{self, Readiness, Routes};
@@ -103,10 +105,28 @@ pub async fn run_until(client: Client, config: Config, cancel: CancellationToken
     let hub = build(client, &config);
     let ready = Readiness { health: hub.health.clone(), leadership: None, coordination: None };
     let servers = serve_endpoints(&config, &hub, ready, access).await;
-    run_controllers(hub, config.target_label_selector.clone(), cancel).await;
+    let (files, reader) = controller_files(&config, &hub, &cancel).await;
+    run_controllers(hub, config.target_label_selector.clone(), files, cancel).await;
+    if let Some(reader) = reader {
+        let _ = reader.await;
+    }
     for server in servers {
         server.abort();
     }
+}
+
+/// The controllers of `controllersFrom`, read once, and the task that reads them again until `cancel`
+/// (none without `controllersFrom`).
+async fn controller_files(
+    config: &Config,
+    hub: &Hub,
+    cancel: &CancellationToken,
+) -> (Option<Files>, Option<tokio::task::JoinHandle<()>>) {
+    if config.controllers_from.is_empty() {
+        return (None, None);
+    }
+    let (reader, files) = Reader::start(config.controllers_from.clone(), hub.clone()).await;
+    (Some(files), Some(tokio::spawn(reader.run(cancel.clone()))))
 }
 
 /// Who may read `/metrics` (`metricsAuth`). The reviews go out on `client` as given, with the hub's
@@ -174,12 +194,18 @@ async fn run_elected(client: Client, config: Config, cancel: CancellationToken) 
     let hub = build(crate::ops::gate::gated(client, leadership.clone()), &config);
     let ready = Readiness { health: hub.health.clone(), leadership: Some(leadership.clone()), coordination: None };
     let servers = serve_endpoints(&config, &hub, ready, access).await;
+    // Read while standing by too: a new leader starts with the files' last good set.
+    let (files, reader) = controller_files(&config, &hub, &cancel).await;
     info!(identity = %leadership.identity, lease = %leadership.lease, "waiting to lead");
     while elector.acquire(&cancel).await {
         hub.health.reset();
         let term = CancellationToken::new();
-        let controllers =
-            tokio::spawn(run_controllers(hub.clone(), config.target_label_selector.clone(), term.clone()));
+        let controllers = tokio::spawn(run_controllers(
+            hub.clone(),
+            config.target_label_selector.clone(),
+            files.clone(),
+            term.clone(),
+        ));
         let lost = tokio::select! {
             lost = elector.hold() => Some(lost),
             () = cancel.cancelled() => None,
@@ -194,6 +220,9 @@ async fn run_elected(client: Client, config: Config, cancel: CancellationToken) 
             Some(Lost::TakenBy(holder)) => warn!(?holder, "another hub took the lease; standing by"),
             Some(Lost::RenewDeadline) => warn!("could not renew the lease in time; standing by"),
         }
+    }
+    if let Some(reader) = reader {
+        let _ = reader.await;
     }
     for server in servers {
         server.abort();
@@ -235,8 +264,9 @@ async fn run_sharded(client: Client, config: Config, cancel: CancellationToken) 
         }
         hub.health.reset();
         let term = CancellationToken::new();
+        // No files: `controllersFrom` is refused with sharding (the labeller reads the API's controllers).
         let controllers =
-            tokio::spawn(run_controllers(hub.clone(), config.target_label_selector.clone(), term.clone()));
+            tokio::spawn(run_controllers(hub.clone(), config.target_label_selector.clone(), None, term.clone()));
         let keeper = Keeper::new(client.clone(), &namespace, &config, &hub, shard.clone(), notes.clone());
         let keeping = tokio::spawn(keeper.run(term.clone()));
         let labelling = tokio::spawn(Labeller::new(&config, &hub, Arc::clone(&shard.held)).run(term.clone()));

@@ -11,7 +11,7 @@ set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
 BIN=$HERE/bin
-CL=$ROOT/.cluster
+CL=${CLUSTER_DIR:-$ROOT/.cluster} # as up.sh
 GRACE=${DOWN_GRACE:-5}
 KEEP_LOGS=0
 [ "${1:-}" = --keep-logs ] && KEEP_LOGS=1

@@ -12,13 +12,15 @@
 # up.sh started it); a half-dead one is torn down first.
 #
 # Env: FAKE_NODES (default 2), CLUSTER_TIMEOUT (seconds per wait, default 120),
-#      CLUSTER_FIXED_API_PORT (use this apiserver port instead of a free one).
+#      CLUSTER_FIXED_API_PORT (use this apiserver port instead of a free one),
+#      CLUSTER_DIR (state directory instead of <repo>/.cluster: a second cluster beside the shared one,
+#      e.g. tests/standalone.rs's, which must have no controller CRDs; down.sh takes it too).
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
 BIN=$HERE/bin
-CL=$ROOT/.cluster
+CL=${CLUSTER_DIR:-$ROOT/.cluster}
 PKI=$CL/pki
 LOGS=$CL/logs
 PIDS=$CL/pids

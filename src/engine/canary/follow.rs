@@ -53,13 +53,18 @@ pub(crate) async fn run<C: Kind>(kind: Arc<C>, cancel: CancellationToken) {
         {
             announced = Some(Arc::clone(live));
             warn!(controller = %core.name, "canary halted: {why}");
-            core.hub.events.warning(&canary.controller, "CanaryHalted", format!("Canary halted: {why}")).await;
+            if !canary.from_file {
+                core.hub.events.warning(&canary.controller, "CanaryHalted", format!("Canary halted: {why}")).await;
+            }
         }
         if let Some(why) = &invalid
             && changes.borrow().ne(&reporter.invalid_announced)
         {
             reporter.invalid_announced = *changes.borrow();
-            core.hub.events.warning(&canary.controller, "InvalidCanary", format!("{CANARY_ANNOTATION}: {why}")).await;
+            if !canary.from_file {
+                let note = format!("{CANARY_ANNOTATION}: {why}");
+                core.hub.events.warning(&canary.controller, "InvalidCanary", note).await;
+            }
         }
         let percent = live.as_ref().filter(|l| l.halted().is_none()).map_or(0.0, |l| l.spec.percent);
         canary.metrics.canary_state(percent, live.as_ref().is_some_and(|l| l.halted().is_some()));
@@ -112,7 +117,7 @@ struct Reporter {
 
 impl Reporter {
     fn new(canary: &Canary) -> Self {
-        let api = canary.hub.shard.is_none().then(|| controller_api(&canary.hub, canary.kind));
+        let api = (canary.hub.shard.is_none() && !canary.from_file).then(|| controller_api(&canary.hub, canary.kind));
         // Nothing was shown when the controller started: nothing to clear.
         Self { api, last: None, known: !canary.reported, at: None, invalid_announced: 0 }
     }

@@ -319,6 +319,8 @@ pub(crate) struct Canary {
     controller: ObjectReference,
     /// Whether the controller object's status showed a canary when it started (one to clear).
     reported: bool,
+    /// Read from a file: the log (and the metrics) say what the status and Events would.
+    from_file: bool,
     metrics: Arc<ControllerMetrics>,
     state: Mutex<State>,
     /// Bumped on every change of the state (a new annotation, a halt).
@@ -334,11 +336,13 @@ pub(crate) struct CanarySettings<'a> {
     /// The controller object, as hooks receive it.
     pub controller: &'a Value,
     pub annotations: Option<&'a std::collections::BTreeMap<String, String>>,
+    /// Read from a file (`controllersFrom`): no object to write a status or an Event to.
+    pub from_file: bool,
 }
 
 impl Canary {
     pub fn new(hub: &Hub, metrics: Arc<ControllerMetrics>, settings: CanarySettings<'_>) -> Self {
-        let CanarySettings { kind, name, base, endpoint_configs, controller, annotations } = settings;
+        let CanarySettings { kind, name, base, endpoint_configs, controller, annotations, from_file } = settings;
         let text = |field: &str| controller[field].as_str().map(str::to_owned);
         let reference = ObjectReference {
             api_version: text("apiVersion"),
@@ -358,6 +362,7 @@ impl Canary {
             endpoint_configs,
             controller: reference,
             reported,
+            from_file,
             metrics,
             state: Mutex::default(),
             changes: watch::Sender::new(0),

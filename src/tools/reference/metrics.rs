@@ -107,6 +107,9 @@ fn exposition() -> String {
     hub.metrics.shard.parent_arrived();
     hub.metrics.shard.took(1, 1);
     hub.metrics.shard.let_go(1, Duration::ZERO);
+    hub.metrics.files.read(0);
+    hub.metrics.files.refused(kind, 0);
+    hub.metrics.files.ready(kind, name, "/etc/metahook/controllers/example.yaml document 1", true, "Running");
     crate::ops::client_metrics::process().record("GET", "10.0.0.1:6443", Some(200), Duration::ZERO);
     let hook = HookLabels { kind: kind.to_owned(), controller: name.to_owned(), hook: HookKind::Sync };
     let hooks = hub.hooks.metrics();
@@ -133,7 +136,11 @@ fn parse(text: &str) -> BTreeMap<String, Family> {
             let (name, help) = rest.split_once(' ').unwrap_or((rest, ""));
             help.clone_into(&mut families.entry(name.to_owned()).or_default().help);
         } else if !line.starts_with('#') && !line.is_empty() {
-            let series = line.split_once(' ').map_or(line, |(series, _)| series);
+            // The value follows the series; a label value may hold spaces (`file="a.yaml document 1"`).
+            let series = match line.rfind('}') {
+                Some(end) => &line[..=end],
+                None => line.split_once(' ').map_or(line, |(series, _)| series),
+            };
             let (metric, labels) = series.split_once('{').unwrap_or((series, ""));
             let labels = label_pairs(labels.trim_end_matches('}'));
             let Some((_, family)) = families.iter_mut().rev().find(|(name, _)| metric.starts_with(name.as_str()))

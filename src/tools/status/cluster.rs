@@ -56,6 +56,7 @@ pub async fn observe(client: &Client, selector: &Selector) -> Result<Vec<Observe
         async move { api.list(&lp).await }
     })
     .await
+    .or_else(absent)
     .map_err(list("CompositeControllers"))?;
     let api = Api::<DecoratorController>::all(client.clone());
     let decorators = pages(|lp| {
@@ -63,6 +64,7 @@ pub async fn observe(client: &Client, selector: &Selector) -> Result<Vec<Observe
         async move { api.list(&lp).await }
     })
     .await
+    .or_else(absent)
     .map_err(list("DecoratorControllers"))?;
     let mut parents = Parents::new(client);
     let mut observed = Vec::new();
@@ -248,6 +250,15 @@ fn last_seen(event: &Event) -> Option<Timestamp> {
 /// The API group of an `apiVersion` (`""` for `v1`).
 fn group(api_version: &str) -> &str {
     api_version.rsplit_once('/').map_or("", |(group, _)| group)
+}
+
+/// No controllers, when their CRD is not installed: a hub in standalone mode runs controllers from files
+/// only, and the metrics show them.
+fn absent<T>(err: kube::Error) -> Result<Vec<T>, kube::Error> {
+    match err {
+        kube::Error::Api(status) if status.code == 404 => Ok(Vec::new()),
+        err => Err(err),
+    }
 }
 
 /// Every item of a list, asked for [`PAGE`] at a time.

@@ -26,6 +26,8 @@ const HOOK_BUCKETS: &str = "metahook_hook_request_duration_seconds_bucket";
 const LEADER: &str = "leader_election_master_status";
 /// The buckets of parents a sharded replica holds (of 1024); not served without sharding.
 const SHARD_BUCKETS: &str = "metahook_shard_buckets";
+/// Each controller a replica read from a file, with its `Ready` (1 or 0) and reason.
+pub const FILE_READY: &str = "metahook_file_controller_ready";
 
 /// A controller as the metrics label it.
 #[derive(Clone, Copy, Debug)]

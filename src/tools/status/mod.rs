@@ -21,7 +21,7 @@ use futures::future::join_all;
 use kube::Client;
 
 use self::figures::{Controller, Replica, Scrape};
-use self::report::{ControllerReport, Latency, Metrics, MetricsSource, Report, SourceFigures};
+use self::report::{ControllerReport, Latency, Metrics, MetricsSource, Ready, Report, SourceFigures};
 use self::scrape::Scraper;
 use self::sources::{PodSelector, Source};
 use crate::cache::selector::parse_selector_string;
@@ -224,6 +224,7 @@ pub async fn status(client: &Client, args: &StatusArgs) -> Result<Report, Status
             ControllerReport {
                 kind: o.kind.to_owned(),
                 name: o.name.clone(),
+                file: None,
                 ready: o.ready,
                 parents,
                 syncs_per_minute: figures.syncs_per_minute,
@@ -235,8 +236,44 @@ pub async fn status(client: &Client, args: &StatusArgs) -> Result<Report, Status
                 problems,
             }
         })
-        .collect();
+        .collect::<Vec<_>>();
+    let mut controllers = controllers;
+    controllers.extend(file_controllers(&replicas, &controllers));
+    controllers.sort_by(|a, b| (&a.kind, &a.name).cmp(&(&b.kind, &b.name)));
     Ok(Report { controllers, metrics })
+}
+
+/// The controllers the replicas read from files (`metahook_file_controller_ready`) that are not in the
+/// API (`listed`): their state is in the metrics only. A file controller refused because an object of
+/// its name runs is left out (the object is listed).
+fn file_controllers(replicas: &[Replica<'_>], listed: &[ControllerReport]) -> Vec<ControllerReport> {
+    let mut found: std::collections::BTreeMap<(String, String), ControllerReport> = std::collections::BTreeMap::new();
+    for sample in replicas.iter().flat_map(|r| &r.last.samples).filter(|s| s.name == figures::FILE_READY) {
+        let (Some(kind), Some(name)) = (sample.label("kind"), sample.label("controller")) else { continue };
+        let reason = sample.label("reason").unwrap_or_default();
+        if reason == "NameInUse" || listed.iter().any(|c| c.kind == kind && c.name == name) {
+            continue;
+        }
+        let controller = Controller { kind, name };
+        let totals = figures::total(replicas, controller);
+        let status = if sample.value >= 1.0 { "True" } else { "False" };
+        let ready = Ready { status: status.to_owned(), reason: reason.to_owned(), message: String::new() };
+        found.entry((kind.to_owned(), name.to_owned())).or_insert_with(|| ControllerReport {
+            kind: kind.to_owned(),
+            name: name.to_owned(),
+            file: sample.label("file").map(str::to_owned),
+            ready,
+            parents: None,
+            syncs_per_minute: totals.syncs_per_minute,
+            errors: totals.errors,
+            errors_per_minute: totals.errors_per_minute,
+            hook_latency_seconds: Latency { p50: totals.hook_p50, p99: totals.hook_p99 },
+            by_source: Vec::new(),
+            last_error: None,
+            problems: Vec::new(),
+        });
+    }
+    found.into_values().collect()
 }
 
 /// One scrape of every source at once, each timed from `started`.
@@ -250,4 +287,44 @@ async fn scrape_all(
         scraper.scrape(source).await.map(|samples| Scrape { samples, after })
     }))
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(kind: &str, name: &str) -> ControllerReport {
+        ControllerReport {
+            kind: kind.to_owned(),
+            name: name.to_owned(),
+            file: None,
+            ready: Ready { status: "True".into(), reason: String::new(), message: String::new() },
+            parents: Some(0),
+            syncs_per_minute: None,
+            errors: None,
+            errors_per_minute: None,
+            hook_latency_seconds: Latency::default(),
+            by_source: Vec::new(),
+            last_error: None,
+            problems: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn file_controllers_come_from_the_metrics_unless_the_api_has_them() {
+        let text = "metahook_file_controller_ready{kind=\"CompositeController\",controller=\"web\",file=\"c/web.yaml document 1\",reason=\"Running\"} 1\n\
+                    metahook_file_controller_ready{kind=\"CompositeController\",controller=\"db\",file=\"c/db.yaml document 1\",reason=\"ParentResourceNotFound\"} 0\n\
+                    metahook_file_controller_ready{kind=\"CompositeController\",controller=\"api\",file=\"c/api.yaml document 1\",reason=\"NameInUse\"} 0\n\
+                    metahook_file_controller_ready{kind=\"DecoratorController\",controller=\"listed\",file=\"c/l.yaml document 1\",reason=\"Running\"} 1\n";
+        let scrape = Scrape { samples: exposition::parse(text).unwrap(), after: Duration::ZERO };
+        let replicas = [Replica { first: None, last: &scrape }];
+        let found = file_controllers(&replicas, &[report("DecoratorController", "listed")]);
+        let names: Vec<_> =
+            found.iter().map(|c| (c.name.as_str(), c.ready.status.as_str(), c.file.as_deref())).collect();
+        assert_eq!(
+            names,
+            [("db", "False", Some("c/db.yaml document 1")), ("web", "True", Some("c/web.yaml document 1"))]
+        );
+        assert_eq!(found[0].ready.reason, "ParentResourceNotFound");
+    }
 }

@@ -70,9 +70,13 @@ pub struct ControllerReport {
     /// `CompositeController` or `DecoratorController`.
     pub kind: String,
     pub name: String,
+    /// For a controller read from a file (`controllersFrom`) and not in the API: where, `<path> document
+    /// <n>`, as the hub's metrics say (its `ready` is theirs too).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file: Option<String>,
     pub ready: Ready,
     /// Parents (a DecoratorController's targets) its selectors select now; `None` when they could not
-    /// be listed (see `problems`).
+    /// be listed (see `problems`), and for a controller read from a file.
     pub parents: Option<usize>,
     /// Summed over the replicas that answered, as are the errors.
     pub syncs_per_minute: Option<f64>,
@@ -159,8 +163,9 @@ impl Report {
             } else {
                 format!("{} ({})", c.ready.status, c.ready.reason)
             };
+            let file = c.file.as_ref().map_or_else(String::new, |f| format!(" ({f})"));
             rows.push([
-                format!("{}/{}", c.kind.to_ascii_lowercase(), c.name),
+                format!("{}/{}{file}", c.kind.to_ascii_lowercase(), c.name),
                 ready,
                 c.parents.map_or_else(unknown, |n| n.to_string()),
                 c.syncs_per_minute.map_or_else(unknown, |r| format!("{r:.1}")),
@@ -327,6 +332,7 @@ mod tests {
 
     fn report() -> Report {
         let web = ControllerReport {
+            file: None,
             kind: "CompositeController".into(),
             name: "web".into(),
             ready: Ready { status: "True".into(), reason: "Running".into(), message: String::new() },
@@ -354,6 +360,7 @@ mod tests {
             problems: Vec::new(),
         };
         let labels = ControllerReport {
+            file: None,
             kind: "DecoratorController".into(),
             name: "labels".into(),
             ready: Ready { status: "False".into(), reason: "Forbidden".into(), message: "cannot list".into() },

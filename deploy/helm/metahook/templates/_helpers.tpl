@@ -66,6 +66,16 @@ app.kubernetes.io/component: hub
 {{- if .Values.metrics.tls.secretName }}
 {{- $_ := set $config "metricsCertDir" (include "metahook.metricsCertDir" .) }}
 {{- end }}
+{{- $files := list }}
+{{- if (.Values.controllersFrom | default dict).configMap }}
+{{- $files = append $files "/etc/metahook-controllers/configmap" }}
+{{- end }}
+{{- if .Values.controllers }}
+{{- $files = append $files "/etc/metahook-controllers/chart" }}
+{{- end }}
+{{- if $files }}
+{{- $_ := set $config "controllersFrom" (concat ($config.controllersFrom | default list) $files) }}
+{{- end }}
 {{- if $config }}
 {{- toYaml $config }}
 {{- else -}}
