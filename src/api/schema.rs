@@ -8,6 +8,10 @@
 //! enums, int32 ranges, unknown fields (as kubectl's default strict field validation refuses them), and the
 //! CRD's `x-kubernetes-validations` rules. The rules are CEL, which the hub does not evaluate: each rule
 //! the CRDs carry has its Rust form in [`rule_holds`], and a test fails when a rule has none.
+//!
+//! Our own because the JSON Schema crates check JSON Schema drafts, not a CRD's structural `OpenAPI`
+//! schema as the API server reads it (`nullable`, `x-kubernetes-int-or-string`, unknown fields refused
+//! rather than allowed), nor say what is wrong in the API server's words, which the errors must match.
 
 use std::sync::OnceLock;
 
