@@ -658,3 +658,45 @@ async fn a_rolling_update_is_previewed_as_its_next_step() {
     assert_eq!(changed, moved.iter().collect::<Vec<_>>(), "{before:?} → {after:?}");
     w.finish("CompositeController").await;
 }
+
+/// A parent type without a `/status` subresource: the hub's status write is a change of the parent
+/// that counts in its generation, so the status it writes says the generation after the write. The
+/// preview shows that value, and the hub then writes exactly the status the preview shows.
+#[tokio::test]
+async fn a_status_written_without_a_subresource_is_previewed_as_the_hub_writes_it() {
+    let w = World::new("diff-statusless", HOOK).await;
+    let mut spec = controller(&w, "/sync");
+    spec["parentResource"]["resource"] = json!("statuslessthings");
+    w.composite(spec.clone()).await;
+    let things = support::api(&w.client, "test.metahook.dev/v1", "StatuslessThing", Some(&w.ns.name)).await;
+    apply_value(
+        &w.client,
+        &json!({"apiVersion": "test.metahook.dev/v1", "kind": "StatuslessThing",
+                "metadata": {"name": "t2", "namespace": w.ns.name, "labels": {"metahook-test": w.label}}}),
+    )
+    .await;
+    let settled = eventually(WAIT, || async {
+        let thing = things.get("t2").await.ok()?;
+        (thing.data["status"]["children"] == 2).then_some(thing)
+    })
+    .await;
+
+    let (code, report) = diff(&w, "/candidate", &support::kubeconfig_path(), &["--qps", "0"]).await;
+    assert_eq!(code, 0, "{report:#}");
+    let t2 = format!("{}/t2", w.ns.name);
+    let status = parent_report(&report, &t2)["status"].clone();
+    let generation = settled.metadata.generation.unwrap();
+    let mut expected = vec![json!({"path": "/status/children", "old": 2, "new": 3})];
+    expected.push(json!({"path": "/status/observedGeneration", "old": generation, "new": generation + 1}));
+    assert_eq!(status, json!(expected), "{report:#}");
+
+    spec["hooks"]["sync"]["webhook"]["url"] = json!(w.hook.url("/candidate"));
+    w.composite(spec).await;
+    let written = eventually(WAIT, || async {
+        let thing = things.get("t2").await.ok()?;
+        (thing.data["status"]["children"] == 3).then_some(thing)
+    })
+    .await;
+    assert_eq!(written.data["status"], json!({"children": 3, "observedGeneration": generation + 1}));
+    w.finish("CompositeController").await;
+}

@@ -21,6 +21,7 @@ use crate::controllers::composite::rollouts::{Pending, Rollouts};
 use crate::controllers::composite::{self, Answer, Rolling, adopts, child_selector, is_child_of};
 use crate::engine::error::with_causes;
 use crate::engine::related::ParentScope;
+use crate::engine::status::{StatusWrite, status_to_write};
 use crate::engine::sync::{Decision, Observed, plan};
 use crate::hooks::{Endpoint, HookKind};
 use crate::write::apply::Applier;
@@ -187,8 +188,10 @@ impl Preview<'_> {
             report.revisions = pending.planned(self.applier).into_iter().map(RevisionChange::from).collect();
         }
         record_plan(&mut report, &plan, self.types, &owned, &decision.desired, self.applier);
-        if let Some(status) = &decision.status {
-            report.status(parent, status);
+        // As the engine writes it (`observedGeneration` one ahead where the write itself counts).
+        let how = StatusWrite { subresource: resource.has_status, observed_generation: true };
+        if let Some(status) = decision.status.and_then(|status| status_to_write(parent, status, how)) {
+            report.status(parent, &status);
         }
         Ok(report)
     }

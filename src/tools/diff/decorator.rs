@@ -21,6 +21,7 @@ use crate::cache::selector::Selector;
 use crate::controllers::decorator::{self, Rule, attachment_method, attachments, is_attachment_of};
 use crate::engine::error::with_causes;
 use crate::engine::related::ParentScope;
+use crate::engine::status::{StatusWrite, status_to_write};
 use crate::engine::sync::{Observed, plan};
 use crate::hooks::{Endpoint, HookKind};
 use crate::write::apply::Applier;
@@ -141,8 +142,9 @@ impl Preview<'_> {
             Err(e) => return Ok(report.refuse(&e)),
         };
         record_plan(&mut report, &plan, self.types, &observed, &answer.desired, self.applier);
-        if let Some(status) = &answer.status {
-            report.status(target, status);
+        let how = StatusWrite { subresource: resource.has_status, observed_generation: false };
+        if let Some(status) = answer.status.and_then(|status| status_to_write(target, status, how)) {
+            report.status(target, &status);
         }
         if let Some(patch) = &answer.metadata_patch {
             report.metadata(target, patch);
