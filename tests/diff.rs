@@ -19,7 +19,7 @@ const WAIT: Duration = Duration::from_secs(90);
 /// `sync` is the running hook: two ConfigMaps per Thing, `v: "1"`. `candidate` changes `t1-a`'s data,
 /// drops `t1-b` and adds `t2-c`. `refuse` answers `t1` with a Secret (not a declared child type).
 /// `malformed` answers `t2` with a ConfigMap without a name. `same` answers as `sync` does. `claimed`
-/// answers with the children the request shows.
+/// answers with the children the request shows. `customize` and `decorate` are a decorator's hooks.
 const HOOK: &str = r#"
 def children(name, extra):
     cms = {s: {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name + "-" + s}, "data": {"v": "1"}}
@@ -54,6 +54,16 @@ def claimed(req):
     shown = [{"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": c["metadata"]["name"]},
               "data": c.get("data", {})} for c in req["children"]["ConfigMap.v1"].values()]
     return {"children": shown, "status": {"children": len(shown)}}
+
+def customize(req):
+    return {"relatedResources": [{"apiVersion": "v1", "resource": "configmaps",
+                                  "labelSelector": {"matchLabels": {"related": "yes"}}}]}
+
+def decorate(req):
+    # A decorator's candidate: a label counting the related objects, and one attachment.
+    name = req["object"]["metadata"]["name"]
+    return {"labels": {"related": str(len(req["related"].get("ConfigMap.v1", {})))},
+            "attachments": [{"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name + "-dec"}}]}
 
 def malformed(req):
     answer = sync(req)
@@ -282,10 +292,52 @@ async fn diff_makes_no_write_the_audit_log_would_show() {
     let (code, report) = diff(&w, "/candidate", &kubeconfig, &["--qps", "20"]).await;
     assert_eq!(code, 2, "{report:#}");
     assert_eq!(report["summary"]["parents"], 2, "the account read the parents: {report:#}");
+
+    // A DecoratorController with a customize hook, previewed by the same account (labelled for no hub,
+    // so nothing runs it): targets, attachments and related objects are all read, nothing written.
+    apply_value(
+        &w.client,
+        &json!({"apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": "related", "namespace": w.ns.name, "labels": {"related": "yes"}}}),
+    )
+    .await;
+    let decorator = format!("{}-dec", w.label);
+    apply_value(
+        &w.client,
+        &json!({"apiVersion": support::CONTROLLERS, "kind": "DecoratorController",
+                "metadata": {"name": decorator, "labels": {"metahook-test": "nobody"}},
+                "spec": {"resources": [{"apiVersion": "test.metahook.dev/v1", "resource": "things",
+                                        "labelSelector": {"matchLabels": {"metahook-test": w.label}}}],
+                         "attachments": [{"apiVersion": "v1", "resource": "configmaps"}],
+                         "hooks": {"sync": {"webhook": {"url": w.hook.url("/decorate")}},
+                                   "customize": {"webhook": {"url": w.hook.url("/customize")}}}}}),
+    )
+    .await;
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_metahook"))
+        .args(["diff", &decorator, "-o", "json", "--qps", "20"])
+        .env("KUBECONFIG", &kubeconfig)
+        .output()
+        .await
+        .expect("running metahook diff");
+    let decorated: Value = serde_json::from_slice(&output.stdout)
+        .unwrap_or_else(|e| panic!("no JSON ({e}): {}", String::from_utf8_lossy(&output.stderr)));
+    assert_eq!(output.status.code(), Some(0), "{decorated:#}");
+    assert_eq!(decorated["summary"]["parents"], 2, "{decorated:#}");
+    assert_eq!(decorated["summary"]["create"], 2, "an attachment per target: {decorated:#}");
+    let t1 = parent_report(&decorated, &format!("{}/t1", w.ns.name));
+    assert_eq!(t1["related"][0]["name"], "related", "{decorated:#}");
+    assert_eq!(t1["metadata"], json!([{"path": "/metadata/labels/related", "old": null, "new": "1"}]));
+    let decorators = w.controllers("DecoratorController").await;
+    decorators.delete(&decorator, &Default::default()).await.unwrap();
+
     let user = account.user();
     let records = eventually(WAIT, || async {
         let records = support::audit_records(&user);
-        records.iter().any(|r| r["verb"] == "list" && r["objectRef"]["resource"] == "configmaps").then_some(records)
+        let listed = |resource: &str| {
+            records.iter().filter(|r| r["verb"] == "list" && r["objectRef"]["resource"] == resource).count()
+        };
+        // Composite: the children; decorator: the attachments and the related objects.
+        (listed("configmaps") >= 3 && listed("things") >= 2).then_some(records)
     })
     .await;
     let writes: Vec<&Value> =
