@@ -451,7 +451,68 @@ impl<K: Clone + Eq + Hash + Send + Sync + 'static> Related<K> {
 
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use super::*;
+
+    fn config_maps(objects: &[(&str, &str, Value)]) -> Informer {
+        let resource = Arc::new(ResolvedResource {
+            api_resource: kube::core::ApiResource {
+                group: String::new(),
+                version: "v1".into(),
+                api_version: "v1".into(),
+                kind: "ConfigMap".into(),
+                plural: "configmaps".into(),
+            },
+            namespaced: true,
+            has_status: false,
+        });
+        let objects = objects.iter().map(|(ns, name, labels)| {
+            serde_json::from_value(json!({"apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": name, "namespace": ns, "labels": labels, "uid": format!("{ns}-{name}")}}))
+            .unwrap()
+        });
+        Informer::listed(&resource, objects)
+    }
+
+    fn rule(value: Value) -> RelatedResourceRule {
+        serde_json::from_value(value).unwrap()
+    }
+
+    #[test]
+    fn a_v1_rule_under_a_namespaced_parent_selects_in_the_parents_namespace_only() {
+        let informer = config_maps(&[("a", "x", json!({"k": "v"})), ("b", "y", json!({"k": "v"}))]);
+        let raw =
+            rule(json!({"apiVersion": "v1", "resource": "configmaps", "labelSelector": {"matchLabels": {"k": "v"}}}));
+        let v1 = ParentScope { namespace: Some("a"), version: HookVersion::V1 };
+        let selection = Selection::new(&raw, informer.resource(), v1).unwrap();
+        assert_eq!(selection.namespace(), Some("a"));
+        let map = related_map([(&selection, &informer)], None, v1);
+        let keys: Vec<&String> = map["ConfigMap.v1"].keys().collect();
+        assert_eq!(keys, ["x"], "keyed by name under v1");
+        let v2 = ParentScope { namespace: Some("a"), version: HookVersion::V2 };
+        let selection = Selection::new(&raw, informer.resource(), v2).unwrap();
+        let map = related_map([(&selection, &informer)], None, v2);
+        let keys: Vec<&String> = map["ConfigMap.v1"].keys().collect();
+        assert_eq!(keys, ["a/x", "b/y"], "v2 sees every namespace, keyed namespace/name");
+        let elsewhere = rule(json!({"apiVersion": "v1", "resource": "configmaps", "namespace": "b"}));
+        assert!(Selection::new(&elsewhere, informer.resource(), v1).is_err(), "v1 cannot name another namespace");
+    }
+
+    #[test]
+    fn names_select_by_name_and_refuse_a_selector_beside_them() {
+        let informer = config_maps(&[("a", "x", json!({})), ("a", "y", json!({}))]);
+        let raw = rule(json!({"apiVersion": "v1", "resource": "configmaps", "names": ["y"]}));
+        Selection::check(&raw).unwrap();
+        let scope = ParentScope { namespace: Some("a"), version: HookVersion::V1 };
+        let selection = Selection::new(&raw, informer.resource(), scope).unwrap();
+        let selected: Vec<String> =
+            selection.select(&informer, None).iter().map(|o| o.metadata.name.clone().unwrap()).collect();
+        assert_eq!(selected, ["y"]);
+        let both = rule(json!({"apiVersion": "v1", "resource": "configmaps", "names": ["y"],
+                               "labelSelector": {"matchLabels": {"k": "v"}}}));
+        assert!(Selection::check(&both).is_err());
+    }
 
     #[test]
     fn an_answer_holds_for_its_parent_and_generation_until_it_expires() {
