@@ -154,6 +154,9 @@ impl Preview<'_> {
         for (index, obj) in &release {
             report.release.push(ChildChange::named(self.types[*index].resource(), obj));
         }
+        // A rolling parent's revisions are claimed with its children, before the customize hook is asked.
+        let rolling =
+            self.rollouts.map(|rollouts| (rollouts, self.revisions(rollouts, parent, &selector, &mut report)));
         let namespace = resource.namespaced.then_some(parent.metadata.namespace.as_deref()).flatten();
         let related = match related.gather(parent, ParentScope { namespace, version }).await? {
             Ok(related) => related,
@@ -163,14 +166,13 @@ impl Preview<'_> {
         let children = request_map(self.ask.child_resources, version, namespace, &owned);
         let parent_json = crate::hooks::for_hooks(parent);
         let observed = Observed { children: &children, related: &related, finalizing: false };
-        let decided = match self.rollouts {
+        let decided = match &rolling {
             None => {
                 self.ask.ask(self.endpoint, parent, &parent_json, observed, &selector).await.map(Answer::into_decision)
             }
-            Some(rollouts) => {
-                let revisions = self.revisions(rollouts, parent, &selector, &mut report);
+            Some((rollouts, revisions)) => {
                 let rolling = Rolling { rollouts, ask: self.ask, endpoint: self.endpoint, selector: &selector };
-                rolling.decide(parent, observed, &owned, &revisions).await
+                rolling.decide(parent, observed, &owned, revisions).await
             }
         };
         let mut decision: Decision<Pending> = match decided {
