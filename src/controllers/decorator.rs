@@ -15,10 +15,10 @@ use kube::api::DynamicObject;
 use serde_json::{Map, Value, json};
 use tokio_util::sync::CancellationToken;
 
-use crate::api::{DecoratorController, UpdateMethod, labels_of};
+use crate::api::{DecoratorController, DecoratorResourceRule, UpdateMethod, labels_of};
 use crate::cache::discovery::ResolvedResource;
 use crate::cache::informers::{Informer, ObjectKey};
-use crate::cache::selector::Selector;
+use crate::cache::selector::{Selector, SelectorError};
 use crate::cache::shard::Role;
 use crate::engine::error::{StartError, SyncError};
 use crate::engine::hub::Hub;
@@ -173,17 +173,45 @@ impl fmt::Display for TargetKey {
     }
 }
 
-/// One `resources[]` rule's selectors.
-struct Rule {
+/// One `resources[]` rule's selectors, compiled: which objects of its type are targets. The engine and
+/// `metahook diff` both select targets with it.
+pub struct Rule {
     labels: Selector,
     annotations: Selector,
     ignore_status_changes: bool,
 }
 
 impl Rule {
-    fn selects(&self, obj: &DynamicObject) -> bool {
+    /// Compiles `rule`'s label and annotation selectors (absent: everything).
+    pub fn new(rule: &DecoratorResourceRule) -> Result<Self, SelectorError> {
+        Ok(Self {
+            labels: rule.label_selector.as_ref().map(Selector::from_label_selector).transpose()?.unwrap_or_default(),
+            annotations: rule
+                .annotation_selector
+                .as_ref()
+                .map(|a| Selector::from_label_selector(&a.as_label_selector()))
+                .transpose()?
+                .unwrap_or_default(),
+            ignore_status_changes: rule.ignore_status_changes == Some(true),
+        })
+    }
+
+    /// Whether both selectors match `obj`.
+    #[must_use]
+    pub fn selects(&self, obj: &DynamicObject) -> bool {
         self.labels.matches(&labels_of(&obj.metadata))
             && self.annotations.matches(&obj.metadata.annotations.clone().unwrap_or_default())
+    }
+}
+
+/// The update method of an attachment type: decorators have no revisions, so rolling methods act like
+/// their non-rolling forms (as in Metacontroller).
+#[must_use]
+pub fn attachment_method(method: UpdateMethod) -> UpdateMethod {
+    match method {
+        UpdateMethod::RollingRecreate => UpdateMethod::Recreate,
+        UpdateMethod::RollingInPlace => UpdateMethod::InPlace,
+        other => other,
     }
 }
 
@@ -234,21 +262,7 @@ impl Controller {
                 .await
                 .map_err(|source| StartError::NotFound { role: "target", source })?;
             crate::engine::sync::within_namespaces(hub, "target", &resource)?;
-            let compiled = Rule {
-                labels: rule
-                    .label_selector
-                    .as_ref()
-                    .map(Selector::from_label_selector)
-                    .transpose()?
-                    .unwrap_or_default(),
-                annotations: rule
-                    .annotation_selector
-                    .as_ref()
-                    .map(|a| Selector::from_label_selector(&a.as_label_selector()))
-                    .transpose()?
-                    .unwrap_or_default(),
-                ignore_status_changes: rule.ignore_status_changes == Some(true),
-            };
+            let compiled = Rule::new(rule)?;
             match targets.iter_mut().find(|t| *t.informer.resource() == resource) {
                 Some(target) => target.rules.push(compiled),
                 None => {
@@ -257,19 +271,13 @@ impl Controller {
                 }
             }
         }
-        // Decorators have no revisions: rolling methods act like their non-rolling forms (as in Metacontroller).
         if spec.attachments.iter().any(crate::api::ChildResourceRule::cross_namespace) {
             return Err(StartError::CrossNamespace(
                 "crossNamespace is for a CompositeController's children, not a DecoratorController's attachments"
                     .into(),
             ));
         }
-        let attachments = child_types(hub, &spec.attachments, "attachment", |method| match method {
-            UpdateMethod::RollingRecreate => UpdateMethod::Recreate,
-            UpdateMethod::RollingInPlace => UpdateMethod::InPlace,
-            other => other,
-        })
-        .await?;
+        let attachments = child_types(hub, &spec.attachments, "attachment", attachment_method).await?;
         for informer in targets.iter().map(|t| &t.informer).chain(attachments.iter().map(|a| &a.informer)) {
             informer.wait_synced(hub.settings.cache_sync_timeout).await?;
         }

@@ -7,6 +7,10 @@
 //! still say which related changes queue it. When a related object changes, only parents that have
 //! rules for its type are looked at (an index by type), and only those whose rules select the object
 //! are queued.
+//!
+//! What a rule selects is decided by [`Selection`], apart from where the objects are cached, and the
+//! request's map is built by [`related_map`]: the engine reads its shared watched caches through them,
+//! `metahook diff` reads caches it filled with one LIST per type, so both select the same objects.
 
 use std::collections::{HashMap, HashSet};
 use std::hash::Hash;
@@ -27,13 +31,152 @@ use crate::hooks::{
     CustomizeRequest, Endpoint, ObjectMaps, RelatedResourceRule, WireObject, group_version_kind_key, object_key,
 };
 
-/// A rule with its selectors parsed and its type resolved.
+/// A rule of the engine: what it selects, and the shared cache of its type.
 struct Rule {
     informer: Informer,
+    selection: Selection,
+}
+
+/// One related rule of a customize answer, validated (Metacontroller's selection rules) for one
+/// parent, with its selectors parsed: which objects of its type it selects, from whichever cache holds
+/// them.
+pub struct Selection {
     names: Vec<String>,
+    /// The namespace the rule is confined to (under a v1 hook, a namespaced parent's own).
     namespace: Option<String>,
     labels: Option<Selector>,
     namespaces: Option<Selector>,
+}
+
+impl Selection {
+    /// The checks of `raw` that need no type: refused combinations of fields.
+    pub fn check(raw: &RelatedResourceRule) -> Result<(), SyncError> {
+        let has_selector = raw.label_selector.is_some() || raw.namespace_selector.is_some();
+        if !raw.names.is_empty() && has_selector {
+            return Err(invalid(raw, "names cannot be combined with labelSelector or namespaceSelector".into()));
+        }
+        if raw.namespace.is_some() && raw.namespace_selector.is_some() {
+            return Err(invalid(raw, "namespace cannot be combined with namespaceSelector".into()));
+        }
+        Ok(())
+    }
+
+    /// `raw` (already [`check`](Self::check)ed) for a parent in `scope`, its type being `resource`.
+    pub fn new(
+        raw: &RelatedResourceRule,
+        resource: &ResolvedResource,
+        scope: ParentScope<'_>,
+    ) -> Result<Self, SyncError> {
+        if raw.namespace_selector.is_some() && !resource.namespaced {
+            return Err(invalid(raw, "namespaceSelector applies only to namespaced resources".into()));
+        }
+        let mut namespace = raw.namespace.clone().filter(|n| !n.is_empty());
+        if scope.version == HookVersion::V1
+            && let Some(parent_ns) = scope.namespace
+        {
+            // v1 can only express objects in the parent's own namespace (Metacontroller's rule).
+            if raw.namespace_selector.is_some() {
+                return Err(invalid(raw, "namespaceSelector needs hook version v2 for a namespaced parent".into()));
+            }
+            match &namespace {
+                Some(ns) if ns != parent_ns => {
+                    return Err(invalid(
+                        raw,
+                        format!(
+                            "requested related object namespace {ns} differs from parent object namespace {parent_ns}"
+                        ),
+                    ));
+                }
+                _ => namespace = Some(parent_ns.to_owned()),
+            }
+        }
+        let parse = |s: &Option<_>| s.as_ref().map(Selector::from_label_selector).transpose();
+        let labels = parse(&raw.label_selector).map_err(|e| invalid(raw, e.to_string()))?;
+        let namespaces = parse(&raw.namespace_selector).map_err(|e| invalid(raw, e.to_string()))?;
+        Ok(Self { names: raw.names.clone(), namespace: namespace.filter(|_| resource.namespaced), labels, namespaces })
+    }
+
+    /// The namespace the rule is confined to (`None`: any, or a cluster-scoped type).
+    #[must_use]
+    pub fn namespace(&self) -> Option<&str> {
+        self.namespace.as_deref()
+    }
+
+    /// Whether the rule reads Namespaces' labels (`namespaceSelector`).
+    #[must_use]
+    pub fn reads_namespaces(&self) -> bool {
+        self.namespaces.is_some()
+    }
+
+    /// The objects of `informer` (the rule's type) that the rule selects; `namespaces`: the Namespaces
+    /// cache, read by a `namespaceSelector`.
+    #[must_use]
+    pub fn select(&self, informer: &Informer, namespaces: Option<&Informer>) -> Vec<Arc<DynamicObject>> {
+        let scope = match (&self.namespace, informer.resource().namespaced) {
+            (Some(ns), true) => Some(Some(ns.as_str())),
+            (_, false) => Some(None),
+            (None, true) => None,
+        };
+        // A label selector is tested on the cached labels first: only what it selects is decoded.
+        let candidates = match &self.labels {
+            Some(labels) if self.names.is_empty() => informer.list_selected(scope, labels),
+            _ => informer.list(scope),
+        };
+        candidates.into_iter().filter(|obj| self.matches(obj, namespaces)).collect()
+    }
+
+    /// Whether the rule selects `obj` (its type already known to match).
+    #[must_use]
+    pub fn matches(&self, obj: &DynamicObject, namespaces: Option<&Informer>) -> bool {
+        if let Some(ns) = &self.namespace
+            && obj.metadata.namespace.as_deref() != Some(ns.as_str())
+        {
+            return false;
+        }
+        if !self.names.is_empty() {
+            return obj.metadata.name.as_ref().is_some_and(|n| self.names.contains(n));
+        }
+        if let Some(labels) = &self.labels
+            && !labels.matches(&labels_of(&obj.metadata))
+        {
+            return false;
+        }
+        match &self.namespaces {
+            Some(selector) => obj.metadata.namespace.as_deref().is_some_and(|ns| {
+                namespaces
+                    .and_then(|n| n.get(&ObjectKey { namespace: None, name: ns.to_owned() }))
+                    .is_some_and(|ns| selector.matches(&labels_of(&ns.metadata)))
+            }),
+            None => true,
+        }
+    }
+}
+
+/// A rule refused for `reason`.
+fn invalid(raw: &RelatedResourceRule, reason: String) -> SyncError {
+    SyncError::RelatedRule { rule: format!("{}.{}", raw.resource, raw.api_version), reason }
+}
+
+/// The request's `related` map: what each rule selects from the cache of its type (`namespaces`: the
+/// Namespaces cache, for `namespaceSelector`s), keyed as the hook version of `scope` keys objects.
+#[must_use]
+pub fn related_map<'a>(
+    rules: impl IntoIterator<Item = (&'a Selection, &'a Informer)>,
+    namespaces: Option<&Informer>,
+    scope: ParentScope<'_>,
+) -> ObjectMaps {
+    let mut maps = ObjectMaps::new();
+    for (selection, informer) in rules {
+        let resource = informer.resource();
+        let entry = maps.entry(group_version_kind_key(resource.api_version(), resource.kind())).or_default();
+        for obj in selection.select(informer, namespaces) {
+            let k = ObjectKey::of(&obj);
+            if let Some(k) = object_key(scope.version, scope.namespace, k.namespace.as_deref(), &k.name) {
+                entry.insert(k, WireObject(obj));
+            }
+        }
+    }
+    maps
 }
 
 /// Rules of one parent, for the parent generation they were computed for.
@@ -124,21 +267,11 @@ impl<K: Clone + Eq + Hash + Send + Sync + 'static> Related<K> {
     ) -> Result<ObjectMaps, SyncError> {
         let Some(hook) = &self.hook else { return Ok(ObjectMaps::new()) };
         let rules = self.rules_for(key, parent, hook, scope).await?;
-        let mut maps = ObjectMaps::new();
-        for rule in rules.iter() {
-            let resource = rule.informer.resource();
-            if !rule.informer.is_synced() {
-                return Err(SyncError::RelatedNotSynced(type_id(resource)));
-            }
-            let entry = maps.entry(group_version_kind_key(resource.api_version(), resource.kind())).or_default();
-            for obj in self.select(rule) {
-                let k = ObjectKey::of(&obj);
-                if let Some(k) = object_key(scope.version, scope.namespace, k.namespace.as_deref(), &k.name) {
-                    entry.insert(k, WireObject(obj));
-                }
-            }
+        if let Some(rule) = rules.iter().find(|rule| !rule.informer.is_synced()) {
+            return Err(SyncError::RelatedNotSynced(type_id(rule.informer.resource())));
         }
-        Ok(maps)
+        let namespaces = self.namespaces();
+        Ok(related_map(rules.iter().map(|r| (&r.selection, &r.informer)), namespaces.as_ref(), scope))
     }
 
     /// Forgets a parent that is gone.
@@ -180,9 +313,9 @@ impl<K: Clone + Eq + Hash + Send + Sync + 'static> Related<K> {
             }
             for rule in rules.iter() {
                 let resource = rule.informer.resource();
-                let confined = rule.namespace.clone().filter(|_| resource.namespaced);
+                let confined = rule.selection.namespace().map(str::to_owned);
                 interest.entry((type_id(resource), confined)).or_default().insert(key.clone());
-                if rule.namespaces.is_some() {
+                if rule.selection.reads_namespaces() {
                     interest.entry((NAMESPACES.into(), None)).or_default().insert(key.clone());
                 }
             }
@@ -195,45 +328,20 @@ impl<K: Clone + Eq + Hash + Send + Sync + 'static> Related<K> {
         Ok(rules)
     }
 
-    /// Validates one rule (Metacontroller's selection rules) and resolves its type.
+    /// Validates one rule (Metacontroller's selection rules, [`Selection`]) and resolves its type.
     async fn compile(self: &Arc<Self>, raw: &RelatedResourceRule, scope: ParentScope<'_>) -> Result<Rule, SyncError> {
+        Selection::check(raw)?;
         let rule = || format!("{}.{}", raw.resource, raw.api_version);
-        let invalid = |reason: String| SyncError::RelatedRule { rule: rule(), reason };
-        let has_selector = raw.label_selector.is_some() || raw.namespace_selector.is_some();
-        if !raw.names.is_empty() && has_selector {
-            return Err(invalid("names cannot be combined with labelSelector or namespaceSelector".into()));
-        }
-        if raw.namespace.is_some() && raw.namespace_selector.is_some() {
-            return Err(invalid("namespace cannot be combined with namespaceSelector".into()));
-        }
         let resource = self
             .hub
             .discovery
             .resolve(&raw.api_version, &raw.resource)
             .await
             .map_err(|source| SyncError::RelatedType { rule: rule(), source })?;
-        if raw.namespace_selector.is_some() && !resource.namespaced {
-            return Err(invalid("namespaceSelector applies only to namespaced resources".into()));
-        }
-        let mut namespace = raw.namespace.clone().filter(|n| !n.is_empty());
-        self.within_namespaces(raw, &resource, namespace.as_deref()).map_err(invalid)?;
-        if scope.version == HookVersion::V1
-            && let Some(parent_ns) = scope.namespace
-        {
-            // v1 can only express objects in the parent's own namespace (Metacontroller's rule).
-            if raw.namespace_selector.is_some() {
-                return Err(invalid("namespaceSelector needs hook version v2 for a namespaced parent".into()));
-            }
-            match &namespace {
-                Some(ns) if ns != parent_ns => {
-                    return Err(invalid(format!(
-                        "requested related object namespace {ns} differs from parent object namespace {parent_ns}"
-                    )));
-                }
-                _ => namespace = Some(parent_ns.to_owned()),
-            }
-        }
-        if raw.namespace_selector.is_some() {
+        let selection = Selection::new(raw, &resource, scope)?;
+        let namespace = raw.namespace.as_deref().filter(|n| !n.is_empty());
+        self.within_namespaces(raw, &resource, namespace).map_err(|reason| invalid(raw, reason))?;
+        if selection.reads_namespaces() {
             let namespaces = self
                 .hub
                 .discovery
@@ -245,10 +353,7 @@ impl<K: Clone + Eq + Hash + Send + Sync + 'static> Related<K> {
                 return Err(SyncError::RelatedNotSynced(NAMESPACES.into()));
             }
         }
-        let parse = |s: &Option<_>| s.as_ref().map(Selector::from_label_selector).transpose();
-        let labels = parse(&raw.label_selector).map_err(|e| invalid(e.to_string()))?;
-        let namespaces = parse(&raw.namespace_selector).map_err(|e| invalid(e.to_string()))?;
-        Ok(Rule { informer: self.informer(&resource), names: raw.names.clone(), namespace, labels, namespaces })
+        Ok(Rule { informer: self.informer(&resource), selection })
     }
 
     /// On a hub limited to some namespaces, a rule may only select what those namespaces' watches see:
@@ -321,64 +426,21 @@ impl<K: Clone + Eq + Hash + Send + Sync + 'static> Related<K> {
                 .cloned()
                 .collect()
         };
+        let namespaces = self.namespaces();
         for key in interested {
             let rules = self.rules.lock().expect("rules lock").get(&key).map(|c| Arc::clone(&c.rules));
             // A namespace's labels decide what namespaceSelector rules select: any change may matter.
             let selects = rules.is_some_and(|rules| {
                 rules.iter().any(|r| {
-                    (type_id == NAMESPACES && r.namespaces.is_some())
-                        || (crate::engine::related::type_id(r.informer.resource()) == type_id && self.matches(r, obj))
+                    (type_id == NAMESPACES && r.selection.reads_namespaces())
+                        || (crate::engine::related::type_id(r.informer.resource()) == type_id
+                            && r.selection.matches(obj, namespaces.as_ref()))
                 })
             });
             if selects {
                 (self.enqueue)(key);
             }
         }
-    }
-
-    /// Objects of `rule`'s type that it selects.
-    fn select(&self, rule: &Rule) -> Vec<Arc<DynamicObject>> {
-        let scope = match (&rule.namespace, rule.informer.resource().namespaced) {
-            (Some(ns), true) => Some(Some(ns.as_str())),
-            (_, false) => Some(None),
-            (None, true) => None,
-        };
-        // A label selector is tested on the cached labels first: only what it selects is decoded.
-        let candidates = match &rule.labels {
-            Some(labels) if rule.names.is_empty() => rule.informer.list_selected(scope, labels),
-            _ => rule.informer.list(scope),
-        };
-        candidates.into_iter().filter(|obj| self.matches(rule, obj)).collect()
-    }
-
-    /// Whether `rule` selects `obj` (type already known to match).
-    fn matches(&self, rule: &Rule, obj: &DynamicObject) -> bool {
-        let namespaced = rule.informer.resource().namespaced;
-        if namespaced
-            && let Some(ns) = &rule.namespace
-            && obj.metadata.namespace.as_deref() != Some(ns.as_str())
-        {
-            return false;
-        }
-        if !rule.names.is_empty() {
-            return obj.metadata.name.as_ref().is_some_and(|n| rule.names.contains(n));
-        }
-        if let Some(labels) = &rule.labels
-            && !labels.matches(&labels_of(&obj.metadata))
-        {
-            return false;
-        }
-        match &rule.namespaces {
-            Some(selector) => obj.metadata.namespace.as_deref().is_some_and(|ns| self.namespace_selected(selector, ns)),
-            None => true,
-        }
-    }
-
-    fn namespace_selected(&self, selector: &Selector, namespace: &str) -> bool {
-        let Some(namespaces) = self.namespaces() else { return false };
-        namespaces
-            .get(&ObjectKey { namespace: None, name: namespace.to_owned() })
-            .is_some_and(|ns| selector.matches(&labels_of(&ns.metadata)))
     }
 
     /// The namespaces cache, shared with every other user of `v1/namespaces`.
@@ -389,7 +451,68 @@ impl<K: Clone + Eq + Hash + Send + Sync + 'static> Related<K> {
 
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use super::*;
+
+    fn config_maps(objects: &[(&str, &str, Value)]) -> Informer {
+        let resource = Arc::new(ResolvedResource {
+            api_resource: kube::core::ApiResource {
+                group: String::new(),
+                version: "v1".into(),
+                api_version: "v1".into(),
+                kind: "ConfigMap".into(),
+                plural: "configmaps".into(),
+            },
+            namespaced: true,
+            has_status: false,
+        });
+        let objects = objects.iter().map(|(ns, name, labels)| {
+            serde_json::from_value(json!({"apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": name, "namespace": ns, "labels": labels, "uid": format!("{ns}-{name}")}}))
+            .unwrap()
+        });
+        Informer::listed(&resource, objects)
+    }
+
+    fn rule(value: Value) -> RelatedResourceRule {
+        serde_json::from_value(value).unwrap()
+    }
+
+    #[test]
+    fn a_v1_rule_under_a_namespaced_parent_selects_in_the_parents_namespace_only() {
+        let informer = config_maps(&[("a", "x", json!({"k": "v"})), ("b", "y", json!({"k": "v"}))]);
+        let raw =
+            rule(json!({"apiVersion": "v1", "resource": "configmaps", "labelSelector": {"matchLabels": {"k": "v"}}}));
+        let v1 = ParentScope { namespace: Some("a"), version: HookVersion::V1 };
+        let selection = Selection::new(&raw, informer.resource(), v1).unwrap();
+        assert_eq!(selection.namespace(), Some("a"));
+        let map = related_map([(&selection, &informer)], None, v1);
+        let keys: Vec<&String> = map["ConfigMap.v1"].keys().collect();
+        assert_eq!(keys, ["x"], "keyed by name under v1");
+        let v2 = ParentScope { namespace: Some("a"), version: HookVersion::V2 };
+        let selection = Selection::new(&raw, informer.resource(), v2).unwrap();
+        let map = related_map([(&selection, &informer)], None, v2);
+        let keys: Vec<&String> = map["ConfigMap.v1"].keys().collect();
+        assert_eq!(keys, ["a/x", "b/y"], "v2 sees every namespace, keyed namespace/name");
+        let elsewhere = rule(json!({"apiVersion": "v1", "resource": "configmaps", "namespace": "b"}));
+        assert!(Selection::new(&elsewhere, informer.resource(), v1).is_err(), "v1 cannot name another namespace");
+    }
+
+    #[test]
+    fn names_select_by_name_and_refuse_a_selector_beside_them() {
+        let informer = config_maps(&[("a", "x", json!({})), ("a", "y", json!({}))]);
+        let raw = rule(json!({"apiVersion": "v1", "resource": "configmaps", "names": ["y"]}));
+        Selection::check(&raw).unwrap();
+        let scope = ParentScope { namespace: Some("a"), version: HookVersion::V1 };
+        let selection = Selection::new(&raw, informer.resource(), scope).unwrap();
+        let selected: Vec<String> =
+            selection.select(&informer, None).iter().map(|o| o.metadata.name.clone().unwrap()).collect();
+        assert_eq!(selected, ["y"]);
+        let both = rule(json!({"apiVersion": "v1", "resource": "configmaps", "names": ["y"],
+                               "labelSelector": {"matchLabels": {"k": "v"}}}));
+        assert!(Selection::check(&both).is_err());
+    }
 
     #[test]
     fn an_answer_holds_for_its_parent_and_generation_until_it_expires() {

@@ -34,22 +34,34 @@ pub(crate) struct StatusWrite {
 pub(crate) async fn replace_status(
     api: &Api<DynamicObject>,
     obj: &DynamicObject,
-    mut status: Value,
+    status: Value,
     how: StatusWrite,
 ) -> Result<Option<String>, SyncError> {
-    if obj.data.get("status") == Some(&status) {
-        return Ok(None);
-    }
+    let Some(status) = status_to_write(obj, status, how) else { return Ok(None) };
     let counted = !how.subresource && how.observed_generation;
-    if counted && let Some(generation) = obj.metadata.generation {
-        status["observedGeneration"] = json!(generation + 1);
-    }
     let span = info_span!(target: crate::TRACE_SPANS, "status", otel.status_description = tracing::field::Empty);
     let result = write_status(api, obj, status, how.subresource, counted).instrument(span.clone()).await;
     if let Err(e) = &result {
         span.record("otel.status_description", tracing::field::display(e));
     }
     result
+}
+
+/// The status [`replace_status`] writes for `status` on `obj`: `None` when `obj` has it already; without
+/// a `/status` subresource, `observedGeneration` is the generation the write leaves `obj` at (see
+/// there). `metahook diff` reports the status change from it.
+#[must_use]
+pub(crate) fn status_to_write(obj: &DynamicObject, mut status: Value, how: StatusWrite) -> Option<Value> {
+    if obj.data.get("status") == Some(&status) {
+        return None;
+    }
+    if !how.subresource
+        && how.observed_generation
+        && let Some(generation) = obj.metadata.generation
+    {
+        status["observedGeneration"] = json!(generation + 1);
+    }
+    Some(status)
 }
 
 async fn write_status(
@@ -186,6 +198,25 @@ mod tests {
         assert_eq!(conditions.len(), 2, "replaced, not added");
         assert_eq!(conditions[1]["message"], "spec.size is too large");
         assert_eq!(conditions[1]["lastTransitionTime"], "2026-12-02T10:00:00Z", "still False since then");
+    }
+
+    #[test]
+    fn a_status_is_written_only_when_it_changes_and_counts_its_own_write_without_a_subresource() {
+        let obj = parent(&json!({"ready": 2, "observedGeneration": 3}));
+        let counted = StatusWrite { subresource: false, observed_generation: true };
+        let subresource = StatusWrite { subresource: true, observed_generation: true };
+        let same = json!({"ready": 2, "observedGeneration": 3});
+        assert_eq!(status_to_write(&obj, same.clone(), counted), None, "equal: no write");
+        assert_eq!(status_to_write(&obj, same, subresource), None);
+        let changed = json!({"ready": 3, "observedGeneration": 3});
+        assert_eq!(
+            status_to_write(&obj, changed.clone(), counted),
+            Some(json!({"ready": 3, "observedGeneration": 4})),
+            "the write itself makes generation 4"
+        );
+        assert_eq!(status_to_write(&obj, changed.clone(), subresource), Some(changed.clone()));
+        let decorator = StatusWrite { subresource: false, observed_generation: false };
+        assert_eq!(status_to_write(&obj, changed.clone(), decorator), Some(changed));
     }
 
     #[test]

@@ -45,9 +45,10 @@ enum Command {
     /// Show each controller: Ready, parents, syncs/min, errors, hook latency, and the last error with its
     /// parent (from the API and, with `--metrics-url`, a hub replica's metrics).
     Status(crate::tools::status::StatusArgs),
-    /// Preview, read-only, what a candidate hook would change in the cluster: per parent, the children a
-    /// sync would create, update (old → new), delete, the status change and refusals. Exit 2 when
-    /// anything would be deleted, recreated or refused, 0 otherwise, 1 when no preview could be made.
+    /// Preview, read-only, what a candidate hook would change in the cluster: per parent (a decorator's
+    /// target), the children a sync would create, update (old → new), delete, adopt and release, the
+    /// status (and a decorator's label) changes and refusals. Exit 2 when anything would be deleted,
+    /// recreated or refused, 0 otherwise, 1 when no preview could be made.
     Diff(crate::tools::diff::DiffArgs),
 }
 

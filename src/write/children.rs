@@ -172,8 +172,10 @@ pub fn claims(
     claims
 }
 
-/// The orphans of `informer`'s type that `parent` adopts: none while it is being deleted.
-fn orphans_to_adopt(
+/// The orphans of `informer`'s type that `parent` adopts: none while it is being deleted. What
+/// [`adopt_orphans`] adopts, and what `metahook diff` reports as adopted.
+#[must_use]
+pub fn orphans_to_adopt(
     informer: &Informer,
     parent: &DynamicObject,
     parent_ns: Option<&str>,

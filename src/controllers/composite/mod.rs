@@ -28,12 +28,12 @@ use crate::cache::shard::Role;
 use crate::engine::error::{StartError, SyncError};
 use crate::engine::hub::Hub;
 use crate::engine::sync::{
-    Before, Call, Core, CoreSettings, Decision, Kind, Observation, child_types, controller_hooks,
+    Before, Call, Core, CoreSettings, Decision, Kind, Observation, Observed, child_types, controller_hooks,
 };
 use crate::engine::worker::resync_after;
 use crate::hooks::{ControllerHooks, Endpoint};
 use crate::write::apply::{Applier, ApplyError};
-use crate::write::children::{Claim, by_label, claim, claim_of, resources};
+use crate::write::children::{ChildMap, Claim, by_label, claim, claim_of, resources};
 
 pub use self::ask::{Answer, Ask, CONTROLLER_UID_LABEL, child_selector, validate_response};
 
@@ -325,23 +325,55 @@ impl Kind for Controller {
         revisions: &Self::Claimed,
     ) -> Result<Decision<Pending>, SyncError> {
         let selector = self.selector_of(parent)?;
-        let parent_json = crate::hooks::for_hooks(parent);
         let ask = self.ask();
         let Some(rollouts) = &self.rollouts else {
+            let parent_json = crate::hooks::for_hooks(parent);
             let answer = ask.ask(call.endpoint, parent, &parent_json, call, &selector).await?;
             return Ok(answer.into_decision());
         };
-        // Every live revision's parent is asked; each answer checked as the latest's is.
-        let answer = |revision_parent: Value| {
-            let (ask, selector) = (&ask, &selector);
-            async move {
-                let as_object = serde_json::from_value(revision_parent.clone());
-                let revision_object: DynamicObject = as_object.unwrap_or_else(|_| parent.clone());
-                ask.ask(call.endpoint, &revision_object, &revision_parent, call, selector).await
-            }
+        let rolling = Rolling { rollouts, ask: &ask, endpoint: call.endpoint, selector: &selector };
+        rolling.decide(parent, call.into(), call.observed, revisions).await
+    }
+
+    fn ours(&self, parent: &DynamicObject, child: &DynamicObject) -> bool {
+        is_child_of(child, parent)
+    }
+
+    fn adopts(&self, parent: &DynamicObject, resource: &ResolvedResource, child: &DynamicObject) -> bool {
+        self.selector_of(parent).is_ok_and(|selector| adopts(parent, resource, &selector, child))
+    }
+}
+
+/// How a rolling sync decides (see [`Rollouts::sync`]): the engine's sync and `metahook diff` both
+/// decide so.
+pub(crate) struct Rolling<'a> {
+    pub rollouts: &'a Rollouts,
+    pub ask: &'a Ask<'a>,
+    pub endpoint: &'a Endpoint,
+    /// The parent's child selector.
+    pub selector: &'a Selector,
+}
+
+impl Rolling<'_> {
+    /// Every live revision's parent is asked (each answer checked as the latest's is), the children kept
+    /// on the revision that claims them and at most one moved to the latest; `children`: the observed
+    /// children by type, `revisions`: the parent's, as claimed. Writes nothing: the revisions to write
+    /// are the decision's `before`.
+    pub async fn decide(
+        &self,
+        parent: &DynamicObject,
+        observed: Observed<'_>,
+        children: &[ChildMap<Arc<DynamicObject>>],
+        revisions: &[Arc<DynamicObject>],
+    ) -> Result<Decision<Pending>, SyncError> {
+        let parent_json = crate::hooks::for_hooks(parent);
+        let answer = |revision_parent: Value| async move {
+            let as_object = serde_json::from_value(revision_parent.clone());
+            let revision_object: DynamicObject = as_object.unwrap_or_else(|_| parent.clone());
+            self.ask.ask(self.endpoint, &revision_object, &revision_parent, observed, self.selector).await
         };
         let rollouts::Decision { desired, status, responses, pending } =
-            rollouts.sync(parent, &parent_json, call.observed, revisions, answer).await?;
+            self.rollouts.sync(parent, &parent_json, children, revisions, answer).await?;
         // The earliest resync wins, all must agree to finalize, and Events come from the latest's answer.
         Ok(Decision {
             desired,
@@ -352,14 +384,6 @@ impl Kind for Controller {
             events: responses.into_iter().next().map(|r| r.events).unwrap_or_default(),
             before: Some(pending),
         })
-    }
-
-    fn ours(&self, parent: &DynamicObject, child: &DynamicObject) -> bool {
-        is_child_of(child, parent)
-    }
-
-    fn adopts(&self, parent: &DynamicObject, resource: &ResolvedResource, child: &DynamicObject) -> bool {
-        self.selector_of(parent).is_ok_and(|selector| adopts(parent, resource, &selector, child))
     }
 }
 

@@ -23,7 +23,7 @@ use crate::cache::selector::Selector;
 use crate::engine::error::SyncError;
 use crate::hooks::CompositeResponse;
 use crate::write::apply::{Applier, ApplyError};
-use crate::write::children::{ChildMap, ClaimError, adopt_orphans, owner_reference};
+use crate::write::children::{ChildMap, ClaimError, adopt_orphans, orphans_to_adopt, owner_reference};
 
 /// What a rolling sync decided.
 pub(crate) struct Decision {
@@ -45,14 +45,37 @@ pub(crate) struct Pending {
     objects: Vec<Value>,
 }
 
+/// One write of `Pending::persist` (the revisions a rolling sync writes before any child), by revision
+/// name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RevisionWrite {
+    Create(String),
+    Update(String),
+    /// A revision other than the latest that claims no child any more.
+    Delete(String),
+}
+
 impl Pending {
     /// Whether persisting writes anything.
     pub fn writes(&self, applier: &Applier) -> bool {
-        self.revisions.iter().zip(&self.objects).enumerate().any(|(index, (revision, object))| match &revision.stored {
-            None => index == 0 || !revision.children.values().all(Vec::is_empty),
-            Some(_) if index != 0 && revision.children.values().all(Vec::is_empty) => true,
-            Some(stored) => !applier.is_current(&self.resource, object, stored, UpdateMethod::InPlace),
-        })
+        !self.planned(applier).is_empty()
+    }
+
+    /// The writes persisting makes, in its order (what `metahook diff` reports).
+    pub fn planned(&self, applier: &Applier) -> Vec<RevisionWrite> {
+        let mut writes = Vec::new();
+        for (index, (revision, object)) in self.revisions.iter().zip(&self.objects).enumerate() {
+            let empty = revision.children.values().all(Vec::is_empty);
+            let name = revision.name.clone();
+            let write = match &revision.stored {
+                None => (index == 0 || !empty).then_some(RevisionWrite::Create(name)),
+                Some(_) if index != 0 && empty => Some(RevisionWrite::Delete(name)),
+                Some(stored) => (!applier.is_current(&self.resource, object, stored, UpdateMethod::InPlace))
+                    .then_some(RevisionWrite::Update(name)),
+            };
+            writes.extend(write);
+        }
+        writes
     }
 
     pub async fn persist(&self, applier: &Applier) -> Result<(), ApplyError> {
@@ -190,19 +213,8 @@ impl Rollouts {
         parent: &DynamicObject,
         selector: &Selector,
     ) -> Result<Option<Vec<Arc<DynamicObject>>>, ClaimError> {
-        let uid = parent.metadata.uid.as_deref().unwrap_or_default();
-        let mut revisions: Vec<Arc<DynamicObject>> = self
-            .informer
-            .controlled_by(uid)
-            .into_iter()
-            .filter(|r| r.metadata.namespace == parent.metadata.namespace)
-            .collect();
-        let group = &self.parent_resource.api_resource.group;
-        let type_labels = BTreeMap::from([
-            (API_GROUP_LABEL.to_owned(), group.clone()),
-            (RESOURCE_LABEL.to_owned(), self.parent_resource.api_resource.plural.clone()),
-        ]);
-        let selector = selector.and_labels(&type_labels);
+        let (mut revisions, _) = self.claims(parent, selector);
+        let selector = self.revision_selector(selector);
         let Some(adopted) = adopt_orphans(client, parent, &self.parent_resource, &selector, &self.informer).await?
         else {
             return Ok(None);
@@ -213,6 +225,36 @@ impl Rollouts {
         }
         revisions.extend(adopted.into_iter().map(Arc::new));
         Ok(Some(revisions))
+    }
+
+    /// What [`Rollouts::claim`] decides, without writing: the revisions `parent` controls in its
+    /// namespace, and the orphans it would adopt (as they are now, without the parent's ownerReference).
+    /// `metahook diff` previews a rolling sync from them.
+    pub fn claims(
+        &self,
+        parent: &DynamicObject,
+        selector: &Selector,
+    ) -> (Vec<Arc<DynamicObject>>, Vec<Arc<DynamicObject>>) {
+        let uid = parent.metadata.uid.as_deref().unwrap_or_default();
+        let owned = self
+            .informer
+            .controlled_by(uid)
+            .into_iter()
+            .filter(|r| r.metadata.namespace == parent.metadata.namespace)
+            .collect();
+        let parent_ns = parent.metadata.namespace.as_deref();
+        let orphans = orphans_to_adopt(&self.informer, parent, parent_ns, &self.revision_selector(selector));
+        (owned, orphans)
+    }
+
+    /// The parent's child selector plus the group and resource labels: which revisions are its.
+    fn revision_selector(&self, selector: &Selector) -> Selector {
+        let group = &self.parent_resource.api_resource.group;
+        let type_labels = BTreeMap::from([
+            (API_GROUP_LABEL.to_owned(), group.clone()),
+            (RESOURCE_LABEL.to_owned(), self.parent_resource.api_resource.plural.clone()),
+        ]);
+        selector.and_labels(&type_labels)
     }
 
     /// Labels of a revision: the parent's pod-template labels (or `controller-uid`) plus group/resource.

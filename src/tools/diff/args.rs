@@ -7,7 +7,8 @@ use std::path::PathBuf;
 pub struct DiffArgs {
     /// The CompositeController or DecoratorController to preview, by name.
     pub controller: String,
-    /// URL of the candidate hook, called instead of the controller's sync hook.
+    /// URL of the candidate hook, called instead of the controller's sync hook (a customize hook, if
+    /// the controller has one, is the controller's own: it is asked which related objects to send).
     #[arg(long, conflicts_with = "hook_cmd")]
     pub hook_url: Option<String>,
     /// Command that starts the candidate hook server (as `metahook render --hook-cmd` takes it): it gets
@@ -21,7 +22,8 @@ pub struct DiffArgs {
     #[arg(short = 'l', long)]
     pub selector: Option<String>,
     /// API requests per second at most (a token bucket with a burst of 1); `0` = no limit. Every read
-    /// is a LIST or a GET: one per parent type, one per child type and parent namespace.
+    /// is a LIST or a GET: one per parent (target) type, one per child (attachment) type and parent
+    /// namespace, one per related type and namespace the customize hook's rules name.
     #[arg(long, default_value_t = 5.0)]
     pub qps: f64,
     /// Kubeconfig file. Without it: `KUBECONFIG`, then `~/.kube/config`, then in-cluster config.
@@ -44,7 +46,7 @@ pub enum Format {
 /// Exit code: the candidate changes nothing risky (creates, updates, status changes at most).
 pub const EXIT_SAFE: u8 = 0;
 /// Exit code: no preview (bad arguments, the controller or the cluster unreadable, an unusable hook
-/// setting). `metahook render` uses 2 for its caller's mistakes; `diff` keeps 2 for "risky", so a CI
+/// setting, a controller the hub would refuse to start). `metahook render` uses 2 for its caller's mistakes; `diff` keeps 2 for "risky", so a CI
 /// gate tells "would delete or be refused" from "could not tell".
 pub const EXIT_ERROR: u8 = 1;
 /// Exit code: the candidate would delete a child (or recreate one, `Recreate`), or a parent's answer
@@ -77,9 +79,6 @@ pub enum DiffError {
     },
     #[error("the controller's {0}")]
     Controller(String),
-    /// What the preview cannot show yet, so it shows nothing rather than something wrong.
-    #[error("not previewed yet: {0}")]
-    Unsupported(String),
     #[error("the candidate hook: {0}")]
     Hook(String),
 }

@@ -1,9 +1,10 @@
 //! Reading the cluster as the hub's caches would hold it, read-only and paced: the controller, its
 //! parents (a decorator's targets), and their children of each declared type — each type listed once
 //! per namespace it is needed in, into [`Informer::listed`] caches, so the engine's own functions
-//! (claiming, planning) read them exactly as they read the hub's watched caches.
+//! (claiming, planning, selecting related objects) read them exactly as they read the hub's watched
+//! caches.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -24,14 +25,14 @@ const PAGE: u32 = 500;
 /// The controller to preview.
 pub(super) enum Controller {
     Composite(Box<CompositeController>),
-    /// A DecoratorController (not previewed yet).
-    Decorator,
+    Decorator(Box<DecoratorController>),
 }
 
 /// The cluster, through one paced, read-only client.
 pub(super) struct Live {
     client: Client,
-    discovery: Discovery,
+    /// The API server's types (the related types a customize hook names are resolved here too).
+    pub(super) discovery: Discovery,
 }
 
 impl Live {
@@ -56,7 +57,7 @@ impl Live {
         match (composite, decorator) {
             (Some(_), Some(_)) => Err(DiffError::Ambiguous(name.to_owned())),
             (Some(cc), None) => Ok(Controller::Composite(Box::new(cc))),
-            (None, Some(_)) => Ok(Controller::Decorator),
+            (None, Some(dc)) => Ok(Controller::Decorator(Box::new(dc))),
             (None, None) => Err(DiffError::NotFound(name.to_owned())),
         }
     }
@@ -136,16 +137,18 @@ impl Live {
         Ok(types)
     }
 
-    /// The candidate's endpoint: `hook` with the TLS/auth settings the controller gives it (Secrets and
-    /// `ConfigMap`s they name are read from the cluster, as the hub reads them).
+    /// The endpoint of `hook` (the candidate, or the controller's customize hook: `role`) with the
+    /// TLS/auth settings the controller gives it (Secrets and `ConfigMap`s they name are read from the
+    /// cluster, as the hub reads them).
     pub(super) fn endpoint(
         &self,
         hook: &Hook,
         endpoint_configs: &[EndpointConfig],
         kind: &str,
         name: &str,
+        role: HookKind,
     ) -> Result<Endpoint, DiffError> {
-        let labels = HookLabels { kind: kind.to_owned(), controller: name.to_owned(), hook: HookKind::Sync };
+        let labels = HookLabels { kind: kind.to_owned(), controller: name.to_owned(), hook: role };
         HookClient::new(&HookClientConfig::default(), Some(self.client.clone()))
             .endpoint(hook, endpoint_configs, labels)
             .map_err(|e| DiffError::Hook(crate::engine::error::with_causes(&e)))
@@ -155,6 +158,31 @@ impl Live {
     /// write: with the hub's default field manager, it judges as the hub's does.
     pub(super) fn applier(&self) -> Applier {
         Applier::new(self.client.clone(), crate::ops::config::Config::default().field_manager)
+    }
+
+    /// The objects of `resource` in `namespace` (`None`: everywhere) as a cache holds them, listed once
+    /// per type and namespace whatever the number of parents asking (`listed` keeps them): a namespace
+    /// already covered by a listing everywhere is not listed again.
+    pub(super) async fn cached(
+        &self,
+        listed: &mut BTreeMap<(String, Option<String>), Informer>,
+        resource: &Arc<ResolvedResource>,
+        namespace: Option<&str>,
+    ) -> Result<Informer, DiffError> {
+        let id = format!("{}/{}", resource.api_version(), resource.api_resource.plural);
+        let namespace = namespace.filter(|_| resource.namespaced);
+        for key in [(id.clone(), None), (id.clone(), namespace.map(str::to_owned))] {
+            if let Some(informer) = listed.get(&key) {
+                return Ok(informer.clone());
+            }
+        }
+        let scope = match namespace {
+            Some(ns) => Namespaces::Each(BTreeSet::from([ns.to_owned()])),
+            None => Namespaces::Anywhere,
+        };
+        let informer = self.cache(resource, &scope).await?;
+        listed.insert((id, namespace.map(str::to_owned)), informer.clone());
+        Ok(informer)
     }
 }
 
@@ -173,5 +201,18 @@ impl Namespaces {
         } else {
             Self::Anywhere
         }
+    }
+
+    /// The namespaces of objects of several types (`namespaced` for each): anywhere as soon as one type
+    /// is cluster-scoped.
+    pub(super) fn of_all<'a>(objects: impl IntoIterator<Item = (&'a Arc<DynamicObject>, bool)>) -> Self {
+        let mut each = BTreeSet::new();
+        for (obj, namespaced) in objects {
+            if !namespaced {
+                return Self::Anywhere;
+            }
+            each.extend(obj.meta().namespace.clone());
+        }
+        Self::Each(each)
     }
 }

@@ -1,5 +1,7 @@
-//! What `metahook diff` shows: per parent, the children a sync would create, update (each changed
-//! field, old → new), delete, adopt and release, the status change, and refusals; summary first.
+//! What `metahook diff` shows: per parent (a decorator's target), the children (attachments) a sync
+//! would create, update (each changed field, old → new), delete, adopt and release, the status change,
+//! a decorator's label and annotation changes, and refusals; summary first. The JSON also lists the
+//! related objects each request carried.
 
 use std::fmt::Write as _;
 
@@ -9,11 +11,14 @@ use serde_json::{Value, json};
 
 use crate::cache::discovery::ResolvedResource;
 use crate::cache::informers::ObjectKey;
+use crate::controllers::composite::rollouts::RevisionWrite;
 use crate::tools::render::report::comparable;
 
 /// The whole preview.
 #[derive(Debug, Serialize)]
 pub struct Report {
+    /// `CompositeController` or `DecoratorController`.
+    pub kind: &'static str,
     pub controller: String,
     /// The hook asked: its URL, its command, or the controller's own.
     pub candidate: String,
@@ -24,7 +29,7 @@ pub struct Report {
 #[derive(Debug, Default, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ParentReport {
-    /// `namespace/name`.
+    /// `namespace/name` (a decorator's target).
     pub parent: String,
     pub create: Vec<ChildChange>,
     pub update: Vec<ChildChange>,
@@ -35,6 +40,17 @@ pub struct ParentReport {
     pub release: Vec<ChildChange>,
     /// The status fields that change, old → new; empty when the status stays.
     pub status: Vec<FieldChange>,
+    /// A decorator's target: the labels and annotations that change (`/metadata/labels/<key>`), old →
+    /// new (`null`: removed).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub metadata: Vec<FieldChange>,
+    /// With rolling child updates: the parent's `ControllerRevision`s the sync writes before any child
+    /// (the latest created, claims moved, emptied ones deleted) — the rollout's bookkeeping, not risky.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub revisions: Vec<RevisionChange>,
+    /// The related objects the request carried (what the customize hook's rules selected).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub related: Vec<ChildChange>,
     /// Why the sync would be refused (a check the answer fails, or the hook call failing): then
     /// nothing of this parent would be written.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -57,6 +73,24 @@ pub struct ChildChange {
     /// An update under `Recreate`: the child is deleted and created again.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub recreate: bool,
+}
+
+/// One `ControllerRevision` a rolling sync writes.
+#[derive(Debug, Serialize)]
+pub struct RevisionChange {
+    /// `create`, `update` or `delete`.
+    pub write: &'static str,
+    pub name: String,
+}
+
+impl From<RevisionWrite> for RevisionChange {
+    fn from(write: RevisionWrite) -> Self {
+        match write {
+            RevisionWrite::Create(name) => Self { write: "create", name },
+            RevisionWrite::Update(name) => Self { write: "update", name },
+            RevisionWrite::Delete(name) => Self { write: "delete", name },
+        }
+    }
 }
 
 /// One field that changes: its JSON pointer, the live value and the desired one (`null`: absent).
@@ -141,6 +175,43 @@ impl ParentReport {
         self.status = fields;
     }
 
+    /// Records that the sync would be refused for `error`; returns the report.
+    pub(super) fn refuse(mut self, error: &(dyn std::error::Error + 'static)) -> Self {
+        self.refused = Some(crate::engine::error::with_causes(error));
+        self
+    }
+
+    /// Records the related objects of the request (`related`: its map).
+    pub(super) fn related(&mut self, related: &crate::hooks::ObjectMaps) {
+        for (type_key, objects) in related {
+            // Keys are `<Kind>.<apiVersion>`.
+            let kind = type_key.split_once('.').map_or(type_key.as_str(), |(kind, _)| kind);
+            for object in objects.values() {
+                let key = ObjectKey::of(&object.0);
+                let (namespace, name) = (key.namespace, key.name);
+                self.related.push(ChildChange {
+                    kind: kind.to_owned(),
+                    namespace,
+                    name,
+                    fields: Vec::new(),
+                    recreate: false,
+                });
+            }
+        }
+    }
+
+    /// Records the labels and annotations a decorator's merge `patch` changes on `target`.
+    pub(super) fn metadata(&mut self, target: &DynamicObject, merge_patch: &Value) {
+        for (field, current) in [("labels", &target.metadata.labels), ("annotations", &target.metadata.annotations)] {
+            let Some(changes) = merge_patch["metadata"][field].as_object() else { continue };
+            for (key, new) in changes {
+                let old = current.as_ref().and_then(|m| m.get(key)).map_or(Value::Null, |v| Value::String(v.clone()));
+                let path = format!("/metadata/{field}/{}", key.replace('~', "~0").replace('/', "~1"));
+                self.metadata.push(FieldChange { path, old, new: new.clone() });
+            }
+        }
+    }
+
     /// Whether this parent's sync would delete or recreate a child, or be refused.
     #[must_use]
     pub fn risky(&self) -> bool {
@@ -169,6 +240,7 @@ impl Report {
             "adopt": self.count(|p| p.adopt.len()),
             "release": self.count(|p| p.release.len()),
             "statusChanged": self.count(|p| usize::from(!p.status.is_empty())),
+            "metadataChanged": self.count(|p| usize::from(!p.metadata.is_empty())),
             "refused": self.count(|p| usize::from(p.refused.is_some())),
             "skipped": self.count(|p| usize::from(p.skipped.is_some())),
         })
@@ -178,6 +250,7 @@ impl Report {
     #[must_use]
     pub fn json(&self) -> String {
         let report = json!({
+            "kind": self.kind,
             "controller": self.controller,
             "candidate": self.candidate,
             "summary": self.summary(),
@@ -194,11 +267,16 @@ impl Report {
     pub fn text(&self) -> String {
         let s = self.summary();
         let mut out = String::new();
-        let _ = writeln!(out, "CompositeController {} with {}", self.controller, self.candidate);
+        let _ = writeln!(out, "{} {} with {}", self.kind, self.controller, self.candidate);
+        let decorator = self.kind == "DecoratorController";
+        let (objects, object) = if decorator { ("targets", "target") } else { ("parents", "parent") };
+        // A composite parent's labels are never written: its summary keeps to what can change.
+        let metadata =
+            if decorator { format!("{} label/annotation changes, ", s["metadataChanged"]) } else { String::new() };
         let _ = writeln!(
             out,
-            "{} parents: {} create, {} update ({} recreate), {} delete, {} adopt, {} release, {} status changes, \
-             {} refused, {} skipped",
+            "{} {objects}: {} create, {} update ({} recreate), {} delete, {} adopt, {} release, {} status changes, \
+             {metadata}{} refused, {} skipped",
             s["parents"],
             s["create"],
             s["update"],
@@ -227,12 +305,17 @@ impl Report {
             lines.extend(parent.delete.iter().map(|c| format!("  - delete {}", c.line())));
             lines.extend(parent.adopt.iter().map(|c| format!("  < adopt {}", c.line())));
             lines.extend(parent.release.iter().map(|c| format!("  > release {}", c.line())));
+            lines.extend(parent.revisions.iter().map(|r| format!("  ~ {} ControllerRevision {}", r.write, r.name)));
             if !parent.status.is_empty() {
                 lines.push("  ~ status".into());
                 lines.extend(parent.status.iter().map(|f| format!("      {}: {} → {}", f.path, f.old, f.new)));
             }
+            if !parent.metadata.is_empty() {
+                lines.push("  ~ labels and annotations".into());
+                lines.extend(parent.metadata.iter().map(|f| format!("      {}: {} → {}", f.path, f.old, f.new)));
+            }
             if !lines.is_empty() {
-                let _ = writeln!(out, "\nparent {}", parent.parent);
+                let _ = writeln!(out, "\n{object} {}", parent.parent);
                 out.push_str(&(lines.join("\n") + "\n"));
             }
         }

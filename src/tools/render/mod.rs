@@ -225,17 +225,9 @@ async fn render_decorator(args: &RenderArgs, controller: Value) -> Result<Report
     })
 }
 
-/// Whether a decorator rule's label and annotation selectors match the target.
+/// Whether a decorator rule's label and annotation selectors match the target (the engine's
+/// [`decorator::Rule`]).
 pub(crate) fn selects(rule: &crate::api::DecoratorResourceRule, target: &DynamicObject) -> Result<bool, RenderError> {
-    let setup =
-        |e: crate::cache::selector::SelectorError| RenderError::Setup(format!("the controller's selector: {e}"));
-    let labels = rule.label_selector.as_ref().map(crate::cache::selector::Selector::from_label_selector).transpose();
-    let annotations = rule
-        .annotation_selector
-        .as_ref()
-        .map(|a| crate::cache::selector::Selector::from_label_selector(&a.as_label_selector()))
-        .transpose();
-    let (labels, annotations) = (labels.map_err(setup)?, annotations.map_err(setup)?);
-    Ok(labels.is_none_or(|s| s.matches(&crate::api::labels_of(&target.metadata)))
-        && annotations.is_none_or(|s| s.matches(&target.metadata.annotations.clone().unwrap_or_default())))
+    let rule = decorator::Rule::new(rule).map_err(|e| RenderError::Setup(format!("the controller's selector: {e}")))?;
+    Ok(rule.selects(target))
 }

@@ -1,0 +1,220 @@
+//! The preview of a CompositeController: each selected parent's children claimed, its related objects
+//! gathered, the candidate asked and its answer checked and planned, as a sync would. With rolling
+//! child updates, the preview is the next step of the rollout — what the first sync after the switch
+//! writes: the candidate is asked for every live revision's parent, at most one child moves to the
+//! latest revision, and the revisions to write are listed.
+
+use std::sync::Arc;
+
+use kube::api::DynamicObject;
+use serde_json::Value;
+
+use super::args::{DiffArgs, DiffError};
+use super::live::{Live, Namespaces};
+use super::related::Related;
+use super::report::{ChildChange, ParentReport, Report, RevisionChange};
+use super::{candidate, record_plan, shard};
+use crate::api::{CompositeController, HookVersion, labels_of};
+use crate::cache::informers::{Informer, ObjectKey};
+use crate::cache::selector::Selector;
+use crate::controllers::composite::rollouts::{Pending, Rollouts};
+use crate::controllers::composite::{self, Answer, Rolling, adopts, child_selector, is_child_of};
+use crate::engine::error::with_causes;
+use crate::engine::related::ParentScope;
+use crate::engine::status::{StatusWrite, status_to_write};
+use crate::engine::sync::{Decision, Observed, plan};
+use crate::hooks::{Endpoint, HookKind};
+use crate::write::apply::Applier;
+use crate::write::children::{ChildType, Claims, DeletionGuard, claims, owner_reference, request_map, resources};
+
+/// The preview of `cc`: each selected parent asked and planned as a sync would.
+pub(super) async fn diff(
+    live: &Live,
+    cc: &CompositeController,
+    selector: Option<&Selector>,
+    args: &DiffArgs,
+) -> Result<Report, DiffError> {
+    let spec = &cc.spec;
+    let name = cc.metadata.name.clone().unwrap_or_default();
+    let hooks = spec.hooks.as_ref();
+    let hook = hooks.and_then(|h| h.sync.as_ref()).ok_or_else(|| DiffError::Controller("has no sync hook".into()))?;
+    let parent_rule = &spec.parent_resource;
+    let parent_resource = live.resolve("parent", &parent_rule.api_version, &parent_rule.resource).await?;
+    let parent_selector = match &parent_rule.label_selector {
+        Some(s) => Selector::from_label_selector(s).map_err(|e| DiffError::Controller(with_causes(&e)))?,
+        None => Selector::everything(),
+    };
+    let mut parents: Vec<Arc<DynamicObject>> = live
+        .cache(&parent_resource, &Namespaces::Anywhere)
+        .await?
+        .list(None)
+        .into_iter()
+        .filter(|p| {
+            let labels = labels_of(&p.metadata);
+            parent_selector.matches(&labels) && selector.is_none_or(|s| s.matches(&labels))
+        })
+        .collect();
+    // In a stable order, so two previews compare line by line.
+    parents.sort_by_key(|p| ObjectKey::of(p));
+    let namespaces = Namespaces::of(&parents, parent_resource.namespaced);
+    let types = if parents.is_empty() {
+        Vec::new()
+    } else {
+        live.child_types(&spec.child_resources, "child", |method| method, &namespaces).await?
+    };
+    let child_resources = resources(&types);
+    let rollouts = if spec.child_resources.iter().any(|r| r.method().is_rolling()) {
+        if !parent_resource.namespaced {
+            return Err(DiffError::Controller("has rolling child updates but a cluster-scoped parent type".into()));
+        }
+        let resource = live.resolve("controllerrevision", crate::api::GROUP_VERSION, "controllerrevisions").await?;
+        let revisions = if parents.is_empty() {
+            Informer::listed(&resource, [])
+        } else {
+            live.cache(&resource, &namespaces).await?
+        };
+        Some(Rollouts::new(revisions, Arc::clone(&parent_resource), child_resources.clone(), spec))
+    } else {
+        None
+    };
+
+    let cc_json = serde_json::to_value(cc).unwrap_or(Value::Null);
+    let (hook, _server) =
+        crate::tools::render::hook::hook_to_call(hook, args.hook_url.as_deref(), args.hook_cmd.as_deref())
+            .await
+            .map_err(|e| DiffError::Hook(with_causes(&e)))?;
+    let endpoint = live.endpoint(&hook, &spec.endpoint_configs, "CompositeController", &name, HookKind::Sync)?;
+    let customize = hooks
+        .and_then(|h| h.customize.as_ref())
+        .map(|h| live.endpoint(h, &spec.endpoint_configs, "CompositeController", &name, HookKind::Customize))
+        .transpose()?;
+    let mut related = Related::new(live, customize, &cc_json);
+    let applier = live.applier();
+    let guard = DeletionGuard::from_annotations(cc.metadata.annotations.as_ref()).map_err(DiffError::Controller)?;
+    let ask = composite::Ask {
+        cc,
+        controller: &cc_json,
+        parent_resource: &parent_resource,
+        child_resources: &child_resources,
+    };
+
+    let preview = Preview {
+        ask: &ask,
+        rollouts: rollouts.as_ref(),
+        types: &types,
+        endpoint: &endpoint,
+        applier: &applier,
+        guard,
+    };
+    let mut reports = Vec::with_capacity(parents.len());
+    for parent in &parents {
+        reports.push(preview.parent(parent, hook.version(), &mut related).await?);
+    }
+    Ok(Report { kind: "CompositeController", controller: name, candidate: candidate(args), parents: reports })
+}
+
+/// One controller's preview inputs, the same for every parent.
+struct Preview<'a> {
+    ask: &'a composite::Ask<'a>,
+    /// With rolling child updates: the parents' revisions.
+    rollouts: Option<&'a Rollouts>,
+    types: &'a [ChildType],
+    endpoint: &'a Endpoint,
+    applier: &'a Applier,
+    guard: Option<DeletionGuard>,
+}
+
+impl Preview<'_> {
+    /// What a sync of `parent` would do with the candidate's answer: its writes, or why it is refused.
+    async fn parent(
+        &self,
+        parent: &DynamicObject,
+        version: HookVersion,
+        related: &mut Related<'_>,
+    ) -> Result<ParentReport, DiffError> {
+        let mut report = ParentReport::of(parent);
+        if parent.metadata.deletion_timestamp.is_some() {
+            report.skipped = Some("being deleted: the finalize hook is asked then, not previewed".into());
+            return Ok(report);
+        }
+        let resource = self.ask.parent_resource;
+        let selector = match child_selector(self.ask.cc, parent) {
+            Ok(selector) => selector,
+            Err(e) => return Ok(report.refuse(&e)),
+        };
+        // Claiming, as a sync's observe would carry it out: adopted orphans are shown to the hook with
+        // the parent as their controller.
+        let Claims { mut owned, release, adopt } = claims(parent, resource, &selector, self.types);
+        for (index, obj) in &adopt {
+            let mut obj = (**obj).clone();
+            obj.metadata.owner_references.get_or_insert_with(Vec::new).push(owner_reference(parent, resource));
+            report.adopt.push(ChildChange::named(self.types[*index].resource(), &obj));
+            owned[*index].insert(ObjectKey::of(&obj), Arc::new(obj));
+        }
+        for (index, obj) in &release {
+            report.release.push(ChildChange::named(self.types[*index].resource(), obj));
+        }
+        // A rolling parent's revisions are claimed with its children, before the customize hook is asked.
+        let rolling =
+            self.rollouts.map(|rollouts| (rollouts, self.revisions(rollouts, parent, &selector, &mut report)));
+        let namespace = resource.namespaced.then_some(parent.metadata.namespace.as_deref()).flatten();
+        let related = match related.gather(parent, ParentScope { namespace, version }).await? {
+            Ok(related) => related,
+            Err(e) => return Ok(report.refuse(&e)),
+        };
+        report.related(&related);
+        let children = request_map(self.ask.child_resources, version, namespace, &owned);
+        let parent_json = crate::hooks::for_hooks(parent);
+        let observed = Observed { children: &children, related: &related, finalizing: false };
+        let decided = match &rolling {
+            None => {
+                self.ask.ask(self.endpoint, parent, &parent_json, observed, &selector).await.map(Answer::into_decision)
+            }
+            Some((rollouts, revisions)) => {
+                let rolling = Rolling { rollouts, ask: self.ask, endpoint: self.endpoint, selector: &selector };
+                rolling.decide(parent, observed, &owned, revisions).await
+            }
+        };
+        let mut decision: Decision<Pending> = match decided {
+            Ok(decision) => decision,
+            Err(e) => return Ok(report.refuse(&e)),
+        };
+        shard::stamp_as_live(&mut decision.desired, &owned, parent.metadata.uid.as_deref().unwrap_or_default());
+        let ours = |child: &DynamicObject| is_child_of(child, parent);
+        let adopts = |child: &DynamicObject| adopts(parent, resource, &selector, child);
+        let plan = match plan(self.types, &owned, &decision.desired, parent, self.guard, ours, &adopts) {
+            Ok(plan) => plan,
+            Err(e) => return Ok(report.refuse(&e)),
+        };
+        if let Some(pending) = &decision.before {
+            report.revisions = pending.planned(self.applier).into_iter().map(RevisionChange::from).collect();
+        }
+        record_plan(&mut report, &plan, self.types, &owned, &decision.desired, self.applier);
+        // As the engine writes it (`observedGeneration` one ahead where the write itself counts).
+        let how = StatusWrite { subresource: resource.has_status, observed_generation: true };
+        if let Some(status) = decision.status.and_then(|status| status_to_write(parent, status, how)) {
+            report.status(parent, &status);
+        }
+        Ok(report)
+    }
+
+    /// The parent's revisions as a rolling sync claims them: those it controls, and the orphans it would
+    /// adopt (reported as adopted, and shown to the sync with the parent as their controller).
+    fn revisions(
+        &self,
+        rollouts: &Rollouts,
+        parent: &DynamicObject,
+        selector: &Selector,
+        report: &mut ParentReport,
+    ) -> Vec<Arc<DynamicObject>> {
+        let (mut revisions, orphans) = rollouts.claims(parent, selector);
+        for orphan in orphans {
+            let mut obj = (*orphan).clone();
+            let owner = owner_reference(parent, self.ask.parent_resource);
+            obj.metadata.owner_references.get_or_insert_with(Vec::new).push(owner);
+            report.adopt.push(ChildChange::named(rollouts.informer.resource(), &obj));
+            revisions.push(Arc::new(obj));
+        }
+        revisions
+    }
+}
