@@ -7,7 +7,7 @@
 //! would check and this does: types (with `nullable` and `x-kubernetes-int-or-string`), required fields,
 //! enums, int32 ranges, unknown fields (as kubectl's default strict field validation refuses them), and the
 //! CRD's `x-kubernetes-validations` rules. The rules are CEL, which the hub does not evaluate: each rule
-//! the CRDs carry has its Rust form in [`rule_holds`], and a test fails when a rule has none.
+//! the CRDs carry has its Rust form in `rule_holds`, and a test fails when a rule has none.
 //!
 //! Our own because the JSON Schema crates check JSON Schema drafts, not a CRD's structural `OpenAPI`
 //! schema as the API server reads it (`nullable`, `x-kubernetes-int-or-string`, unknown fields refused
