@@ -271,3 +271,91 @@ async fn cross_namespace_is_refused_where_it_cannot_be_honoured() {
     assert!(ready["message"].as_str().unwrap().contains("cluster-scoped parent"), "{ready}");
     w.finish("CompositeController").await;
 }
+
+/// Two sharded `metahook run` replicas share the parents: each child elsewhere carries its parent's
+/// bucket label, so it is in the cache of the replica holding the parent — which puts its drift back and
+/// deletes it with the parent. (A child without it would be in no replica's cache: never put back, never
+/// deleted, and the parents would wait on their finalizer for good.)
+#[tokio::test]
+async fn with_sharding_the_replica_holding_the_parent_keeps_and_deletes_its_children_elsewhere() {
+    const PARENTS: usize = 12;
+    let mut w = World::new("xns-shards", HOOK).await;
+    w.stop_hub().await;
+    let other = TestNamespace::create(&w.client, "xns-shards-b").await;
+    let b = other.name.clone();
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("metahook.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "targetLabelSelector: metahook-test={label}\nmetricsAddress: \"\"\nleaderElection:\n  leaseName: {label}\n  \
+             leaseNamespace: {ns}\n  leaseDuration: 6\n  renewDeadline: 4\n  retryPeriod: 1\nsharding:\n  enabled: true\n  \
+             ring: {label}\n  rebalanceInterval: 1\n",
+            label = w.label,
+            ns = w.ns.name,
+        ),
+    )
+    .unwrap();
+    let replicas: Vec<tokio::process::Child> = ["hub-a", "hub-b"]
+        .iter()
+        .map(|name| {
+            let log = std::fs::File::create(dir.path().join(format!("{name}.log"))).unwrap();
+            tokio::process::Command::new(env!("CARGO_BIN_EXE_metahook"))
+                .args(["run", "--config"])
+                .arg(&config)
+                .arg("--kubeconfig")
+                .arg(support::kubeconfig_path())
+                .env("POD_NAME", name)
+                .stdout(log.try_clone().unwrap())
+                .stderr(log)
+                .kill_on_drop(true)
+                .spawn()
+                .expect("starting metahook run")
+        })
+        .collect();
+    w.composite(json!({
+        "generateSelector": true,
+        "parentResource": {"apiVersion": "test.metahook.dev/v1", "resource": "things"},
+        "childResources": [{"apiVersion": "v1", "resource": "configmaps", "crossNamespace": true,
+                            "updateStrategy": {"method": "InPlace"}}],
+        "hooks": {"sync": {"webhook": {"url": w.hook.url("/sync")}}},
+    }))
+    .await;
+    let bucket_label = format!("parent.shard.metahook.dev/{}", w.label);
+    let mut uids = Vec::new();
+    for i in 0..PARENTS {
+        let thing = w.thing(&format!("s{i}"), json!({"children": [child(&format!("s{i}-b"), Some(&b))]})).await;
+        uids.push(thing.metadata.uid.unwrap());
+    }
+    for (i, uid) in uids.iter().enumerate() {
+        let name = format!("s{i}-b");
+        let cm = eventually(Duration::from_secs(120), || config_map(&w, &b, &name)).await;
+        assert_eq!(label(&cm, PARENT_UID), Some(uid.as_str()));
+        let expected = metahook::cache::shard::bucket(uid).to_string();
+        assert_eq!(label(&cm, &bucket_label), Some(expected.as_str()), "s{i}-b carries its parent's bucket");
+    }
+    // Drift is put back by whichever replica holds each parent.
+    let cms = support::api(&w.client, "v1", "ConfigMap", Some(&b)).await;
+    for i in 0..PARENTS {
+        let drift = json!({"data": {"v": "drifted"}});
+        cms.patch(&format!("s{i}-b"), &PatchParams::default(), &Patch::Merge(&drift)).await.unwrap();
+    }
+    for i in 0..PARENTS {
+        eventually(WAIT, || async {
+            config_map(&w, &b, &format!("s{i}-b")).await.filter(|cm| cm.data["data"]["v"] == "1")
+        })
+        .await;
+    }
+    // Every parent deleted: every child elsewhere goes, and every parent with it.
+    let things = w.things().await;
+    for i in 0..PARENTS {
+        things.delete(&format!("s{i}"), &DeleteParams::background()).await.unwrap();
+    }
+    for i in 0..PARENTS {
+        gone(&w, &b, &format!("s{i}-b")).await;
+        eventually(WAIT, || async { things.get_opt(&format!("s{i}")).await.unwrap().is_none().then_some(()) }).await;
+    }
+    drop(replicas);
+    other.delete().await;
+    w.finish("CompositeController").await;
+}
