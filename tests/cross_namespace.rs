@@ -36,15 +36,19 @@ def sync(request):
 async fn world(test: &str) -> (World, TestNamespace) {
     let w = World::new(test, HOOK).await;
     let other = TestNamespace::create(&w.client, &format!("{test}-b")).await;
-    w.composite(json!({
+    w.composite(controller_spec(&w)).await;
+    (w, other)
+}
+
+/// A controller of Things whose ConfigMaps are `crossNamespace`.
+fn controller_spec(w: &World) -> Value {
+    json!({
         "generateSelector": true,
         "parentResource": {"apiVersion": "test.metahook.dev/v1", "resource": "things"},
         "childResources": [{"apiVersion": "v1", "resource": "configmaps", "crossNamespace": true,
                             "updateStrategy": {"method": "InPlace"}}],
         "hooks": {"sync": {"webhook": {"url": w.hook.url("/sync")}}},
-    }))
-    .await;
-    (w, other)
+    })
 }
 
 fn child(name: &str, namespace: Option<&str>) -> Value {
@@ -313,14 +317,7 @@ async fn with_sharding_the_replica_holding_the_parent_keeps_and_deletes_its_chil
                 .expect("starting metahook run")
         })
         .collect();
-    w.composite(json!({
-        "generateSelector": true,
-        "parentResource": {"apiVersion": "test.metahook.dev/v1", "resource": "things"},
-        "childResources": [{"apiVersion": "v1", "resource": "configmaps", "crossNamespace": true,
-                            "updateStrategy": {"method": "InPlace"}}],
-        "hooks": {"sync": {"webhook": {"url": w.hook.url("/sync")}}},
-    }))
-    .await;
+    w.composite(controller_spec(&w)).await;
     let bucket_label = format!("parent.shard.metahook.dev/{}", w.label);
     let mut uids = Vec::new();
     for i in 0..PARENTS {

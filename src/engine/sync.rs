@@ -853,10 +853,7 @@ async fn let_go_of_labelled<K>(core: &Core<K>, obj: &DynamicObject) -> Result<bo
                     .map_err(|e| SyncError::Claim(Box::new(e)))?;
                 continue;
             }
-            let api: Api<DynamicObject> = match &key.namespace {
-                Some(ns) => Api::namespaced_with(client.clone(), ns, &resource.api_resource),
-                None => Api::all_with(client.clone(), &resource.api_resource),
-            };
+            let api = crate::write::children::api_at(client, resource, &key);
             let params = kube::api::DeleteParams {
                 preconditions: Some(kube::api::Preconditions {
                     uid: child.metadata.uid.clone(),

@@ -300,6 +300,15 @@ async fn adopt(
     patch_owner_references(client, resource, obj, &refs, "adopting").await
 }
 
+/// An `Api` for objects of `resource` where `key` is (its namespace, or cluster-wide).
+#[must_use]
+pub fn api_at(client: &Client, resource: &ResolvedResource, key: &ObjectKey) -> Api<DynamicObject> {
+    match &key.namespace {
+        Some(ns) => Api::namespaced_with(client.clone(), ns, &resource.api_resource),
+        None => Api::all_with(client.clone(), &resource.api_resource),
+    }
+}
+
 /// Whether a child of `parent` in `namespace` is tracked by [`PARENT_UID_LABEL`] rather than an
 /// `ownerReference`: a namespaced parent's child elsewhere (another namespace, or cluster-scoped), which
 /// no `ownerReference` can point from.
@@ -330,10 +339,7 @@ pub async fn label(
     action: &'static str,
 ) -> Result<DynamicObject, ClaimError> {
     let key = ObjectKey::of(obj);
-    let api: Api<DynamicObject> = match &key.namespace {
-        Some(ns) => Api::namespaced_with(client.clone(), ns, &resource.api_resource),
-        None => Api::all_with(client.clone(), &resource.api_resource),
-    };
+    let api = api_at(client, resource, &key);
     let (labels, annotations) = match parent {
         Some(parent) => {
             let (labels, annotations) = parent_marks(parent);
@@ -381,10 +387,7 @@ async fn patch_owner_references(
     action: &'static str,
 ) -> Result<DynamicObject, ClaimError> {
     let key = ObjectKey::of(obj);
-    let api: Api<DynamicObject> = match &key.namespace {
-        Some(ns) => Api::namespaced_with(client.clone(), ns, &resource.api_resource),
-        None => Api::all_with(client.clone(), &resource.api_resource),
-    };
+    let api = api_at(client, resource, &key);
     let patch: json_patch::Patch = serde_json::from_value(json!([
         {"op": "test", "path": "/metadata/uid", "value": obj.metadata.uid},
         {"op": "test", "path": "/metadata/resourceVersion", "value": obj.metadata.resource_version},

@@ -236,6 +236,17 @@ pub struct Live {
 }
 
 impl Live {
+    fn new(spec: Spec, endpoint: Endpoint) -> Self {
+        Self {
+            buckets: spec.buckets(),
+            spec,
+            endpoint,
+            current: Tally::default(),
+            candidate: Tally::default(),
+            halted: OnceLock::new(),
+        }
+    }
+
     fn halted(&self) -> Option<&str> {
         self.halted.get().map(String::as_str)
     }
@@ -402,14 +413,7 @@ impl Canary {
         let labels = HookLabels { kind: self.kind.to_owned(), controller: self.name.clone(), hook: HookKind::Canary };
         let endpoint =
             self.hub.hooks.endpoint(&spec.hook(base), &self.endpoint_configs, labels).map_err(|e| e.to_string())?;
-        Ok(Live {
-            buckets: spec.buckets(),
-            spec,
-            endpoint,
-            current: Tally::default(),
-            candidate: Tally::default(),
-            halted: OnceLock::new(),
-        })
+        Ok(Live::new(spec, endpoint))
     }
 
     /// The side of the object whose UID is `uid` in the canary running now; `None` without one, and for
@@ -507,14 +511,7 @@ mod tests {
         let base: Hook = serde_json::from_value(json!({"webhook": {"url": "http://current/sync"}})).unwrap();
         let labels = HookLabels { kind: "CompositeController".into(), controller: "c".into(), hook: HookKind::Canary };
         let endpoint = crate::hooks::HookClient::default().endpoint(&spec.hook(&base), &[], labels).unwrap();
-        Live {
-            buckets: spec.buckets(),
-            spec,
-            endpoint,
-            current: Tally::default(),
-            candidate: Tally::default(),
-            halted: OnceLock::new(),
-        }
+        Live::new(spec, endpoint)
     }
 
     #[test]
