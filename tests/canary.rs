@@ -34,9 +34,12 @@ fn hook(side: &str, fails: bool) -> String {
     format!("def sync(request):\n{answer}\n")
 }
 
-/// The parents a hook was asked about, in the order asked.
+/// The parents (a decorator's targets) a hook was asked about, in the order asked.
 fn asked(hook: &HookServer) -> Vec<String> {
-    hook.requests("/sync").iter().map(|r| r["parent"]["metadata"]["name"].as_str().unwrap().to_owned()).collect()
+    fn name(r: &Value) -> Option<&str> {
+        r["parent"]["metadata"]["name"].as_str().or_else(|| r["object"]["metadata"]["name"].as_str())
+    }
+    hook.requests("/sync").iter().map(|r| name(r).unwrap().to_owned()).collect()
 }
 
 /// A world of `parents` Things whose controller's hook is the current one (`w.hook`), every child
@@ -225,4 +228,66 @@ async fn a_failing_candidate_halts_and_its_parents_go_back_to_the_current_hook_w
     assert_eq!(still["candidate"]["errors"], still["candidate"]["syncs"]);
     eprintln!("{} of {PARENTS} parents in the canary; halted: {still}", canary.len());
     w.finish("CompositeController").await;
+}
+
+/// The same for a DecoratorController: its targets of the canary's buckets are decorated by the
+/// candidate, the others by the current hook, and removing the annotation brings them all back.
+#[tokio::test]
+async fn a_decorators_canary_decorates_the_targets_of_its_buckets() {
+    const TARGETS: usize = 40;
+    let label_hook = |side: &str| format!("def sync(request):\n    return {{'labels': {{'side': '{side}'}}}}\n");
+    let mut w = World::new("canary-decorator", &label_hook("current")).await;
+    w.stop_hub().await;
+    let client = w.client.clone();
+    w.start_hub_with(&client, Config { metrics_address: String::new(), ..Config::default() });
+    w.decorator(json!({
+        "resources": [{"apiVersion": "test.metahook.dev/v1", "resource": "things"}],
+        "hooks": {"sync": {"webhook": {"url": w.hook.url("/sync")}}},
+    }))
+    .await;
+    let mut buckets = BTreeMap::new();
+    for i in 0..TARGETS {
+        let thing = w.thing(&format!("d{i}"), json!({})).await;
+        buckets.insert(format!("d{i}"), metahook::cache::shard::bucket(thing.metadata.uid.as_deref().unwrap()));
+    }
+    let things = w.things().await;
+    let side_of = |name: String| {
+        let things = things.clone();
+        async move {
+            let thing = things.get(&name).await.unwrap();
+            thing.metadata.labels.unwrap_or_default().get("side").cloned()
+        }
+    };
+    let all_say = |side: &'static str, which: BTreeSet<String>| {
+        let side_of = &side_of;
+        async move {
+            for name in which {
+                eventually(WAIT, || async { (side_of(name.clone()).await.as_deref() == Some(side)).then_some(()) })
+                    .await;
+            }
+        }
+    };
+    all_say("current", buckets.keys().cloned().collect()).await;
+
+    let candidate = HookServer::start(&label_hook("candidate")).await;
+    let canary = share(&buckets, 50.0);
+    assert!((5..=35).contains(&canary.len()), "{} targets in the canary's buckets", canary.len());
+    let patch = json!({"metadata": {"annotations": {
+        "metahook.dev/canary": json!({"url": candidate.url("/sync"), "percent": 50}).to_string()}}});
+    let controllers = w.controllers("DecoratorController").await;
+    controllers.patch(&w.label, &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
+    all_say("candidate", canary.clone()).await;
+    for name in buckets.keys().filter(|n| !canary.contains(*n)) {
+        assert_eq!(side_of(name.clone()).await.as_deref(), Some("current"), "{name} is not in the canary's buckets");
+    }
+    assert_eq!(
+        asked(&candidate).into_iter().collect::<BTreeSet<_>>(),
+        canary,
+        "the candidate was asked about its share only"
+    );
+
+    let patch = json!({"metadata": {"annotations": {"metahook.dev/canary": null}}});
+    controllers.patch(&w.label, &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
+    all_say("current", canary).await;
+    w.finish("DecoratorController").await;
 }
