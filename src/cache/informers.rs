@@ -440,7 +440,15 @@ impl Informer {
                 .get(&ns.map(str::to_owned))
                 .map(|k| store.resolve_selected(k, selector))
                 .unwrap_or_default(),
-            (None, _) => store.orphans.values().flat_map(|keys| store.resolve_selected(keys, selector)).collect(),
+            // Everywhere (a cluster-scoped parent's children, a `crossNamespace` type's): by the required
+            // label in each namespace that has objects (a few hash lookups each), not every orphan read.
+            (None, Some((k, v))) => store
+                .by_namespace
+                .keys()
+                .filter_map(|ns| store.orphans_by_label.get(&(ns.clone(), k.to_owned(), v.to_owned())))
+                .flat_map(|keys| store.resolve_selected(keys, selector))
+                .collect(),
+            (None, None) => store.orphans.values().flat_map(|keys| store.resolve_selected(keys, selector)).collect(),
         }
     }
 
@@ -1015,6 +1023,36 @@ mod tests {
         assert_eq!(names(informer.controlled_by("u-1")), ["owned"]);
         assert_eq!(names(informer.orphans()), ["orphan"]);
         assert!(informer.get(&ObjectKey { namespace: Some("a".into()), name: "owned".into() }).is_some());
+    }
+
+    #[test]
+    fn orphans_selected_everywhere_are_found_by_their_label_in_every_namespace() {
+        let resource = Arc::new(ResolvedResource {
+            api_resource: kube::core::ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&()),
+            namespaced: true,
+            has_status: false,
+        });
+        let labelled = |ns: &str, name: &str, value: &str, controller: Option<&str>| {
+            let mut obj = (*object(ns, name, "1", controller)).clone();
+            obj.metadata.labels = Some(BTreeMap::from([("app".to_owned(), value.to_owned())]));
+            obj
+        };
+        let objects = [
+            labelled("a", "a-web", "web", None),
+            labelled("b", "b-web", "web", None),
+            labelled("b", "b-db", "db", None),
+            labelled("c", "c-web-owned", "web", Some("u-1")),
+        ];
+        let informer = Informer::listed(&resource, objects);
+        let mut names = |selector: &Selector| {
+            let mut found: Vec<String> =
+                informer.orphans_selected(None, selector).iter().map(|o| ObjectKey::of(o).to_string()).collect();
+            found.sort();
+            found
+        };
+        let web = Selector::from_labels(&BTreeMap::from([("app".to_owned(), "web".to_owned())]));
+        assert_eq!(names(&web), ["a/a-web", "b/b-web"]);
+        assert_eq!(names(&Selector::everything()), ["a/a-web", "b/b-db", "b/b-web"]);
     }
 
     #[test]
