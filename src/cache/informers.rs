@@ -1044,7 +1044,7 @@ mod tests {
             labelled("c", "c-web-owned", "web", Some("u-1")),
         ];
         let informer = Informer::listed(&resource, objects);
-        let mut names = |selector: &Selector| {
+        let names = |selector: &Selector| {
             let mut found: Vec<String> =
                 informer.orphans_selected(None, selector).iter().map(|o| ObjectKey::of(o).to_string()).collect();
             found.sort();
