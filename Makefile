@@ -92,7 +92,9 @@ chaos: cluster-up ## the fault suite, long: 20 hub kills during a 200-parent rol
 	@FAULT_KILLS=20 FAULT_PARENTS=200 cargo test --locked --test faults -- --test-threads=4; status=$$?; \
 	  echo "---- fault suite figures ----"; cat target/faults/*.txt 2>/dev/null; exit $$status
 
-bench: cluster-up ## fanout benchmark vs raw clients and the Metacontroller mix, then hook call overhead (release; N=, RUNS=, MEM=1 [SHARDS=1,2,3], IDLE=, LATENCY=, RESTARTS=, RESYNC=, HUB_BIN=, BASELINE_BIN=, SYSTEMS=)
+# MC_SRC=<a clone of github.com/metacontroller/metacontroller> builds Metacontroller once into target/bench/ (go build;
+# again only when the clone's HEAD is newer) and runs it, tuned; MC_BIN=<its binary> runs that one.
+bench: cluster-up ## fanout benchmark vs raw clients, the Metacontroller mix and Metacontroller (MC_SRC= or MC_BIN=), then hook call overhead (release; N=, RUNS=, MEM=1 [SHARDS=1,2,3], IDLE=, LATENCY=, RESTARTS=, RESYNC=, HUB_BIN=, BASELINE_BIN=, SYSTEMS=)
 	cargo test --release --locked --test bench -- --full
 	@if [ "$${MEM:-0}" != 1 ]; then cargo bench --locked --bench hooks; fi
 

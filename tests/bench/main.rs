@@ -2,7 +2,7 @@
 //!
 //! Workload "fanout": a namespaced CRD, a CompositeController with `generateSelector`,
 //! `resyncPeriodSeconds: 10` (`RESYNC=` to change), three `InPlace` ConfigMap children per parent, and a
-//! Node hook that answers at once (`hook.mjs`). All N parents are created before the system under test starts. Three systems run
+//! Node hook that answers at once (`hook.mjs`). All N parents are created before the system under test starts. The systems run
 //! one after the other, each in a fresh namespace:
 //! - `raw`: a kube-rs client doing exactly the writes a perfect controller would (three server-side applies
 //!   and one status patch per parent, 5 workers, no client-side rate limit);
@@ -11,6 +11,12 @@
 //! - `metahook`: the hub as its own process (the binary of this build, or `HUB_BIN`);
 //! - `metahook parent-only`: the same hub with the controller annotated `metahook.dev/sync-on-own-writes:
 //!   "false"` (the workload's hook answers from the parent alone), to show what that opt-in saves;
+//! - `mc-mix`: Metacontroller's requests for the same work, made by its loop with our client (`mcmix.rs`):
+//!   where its requests cost;
+//! - `metacontroller`, only with `MC_BIN=<its binary>` or `MC_SRC=<a clone of its source>` (built once
+//!   into `target/bench/`): the real one, tuned (`--workers=5 --client-go-qps=1000
+//!   --client-go-burst=2000`), over metahook's CRDs (the same kinds), the same controller object and
+//!   hook (`metacontroller.rs`); without either, one line says how to get it;
 //! - `baseline`, only with `BASELINE_BIN=<another build of the hub>`: the same as `metahook` with that
 //!   binary, so a change is measured before and after in one run, against the same raw figures.
 //!
@@ -18,6 +24,8 @@
 //! change to the hook call at idle; restarts with nothing changed (`RESTARTS`, 3 by default: writes, and
 //! the median time from starting the process to the hook's call for the last parent). Writes
 //! and reads are counted by the API server itself (`apiserver_request_total`), CPU from `/proc`.
+//!
+//! The same phases run for metahook and Metacontroller (both are a process over the controller object).
 //!
 //! Output: a markdown table on stdout, `target/bench/fanout-<N>.json`, and `target/bench/fanout-<N>.png`
 //! (converged children over time per system). `MEM=1` instead loads 10k parents (30k children) into the
@@ -30,6 +38,7 @@
 //! machine is shared and noisy. What it does assert is that every system converged.
 
 mod mcmix;
+mod metacontroller;
 #[path = "../support/mod.rs"]
 mod support;
 
@@ -43,6 +52,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use kube::runtime::watcher;
 use kube::{Client, ResourceExt as _};
+use metacontroller::Metacontroller;
 use serde::Serialize;
 use serde_json::{Value, json};
 use tokio::io::AsyncBufReadExt as _;
@@ -87,6 +97,8 @@ struct Settings {
     smoke: bool,
     /// `RUNS`: how many times every system runs (1 by default); figures are the median run's.
     runs: usize,
+    /// The real Metacontroller, when `MC_BIN` or `MC_SRC` gives it: run as the system `metacontroller`.
+    metacontroller: Option<Metacontroller>,
 }
 
 impl Settings {
@@ -113,6 +125,7 @@ impl Settings {
             baseline_bin,
             smoke: !full && !mem,
             runs: num("RUNS", 1).max(1),
+            metacontroller: if mem { None } else { Metacontroller::from_env(&support::repo_root().join("target")) },
         }
     }
 }
@@ -198,6 +211,21 @@ async fn main() {
         settings.resync_s,
         settings.hub_bin.display()
     );
+    match &settings.metacontroller {
+        Some(mc) => eprintln!(
+            "[bench] metacontroller: {} with {}",
+            mc.bin.display(),
+            match &mc.crds {
+                Some(crds) => format!(
+                    "metahook's CRDs (the same kinds; its own, {}, need a control plane of its own)",
+                    crds.display()
+                ),
+                None => "metahook's CRDs (the same kinds)".into(),
+            }
+        ),
+        None if !settings.mem => eprintln!("{}", metacontroller::HOW_TO_GET),
+        None => {}
+    }
 
     let shards: Vec<usize> = std::env::var("SHARDS")
         .ok()
@@ -219,12 +247,18 @@ async fn main() {
     // `SYSTEMS=metahook,baseline`: only those (e.g. to profile a hub); ratios to a system not run show "-".
     let only = std::env::var("SYSTEMS").ok().filter(|s| !s.is_empty());
     let chosen = |system: &System| only.as_ref().is_none_or(|o| o.split(',').any(|s| s.trim() == system.name()));
-    let systems = [System::Raw, System::RawWatch, System::Metahook, System::ParentOnly, System::McMix];
+    let metacontroller = settings.metacontroller.as_ref().map(|_| System::Metacontroller);
+    let systems: Vec<System> = [System::Raw, System::RawWatch, System::Metahook, System::ParentOnly, System::McMix]
+        .into_iter()
+        .chain(metacontroller)
+        .chain(baseline)
+        .filter(chosen)
+        .collect();
     // `RUNS=3`: every system that many times, interleaved (so a slow spell of the machine falls on all of
     // them); the table shows each system's median run and a summary of the medians.
     let mut runs: Vec<(String, Vec<SystemFigures>)> = Vec::new();
     for run in 0..settings.runs {
-        for system in systems.into_iter().chain(baseline).filter(chosen) {
+        for system in systems.iter().copied() {
             let figures = run_system(&client, &settings, &hook, system).await;
             eprintln!("[bench] run {} {} done: backlog {:.2}s", run + 1, figures.name, figures.backlog.seconds);
             match runs.iter_mut().find(|(name, _)| *name == figures.name) {
@@ -243,7 +277,7 @@ async fn main() {
     println!("{table}");
     let json = json!({
         "workload": "fanout", "n": settings.n, "resync_period_s": settings.resync_s, "children_per_parent": CHILDREN, "hub": settings.hub_bin,
-        "baseline": settings.baseline_bin,
+        "baseline": settings.baseline_bin, "metacontroller": settings.metacontroller.as_ref().map(|mc| &mc.bin),
         "machine": machine(), "systems": results, "runs": runs,
     });
     let stem = format!("fanout-{}", settings.n);
@@ -265,6 +299,8 @@ enum System {
     Baseline,
     /// Metacontroller's requests made by its loop (see `mcmix.rs`).
     McMix,
+    /// The real Metacontroller, tuned (see `metacontroller.rs`).
+    Metacontroller,
 }
 
 impl System {
@@ -276,15 +312,17 @@ impl System {
             Self::ParentOnly => "parent-only",
             Self::Baseline => "baseline",
             Self::McMix => "mc-mix",
+            Self::Metacontroller => "metacontroller",
         }
     }
 
-    /// The hub binary this system runs, if it is a hub.
-    fn hub_bin(self, settings: &Settings) -> Option<&Path> {
+    /// The controller process this system runs, if it runs one over the controller object.
+    fn program(self, settings: &Settings) -> Option<Program<'_>> {
         match self {
             Self::Raw | Self::RawWatch | Self::McMix => None,
-            Self::Metahook | Self::ParentOnly => Some(&settings.hub_bin),
-            Self::Baseline => settings.baseline_bin.as_deref(),
+            Self::Metahook | Self::ParentOnly => Some(Program::Hub(&settings.hub_bin)),
+            Self::Baseline => settings.baseline_bin.as_deref().map(Program::Hub),
+            Self::Metacontroller => settings.metacontroller.as_ref().map(|mc| Program::Metacontroller(&mc.bin)),
         }
     }
 
@@ -322,10 +360,10 @@ async fn run_system(client: &Client, settings: &Settings, hook: &Hook, system: S
     let mut hub = None;
     let timeline = tracker.sample("1", settings.n);
     let mut mc_mix = None;
-    match system.hub_bin(settings) {
-        Some(bin) => {
+    match system.program(settings) {
+        Some(program) => {
             world.controller(&label, hook.port, &system.annotations()).await;
-            let process = HubRun::start(bin, &label);
+            let process = ControllerRun::start(program, &label);
             hub_pid = Some(process.handle());
             hub = Some(process);
         }
@@ -411,7 +449,7 @@ async fn run_system(client: &Client, settings: &Settings, hook: &Hook, system: S
         for round in 0..settings.restarts {
             let calls_before = hook.calls().await;
             let spawned = unix_ms();
-            let restarted = HubRun::start(system.hub_bin(settings).expect("a hub system"), &label);
+            let restarted = ControllerRun::start(system.program(settings).expect("a controller process"), &label);
             // Quiet: every parent synced once again (timed by the hook's clock at that call), then
             // nothing written for 2 s.
             let target = calls_before + settings.n as u64;
@@ -457,7 +495,7 @@ async fn mem_mode(client: &Client, settings: &Settings, hook: &Hook, out: &Path,
     let world = Bench::new(client, &ns.name, settings);
     // The hub's own footprint first: running, watching nothing of ours yet.
     eprintln!("[bench] memory of {}", hub_bin.display());
-    let empty = HubRun::start(hub_bin, "nothing-matches-this");
+    let empty = ControllerRun::start(Program::Hub(hub_bin), "nothing-matches-this");
     tokio::time::sleep(Duration::from_secs(5)).await;
     let empty_rss = empty.rss_mib().unwrap_or(0.0);
     empty.stop().await;
@@ -466,7 +504,7 @@ async fn mem_mode(client: &Client, settings: &Settings, hook: &Hook, out: &Path,
     let tracker = Convergence::start(client, &ns.name).await;
     world.controller(&label, hook.port, &json!({})).await;
     let started = Instant::now();
-    let hub = HubRun::start(hub_bin, &label);
+    let hub = ControllerRun::start(Program::Hub(hub_bin), &label);
     tracker.wait("1", settings.n).await;
     let converge = started.elapsed().as_secs_f64();
     tokio::time::sleep(settings.idle).await;
@@ -515,7 +553,8 @@ sharding: {{enabled: true, ring: {label}}}
             ns = ns.name
         );
         let started = Instant::now();
-        let hubs: Vec<HubRun> = (0..count).map(|_| HubRun::start_with(&settings.hub_bin, &label, &sharding)).collect();
+        let hubs: Vec<ControllerRun> =
+            (0..count).map(|_| ControllerRun::start_with(&settings.hub_bin, &label, &sharding)).collect();
         tracker.wait("1", settings.n).await;
         let converge = started.elapsed().as_secs_f64();
         tokio::time::sleep(settings.idle).await;
@@ -1170,9 +1209,19 @@ fn status_kib_meminfo() -> Option<f64> {
     info.lines().find(|l| l.starts_with("MemTotal"))?.split_whitespace().nth(1)?.parse().ok()
 }
 
-// ---- the hub and the hook, as processes ---------------------------------------------------------
+// ---- the controller (a hub, or Metacontroller) and the hook, as processes ------------------------
 
-struct HubRun {
+/// What a system runs over the controller object: the phases measure either the same way.
+#[derive(Debug, Clone, Copy)]
+enum Program<'a> {
+    /// A metahook binary (`run --config`).
+    Hub(&'a Path),
+    /// Metacontroller's binary, tuned (see `metacontroller.rs`).
+    Metacontroller(&'a Path),
+}
+
+/// A running controller process: its metrics endpoint, and the figures `/proc` gives of it.
+struct ControllerRun {
     child: tokio::process::Child,
     metrics_port: u16,
     /// The start of its identity (`POD_NAME`), which Leases it holds name.
@@ -1190,12 +1239,35 @@ struct HubHandle {
     metrics_port: u16,
 }
 
-impl HubRun {
-    fn start(bin: &Path, label: &str) -> Self {
-        Self::start_with(bin, label, "")
+impl ControllerRun {
+    /// Starts `program` for the controllers labelled `metahook-test=<label>`.
+    fn start(program: Program<'_>, label: &str) -> Self {
+        match program {
+            Program::Hub(bin) => Self::start_with(bin, label, ""),
+            Program::Metacontroller(bin) => Self::start_metacontroller(bin, label),
+        }
     }
 
-    /// Like [`HubRun::start`], with more of the config file (`more`, YAML lines).
+    /// Metacontroller, its output kept in `target/bench/` (errors only, unless `BENCH_MC_LOG` says
+    /// otherwise).
+    fn start_metacontroller(bin: &Path, label: &str) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let free = || std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let (metrics_port, health_port) = (free(), free());
+        let name = format!("bench-mc-{}", HUBS_STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+        let log = support::repo_root().join(format!("target/bench/{name}.log"));
+        let child = tokio::process::Command::new(bin)
+            .arg(format!("--kubeconfig={}", support::repo_root().join(".cluster/kubeconfig").display()))
+            .args(Metacontroller::args(label, metrics_port, health_port))
+            .stdout(std::fs::File::create(&log).unwrap())
+            .stderr(std::fs::OpenOptions::new().append(true).open(&log).unwrap())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {}: {e}", bin.display()));
+        Self { child, metrics_port, name, _dir: dir }
+    }
+
+    /// A hub with more of the config file (`more`, YAML lines).
     fn start_with(bin: &Path, label: &str, more: &str) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let config = dir.path().join("metahook.yaml");
@@ -1234,7 +1306,7 @@ impl HubRun {
         status_kib(self.pid(), "VmRSS:").map(|k| k / 1024.0)
     }
 
-    /// The part of [`HubRun::rss_mib`] that is the process's own memory (heap, stacks), without the pages of
+    /// The part of [`ControllerRun::rss_mib`] that is the process's own memory (heap, stacks), without the pages of
     /// the binary and libraries it maps, which replicas on one node share and the kernel may drop.
     fn anon_rss_mib(&self) -> Option<f64> {
         status_kib(self.pid(), "RssAnon:").map(|k| k / 1024.0)
@@ -1317,7 +1389,7 @@ fn table(settings: &Settings, results: &[SystemFigures]) -> String {
     let (raw, watch) = (find("raw").unwrap_or_default(), find("raw+watch").unwrap_or_default());
     // The hubs, each with its ratios to both raw systems: metahook, and the baseline build when set.
     let hubs: Vec<SystemFigures> =
-        ["metahook", "parent-only", "baseline", "mc-mix"].into_iter().filter_map(find).collect();
+        ["metahook", "parent-only", "baseline", "mc-mix", "metacontroller"].into_iter().filter_map(find).collect();
     let n = settings.n as f64;
     let ratio = |a: f64, b: f64| if b > 0.0 { format!("{:.2}", a / b) } else { "-".into() };
     let names: Vec<&str> = hubs.iter().map(|h| h.name.as_str()).collect();
@@ -1384,7 +1456,8 @@ fn table(settings: &Settings, results: &[SystemFigures]) -> String {
     // it can never exceed the hub's resync + redundant count without the hub misnaming its calls.
     let identical = |phase: &Phase| {
         let named = ["delay", "redundant"].iter().map(|c| phase.hook_syncs.get(*c).copied().unwrap_or(0)).sum::<u64>();
-        format!("{:.2} (hub: {:.2})", phase.hook_identical as f64 / n, named as f64 / n)
+        let hub = if phase.hook_syncs.is_empty() { "-".to_owned() } else { format!("{:.2}", named as f64 / n) };
+        format!("{:.2} (hub: {hub})", phase.hook_identical as f64 / n)
     };
     out.push_str(&hub_row(
         "requests identical to the parent's last, per parent, at the hook (hub's resync + redundant), backlog",
@@ -1529,7 +1602,10 @@ fn costs_table(settings: &Settings, results: &[SystemFigures]) -> String {
 /// Where a hub's time went in the backlog, by its own histograms: how many per parent, and the mean.
 fn hub_times_table(settings: &Settings, results: &[SystemFigures]) -> String {
     let n = settings.n as f64;
-    let hubs: Vec<&SystemFigures> = results.iter().filter(|r| !r.backlog.hub_times.is_empty()).collect();
+    // Metacontroller serves some of these families too, but they time other things there (its
+    // controller-runtime reconciles are of its controller objects, not of parents): hubs only.
+    let hubs: Vec<&SystemFigures> =
+        results.iter().filter(|r| !r.backlog.hub_times.is_empty() && r.name != "metacontroller").collect();
     if hubs.is_empty() {
         return String::new();
     }
