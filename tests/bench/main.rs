@@ -3,7 +3,9 @@
 //! Workload "fanout": a namespaced CRD, a CompositeController with `generateSelector`,
 //! `resyncPeriodSeconds: 10` (`RESYNC=` to change), three `InPlace` ConfigMap children per parent, and a
 //! Node hook that answers at once (`hook.mjs`). All N parents are created before the system under test starts. The systems run
-//! one after the other, each in a fresh namespace:
+//! one after the other, each in a fresh namespace and, at full size, on a control plane started anew
+//! for it (`tests/cluster/down.sh` and `up.sh`, the CRDs installed again; `FRESH=0` keeps one control
+//! plane, on which a later system pays for the earlier ones' history):
 //! - `raw`: a kube-rs client doing exactly the writes a perfect controller would (three server-side applies
 //!   and one status patch per parent, 5 workers, no client-side rate limit);
 //! - `raw+watch`: the same, with the watches a controller needs open (the parent type and the child type,
@@ -15,8 +17,8 @@
 //!   where its requests cost;
 //! - `metacontroller`, only with `MC_BIN=<its binary>` or `MC_SRC=<a clone of its source>` (built once
 //!   into `target/bench/`): the real one, tuned (`--workers=5 --client-go-qps=1000
-//!   --client-go-burst=2000`), over metahook's CRDs (the same kinds), the same controller object and
-//!   hook (`metacontroller.rs`); without either, one line says how to get it;
+//!   --client-go-burst=2000`), with its own CRDs on its fresh control plane, the same controller object
+//!   and hook (`metacontroller.rs`); without either, one line says how to get it;
 //! - `baseline`, only with `BASELINE_BIN=<another build of the hub>`: the same as `metahook` with that
 //!   binary, so a change is measured before and after in one run, against the same raw figures.
 //!
@@ -26,6 +28,7 @@
 //! and reads are counted by the API server itself (`apiserver_request_total`), CPU from `/proc`.
 //!
 //! The same phases run for metahook and Metacontroller (both are a process over the controller object).
+//! `RUNS=3` runs every system three times, each run in a rotated order.
 //!
 //! Output: a markdown table on stdout, `target/bench/fanout-<N>.json`, and `target/bench/fanout-<N>.png`
 //! (converged children over time per system). `MEM=1` instead loads 10k parents (30k children) into the
@@ -99,6 +102,8 @@ struct Settings {
     runs: usize,
     /// The real Metacontroller, when `MC_BIN` or `MC_SRC` gives it: run as the system `metacontroller`.
     metacontroller: Option<Metacontroller>,
+    /// A control plane started anew for every system (full size; `FRESH=0` keeps one for all).
+    fresh: bool,
 }
 
 impl Settings {
@@ -114,6 +119,13 @@ impl Settings {
         let hub_bin =
             std::env::var_os("HUB_BIN").map_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_metahook")), PathBuf::from);
         let baseline_bin = std::env::var_os("BASELINE_BIN").filter(|b| !b.is_empty()).map(PathBuf::from);
+        // Only the repository's own control plane can be started anew; a smoke run shares it with the
+        // tests running beside it, so it never is.
+        let own_cluster = std::env::var_os("METAHOOK_TEST_KUBECONFIG").is_none();
+        let fresh = full && !mem && std::env::var("FRESH").map_or(true, |v| v != "0");
+        if fresh && !own_cluster {
+            eprintln!("[bench] METAHOOK_TEST_KUBECONFIG is set: one control plane for every system (as FRESH=0)");
+        }
         Self {
             n,
             idle: Duration::from_secs(idle as u64),
@@ -126,6 +138,7 @@ impl Settings {
             smoke: !full && !mem,
             runs: num("RUNS", 1).max(1),
             metacontroller: if mem { None } else { Metacontroller::from_env(&support::repo_root().join("target")) },
+            fresh: fresh && own_cluster,
         }
     }
 }
@@ -198,29 +211,27 @@ async fn main() {
         return;
     }
     let settings = Settings::from_env();
-    let client = support::client().await;
+    let mut client = support::client().await;
     support::install_crds(&client, CRD).await;
     support::install_metahook_crds(&client).await;
     let out = support::repo_root().join("target/bench");
     std::fs::create_dir_all(&out).unwrap();
     let hook = Hook::start().await;
     eprintln!(
-        "[bench] N={} idle={:?} resync={}s hub={}",
+        "[bench] N={} idle={:?} resync={}s hub={} control plane: {}",
         settings.n,
         settings.idle,
         settings.resync_s,
-        settings.hub_bin.display()
+        settings.hub_bin.display(),
+        if settings.fresh { "a fresh one per system" } else { "one for every system" }
     );
     match &settings.metacontroller {
         Some(mc) => eprintln!(
             "[bench] metacontroller: {} with {}",
             mc.bin.display(),
-            match &mc.crds {
-                Some(crds) => format!(
-                    "metahook's CRDs (the same kinds; its own, {}, need a control plane of its own)",
-                    crds.display()
-                ),
-                None => "metahook's CRDs (the same kinds)".into(),
+            match (&mc.crds, settings.fresh) {
+                (Some(crds), true) => format!("its own CRDs ({})", crds.display()),
+                _ => "metahook's CRDs (the same kinds; its own are installed only on a fresh control plane)".into(),
             }
         ),
         None if !settings.mem => eprintln!("{}", metacontroller::HOW_TO_GET),
@@ -255,10 +266,17 @@ async fn main() {
         .filter(chosen)
         .collect();
     // `RUNS=3`: every system that many times, interleaved (so a slow spell of the machine falls on all of
-    // them); the table shows each system's median run and a summary of the medians.
+    // them), each run starting one system further along the list (so no system is always first or
+    // last); the table shows each system's median run and a summary of the medians.
     let mut runs: Vec<(String, Vec<SystemFigures>)> = Vec::new();
     for run in 0..settings.runs {
-        for system in systems.iter().copied() {
+        let mut order = systems.clone();
+        let len = order.len().max(1);
+        order.rotate_left(run % len);
+        for system in order {
+            if settings.fresh {
+                client = fresh_control_plane(&settings, system).await;
+            }
             let figures = run_system(&client, &settings, &hook, system).await;
             eprintln!("[bench] run {} {} done: backlog {:.2}s", run + 1, figures.name, figures.backlog.seconds);
             match runs.iter_mut().find(|(name, _)| *name == figures.name) {
@@ -278,6 +296,7 @@ async fn main() {
     let json = json!({
         "workload": "fanout", "n": settings.n, "resync_period_s": settings.resync_s, "children_per_parent": CHILDREN, "hub": settings.hub_bin,
         "baseline": settings.baseline_bin, "metacontroller": settings.metacontroller.as_ref().map(|mc| &mc.bin),
+        "fresh_control_plane_per_system": settings.fresh,
         "machine": machine(), "systems": results, "runs": runs,
     });
     let stem = format!("fanout-{}", settings.n);
@@ -326,6 +345,15 @@ impl System {
         }
     }
 
+    /// The CRDs of `metacontroller.k8s.io` this system's control plane gets when it is a fresh one:
+    /// Metacontroller's own for it (when known), metahook's for every other.
+    fn controller_crds(self, settings: &Settings) -> Option<&Path> {
+        match self {
+            Self::Metacontroller => settings.metacontroller.as_ref().and_then(|mc| mc.crds.as_deref()),
+            _ => None,
+        }
+    }
+
     /// The controller's annotations.
     fn annotations(self) -> Value {
         match self {
@@ -338,6 +366,49 @@ impl System {
 /// Says on stderr which phase a system enters, with the time (to line up a profile or the hub's log).
 fn phase(system: System, what: &str) {
     eprintln!("[bench] {:.3} {}: {what}", unix_ms() / 1000.0, system.name());
+}
+
+/// `down.sh`, then `up.sh`: a control plane with no history for `system` (the later systems on one
+/// control plane paid for the earlier ones' history: raw took 38.7 s after nothing and 31.1 s as third,
+/// Metacontroller 48.7 s first and 69.6 s third), a client for it, and the CRDs installed again.
+async fn fresh_control_plane(settings: &Settings, system: System) -> Client {
+    phase(system, "a fresh control plane");
+    let log = support::repo_root().join("target/bench/control-planes.log");
+    for script in ["down.sh", "up.sh"] {
+        let stderr = std::fs::OpenOptions::new().create(true).append(true).open(&log).unwrap();
+        let status = tokio::process::Command::new("bash")
+            .arg(support::repo_root().join("tests/cluster").join(script))
+            .stdout(std::process::Stdio::null())
+            .stderr(stderr)
+            .status()
+            .await
+            .unwrap_or_else(|e| panic!("running tests/cluster/{script}: {e}"));
+        assert!(status.success(), "tests/cluster/{script} failed; see {}", log.display());
+    }
+    let client = Client::try_from(support::config().await).expect("a client for the fresh control plane");
+    support::install_crds(&client, CRD).await;
+    match system.controller_crds(settings) {
+        Some(crds) => support::install_crds(&client, &std::fs::read_to_string(crds).unwrap()).await,
+        None => support::install_metahook_crds(&client).await,
+    }
+    settle().await;
+    client
+}
+
+/// Waits (at most 30 s) until the API server uses less than a tenth of a core over a second: a new
+/// control plane and new CRDs keep it busy for a while (its OpenAPI, the controllers' first lists),
+/// which is not the system's cost.
+async fn settle() {
+    let started = Instant::now();
+    loop {
+        let before = cpu_seconds(apiserver_pid());
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let used = cpu_seconds(apiserver_pid()) - before;
+        if used < 0.1 || started.elapsed() > Duration::from_secs(30) {
+            eprintln!("[bench] control plane settled after {:.1} s", started.elapsed().as_secs_f64());
+            return;
+        }
+    }
 }
 
 /// One system through every phase, in a namespace of its own.
@@ -481,8 +552,9 @@ async fn run_system(client: &Client, settings: &Settings, hook: &Hook, system: S
     world.delete_controller(&label).await;
     ns.delete().await;
     // The next system must not be measured while this one's namespace is torn down (the namespace
-    // controller deletes 4 objects per parent); a smoke run's figures mean nothing, so it goes on.
-    if !settings.smoke {
+    // controller deletes 4 objects per parent); a smoke run's figures mean nothing, so it goes on, and
+    // a fresh control plane has no namespace to wait for.
+    if !settings.smoke && !settings.fresh {
         wait_namespace_gone(client, &world.ns).await;
     }
     figures
@@ -773,7 +845,20 @@ async fn wait_namespace_gone(client: &Client, ns: &str) {
 struct Convergence {
     children: Arc<Mutex<BTreeMap<String, String>>>,
     parents: Arc<Mutex<BTreeMap<String, String>>>,
-    _tasks: Arc<Vec<tokio::task::AbortHandle>>,
+    _tasks: Arc<AbortOnDrop>,
+}
+
+/// Aborts its tasks when dropped (dropping a task's handle only detaches it): a system's watches must
+/// not outlive it, least of all its control plane, when they would retry against a stopped API server
+/// without pause for the rest of the run.
+struct AbortOnDrop(Vec<tokio::task::AbortHandle>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        for task in &self.0 {
+            task.abort();
+        }
+    }
 }
 
 impl Convergence {
@@ -810,7 +895,7 @@ impl Convergence {
                 }
             }
         });
-        Self { children, parents, _tasks: Arc::new(vec![t1.abort_handle(), t2.abort_handle()]) }
+        Self { children, parents, _tasks: Arc::new(AbortOnDrop(vec![t1.abort_handle(), t2.abort_handle()])) }
     }
 
     fn counts(&self, version: &str) -> (usize, usize) {
