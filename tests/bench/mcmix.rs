@@ -1,8 +1,9 @@
 //! `mc-mix`: Metacontroller's requests for the fanout workload, made by its own loop, as a process of
 //! its own (the bench binary started with `--mc-mix`).
 //!
-//! Metacontroller is not served by the Go module proxy, so it cannot be built here; this stands in for
-//! it in `make bench`. It makes the requests Metacontroller 4.x (`metacontroller/metacontroller` at
+//! It stood in for Metacontroller in `make bench` before the bench could run the real one
+//! (`metacontroller.rs`, with `MC_SRC=` or `MC_BIN=`), and stays beside it as the explanation of where
+//! Metacontroller's requests cost, apart from its client and caches. It makes the requests Metacontroller 4.x (`metacontroller/metacontroller` at
 //! 175eac0) makes for a `CompositeController` with `generateSelector`, `InPlace` children and the
 //! default `dynamic-apply` strategy, when they are made, and nothing it does not:
 //! - watches, from the start: the parent type and the child type cluster-wide, and Metacontroller's
