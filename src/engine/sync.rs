@@ -823,7 +823,7 @@ async fn act_on_children<C: Kind>(
 }
 
 /// The end of a deleted object's children by label (`crossNamespace`), once its finalize hook (if any)
-/// let go: each is deleted (as observed: a precondition on its UID), or released under `--cascade=orphan`
+/// let go: each is deleted (as observed: preconditions on its UID and version), or released under `--cascade=orphan`
 /// (the user keeps the children, as the garbage collector keeps owned ones). Returns whether none is
 /// left, so the finalizer may go; otherwise each deletion's event queues the object again.
 ///
@@ -846,26 +846,14 @@ async fn let_go_of_labelled<K>(core: &Core<K>, obj: &DynamicObject) -> Result<bo
             .filter(|child| !child.metadata.owner_references.iter().flatten().any(|r| r.controller == Some(true)));
         for child in labelled {
             left += 1;
-            let key = ObjectKey::of(&child);
             if orphan {
                 crate::write::children::label(client, resource, &child, None, "releasing")
                     .await
                     .map_err(|e| SyncError::Claim(Box::new(e)))?;
                 continue;
             }
-            let api = crate::write::children::api_at(client, resource, &key);
-            let params = kube::api::DeleteParams {
-                preconditions: Some(kube::api::Preconditions {
-                    uid: child.metadata.uid.clone(),
-                    resource_version: None,
-                }),
-                ..kube::api::DeleteParams::background()
-            };
-            match api.delete(&key.name, &params).await {
-                Ok(_) => {}
-                Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
-                Err(e) => return Err(SyncError::Write { what: "a child in another namespace", source: Box::new(e) }),
-            }
+            // The applier's delete: background, only of the child as observed, counted and traced.
+            core.hub.applier.delete(resource, &child).await.map_err(|e| SyncError::Apply(vec![e]))?;
         }
     }
     Ok(left == 0)

@@ -301,8 +301,7 @@ async fn adopt(
 }
 
 /// An `Api` for objects of `resource` where `key` is (its namespace, or cluster-wide).
-#[must_use]
-pub fn api_at(client: &Client, resource: &ResolvedResource, key: &ObjectKey) -> Api<DynamicObject> {
+fn api_at(client: &Client, resource: &ResolvedResource, key: &ObjectKey) -> Api<DynamicObject> {
     match &key.namespace {
         Some(ns) => Api::namespaced_with(client.clone(), ns, &resource.api_resource),
         None => Api::all_with(client.clone(), &resource.api_resource),
