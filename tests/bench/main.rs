@@ -36,7 +36,9 @@
 //! (converged children over time per system). `MEM=1` instead loads 10k parents (30k children) into the
 //! hub and reports its steady RSS and bytes per cached object (for the baseline too, when set); with
 //! `SHARDS=1,2,3` as well, it converges that world with 1, 2 and 3 sharded replicas in turn and reports
-//! converge time and RSS per replica.
+//! converge time and RSS per replica, and the time to quiet and the writes of a restart of them all.
+//! `HUB_CONFIG='workers: 10; maxRequestsInFlight: 16'` adds lines to every hub's config file, to
+//! measure a setting by the same phases.
 //!
 //! Run by `cargo test` with no arguments (as part of `make test`) it does a smoke-sized run (N=20, short
 //! phases) so it never rots; `make bench` runs the full size. Figures are printed, never asserted: the
@@ -178,9 +180,11 @@ struct Phase {
     /// it spent on them (`apiserver_request_duration_seconds` count and sum).
     requests: BTreeMap<String, (u64, f64)>,
     /// Watch events the API server sent for ConfigMaps and BenchThings, to every watcher (the bench's
-    /// own convergence watch included, the same for every system), and their bytes.
+    /// own convergence watch included, the same for every system), and their bytes; and how many of
+    /// the events were of ConfigMaps (the rest, BenchThings).
     watch_events: u64,
     watch_bytes: f64,
+    child_watch_events: u64,
 }
 
 #[derive(Debug, Default, Clone, Serialize)]
@@ -650,6 +654,25 @@ sharding: {{enabled: true, ring: {label}}}
         for hub in hubs {
             hub.stop().await;
         }
+        // Restart with nothing changed: the same replicas anew over the converged world, timed from
+        // their start to the hook's call that made every parent synced once again, and their writes
+        // counted by the API server (should be 0) until 2 s after.
+        let meter = Meter::start(client, hook, None).await;
+        let calls_before = hook.calls().await;
+        let spawned = unix_ms();
+        let restarted: Vec<ControllerRun> =
+            (0..count).map(|_| ControllerRun::start_with(&settings.hub_bin, &label, &sharding)).collect();
+        let target = calls_before + settings.n as u64;
+        let deadline = Instant::now() + TIMEOUT;
+        while hook.calls().await < target && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let quiet = ((hook.call_at(target).await.unwrap_or_else(unix_ms) - spawned) / 1000.0).max(0.0);
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let restart_writes = meter.stop(client, hook, None).await.writes;
+        for hub in restarted {
+            hub.stop().await;
+        }
         let largest = rss.iter().copied().fold(0.0, f64::max);
         let largest_anon = anon.iter().copied().fold(0.0, f64::max);
         let (share, anon_share) = single.map_or((1.0, 1.0), |(one, one_anon)| (largest / one, largest_anon / one_anon));
@@ -668,9 +691,12 @@ sharding: {{enabled: true, ring: {label}}}
         rows.push(
             json!({"shards": count, "converge_s": converge, "rss_mib": rss, "anon_rss_mib": anon, "peak_rss_mib": peak,
                          "cached_objects": objects, "buckets": buckets, "coordinator": coordinator,
-                         "largest_share_of_one": share, "largest_anon_share_of_one": anon_share}),
+                         "largest_share_of_one": share, "largest_anon_share_of_one": anon_share,
+                         "restart_quiet_s": quiet, "restart_writes": restart_writes}),
         );
-        println!("| {count} | {converge:.1} s | {each} MiB | {share:.2} ({anon_share:.2}) |");
+        println!(
+            "| {count} | {converge:.1} s | {each} MiB | {share:.2} ({anon_share:.2}) | {quiet:.1} s, {restart_writes} writes |"
+        );
         world.delete_controller(&label).await;
         ns.delete().await;
         wait_namespace_gone(client, &world.ns).await;
@@ -681,7 +707,8 @@ sharding: {{enabled: true, ring: {label}}}
     println!(
         "(shards | converge | steady RSS per replica, * the coordinator (anonymous: the heap, without the binary's mapped \
          code; peak; objects cached, buckets held) | \
-         largest replica's RSS / one replica's (the same of anonymous RSS); goal <= 0.4 at 3)"
+         largest replica's RSS / one replica's (the same of anonymous RSS); goal <= 0.4 at 3 | \
+         restart with nothing changed: time to every parent synced again, writes)"
     );
 }
 
@@ -1059,6 +1086,7 @@ impl Meter {
                 .collect(),
             watch_events: costs.watch_events.saturating_sub(self.costs.watch_events),
             watch_bytes: costs.watch_bytes - self.costs.watch_bytes,
+            child_watch_events: costs.child_watch_events.saturating_sub(self.costs.child_watch_events),
             writes: delta("writes"),
             reads: delta("reads"),
             hook_calls: hook.calls().await - self.hook_calls,
@@ -1197,6 +1225,7 @@ struct ApiCosts {
     requests: BTreeMap<String, (u64, f64)>,
     watch_events: u64,
     watch_bytes: f64,
+    child_watch_events: u64,
 }
 
 async fn api_costs(client: &Client) -> ApiCosts {
@@ -1232,6 +1261,9 @@ async fn api_costs(client: &Client) -> ApiCosts {
             && matches!(resource, "configmaps" | "benchthings")
         {
             costs.watch_events += value as u64;
+            if resource == "configmaps" {
+                costs.child_watch_events += value as u64;
+            }
         } else if line.starts_with("apiserver_watch_events_sizes_sum{")
             && matches!(resource, "configmaps" | "benchthings")
         {
@@ -1319,6 +1351,13 @@ struct ControllerRun {
     _dir: tempfile::TempDir,
 }
 
+/// `HUB_CONFIG`: more lines of the hub's config file for every hub the bench starts (`workers: 10`,
+/// `maxRequestsInFlight: 16`, …; `;` separates lines), so the sizing guide's settings are measured by the
+/// same phases. Empty by default: the defaults are what a user gets.
+fn hub_config() -> String {
+    std::env::var("HUB_CONFIG").map(|c| c.split(';').map(|l| format!("{}\n", l.trim())).collect()).unwrap_or_default()
+}
+
 /// Numbers the hubs a bench starts, for their names.
 static HUBS_STARTED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
@@ -1365,7 +1404,8 @@ impl ControllerRun {
         std::fs::write(
             &config,
             format!(
-                "targetLabelSelector: \"metahook-test={label}\"\nmetricsAddress: \"127.0.0.1:{metrics_port}\"\n{more}"
+                "targetLabelSelector: \"metahook-test={label}\"\nmetricsAddress: \"127.0.0.1:{metrics_port}\"\n{more}{}",
+                hub_config()
             ),
         )
         .unwrap();
@@ -1805,9 +1845,21 @@ fn costs_table(settings: &Settings, results: &[SystemFigures]) -> String {
     out.push_str(&format!("| every request (rows left out too) |{total}\n"));
     let watch: String = results
         .iter()
-        .map(|r| format!(" {:.2} / {:.0} |", r.backlog.watch_events as f64 / n, r.backlog.watch_bytes / n))
+        .map(|r| {
+            let events = r.backlog.watch_events as f64;
+            let children = r.backlog.child_watch_events as f64;
+            format!(
+                " {:.2} / {:.0} ({:.2} / {:.2}) |",
+                events / n,
+                r.backlog.watch_bytes / n,
+                children / n,
+                (events - children) / n
+            )
+        })
         .collect();
-    out.push_str(&format!("| watch events sent, per parent: count / bytes |{watch}\n"));
+    out.push_str(&format!(
+        "| watch events sent, per parent: count / bytes (of ConfigMaps / of BenchThings) |{watch}\n"
+    ));
     out.push_str(&format!(
         "\n### CPU per parent in the backlog, by process (ms), and how busy the machine was\n\n| process |{names}\n|---|{}\n",
         "---|".repeat(results.len())
