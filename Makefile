@@ -96,7 +96,7 @@ chaos: cluster-up ## the fault suite, long: 20 hub kills during a 200-parent rol
 # MC_SRC=<a clone of github.com/metacontroller/metacontroller> builds Metacontroller once into target/bench/ (go build;
 # again only when the clone's HEAD is newer) and runs it, tuned, with its own CRDs; MC_BIN=<its binary> runs that one.
 # Every system gets a control plane started anew (down.sh + up.sh); FRESH=0 keeps one for all of them.
-bench: cluster-up ## fanout benchmark vs raw clients, the Metacontroller mix and Metacontroller (MC_SRC= or MC_BIN=), goals table, then hook call overhead (release; N=, RUNS=, FRESH=0, MEM=1 [SHARDS=1,2,3], IDLE=, LATENCY=, RESTARTS=, RESYNC=, HUB_BIN=, BASELINE_BIN=, SYSTEMS=)
+bench: cluster-up ## fanout benchmark vs raw clients, the Metacontroller mix and Metacontroller (MC_SRC= or MC_BIN=), goals table, then hook call overhead (release; N=, RUNS=, FRESH=0, MEM=1 [SHARDS=1,2,3], IDLE=, LATENCY=, RESTARTS=, RESYNC=, HUB_BIN=, BASELINE_BIN=, SYSTEMS=, HUB_CONFIG=)
 	cargo test --release --locked --test bench -- --full
 	@if [ "$${MEM:-0}" != 1 ]; then cargo bench --locked --bench hooks; fi
 
