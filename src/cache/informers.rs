@@ -972,11 +972,7 @@ mod tests {
     /// A `ConfigMap` informer whose lists all fail: nothing listens on port 9 of the loopback.
     fn unreachable_config_maps() -> Informer {
         let client = Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap())).unwrap();
-        let resource = Arc::new(ResolvedResource {
-            api_resource: kube::core::ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&()),
-            namespaced: true,
-            has_status: false,
-        });
+        let resource = config_maps();
         Informers::new(client, Duration::ZERO).get(&resource, Role::Child)
     }
 
@@ -1009,13 +1005,18 @@ mod tests {
         assert_eq!(names(&mut changes), ["new"]);
     }
 
-    #[test]
-    fn a_listed_cache_is_synced_and_indexed_like_a_watched_one() {
-        let resource = Arc::new(ResolvedResource {
+    /// The resource of `ConfigMap`s, a namespaced type without a status.
+    fn config_maps() -> Arc<ResolvedResource> {
+        Arc::new(ResolvedResource {
             api_resource: kube::core::ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&()),
             namespaced: true,
             has_status: false,
-        });
+        })
+    }
+
+    #[test]
+    fn a_listed_cache_is_synced_and_indexed_like_a_watched_one() {
+        let resource = config_maps();
         let objects = [object("a", "owned", "1", Some("u-1")), object("a", "orphan", "2", None)];
         let informer = Informer::listed(&resource, objects.iter().map(|o| (**o).clone()));
         assert!(informer.is_synced());
@@ -1027,11 +1028,7 @@ mod tests {
 
     #[test]
     fn orphans_selected_everywhere_are_found_by_their_label_in_every_namespace() {
-        let resource = Arc::new(ResolvedResource {
-            api_resource: kube::core::ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&()),
-            namespaced: true,
-            has_status: false,
-        });
+        let resource = config_maps();
         let labelled = |ns: &str, name: &str, value: &str, controller: Option<&str>| {
             let mut obj = (*object(ns, name, "1", controller)).clone();
             obj.metadata.labels = Some(BTreeMap::from([("app".to_owned(), value.to_owned())]));

@@ -532,12 +532,7 @@ async fn run_system(client: &Client, settings: &Settings, hook: &Hook, system: S
             let restarted = ControllerRun::start(system.program(settings).expect("a controller process"), &label);
             // Quiet: every parent synced once again (timed by the hook's clock at that call), then
             // nothing written for 2 s.
-            let target = calls_before + settings.n as u64;
-            let deadline = Instant::now() + TIMEOUT;
-            while hook.calls().await < target && Instant::now() < deadline {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            let at = hook.call_at(target).await.unwrap_or_else(unix_ms);
+            let at = hook.wait_for_call(calls_before + settings.n as u64).await;
             quiet.push(((at - spawned) / 1000.0).max(0.0));
             tokio::time::sleep(Duration::from_secs(2)).await;
             if round + 1 == settings.restarts
@@ -662,12 +657,7 @@ sharding: {{enabled: true, ring: {label}}}
         let spawned = unix_ms();
         let restarted: Vec<ControllerRun> =
             (0..count).map(|_| ControllerRun::start_with(&settings.hub_bin, &label, &sharding)).collect();
-        let target = calls_before + settings.n as u64;
-        let deadline = Instant::now() + TIMEOUT;
-        while hook.calls().await < target && Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        let quiet = ((hook.call_at(target).await.unwrap_or_else(unix_ms) - spawned) / 1000.0).max(0.0);
+        let quiet = ((hook.wait_for_call(calls_before + settings.n as u64).await - spawned) / 1000.0).max(0.0);
         tokio::time::sleep(Duration::from_secs(2)).await;
         let restart_writes = meter.stop(client, hook, None).await.writes;
         for hub in restarted {
@@ -1500,6 +1490,16 @@ impl Hook {
     }
 
     /// When the hook was first called for `key` (`parent@version`), waiting for it.
+    /// When the hook got its `n`-th call (unix ms), waiting for it up to the bench's timeout; now, if it
+    /// never came.
+    async fn wait_for_call(&self, n: u64) -> f64 {
+        let deadline = Instant::now() + TIMEOUT;
+        while self.calls().await < n && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        self.call_at(n).await.unwrap_or_else(unix_ms)
+    }
+
     async fn seen_at(&self, key: &str) -> f64 {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
