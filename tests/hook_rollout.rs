@@ -101,7 +101,8 @@ impl Hook {
 }
 
 /// The test's world with a hub that re-syncs at `QPS` and probes every second, a controller of
-/// `PARENTS` Things whose hook answers `first`; returns once every child says `first`.
+/// `PARENTS` Things whose hook answers `first`; returns once every child says `first` and the hook is
+/// no longer called.
 async fn world(test: &str, dir: &Path, first: &str, versioned: bool) -> (World, Hook) {
     let mut w = World::new(test, "").await;
     w.stop_hub().await;
@@ -127,7 +128,29 @@ async fn world(test: &str, dir: &Path, first: &str, versioned: bool) -> (World, 
         w.thing(&format!("t{i}"), json!({})).await;
     }
     children_say(&w, first).await;
+    settled(dir, versioned).await;
     (w, hook)
+}
+
+/// Waits until the syncs of the children's creation (their echoes, retries) are over, so that what the
+/// tests count after it is the new version's doing: 1.5 s in which the hook had no call, or, for a
+/// versioned hook, no more than the hub's version probes (one a second). The children saying `first` is
+/// not enough: on a busy machine an echo can still be queued, and would reach the new version as soon
+/// as it listens.
+async fn settled(dir: &Path, versioned: bool) {
+    let probes = if versioned { 2 } else { 0 };
+    let log = dir.join("calls.jsonl");
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let mut seen = calls(&log).len();
+    loop {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let now = calls(&log).len();
+        if now - seen <= probes {
+            return;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the hook is still being called ({now} calls)");
+        seen = now;
+    }
 }
 
 /// Waits until every parent's child says `version`.
