@@ -4,6 +4,7 @@
 //! subscriber, the trace exporter ([`crate::ops::traces`]) when there is one.
 
 use std::fmt::Write as _;
+use std::io::IsTerminal as _;
 
 use k8s_openapi::jiff::Timestamp;
 use tracing::Subscriber;
@@ -94,13 +95,31 @@ impl FormatTime for Timer {
 /// Installs the process's subscriber: the log writer (to stdout) and, with `traces`, the trace
 /// exporter beside it.
 pub fn init(logging: &Logging, traces: Option<&Traces>) {
-    subscriber(logging, traces, std::io::stdout).init();
+    subscriber(
+        logging,
+        traces,
+        colours(std::io::stdout().is_terminal(), std::env::var_os("NO_COLOR")),
+        std::io::stdout,
+    )
+    .init();
+}
+
+/// Whether text lines get the terminal's colour codes: only for a person at a terminal who has not
+/// set `NO_COLOR` (no-color.org). In a Pod (`kubectl logs`), a file or a pipe, the codes would sit
+/// between every field's name and its value, and `grep 'controller=greeter'` would find nothing.
+fn colours(terminal: bool, no_color: Option<std::ffi::OsString>) -> bool {
+    terminal && no_color.is_none_or(|v| v.is_empty())
 }
 
 /// The log writer as `logging` sets it up, writing to `writer`, with the trace exporter's layer when
 /// there is one. The log writer leaves out the spans only traces need ([`crate::TRACE_SPANS`]), so a
 /// line's span (the JSON log's `span`) stays the sync's, whatever call or write it happened in.
-fn subscriber<W>(logging: &Logging, traces: Option<&Traces>, writer: W) -> impl Subscriber + Send + Sync + use<W>
+fn subscriber<W>(
+    logging: &Logging,
+    traces: Option<&Traces>,
+    ansi: bool,
+    writer: W,
+) -> impl Subscriber + Send + Sync + use<W>
 where
     W: for<'w> MakeWriter<'w> + Send + Sync + 'static,
 {
@@ -110,7 +129,11 @@ where
             .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
     };
     let trace_only = format!("{}=off", crate::TRACE_SPANS).parse().expect("a well-formed directive");
-    let layer = tracing_subscriber::fmt::layer().with_writer(writer).with_target(false).with_timer(Timer(logging.time));
+    let layer = tracing_subscriber::fmt::layer()
+        .with_writer(writer)
+        .with_ansi(ansi)
+        .with_target(false)
+        .with_timer(Timer(logging.time));
     let layer = match logging.format {
         LogFormat::Text => layer.boxed(),
         LogFormat::Json => layer.json().with_current_span(true).with_span_list(false).flatten_event(true).boxed(),
@@ -153,11 +176,11 @@ mod tests {
     }
 
     /// What `format` writes for a line logged inside a hook call's trace-only span inside a sync.
-    fn line_in_a_hook_call(format: LogFormat) -> String {
+    fn line_in_a_hook_call(format: LogFormat, ansi: bool) -> String {
         let lines = Lines::default();
         let writer = lines.clone();
         let logging = Logging { format, filter: Some("info".into()), time: None };
-        tracing::subscriber::with_default(subscriber(&logging, None, move || writer.clone()), || {
+        tracing::subscriber::with_default(subscriber(&logging, None, ansi, move || writer.clone()), || {
             let sync = tracing::info_span!("sync", controller = "greeter", sync_id = 7);
             let _sync = sync.enter();
             let hook = tracing::info_span!(target: crate::TRACE_SPANS, "hook", url.path = "/sync");
@@ -169,14 +192,24 @@ mod tests {
 
     #[test]
     fn a_log_line_names_its_sync_not_the_trace_only_span_it_is_in() {
-        let coloured = line_in_a_hook_call(LogFormat::Text);
-        // Without the terminal's colour codes (`ESC [ ... m`).
-        let text =
-            coloured.split('\x1b').map(|part| part.split_once('m').map_or(part, |(_, rest)| rest)).collect::<String>();
+        let text = line_in_a_hook_call(LogFormat::Text, false);
         assert!(text.contains("sync{controller=\"greeter\" sync_id=7}: inside"), "{text}");
         assert!(!text.contains("hook"), "{text}");
-        let json: serde_json::Value = serde_json::from_str(line_in_a_hook_call(LogFormat::Json).trim()).unwrap();
+        let json: serde_json::Value = serde_json::from_str(line_in_a_hook_call(LogFormat::Json, false).trim()).unwrap();
         assert_eq!(json["span"]["name"], "sync", "{json}");
         assert_eq!(json["span"]["sync_id"], 7, "{json}");
+    }
+
+    #[test]
+    fn colours_only_at_a_terminal_without_no_color() {
+        assert!(colours(true, None));
+        assert!(colours(true, Some("".into())), "an empty NO_COLOR is unset (no-color.org)");
+        assert!(!colours(true, Some("1".into())));
+        assert!(!colours(false, None), "a Pod's log, a file, a pipe");
+        // Colours are what the choice switches: codes between a field's name and its value, or none.
+        let coloured = line_in_a_hook_call(LogFormat::Text, true);
+        assert!(coloured.contains('\x1b'), "{coloured:?}");
+        let plain = line_in_a_hook_call(LogFormat::Text, false);
+        assert!(!plain.contains('\x1b') && plain.contains("sync_id=7"), "{plain:?}");
     }
 }
