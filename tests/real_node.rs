@@ -112,15 +112,94 @@ fn yaml_docs(text: &str) -> Vec<Value> {
 }
 
 /// Polls `check` every half second until it gives a value; panics naming `what` after `timeout`.
-fn wait<T>(timeout: Duration, what: &str, mut check: impl FnMut() -> Option<T>) -> T {
+fn wait<T>(timeout: Duration, what: &str, check: impl FnMut() -> Option<T>) -> T {
+    wait_or_explain(timeout, what, String::new, check)
+}
+
+/// [`wait`], and on a timeout the panic carries what `explain` says of the state that was waited on.
+fn wait_or_explain<T>(
+    timeout: Duration,
+    what: &str,
+    explain: impl FnOnce() -> String,
+    mut check: impl FnMut() -> Option<T>,
+) -> T {
     let deadline = Instant::now() + timeout;
     loop {
         if let Some(value) = check() {
             return value;
         }
-        assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}");
+        if Instant::now() >= deadline {
+            panic!("timed out after {timeout:?} waiting for {what}\n{}", explain());
+        }
         std::thread::sleep(Duration::from_millis(500));
     }
+}
+
+/// What went on in `namespace` and in the hub that should have acted there, for a failure's message:
+/// the namespace's objects and Events, the controllers' status, the hub's last log lines, and the
+/// kubelet's lines about `pod`. Best effort: a command that fails says so in place.
+fn explain(namespace: &str, hub_namespace: &str, hub_selector: &str, pod: &str) -> String {
+    let show = |args: &[&str]| -> String {
+        match Command::new(bin("kubectl")).env("KUBECONFIG", support::kubeconfig_path()).args(args).output() {
+            Ok(out) => format!(
+                "$ kubectl {}\n{}{}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+            Err(err) => format!("$ kubectl {}: {err}\n", args.join(" ")),
+        }
+    };
+    let mut text = String::new();
+    text += &show(&["get", "all", "-n", namespace, "-o", "wide"]);
+    text += &show(&["get", "pod", "-n", namespace, pod, "-o", "yaml"]);
+    text += &show(&["get", "events", "-n", namespace, "--sort-by=.lastTimestamp"]);
+    text += &show(&["get", "endpointslices", "-n", namespace, "-o", "wide"]);
+    text += &show(&["logs", "-n", namespace, "-l", "app.kubernetes.io/name=hello-world-hook", "--prefix", "--tail=40"]);
+    text +=
+        &show(&["get", "compositecontrollers", "-o", "custom-columns=NAME:.metadata.name,READY:.status.conditions"]);
+    text += &show(&["get", "pods", "-n", hub_namespace, "-l", hub_selector, "-o", "wide"]);
+    text += &show(&["logs", "-n", hub_namespace, "-l", hub_selector, "--prefix", "--tail=80"]);
+    // A fresh connection to the hook's Service from a Pod on the node, beside the hub's pooled ones.
+    let probe = format!("probe-{}", support::unique_suffix());
+    let url = format!("http://hello-world.{namespace}:8080/sync");
+    let script = format!("nslookup hello-world.{namespace}; wget -S -O- --post-data='{{}}' {url} 2>&1; true");
+    apply(&[json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": probe, "namespace": namespace},
+        "spec": {"restartPolicy": "Never", "containers": [{"name": "run", "image": "busybox", "command": ["sh", "-c", script]}]},
+    })]);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < deadline
+        && !matches!(
+            kubectl_json(&["get", "pod", "-n", namespace, &probe])["status"]["phase"].as_str(),
+            Some("Succeeded" | "Failed")
+        )
+    {
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    text += &show(&["logs", "-n", namespace, &probe]);
+    // kube-proxy's rules for the namespace's Services (it runs in the host's network namespace).
+    match Command::new("iptables-save").args(["-t", "nat"]).output() {
+        Ok(out) => {
+            let rules = String::from_utf8_lossy(&out.stdout);
+            text += &format!("iptables-save -t nat, lines naming {namespace}:\n");
+            for line in rules.lines().filter(|l| l.contains(namespace)) {
+                text += line;
+                text += "\n";
+            }
+        }
+        Err(err) => text += &format!("iptables-save: {err}\n"),
+    }
+    let kubelet = support::repo_root().join(".cluster/logs/kubelet.log");
+    let lines = std::fs::read_to_string(&kubelet).unwrap_or_default();
+    let about: Vec<&str> = lines.lines().filter(|l| l.contains(pod) && l.contains(namespace)).collect();
+    text += &format!("kubelet.log, lines about {namespace}/{pod} (last 30):\n");
+    for line in &about[about.len().saturating_sub(30)..] {
+        text += line;
+        text += "\n";
+    }
+    text
 }
 
 /// The hub's image, `ghcr.io/metahook/metahook:<tag>`, built from this test build's binary by
@@ -328,7 +407,7 @@ fn hello_world(namespace: &str, label: &str) -> String {
 }
 
 /// A HelloWorld parent; its Pods (busybox, `echo` the greeting) really run: their logs say it.
-fn hello_world_greets(namespace: &str, label: &str, name: &str, who: &str) {
+fn hello_world_greets(namespace: &str, label: &str, name: &str, who: &str, hub: (&str, &str)) {
     let mut parent: Value = yaml::from_str(
         &std::fs::read_to_string(support::repo_root().join("examples-python/hello-world/hello.yaml")).unwrap(),
     )
@@ -340,7 +419,9 @@ fn hello_world_greets(namespace: &str, label: &str, name: &str, who: &str) {
     parent["spec"]["replicas"] = json!(1);
     apply(&[parent]);
     let pod = format!("{name}-0");
-    let logs = wait(Duration::from_secs(180), &format!("Pod {pod} (hello-world's child) to print"), || {
+    let what = format!("Pod {pod} (hello-world's child) to print");
+    let why = || explain(namespace, hub.0, hub.1, &pod);
+    let logs = wait_or_explain(Duration::from_secs(180), &what, why, || {
         let found =
             kubectl_json(&["get", "pods", "-n", namespace, "--field-selector", &format!("metadata.name={pod}")]);
         let pods = found["items"].as_array().unwrap().clone();
@@ -556,7 +637,12 @@ fn the_chart_runs_the_hub_and_the_hooks_as_pods_on_a_real_node() {
         (cm["metadata"]["ownerReferences"][0]["apiVersion"] == js_api.as_str()).then_some(())
     });
     let hello_controller = hello_world(&hooks, &label);
-    hello_world_greets(&hooks, &label, "hello", "Real Node");
+    hello_world_greets(&hooks, &label, "hello", "Real Node", (RELEASE_NS, &hub_selector));
+    // The hub's log as `kubectl logs` shows it: plain lines a user can grep for a controller by name,
+    // no terminal colour codes between a field's name and its value.
+    let hub_log = kubectl(&["logs", "-n", RELEASE_NS, "-l", &hub_selector, "--tail=-1"]);
+    assert!(!hub_log.contains('\x1b'), "terminal codes in a Pod's log:\n{hub_log}");
+    assert!(hub_log.contains(&format!("controller started controller={hello_controller} ")), "{hub_log}");
     // The hooks' own logs, through the API server and the kubelet: the Python hook logs its calls.
     let hook_logs = kubectl(&["logs", "-n", &hooks, "-l", "app.kubernetes.io/name=greeter-py", "--tail=-1"]);
     assert!(hook_logs.contains("/sync"), "the Python hook logs its calls:\n{hook_logs}");
@@ -760,7 +846,7 @@ fn the_kustomization_runs_the_hub_on_a_real_node() {
     let hooks = format!("mh-kust-hooks-{}", support::unique_suffix());
     real_node_namespace(&hooks);
     let controller = hello_world(&hooks, &label);
-    hello_world_greets(&hooks, &label, "hello", "Kustomize");
+    hello_world_greets(&hooks, &label, "hello", "Kustomize", (&namespace, &selector));
 
     kubectl(&["delete", "compositecontroller", &controller, "--wait=true"]);
     // Everything but the CRDs: deleting those deletes every controller in the cluster (the uninstall

@@ -87,11 +87,12 @@ for root in /sys/fs/cgroup/*/ /sys/fs/cgroup/; do
   done
 done
 
-# The bridge (its veths go with their namespaces), kube-proxy's chains, the CNI plugins' chains.
+# The bridge (its veths go with their namespaces), kube-proxy's chains, the CNI plugins' chains, our
+# guard of the Service addresses (node-up.sh).
 ip link del mh-cni0 2>/dev/null || true
 if [ -x "$BIN/kube-proxy" ]; then "$BIN/kube-proxy" --cleanup >/dev/null 2>&1 || true; fi
 for table in nat filter mangle; do
-  iptables -t "$table" -S 2>/dev/null | awk '$1 == "-A" && /CNI-|KUBE-/' | sed 's/^-A/-D/' |
+  iptables -t "$table" -S 2>/dev/null | awk '$1 == "-A" && /CNI-|KUBE-|metahook-real-node/' | sed 's/^-A/-D/' |
     while read -r rule; do eval "iptables -t $table $rule" 2>/dev/null || true; done
   iptables -t "$table" -S 2>/dev/null | awk '$1 == "-N" && ($2 ~ /^(CNI-|KUBE-)/) { print $2 }' |
     while read -r chain; do iptables -t "$table" -F "$chain" 2>/dev/null || true; done

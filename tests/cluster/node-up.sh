@@ -34,7 +34,8 @@ NODE_COMPONENTS=(containerd registry kubelet kube-proxy coredns)
 
 NODE_NAME=metahook-real-node
 POD_CIDR=10.245.0.0/24  # the real node's Pods (kwok's fake Pods use 10.244.0.0/16)
-CLUSTER_DNS=10.96.0.10  # the kube-dns Service, in up.sh's SVC_CIDR
+SVC_CIDR=10.96.0.0/16   # Service addresses, as up.sh gives the API server
+CLUSTER_DNS=10.96.0.10  # the kube-dns Service, in SVC_CIDR
 DNS_PORT=1053           # where CoreDNS listens on the node's address (the Service maps 53 to it)
 PAUSE_IMAGE=registry.k8s.io/pause:3.10
 SOCK=$NODE/containerd.sock
@@ -69,10 +70,21 @@ node_ready() {
   [ "$(kubectl get node "$NODE_NAME" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null)" = True ]
 }
 
+# DNAT comes first (nat PREROUTING/OUTPUT), so only Service addresses kube-proxy left alone reach these
+# rules (why they exist: below, where a new node gets them).
+guard_service_addresses() {
+  local rule=(-d "$SVC_CIDR" -m comment --comment "metahook-real-node: unrouted Service address" -j REJECT)
+  for chain in FORWARD OUTPUT; do
+    iptables -C "$chain" "${rule[@]}" 2>/dev/null || iptables -I "$chain" 1 "${rule[@]}" ||
+      { log "FAILED: iptables -I $chain ${rule[*]}"; exit 1; }
+  done
+}
+
 all_alive=1
 for c in "${NODE_COMPONENTS[@]}"; do alive_pid "$c" >/dev/null || { all_alive=0; break; }; done
 if [ $all_alive = 1 ] && node_ready; then
   log "reusing running node $NODE_NAME"
+  guard_service_addresses
   echo "$NODE_NAME"
   exit 0
 fi
@@ -107,6 +119,14 @@ modprobe overlay 2>/dev/null || true
 [ -e /proc/sys/net/bridge/bridge-nf-call-iptables ] ||
   { log "FAILED: no br_netfilter (/proc/sys/net/bridge): Services cannot reach Pods on the node's bridge"; exit 1; }
 sysctl -qw net.ipv4.ip_forward=1 net.bridge.bridge-nf-call-iptables=1
+
+# A Service address that kube-proxy has not rewritten (a Service created a moment ago, or between two
+# of its rule updates) leads nowhere, as in any cluster, where those addresses are virtual: refused at
+# once. Without this, the packet follows this machine's default route, where the sandbox's network
+# answers any TCP connection (HTTP 404, empty body, kept alive on port 8080): a hub calling a hook
+# Service created moments before kept that stranger's connection in its pool and got 404 for minutes.
+# (guard_service_addresses, above: a reused node gets it too.)
+guard_service_addresses
 
 mkdir -p "$NODE"/{containerd/root,containerd/state,certs.d,cni/net.d,cni/ipam,kubelet,pod-logs} "$LOGS" "$PIDS"
 
