@@ -161,6 +161,15 @@ impl<K: Clone + Eq + Hash> Echoes<K> {
         }
     }
 
+    /// Whether a write of `object` recorded here has not come back through the watch yet. Events come
+    /// in resourceVersion order and a change by someone else forgets the records ([`Echoes::echo_of`]),
+    /// as a relist does ([`Echoes::forget_object`]): so while one is recorded, the cache shows the
+    /// object as it was before that write.
+    #[must_use]
+    pub fn unseen(&self, watched: Watched, object: &ObjectKey) -> bool {
+        self.written.lock().expect("echoes lock").get(&(watched, object.clone())).is_some_and(|(v, _)| !v.is_empty())
+    }
+
     /// Forgets what is recorded of `object`: an event that is not a plain watch event (a relist after
     /// the watch expired) must never be taken for an echo, nor leave a record a later event could match.
     pub fn forget_object(&self, watched: Watched, object: &ObjectKey) {
@@ -242,6 +251,31 @@ mod tests {
         assert_eq!(echoes.echo_of(Watched::Parent, &key("p"), "7"), Some("parent"));
         assert_eq!(echoes.echo_of(Watched::Parent, &key("p"), "8"), Some("parent"));
         assert_eq!(echoes.echo_of(Watched::Parent, &key("p"), "8"), None);
+    }
+
+    #[test]
+    fn a_write_is_unseen_until_its_echo_or_a_newer_change_or_a_relist() {
+        let echoes: Echoes<&str> = Echoes::default();
+        let child = Watched::Child(0);
+        assert!(!echoes.unseen(child, &key("c")), "nothing written");
+        echoes.begin(&"parent", child, &key("c"));
+        assert_eq!(echoes.finish(child, &key("c"), Some("7")), Settled::default());
+        assert!(echoes.unseen(child, &key("c")));
+        assert!(!echoes.unseen(Watched::Child(1), &key("c")) && !echoes.unseen(child, &key("d")));
+        assert_eq!(echoes.classify(child, &key("c"), "7"), Seen::Echo("parent"));
+        assert!(!echoes.unseen(child, &key("c")), "its echo came");
+        // An echo that came while the write was in flight: nothing is left unseen.
+        echoes.begin(&"parent", child, &key("c"));
+        assert_eq!(echoes.classify(child, &key("c"), "8"), Seen::Held);
+        echoes.finish(child, &key("c"), Some("8"));
+        assert!(!echoes.unseen(child, &key("c")));
+        // Someone else's change, or a relist, shows a version after the write: the cache is not behind.
+        echoes.wrote(&"parent", child, key("c"), "9".into());
+        assert_eq!(echoes.classify(child, &key("c"), "10"), Seen::Other);
+        assert!(!echoes.unseen(child, &key("c")));
+        echoes.wrote(&"parent", child, key("c"), "11".into());
+        echoes.forget_object(child, &key("c"));
+        assert!(!echoes.unseen(child, &key("c")));
     }
 
     #[test]

@@ -574,6 +574,10 @@ impl<K: Clone + Eq + Hash + Display + Send + Sync + 'static> WriteObserver for J
         let settled = self.core.echoes.finish(Watched::Child(type_index), child, version);
         self.core.settle(settled, version.map_or(Echo::Write, Echo::of_child));
     }
+
+    fn behind(&self, type_index: usize, child: &ObjectKey) -> bool {
+        self.core.echoes.unseen(Watched::Child(type_index), child)
+    }
 }
 
 /// What a sync's observe phase found: the object and its finalizer decision, the hook to ask and what

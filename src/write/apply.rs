@@ -15,6 +15,14 @@
 //! So a resync of a converged hub, and a restarted hub, write nothing, and any drift of what a hook
 //! asked for is reverted on the parent's next sync. Fingerprints are dropped when their object goes away.
 //!
+//! One more case is known to change nothing: the cache is *behind* the hub's own last write of the
+//! object (the caller knows, from the echoes of its writes: that write has not come back through the
+//! watch yet, so the cached object is older than it), and that write applied this very desired state
+//! to this very object (same hash, same UID). A sync that runs in that gap — the echo of the parent's
+//! status write, say, overtaking the child's — would otherwise send an apply that the API server
+//! answers without a change. A change by someone else after that write comes through the watch after
+//! its echo, and syncs the parent again, so nothing it does goes unseen.
+//!
 //! Server-side apply is an upsert, so every apply carries a precondition that keeps it from writing an
 //! object the hub does not own:
 //! - an object the hub observed is applied with its `metadata.uid`: if it was deleted (or deleted and
@@ -187,7 +195,8 @@ impl Applier {
     /// claimed as its own; `None` means "create", which never overwrites an existing object. `adopts`:
     /// which orphans the object's parent adopts ([`ADOPTS_NOTHING`] for none); one in the way of a
     /// create that a sharded cache cannot show (it never carried a bucket label) is moved to
-    /// [`ORPHANS`], where every replica sees it, and the retry adopts it.
+    /// [`ORPHANS`], where every replica sees it, and the retry adopts it. `behind`: `observed` is older
+    /// than the hub's own last write of it, whose echo has not come yet (see the module doc).
     pub async fn apply(
         &self,
         resource: &ResolvedResource,
@@ -195,10 +204,12 @@ impl Applier {
         observed: Option<&DynamicObject>,
         method: UpdateMethod,
         adopts: Adopts<'_>,
+        behind: bool,
     ) -> Result<Applied, ApplyError> {
         let result = match observed {
             // Known to change nothing: no request is sent, and there is no write to trace.
             Some(current) if self.is_current(resource, desired, current, method) => Ok(Applied::Unchanged),
+            Some(current) if behind && self.wrote_last(resource, desired, current) => Ok(Applied::Unchanged),
             _ => {
                 let verb = if observed.is_some() { "update" } else { "create" };
                 let span = write_span(verb, resource.kind(), &key_of(desired));
@@ -334,6 +345,17 @@ impl Applier {
         }
         self.remember(cache_key, current);
         true
+    }
+
+    /// Whether the hub's last write of `observed` applied `desired` to that very object (the same UID),
+    /// whatever version the write left: for a cache behind that write (see the module doc).
+    #[must_use]
+    pub fn wrote_last(&self, resource: &ResolvedResource, desired: &Value, observed: &DynamicObject) -> bool {
+        let cache_key = (resource.api_version().to_owned(), resource.kind().to_owned(), key_of(desired));
+        let applied = self.applied.lock().expect("applied lock");
+        applied.get(&cache_key).is_some_and(|last| {
+            Some(last.uid.as_str()) == observed.metadata.uid.as_deref() && last.desired == hash(desired)
+        })
     }
 
     /// Forgets what was applied to an object that is gone.
@@ -865,6 +887,48 @@ pub fn strip_server_fields(mut desired: Value) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The `ConfigMap` `ns/c` with `data`, at `version`, with UID `uid`.
+    fn stored_config_map(data: &str, version: &str, uid: &str) -> DynamicObject {
+        serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "c", "namespace": "ns", "uid": uid, "resourceVersion": version},
+            "data": {"k": data},
+        }))
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn over_a_cache_behind_its_own_write_of_the_same_state_the_apply_sends_nothing() {
+        // Every request fails (nothing listens there): an `Unchanged` is an apply that sent nothing.
+        let client = Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap())).unwrap();
+        let applier = Applier::new(client, "metahook".into());
+        let resource = ResolvedResource {
+            api_resource: kube::core::ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&()),
+            namespaced: true,
+            has_status: false,
+        };
+        let desired = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c", "namespace": "ns"},
+                             "data": {"k": "new"}});
+        // The hub's last write applied `desired` to UID u1 and left version 8; the cache still shows 7.
+        let cache_key = ("v1".to_owned(), "ConfigMap".to_owned(), key_of(&desired));
+        applier.remember(cache_key, fingerprint(hash(&desired), &stored_config_map("new", "8", "u1")));
+        let stale = stored_config_map("old", "7", "u1");
+        let apply = |desired: Value, observed: DynamicObject, behind: bool| {
+            let (applier, resource) = (&applier, &resource);
+            async move {
+                applier.apply(resource, &desired, Some(&observed), UpdateMethod::InPlace, ADOPTS_NOTHING, behind).await
+            }
+        };
+        assert_eq!(apply(desired.clone(), stale.clone(), true).await.unwrap(), Applied::Unchanged);
+        // Not known to be behind: the stale values differ, so it is written (and fails here).
+        assert!(apply(desired.clone(), stale.clone(), false).await.is_err());
+        // Behind, but the last write applied another state, or to another object of that name.
+        let mut other = desired.clone();
+        other["data"]["k"] = json!("newer");
+        assert!(apply(other, stale, true).await.is_err());
+        assert!(apply(desired, stored_config_map("old", "7", "u2"), true).await.is_err());
+    }
 
     /// A desired child `c` in bucket 7 of ring `r`.
     fn in_bucket_7() -> Value {

@@ -919,9 +919,15 @@ pub const CONTROLLERS: &str = "metacontroller.k8s.io/v1alpha1";
 /// the API server replays the rest). Lists, reads and writes pass untouched. It sits between the hub's
 /// client stack and the real client, where requests are plain HTTP (TLS is below), and knows a watch by
 /// its `watch=true` query.
+///
+/// It can also *hold* a resource's watch events: they wait, in order, until released, as a watch that
+/// lags behind the others does (each type has its own watch; nothing orders one type's events against
+/// another's). And it notes every write request the hub sends ([`WatchCut::writes`]).
 #[derive(Clone, Default)]
 pub struct WatchCut {
     state: std::sync::Arc<std::sync::Mutex<CutState>>,
+    /// Bumped whenever what is held changes, to wake the held watches.
+    changed: std::sync::Arc<tokio::sync::Notify>,
 }
 
 #[derive(Default)]
@@ -930,6 +936,12 @@ struct CutState {
     cut: Option<String>,
     /// The events dropped so far (JSON lines).
     dropped: Vec<String>,
+    /// The resource whose watch events wait now.
+    hold: Option<String>,
+    /// The events that waited, or wait (JSON lines).
+    held: Vec<String>,
+    /// "METHOD path" of every request but GET the client sent.
+    writes: Vec<String>,
 }
 
 impl WatchCut {
@@ -952,6 +964,45 @@ impl WatchCut {
     /// The watch events dropped so far, as the API server sent them.
     pub fn dropped(&self) -> Vec<String> {
         self.state.lock().unwrap().dropped.clone()
+    }
+
+    /// From now on, events on watches of `resource` wait until [`WatchCut::release`], in order.
+    pub fn hold(&self, resource: &str) {
+        self.state.lock().unwrap().hold = Some(resource.to_owned());
+    }
+
+    /// Held events go on, in the order they came.
+    pub fn release(&self) {
+        self.state.lock().unwrap().hold = None;
+        self.changed.notify_waiters();
+    }
+
+    /// The watch events held so far, as the API server sent them.
+    pub fn held(&self) -> Vec<String> {
+        self.state.lock().unwrap().held.clone()
+    }
+
+    /// "METHOD path" of every request but a GET sent so far (a watch and a list are GETs).
+    pub fn writes(&self) -> Vec<String> {
+        self.state.lock().unwrap().writes.clone()
+    }
+
+    /// Waits while `resource`'s events are held, noting `lines` as held if they are.
+    async fn wait_while_held(&self, resource: &str, lines: &[u8]) {
+        loop {
+            let released = self.changed.notified();
+            {
+                let mut state = self.state.lock().unwrap();
+                if state.hold.as_deref() != Some(resource) {
+                    return;
+                }
+                let line = String::from_utf8_lossy(lines).into_owned();
+                if state.held.last() != Some(&line) {
+                    state.held.push(line);
+                }
+            }
+            released.await;
+        }
     }
 
     /// Whether `line`, an event on a watch of `resource`, is dropped (and if so, records it).
@@ -987,6 +1038,9 @@ impl tower_service::Service<http::Request<kube::client::Body>> for CutService {
         let uri = request.uri();
         let watch = uri.query().is_some_and(|q| q.split('&').any(|p| p == "watch=true"));
         let resource = watch.then(|| uri.path().rsplit('/').next().unwrap_or_default().to_owned());
+        if request.method() != http::Method::GET {
+            self.cut.state.lock().unwrap().writes.push(format!("{} {}", request.method(), uri.path()));
+        }
         let (inner, cut) = (self.inner.clone(), self.cut.clone());
         Box::pin(async move {
             use http_body_util::BodyExt as _;
@@ -1000,30 +1054,39 @@ impl tower_service::Service<http::Request<kube::client::Body>> for CutService {
     }
 }
 
-/// A watch response body (one JSON event per line) without the events `cut` drops.
+/// A watch response body (one JSON event per line) without the events `cut` drops, and with the events
+/// it holds passed on only once they are released.
 fn cut_events(body: kube::client::Body, cut: WatchCut, resource: String) -> CutBody {
     use futures::StreamExt as _;
     use http_body_util::BodyExt as _;
     let mut partial: Vec<u8> = Vec::new();
     let frames = http_body_util::BodyStream::new(body).filter_map(move |frame| {
+        // The whole lines of this frame that are not dropped (the rest waits for the next frame).
+        let mut lines = Vec::new();
         let passed = match frame {
             Err(e) => Some(Err(BoxError::from(e))),
             Ok(frame) => match frame.into_data() {
                 Ok(data) => {
                     partial.extend_from_slice(&data);
-                    let mut passed = Vec::new();
                     while let Some(end) = partial.iter().position(|b| *b == b'\n') {
                         let line: Vec<u8> = partial.drain(..=end).collect();
                         if !cut.drops(&resource, &line) {
-                            passed.extend(line);
+                            lines.extend(line);
                         }
                     }
-                    (!passed.is_empty()).then(|| Ok(hyper::body::Frame::data(bytes::Bytes::from(passed))))
+                    None
                 }
                 Err(trailers) => Some(Ok(trailers)),
             },
         };
-        futures::future::ready(passed)
+        let (cut, resource) = (cut.clone(), resource.clone());
+        async move {
+            if lines.is_empty() {
+                return passed;
+            }
+            cut.wait_while_held(&resource, &lines).await;
+            Some(Ok(hyper::body::Frame::data(bytes::Bytes::from(lines))))
+        }
     });
     http_body_util::StreamBody::new(frames).boxed_unsync()
 }

@@ -127,7 +127,9 @@ pub async fn persist(
             }
             continue;
         }
-        applier.apply(resource, desired, revision.stored.as_deref(), UpdateMethod::InPlace, ADOPTS_NOTHING).await?;
+        // Revisions' writes are not followed by echoes: the cache is never known to be behind here.
+        let stored = revision.stored.as_deref();
+        applier.apply(resource, desired, stored, UpdateMethod::InPlace, ADOPTS_NOTHING, false).await?;
     }
     Ok(())
 }
