@@ -594,3 +594,83 @@ async fn a_sync_behind_its_own_child_write_does_not_write_it_again_and_misses_no
     assert_eq!(child_writes(before).len(), 2, "the change, then the edit put back: {:?}", child_writes(before));
     w.finish("CompositeController").await;
 }
+
+/// [`STATUS_SAYS`], slow (2 s) to answer while the parent's status is behind its spec's message: time
+/// for the test to hold the parent's watch before the sync it is in writes the status.
+const STATUS_SAYS_SLOWLY: &str = r#"
+import time
+
+def sync(req):
+    p = req["parent"]
+    name, message = p["metadata"]["name"], p.get("spec", {}).get("message", "hi")
+    if message == "slow" and p.get("status", {}).get("message") != "slow":
+        time.sleep(2)
+    return {"status": {"message": message},
+            "children": [{"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name + "-0"},
+                          "data": {"message": message}}]}
+"#;
+
+/// The same gap the other way round: the echo of the child write comes before the echo of the
+/// status write, and the sync it starts sees the parent without that status. Writing the status the
+/// hook then answers again would change nothing, and is not sent: exactly one status write per
+/// change. An edit of the status by someone else in the gap is put back once the events go on.
+#[tokio::test]
+async fn a_sync_behind_its_own_status_write_does_not_write_it_again_and_misses_no_edit() {
+    let mut w = World::new("lt-behind-status", STATUS_SAYS_SLOWLY).await;
+    w.stop_hub().await;
+    controller(&w, json!({}), with_hook(in_place(), &w)).await;
+    w.thing("t", json!({"message": "first"})).await;
+    let cut = WatchCut::default();
+    let no_relists = Config { cache_flush_interval: Duration::ZERO, ..Config::default() };
+    w.start_hub_with(&cut.client(&w.client), no_relists);
+    let says = |message: &'static str| {
+        let w = &w;
+        async move {
+            let status = status_of(w, "t").await;
+            (child_message(w).await? == message && status["message"] == message).then_some(())
+        }
+    };
+    eventually(WAIT, || says("first")).await;
+    for round in ["second", "third", "fourth"] {
+        w.things().await.patch("t", &someone_else(), &Patch::Merge(json!({"spec": {"message": round}}))).await.unwrap();
+        eventually(WAIT, || says(round)).await;
+    }
+
+    let before = cut.writes().len();
+    w.things().await.patch("t", &someone_else(), &Patch::Merge(json!({"spec": {"message": "slow"}}))).await.unwrap();
+    // The sync of the change is in its (slow) hook call: hold the Things' events before it writes.
+    let asked = |status: &'static str, child: &'static str| {
+        let w = &w;
+        async move {
+            w.hook.requests("/sync").into_iter().find(|r| {
+                r["parent"]["spec"]["message"] == "slow"
+                    && r["parent"]["status"]["message"] == status
+                    && r["children"]["ConfigMap.v1"]["t-0"]["data"]["message"] == child
+            })
+        }
+    };
+    eventually(WAIT, || asked("fourth", "fourth")).await;
+    cut.hold("things");
+    // The child write's echo came (the ConfigMaps' watch is not held) and started a sync that saw the
+    // new child beside the status as it was before its write.
+    eventually(WAIT, || asked("fourth", "slow")).await;
+    eventually(WAIT, || async { cut.held().iter().any(|e| e.contains("\"t\"") && e.contains("slow")).then_some(()) })
+        .await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let status_writes = |since: usize| -> Vec<String> {
+        cut.writes()[since..].iter().filter(|r| r.contains("/things/t")).cloned().collect()
+    };
+    assert_eq!(status_writes(before).len(), 1, "one change, one status write: {:?}", status_writes(before));
+
+    // Someone else's edit of the status in the gap comes after the held echo, and is put back.
+    let edit = Patch::Merge(json!({"status": {"message": "edited"}}));
+    let edited = w.things().await.patch_status("t", &someone_else(), &edit).await.unwrap();
+    assert_eq!(edited.data["status"]["message"], "edited");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(status_writes(before).len(), 1, "nothing heard of the edit yet: {:?}", status_writes(before));
+    cut.release();
+    eventually(WAIT, || says("slow")).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(status_writes(before).len(), 2, "the change, then the edit put back: {:?}", status_writes(before));
+    w.finish("CompositeController").await;
+}

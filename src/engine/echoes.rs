@@ -91,14 +91,19 @@ type InFlight<K> = HashMap<(Watched, ObjectKey), (K, Vec<String>)>;
 /// A write's echo may arrive before the write's own response does, so a write is announced before it is
 /// sent ([`Echoes::begin`]): events of that object are held until the write is settled
 /// ([`Echoes::finish`]), which tells which of them were its echo and which someone else's change.
+///
+/// For a write whose content a sync may want to recognise (the parent's status), it also keeps a digest
+/// of what the last write said ([`Echoes::settle_saying`]), for as long as that write is unseen.
 pub struct Echoes<K> {
     written: Mutex<Written<K>>,
     pending: Mutex<InFlight<K>>,
+    /// (type, object) → digest of what its last recorded write said; only while that write is unseen.
+    said: Mutex<HashMap<(Watched, ObjectKey), u64>>,
 }
 
 impl<K: Clone + Eq + Hash> Default for Echoes<K> {
     fn default() -> Self {
-        Self { written: Mutex::default(), pending: Mutex::default() }
+        Self { written: Mutex::default(), pending: Mutex::default(), said: Mutex::default() }
     }
 }
 
@@ -119,6 +124,42 @@ impl<K: Clone + Eq + Hash> Echoes<K> {
             self.wrote(&parent, watched, object.clone(), v.to_owned());
         }
         Settled { echo: echoed.then(|| parent.clone()), foreign: foreign.then_some(parent) }
+    }
+
+    /// [`Echoes::finish`] for a write that said `digest`: while it is unseen,
+    /// [`Echoes::unseen_saying`] gives the digest back.
+    pub fn settle_saying(
+        &self,
+        watched: Watched,
+        object: &ObjectKey,
+        version: Option<&str>,
+        digest: u64,
+    ) -> Settled<K> {
+        let settled = self.finish(watched, object, version);
+        let id = (watched, object.clone());
+        let recorded = version.is_some() && self.unseen(watched, object);
+        let mut said = self.said.lock().expect("echoes lock");
+        if recorded {
+            said.insert(id, digest);
+        } else {
+            said.remove(&id);
+        }
+        settled
+    }
+
+    /// What the last write of `object` said, if it is unseen (the cache shows `object` from before it)
+    /// and was settled with [`Echoes::settle_saying`].
+    #[must_use]
+    pub fn unseen_saying(&self, watched: Watched, object: &ObjectKey) -> Option<u64> {
+        let id = (watched, object.clone());
+        let unseen = self.written.lock().expect("echoes lock").get(&id).is_some_and(|(v, _)| !v.is_empty());
+        let mut said = self.said.lock().expect("echoes lock");
+        if unseen {
+            said.get(&id).copied()
+        } else {
+            said.remove(&id);
+            None
+        }
     }
 
     /// What an event of `object` at `version` is: the echo of a recorded write (with the parent that
@@ -151,10 +192,12 @@ impl<K: Clone + Eq + Hash> Echoes<K> {
         let (versions, _) = written.get_mut(&id)?;
         let Some(position) = versions.iter().position(|v| v == version) else {
             written.remove(&id);
+            self.said.lock().expect("echoes lock").remove(&id);
             return None;
         };
         versions.drain(..=position);
         if versions.is_empty() {
+            self.said.lock().expect("echoes lock").remove(&id);
             written.remove(&id).map(|(_, parent)| parent)
         } else {
             written.get(&id).map(|(_, parent)| parent.clone())
@@ -173,12 +216,16 @@ impl<K: Clone + Eq + Hash> Echoes<K> {
     /// Forgets what is recorded of `object`: an event that is not a plain watch event (a relist after
     /// the watch expired) must never be taken for an echo, nor leave a record a later event could match.
     pub fn forget_object(&self, watched: Watched, object: &ObjectKey) {
-        self.written.lock().expect("echoes lock").remove(&(watched, object.clone()));
+        let id = (watched, object.clone());
+        self.written.lock().expect("echoes lock").remove(&id);
+        self.said.lock().expect("echoes lock").remove(&id);
     }
 
     /// Forgets a parent that is gone, and the writes it left unseen.
     pub fn forget(&self, parent: &K) {
-        self.written.lock().expect("echoes lock").retain(|_, (_, p)| p != parent);
+        let mut written = self.written.lock().expect("echoes lock");
+        written.retain(|_, (_, p)| p != parent);
+        self.said.lock().expect("echoes lock").retain(|id, _| written.contains_key(id));
     }
 }
 
@@ -276,6 +323,46 @@ mod tests {
         echoes.wrote(&"parent", child, key("c"), "11".into());
         echoes.forget_object(child, &key("c"));
         assert!(!echoes.unseen(child, &key("c")));
+    }
+
+    #[test]
+    fn what_an_unseen_write_said_is_known_until_it_is_seen() {
+        let echoes: Echoes<&str> = Echoes::default();
+        let parent = Watched::Parent;
+        echoes.begin(&"p", parent, &key("p"));
+        echoes.settle_saying(parent, &key("p"), Some("7"), 42);
+        assert_eq!(echoes.unseen_saying(parent, &key("p")), Some(42));
+        assert_eq!(echoes.unseen_saying(Watched::Child(0), &key("p")), None);
+        // A later write that said something else, and one that wrote nothing.
+        echoes.begin(&"p", parent, &key("p"));
+        echoes.settle_saying(parent, &key("p"), Some("8"), 43);
+        assert_eq!(echoes.unseen_saying(parent, &key("p")), Some(43));
+        assert_eq!(echoes.classify(parent, &key("p"), "7"), Seen::Echo("p"));
+        assert_eq!(echoes.unseen_saying(parent, &key("p")), Some(43), "the echo of the earlier write only");
+        assert_eq!(echoes.classify(parent, &key("p"), "8"), Seen::Echo("p"));
+        assert_eq!(echoes.unseen_saying(parent, &key("p")), None, "seen");
+        // Someone else's change, a relist, a write whose echo came while it was in flight, a failed one.
+        echoes.begin(&"p", parent, &key("p"));
+        echoes.settle_saying(parent, &key("p"), Some("9"), 44);
+        assert_eq!(echoes.classify(parent, &key("p"), "10"), Seen::Other);
+        assert_eq!(echoes.unseen_saying(parent, &key("p")), None);
+        echoes.begin(&"p", parent, &key("p"));
+        echoes.settle_saying(parent, &key("p"), Some("11"), 45);
+        echoes.forget_object(parent, &key("p"));
+        assert_eq!(echoes.unseen_saying(parent, &key("p")), None);
+        echoes.begin(&"p", parent, &key("p"));
+        assert_eq!(echoes.classify(parent, &key("p"), "12"), Seen::Held);
+        echoes.settle_saying(parent, &key("p"), Some("12"), 46);
+        assert_eq!(echoes.unseen_saying(parent, &key("p")), None);
+        echoes.begin(&"p", parent, &key("p"));
+        echoes.settle_saying(parent, &key("p"), None, 47);
+        assert_eq!(echoes.unseen_saying(parent, &key("p")), None);
+        // A parent that is gone takes what it said along.
+        echoes.begin(&"p", parent, &key("p"));
+        echoes.settle_saying(parent, &key("p"), Some("13"), 48);
+        echoes.forget(&"p");
+        assert_eq!(echoes.unseen_saying(parent, &key("p")), None);
+        assert!(echoes.said.lock().unwrap().is_empty());
     }
 
     #[test]

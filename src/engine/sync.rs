@@ -550,10 +550,25 @@ impl<K: Clone + Eq + Hash + Display + Send + Sync + 'static> Core<K> {
         object: &ObjectKey,
         write: impl Future<Output = Result<Option<String>, SyncError>>,
     ) -> Result<(), SyncError> {
+        self.write_object_saying(key, object, None, write).await
+    }
+
+    /// [`Core::write_object`], remembering while its echo is unseen that the write said `digest`.
+    async fn write_object_saying(
+        &self,
+        key: &K,
+        object: &ObjectKey,
+        digest: Option<u64>,
+        write: impl Future<Output = Result<Option<String>, SyncError>>,
+    ) -> Result<(), SyncError> {
         self.echoes.begin(key, Watched::Parent, object);
         let result = write.await;
         let version = result.as_ref().ok().and_then(Option::as_deref);
-        self.settle(self.echoes.finish(Watched::Parent, object, version), Echo::Parent);
+        let settled = match digest {
+            Some(digest) => self.echoes.settle_saying(Watched::Parent, object, version, digest),
+            None => self.echoes.finish(Watched::Parent, object, version),
+        };
+        self.settle(settled, Echo::Parent);
         result.map(drop)
     }
 }
@@ -723,7 +738,15 @@ async fn answer<C: Kind>(
     let object = ObjectKey::of(obj);
     if let Some(status) = decision.status {
         let how = StatusWrite { subresource: resource.has_status, observed_generation: C::SETS_OBSERVED_GENERATION };
-        core.write_object(key, &object, replace_status(api, obj, status, how)).await?;
+        // The cache may show the object from before this controller's last status write (the echo of a
+        // child write came first): if that write said this very status, writing it again changes nothing.
+        // A change by someone else after it comes after its echo, and syncs the object again.
+        let digest = digest_of(&status);
+        if core.echoes.unseen_saying(Watched::Parent, &object) == Some(digest) {
+            debug!("status as the last write said it, whose echo has not come: not written again");
+        } else {
+            core.write_object_saying(key, &object, Some(digest), replace_status(api, obj, status, how)).await?;
+        }
     }
     if let Some(patch) = decision.metadata {
         core.write_object(key, &object, patch_metadata(api, obj, &patch)).await?;
@@ -742,6 +765,14 @@ async fn answer<C: Kind>(
     }
     core.answered.applied(key);
     Ok(decision.resync)
+}
+
+/// A digest of a JSON value, the same for equal values in this process (their canonical form hashed).
+fn digest_of(value: &Value) -> u64 {
+    use std::hash::{BuildHasher as _, Hasher as _};
+    let mut hasher = std::hash::BuildHasherDefault::<std::hash::DefaultHasher>::default().build_hasher();
+    hasher.write(crate::api::json::canonical_json(value).as_bytes());
+    hasher.finish()
 }
 
 /// The plan of a decision's child writes, refused whole before anything is written: a desired name

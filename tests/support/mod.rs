@@ -987,19 +987,20 @@ impl WatchCut {
         self.state.lock().unwrap().writes.clone()
     }
 
-    /// Waits while `resource`'s events are held, noting `lines` as held if they are.
-    async fn wait_while_held(&self, resource: &str, lines: &[u8]) {
+    /// Notes `line`, an event on a watch of `resource`, as held if that resource's events are.
+    fn note_if_held(&self, resource: &str, line: &[u8]) {
+        let mut state = self.state.lock().unwrap();
+        if state.hold.as_deref() == Some(resource) {
+            state.held.push(String::from_utf8_lossy(line).into_owned());
+        }
+    }
+
+    /// Waits while `resource`'s events are held.
+    async fn wait_while_held(&self, resource: &str) {
         loop {
             let released = self.changed.notified();
-            {
-                let mut state = self.state.lock().unwrap();
-                if state.hold.as_deref() != Some(resource) {
-                    return;
-                }
-                let line = String::from_utf8_lossy(lines).into_owned();
-                if state.held.last() != Some(&line) {
-                    state.held.push(line);
-                }
+            if self.state.lock().unwrap().hold.as_deref() != Some(resource) {
+                return;
             }
             released.await;
         }
@@ -1055,38 +1056,50 @@ impl tower_service::Service<http::Request<kube::client::Body>> for CutService {
 }
 
 /// A watch response body (one JSON event per line) without the events `cut` drops, and with the events
-/// it holds passed on only once they are released.
+/// it holds passed on only once they are released. The API server's events are read as they come (a
+/// task of its own), so what is held is known while it waits.
 fn cut_events(body: kube::client::Body, cut: WatchCut, resource: String) -> CutBody {
     use futures::StreamExt as _;
     use http_body_util::BodyExt as _;
-    let mut partial: Vec<u8> = Vec::new();
-    let frames = http_body_util::BodyStream::new(body).filter_map(move |frame| {
-        // The whole lines of this frame that are not dropped (the rest waits for the next frame).
-        let mut lines = Vec::new();
-        let passed = match frame {
-            Err(e) => Some(Err(BoxError::from(e))),
-            Ok(frame) => match frame.into_data() {
-                Ok(data) => {
-                    partial.extend_from_slice(&data);
-                    while let Some(end) = partial.iter().position(|b| *b == b'\n') {
-                        let line: Vec<u8> = partial.drain(..=end).collect();
-                        if !cut.drops(&resource, &line) {
-                            lines.extend(line);
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Result<hyper::body::Frame<bytes::Bytes>, BoxError>>();
+    let reader = cut.clone();
+    let read = resource.clone();
+    tokio::spawn(async move {
+        let mut partial: Vec<u8> = Vec::new();
+        let mut frames = http_body_util::BodyStream::new(body);
+        while let Some(frame) = frames.next().await {
+            let item = match frame {
+                Err(e) => Some(Err(BoxError::from(e))),
+                Ok(frame) => match frame.into_data() {
+                    Ok(data) => {
+                        partial.extend_from_slice(&data);
+                        let mut lines = Vec::new();
+                        while let Some(end) = partial.iter().position(|b| *b == b'\n') {
+                            let line: Vec<u8> = partial.drain(..=end).collect();
+                            if !reader.drops(&read, &line) {
+                                reader.note_if_held(&read, &line);
+                                lines.extend(line);
+                            }
                         }
+                        (!lines.is_empty()).then(|| Ok(hyper::body::Frame::data(bytes::Bytes::from(lines))))
                     }
-                    None
-                }
-                Err(trailers) => Some(Ok(trailers)),
-            },
-        };
-        let (cut, resource) = (cut.clone(), resource.clone());
-        async move {
-            if lines.is_empty() {
-                return passed;
+                    Err(trailers) => Some(Ok(trailers)),
+                },
+            };
+            if let Some(item) = item
+                && tx.send(item).is_err()
+            {
+                return;
             }
-            cut.wait_while_held(&resource, &lines).await;
-            Some(Ok(hyper::body::Frame::data(bytes::Bytes::from(lines))))
         }
     });
+    let frames =
+        futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|item| (item, rx)) }).then(move |item| {
+            let (cut, resource) = (cut.clone(), resource.clone());
+            async move {
+                cut.wait_while_held(&resource).await;
+                item
+            }
+        });
     http_body_util::StreamBody::new(frames).boxed_unsync()
 }
