@@ -123,6 +123,11 @@ impl<K: Clone + Eq + Hash> Echoes<K> {
         if let (Some(v), false) = (version, echoed) {
             self.wrote(&parent, watched, object.clone(), v.to_owned());
         }
+        if version.is_some() {
+            // What an earlier write said is no longer what the last one said ([`Echoes::settle_saying`]
+            // notes this one's, if it says something).
+            self.said.lock().expect("echoes lock").remove(&(watched, object.clone()));
+        }
         Settled { echo: echoed.then(|| parent.clone()), foreign: foreign.then_some(parent) }
     }
 
@@ -357,6 +362,13 @@ mod tests {
         echoes.begin(&"p", parent, &key("p"));
         echoes.settle_saying(parent, &key("p"), None, 47);
         assert_eq!(echoes.unseen_saying(parent, &key("p")), None);
+        // A later write that says nothing of itself (a metadata patch, a permanent error's status).
+        echoes.begin(&"p", parent, &key("p"));
+        echoes.settle_saying(parent, &key("p"), Some("13"), 48);
+        echoes.begin(&"p", parent, &key("p"));
+        echoes.finish(parent, &key("p"), Some("14"));
+        assert_eq!(echoes.unseen_saying(parent, &key("p")), None, "the last write said something else");
+        echoes.forget(&"p");
         // A parent that is gone takes what it said along.
         echoes.begin(&"p", parent, &key("p"));
         echoes.settle_saying(parent, &key("p"), Some("13"), 48);
