@@ -529,6 +529,36 @@ def sync(req):
                           "data": {"message": message}}]}
 "#;
 
+/// Whether the child `t-0` and the status of `t` both say `message`.
+async fn says(w: &World, message: &str) -> Option<()> {
+    let status = status_of(w, "t").await;
+    (child_message(w).await? == message && status["message"] == message).then_some(())
+}
+
+/// A world whose hub runs `hook` (one like [`STATUS_SAYS`]) over a client a [`WatchCut`] can hold, with
+/// no relists (what the cache shows comes from the watches alone), and the Thing `t` converged after
+/// rounds of changes whose echoes changed nothing.
+async fn converged_under_a_cut(test: &str, hook: &str) -> (World, WatchCut) {
+    let mut w = World::new(test, hook).await;
+    w.stop_hub().await;
+    controller(&w, json!({}), with_hook(in_place(), &w)).await;
+    w.thing("t", json!({"message": "first"})).await;
+    let cut = WatchCut::default();
+    let no_relists = Config { cache_flush_interval: Duration::ZERO, ..Config::default() };
+    w.start_hub_with(&cut.client(&w.client), no_relists);
+    eventually(WAIT, || says(&w, "first")).await;
+    for round in ["second", "third", "fourth"] {
+        set_message(&w, round).await;
+        eventually(WAIT, || says(&w, round)).await;
+    }
+    (w, cut)
+}
+
+async fn set_message(w: &World, message: &str) {
+    let patch = Patch::Merge(json!({"spec": {"message": message}}));
+    w.things().await.patch("t", &someone_else(), &patch).await.unwrap();
+}
+
 /// Each type has its own watch, and nothing orders one's events against another's: the echo of a
 /// parent's status write can come before the echo of the child write its sync made just before. The
 /// sync that echo starts sees the child as it was; applying the child again there would change
@@ -538,31 +568,11 @@ def sync(req):
 /// put back once the events go on.
 #[tokio::test]
 async fn a_sync_behind_its_own_child_write_does_not_write_it_again_and_misses_no_edit() {
-    let mut w = World::new("lt-behind", STATUS_SAYS).await;
-    w.stop_hub().await;
-    controller(&w, json!({}), with_hook(in_place(), &w)).await;
-    w.thing("t", json!({"message": "first"})).await;
-    let cut = WatchCut::default();
-    // No relists: what the cache shows comes from the watches alone.
-    let no_relists = Config { cache_flush_interval: Duration::ZERO, ..Config::default() };
-    w.start_hub_with(&cut.client(&w.client), no_relists);
-    let says = |message: &'static str| {
-        let w = &w;
-        async move {
-            let status = status_of(w, "t").await;
-            (child_message(w).await? == message && status["message"] == message).then_some(())
-        }
-    };
-    eventually(WAIT, || says("first")).await;
-    // A while of syncs whose echoes change nothing.
-    for round in ["second", "third", "fourth"] {
-        w.things().await.patch("t", &someone_else(), &Patch::Merge(json!({"spec": {"message": round}}))).await.unwrap();
-        eventually(WAIT, || says(round)).await;
-    }
+    let (w, cut) = converged_under_a_cut("lt-behind", STATUS_SAYS).await;
 
     cut.hold("configmaps");
     let before = cut.writes().len();
-    w.things().await.patch("t", &someone_else(), &Patch::Merge(json!({"spec": {"message": "held"}}))).await.unwrap();
+    set_message(&w, "held").await;
     // The status write's echo came (the Things' watch is not held) and started a sync that saw the new
     // status beside the child as it was before its write.
     let stale_sync = || async {
@@ -589,7 +599,7 @@ async fn a_sync_behind_its_own_child_write_does_not_write_it_again_and_misses_no
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(child_writes(before).len(), 1, "nothing heard of the edit yet: {:?}", child_writes(before));
     cut.release();
-    eventually(WAIT, || says("held")).await;
+    eventually(WAIT, || says(&w, "held")).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(child_writes(before).len(), 2, "the change, then the edit put back: {:?}", child_writes(before));
     w.finish("CompositeController").await;
@@ -616,28 +626,10 @@ def sync(req):
 /// change. An edit of the status by someone else in the gap is put back once the events go on.
 #[tokio::test]
 async fn a_sync_behind_its_own_status_write_does_not_write_it_again_and_misses_no_edit() {
-    let mut w = World::new("lt-behind-status", STATUS_SAYS_SLOWLY).await;
-    w.stop_hub().await;
-    controller(&w, json!({}), with_hook(in_place(), &w)).await;
-    w.thing("t", json!({"message": "first"})).await;
-    let cut = WatchCut::default();
-    let no_relists = Config { cache_flush_interval: Duration::ZERO, ..Config::default() };
-    w.start_hub_with(&cut.client(&w.client), no_relists);
-    let says = |message: &'static str| {
-        let w = &w;
-        async move {
-            let status = status_of(w, "t").await;
-            (child_message(w).await? == message && status["message"] == message).then_some(())
-        }
-    };
-    eventually(WAIT, || says("first")).await;
-    for round in ["second", "third", "fourth"] {
-        w.things().await.patch("t", &someone_else(), &Patch::Merge(json!({"spec": {"message": round}}))).await.unwrap();
-        eventually(WAIT, || says(round)).await;
-    }
+    let (w, cut) = converged_under_a_cut("lt-behind-status", STATUS_SAYS_SLOWLY).await;
 
     let before = cut.writes().len();
-    w.things().await.patch("t", &someone_else(), &Patch::Merge(json!({"spec": {"message": "slow"}}))).await.unwrap();
+    set_message(&w, "slow").await;
     // The sync of the change is in its (slow) hook call: hold the Things' events before it writes.
     let asked = |status: &'static str, child: &'static str| {
         let w = &w;
@@ -669,7 +661,7 @@ async fn a_sync_behind_its_own_status_write_does_not_write_it_again_and_misses_n
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(status_writes(before).len(), 1, "nothing heard of the edit yet: {:?}", status_writes(before));
     cut.release();
-    eventually(WAIT, || says("slow")).await;
+    eventually(WAIT, || says(&w, "slow")).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(status_writes(before).len(), 2, "the change, then the edit put back: {:?}", status_writes(before));
     w.finish("CompositeController").await;
