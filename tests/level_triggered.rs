@@ -591,8 +591,8 @@ async fn a_sync_behind_its_own_child_write_does_not_write_it_again_and_misses_no
     };
     assert_eq!(child_writes(before).len(), 1, "one change, one write of the child: {:?}", child_writes(before));
 
-    // Someone else's edit in the gap: its event comes after the held echo (a held watch reads nothing
-    // more until released), then syncs the parent.
+    // Someone else's edit in the gap: its event comes after the held echo and waits behind it, then
+    // syncs the parent.
     let edit = Patch::Merge(json!({"data": {"message": "edited"}}));
     let edited = w.config_maps().await.patch("t-0", &someone_else(), &edit).await.unwrap();
     assert_eq!(edited.data["data"]["message"], "edited");
