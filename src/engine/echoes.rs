@@ -80,8 +80,18 @@ pub enum Watched {
     Parent,
 }
 
-/// (type, object) → (versions the writes left behind, oldest first; parent whose sync wrote them).
-type Written<K> = HashMap<(Watched, ObjectKey), (Vec<String>, K)>;
+/// What is recorded of the writes of one object whose echo has not come.
+struct Record<K> {
+    /// The versions the writes left behind, oldest first.
+    versions: Vec<String>,
+    /// The parent whose sync wrote them.
+    parent: K,
+    /// A digest of what the last of them said, if it was settled with [`Echoes::settle_saying`].
+    said: Option<u64>,
+}
+
+/// (type, object) → what is recorded of its writes.
+type Written<K> = HashMap<(Watched, ObjectKey), Record<K>>;
 
 /// Writes in flight: (type, object) → (parent whose sync writes it, versions seen meanwhile).
 type InFlight<K> = HashMap<(Watched, ObjectKey), (K, Vec<String>)>;
@@ -92,18 +102,16 @@ type InFlight<K> = HashMap<(Watched, ObjectKey), (K, Vec<String>)>;
 /// sent ([`Echoes::begin`]): events of that object are held until the write is settled
 /// ([`Echoes::finish`]), which tells which of them were its echo and which someone else's change.
 ///
-/// For a write whose content a sync may want to recognise (the parent's status), it also keeps a digest
-/// of what the last write said ([`Echoes::settle_saying`]), for as long as that write is unseen.
+/// For a write whose content a sync may want to recognise (the parent's status), the record also keeps a
+/// digest of what the last write said ([`Echoes::settle_saying`]): it goes with the record.
 pub struct Echoes<K> {
     written: Mutex<Written<K>>,
     pending: Mutex<InFlight<K>>,
-    /// (type, object) → digest of what its last recorded write said; only while that write is unseen.
-    said: Mutex<HashMap<(Watched, ObjectKey), u64>>,
 }
 
 impl<K: Clone + Eq + Hash> Default for Echoes<K> {
     fn default() -> Self {
-        Self { written: Mutex::default(), pending: Mutex::default(), said: Mutex::default() }
+        Self { written: Mutex::default(), pending: Mutex::default() }
     }
 }
 
@@ -122,11 +130,11 @@ impl<K: Clone + Eq + Hash> Echoes<K> {
         let foreign = seen.iter().any(|s| Some(s.as_str()) != version);
         if let (Some(v), false) = (version, echoed) {
             self.wrote(&parent, watched, object.clone(), v.to_owned());
-        }
-        if version.is_some() {
-            // What an earlier write said is no longer what the last one said ([`Echoes::settle_saying`]
-            // notes this one's, if it says something).
-            self.said.lock().expect("echoes lock").remove(&(watched, object.clone()));
+        } else if version.is_some()
+            && let Some(record) = self.written.lock().expect("echoes lock").get_mut(&(watched, object.clone()))
+        {
+            // Seen already, this write; an earlier one's record must not say what the last write said.
+            record.said = None;
         }
         Settled { echo: echoed.then(|| parent.clone()), foreign: foreign.then_some(parent) }
     }
@@ -141,13 +149,11 @@ impl<K: Clone + Eq + Hash> Echoes<K> {
         digest: u64,
     ) -> Settled<K> {
         let settled = self.finish(watched, object, version);
-        let id = (watched, object.clone());
-        let recorded = version.is_some() && self.unseen(watched, object);
-        let mut said = self.said.lock().expect("echoes lock");
-        if recorded {
-            said.insert(id, digest);
-        } else {
-            said.remove(&id);
+        if let (Some(v), Some(record)) =
+            (version, self.written.lock().expect("echoes lock").get_mut(&(watched, object.clone())))
+            && record.versions.last().map(String::as_str) == Some(v)
+        {
+            record.said = Some(digest);
         }
         settled
     }
@@ -156,15 +162,7 @@ impl<K: Clone + Eq + Hash> Echoes<K> {
     /// and was settled with [`Echoes::settle_saying`].
     #[must_use]
     pub fn unseen_saying(&self, watched: Watched, object: &ObjectKey) -> Option<u64> {
-        let id = (watched, object.clone());
-        let unseen = self.written.lock().expect("echoes lock").get(&id).is_some_and(|(v, _)| !v.is_empty());
-        let mut said = self.said.lock().expect("echoes lock");
-        if unseen {
-            said.get(&id).copied()
-        } else {
-            said.remove(&id);
-            None
-        }
+        self.written.lock().expect("echoes lock").get(&(watched, object.clone()))?.said
     }
 
     /// What an event of `object` at `version` is: the echo of a recorded write (with the parent that
@@ -183,9 +181,14 @@ impl<K: Clone + Eq + Hash> Echoes<K> {
     /// Remembers that `parent`'s sync left `object` of type `watched` at `version`.
     pub fn wrote(&self, parent: &K, watched: Watched, object: ObjectKey, version: String) {
         let mut written = self.written.lock().expect("echoes lock");
-        let entry = written.entry((watched, object)).or_insert_with(|| (Vec::new(), parent.clone()));
-        entry.0.push(version);
-        entry.1 = parent.clone();
+        let record = written.entry((watched, object)).or_insert_with(|| Record {
+            versions: Vec::new(),
+            parent: parent.clone(),
+            said: None,
+        });
+        record.versions.push(version);
+        record.parent = parent.clone();
+        record.said = None;
     }
 
     /// If an event showing `object` at `version` is the echo of a recorded write, the parent that wrote
@@ -194,18 +197,16 @@ impl<K: Clone + Eq + Hash> Echoes<K> {
     pub fn echo_of(&self, watched: Watched, object: &ObjectKey, version: &str) -> Option<K> {
         let mut written = self.written.lock().expect("echoes lock");
         let id = (watched, object.clone());
-        let (versions, _) = written.get_mut(&id)?;
-        let Some(position) = versions.iter().position(|v| v == version) else {
+        let record = written.get_mut(&id)?;
+        let Some(position) = record.versions.iter().position(|v| v == version) else {
             written.remove(&id);
-            self.said.lock().expect("echoes lock").remove(&id);
             return None;
         };
-        versions.drain(..=position);
-        if versions.is_empty() {
-            self.said.lock().expect("echoes lock").remove(&id);
-            written.remove(&id).map(|(_, parent)| parent)
+        record.versions.drain(..=position);
+        if record.versions.is_empty() {
+            written.remove(&id).map(|record| record.parent)
         } else {
-            written.get(&id).map(|(_, parent)| parent.clone())
+            Some(record.parent.clone())
         }
     }
 
@@ -215,22 +216,18 @@ impl<K: Clone + Eq + Hash> Echoes<K> {
     /// object as it was before that write.
     #[must_use]
     pub fn unseen(&self, watched: Watched, object: &ObjectKey) -> bool {
-        self.written.lock().expect("echoes lock").get(&(watched, object.clone())).is_some_and(|(v, _)| !v.is_empty())
+        self.written.lock().expect("echoes lock").contains_key(&(watched, object.clone()))
     }
 
     /// Forgets what is recorded of `object`: an event that is not a plain watch event (a relist after
     /// the watch expired) must never be taken for an echo, nor leave a record a later event could match.
     pub fn forget_object(&self, watched: Watched, object: &ObjectKey) {
-        let id = (watched, object.clone());
-        self.written.lock().expect("echoes lock").remove(&id);
-        self.said.lock().expect("echoes lock").remove(&id);
+        self.written.lock().expect("echoes lock").remove(&(watched, object.clone()));
     }
 
     /// Forgets a parent that is gone, and the writes it left unseen.
     pub fn forget(&self, parent: &K) {
-        let mut written = self.written.lock().expect("echoes lock");
-        written.retain(|_, (_, p)| p != parent);
-        self.said.lock().expect("echoes lock").retain(|id, _| written.contains_key(id));
+        self.written.lock().expect("echoes lock").retain(|_, record| record.parent != *parent);
     }
 }
 
@@ -374,7 +371,7 @@ mod tests {
         echoes.settle_saying(parent, &key("p"), Some("13"), 48);
         echoes.forget(&"p");
         assert_eq!(echoes.unseen_saying(parent, &key("p")), None);
-        assert!(echoes.said.lock().unwrap().is_empty());
+        assert!(echoes.written.lock().unwrap().is_empty());
     }
 
     #[test]

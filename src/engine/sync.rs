@@ -769,8 +769,8 @@ async fn answer<C: Kind>(
 
 /// A digest of a JSON value, the same for equal values in this process (their canonical form hashed).
 fn digest_of(value: &Value) -> u64 {
-    use std::hash::{BuildHasher as _, Hasher as _};
-    let mut hasher = std::hash::BuildHasherDefault::<std::hash::DefaultHasher>::default().build_hasher();
+    use std::hash::Hasher as _;
+    let mut hasher = std::hash::DefaultHasher::new();
     hasher.write(crate::api::json::canonical_json(value).as_bytes());
     hasher.finish()
 }

@@ -195,8 +195,9 @@ impl Applier {
     /// claimed as its own; `None` means "create", which never overwrites an existing object. `adopts`:
     /// which orphans the object's parent adopts ([`ADOPTS_NOTHING`] for none); one in the way of a
     /// create that a sharded cache cannot show (it never carried a bucket label) is moved to
-    /// [`ORPHANS`], where every replica sees it, and the retry adopts it. `behind`: `observed` is older
-    /// than the hub's own last write of it, whose echo has not come yet (see the module doc).
+    /// [`ORPHANS`], where every replica sees it, and the retry adopts it. `behind`: whether `observed`
+    /// is older than the hub's own last write of it, whose echo has not come yet (see the module doc);
+    /// asked only of an object not known to be current otherwise.
     pub async fn apply(
         &self,
         resource: &ResolvedResource,
@@ -204,12 +205,12 @@ impl Applier {
         observed: Option<&DynamicObject>,
         method: UpdateMethod,
         adopts: Adopts<'_>,
-        behind: bool,
+        behind: impl FnOnce() -> bool,
     ) -> Result<Applied, ApplyError> {
         let result = match observed {
             // Known to change nothing: no request is sent, and there is no write to trace.
             Some(current) if self.is_current(resource, desired, current, method) => Ok(Applied::Unchanged),
-            Some(current) if behind && self.wrote_last(resource, desired, current) => Ok(Applied::Unchanged),
+            Some(current) if behind() && self.wrote_last(resource, desired, current) => Ok(Applied::Unchanged),
             _ => {
                 let verb = if observed.is_some() { "update" } else { "create" };
                 let span = write_span(verb, resource.kind(), &key_of(desired));
@@ -917,7 +918,8 @@ mod tests {
         let apply = |desired: Value, observed: DynamicObject, behind: bool| {
             let (applier, resource) = (&applier, &resource);
             async move {
-                applier.apply(resource, &desired, Some(&observed), UpdateMethod::InPlace, ADOPTS_NOTHING, behind).await
+                let method = UpdateMethod::InPlace;
+                applier.apply(resource, &desired, Some(&observed), method, ADOPTS_NOTHING, || behind).await
             }
         };
         assert_eq!(apply(desired.clone(), stale.clone(), true).await.unwrap(), Applied::Unchanged);

@@ -543,10 +543,10 @@ impl<'a> Plan<'a> {
             for (key, obj) in desired {
                 let current = observed.get(key).map(AsRef::as_ref);
                 writes.push(Box::pin(async move {
-                    // Asked before the write is announced: that write's own echo is not what is waited for.
-                    let behind = current.is_some() && observer.behind(index, key);
                     observer.started(index, key);
                     let (resource, method) = (child_type.resource(), child_type.method);
+                    // Asked only of a child the applier does not know to be current by itself.
+                    let behind = || observer.behind(index, key);
                     let result = applier.apply(resource, obj, current, method, self.adopts, behind).await;
                     let version = match &result {
                         Ok(Applied::Created { version } | Applied::Updated { version }) => Some(version.clone()),
@@ -633,7 +633,8 @@ pub trait WriteObserver: Sync {
     fn started(&self, type_index: usize, key: &ObjectKey);
     fn finished(&self, type_index: usize, key: &ObjectKey, version: Option<&str>);
     /// Whether the cache shows the child older than a write of it whose echo has not come yet (so an
-    /// apply of what that write applied would change nothing; see [`crate::write::apply`]).
+    /// apply of what that write applied would change nothing; see [`crate::write::apply`]). A write
+    /// announced with `started` and not finished is not one of those.
     fn behind(&self, type_index: usize, key: &ObjectKey) -> bool;
 }
 

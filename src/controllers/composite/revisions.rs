@@ -129,7 +129,7 @@ pub async fn persist(
         }
         // Revisions' writes are not followed by echoes: the cache is never known to be behind here.
         let stored = revision.stored.as_deref();
-        applier.apply(resource, desired, stored, UpdateMethod::InPlace, ADOPTS_NOTHING, false).await?;
+        applier.apply(resource, desired, stored, UpdateMethod::InPlace, ADOPTS_NOTHING, || false).await?;
     }
     Ok(())
 }
