@@ -586,23 +586,38 @@ async fn a_sync_behind_its_own_child_write_does_not_write_it_again_and_misses_no
     eventually(WAIT, || async { cut.held().iter().any(|e| e.contains("\"t-0\"") && e.contains("held")).then_some(()) })
         .await;
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let child_writes = |since: usize| -> Vec<String> {
-        cut.writes()[since..].iter().filter(|r| r.contains("/configmaps/t-0")).cloned().collect()
-    };
-    assert_eq!(child_writes(before).len(), 1, "one change, one write of the child: {:?}", child_writes(before));
-
     // Someone else's edit in the gap: its event comes after the held echo and waits behind it, then
     // syncs the parent.
-    let edit = Patch::Merge(json!({"data": {"message": "edited"}}));
-    let edited = w.config_maps().await.patch("t-0", &someone_else(), &edit).await.unwrap();
-    assert_eq!(edited.data["data"]["message"], "edited");
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    assert_eq!(child_writes(before).len(), 1, "nothing heard of the edit yet: {:?}", child_writes(before));
-    cut.release();
-    eventually(WAIT, || says(&w, "held")).await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    assert_eq!(child_writes(before).len(), 2, "the change, then the edit put back: {:?}", child_writes(before));
+    let edit = async {
+        let edit = Patch::Merge(json!({"data": {"message": "edited"}}));
+        let edited = w.config_maps().await.patch("t-0", &someone_else(), &edit).await.unwrap();
+        assert_eq!(edited.data["data"]["message"], "edited");
+    };
+    written_once_then_the_edit_put_back(&w, &cut, before, "/configmaps/t-0", edit, "held").await;
     w.finish("CompositeController").await;
+}
+
+/// The close of the tests of a sync behind its own write, once the gap is made: the change was written
+/// once (the requests whose path holds `path`, since the `before`-th); `edit`, someone else's edit in
+/// the gap, waits behind the held echo, and once the cut is released it is put back (a second write)
+/// and the parent and its child say `message`.
+async fn written_once_then_the_edit_put_back(
+    w: &World,
+    cut: &WatchCut,
+    before: usize,
+    path: &str,
+    edit: impl std::future::Future<Output = ()>,
+    message: &str,
+) {
+    let writes = || -> Vec<String> { cut.writes()[before..].iter().filter(|r| r.contains(path)).cloned().collect() };
+    assert_eq!(writes().len(), 1, "one change, one write: {:?}", writes());
+    edit.await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(writes().len(), 1, "nothing heard of the edit yet: {:?}", writes());
+    cut.release();
+    eventually(WAIT, || says(w, message)).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(writes().len(), 2, "the change, then the edit put back: {:?}", writes());
 }
 
 /// [`STATUS_SAYS`], slow (2 s) to answer while the parent's status is behind its spec's message: time
@@ -649,20 +664,12 @@ async fn a_sync_behind_its_own_status_write_does_not_write_it_again_and_misses_n
     eventually(WAIT, || async { cut.held().iter().any(|e| e.contains("\"t\"") && e.contains("slow")).then_some(()) })
         .await;
     tokio::time::sleep(Duration::from_secs(4)).await;
-    let status_writes = |since: usize| -> Vec<String> {
-        cut.writes()[since..].iter().filter(|r| r.contains("/things/t")).cloned().collect()
-    };
-    assert_eq!(status_writes(before).len(), 1, "one change, one status write: {:?}", status_writes(before));
-
     // Someone else's edit of the status in the gap comes after the held echo, and is put back.
-    let edit = Patch::Merge(json!({"status": {"message": "edited"}}));
-    let edited = w.things().await.patch_status("t", &someone_else(), &edit).await.unwrap();
-    assert_eq!(edited.data["status"]["message"], "edited");
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    assert_eq!(status_writes(before).len(), 1, "nothing heard of the edit yet: {:?}", status_writes(before));
-    cut.release();
-    eventually(WAIT, || says(&w, "slow")).await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    assert_eq!(status_writes(before).len(), 2, "the change, then the edit put back: {:?}", status_writes(before));
+    let edit = async {
+        let edit = Patch::Merge(json!({"status": {"message": "edited"}}));
+        let edited = w.things().await.patch_status("t", &someone_else(), &edit).await.unwrap();
+        assert_eq!(edited.data["status"]["message"], "edited");
+    };
+    written_once_then_the_edit_put_back(&w, &cut, before, "/things/t", edit, "slow").await;
     w.finish("CompositeController").await;
 }

@@ -236,7 +236,7 @@ impl Applier {
         adopts: Adopts<'_>,
     ) -> Result<Applied, ApplyError> {
         let key = key_of(desired);
-        let cache_key = (resource.api_version().to_owned(), resource.kind().to_owned(), key.clone());
+        let cache_key = applied_key(resource, key.clone());
         let desired_hash = hash(desired);
         let api = self.api(resource, key.namespace.as_deref());
         let kind = || resource.kind().to_owned();
@@ -335,7 +335,7 @@ impl Applier {
         if observed.metadata.deletion_timestamp.is_some() || method == UpdateMethod::OnDelete {
             return true;
         }
-        let cache_key = (resource.api_version().to_owned(), resource.kind().to_owned(), key_of(desired));
+        let cache_key = applied_key(resource, key_of(desired));
         let current = fingerprint(hash(desired), observed);
         if self.applied.lock().expect("applied lock").get(&cache_key) == Some(&current) {
             return true;
@@ -352,16 +352,15 @@ impl Applier {
     /// whatever version the write left: for a cache behind that write (see the module doc).
     #[must_use]
     pub fn wrote_last(&self, resource: &ResolvedResource, desired: &Value, observed: &DynamicObject) -> bool {
-        let cache_key = (resource.api_version().to_owned(), resource.kind().to_owned(), key_of(desired));
         let applied = self.applied.lock().expect("applied lock");
-        applied.get(&cache_key).is_some_and(|last| {
+        applied.get(&applied_key(resource, key_of(desired))).is_some_and(|last| {
             Some(last.uid.as_str()) == observed.metadata.uid.as_deref() && last.desired == hash(desired)
         })
     }
 
     /// Forgets what was applied to an object that is gone.
     pub fn forget(&self, resource: &ResolvedResource, key: &ObjectKey) {
-        let cache_key = (resource.api_version().to_owned(), resource.kind().to_owned(), key.clone());
+        let cache_key = applied_key(resource, key.clone());
         self.applied.lock().expect("applied lock").remove(&cache_key);
     }
 
@@ -857,6 +856,11 @@ fn sanitized(obj: &DynamicObject) -> Value {
         }
     }
     value
+}
+
+/// The key of what was applied to `key` of `resource`'s type: its API version, kind and name.
+fn applied_key(resource: &ResolvedResource, key: ObjectKey) -> (String, String, ObjectKey) {
+    (resource.api_version().to_owned(), resource.kind().to_owned(), key)
 }
 
 /// Removes what a hook must not set on a desired object (server-owned metadata and status).
