@@ -34,9 +34,14 @@ def sync(request):
 
 /// The world: a controller of Things whose ConfigMaps are `crossNamespace`, and a second namespace.
 async fn world(test: &str) -> (World, TestNamespace) {
+    world_with(test, controller_spec).await
+}
+
+/// [`world`] with the controller `spec` makes.
+async fn world_with(test: &str, spec: impl Fn(&World) -> Value) -> (World, TestNamespace) {
     let w = World::new(test, HOOK).await;
     let other = TestNamespace::create(&w.client, &format!("{test}-b")).await;
-    w.composite(controller_spec(&w)).await;
+    w.composite(spec(&w)).await;
     (w, other)
 }
 
@@ -49,6 +54,22 @@ fn controller_spec(w: &World) -> Value {
                             "updateStrategy": {"method": "InPlace"}}],
         "hooks": {"sync": {"webhook": {"url": w.hook.url("/sync")}}},
     })
+}
+
+/// [`controller_spec`] whose parents adopt selected orphans in every namespace (`adoptAcrossNamespaces`,
+/// the controller author's opt-in).
+fn adopting_everywhere_spec(w: &World) -> Value {
+    let mut spec = controller_spec(w);
+    spec["childResources"][0]["adoptAcrossNamespaces"] = json!(true);
+    spec
+}
+
+/// [`controller_spec`] without `generateSelector`: each parent's own `spec.selector` selects its children
+/// (as whoever may create a parent writes it).
+fn parent_selector_spec(w: &World) -> Value {
+    let mut spec = controller_spec(w);
+    spec.as_object_mut().unwrap().remove("generateSelector");
+    spec
 }
 
 fn child(name: &str, namespace: Option<&str>) -> Value {
@@ -123,7 +144,8 @@ async fn a_child_elsewhere_carries_its_parents_uid_and_is_put_back_and_deleted_l
 
 #[tokio::test]
 async fn a_name_held_elsewhere_by_anyone_else_refuses_the_whole_sync_and_a_selected_orphan_is_adopted() {
-    let (mut w, other) = world("xns-claims").await;
+    // Adoption in another namespace is the controller author's opt-in (issue 53 item 1).
+    let (mut w, other) = world_with("xns-claims", adopting_everywhere_spec).await;
     let b = other.name.as_str();
     let cms = support::api(&w.client, "v1", "ConfigMap", Some(b)).await;
 
@@ -221,6 +243,100 @@ async fn a_deleted_parent_takes_its_children_elsewhere_even_if_the_hub_was_down_
     })
     .await;
     drop(kept_here);
+
+    other.delete().await;
+    w.finish("CompositeController").await;
+}
+
+/// Issue 53 item 1: a parent's selector reaches no other namespace. A tenant's parent selecting
+/// `app: x`, whose hook answers no child, adopts (and so deletes) the matching orphan in its own
+/// namespace — the selector is live — but never the matching orphan in another namespace, which stays
+/// untouched (same resourceVersion, no parent label) after the parent's syncs.
+#[tokio::test]
+async fn a_parents_selector_adopts_and_deletes_nothing_in_another_namespace() {
+    let (w, other) = world_with("xns-tenant", parent_selector_spec).await;
+    let b = other.name.as_str();
+    let orphan = |namespace: &str, name: &str| {
+        json!({"apiVersion": "v1", "kind": "ConfigMap",
+               "metadata": {"name": name, "namespace": namespace, "labels": {"app": "x"}}, "data": {"v": "theirs"}})
+    };
+    let victim = support::apply_value(&w.client, &orphan(b, "victim")).await;
+    support::apply_value(&w.client, &orphan(&w.ns.name, "local")).await;
+
+    w.thing("tenant", json!({"selector": {"matchLabels": {"app": "x"}}, "children": []})).await;
+    // The orphan in the parent's own namespace is adopted, and, not desired, deleted: the selector works.
+    gone(&w, &w.ns.name, "local").await;
+    eventually(WAIT, || async {
+        let thing = w.things().await.get("tenant").await.unwrap();
+        thing.data["status"]["seen"].is_array().then_some(())
+    })
+    .await;
+    // More syncs of the parent (a change, then time for its echoes).
+    w.thing("tenant", json!({"selector": {"matchLabels": {"app": "x"}}, "children": [], "again": 1})).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let still = config_map(&w, b, "victim").await.expect("the orphan in another namespace is not deleted");
+    assert_eq!(still.metadata.uid, victim.metadata.uid);
+    assert_eq!(still.metadata.resource_version, victim.metadata.resource_version, "not even labelled");
+    assert_eq!(label(&still, PARENT_UID), None);
+
+    other.delete().await;
+    w.finish("CompositeController").await;
+}
+
+/// Issue 53 item 3: `--cascade=orphan` is recorded in the API, not only in the hub's memory. A hub
+/// killed (SIGKILL) right after the orphaning delete, or before it, so that it never saw the `orphan`
+/// finalizer the garbage collector takes off, keeps the child in the other namespace when it comes
+/// back: released (no parent label), the same object; the intent is on the parent
+/// (`metahook.dev/cascade: orphan`) while it waits for the hub.
+#[tokio::test]
+async fn an_orphaning_delete_keeps_the_children_elsewhere_across_a_hub_killed_before_or_after_it() {
+    let (mut w, other) = world("xns-orphan-kill").await;
+    let b = other.name.as_str();
+    let things = w.things().await;
+    w.stop_hub().await;
+    let mut hub = Some(support::HubProcess::start(&w.label));
+    let orphan = DeleteParams { propagation_policy: Some(PropagationPolicy::Orphan), ..DeleteParams::default() };
+
+    for (name, kill_after) in [("k1", Some(Duration::from_millis(300))), ("k2", None)] {
+        let (here, there) = (format!("{name}-a"), format!("{name}-b"));
+        w.thing(name, json!({"children": [child(&here, None), child(&there, Some(b))]})).await;
+        let kept = exists(&w, b, &there).await;
+        exists(&w, &w.ns.name, &here).await;
+        // The parent carries the hub's finalizer before it is deleted.
+        eventually(WAIT, || async {
+            let thing = things.get(name).await.unwrap();
+            thing.metadata.finalizers.as_ref().is_some_and(|f| !f.is_empty()).then_some(())
+        })
+        .await;
+        match kill_after {
+            Some(after) => {
+                things.delete(name, &orphan).await.unwrap();
+                tokio::time::sleep(after).await;
+                hub.take().unwrap().kill();
+            }
+            None => {
+                hub.take().unwrap().kill();
+                things.delete(name, &orphan).await.unwrap();
+            }
+        }
+        // The garbage collector orphans the child here and takes its `orphan` finalizer off meanwhile (the
+        // parent may be gone already, if the first hub finished before its kill).
+        eventually(WAIT, || async {
+            let finalizers = things.get_opt(name).await.unwrap().and_then(|t| t.metadata.finalizers);
+            (!finalizers.unwrap_or_default().iter().any(|f| f == "orphan")).then_some(())
+        })
+        .await;
+        tokio::time::sleep(Duration::from_millis(1800)).await;
+        hub = Some(support::HubProcess::start(&w.label));
+        eventually(WAIT, || async { things.get_opt(name).await.unwrap().is_none().then_some(()) }).await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let after = config_map(&w, b, &there).await.unwrap_or_else(|| panic!("{there} kept under --cascade=orphan"));
+        assert_eq!(after.metadata.uid, kept.metadata.uid, "{there}: the same object");
+        assert_eq!((label(&after, PARENT_UID), annotation(&after, PARENT)), (None, None), "{:?}", after.metadata);
+        let here_after = config_map(&w, &w.ns.name, &here).await.expect("kept under --cascade=orphan");
+        assert!(here_after.metadata.owner_references.as_ref().is_none_or(Vec::is_empty));
+    }
+    drop(hub);
 
     other.delete().await;
     w.finish("CompositeController").await;

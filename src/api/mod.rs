@@ -199,6 +199,13 @@ pub struct ChildResourceRule {
     /// limited to some namespaces.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cross_namespace: Option<bool>,
+    /// A metahook extension, with `crossNamespace` only: a parent adopts the orphans its selector selects
+    /// in any namespace, not only in its own. Off by default, because whoever may create a parent writes
+    /// its selector: with it on, a parent's author can make the hub adopt (and then delete) matching
+    /// objects anywhere. Set it only where the selector is the controller's own (`generateSelector`) or
+    /// parents are written by people trusted with every namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adopt_across_namespaces: Option<bool>,
 }
 
 impl ChildResourceRule {
@@ -212,6 +219,13 @@ impl ChildResourceRule {
     #[must_use]
     pub fn cross_namespace(&self) -> bool {
         self.cross_namespace == Some(true)
+    }
+
+    /// Whether a parent adopts selected orphans of this type outside its own namespace
+    /// (`crossNamespace` and `adoptAcrossNamespaces` both set).
+    #[must_use]
+    pub fn adopts_across_namespaces(&self) -> bool {
+        self.cross_namespace() && self.adopt_across_namespaces == Some(true)
     }
 }
 

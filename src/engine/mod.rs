@@ -1,7 +1,7 @@
 //! Stage 4, engine: what every controller kind shares between "something changed" and "the cluster
 //! matches". The work [`queue`] and its reasons, the worker loop and the sync's phases ([`sync`]), the
 //! echoes of the hub's own writes ([`echoes`]), the last request asked ([`answered`]), permanent hook errors reported ([`held`]), the `customize` hook's [`related`] objects, Events
-//! ([`events`]), sync requests ([`trigger`]), re-syncs for a hook's new version ([`rollout`]), a candidate hook on a share of the parents
+//! ([`events`]), sync requests ([`trigger`]), re-syncs for a hook's new version ([`rollout`]), a user's `--cascade=orphan` remembered in the API ([`orphaning`]), a candidate hook on a share of the parents
 //! ([`canary`]), the
 //! controllers' metrics ([`metrics`]) and states ([`health`]), and the services a controller runs with
 //! ([`hub`]).
@@ -18,6 +18,7 @@ pub mod health;
 pub mod held;
 pub mod hub;
 pub mod metrics;
+pub mod orphaning;
 pub mod queue;
 pub mod related;
 pub mod rollout;

@@ -39,6 +39,7 @@ use crate::engine::finalizer::{Facts, follow_plan, gc_finalizing, has_finalizer,
 use crate::engine::held::Held;
 use crate::engine::hub::Hub;
 use crate::engine::metrics::ControllerMetrics;
+use crate::engine::orphaning::{Deletions, Intent};
 use crate::engine::queue::{Reason, Reasons, WorkQueue};
 use crate::engine::related::{ParentScope, Related};
 use crate::engine::status::{StatusWrite, held_status, record_hook_events, replace_status};
@@ -129,6 +130,11 @@ pub(crate) trait Kind: Send + Sync + 'static {
     fn adopts(&self, _obj: &DynamicObject, _resource: &ResolvedResource, _child: &DynamicObject) -> bool {
         false
     }
+    /// Whether the garbage collector orphaned the children of `obj`, being deleted, that it owned in its
+    /// namespace (read live; see [`crate::engine::orphaning::Orphaned`]). A decorator owns none.
+    fn orphaned_by_collector(&self, _obj: &DynamicObject) -> impl Future<Output = Result<bool, SyncError>> + Send {
+        std::future::ready(Ok(false))
+    }
 }
 
 /// What `Kind::observe` claims: the children (or attachments) by declared type, and what else the kind
@@ -204,7 +210,7 @@ pub(crate) async fn child_types(
             .map_err(|source| StartError::NotFound { role, source })?;
         within_namespaces(hub, role, &resource)?;
         let informer = hub.informers.get(&resource, Role::Child);
-        types.push(ChildType { method: method(rule.method()), informer, cross_namespace: rule.cross_namespace() });
+        types.push(ChildType::new(rule, method(rule.method()), informer));
     }
     Ok(types)
 }
@@ -285,8 +291,8 @@ pub(crate) struct Core<K> {
     pub child_resources: Vec<Arc<ResolvedResource>>,
     /// The canary of the sync hook, if the controller object's annotation starts one.
     pub canary: Canary,
-    /// UIDs of objects seen deleted with `--cascade=orphan` (see [`let_go_of_labelled`]).
-    orphaned: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// The deletions the objects' events showed, and whether they orphan (see [`crate::engine::orphaning`]).
+    deletions: Deletions,
     /// Read from a file (`controllersFrom`): there is no controller object in the API to write a status to.
     pub from_file: bool,
 }
@@ -373,7 +379,7 @@ impl<K: Clone + Eq + Hash + Display + Send + Sync + 'static> Core<K> {
         let canary = Canary::new(hub, Arc::clone(&metrics), canary);
         Ok(Self {
             canary,
-            orphaned: std::sync::Mutex::default(),
+            deletions: Deletions::default(),
             related: Related::new(hub.clone(), customize, controller, enqueue),
             hub: hub.clone(),
             kind,
@@ -450,7 +456,7 @@ impl<K: Clone + Eq + Hash + Display + Send + Sync + 'static> Core<K> {
         }
         let new = match change {
             Change::Deleted(obj) => {
-                self.orphaned.lock().expect("orphaned lock").remove(obj.metadata.uid.as_deref().unwrap_or_default());
+                self.deletions.forget(obj.metadata.uid.as_deref().unwrap_or_default());
                 self.related.forget(&key);
                 self.requests.forget(&key);
                 self.echoes.forget(&key);
@@ -463,12 +469,9 @@ impl<K: Clone + Eq + Hash + Display + Send + Sync + 'static> Core<K> {
             }
             Change::Applied { new, .. } => new,
         };
-        if new.metadata.deletion_timestamp.is_some() && new.metadata.finalizers.iter().flatten().any(|f| f == "orphan")
-        {
-            // The garbage collector takes `orphan` off once it has orphaned the owned children, which may
-            // be before this object's sync: remembered, so children by label are kept too.
-            self.orphaned.lock().expect("orphaned lock").insert(new.metadata.uid.clone().unwrap_or_default());
-        }
+        // The garbage collector takes `orphan` off once it has orphaned the owned children, which may be
+        // before this object's sync: noted before the object is queued, so its sync knows.
+        self.deletions.observe(new);
         if !selected && !has_finalizer(new, &self.finalizer) {
             return;
         }
@@ -608,6 +611,8 @@ struct Observing<C: Kind> {
     canary: Option<Pick>,
     observed: Vec<ChildMap<Arc<DynamicObject>>>,
     claimed: C::Claimed,
+    /// Being deleted with `--cascade=orphan`: the children are the user's to keep, none is written.
+    orphaning: bool,
     /// The children as the request shows them.
     children: ObjectMaps,
     related: ObjectMaps,
@@ -629,9 +634,18 @@ async fn observe<C: Kind>(kind: &C, key: &C::Key) -> Result<Option<Observing<C>>
     let object = ObjectKey::of(&obj);
     let record = |write| core.write_object(key, &object, write);
     let Some(finalizing) = follow_plan(&api, &obj, &core.finalizer, facts, record).await? else { return Ok(None) };
+    let orphaning = if finalizing && facts.deleting {
+        match orphaning(kind, key, &obj, &api).await? {
+            Some(orphaning) => orphaning,
+            // A sync ahead of the object's events decides nothing; the event queues the object again.
+            None => return Ok(None),
+        }
+    } else {
+        false
+    };
     if finalizing && kind.hook(true).is_none() {
         // Deleted, with children by label and no finalize hook to ask: they go, then the finalizer.
-        if let_go_of_labelled(core, &obj).await? {
+        if let_go_of_labelled(core, &obj, orphaning).await? {
             core.write_object(key, &object, remove_finalizer(&api, &obj, &core.finalizer)).await?;
         }
         return Ok(None);
@@ -652,7 +666,40 @@ async fn observe<C: Kind>(kind: &C, key: &C::Key) -> Result<Option<Observing<C>>
         Err(e) => return Err(e),
     };
     let children = request_map(&core.child_resources, version, namespace, &observed);
-    Ok(Some(Observing { obj, resource, api, finalizing, endpoint, canary, observed, claimed, children, related }))
+    Ok(Some(Observing {
+        obj,
+        resource,
+        api,
+        finalizing,
+        endpoint,
+        canary,
+        observed,
+        claimed,
+        orphaning,
+        children,
+        related,
+    }))
+}
+
+/// Whether `obj`, being deleted and finalized by `kind`, is deleted with `--cascade=orphan`, recorded in
+/// the API before anything else is done for it ([`crate::engine::orphaning`]). `None`: the object's
+/// events have not shown the deletion yet, so nothing is decided.
+async fn orphaning<C: Kind>(
+    kind: &C,
+    key: &C::Key,
+    obj: &DynamicObject,
+    api: &Api<DynamicObject>,
+) -> Result<Option<bool>, SyncError> {
+    let core = kind.core();
+    let orphaning = match Intent::of(obj, &core.deletions) {
+        Intent::Unseen => return Ok(None),
+        Intent::Orphan => true,
+        Intent::NotShown => kind.orphaned_by_collector(obj).await?,
+    };
+    if orphaning && !crate::engine::orphaning::recorded(obj) {
+        core.write_object(key, &ObjectKey::of(obj), Intent::record(api, obj)).await?;
+    }
+    Ok(Some(orphaning))
 }
 
 /// One sync of `key` (see the module doc). Sharded, only an object of a bucket this replica holds is
@@ -702,7 +749,8 @@ async fn answer<C: Kind>(
     writes: &mut usize,
 ) -> Result<Option<Duration>, SyncError> {
     let core = kind.core();
-    let Observing { obj, resource, api, finalizing, endpoint, observed, claimed, children, related, .. } = observing;
+    let Observing { obj, resource, api, finalizing, endpoint, observed, claimed, orphaning, children, related, .. } =
+        observing;
     let finalizing = *finalizing;
 
     // Decide.
@@ -727,11 +775,22 @@ async fn answer<C: Kind>(
     let ours = |child: &DynamicObject| kind.ours(obj, child);
     let adopts = |child: &DynamicObject| kind.adopts(obj, resource, child);
     let guard = (!finalizing).then(|| core.settings().deletion_guard).flatten();
-    let plan = plan(&core.children, observed, &decision.desired, obj, guard, ours, &adopts)?;
+    // Under `--cascade=orphan` the children are the user's now (the garbage collector took this parent's
+    // ownerReferences off them): the finalize hook's answer of children is not written, nor checked
+    // against children that are no longer the parent's.
+    let plan = if *orphaning {
+        None
+    } else {
+        Some(plan(&core.children, observed, &decision.desired, obj, guard, ours, &adopts)?)
+    };
 
     // Act.
     record_hook_events(&core.hub.events, obj, &decision.events).await;
-    let Some(executed) = act_on_children::<C>(core, key, obj, resource, &plan, decision.before.as_ref()).await? else {
+    let executed = match &plan {
+        Some(plan) => act_on_children::<C>(core, key, obj, resource, plan, decision.before.as_ref()).await?,
+        None => Some(Executed::default()),
+    };
+    let Some(executed) = executed else {
         return Ok(None);
     };
     *writes = executed.writes.len();
@@ -756,7 +815,7 @@ async fn answer<C: Kind>(
     if !executed.errors.is_empty() {
         return Err(SyncError::Apply(executed.errors));
     }
-    if finalizing && decision.finalized && let_go_of_labelled(core, obj).await? {
+    if finalizing && decision.finalized && let_go_of_labelled(core, obj, *orphaning).await? {
         core.write_object(key, &object, remove_finalizer(api, obj, &core.finalizer)).await?;
     }
     if executed.writes.iter().any(|w| w.recreate) {
@@ -858,18 +917,12 @@ async fn act_on_children<C: Kind>(
 }
 
 /// The end of a deleted object's children by label (`crossNamespace`), once its finalize hook (if any)
-/// let go: each is deleted (as observed: preconditions on its UID and version), or released under `--cascade=orphan`
-/// (the user keeps the children, as the garbage collector keeps owned ones). Returns whether none is
-/// left, so the finalizer may go; otherwise each deletion's event queues the object again.
-///
-/// An orphaning deletion is known by the `orphan` finalizer, on the object now or on any version of it
-/// this hub saw. The garbage collector takes that finalizer off once it has orphaned the owned children,
-/// so a hub that was down for the whole of an orphaning deletion cannot tell it from another one, and
-/// deletes (the book says so).
-async fn let_go_of_labelled<K>(core: &Core<K>, obj: &DynamicObject) -> Result<bool, SyncError> {
+/// let go: each is deleted (as observed: preconditions on its UID and version), or, with `orphan`
+/// (`--cascade=orphan`, as [`orphaning`] decided it), released: the user keeps the children, as the
+/// garbage collector keeps owned ones. Returns whether none is left, so the finalizer may go; otherwise
+/// each deletion's event queues the object again.
+async fn let_go_of_labelled<K>(core: &Core<K>, obj: &DynamicObject, orphan: bool) -> Result<bool, SyncError> {
     let uid = obj.metadata.uid.as_deref().unwrap_or_default();
-    let orphan = obj.metadata.finalizers.iter().flatten().any(|f| f == "orphan")
-        || core.orphaned.lock().expect("orphaned lock").contains(uid);
     let client = &core.hub.client;
     let mut left = 0;
     for child_type in core.children.iter().filter(|t| t.cross_namespace) {

@@ -36,9 +36,24 @@ pub struct ChildType {
     /// Children may live outside the namespaced parent's namespace, tracked by [`PARENT_UID_LABEL`]
     /// there (`crossNamespace`).
     pub cross_namespace: bool,
+    /// Selected orphans outside the parent's namespace are adopted too (`adoptAcrossNamespaces`, which
+    /// the controller's author sets): without it a parent adopts only in its own namespace, so a parent's
+    /// selector (written by whoever may create a parent) reaches no other namespace.
+    pub adopt_elsewhere: bool,
 }
 
 impl ChildType {
+    /// The type `rule` declares, cached by `informer`, updated by `method`.
+    #[must_use]
+    pub fn new(rule: &crate::api::ChildResourceRule, method: UpdateMethod, informer: Informer) -> Self {
+        Self {
+            method,
+            informer,
+            cross_namespace: rule.cross_namespace(),
+            adopt_elsewhere: rule.adopts_across_namespaces(),
+        }
+    }
+
     #[must_use]
     pub fn resource(&self) -> &Arc<ResolvedResource> {
         self.informer.resource()
@@ -153,11 +168,13 @@ pub fn claims(
     let parent_ns = parent_resource.namespaced.then_some(parent.metadata.namespace.as_deref()).flatten();
     let mut claims = Claims::default();
     for (index, child_type) in types.iter().enumerate() {
-        // A type whose children may be anywhere is claimed anywhere.
-        let parent_ns = if child_type.cross_namespace { None } else { parent_ns };
+        // A type whose children may be anywhere is claimed anywhere; its orphans are adopted anywhere
+        // only when the controller says so (`adoptAcrossNamespaces`), never on a parent's word alone.
+        let owned_ns = if child_type.cross_namespace { None } else { parent_ns };
+        let adopt_ns = if child_type.adopt_elsewhere { None } else { parent_ns };
         let mut owned = ChildMap::new();
         for obj in child_type.informer.controlled_by(parent_uid) {
-            match claim_of(&obj, parent, parent_ns, selector) {
+            match claim_of(&obj, parent, owned_ns, selector) {
                 Claim::Owned => {
                     owned.insert(ObjectKey::of(&obj), obj);
                 }
@@ -165,7 +182,7 @@ pub fn claims(
                 Claim::Adopt | Claim::Ignore(_) => {}
             }
         }
-        let orphans = orphans_to_adopt(&child_type.informer, parent, parent_ns, selector);
+        let orphans = orphans_to_adopt(&child_type.informer, parent, adopt_ns, selector);
         claims.adopt.extend(orphans.into_iter().map(|obj| (index, obj)));
         claims.owned.push(owned);
     }

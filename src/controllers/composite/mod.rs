@@ -27,13 +27,14 @@ use crate::cache::selector::{Selector, SelectorIndex};
 use crate::cache::shard::Role;
 use crate::engine::error::{StartError, SyncError};
 use crate::engine::hub::Hub;
+use crate::engine::orphaning::Orphaned;
 use crate::engine::sync::{
     Before, Call, Core, CoreSettings, Decision, Kind, Observation, Observed, child_types, controller_hooks,
 };
 use crate::engine::worker::resync_after;
 use crate::hooks::{ControllerHooks, Endpoint};
 use crate::write::apply::{Applier, ApplyError};
-use crate::write::children::{ChildMap, Claim, by_label, claim, claim_of, resources};
+use crate::write::children::{ChildMap, ChildType, Claim, by_label, claim, claim_of, resources};
 
 pub use self::ask::{Answer, Ask, CONTROLLER_UID_LABEL, child_selector, validate_response};
 
@@ -71,6 +72,11 @@ impl Controller {
             Some(s) => Selector::from_label_selector(s)?,
             None => Selector::everything(),
         };
+        if spec.child_resources.iter().any(|r| r.adopt_across_namespaces == Some(true) && !r.cross_namespace()) {
+            return Err(StartError::CrossNamespace(
+                "adoptAcrossNamespaces is for a child type declared crossNamespace".into(),
+            ));
+        }
         if spec.child_resources.iter().any(crate::api::ChildResourceRule::cross_namespace) {
             if !parent_resource.namespaced {
                 return Err(StartError::CrossNamespace(
@@ -165,8 +171,9 @@ impl Controller {
             parent.metadata.uid.as_deref().unwrap_or_default(),
             parent.metadata.generation.unwrap_or_default()
         );
-        // With children anywhere (crossNamespace), an orphan anywhere may be the parent's to adopt.
-        let namespaced = self.parent.resource().namespaced && !self.cross_namespace();
+        // An orphan anywhere may be the parent's to adopt only where the controller says so
+        // (`adoptAcrossNamespaces`); children anywhere (`crossNamespace`) are found by their label.
+        let namespaced = self.parent.resource().namespaced && !adopts_elsewhere(&self.core.children);
         let scope = if namespaced { parent.metadata.namespace.as_deref() } else { None };
         self.selectors
             .lock()
@@ -340,7 +347,14 @@ impl Kind for Controller {
     }
 
     fn adopts(&self, parent: &DynamicObject, resource: &ResolvedResource, child: &DynamicObject) -> bool {
-        self.selector_of(parent).is_ok_and(|selector| adopts(parent, resource, &selector, child))
+        let elsewhere = adopts_elsewhere(&self.core.children);
+        self.selector_of(parent).is_ok_and(|selector| adopts(parent, resource, &selector, child, elsewhere))
+    }
+
+    async fn orphaned_by_collector(&self, parent: &DynamicObject) -> Result<bool, SyncError> {
+        let selector = self.selector_of(parent)?;
+        let client = &self.core.hub.client;
+        Orphaned { client, types: &self.core.child_resources, selector: &selector }.any(parent).await
     }
 }
 
@@ -395,13 +409,27 @@ pub fn is_child_of(child: &DynamicObject, parent: &DynamicObject) -> bool {
 
 /// Whether `parent` (of type `resource`, children selected by `selector`) adopts `child` were it to
 /// see it: as [`claim`] decides for an orphan it finds in the cache. A child outside the parent's
-/// namespace is asked about only for a type declared `crossNamespace` (a hook's answer cannot name one
-/// elsewhere for another), so its namespace is no reason not to.
+/// namespace is adopted only with `elsewhere` (a child type declared `adoptAcrossNamespaces`): a
+/// parent's selector alone never reaches another namespace.
 #[must_use]
-pub fn adopts(parent: &DynamicObject, resource: &ResolvedResource, selector: &Selector, child: &DynamicObject) -> bool {
+pub fn adopts(
+    parent: &DynamicObject,
+    resource: &ResolvedResource,
+    selector: &Selector,
+    child: &DynamicObject,
+    elsewhere: bool,
+) -> bool {
     let parent_ns = resource.namespaced.then_some(parent.metadata.namespace.as_deref()).flatten();
-    let parent_ns = if by_label(parent, resource, child.metadata.namespace.as_deref()) { None } else { parent_ns };
+    let parent_ns =
+        if elsewhere && by_label(parent, resource, child.metadata.namespace.as_deref()) { None } else { parent_ns };
     claim_of(child, parent, parent_ns, selector) == Claim::Adopt
+}
+
+/// Whether any of `types` adopts selected orphans outside the parent's namespace
+/// (`adoptAcrossNamespaces`).
+#[must_use]
+pub fn adopts_elsewhere(types: &[ChildType]) -> bool {
+    types.iter().any(|t| t.adopt_elsewhere)
 }
 
 /// The parent a child by label names (its [`PARENT_ANNOTATION`]), when it has no controller

@@ -18,7 +18,7 @@ use crate::api::{CompositeController, HookVersion, labels_of};
 use crate::cache::informers::{Informer, ObjectKey};
 use crate::cache::selector::Selector;
 use crate::controllers::composite::rollouts::{Pending, Rollouts};
-use crate::controllers::composite::{self, Answer, Rolling, adopts, child_selector, is_child_of};
+use crate::controllers::composite::{self, Answer, Rolling, adopts, adopts_elsewhere, child_selector, is_child_of};
 use crate::engine::error::with_causes;
 use crate::engine::related::ParentScope;
 use crate::engine::status::{StatusWrite, status_to_write};
@@ -181,7 +181,8 @@ impl Preview<'_> {
         };
         shard::stamp_as_live(&mut decision.desired, &owned, parent.metadata.uid.as_deref().unwrap_or_default());
         let ours = |child: &DynamicObject| is_child_of(child, parent);
-        let adopts = |child: &DynamicObject| adopts(parent, resource, &selector, child);
+        let elsewhere = adopts_elsewhere(self.types);
+        let adopts = |child: &DynamicObject| adopts(parent, resource, &selector, child, elsewhere);
         let plan = match plan(self.types, &owned, &decision.desired, parent, self.guard, ours, &adopts) {
             Ok(plan) => plan,
             Err(e) => return Ok(report.refuse(&e)),

@@ -132,7 +132,7 @@ impl Live {
         for rule in rules {
             let resource = self.resolve(role, &rule.api_version, &rule.resource).await?;
             let informer = self.cache(&resource, namespaces).await?;
-            types.push(ChildType { method: method(rule.method()), informer, cross_namespace: rule.cross_namespace() });
+            types.push(ChildType::new(rule, method(rule.method()), informer));
         }
         Ok(types)
     }
