@@ -591,3 +591,57 @@ async fn the_finalizers_own_writes_sync_nothing_under_the_opt_out() {
     assert_eq!(finalizes, 1, "finalized once");
     w.finish("CompositeController").await;
 }
+
+/// One ConfigMap named after the parent, from its sync hook and its finalize hook alike; the finalize
+/// hook says finalized.
+const SAME_CHILDREN: &str = r#"
+def child(p):
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": p["metadata"]["name"]}, "data": {"v": "1"}}
+def sync(req):
+    return {"status": {"ok": True}, "children": [child(req["parent"])]}
+def finalize(req):
+    return {"status": {"ok": True}, "children": [child(req["parent"])], "finalized": True}
+"#;
+
+/// Issue 53 item 7: a parent deleted with `--cascade=orphan` whose finalize hook answers the same
+/// children as its sync hook is let go, not stuck. The hub is down while the garbage collector takes
+/// the parent's ownerReference off the child and its `orphan` finalizer off the parent; the finalize
+/// hook's answer then used to be refused on every retry ("already exists and is not controlled by this
+/// parent"), so the parent never went. The child stays as it was (the same object), the parent goes,
+/// and its finalize hook was asked a handful of times, not on every retry of a stuck sync.
+#[tokio::test]
+async fn a_parent_orphan_deleted_whose_finalize_hook_answers_its_children_is_let_go() {
+    let mut w = World::new("corner-orphan-finalize", SAME_CHILDREN).await;
+    let spec = json!({
+        "generateSelector": true,
+        "parentResource": {"apiVersion": "test.metahook.dev/v1", "resource": "things"},
+        "childResources": [{"apiVersion": "v1", "resource": "configmaps", "updateStrategy": {"method": "InPlace"}}],
+        "hooks": {"sync": {"webhook": {"url": w.hook.url("/sync")}},
+                  "finalize": {"webhook": {"url": w.hook.url("/finalize")}}},
+    });
+    w.composite(spec).await;
+    w.thing("kept", json!({})).await;
+    let cm = eventually(WAIT, || async { w.config_map("kept").await }).await;
+    eventually(WAIT, || async {
+        let thing = w.things().await.get("kept").await.unwrap();
+        thing.metadata.finalizers.is_some_and(|f| !f.is_empty()).then_some(())
+    })
+    .await;
+
+    w.stop_hub().await;
+    let orphan = DeleteParams { propagation_policy: Some(PropagationPolicy::Orphan), ..DeleteParams::default() };
+    w.things().await.delete("kept", &orphan).await.unwrap();
+    eventually(WAIT, || async {
+        let finalizers = w.things().await.get("kept").await.unwrap().metadata.finalizers.unwrap_or_default();
+        (!finalizers.iter().any(|f| f == "orphan")).then_some(())
+    })
+    .await;
+    w.start_hub();
+    eventually(WAIT, || async { w.things().await.get_opt("kept").await.unwrap().is_none().then_some(()) }).await;
+    let kept = w.config_map("kept").await.expect("the child is kept");
+    assert_eq!(kept.metadata.uid, cm.metadata.uid);
+    assert!(kept.metadata.owner_references.unwrap_or_default().is_empty(), "orphaned, as asked");
+    let finalize_calls = w.hook.requests("/finalize").len();
+    assert!((1..=5).contains(&finalize_calls), "finalize hook asked {finalize_calls} times");
+    w.finish("CompositeController").await;
+}
