@@ -206,3 +206,37 @@ async fn a_permanent_hook_error_on_a_target_is_one_event_and_no_write() {
     eventually(WAIT, || async { things.get("t").await.ok().filter(|t| label(t, "decorated").is_some()) }).await;
     w.finish("DecoratorController").await;
 }
+
+/// A decorator whose labels answer claims its target for the parent `spec.claim` names.
+const CLAIMING: &str = r#"
+def sync(req):
+    claim = req["object"].get("spec", {}).get("claim", "")
+    return {"labels": {"metahook.dev/parent-uid": claim, "decorated": "yes"}}
+"#;
+
+/// Issue 53 item 7 (threat model): a decorator's `labels` answer may not set `metahook.dev/parent-uid`.
+/// That label makes an object a parent's child by label (`crossNamespace`), which that parent's sync
+/// deletes when its hook does not ask for it; a target's author could steer the decorator's answer to
+/// any parent's UID. The answer is refused whole (a Warning Event names the label) and the target is
+/// not written: neither that label nor the answer's other one is on it.
+#[tokio::test]
+async fn a_decorator_answer_setting_the_parent_label_is_refused_and_writes_nothing() {
+    let w = World::new("dec-parent-label", CLAIMING).await;
+    w.decorator(json!({
+        "resources": [{"apiVersion": "test.metahook.dev/v1", "resource": "things"}],
+        "hooks": {"sync": {"webhook": {"url": w.hook.url("/sync")}}},
+    }))
+    .await;
+    let thing = w.thing("t", json!({"claim": "0d4c8f4e-some-parents-uid"})).await;
+    let warning = eventually(WAIT, || async {
+        let warnings = support::warnings_for(&w.client, &w.ns.name, "t").await;
+        warnings.into_iter().find(|m| m.contains("metahook.dev/parent-uid"))
+    })
+    .await;
+    assert!(warning.contains("hub's to set"), "{warning}");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let after = w.things().await.get("t").await.unwrap();
+    assert_eq!((label(&after, "metahook.dev/parent-uid"), label(&after, "decorated")), (None, None));
+    assert_eq!(after.metadata.resource_version, thing.metadata.resource_version, "the target was not written");
+    w.finish("DecoratorController").await;
+}

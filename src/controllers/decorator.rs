@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::api::{DecoratorController, DecoratorResourceRule, UpdateMethod, labels_of};
 use crate::cache::discovery::ResolvedResource;
-use crate::cache::informers::{Informer, ObjectKey};
+use crate::cache::informers::{Informer, ObjectKey, PARENT_ANNOTATION, PARENT_UID_LABEL};
 use crate::cache::selector::{Selector, SelectorError};
 use crate::cache::shard::Role;
 use crate::engine::error::{StartError, SyncError};
@@ -467,6 +467,14 @@ fn metadata_patch(
     let proposed: Map<String, Value> =
         [("labels".to_owned(), set(labels)), ("annotations".to_owned(), set(annotations))].into_iter().collect();
     crate::api::validation::check_metadata_maps(&proposed)?;
+    // The parent marks say whose child an object is: a decorator setting (or clearing) them would make
+    // its target some composite parent's child, which that parent's sync then deletes.
+    if labels.contains_key(PARENT_UID_LABEL) {
+        return Err(format!("the label {PARENT_UID_LABEL} is the hub's to set (it makes an object a parent's child)"));
+    }
+    if annotations.contains_key(PARENT_ANNOTATION) {
+        return Err(format!("the annotation {PARENT_ANNOTATION} is the hub's to set (it names an object's parent)"));
+    }
     let labels = changes(obj.metadata.labels.as_ref(), labels);
     let annotations = changes(obj.metadata.annotations.as_ref(), annotations);
     if labels.is_empty() && annotations.is_empty() {
@@ -512,6 +520,17 @@ mod tests {
         let labels = BTreeMap::from([("a".to_owned(), Some("1".to_owned()))]);
         let annotations = BTreeMap::from([("b".to_owned(), Some("2".to_owned())), ("c".to_owned(), None)]);
         assert_eq!(metadata_patch(&obj, &labels, &annotations), Ok(None));
+    }
+
+    #[test]
+    fn a_decorator_may_not_set_or_clear_the_parent_marks() {
+        let obj = object(&json!({}), &json!({}));
+        for value in [Some("u-1".to_owned()), None] {
+            let labels = BTreeMap::from([(PARENT_UID_LABEL.to_owned(), value.clone())]);
+            assert!(metadata_patch(&obj, &labels, &BTreeMap::new()).unwrap_err().contains(PARENT_UID_LABEL));
+            let annotations = BTreeMap::from([(PARENT_ANNOTATION.to_owned(), value)]);
+            assert!(metadata_patch(&obj, &BTreeMap::new(), &annotations).unwrap_err().contains(PARENT_ANNOTATION));
+        }
     }
 
     #[test]
