@@ -539,9 +539,14 @@ async fn says(w: &World, message: &str) -> Option<()> {
 /// no relists (what the cache shows comes from the watches alone), and the Thing `t` converged after
 /// rounds of changes whose echoes changed nothing.
 async fn converged_under_a_cut(test: &str, hook: &str) -> (World, WatchCut) {
+    converged_under_a_cut_annotated(test, hook, json!({})).await
+}
+
+/// [`converged_under_a_cut`] with the controller's `annotations`.
+async fn converged_under_a_cut_annotated(test: &str, hook: &str, annotations: Value) -> (World, WatchCut) {
     let mut w = World::new(test, hook).await;
     w.stop_hub().await;
-    controller(&w, json!({}), with_hook(in_place(), &w)).await;
+    controller(&w, annotations, with_hook(in_place(), &w)).await;
     w.thing("t", json!({"message": "first"})).await;
     let cut = WatchCut::default();
     let no_relists = Config { cache_flush_interval: Duration::ZERO, ..Config::default() };
@@ -594,6 +599,32 @@ async fn a_sync_behind_its_own_child_write_does_not_write_it_again_and_misses_no
         assert_eq!(edited.data["data"]["message"], "edited");
     };
     written_once_then_the_edit_put_back(&w, &cut, before, "/configmaps/t-0", edit, "held").await;
+    w.finish("CompositeController").await;
+}
+
+/// Issue 53 item 7: a cache known to be behind the hub's own write is not taken as current. The hub
+/// writes the child's "fifth" (its echo held by the cut), then the hook goes back to "fourth" — what the
+/// stale cache still shows. Its fields say nothing of the object now: the apply is sent, and the child
+/// says "fourth" once events go on. With `sync-on-own-writes: "false"` (no sync for the echo) and no
+/// resync, nothing else would ever put it back: before, the child stayed at "fifth".
+#[tokio::test]
+async fn a_child_behind_its_own_write_is_written_when_the_hook_goes_back_to_what_the_cache_shows() {
+    let quiet = json!({"metahook.dev/sync-on-own-writes": "false"});
+    let (w, cut) = converged_under_a_cut_annotated("lt-behind-back", STATUS_SAYS, quiet).await;
+
+    cut.hold("configmaps");
+    set_message(&w, "fifth").await;
+    eventually(WAIT, || async {
+        cut.held().iter().any(|e| e.contains("\"t-0\"") && e.contains("fifth")).then_some(())
+    })
+    .await;
+    assert_eq!(child_message(&w).await, Some(json!("fifth")), "written, its echo held");
+    set_message(&w, "fourth").await;
+    // The sync of the change back is over once the status says it.
+    eventually(WAIT, || async { (status_of(&w, "t").await["message"] == "fourth").then_some(()) }).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    cut.release();
+    eventually(WAIT, || says(&w, "fourth")).await;
     w.finish("CompositeController").await;
 }
 

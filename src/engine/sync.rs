@@ -894,7 +894,7 @@ async fn act_on_children<C: Kind>(
     let applier = &core.hub.applier;
     let before_writes = before.is_some_and(|b| b.writes(applier));
     let journal = Journal { core, key };
-    if gc_finalizing(obj) || !(before_writes || plan.writes(applier)) {
+    if gc_finalizing(obj) || !(before_writes || plan.writes(applier, &journal)) {
         return Ok(Some(Executed::default()));
     }
     // No child written for an object that is gone or replaced (server-side apply would re-create

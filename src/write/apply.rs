@@ -209,8 +209,7 @@ impl Applier {
     ) -> Result<Applied, ApplyError> {
         let result = match observed {
             // Known to change nothing: no request is sent, and there is no write to trace.
-            Some(current) if self.is_current(resource, desired, current, method) => Ok(Applied::Unchanged),
-            Some(current) if behind() && self.wrote_last(resource, desired, current) => Ok(Applied::Unchanged),
+            Some(current) if self.known_current(resource, desired, current, method, behind) => Ok(Applied::Unchanged),
             _ => {
                 let verb = if observed.is_some() { "update" } else { "create" };
                 let span = write_span(verb, resource.kind(), &key_of(desired));
@@ -321,9 +320,9 @@ impl Applier {
         Ok(outcome)
     }
 
-    /// Whether applying `desired` over `observed` is known to change nothing, so no request is needed:
-    /// the child is left alone by its method, or is at the version the hub's last apply of this desired
-    /// state left it at, or already has every value the apply would set (see the module doc).
+    /// Whether applying `desired` to `observed` is known to change nothing, for a caller that cannot
+    /// tell whether its cache is behind the hub's own writes (`metahook diff`, a rollout's revisions):
+    /// [`Applier::known_current`] with a cache taken as current.
     #[must_use]
     pub fn is_current(
         &self,
@@ -332,6 +331,24 @@ impl Applier {
         observed: &DynamicObject,
         method: UpdateMethod,
     ) -> bool {
+        self.known_current(resource, desired, observed, method, || false)
+    }
+
+    /// Whether applying `desired` to `observed` is known to change nothing (see the module doc): an
+    /// object being deleted or updated only on delete; the very version the last apply of `desired`
+    /// left; or, unless the cache is `behind` the hub's own last write of the object, every field the
+    /// apply sets already holding its value. A cache behind that write shows the object from before
+    /// it, so its fields say nothing of the object now: then only that write having applied `desired`
+    /// itself ([`Applier::wrote_last`]) makes the apply a no-op. `behind` is asked only when the
+    /// version is not the one the last apply left.
+    pub fn known_current(
+        &self,
+        resource: &ResolvedResource,
+        desired: &Value,
+        observed: &DynamicObject,
+        method: UpdateMethod,
+        behind: impl FnOnce() -> bool,
+    ) -> bool {
         if observed.metadata.deletion_timestamp.is_some() || method == UpdateMethod::OnDelete {
             return true;
         }
@@ -339,6 +356,9 @@ impl Applier {
         let current = fingerprint(hash(desired), observed);
         if self.applied.lock().expect("applied lock").get(&cache_key) == Some(&current) {
             return true;
+        }
+        if behind() {
+            return self.wrote_last(resource, desired, observed);
         }
         // What Metacontroller wrote is taken over on the first write, whatever the values say.
         if self.take_over.is_needed(observed) || !holds_applied_state(observed, &annotated(desired, &current.desired)) {

@@ -522,22 +522,37 @@ impl<'a> Plan<'a> {
         })
     }
 
-    /// Whether carrying out the plan writes anything (creates, changes or deletes a child).
+    /// Whether carrying out the plan writes anything (creates, changes or deletes a child), with
+    /// `observer` saying which children the cache shows behind the hub's own writes.
     #[must_use]
-    pub fn writes(&self, applier: &Applier) -> bool {
-        self.planned(applier).next().is_some()
+    pub fn writes(&self, applier: &Applier, observer: &dyn WriteObserver) -> bool {
+        self.planned_seen_by(applier, observer).next().is_some()
     }
 
     /// The writes carrying out the plan makes, one per child: deletions first, then each desired child
-    /// that is missing or not current (by [`Applier::is_current`], as [`Plan::execute`] decides). What
-    /// `metahook diff` reports, so a preview names exactly the children a sync writes.
+    /// that is missing or not current (by [`Applier::is_current`]). What `metahook diff` reports, so a
+    /// preview names exactly the children a sync of a cache that is not behind writes.
     pub fn planned<'s>(&'s self, applier: &'s Applier) -> impl Iterator<Item = PlannedWrite> + 's {
+        self.planned_seen_by(applier, &CURRENT_CACHE)
+    }
+
+    /// [`Plan::planned`], with `observer` saying which children the cache shows behind the hub's own
+    /// writes (as [`Plan::execute`] decides, by [`Applier::known_current`]).
+    fn planned_seen_by<'s>(
+        &'s self,
+        applier: &'s Applier,
+        observer: &'s dyn WriteObserver,
+    ) -> impl Iterator<Item = PlannedWrite> + 's {
         let deletes = self.deletions.iter().map(|(index, obj)| PlannedWrite::Delete(*index, Arc::clone(obj)));
         let writes = self.types.iter().zip(self.observed).zip(self.desired).enumerate().flat_map(
             move |(index, ((child_type, observed), desired))| {
                 desired.iter().filter_map(move |(key, obj)| match observed.get(key) {
                     None => Some(PlannedWrite::Create(index, key.clone())),
-                    Some(current) if !applier.is_current(child_type.resource(), obj, current, child_type.method) => {
+                    Some(current)
+                        if !applier.known_current(child_type.resource(), obj, current, child_type.method, || {
+                            observer.behind(index, key)
+                        }) =>
+                    {
                         Some(PlannedWrite::Update(index, key.clone()))
                     }
                     Some(_) => None,
@@ -654,6 +669,20 @@ pub trait WriteObserver: Sync {
     /// announced with `started` and not finished is not one of those.
     fn behind(&self, type_index: usize, key: &ObjectKey) -> bool;
 }
+
+/// An observer of no writes, whose cache is never behind: for plans only previewed.
+struct CurrentCache;
+
+impl WriteObserver for CurrentCache {
+    fn started(&self, _: usize, _: &ObjectKey) {}
+    fn finished(&self, _: usize, _: &ObjectKey, _: Option<&str>) {}
+    fn behind(&self, _: usize, _: &ObjectKey) -> bool {
+        false
+    }
+}
+
+/// The one [`CurrentCache`].
+const CURRENT_CACHE: CurrentCache = CurrentCache;
 
 /// One apply of [`Plan::execute`], boxed so the writes of one parent can run side by side.
 type Write<'f> = futures::future::BoxFuture<'f, (usize, ObjectKey, Result<Applied, ApplyError>)>;
