@@ -645,3 +645,34 @@ async fn a_parent_orphan_deleted_whose_finalize_hook_answers_its_children_is_let
     assert!((1..=5).contains(&finalize_calls), "finalize hook asked {finalize_calls} times");
     w.finish("CompositeController").await;
 }
+
+/// Issue 53 item 7: under `ignoreStatusChanges`, a status someone else wrote is put back by the next
+/// resync. The echo of the hub's own status write is a change of status only, so it was ignored before
+/// being told from others' changes; its record never cleared, and every later sync took the status as
+/// already written: a status patched to 99 stayed 99 through resyncs, the hook answering 1 each time.
+#[tokio::test]
+async fn under_ignore_status_changes_a_status_written_by_someone_else_is_put_back_by_a_resync() {
+    const ONE: &str = r#"
+def sync(req):
+    return {"status": {"n": 1}, "children": []}
+"#;
+    let w = World::new("corner-ignore-status", ONE).await;
+    let spec = json!({
+        "generateSelector": true,
+        "resyncPeriodSeconds": 1,
+        "parentResource": {"apiVersion": "test.metahook.dev/v1", "resource": "things", "ignoreStatusChanges": true},
+        "childResources": [{"apiVersion": "v1", "resource": "configmaps"}],
+        "hooks": {"sync": {"webhook": {"url": w.hook.url("/sync")}}},
+    });
+    w.composite(spec).await;
+    w.thing("s", json!({})).await;
+    let things = w.things().await;
+    let status_n = || async { things.get("s").await.unwrap().data["status"]["n"].clone() };
+    eventually(WAIT, || async { (status_n().await == json!(1)).then_some(()) }).await;
+    let calls = calls_for(&w, "s");
+    let patch = Patch::Merge(json!({"status": {"n": 99}}));
+    things.patch_status("s", &PatchParams::default(), &patch).await.unwrap();
+    eventually(Duration::from_secs(20), || async { (status_n().await == json!(1)).then_some(()) }).await;
+    assert!(calls_for(&w, "s") > calls, "a resync put it back");
+    w.finish("CompositeController").await;
+}

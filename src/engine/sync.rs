@@ -480,20 +480,27 @@ impl<K: Clone + Eq + Hash + Display + Send + Sync + 'static> Core<K> {
             self.enqueue(key);
             return;
         }
-        if let Some(old) = old
-            && (old.metadata.resource_version == new.metadata.resource_version
-                || (ignore_status && !meaningful_parent_change(old, new)))
-        {
+        if old.as_deref().is_some_and(|old| old.metadata.resource_version == new.metadata.resource_version) {
             return;
         }
+        let status_only = ignore_status && old.as_deref().is_some_and(|old| !meaningful_parent_change(old, new));
         let object = ObjectKey::of(new);
         if *relisted {
             self.echoes.forget_object(Watched::Parent, &object);
-            self.enqueue(key);
+            if !status_only {
+                self.enqueue(key);
+            }
             return;
         }
         let version = new.metadata.resource_version.as_deref().unwrap_or_default();
-        match self.echoes.classify(Watched::Parent, &object, version) {
+        // Classified even when it is ignored (`ignoreStatusChanges`): the echo of the hub's own status write
+        // is mostly a change of status only, and its record, left unseen, would keep every later sync from
+        // putting back a status someone else wrote.
+        let seen = self.echoes.classify(Watched::Parent, &object, version);
+        if status_only {
+            return;
+        }
+        match seen {
             Seen::Echo(_) => self.enqueue_echo(key, Echo::Parent),
             Seen::Held => {}
             Seen::Other => self.enqueue(key),
