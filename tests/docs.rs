@@ -457,3 +457,42 @@ fn a_changed_or_added_figure_and_a_missing_marker_are_reported() {
     );
     assert!(figures(&format!("{source}{FIGURES_BEGIN}\n")).unwrap_err().contains("more than once"));
 }
+
+/// The page whose every case names its test (`<file>::<test name>`).
+const THREAT_MODEL: &str = "docs/src/threat-model.md";
+
+/// The `file.rs::name` references of `text` whose file has no `fn name`, and how many it names.
+fn missing_tests(root: &Path, text: &str) -> (Vec<String>, usize) {
+    let mut missing = Vec::new();
+    let mut named = 0;
+    for reference in text.split('`').skip(1).step_by(2) {
+        let Some((file, name)) = reference.split_once(".rs::") else { continue };
+        named += 1;
+        let source = std::fs::read_to_string(root.join(format!("{file}.rs"))).unwrap_or_default();
+        let defined = source.lines().any(|line| {
+            let line = line.trim_start();
+            let line = line.strip_prefix("async ").unwrap_or(line);
+            line.strip_prefix("fn ").is_some_and(|rest| rest.starts_with(&format!("{name}(")))
+        });
+        if !defined {
+            missing.push(reference.to_owned());
+        }
+    }
+    (missing, named)
+}
+
+#[test]
+fn every_test_the_threat_model_names_exists() {
+    let root = repo_root();
+    let text = std::fs::read_to_string(root.join(THREAT_MODEL)).unwrap();
+    let (missing, named) = missing_tests(&root, &text);
+    assert!(named >= 10, "{THREAT_MODEL} names {named} tests; every case names one");
+    assert!(missing.is_empty(), "{THREAT_MODEL} names tests that do not exist: {missing:?}");
+}
+
+#[test]
+fn a_threat_model_naming_a_test_that_does_not_exist_is_caught() {
+    let root = repo_root();
+    let (missing, named) = missing_tests(&root, "`tests/docs.rs::no_such_test` and `tests/docs.rs::repo_root`");
+    assert_eq!((missing, named), (vec!["tests/docs.rs::no_such_test".to_owned()], 2));
+}

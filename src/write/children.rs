@@ -1031,6 +1031,16 @@ mod tests {
     }
 
     #[test]
+    fn a_child_labelled_with_another_parents_uid_is_refused() {
+        let mut claimed = cm("a");
+        claimed["metadata"]["labels"] = json!({(PARENT_UID_LABEL): "another-parent"});
+        assert!(desired(&[claimed]).unwrap_err().contains(PARENT_UID_LABEL));
+        let mut own = cm("b");
+        own["metadata"]["labels"] = json!({(PARENT_UID_LABEL): "parent-uid"});
+        assert!(desired(&[own]).is_ok(), "its own parent's UID is what the hub sets anyway");
+    }
+
+    #[test]
     fn one_invalid_child_refuses_the_whole_list() {
         assert!(desired(&[cm("good"), cm("Bad")]).unwrap_err().contains("ConfigMap Bad"));
         assert!(desired(&[cm("good"), cm(&"x".repeat(300))]).is_err());
