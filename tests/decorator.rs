@@ -240,3 +240,69 @@ async fn a_decorator_answer_setting_the_parent_label_is_refused_and_writes_nothi
     assert_eq!(after.metadata.resource_version, thing.metadata.resource_version, "the target was not written");
     w.finish("DecoratorController").await;
 }
+
+/// The target's `spec.n`, said in its status; slow to answer a target whose status is behind `n: 2`: 2 s
+/// for a Thing, 3 s for a StatuslessThing (time for the test to hold the Things' watch before the
+/// Thing's status is written, and for that write to be made before the StatuslessThing's is decided).
+const STATUS_N: &str = r#"
+import time
+def sync(req):
+    obj = req["object"]
+    n = obj.get("spec", {}).get("n", 0)
+    if n == 2 and obj.get("status", {}).get("n") != 2:
+        time.sleep(2 if obj["kind"] == "Thing" else 3)
+    return {"status": {"n": n}}
+"#;
+
+/// Issue 53 item 7: a DecoratorController's record of its last status write is kept per target type. A
+/// Thing and a StatuslessThing both named `t` both change to `n: 2`; the Thing's status write comes
+/// first and its echo is held (a cut in the Things' watch), then the StatuslessThing's answer says the
+/// same status. Keyed by name alone, the Thing's record took it for "written, echo not come", and the
+/// StatuslessThing's status was not written.
+#[tokio::test]
+async fn two_targets_of_one_name_and_different_types_each_get_their_status() {
+    let mut w = World::new("dec-two-types", STATUS_N).await;
+    w.stop_hub().await;
+    w.decorator(json!({
+        "resources": [{"apiVersion": "test.metahook.dev/v1", "resource": "things"},
+                      {"apiVersion": "test.metahook.dev/v1", "resource": "statuslessthings"}],
+        "hooks": {"sync": {"webhook": {"url": w.hook.url("/sync")}}},
+    }))
+    .await;
+    let cut = support::WatchCut::default();
+    let no_relists = metahook::ops::config::Config {
+        cache_flush_interval: Duration::ZERO,
+        ..metahook::ops::config::Config::default()
+    };
+    w.start_hub_with(&cut.client(&w.client), no_relists);
+    let statusless_thing = |n: i64| {
+        json!({"apiVersion": "test.metahook.dev/v1", "kind": "StatuslessThing",
+               "metadata": {"name": "t", "namespace": w.ns.name, "labels": {"metahook-test": w.label}},
+               "spec": {"n": n}})
+    };
+    w.thing("t", json!({"n": 1})).await;
+    apply_value(&w.client, &statusless_thing(1)).await;
+    let things = w.things().await;
+    let statusless = api(&w.client, "test.metahook.dev/v1", "StatuslessThing", Some(&w.ns.name)).await;
+    let n_of = |api: &kube::Api<DynamicObject>| {
+        let api = api.clone();
+        async move { api.get("t").await.unwrap().data["status"]["n"].clone() }
+    };
+    eventually(WAIT, || async { (n_of(&things).await == 1 && n_of(&statusless).await == 1).then_some(()) }).await;
+
+    w.thing("t", json!({"n": 2})).await;
+    apply_value(&w.client, &statusless_thing(2)).await;
+    // The Thing's sync is in its (slow) hook call: hold its status write's echo.
+    eventually(WAIT, || async {
+        let asked = w.hook.requests("/sync");
+        asked.iter().any(|r| r["object"]["kind"] == "Thing" && r["object"]["spec"]["n"] == 2).then_some(())
+    })
+    .await;
+    cut.hold("things");
+    eventually(WAIT, || async { (n_of(&things).await == 2).then_some(()) }).await;
+    // While the Thing's echo is held, the StatuslessThing gets its own status.
+    eventually(Duration::from_secs(20), || async { (n_of(&statusless).await == 2).then_some(()) }).await;
+    assert!(!cut.held().is_empty(), "the Thing's echo was held meanwhile");
+    cut.release();
+    w.finish("DecoratorController").await;
+}

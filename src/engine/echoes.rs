@@ -73,11 +73,13 @@ impl EchoPolicy {
     }
 }
 
-/// Watched type of a write: a child type's index, or the parent type.
+/// Watched type of a write: a child type's index, or a synced type's (the parent type is 0; a
+/// DecoratorController's target types are numbered in order, so two targets of one name and different
+/// types keep apart records).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Watched {
     Child(usize),
-    Parent,
+    Object(usize),
 }
 
 /// What is recorded of the writes of one object whose echo has not come.
@@ -286,20 +288,20 @@ mod tests {
         assert_eq!(echoes.finish(Watched::Child(0), &key("d"), Some("9")), Settled::default());
         assert_eq!(echoes.classify(Watched::Child(0), &key("d"), "9"), Seen::Echo("parent"));
         // Someone else's change while the write was in flight.
-        echoes.begin(&"parent", Watched::Parent, &key("p"));
-        assert_eq!(echoes.classify(Watched::Parent, &key("p"), "11"), Seen::Held);
-        let settled = echoes.finish(Watched::Parent, &key("p"), None);
+        echoes.begin(&"parent", Watched::Object(0), &key("p"));
+        assert_eq!(echoes.classify(Watched::Object(0), &key("p"), "11"), Seen::Held);
+        let settled = echoes.finish(Watched::Object(0), &key("p"), None);
         assert_eq!(settled, Settled { echo: None, foreign: Some("parent") });
     }
 
     #[test]
     fn two_writes_of_one_object_have_two_echoes() {
         let echoes: Echoes<&str> = Echoes::default();
-        echoes.wrote(&"parent", Watched::Parent, key("p"), "7".into());
-        echoes.wrote(&"parent", Watched::Parent, key("p"), "8".into());
-        assert_eq!(echoes.echo_of(Watched::Parent, &key("p"), "7"), Some("parent"));
-        assert_eq!(echoes.echo_of(Watched::Parent, &key("p"), "8"), Some("parent"));
-        assert_eq!(echoes.echo_of(Watched::Parent, &key("p"), "8"), None);
+        echoes.wrote(&"parent", Watched::Object(0), key("p"), "7".into());
+        echoes.wrote(&"parent", Watched::Object(0), key("p"), "8".into());
+        assert_eq!(echoes.echo_of(Watched::Object(0), &key("p"), "7"), Some("parent"));
+        assert_eq!(echoes.echo_of(Watched::Object(0), &key("p"), "8"), Some("parent"));
+        assert_eq!(echoes.echo_of(Watched::Object(0), &key("p"), "8"), None);
     }
 
     #[test]
@@ -330,7 +332,7 @@ mod tests {
     #[test]
     fn what_an_unseen_write_said_is_known_until_it_is_seen() {
         let echoes: Echoes<&str> = Echoes::default();
-        let parent = Watched::Parent;
+        let parent = Watched::Object(0);
         echoes.begin(&"p", parent, &key("p"));
         echoes.settle_saying(parent, &key("p"), Some("7"), 42);
         assert_eq!(echoes.unseen_saying(parent, &key("p")), Some(42));
@@ -377,9 +379,9 @@ mod tests {
     #[test]
     fn a_change_by_someone_else_is_not_an_echo_and_clears_the_record() {
         let echoes: Echoes<&str> = Echoes::default();
-        echoes.wrote(&"parent", Watched::Parent, key("p"), "7".into());
-        assert_eq!(echoes.echo_of(Watched::Parent, &key("p"), "9"), None);
-        assert_eq!(echoes.echo_of(Watched::Parent, &key("p"), "7"), None);
+        echoes.wrote(&"parent", Watched::Object(0), key("p"), "7".into());
+        assert_eq!(echoes.echo_of(Watched::Object(0), &key("p"), "9"), None);
+        assert_eq!(echoes.echo_of(Watched::Object(0), &key("p"), "7"), None);
     }
 
     #[test]

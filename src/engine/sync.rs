@@ -445,7 +445,8 @@ impl<K: Clone + Eq + Hash + Display + Send + Sync + 'static> Core<K> {
     /// the controller acts on (same version; under `ignoreStatusChanges`, nothing but status) or is the
     /// echo of its own write. `selected`: the controller selects it; deselected objects matter only while
     /// they carry our finalizer. A deletion forgets everything kept about the object.
-    pub fn object_event(&self, key: K, event: &Event, selected: bool, ignore_status: bool) {
+    pub fn object_event(&self, key: K, type_index: usize, event: &Event, selected: bool, ignore_status: bool) {
+        let watched = Watched::Object(type_index);
         let Event { change, relisted } = event;
         if self.hub.shard.is_some() {
             match change {
@@ -486,7 +487,7 @@ impl<K: Clone + Eq + Hash + Display + Send + Sync + 'static> Core<K> {
         let status_only = ignore_status && old.as_deref().is_some_and(|old| !meaningful_parent_change(old, new));
         let object = ObjectKey::of(new);
         if *relisted {
-            self.echoes.forget_object(Watched::Parent, &object);
+            self.echoes.forget_object(watched, &object);
             if !status_only {
                 self.enqueue(key);
             }
@@ -496,7 +497,7 @@ impl<K: Clone + Eq + Hash + Display + Send + Sync + 'static> Core<K> {
         // Classified even when it is ignored (`ignoreStatusChanges`): the echo of the hub's own status write
         // is mostly a change of status only, and its record, left unseen, would keep every later sync from
         // putting back a status someone else wrote.
-        let seen = self.echoes.classify(Watched::Parent, &object, version);
+        let seen = self.echoes.classify(watched, &object, version);
         if status_only {
             return;
         }
@@ -557,7 +558,7 @@ impl<K: Clone + Eq + Hash + Display + Send + Sync + 'static> Core<K> {
     async fn write_object(
         &self,
         key: &K,
-        object: &ObjectKey,
+        object: (usize, &ObjectKey),
         write: impl Future<Output = Result<Option<String>, SyncError>>,
     ) -> Result<(), SyncError> {
         self.write_object_saying(key, object, None, write).await
@@ -567,16 +568,17 @@ impl<K: Clone + Eq + Hash + Display + Send + Sync + 'static> Core<K> {
     async fn write_object_saying(
         &self,
         key: &K,
-        object: &ObjectKey,
+        (type_index, object): (usize, &ObjectKey),
         digest: Option<u64>,
         write: impl Future<Output = Result<Option<String>, SyncError>>,
     ) -> Result<(), SyncError> {
-        self.echoes.begin(key, Watched::Parent, object);
+        let watched = Watched::Object(type_index);
+        self.echoes.begin(key, watched, object);
         let result = write.await;
         let version = result.as_ref().ok().and_then(Option::as_deref);
         let settled = match digest {
-            Some(digest) => self.echoes.settle_saying(Watched::Parent, object, version, digest),
-            None => self.echoes.finish(Watched::Parent, object, version),
+            Some(digest) => self.echoes.settle_saying(watched, object, version, digest),
+            None => self.echoes.finish(watched, object, version),
         };
         self.settle(settled, Echo::Parent);
         result.map(drop)
@@ -639,7 +641,7 @@ async fn observe<C: Kind>(kind: &C, key: &C::Key) -> Result<Option<Observing<C>>
         deleting: obj.metadata.deletion_timestamp.is_some(),
     };
     let object = ObjectKey::of(&obj);
-    let record = |write| core.write_object(key, &object, write);
+    let record = |write| core.write_object(key, (kind.type_of(key), &object), write);
     let Some(finalizing) = follow_plan(&api, &obj, &core.finalizer, facts, record).await? else { return Ok(None) };
     let orphaning = if finalizing && facts.deleting {
         match orphaning(kind, key, &obj, &api).await? {
@@ -653,7 +655,7 @@ async fn observe<C: Kind>(kind: &C, key: &C::Key) -> Result<Option<Observing<C>>
     if finalizing && kind.hook(true).is_none() {
         // Deleted, with children by label and no finalize hook to ask: they go, then the finalizer.
         if let_go_of_labelled(core, &obj, orphaning).await? {
-            core.write_object(key, &object, remove_finalizer(&api, &obj, &core.finalizer)).await?;
+            core.write_object(key, (kind.type_of(key), &object), remove_finalizer(&api, &obj, &core.finalizer)).await?;
         }
         return Ok(None);
     }
@@ -668,7 +670,7 @@ async fn observe<C: Kind>(kind: &C, key: &C::Key) -> Result<Option<Observing<C>>
     let related = match core.related.gather(key, &obj, ParentScope { namespace, version }).await {
         Ok(related) => related,
         Err(SyncError::Hook(e)) if e.permanent_message().is_some() => {
-            return Err(hold::<C>(core, key, &obj, &api, &resource, e).await);
+            return Err(hold(kind, key, &obj, &api, &resource, e).await);
         }
         Err(e) => return Err(e),
     };
@@ -704,7 +706,7 @@ async fn orphaning<C: Kind>(
         Intent::NotShown => kind.orphaned_by_collector(obj).await?,
     };
     if orphaning && !crate::engine::orphaning::recorded(obj) {
-        core.write_object(key, &ObjectKey::of(obj), Intent::record(api, obj)).await?;
+        core.write_object(key, (kind.type_of(key), &ObjectKey::of(obj)), Intent::record(api, obj)).await?;
     }
     Ok(Some(orphaning))
 }
@@ -765,7 +767,7 @@ async fn answer<C: Kind>(
     let mut decision = match kind.decide(obj, resource, call, claimed).await {
         Ok(decision) => decision,
         Err(SyncError::Hook(e)) if e.permanent_message().is_some() => {
-            return Err(hold::<C>(core, key, obj, api, resource, e).await);
+            return Err(hold(kind, key, obj, api, resource, e).await);
         }
         Err(e) => return Err(e),
     };
@@ -802,20 +804,21 @@ async fn answer<C: Kind>(
     };
     *writes = executed.writes.len();
     let object = ObjectKey::of(obj);
+    let object = (kind.type_of(key), &object);
     if let Some(status) = decision.status {
         let how = StatusWrite { subresource: resource.has_status, observed_generation: C::SETS_OBSERVED_GENERATION };
         // The cache may show the object from before this controller's last status write (the echo of a
         // child write came first): if that write said this very status, writing it again changes nothing.
         // A change by someone else after it comes after its echo, and syncs the object again.
         let digest = digest_of(&status);
-        if core.echoes.unseen_saying(Watched::Parent, &object) == Some(digest) {
+        if core.echoes.unseen_saying(Watched::Object(object.0), object.1) == Some(digest) {
             debug!("status as the last write said it, whose echo has not come: not written again");
         } else {
-            core.write_object_saying(key, &object, Some(digest), replace_status(api, obj, status, how)).await?;
+            core.write_object_saying(key, object, Some(digest), replace_status(api, obj, status, how)).await?;
         }
     }
     if let Some(patch) = decision.metadata {
-        core.write_object(key, &object, patch_metadata(api, obj, &patch)).await?;
+        core.write_object(key, object, patch_metadata(api, obj, &patch)).await?;
     }
 
     // Record.
@@ -823,7 +826,7 @@ async fn answer<C: Kind>(
         return Err(SyncError::Apply(executed.errors));
     }
     if finalizing && decision.finalized && let_go_of_labelled(core, obj, *orphaning).await? {
-        core.write_object(key, &object, remove_finalizer(api, obj, &core.finalizer)).await?;
+        core.write_object(key, object, remove_finalizer(api, obj, &core.finalizer)).await?;
     }
     if executed.writes.iter().any(|w| w.recreate) {
         // A child deleted to be recreated: the next sync creates it, whatever becomes of the echo.
@@ -863,13 +866,14 @@ pub(crate) fn plan<'a>(
 /// hook's, a `Synced=False` condition. Nothing else is written; the error goes back to the worker,
 /// which does not retry it.
 async fn hold<C: Kind>(
-    core: &Core<C::Key>,
+    kind: &C,
     key: &C::Key,
     obj: &DynamicObject,
     api: &Api<DynamicObject>,
     resource: &ResolvedResource,
     error: HookError,
 ) -> SyncError {
+    let core = kind.core();
     let message = error.permanent_message().unwrap_or_default().to_owned();
     let error = SyncError::Hook(error);
     if !core.held.note(key, obj.metadata.uid.as_deref().unwrap_or_default(), &message) {
@@ -882,7 +886,7 @@ async fn hold<C: Kind>(
         let status = held_status(obj, &message, now.as_str().unwrap_or_default());
         let how = StatusWrite { subresource: resource.has_status, observed_generation: false };
         let write = replace_status(api, obj, status, how);
-        if let Err(e) = core.write_object(key, &ObjectKey::of(obj), write).await {
+        if let Err(e) = core.write_object(key, (kind.type_of(key), &ObjectKey::of(obj)), write).await {
             warn!("could not say the hook's permanent error in the {}'s status: {}", C::OBJECT, with_causes(&e));
         }
     }
@@ -986,7 +990,7 @@ pub(crate) async fn run<C: Kind>(kind: Arc<C>, cancel: tokio_util::sync::Cancell
                 let obj = event.change.object();
                 let key = kind.key_of(type_index, obj);
                 let (selected, ignore) = (kind.selects(type_index, obj), kind.ignores_status_changes(type_index, obj));
-                kind.core().object_event(key, &event, selected, ignore);
+                kind.core().object_event(key, type_index, &event, selected, ignore);
             }
         });
     }
