@@ -171,11 +171,13 @@ async fn a_name_held_elsewhere_by_anyone_else_refuses_the_whole_sync_and_a_selec
     let p3 = w.thing("p3", json!({"children": [child("p3-b", Some(b))]})).await;
     let held = exists(&w, b, "p3-b").await;
     w.thing("p4", json!({"children": [child("p4-a", None), child("p3-b", Some(b))]})).await;
-    eventually(WAIT, || async {
+    let refused = eventually(WAIT, || async {
         let warnings = support::warnings_for(&w.client, &w.ns.name, "p4").await;
-        warnings.iter().any(|m| m.contains("p3-b")).then_some(())
+        warnings.into_iter().find(|m| m.contains("p3-b"))
     })
     .await;
+    // The refusal names the parent that holds it (issue 53 item 8).
+    assert!(refused.contains(&format!("the child of parent {}/p3", w.ns.name)), "{refused}");
     let still = cms.get("p3-b").await.unwrap();
     assert_eq!(label(&still, PARENT_UID), p3.metadata.uid.as_deref());
     assert_eq!(still.metadata.resource_version, held.metadata.resource_version, "p3-b untouched");

@@ -806,12 +806,20 @@ fn only_immutability(status: &Status) -> bool {
 
 /// Who holds an object, for messages: its controller, or "no controller".
 pub(crate) fn holder(obj: &DynamicObject) -> String {
-    obj.metadata
-        .owner_references
-        .iter()
-        .flatten()
-        .find(|r| r.controller == Some(true))
-        .map_or_else(|| "it has no controller".to_owned(), |r| format!("controlled by {} {}", r.kind, r.name))
+    if let Some(owner) = obj.metadata.owner_references.iter().flatten().find(|r| r.controller == Some(true)) {
+        return format!("controlled by {} {}", owner.kind, owner.name);
+    }
+    // A child by label (`crossNamespace`) of another parent: its annotation says which.
+    let labels = obj.metadata.labels.as_ref();
+    if let Some(uid) = labels.and_then(|l| l.get(crate::cache::informers::PARENT_UID_LABEL)) {
+        let annotations = obj.metadata.annotations.as_ref();
+        let parent = annotations.and_then(|a| a.get(crate::cache::informers::PARENT_ANNOTATION));
+        return match parent {
+            Some(parent) => format!("the child of parent {parent} (UID {uid})"),
+            None => format!("the child of the parent of UID {uid}"),
+        };
+    }
+    "it has no controller".to_owned()
 }
 
 fn key_of(obj: &Value) -> ObjectKey {
@@ -912,6 +920,20 @@ pub fn strip_server_fields(mut desired: Value) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_name_held_by_another_parents_labelled_child_names_that_parent() {
+        let labelled: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "x", "namespace": "b", "labels": {"metahook.dev/parent-uid": "u-1"},
+                         "annotations": {"metahook.dev/parent": "a/p3"}}}))
+        .unwrap();
+        assert_eq!(holder(&labelled), "the child of parent a/p3 (UID u-1)");
+        let plain: DynamicObject =
+            serde_json::from_value(json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x"}}))
+                .unwrap();
+        assert_eq!(holder(&plain), "it has no controller");
+    }
 
     /// The `ConfigMap` `ns/c` with `data`, at `version`, with UID `uid`.
     fn stored_config_map(data: &str, version: &str, uid: &str) -> DynamicObject {
