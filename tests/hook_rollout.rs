@@ -104,6 +104,11 @@ impl Hook {
 /// `PARENTS` Things whose hook answers `first`; returns once every child says `first` and the hook is
 /// no longer called.
 async fn world(test: &str, dir: &Path, first: &str, versioned: bool) -> (World, Hook) {
+    world_probing(test, dir, first, versioned, Duration::from_secs(1)).await
+}
+
+/// [`world`] with the hub probing the hook's version every `probe`.
+async fn world_probing(test: &str, dir: &Path, first: &str, versioned: bool, probe: Duration) -> (World, Hook) {
     let mut w = World::new(test, "").await;
     w.stop_hub().await;
     let client = w.client.clone();
@@ -111,7 +116,7 @@ async fn world(test: &str, dir: &Path, first: &str, versioned: bool) -> (World, 
         &client,
         Config {
             hook_change_resync_qps: QPS,
-            hook_version_probe_interval: Duration::from_secs(1),
+            hook_version_probe_interval: probe,
             metrics_address: String::new(),
             ..Config::default()
         },
@@ -251,5 +256,39 @@ async fn a_hook_without_the_header_is_not_resynced_when_it_changes() {
     // A change still reaches the new hook.
     w.thing("t0", json!({"touched": true})).await;
     eventually(WAIT, || async { w.config_map("t0-cm").await.filter(|cm| cm.data["data"]["version"] == "new") }).await;
+    w.finish("CompositeController").await;
+}
+
+/// Issue 53 item 5: a rollback re-syncs every parent. v1 → v2 → v1 on the same port while nothing about
+/// the parents changes: v1 was reported before, but once v2 has answered nothing for a while
+/// (`RETURN_AFTER`, 5 s) v1's answer to a probe starts a round, and every child returns to v1's data
+/// within the probe interval (3 s here), `RETURN_AFTER` and the round (3 s at 10 a second) — 30 s
+/// allowed; the probes alone, one parent each, would take 90 s (before: 2 of 30 after 60 s with the
+/// default interval). The round is one round: each parent asked a few times at most.
+#[tokio::test]
+async fn a_rollback_to_a_version_seen_before_resyncs_every_parent() {
+    let (_keep, dir) = dir();
+    let (w, first) = world_probing("hook-rollback", &dir, "v1", true, Duration::from_secs(3)).await;
+    let port = first.port;
+    drop(first);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let second = Hook::start(&dir, port, "v2", true).await;
+    children_say(&w, "v2").await;
+    status_becomes(&w, &json!({"version": "v2", "synced": PARENTS, "parents": PARENTS})).await;
+
+    drop(second);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let rolled_back = calls(&dir.join("calls.jsonl")).len();
+    let started = std::time::Instant::now();
+    let _third = Hook::start(&dir, port, "v1", true).await;
+    tokio::time::timeout(Duration::from_secs(30), children_say(&w, "v1"))
+        .await
+        .expect("every child back on v1 within 30 s of the rollback");
+    println!("every child back on v1 {:.1} s after the rollback", started.elapsed().as_secs_f64());
+    status_becomes(&w, &json!({"version": "v1", "synced": PARENTS, "parents": PARENTS})).await;
+    let after = calls(&dir.join("calls.jsonl")).split_off(rolled_back);
+    let parents: BTreeSet<&str> = after.iter().map(|(_, p, _)| p.as_str()).collect();
+    assert_eq!(parents.len(), PARENTS, "v1 answered for every parent again");
+    assert!(after.len() <= 4 * PARENTS, "{} calls for {PARENTS} parents: one round, not a storm", after.len());
     w.finish("CompositeController").await;
 }

@@ -1,8 +1,8 @@
 //! A hook's new version re-syncs its controller's parents, paced, and the controller's status shows how
 //! far it has got.
 //!
-//! When a hook answers with a `Metahook-Hook-Version` it has not reported before ([`HookVersions`]),
-//! every object the controller manages is queued again, one every `hookChangeResyncQPS`-th of a second:
+//! When a hook answers with a `Metahook-Hook-Version` that changes the newest one ([`HookVersions`]: a
+//! new version, or a rollback), every object the controller manages is queued again, one every `hookChangeResyncQPS`-th of a second:
 //! in the delayed line, so changes still go first, and as a resync, so the hook is asked even where the
 //! request is the same as last time (its answer may not be). A round that met a replica of the old
 //! version (the hook's own rolling update still under way) leaves parents answered by it: those are

@@ -6,14 +6,17 @@
 //! new one and ask again about every parent (the engine's `rollout` paces that). Without the header
 //! nothing here happens, as in Metacontroller.
 //!
-//! What counts is a version *not reported before* by the hook: while a rolling update of the hook's
-//! Deployment answers some calls with the old version and some with the new, each version starts one
-//! round, not one per flip. Each object's last answering version is kept, so the engine can tell which
-//! parents were last answered by an older version (a round that met an old replica) and how far the
-//! newest version has got.
+//! What counts is a change of the version parents should be answered by (the *newest*): a version not
+//! reported before, or one reported before that answers again after the newest has answered nothing
+//! for [`RETURN_AFTER`] — a rollback, the most important rollout of all. While a rolling update of the
+//! hook's Deployment answers some calls with the old version and some with the new, the new one keeps
+//! answering, so each version starts one round, not one per flip. Each object's last answering version
+//! is kept, so the engine can tell which parents were last answered by an older version (a round that
+//! met an old replica) and how far the newest version has got.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
@@ -24,6 +27,13 @@ pub const HOOK_VERSION_HEADER: &str = "metahook-hook-version";
 
 /// The longest version taken; a longer header is ignored (it goes into the controller's status).
 const MAX_VERSION_LEN: usize = 128;
+
+/// How long the newest version must have answered nothing before a version reported before takes over
+/// again (a rollback). Shorter than the gaps between a rolling update's answers of the new version
+/// would ever be while it serves, as long as calls come at all: on a quiet cluster the hub's probe
+/// (`hookVersionProbeInterval`) is the only call, and an old replica it meets starts a round, which the
+/// next probe that meets the new version undoes — paced rounds, and the answers end where the hook does.
+pub const RETURN_AFTER: Duration = Duration::from_secs(5);
 
 /// The versions one controller's hooks reported; clones share them.
 #[derive(Clone, Debug)]
@@ -36,8 +46,11 @@ pub struct HookVersions {
 #[derive(Debug, Default)]
 struct State {
     seen: BTreeSet<String>,
-    /// The version reported last for the first time: the one parents should be answered by.
+    /// The version parents should be answered by: the one reported last for the first time, or the one
+    /// that took over again after the newest fell silent.
     newest: Option<String>,
+    /// When the newest version last answered.
+    newest_answered: Option<Instant>,
     /// Each object's last answering version.
     by_object: HashMap<RootKey, String>,
 }
@@ -49,11 +62,17 @@ impl Default for HookVersions {
 }
 
 impl HookVersions {
-    /// Records that `version` answered for `object`. Returns whether it is a new version that starts a
-    /// round (one not reported before, after some other version was): the first version a hub sees needs
-    /// none, since every parent is synced when a controller starts anyway.
+    /// Records that `version` answered for `object`. Returns whether it starts a round: a version not
+    /// reported before, after some other version was (the first version a hub sees needs none, since
+    /// every parent is synced when a controller starts anyway), or one reported before that answers
+    /// after the newest has been silent for [`RETURN_AFTER`] (a rollback).
     #[must_use = "whether a round starts, worth a log line"]
     pub fn observe(&self, object: RootKey, version: &str) -> bool {
+        self.observe_at(object, version, Instant::now())
+    }
+
+    /// [`HookVersions::observe`] at `now`.
+    fn observe_at(&self, object: RootKey, version: &str, now: Instant) -> bool {
         let version = version.trim();
         if version.is_empty() || version.len() > MAX_VERSION_LEN {
             return false;
@@ -62,11 +81,18 @@ impl HookVersions {
         if state.by_object.get(&object).is_none_or(|v| v != version) {
             state.by_object.insert(object, version.to_owned());
         }
-        if state.seen.contains(version) {
+        if state.newest.as_deref() == Some(version) {
+            state.newest_answered = Some(now);
+            return false;
+        }
+        let returning = state.seen.contains(version);
+        let silent = state.newest_answered.is_none_or(|at| now.saturating_duration_since(at) >= RETURN_AFTER);
+        if returning && !silent {
             return false;
         }
         state.seen.insert(version.to_owned());
         let first = state.newest.replace(version.to_owned()).is_none();
+        state.newest_answered = Some(now);
         drop(state);
         self.rounds.send_modify(|n| *n += 1);
         !first
@@ -128,6 +154,28 @@ mod tests {
         assert!(versions.is_current(&key("a")) && !versions.is_current(&key("b")));
         assert!(versions.observe(key("b"), "v3"));
         assert_eq!(*rounds.borrow(), 3);
+    }
+
+    #[test]
+    fn a_version_reported_before_takes_over_again_once_the_newest_fell_silent() {
+        let versions = HookVersions::default();
+        let start = Instant::now();
+        let at = |seconds: u64| start + Duration::from_secs(seconds);
+        assert!(!versions.observe_at(key("a"), "v1", at(0)));
+        assert!(versions.observe_at(key("a"), "v2", at(1)));
+        // The rolling update's old replica, while v2 answers too: no round.
+        assert!(!versions.observe_at(key("b"), "v1", at(2)));
+        assert!(!versions.observe_at(key("a"), "v2", at(3)));
+        assert!(!versions.observe_at(key("b"), "v1", at(3 + RETURN_AFTER.as_secs() - 1)));
+        assert_eq!(versions.newest().as_deref(), Some("v2"));
+        // Rolled back: v2 silent for RETURN_AFTER, v1 answers: a round, v1 the newest again.
+        assert!(versions.observe_at(key("b"), "v1", at(3 + RETURN_AFTER.as_secs())));
+        assert_eq!(versions.newest().as_deref(), Some("v1"));
+        assert!(versions.is_current(&key("b")) && !versions.is_current(&key("a")));
+        assert!(!versions.observe_at(key("a"), "v1", at(20)));
+        // And forward again the same way.
+        assert!(versions.observe_at(key("a"), "v2", at(40)));
+        assert_eq!(*versions.rounds().borrow(), 4);
     }
 
     #[test]
