@@ -402,3 +402,79 @@ async fn a_name_in_a_file_and_the_api_runs_the_api_object_and_nothing_asks_for_f
     assert!(while_file.is_empty(), "writes for {label} while only its file ran: {while_file:?}");
     w.finish("CompositeController").await;
 }
+
+/// A sync hook that asks for one ConfigMap, and a finalize hook that lets go at once.
+const FINALIZING: &str = r#"
+def sync(req):
+    name = req["parent"]["metadata"]["name"]
+    return {"children": [{"apiVersion": "v1", "kind": "ConfigMap",
+                          "metadata": {"name": name + "-cm"}, "data": {"hook": "one"}}]}
+
+def finalize(req):
+    return {"children": [], "finalized": True}
+"#;
+
+/// Issue 53 item 2: a bad reading of the files neither stops a controller nor releases its finalizers.
+/// A file controller with a finalize hook (so its parents carry its finalizer) and another one beside
+/// it, read from a directory. The file emptied for 3.5 s, then a dangling symlink in its place (a
+/// `ConfigMap` key between the kubelet's `..data` swap and its new links) for 3.5 s: each time a parent
+/// deleted meanwhile gets its finalize call and the other parents keep the finalizer (before, the
+/// controller stopped, the finalizers went, and the deleted parent got 0 finalize calls). A controller
+/// really removed from the files still stops (its finalizers go) once a second reading agrees.
+#[tokio::test]
+async fn a_bad_reading_of_the_files_keeps_the_controllers_and_their_finalizers() {
+    let mut w = World::new("standalone-bad-readings", FINALIZING).await;
+    w.stop_hub().await;
+    let label = w.label.clone();
+    let fin = composite(&format!("{label}-fin"), &label, "fin", &w.hook.url("/sync")).replace(
+        "  hooks:\n    sync:\n",
+        &format!("  hooks:\n    finalize:\n      webhook: {{url: \"{}\"}}\n    sync:\n", w.hook.url("/finalize")),
+    );
+    let other = composite(&format!("{label}-other"), &label, "other", &w.hook.url("/sync"));
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("controllers.yaml");
+    let both = format!("{fin}---\n{other}");
+    write(&file, &both);
+    let config =
+        metahook::Config { controllers_from: vec![dir.path().display().to_string()], ..metahook::Config::default() };
+    let client = w.client.clone();
+    w.start_hub_with(&client, config);
+
+    let things = w.things().await;
+    for name in ["p1", "p2", "p3"] {
+        w.thing_labelled(name, &json!({"which": "fin"}), json!({})).await;
+    }
+    let config_maps = w.config_maps().await;
+    let has_finalizer = |name: &'static str| {
+        let things = things.clone();
+        async move { things.get_opt(name).await.unwrap().is_some_and(|t| !t.finalizers().is_empty()) }
+    };
+    for name in ["p1", "p2", "p3"] {
+        wait_for_hook(&config_maps, &format!("{name}-cm"), "one").await;
+        eventually(WAIT, || async { has_finalizer(name).await.then_some(()) }).await;
+    }
+    let finalize_calls =
+        |name: &str| w.hook.requests("/finalize").iter().filter(|r| r["parent"]["metadata"]["name"] == name).count();
+
+    for (deleted, kept, bad) in [("p1", "p2", "an empty file"), ("p2", "p3", "a dangling symlink")] {
+        if bad == "an empty file" {
+            write(&file, "");
+        } else {
+            std::fs::remove_file(&file).unwrap();
+            std::os::unix::fs::symlink(dir.path().join("..data/controllers.yaml"), &file).unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(2500)).await; // a reading (every 2 s) saw it
+        things.delete(deleted, &DeleteParams::default()).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+        assert!(has_finalizer(kept).await, "{bad}: {kept} keeps the finalizer");
+        eventually(WAIT, || async { things.get_opt(deleted).await.unwrap().is_none().then_some(()) }).await;
+        assert!(finalize_calls(deleted) >= 1, "{bad}: {deleted} was deleted without its finalize call");
+        std::fs::remove_file(&file).unwrap();
+        write(&file, &both);
+    }
+
+    // Removed for real: the controller stops and its finalizers go, once a second reading agrees.
+    write(&file, &other);
+    eventually(WAIT, || async { (!has_finalizer("p3").await).then_some(()) }).await;
+    w.finish("CompositeController").await;
+}

@@ -27,6 +27,25 @@ pub struct FileControllers {
     pub decorators: BTreeMap<String, (String, Arc<DecoratorController>)>,
 }
 
+impl FileControllers {
+    /// Whether there is no controller at all.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.composites.is_empty() && self.decorators.is_empty()
+    }
+
+    /// The controllers of `self` that `next` no longer has, as `Kind name`.
+    #[must_use]
+    pub fn removed_in(&self, next: &Self) -> Vec<String> {
+        let composites = self.composites.keys().filter(|n| !next.composites.contains_key(*n));
+        let decorators = self.decorators.keys().filter(|n| !next.decorators.contains_key(*n));
+        composites
+            .map(|n| format!("CompositeController {n}"))
+            .chain(decorators.map(|n| format!("DecoratorController {n}")))
+            .collect()
+    }
+}
+
 /// What the manager is given to run file controllers.
 #[derive(Clone, Debug)]
 pub struct Files {

@@ -20,6 +20,15 @@
 //! and in `metahook_controllers_file_errors`. The first reading has no good set before it: until the
 //! files are fixed, no file controller runs (the hub does not stop: a restarting hub would stop the
 //! controllers of the API too).
+//!
+//! A reading may also be *partial*, and a partial reading must never be taken for "these controllers
+//! were removed": stopping a controller takes its finalizers off every parent, and a parent deleted
+//! meanwhile then goes without its finalize hook or its children elsewhere. So these are bad readings
+//! too, reported as a parse error is: an entry that cannot be read (a dangling symlink — how a
+//! `ConfigMap`'s key looks between the kubelet's `..data` swap and its new links), a file with no
+//! document (a file caught while it is written), and a reading with no controller at all after one with
+//! some (a directory emptied and refilled). And a good reading that stops a running controller is taken
+//! only when the next reading, [`POLL`] later, agrees; one that changes nothing else waits with it.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -66,9 +75,18 @@ fn files(paths: &[String]) -> Result<Vec<PathBuf>, FileError> {
             let entry = entry.map_err(fail)?;
             let name = entry.file_name().to_string_lossy().into_owned();
             let wanted = [".yaml", ".yml", ".json"].iter().any(|ext| name.ends_with(ext));
-            // `metadata` follows symlinks: a ConfigMap's keys are symlinks into `..data`.
-            if wanted && !name.starts_with('.') && std::fs::metadata(entry.path()).is_ok_and(|m| m.is_file()) {
-                inside.push(entry.path());
+            if !wanted || name.starts_with('.') {
+                continue;
+            }
+            // `metadata` follows symlinks: a ConfigMap's keys are symlinks into `..data`. One that
+            // leads nowhere is a file not readable now, not a file that is gone.
+            match std::fs::metadata(entry.path()) {
+                Ok(meta) if meta.is_file() => inside.push(entry.path()),
+                Ok(_) => {}
+                Err(e) => {
+                    let place = entry.path().display().to_string();
+                    return Err(FileError { place, reason: format!("cannot be read: {e}") });
+                }
             }
         }
         inside.sort();
@@ -97,6 +115,11 @@ pub fn parse(contents: &[(String, String)]) -> Result<FileControllers, Vec<FileE
     let mut errors = Vec::new();
     for (path, text) in contents {
         let documents: Vec<Value> = match yaml::from_documents(text) {
+            Ok(documents) if documents.iter().all(Value::is_null) => {
+                let reason = "holds no document (taken for a file read while it was being written)".to_owned();
+                errors.push(FileError { place: path.clone(), reason });
+                continue;
+            }
             Ok(documents) => documents,
             Err(e) => {
                 errors.push(FileError { place: path.clone(), reason: e.to_string() });
@@ -191,6 +214,8 @@ pub struct Reader {
     sender: watch::Sender<Arc<FileControllers>>,
     /// The content of the last reading, to tell a change.
     last: Option<Result<Vec<(String, String)>, FileError>>,
+    /// A good reading that stops a running controller, until the next reading agrees.
+    pending: Option<FileControllers>,
 }
 
 impl Reader {
@@ -198,7 +223,7 @@ impl Reader {
     pub async fn start(paths: Vec<String>, hub: Hub) -> (Self, Files) {
         let (sender, set) = watch::channel(Arc::new(FileControllers::default()));
         let pod = own_pod();
-        let mut reader = Self { paths, hub, pod: pod.clone(), sender, last: None };
+        let mut reader = Self { paths, hub, pod: pod.clone(), sender, last: None, pending: None };
         reader.read().await;
         (reader, Files { set, pod })
     }
@@ -223,29 +248,58 @@ impl Reader {
             .await
             .unwrap_or_else(|e| Err(FileError { place: "controllersFrom".into(), reason: e.to_string() }));
         if self.last.as_ref() == Some(&contents) {
+            // The same reading again: a removal held back is confirmed.
+            if let Some(set) = self.pending.take() {
+                info!(stopped = ?self.sender.borrow().removed_in(&set), "a second reading agrees: controllers removed from the files stop");
+                self.take(set);
+            }
             return;
         }
         self.last = Some(contents.clone());
+        self.pending = None;
         let parsed = contents.map_err(|e| vec![e]).and_then(|contents| parse(&contents));
+        let current = Arc::clone(&self.sender.borrow());
         match parsed {
+            Ok(set) if set.is_empty() && !current.is_empty() => {
+                let reason = format!(
+                    "no controller in the files, where {} ran: taken for a partial reading (to stop every file \
+                     controller, remove controllersFrom)",
+                    current.composites.len() + current.decorators.len()
+                );
+                self.report(vec![FileError { place: "controllersFrom".into(), reason }]).await;
+            }
             Ok(set) => {
                 self.hub.metrics.files.read(0);
-                info!(
-                    composites = set.composites.len(),
-                    decorators = set.decorators.len(),
-                    "read the controllers from files (controllersFrom)"
-                );
-                self.sender.send_replace(Arc::new(set));
-            }
-            Err(errors) => {
-                self.hub.metrics.files.read(errors.len());
-                for error in errors {
-                    warn!(file = %error.place, "controllersFrom: {error}; the last good set of controllers keeps running");
-                    if let Some(pod) = &self.pod {
-                        let note = format!("{error}; the last good set of controllers keeps running");
-                        self.hub.events.warning(pod, "InvalidControllerFile", note).await;
-                    }
+                let removed = current.removed_in(&set);
+                if removed.is_empty() {
+                    self.take(set);
+                } else {
+                    info!(?removed, "controllers removed from the files stop when the next reading agrees");
+                    self.pending = Some(set);
                 }
+            }
+            Err(errors) => self.report(errors).await,
+        }
+    }
+
+    /// Runs `set` from now on.
+    fn take(&self, set: FileControllers) {
+        info!(
+            composites = set.composites.len(),
+            decorators = set.decorators.len(),
+            "read the controllers from files (controllersFrom)"
+        );
+        self.sender.send_replace(Arc::new(set));
+    }
+
+    /// Says why a reading is not taken, as the module doc says; the last good set keeps running.
+    async fn report(&self, errors: Vec<FileError>) {
+        self.hub.metrics.files.read(errors.len());
+        for error in errors {
+            warn!(file = %error.place, "controllersFrom: {error}; the last good set of controllers keeps running");
+            if let Some(pod) = &self.pod {
+                let note = format!("{error}; the last good set of controllers keeps running");
+                self.hub.events.warning(pod, "InvalidControllerFile", note).await;
             }
         }
     }
@@ -339,13 +393,36 @@ spec:
         assert_eq!(errors(), 1);
         std::fs::write(&file, GOOD.replace("name: web}", "name: api}")).unwrap();
         reader.read().await;
+        // `web` is gone from this reading: it is taken when the next one agrees.
+        assert_eq!(files.set.borrow().composites.keys().collect::<Vec<_>>(), ["web"]);
+        reader.read().await;
         let set = files.set.borrow().clone();
         assert_eq!(set.composites.keys().collect::<Vec<_>>(), ["api"]);
         assert_eq!(set.decorators.keys().collect::<Vec<_>>(), ["api"]);
         assert_eq!(errors(), 0);
+        // A reading that loses every controller is taken for a partial one (issue 53 item 2).
         std::fs::remove_file(&file).unwrap();
         reader.read().await;
-        assert!(files.set.borrow().composites.is_empty(), "an empty directory is no controller, not an error");
+        assert_eq!(files.set.borrow().composites.keys().collect::<Vec<_>>(), ["api"], "an emptied directory");
+        assert_eq!(errors(), 1);
+        // So are an empty file and an entry that cannot be read (a dangling symlink).
+        std::fs::write(&file, "").unwrap();
+        reader.read().await;
+        assert_eq!((files.set.borrow().composites.len(), errors()), (1, 1), "an empty file");
+        std::fs::remove_file(&file).unwrap();
+        std::os::unix::fs::symlink(dir.path().join("..data/c.yaml"), &file).unwrap();
+        reader.read().await;
+        assert_eq!((files.set.borrow().composites.len(), errors()), (1, 1), "a dangling symlink");
+        // A controller removed from the files stops once a second reading agrees.
+        std::fs::remove_file(&file).unwrap();
+        let decorator_only = GOOD.replace("name: web}", "name: api}").split("---\n").nth(1).unwrap().to_owned();
+        std::fs::write(&file, &decorator_only).unwrap();
+        reader.read().await;
+        assert_eq!(files.set.borrow().composites.len(), 1, "one reading without it: still running");
+        assert_eq!(errors(), 0);
+        reader.read().await;
+        assert!(files.set.borrow().composites.is_empty(), "the next reading agrees: stopped");
+        assert_eq!(files.set.borrow().decorators.keys().collect::<Vec<_>>(), ["api"]);
     }
 
     #[test]
