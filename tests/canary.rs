@@ -224,9 +224,52 @@ async fn a_failing_candidate_halts_and_its_parents_go_back_to_the_current_hook_w
     tokio::time::sleep(Duration::from_secs(4)).await;
     assert_eq!(asked(&candidate).len(), asked_then, "a halted candidate is not asked");
     let still = canary_status(&w, |c| c["state"] == "Halted").await;
-    assert_eq!(still["candidate"]["syncs"].as_u64(), Some(asked_then as u64), "every candidate call counted: {still}");
+    // Each parent's failure counted once (its retries showed the same request: issue 53 item 4).
+    let parents_asked: BTreeSet<String> = asked(&candidate).into_iter().collect();
+    assert_eq!(still["candidate"]["syncs"].as_u64(), Some(parents_asked.len() as u64), "{still}");
     assert_eq!(still["candidate"]["errors"], still["candidate"]["syncs"]);
+    assert!(still["message"].as_str().unwrap().contains("(an error ratio of 1)"), "{still}");
     eprintln!("{} of {PARENTS} parents in the canary; halted: {still}", canary.len());
+
+    // Issue 53 item 4: the halt outlives the hub. A hub started again reads it back from the status:
+    // the candidate is asked nothing, and the status still says Halted, with the same counts.
+    let mut w = w;
+    w.restart_hub().await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(asked(&candidate).len(), asked_then, "a restarted hub does not ask a halted candidate");
+    let after_restart = canary_status(&w, |c| c["state"] == "Halted").await;
+    assert_eq!(after_restart["candidate"], still["candidate"], "the counts read back: {after_restart}");
+    // A new value of the annotation starts a new canary (with new counts).
+    set_canary(&w, json!({"url": candidate.url("/sync"), "percent": 50, "minSyncs": 21})).await;
+    eventually(WAIT, || async { (asked(&candidate).len() > asked_then).then_some(()) }).await;
+    w.finish("CompositeController").await;
+}
+
+/// Issue 53 item 4: one parent's quick retries do not halt a canary whose other parents succeed. The
+/// candidate fails for `t0` only; `t0` is retried with backoff (its calls counted: a handful in 10 s,
+/// not one per echo), and its failure counts once while its request is the same: 1 error in 30 syncs,
+/// below `maxErrorRatio` 0.1, where counting every retry halted the canary.
+#[tokio::test]
+async fn one_parents_retries_do_not_halt_a_canary_whose_other_parents_succeed() {
+    const PARENTS: usize = 30;
+    let (w, _) = world("canary-retries", PARENTS).await;
+    let candidate = HookServer::start(
+        "def sync(request):\n    name = request['parent']['metadata']['name']\n    if name == 't0':\n        \
+         raise RuntimeError('broken for t0')\n    return {'children': [{'apiVersion': 'v1', 'kind': 'ConfigMap', \
+         'metadata': {'name': name + '-cm'}, 'data': {'side': 'candidate'}}]}\n",
+    )
+    .await;
+    set_canary(&w, json!({"url": candidate.url("/sync"), "percent": 100})).await;
+    for i in 1..PARENTS {
+        child_says(&w, &format!("t{i}"), "candidate").await;
+    }
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let t0_calls = asked(&candidate).iter().filter(|p| *p == "t0").count();
+    assert!((2..=20).contains(&t0_calls), "t0 retried with backoff: {t0_calls} calls in about 10 s");
+    let status = canary_status(&w, |c| c["candidate"]["syncs"].as_u64() >= Some(PARENTS as u64)).await;
+    assert_eq!(status["state"], "Running", "{status}");
+    assert_eq!(status["candidate"]["errors"], 1, "t0's failure counted once: {status}");
+    child_says(&w, "t0", "current").await;
     w.finish("CompositeController").await;
 }
 

@@ -589,6 +589,11 @@ pub struct CanaryStatus {
     /// Why it halted, or what is wrong with the annotation.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub message: String,
+    /// The annotation's value this canary was started from. A `Halted` canary is read back from here
+    /// when the controller starts again (a restart, a fail-over, a change of its spec): it stays halted
+    /// until the annotation changes.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub annotation: String,
     /// Syncs of the parents the current hook answered for, since the canary started.
     pub current: CanaryTally,
     /// Syncs of the parents the candidate answered for.

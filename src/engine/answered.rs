@@ -26,6 +26,12 @@ use crate::hooks::ObjectMaps;
 pub struct RequestId([u8; 20]);
 
 impl RequestId {
+    /// A request identity of `bytes`, for tests of what keeps identities.
+    #[cfg(test)]
+    pub(crate) fn from_bytes(bytes: [u8; 20]) -> Self {
+        Self(bytes)
+    }
+
     /// The identity of a request to the hook at `hook` showing `parent` with these children (or
     /// attachments) and related objects, as the hook would receive it.
     #[must_use]

@@ -744,7 +744,8 @@ async fn sync_here<C: Kind>(kind: &C, key: &C::Key, reasons: Reasons) -> Result<
     let mut writes = 0;
     let result = answer(kind, key, &observing, &mut writes).await;
     if let Some(pick) = &observing.canary {
-        core.canary.record(pick, &result, writes);
+        let uid = observing.obj.metadata.uid.as_deref().unwrap_or_default();
+        core.canary.record(pick, (uid, request), &result, writes);
     }
     result
 }

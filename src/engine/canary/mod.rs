@@ -23,7 +23,14 @@
 //! `maxErrorRatio` halts it: its parents go back to the current hook, the controller's status says
 //! `Halted` and why (and a `CanaryHalted` condition), and a Warning Event on the controller says it
 //! too. A halted canary stays halted until its annotation changes (any edit starts a new one, with new
-//! counts) or is removed. Promoting is changing the sync hook's URL in the controller's spec.
+//! counts) or is removed. Promoting is changing the sync hook's URL in the controller's spec. The halt
+//! is a promise that must outlive the process: the status records it with the annotation's value, and
+//! a controller started again (a restart, a fail-over, a change of its spec) reads it back from there
+//! and starts the same annotation halted, with its counts.
+//!
+//! **Counting.** A parent whose sync fails is retried quickly, with the same request: its failures
+//! count once until its request changes (or it succeeds), so one parent's retries cannot halt a
+//! canary whose other parents succeed.
 //!
 //! **Reported** in the controller's `status.canary` while it runs (at most every [`REPORT_EVERY`], only
 //! when the figures changed) and in the `metahook_canary_*` metrics. With sharding each replica counts
@@ -47,6 +54,7 @@ use tracing::{info, warn};
 
 use crate::api::{CanaryStatus, CanaryTally, EndpointConfig, Hook, ServiceReference};
 use crate::cache::shard::{BUCKETS, bucket};
+use crate::engine::answered::RequestId;
 use crate::engine::error::SyncError;
 use crate::engine::hub::Hub;
 use crate::engine::metrics::ControllerMetrics;
@@ -212,6 +220,17 @@ impl Tally {
         self.writes.fetch_add(writes as u64, Ordering::Relaxed);
     }
 
+    /// The counts a status recorded.
+    fn from_status(tally: &CanaryTally) -> Self {
+        let count = |n: i64| AtomicU64::new(u64::try_from(n).unwrap_or_default());
+        Self {
+            syncs: count(tally.syncs),
+            errors: count(tally.errors),
+            permanent: count(tally.permanent_errors),
+            writes: count(tally.writes),
+        }
+    }
+
     fn status(&self) -> CanaryTally {
         let read = |n: &AtomicU64| i64::try_from(n.load(Ordering::Relaxed)).unwrap_or(i64::MAX);
         CanaryTally {
@@ -227,23 +246,53 @@ impl Tally {
 #[derive(Debug)]
 pub struct Live {
     spec: Spec,
+    /// The annotation's value it was started from (recorded with a halt).
+    annotation: String,
     endpoint: Endpoint,
     buckets: u16,
     current: Tally,
     candidate: Tally,
     /// Why it halted, once it has.
     halted: OnceLock<String>,
+    /// The parents whose last counted sync failed, by UID, with the request it showed: a retry of the
+    /// same request is not counted again.
+    failing: Mutex<std::collections::HashMap<String, RequestId>>,
 }
 
 impl Live {
-    fn new(spec: Spec, endpoint: Endpoint) -> Self {
+    fn new(spec: Spec, annotation: String, endpoint: Endpoint) -> Self {
         Self {
             buckets: spec.buckets(),
             spec,
+            annotation,
             endpoint,
             current: Tally::default(),
             candidate: Tally::default(),
             halted: OnceLock::new(),
+            failing: Mutex::default(),
+        }
+    }
+
+    /// Started halted, as `recorded` says (the status of a canary of the same annotation that halted
+    /// before this process, or this controller, started).
+    fn resumed_halted(mut self, recorded: &CanaryStatus) -> Self {
+        self.current = Tally::from_status(&recorded.current);
+        self.candidate = Tally::from_status(&recorded.candidate);
+        let _ = self.halted.set(recorded.message.clone());
+        self
+    }
+
+    /// Whether a sync of the parent `uid` that showed `request` and ended `counted` counts: a failure
+    /// does once until the parent's request changes; a success clears the parent's failure.
+    fn counts(&self, uid: &str, request: Option<RequestId>, counted: Counted) -> bool {
+        let mut failing = self.failing.lock().expect("canary failing lock");
+        match (counted, request) {
+            (Counted::Ok, _) => {
+                failing.remove(uid);
+                true
+            }
+            (_, Some(request)) => failing.insert(uid.to_owned(), request) != Some(request),
+            (_, None) => true,
         }
     }
 
@@ -275,8 +324,8 @@ impl Live {
             return false;
         }
         let why = format!(
-            "the candidate failed {errors} of {syncs} syncs ({ratio:.2}), more than maxErrorRatio {}: the current \
-             hook answers for every parent again",
+            "the candidate failed {errors} of {syncs} syncs (an error ratio of {ratio}), more than maxErrorRatio {}: \
+             the current hook answers for every parent again",
             self.spec.max_error_ratio
         );
         self.halted.set(why).is_ok()
@@ -288,6 +337,7 @@ impl Live {
             percent: self.spec.percent,
             state: if self.halted().is_some() { "Halted" } else { "Running" }.into(),
             message: self.halted().unwrap_or_default().to_owned(),
+            annotation: self.annotation.clone(),
             current: self.current.status(),
             candidate: self.candidate.status(),
         }
@@ -311,6 +361,9 @@ impl Pick {
 
 #[derive(Debug, Default)]
 struct State {
+    /// The halted canary the controller object's status recorded when the controller started, until
+    /// the annotation is first read: the same value starts halted.
+    recorded_halt: Option<CanaryStatus>,
     /// The annotation's value the state comes from.
     annotation: Option<String>,
     live: Option<Arc<Live>>,
@@ -365,6 +418,9 @@ impl Canary {
         let status = &controller["status"];
         let reported = !status["canary"].is_null()
             || status["conditions"].as_array().is_some_and(|c| c.iter().any(|c| c["type"] == HALTED_CONDITION));
+        let recorded_halt = serde_json::from_value::<CanaryStatus>(status["canary"].clone())
+            .ok()
+            .filter(|c| c.state == "Halted" && !c.annotation.is_empty());
         let canary = Self {
             hub: hub.clone(),
             kind,
@@ -375,7 +431,7 @@ impl Canary {
             reported,
             from_file,
             metrics,
-            state: Mutex::default(),
+            state: Mutex::new(State { recorded_halt, ..State::default() }),
             changes: watch::Sender::new(0),
         };
         canary.configure(annotations);
@@ -387,14 +443,21 @@ impl Canary {
     pub fn configure(&self, annotations: Option<&std::collections::BTreeMap<String, String>>) {
         let annotation = annotations.and_then(|a| a.get(CANARY_ANNOTATION)).cloned();
         let mut state = self.state.lock().expect("canary lock");
+        let recorded_halt = state.recorded_halt.take();
         if state.annotation == annotation {
             return;
         }
-        *state = State { annotation: annotation.clone(), live: None, invalid: None };
+        *state = State { annotation: annotation.clone(), ..State::default() };
         if let Some(text) = annotation {
             match self.start(&text) {
                 Ok(live) => {
-                    info!(controller = %self.name, url = live.endpoint.url(), percent = live.spec.percent, "canary started");
+                    let live = if let Some(halt) = recorded_halt.filter(|halt| halt.annotation == text) {
+                        info!(controller = %self.name, url = live.endpoint.url(), "canary halted before, as its status says: it stays halted");
+                        live.resumed_halted(&halt)
+                    } else {
+                        info!(controller = %self.name, url = live.endpoint.url(), percent = live.spec.percent, "canary started");
+                        live
+                    };
                     state.live = Some(Arc::new(live));
                 }
                 Err(why) => {
@@ -413,7 +476,7 @@ impl Canary {
         let labels = HookLabels { kind: self.kind.to_owned(), controller: self.name.clone(), hook: HookKind::Canary };
         let endpoint =
             self.hub.hooks.endpoint(&spec.hook(base), &self.endpoint_configs, labels).map_err(|e| e.to_string())?;
-        Ok(Live::new(spec, endpoint))
+        Ok(Live::new(spec, text.to_owned(), endpoint))
     }
 
     /// The side of the object whose UID is `uid` in the canary running now; `None` without one, and for
@@ -427,10 +490,20 @@ impl Canary {
         Some(Pick { live, side })
     }
 
-    /// Counts a sync that asked `pick`'s hook and ended with `result` after `writes` child writes; halts
-    /// the canary when the candidate's error ratio passes its limit.
-    pub fn record(&self, pick: &Pick, result: &Result<Option<Duration>, SyncError>, writes: usize) {
+    /// Counts a sync of the parent `uid` that asked `pick`'s hook with `request` and ended with `result`
+    /// after `writes` child writes (a failure once until the parent's request changes); halts the canary
+    /// when the candidate's error ratio passes its limit.
+    pub fn record(
+        &self,
+        pick: &Pick,
+        (uid, request): (&str, Option<RequestId>),
+        result: &Result<Option<Duration>, SyncError>,
+        writes: usize,
+    ) {
         let Some(counted) = Counted::of(result) else { return };
+        if !pick.live.counts(uid, request, counted) {
+            return;
+        }
         self.metrics.canary_sync(pick.side.label(), counted.label(), writes);
         if pick.live.count(pick.side, counted, writes) {
             self.changes.send_modify(|n| *n += 1);
@@ -511,7 +584,7 @@ mod tests {
         let base: Hook = serde_json::from_value(json!({"webhook": {"url": "http://current/sync"}})).unwrap();
         let labels = HookLabels { kind: "CompositeController".into(), controller: "c".into(), hook: HookKind::Canary };
         let endpoint = crate::hooks::HookClient::default().endpoint(&spec.hook(&base), &[], labels).unwrap();
-        Live::new(spec, endpoint)
+        Live::new(spec, annotation.to_owned(), endpoint)
     }
 
     #[test]
@@ -531,9 +604,35 @@ mod tests {
         assert!(!canary.count(Side::Candidate, Counted::Error, 0), "halts once");
         let status = canary.status();
         assert_eq!(status.state, "Halted");
-        assert!(status.message.contains("failed 19 of 20 syncs"), "{}", status.message);
+        assert!(status.message.contains("failed 19 of 20 syncs (an error ratio of 0.95)"), "{}", status.message);
         assert_eq!((status.candidate.syncs, status.candidate.errors, status.candidate.writes), (21, 20, 2));
         assert_eq!((status.current.syncs, status.current.errors), (30, 30));
+    }
+
+    #[test]
+    fn a_parents_failures_count_once_until_its_request_changes() {
+        let canary = live(r#"{"url": "http://candidate/sync", "percent": 10}"#);
+        let (first, second) = (RequestId::from_bytes([1; 20]), RequestId::from_bytes([2; 20]));
+        assert!(canary.counts("a", Some(first), Counted::Error));
+        assert!(!canary.counts("a", Some(first), Counted::Error), "a retry of the same request");
+        assert!(canary.counts("b", Some(first), Counted::Error), "another parent");
+        assert!(canary.counts("a", Some(second), Counted::Error), "a new request");
+        assert!(canary.counts("a", Some(second), Counted::Ok));
+        assert!(canary.counts("a", Some(second), Counted::Error), "failing again after a success");
+        assert!(canary.counts("c", None, Counted::Error) && canary.counts("c", None, Counted::Error), "unknown");
+    }
+
+    #[test]
+    fn a_halt_recorded_in_the_status_is_resumed_for_the_same_annotation() {
+        let annotation = r#"{"url": "http://candidate/sync", "percent": 10, "minSyncs": 2}"#;
+        let halted = live(annotation);
+        assert!(!halted.count(Side::Candidate, Counted::Error, 0));
+        assert!(halted.count(Side::Candidate, Counted::Error, 0));
+        let recorded: CanaryStatus = serde_json::from_value(serde_json::to_value(halted.status()).unwrap()).unwrap();
+        assert_eq!(recorded.annotation, annotation);
+        let resumed = live(annotation).resumed_halted(&recorded);
+        assert_eq!(resumed.answering(), None, "halted: the candidate answers for no parent");
+        assert_eq!(resumed.status(), halted.status(), "the same status, counts and message");
     }
 
     #[test]
