@@ -34,6 +34,11 @@ pub const AGGREGATE_LABEL: &str = "metahook.dev/aggregate-to-hub";
 pub const DEFAULT_SERVICE_ACCOUNT: &str = "metahook/metahook";
 
 const READ: &[&str] = &["get", "list", "watch"];
+/// A parent's verbs without a finalize hook: read, and patch. The hub patches a parent for its finalizer
+/// (children in other namespaces, `crossNamespace`), for the record of a `--cascade=orphan` deletion and,
+/// for a type without a `/status` subresource, for its status. `metahook rbac` reads no cluster, so it
+/// cannot tell which parent types have that subresource: the patch is granted for all.
+const PARENT_PATCH: &[&str] = &["get", "list", "watch", "patch"];
 const MANAGE: &[&str] = &["get", "list", "watch", "create", "update", "patch", "delete"];
 const STATUS: &[&str] = &["get", "update", "patch"];
 /// Setting `blockOwnerDeletion` on a child needs `update` on the owner's `finalizers` subresource when
@@ -316,14 +321,19 @@ impl ControllerObject {
     }
 }
 
-/// What one controller needs: its parent/target types read (plus writes of their status, finalizers and —
-/// with a finalize hook, or for a decorator's labels — the objects), its child/attachment types managed,
-/// ControllerRevisions for rolling updates, and `related` (`apiVersion`, `resource`) types read.
+/// What one controller needs: its parent/target types read and patched (see [`PARENT_PATCH`]), their
+/// status and finalizers written (and — with a finalize hook, or for a decorator's labels — the objects
+/// updated), its child/attachment types managed, ControllerRevisions for rolling updates, and `related`
+/// (`apiVersion`, `resource`) types read.
 #[must_use]
 pub fn controller_rules(controller: &ControllerObject, related: &[(String, String)]) -> Vec<PolicyRule> {
     let mut grants = Grants::default();
     let owner = |grants: &mut Grants, api_version: &str, resource: &str, writes: bool| {
-        grants.add(api_version, resource, if writes { &["get", "list", "watch", "update", "patch"] } else { READ });
+        grants.add(
+            api_version,
+            resource,
+            if writes { &["get", "list", "watch", "update", "patch"] } else { PARENT_PATCH },
+        );
         grants.add(api_version, &format!("{resource}/status"), STATUS);
         grants.add(api_version, &format!("{resource}/finalizers"), FINALIZERS);
     };
@@ -552,8 +562,8 @@ mod tests {
         let rules = controller_rules(&cc, &[("v1".into(), "secrets".into())]);
         assert_eq!(
             verbs(&rules, "example.com", "webs"),
-            ["get", "list", "watch"],
-            "no finalize hook: no parent writes"
+            ["get", "list", "watch", "patch"],
+            "no finalize hook: only patches (a status without a subresource, a finalizer, the orphan record)"
         );
         assert_eq!(verbs(&rules, "example.com", "webs/status"), ["get", "update", "patch"]);
         assert_eq!(verbs(&rules, "example.com", "webs/finalizers"), ["update"]);
@@ -748,7 +758,7 @@ spec:
             "only the base (CRDs, discovery, Events) stays cluster-wide"
         );
         let rules: Vec<PolicyRule> = serde_json::from_value(docs[1]["rules"].clone()).unwrap();
-        assert_eq!(verbs(&rules, "example.com", "webs"), ["get", "list", "watch"]);
+        assert_eq!(verbs(&rules, "example.com", "webs"), PARENT_PATCH);
         assert_eq!(verbs(&rules, "", "configmaps"), MANAGE);
         assert_eq!(
             docs[2]["roleRef"],
