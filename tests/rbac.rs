@@ -126,22 +126,38 @@ struct Scenario {
     finalize: bool,
     /// A child in another namespace (`crossNamespace`).
     elsewhere: bool,
+    /// Children rolled out through `ControllerRevision`s (`RollingInPlace`).
+    rolling: bool,
+    /// A canary of the sync hook (`metahook.dev/canary`), its status written on the controller.
+    canary: bool,
 }
 
 /// Issue 53 item 6: every feature runs under exactly the role `metahook rbac --base -f controller.yaml`
-/// prints for it. For each scenario a fresh ServiceAccount (audited) bound to that output runs the hub;
+/// prints for it (composite, finalize hook, children in other namespaces, a parent without `/status`,
+/// decorator, rolling updates, canary). For each scenario a fresh ServiceAccount (audited) bound to that output runs the hub;
 /// the scenario is driven to its end (children and status written, the parent deleted and gone, its
 /// children elsewhere with it) and the API server's audit log shows no request of the account refused.
 /// Before, the cross-namespace controller could not patch its finalizer onto parents and the
 /// statusless parent could not get its status (both `cannot patch resource`).
 #[tokio::test]
 async fn every_feature_runs_under_exactly_the_role_metahook_rbac_prints_for_it() {
+    let plain = Scenario {
+        name: "composite",
+        kind: "Thing",
+        decorator: false,
+        finalize: false,
+        elsewhere: false,
+        rolling: false,
+        canary: false,
+    };
     let scenarios = [
-        Scenario { name: "composite", kind: "Thing", decorator: false, finalize: false, elsewhere: false },
-        Scenario { name: "finalize", kind: "Thing", decorator: false, finalize: true, elsewhere: false },
-        Scenario { name: "cross-namespace", kind: "Thing", decorator: false, finalize: false, elsewhere: true },
-        Scenario { name: "no-status", kind: "StatuslessThing", decorator: false, finalize: false, elsewhere: false },
-        Scenario { name: "decorator", kind: "Thing", decorator: true, finalize: false, elsewhere: false },
+        Scenario { ..plain },
+        Scenario { name: "finalize", finalize: true, ..plain },
+        Scenario { name: "cross-namespace", elsewhere: true, ..plain },
+        Scenario { name: "no-status", kind: "StatuslessThing", ..plain },
+        Scenario { name: "decorator", decorator: true, ..plain },
+        Scenario { name: "rolling", rolling: true, ..plain },
+        Scenario { name: "canary", canary: true, ..plain },
     ];
     let client = support::client().await;
     support::install_metahook_crds(&client).await;
@@ -174,10 +190,17 @@ async fn every_feature_runs_under_exactly_the_role_metahook_rbac_prints_for_it()
             if scenario.elsewhere {
                 spec["childResources"][0]["crossNamespace"] = json!(true);
             }
+            if scenario.rolling {
+                spec["childResources"][0]["updateStrategy"] = json!({"method": "RollingInPlace"});
+            }
             ("CompositeController", spec)
         };
-        let controller = json!({"apiVersion": support::CONTROLLERS, "kind": kind,
-                                "metadata": {"name": label, "labels": {"metahook-test": label}}, "spec": spec});
+        let mut controller = json!({"apiVersion": support::CONTROLLERS, "kind": kind,
+                                    "metadata": {"name": label, "labels": {"metahook-test": label}}, "spec": spec});
+        if scenario.canary {
+            let canary = json!({"url": hook.url("/sync"), "percent": 100}).to_string();
+            controller["metadata"]["annotations"] = json!({"metahook.dev/canary": canary});
+        }
         let file = tempfile::NamedTempFile::new().unwrap();
         std::fs::write(file.path(), yaml::to_string(&controller).unwrap()).unwrap();
         let printed = support::metahook_rbac(&["--base", "-f", file.path().to_str().unwrap()]);
@@ -213,6 +236,21 @@ async fn every_feature_runs_under_exactly_the_role_metahook_rbac_prints_for_it()
         let there = api(&client, "v1", "ConfigMap", Some(&other.name)).await;
         if scenario.elsewhere {
             eventually(WAIT, || async { there.get_opt("p-b").await.unwrap() }).await;
+        }
+        if scenario.rolling {
+            let revisions = api(&client, support::CONTROLLERS, "ControllerRevision", Some(&ns.name)).await;
+            eventually(WAIT, || async {
+                (!revisions.list(&Default::default()).await.ok()?.items.is_empty()).then_some(())
+            })
+            .await;
+        }
+        if scenario.canary {
+            let controllers = api(&client, support::CONTROLLERS, kind, None).await;
+            eventually(WAIT, || async {
+                let status = controllers.get(&label).await.ok()?.data["status"]["canary"].clone();
+                (status["state"] == "Running" && status["candidate"]["syncs"].as_u64() >= Some(1)).then_some(())
+            })
+            .await;
         }
         if scenario.finalize || scenario.elsewhere {
             eventually(WAIT, || async {
