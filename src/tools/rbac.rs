@@ -321,7 +321,7 @@ impl ControllerObject {
     }
 }
 
-/// What one controller needs: its parent/target types read and patched (see [`PARENT_PATCH`]), their
+/// What one controller needs: its parent/target types read and patched (see `PARENT_PATCH`), their
 /// status and finalizers written (and — with a finalize hook, or for a decorator's labels — the objects
 /// updated), its child/attachment types managed, ControllerRevisions for rolling updates, and `related`
 /// (`apiVersion`, `resource`) types read.
