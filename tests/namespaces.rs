@@ -27,7 +27,7 @@ const EXAMPLE: &str = "examples-python/hello-world";
 
 /// The metacontroller.k8s.io types a hub watches cluster-wide whatever its namespaces: its controller
 /// objects are cluster-scoped.
-const CONTROLLER_TYPES: &[&str] = &["compositecontrollers", "decoratorcontrollers"];
+const CONTROLLER_TYPES: &[&str] = &["compositecontrollers", "decoratorcontrollers", "mapcontrollers"];
 
 fn hello(namespace: &str, label: &str) -> Value {
     json!({"apiVersion": "example.metahook.dev/v1", "kind": "HelloWorld",

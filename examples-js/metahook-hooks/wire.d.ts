@@ -159,3 +159,92 @@ export interface CustomizeResponse {
   /** What the sync request's `related` map holds; absent: nothing. */
   relatedResources?: RelatedResourceRule[];
 }
+
+/** Request body of a MapController `map` call: one input and the outputs made for it. */
+export interface MapRequest<
+  Parent extends KubeObject = KubeObject,
+  Input extends KubeObject = KubeObject,
+  Outputs extends ObjectTypes = ObjectTypes,
+> {
+  /** The MapController. */
+  controller: KubeObject;
+  /** The parent. */
+  parent: Parent;
+  /**
+   * The input's map key: an opaque string naming the group of outputs made for this input (the
+   * hub tags each of them with it, in the `metahook.dev/map-key` label).
+   */
+  mapKey: string;
+  /** The input object. */
+  input: Input;
+  /** The outputs the parent owns for this input, by type key and object key. */
+  outputs: ObjectMap<Outputs>;
+}
+
+/** Response body of a MapController `map` call; every field is optional. */
+export interface MapResponse {
+  /** Every output this input should have; one of its outputs missing here is deleted. */
+  outputs?: KubeObject[];
+  /** Ask again for this input after this many seconds (fractions allowed); `0` or absent: no resync. */
+  resyncAfterSeconds?: number;
+  /** Events the hub records on the parent, as for a CompositeController. */
+  events?: HookEvent[];
+}
+
+/**
+ * Request body of a MapController `tombstone` call: the outputs of an input that is gone (deleted, or
+ * no longer selected by the parent).
+ */
+export interface TombstoneRequest<
+  Parent extends KubeObject = KubeObject,
+  Outputs extends ObjectTypes = ObjectTypes,
+> {
+  /** The MapController. */
+  controller: KubeObject;
+  /** The parent. */
+  parent: Parent;
+  /** The map key the gone input's outputs carry. */
+  mapKey: string;
+  /** Those outputs, by type key and object key. */
+  outputs: ObjectMap<Outputs>;
+}
+
+/** Response body of a MapController `tombstone` call. */
+export interface TombstoneResponse {
+  /**
+   * The outputs to keep (each named by `apiVersion`, `kind`, `metadata.name` and, for a namespaced
+   * type, `metadata.namespace`); every other output of this map key is deleted. Kept outputs are
+   * left as they are: the hub does not write them.
+   */
+  outputs?: KubeObject[];
+  /** Ask again about these outputs after this many seconds (fractions allowed), to let one go later. */
+  resyncAfterSeconds?: number;
+}
+
+/** Request body of a MapController `finalize` call: the parent is being deleted. */
+export interface MapFinalizeRequest<
+  Parent extends KubeObject = KubeObject,
+  Outputs extends ObjectTypes = ObjectTypes,
+> {
+  /** The MapController. */
+  controller: KubeObject;
+  /** The parent. */
+  parent: Parent;
+  /** Every output the parent owns, by type key and object key. */
+  outputs: ObjectMap<Outputs>;
+  /** Always `true`. */
+  finalizing: boolean;
+}
+
+/** Response body of a MapController `finalize` call. */
+export interface MapFinalizeResponse {
+  /**
+   * The parent may now go (the hub removes its finalizer; the garbage collector then deletes its
+   * outputs, unless the parent was deleted with `--cascade=orphan`).
+   */
+  finalized?: boolean;
+  /** Ask again after this many seconds (fractions allowed). */
+  resyncAfterSeconds?: number;
+  /** Events the hub records on the parent. */
+  events?: HookEvent[];
+}

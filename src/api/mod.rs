@@ -104,6 +104,113 @@ pub struct DecoratorControllerSpec {
     pub resync_period_seconds: Option<i32>,
 }
 
+/// A metahook extension of the group, to Metacontroller's own design (its book's "MapController" page,
+/// never built there): for every input object the parent's `spec.selector` selects, the `map` hook says
+/// which outputs the parent should own for it. One hook call per input, each with only that input and
+/// the outputs made for it.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "metacontroller.k8s.io",
+    version = "v1alpha1",
+    kind = "MapController",
+    plural = "mapcontrollers",
+    shortname = "mapc",
+    status = "ControllerStatus",
+    printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status"),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+)]
+#[serde(rename_all = "camelCase")]
+pub struct MapControllerSpec {
+    /// The parent type: each parent owns the outputs made for the inputs it selects, and its status
+    /// is the hub's aggregation of them.
+    pub parent_resource: MapParentRule,
+    /// The input types. A parent's inputs are the objects of these types its `spec.selector` selects
+    /// (empty or absent: all), in the parent's namespace (any namespace for a cluster-scoped parent),
+    /// except objects the parent itself controls.
+    pub input_resources: Vec<InputResourceRule>,
+    /// The output types: what the map hook may answer.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub output_resources: Vec<OutputResourceRule>,
+    pub hooks: MapControllerHooks,
+    /// As [`CompositeControllerSpec::endpoint_configs`].
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub endpoint_configs: Vec<EndpointConfig>,
+    /// Sync each parent again this many seconds after its own last sync: every input's map hook and
+    /// every tombstone hook is asked again, even when nothing changed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resync_period_seconds: Option<i32>,
+}
+
+/// Which objects are a MapController's parents.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MapParentRule {
+    /// `group/version`, or `v1` for the core group.
+    pub api_version: String,
+    /// Lowercase plural resource name.
+    pub resource: String,
+    /// Only parents whose labels match are synced.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub label_selector: Option<LabelSelector>,
+    /// When true, parent updates that change only `.status` do not trigger a sync.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ignore_status_changes: Option<bool>,
+}
+
+/// One input type of a MapController.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct InputResourceRule {
+    /// `group/version`, or `v1` for the core group.
+    pub api_version: String,
+    /// Lowercase plural resource name, e.g. `persistentvolumeclaims`.
+    pub resource: String,
+}
+
+/// One output type of a MapController.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct OutputResourceRule {
+    /// `group/version`, or `v1` for the core group.
+    pub api_version: String,
+    /// Lowercase plural resource name, e.g. `configmaps`.
+    pub resource: String,
+    /// As a CompositeController child type's (`OnDelete` unless set; no rolling methods).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub update_strategy: Option<ChildUpdateStrategy>,
+}
+
+impl OutputResourceRule {
+    /// The same type as a child type rule (outputs are owned by their parent as children are).
+    #[must_use]
+    pub fn as_child_rule(&self) -> ChildResourceRule {
+        ChildResourceRule {
+            api_version: self.api_version.clone(),
+            resource: self.resource.clone(),
+            update_strategy: self.update_strategy.clone(),
+            cross_namespace: None,
+            adopt_across_namespaces: None,
+        }
+    }
+}
+
+/// The hooks of a MapController.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MapControllerHooks {
+    /// Called once per input: the input's desired outputs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub map: Option<Hook>,
+    /// Called for the outputs of an input that is gone (detached outputs): which of them to keep.
+    /// Without it, detached outputs are deleted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tombstone: Option<Hook>,
+    /// Called while a parent is being deleted (the hub's finalizer holds it until the hook answers
+    /// `finalized: true`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finalize: Option<Hook>,
+}
+
 /// One target type of a DecoratorController; both selectors must match (absent = everything).
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]

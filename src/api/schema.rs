@@ -21,18 +21,20 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
 use kube::CustomResourceExt as _;
 use serde_json::Value;
 
-use crate::api::{CompositeController, DecoratorController};
+use crate::api::{CompositeController, DecoratorController, MapController};
 
 /// The `openAPIV3Schema` of `kind`'s CRD (`None` for a kind that is not a controller).
 fn schema(kind: &str) -> Option<&'static JSONSchemaProps> {
     static COMPOSITE: OnceLock<Option<JSONSchemaProps>> = OnceLock::new();
     static DECORATOR: OnceLock<Option<JSONSchemaProps>> = OnceLock::new();
+    static MAP: OnceLock<Option<JSONSchemaProps>> = OnceLock::new();
     let of = |crd: k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition| {
         crd.spec.versions.into_iter().next().and_then(|v| v.schema).and_then(|s| s.open_api_v3_schema)
     };
     match kind {
         "CompositeController" => COMPOSITE.get_or_init(|| of(CompositeController::crd())).as_ref(),
         "DecoratorController" => DECORATOR.get_or_init(|| of(DecoratorController::crd())).as_ref(),
+        "MapController" => MAP.get_or_init(|| of(MapController::crd())).as_ref(),
         _ => None,
     }
 }
@@ -43,7 +45,7 @@ fn schema(kind: &str) -> Option<&'static JSONSchemaProps> {
 #[must_use]
 pub fn check(kind: &str, object: &Value) -> Vec<String> {
     let Some(schema) = schema(kind) else {
-        return vec![format!("kind {kind:?} is not a CompositeController or DecoratorController")];
+        return vec![format!("kind {kind:?} is not a CompositeController, DecoratorController or MapController")];
     };
     let mut errors = Vec::new();
     let Some(fields) = object.as_object() else {

@@ -121,6 +121,8 @@ impl Answer {
             finalized: response.finalized,
             events: response.events,
             before: None,
+            scope: None,
+            refused: None,
         }
     }
 }

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::ObjectReference;
 use tokio::sync::watch;
 
-use crate::api::{CompositeController, DecoratorController};
+use crate::api::{CompositeController, DecoratorController, MapController};
 
 /// The controllers of the files, by kind and name, each with where it was read
 /// (`controllers/web.yaml document 2`, also its [`crate::api::FROM_FILE_ANNOTATION`]).
@@ -25,13 +25,14 @@ use crate::api::{CompositeController, DecoratorController};
 pub struct FileControllers {
     pub composites: BTreeMap<String, (String, Arc<CompositeController>)>,
     pub decorators: BTreeMap<String, (String, Arc<DecoratorController>)>,
+    pub maps: BTreeMap<String, (String, Arc<MapController>)>,
 }
 
 impl FileControllers {
     /// Whether there is no controller at all.
     #[must_use]
     pub fn is_empty(&self) -> bool {
-        self.composites.is_empty() && self.decorators.is_empty()
+        self.composites.is_empty() && self.decorators.is_empty() && self.maps.is_empty()
     }
 
     /// The controllers of `self` that `next` no longer has, as `Kind name`.
@@ -39,9 +40,11 @@ impl FileControllers {
     pub fn removed_in(&self, next: &Self) -> Vec<String> {
         let composites = self.composites.keys().filter(|n| !next.composites.contains_key(*n));
         let decorators = self.decorators.keys().filter(|n| !next.decorators.contains_key(*n));
+        let maps = self.maps.keys().filter(|n| !next.maps.contains_key(*n));
         composites
             .map(|n| format!("CompositeController {n}"))
             .chain(decorators.map(|n| format!("DecoratorController {n}")))
+            .chain(maps.map(|n| format!("MapController {n}")))
             .collect()
     }
 }

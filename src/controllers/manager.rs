@@ -1,5 +1,5 @@
 //! The top of the hub: builds the shared [`Hub`] and runs one controller per CompositeController /
-//! DecoratorController object: starts it, restarts it when its `spec` changes, stops it when the object
+//! DecoratorController / MapController object: starts it, restarts it when its `spec` changes, stops it when the object
 //! goes away, and reports on the object's status.
 //!
 //! Metadata-only edits (labels, annotations) do not restart a controller, as in Metacontroller; the
@@ -38,7 +38,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::api::{CompositeController, ControllerStatus, DecoratorController};
+use crate::api::{CompositeController, ControllerStatus, DecoratorController, MapController};
 use crate::controllers::files::{FileControllers, Files};
 use crate::engine::error::StartError;
 use crate::engine::health::ControllerState;
@@ -52,6 +52,9 @@ pub trait Managed:
 {
     type Spec: PartialEq + Clone + Send + Sync + 'static;
     type Running: Send + Sync + 'static;
+    /// Whether the hub runs without this kind's CRD installed, asking discovery again every discovery
+    /// interval (a kind added after the others: an upgrade that did not install its CRD keeps working).
+    const OPTIONAL: bool = false;
     fn spec(&self) -> &Self::Spec;
     fn status(&self) -> Option<&ControllerStatus>;
     /// Resolves types and waits for caches.
@@ -131,6 +134,41 @@ impl Managed for DecoratorController {
     }
 }
 
+impl Managed for MapController {
+    type Spec = crate::api::MapControllerSpec;
+    type Running = crate::controllers::map::Controller;
+    /// A hub upgraded without the MapController CRD runs its other controllers as before.
+    const OPTIONAL: bool = true;
+    fn spec(&self) -> &Self::Spec {
+        &self.spec
+    }
+    fn status(&self) -> Option<&ControllerStatus> {
+        self.status.as_ref()
+    }
+    async fn start(hub: &Hub, obj: Arc<Self>) -> Result<Arc<Self::Running>, StartError> {
+        crate::controllers::map::Controller::start(hub, obj).await
+    }
+    async fn run(running: Arc<Self::Running>, cancel: CancellationToken) {
+        running.run(cancel).await;
+    }
+    fn resync_all(running: &Self::Running) -> usize {
+        running.resync_all()
+    }
+    fn configure(running: &Self::Running, annotations: Option<&BTreeMap<String, String>>) -> Result<(), String> {
+        running.configure(annotations)
+    }
+    fn finalizer(&self) -> (String, Vec<(String, String)>) {
+        let parent = &self.spec.parent_resource;
+        (
+            crate::controllers::map::finalizer_name(&self.name_any()),
+            vec![(parent.api_version.clone(), parent.resource.clone())],
+        )
+    }
+    fn from_files(files: &FileControllers) -> &BTreeMap<String, (String, Arc<Self>)> {
+        &files.maps
+    }
+}
+
 struct Running<K: Managed> {
     spec: K::Spec,
     uid: Option<String>,
@@ -198,8 +236,14 @@ pub async fn run_controllers(hub: Hub, selector: String, files: Option<Files>, c
         files.clone(),
         cancel.clone(),
     ));
-    let decorators = Box::pin(watch_controllers::<DecoratorController>(hub, selector, files, cancel));
-    tokio::join!(composites, decorators);
+    let decorators = Box::pin(watch_controllers::<DecoratorController>(
+        hub.clone(),
+        selector.clone(),
+        files.clone(),
+        cancel.clone(),
+    ));
+    let maps = Box::pin(watch_controllers::<MapController>(hub, selector, files, cancel));
+    tokio::join!(composites, decorators, maps);
 }
 
 /// Watches controller objects of kind `K` (those matching the target label selector), and follows the
@@ -226,7 +270,7 @@ async fn watch_controllers<K: Managed>(hub: Hub, selector: String, files: Option
         let first = K::from_files(&set.borrow_and_update()).clone();
         controllers.files_changed(first).await;
     }
-    let mut events = if set.is_none() || served::<K>(&hub, true).await { Some(open()) } else { None };
+    let mut events = if (set.is_none() && !K::OPTIONAL) || served::<K>(&hub, true).await { Some(open()) } else { None };
     let mut recheck = tokio::time::interval(hub.discovery.ttl().max(Duration::from_secs(1)));
     recheck.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     recheck.reset();

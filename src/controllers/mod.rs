@@ -1,5 +1,6 @@
-//! Stage 5, controllers: the two kinds users declare, each a thin consumer of the engine —
-//! [`composite`] (with rolling updates) and [`decorator`] — and the [`manager`] that starts, restarts
+//! Stage 5, controllers: the kinds users declare, each a thin consumer of the engine —
+//! [`composite`] (with rolling updates), [`decorator`] and [`map`] (Metacontroller's MapController
+//! design) — and the [`manager`] that starts, restarts
 //! and stops one controller per controller object, of the API or read from a file ([`files`]).
 //!
 //! May import: every stage below (api, cache, hooks, write, engine).
@@ -8,3 +9,4 @@ pub mod composite;
 pub mod decorator;
 pub mod files;
 pub mod manager;
+pub mod map;

@@ -104,6 +104,12 @@ impl<K: Clone + Eq + Hash> Answered<K> {
     pub fn forget(&self, key: &K) {
         self.last.lock().expect("answered lock").remove(key);
     }
+
+    /// Keeps only the objects `keep` says (what a kind that keys requests finer than by object forgets
+    /// when their objects are gone).
+    pub fn retain(&self, keep: impl Fn(&K) -> bool) {
+        self.last.lock().expect("answered lock").retain(|key, _| keep(key));
+    }
 }
 
 #[cfg(test)]

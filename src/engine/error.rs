@@ -36,6 +36,9 @@ pub enum StartError {
     /// A child type is declared `crossNamespace` where that cannot be honoured.
     #[error("{0}")]
     CrossNamespace(String),
+    /// A MapController's spec asks for what a MapController cannot do.
+    #[error("{0}")]
+    Map(String),
 }
 
 impl StartError {
@@ -48,6 +51,8 @@ impl StartError {
             Self::NotFound { role: "child", .. } => "ChildResourceNotFound",
             Self::NotFound { role: "attachment", .. } => "AttachmentResourceNotFound",
             Self::NotFound { role: "controllerrevision", .. } => "ControllerRevisionCRDNotInstalled",
+            Self::NotFound { role: "input", .. } => "InputResourceNotFound",
+            Self::NotFound { role: "output", .. } => "OutputResourceNotFound",
             Self::NotFound { .. } => "ResourceNotFound",
             Self::RollingNeedsNamespacedParent => "UnsupportedUpdateMethod",
             Self::ClusterScoped { .. } => "ClusterScopedResource",
@@ -57,6 +62,7 @@ impl StartError {
             Self::CacheSync(crate::cache::informers::SyncTimeout::NotSynced { .. }) => "WatchFailed",
             Self::InvalidHookSetting(_) => "InvalidHookSetting",
             Self::CrossNamespace(_) => "UnsupportedCrossNamespace",
+            Self::Map(_) => "UnsupportedMapSpec",
         }
     }
 }
@@ -117,6 +123,10 @@ pub enum SyncError {
         #[source]
         source: Box<kube::Error>,
     },
+    /// Parts of the answer were refused, each whole (a MapController's inputs whose map or tombstone
+    /// call failed or answered something the hub refuses): the other parts were written.
+    #[error("{} of {total} {what} refused, nothing written for them: {}", .failed.len(), .failed.join("; "))]
+    Parts { what: &'static str, total: usize, failed: Vec<String> },
     /// The sync itself failed unexpectedly; the worker survives and the object is retried.
     #[error("sync panicked: {0}")]
     Panicked(String),

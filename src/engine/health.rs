@@ -42,7 +42,7 @@ pub struct Health {
 }
 
 /// The controller kinds the manager lists before the hub is ready.
-const KINDS: [&str; 2] = ["CompositeController", "DecoratorController"];
+const KINDS: [&str; 3] = ["CompositeController", "DecoratorController", "MapController"];
 
 impl Health {
     /// Forgets everything (a new leadership term starts its controllers afresh).
@@ -119,6 +119,7 @@ mod tests {
         assert!(!health.readiness().0, "nothing listed yet");
         health.listed("CompositeController");
         health.listed("DecoratorController");
+        health.listed("MapController");
         assert!(health.readiness().0);
         health.set("CompositeController", "web", ControllerState::Starting);
         let (ready, body) = health.readiness();

@@ -135,6 +135,19 @@ pub(crate) trait Kind: Send + Sync + 'static {
     fn orphaned_by_collector(&self, _obj: &DynamicObject) -> impl Future<Output = Result<bool, SyncError>> + Send {
         std::future::ready(Ok(false))
     }
+    /// The caches of types whose changes sync objects without being their children (a MapController's
+    /// inputs), in input order.
+    fn input_informers(&self) -> Vec<&Informer> {
+        Vec::new()
+    }
+    /// The objects to sync for a change of `obj`, of input type `input` (the parents selecting it).
+    fn readers(&self, _input: usize, _obj: &DynamicObject) -> Vec<Self::Key> {
+        Vec::new()
+    }
+    /// The answer of the sync of `key` was written in full (every child write succeeded): what the kind
+    /// keeps of its own about requests answered (a MapController's per input) may say so now, even when
+    /// the decision refused a part ([`Decision::refused`]).
+    fn applied(&self, _key: &Self::Key) {}
 }
 
 /// What `Kind::observe` claims: the children (or attachments) by declared type, and what else the kind
@@ -149,6 +162,13 @@ pub(crate) struct Call<'a> {
     pub related: &'a ObjectMaps,
     pub finalizing: bool,
     pub observed: &'a [ChildMap<Arc<DynamicObject>>],
+    /// The sync came back by its delay or was requested (a resync, a retry): what the kind saves
+    /// for identical requests of its own is asked again too (see [`crate::engine::answered`]).
+    pub asks_again: bool,
+    /// The object's last sync failed, and nobody requested this one: it is that sync's retry (the
+    /// worker schedules no resync after a failure, and of two delays the earlier one wins). A kind that
+    /// asks its hook in parts (a MapController's inputs) asks again only the parts not answered in full.
+    pub retrying: bool,
 }
 
 /// What a hook is asked about an object: its children (or attachments) and related objects, as the
@@ -242,6 +262,13 @@ pub(crate) struct Decision<B> {
     pub events: Vec<HookEvent>,
     /// Written before any child, once the whole sync is known to be writable.
     pub before: Option<B>,
+    /// The observed children this decision is about, by declared type; the others are left as they
+    /// are, neither written nor deleted (a MapController's outputs of inputs not asked, or whose answer
+    /// was refused). `None`: every observed child.
+    pub scope: Option<Vec<ChildMap<Arc<DynamicObject>>>>,
+    /// A part of the answer refused (one input's, of a MapController): the rest is written, then the
+    /// sync fails with this error (retried, backing off) — all-or-nothing per part.
+    pub refused: Option<SyncError>,
 }
 
 /// Writes that go before the children's.
@@ -742,7 +769,8 @@ async fn sync_here<C: Kind>(kind: &C, key: &C::Key, reasons: Reasons) -> Result<
         return Ok(None);
     }
     let mut writes = 0;
-    let result = answer(kind, key, &observing, &mut writes).await;
+    let retrying = core.queue.failures(key) > 0 && !reasons.has(Reason::Requested);
+    let result = answer(kind, key, &observing, (reasons.asks_again(), retrying), &mut writes).await;
     if let Some(pick) = &observing.canary {
         let uid = observing.obj.metadata.uid.as_deref().unwrap_or_default();
         core.canary.record(pick, (uid, request), &result, writes);
@@ -756,6 +784,7 @@ async fn answer<C: Kind>(
     kind: &C,
     key: &C::Key,
     observing: &Observing<C>,
+    (asks_again, retrying): (bool, bool),
     writes: &mut usize,
 ) -> Result<Option<Duration>, SyncError> {
     let core = kind.core();
@@ -764,7 +793,7 @@ async fn answer<C: Kind>(
     let finalizing = *finalizing;
 
     // Decide.
-    let call = Call { endpoint, children, related, finalizing, observed };
+    let call = Call { endpoint, children, related, finalizing, observed, asks_again, retrying };
     let mut decision = match kind.decide(obj, resource, call, claimed).await {
         Ok(decision) => decision,
         Err(SyncError::Hook(e)) if e.permanent_message().is_some() => {
@@ -788,6 +817,7 @@ async fn answer<C: Kind>(
     // Under `--cascade=orphan` the children are the user's now (the garbage collector took this parent's
     // ownerReferences off them): the finalize hook's answer of children is not written, nor checked
     // against children that are no longer the parent's.
+    let observed = decision.scope.as_deref().unwrap_or(observed);
     let plan = if *orphaning {
         None
     } else {
@@ -832,6 +862,10 @@ async fn answer<C: Kind>(
     if executed.writes.iter().any(|w| w.recreate) {
         // A child deleted to be recreated: the next sync creates it, whatever becomes of the echo.
         core.queue.add_for(key.clone(), Reason::Echo);
+    }
+    kind.applied(key);
+    if let Some(refused) = decision.refused {
+        return Err(refused);
     }
     core.answered.applied(key);
     Ok(decision.resync)
@@ -982,6 +1016,7 @@ pub(crate) async fn run<C: Kind>(kind: Arc<C>, cancel: tokio_util::sync::Cancell
     let mut tasks = tokio::task::JoinSet::new();
     let core = kind.core();
     let child_changes: Vec<_> = core.children.iter().map(|c| c.informer.subscribe_changes()).collect();
+    let input_changes: Vec<_> = kind.input_informers().into_iter().map(Informer::subscribe_changes).collect();
     for (type_index, informer) in kind.object_informers().into_iter().enumerate() {
         let mut events = informer.subscribe();
         let kind = Arc::clone(&kind);
@@ -992,6 +1027,22 @@ pub(crate) async fn run<C: Kind>(kind: Arc<C>, cancel: tokio_util::sync::Cancell
                 let key = kind.key_of(type_index, obj);
                 let (selected, ignore) = (kind.selects(type_index, obj), kind.ignores_status_changes(type_index, obj));
                 kind.core().object_event(key, type_index, &event, selected, ignore);
+            }
+        });
+    }
+    for (input, mut events) in input_changes.into_iter().enumerate() {
+        let kind = Arc::clone(&kind);
+        tasks.spawn(async move {
+            while let Some(event) = events.recv().await {
+                // The objects that read it before the change and those that read it now.
+                let mut keys = Vec::new();
+                if let Change::Applied { old: Some(old), .. } = &event.change {
+                    keys.extend(kind.readers(input, old));
+                }
+                keys.extend(kind.readers(input, event.change.object()));
+                for key in keys {
+                    kind.core().enqueue(key);
+                }
             }
         });
     }

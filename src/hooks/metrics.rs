@@ -22,6 +22,10 @@ pub enum HookKind {
     Sync,
     Finalize,
     Customize,
+    /// A MapController's per-input hook.
+    Map,
+    /// A MapController's hook for the outputs of a gone input.
+    Tombstone,
     /// The candidate of a canary (`metahook.dev/canary`), called instead of `sync` for its share.
     Canary,
 }
@@ -33,6 +37,8 @@ impl HookKind {
             Self::Sync => "sync",
             Self::Finalize => "finalize",
             Self::Customize => "customize",
+            Self::Map => "map",
+            Self::Tombstone => "tombstone",
             Self::Canary => "canary",
         }
     }

@@ -40,10 +40,14 @@ pub use self::metrics::{HookKind, HookLabels, HookMetrics};
 use self::pool::Pool;
 pub use self::settings::SettingsError;
 pub use self::version::{HOOK_VERSION_HEADER, HookVersions};
-pub(crate) use self::wire::{COMPOSITE_RESPONSE_FIELDS, CUSTOMIZE_RESPONSE_FIELDS, DECORATOR_RESPONSE_FIELDS};
+pub(crate) use self::wire::{
+    COMPOSITE_RESPONSE_FIELDS, CUSTOMIZE_RESPONSE_FIELDS, DECORATOR_RESPONSE_FIELDS, MAP_FINALIZE_RESPONSE_FIELDS,
+    MAP_RESPONSE_FIELDS, TOMBSTONE_RESPONSE_FIELDS,
+};
 pub use self::wire::{
     CompositeRequest, CompositeResponse, CustomizeRequest, CustomizeResponse, DecoratorRequest, DecoratorResponse,
-    HookEvent, RelatedResourceRule,
+    HookEvent, MapFinalizeRequest, MapFinalizeResponse, MapRequest, MapResponse, RelatedResourceRule, TombstoneRequest,
+    TombstoneResponse,
 };
 use crate::api::{EndpointConfig, Hook, HookVersion, UnmarshalMode};
 
@@ -331,6 +335,20 @@ impl HookClient {
         Endpoint::new(Arc::clone(&self.shared), hook, endpoint_configs, labels, HookVersions::default())
     }
 
+    /// The endpoint of one hook of a controller (`which` of them, for its metrics), reporting its
+    /// version into `versions`, which the controller's hooks share.
+    pub fn controller_endpoint(
+        &self,
+        (kind, name): (&str, &str),
+        hook: &Hook,
+        which: HookKind,
+        endpoint_configs: &[EndpointConfig],
+        versions: &HookVersions,
+    ) -> Result<Endpoint, SettingsError> {
+        let labels = HookLabels { kind: kind.to_owned(), controller: name.to_owned(), hook: which };
+        Endpoint::new(Arc::clone(&self.shared), hook, endpoint_configs, labels, versions.clone())
+    }
+
     /// Endpoints for a controller's `sync`, `finalize` and `customize` hooks.
     pub fn controller_hooks(
         &self,
@@ -368,6 +386,24 @@ impl Endpoint {
     pub async fn decorator(&self, request: &DecoratorRequest<'_>) -> Result<DecoratorResponse, HookError> {
         let value = self.call(request, request.object).await?;
         decode(self.url(), value, self.mode(), DECORATOR_RESPONSE_FIELDS)
+    }
+
+    /// Calls a MapController `map` hook.
+    pub async fn map(&self, request: &MapRequest<'_>) -> Result<MapResponse, HookError> {
+        let value = self.call(request, request.parent).await?;
+        decode(self.url(), value, self.mode(), MAP_RESPONSE_FIELDS)
+    }
+
+    /// Calls a MapController `tombstone` hook.
+    pub async fn tombstone(&self, request: &TombstoneRequest<'_>) -> Result<TombstoneResponse, HookError> {
+        let value = self.call(request, request.parent).await?;
+        decode(self.url(), value, self.mode(), TOMBSTONE_RESPONSE_FIELDS)
+    }
+
+    /// Calls a MapController `finalize` hook.
+    pub async fn map_finalize(&self, request: &MapFinalizeRequest<'_>) -> Result<MapFinalizeResponse, HookError> {
+        let value = self.call(request, request.parent).await?;
+        decode(self.url(), value, self.mode(), MAP_FINALIZE_RESPONSE_FIELDS)
     }
 
     /// Calls a `customize` hook.

@@ -184,6 +184,122 @@ pub struct DecoratorResponse {
 pub(crate) const DECORATOR_RESPONSE_FIELDS: &[&str] =
     &["labels", "annotations", "status", "attachments", "resyncAfterSeconds", "finalized", "events"];
 
+/// Request body of a MapController `map` call: one input and the outputs made for it.
+#[derive(Debug, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MapRequest<'a> {
+    /// The MapController.
+    #[schemars(with = "KubeObject")]
+    pub controller: &'a Value,
+    /// The parent.
+    #[schemars(with = "KubeObject", extend("x-type-parameter" = "Parent"))]
+    pub parent: &'a Value,
+    /// The input's map key: an opaque string naming the group of outputs made for this input (the
+    /// hub tags each of them with it, in the `metahook.dev/map-key` label).
+    pub map_key: &'a str,
+    /// The input object.
+    #[schemars(with = "KubeObject", extend("x-type-parameter" = "Input"))]
+    pub input: &'a Value,
+    /// The outputs the parent owns for this input, by type key and object key.
+    #[schemars(with = "ObjectMap", extend("x-type-parameter" = "Outputs"))]
+    pub outputs: &'a ObjectMaps,
+}
+
+/// Response body of a MapController `map` call; every field is optional.
+#[derive(Debug, Default, Clone, PartialEq, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MapResponse {
+    /// Every output this input should have; one of its outputs missing here is deleted.
+    #[serde(default, deserialize_with = "null_as_default")]
+    #[schemars(with = "Vec<KubeObject>")]
+    pub outputs: Vec<Value>,
+    /// Ask again for this input after this many seconds (fractions allowed); `0` or absent: no resync.
+    #[serde(default)]
+    #[schemars(with = "f64")]
+    pub resync_after_seconds: Option<f64>,
+    /// Events the hub records on the parent, as for a CompositeController.
+    #[serde(default, deserialize_with = "null_as_default")]
+    #[schemars(with = "Vec<HookEvent>")]
+    pub events: Vec<HookEvent>,
+}
+
+/// The top-level fields of [`MapResponse`], for strict decoding.
+pub(crate) const MAP_RESPONSE_FIELDS: &[&str] = &["outputs", "resyncAfterSeconds", "events"];
+
+/// Request body of a MapController `tombstone` call: the outputs of an input that is gone (deleted, or
+/// no longer selected by the parent).
+#[derive(Debug, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TombstoneRequest<'a> {
+    /// The MapController.
+    #[schemars(with = "KubeObject")]
+    pub controller: &'a Value,
+    /// The parent.
+    #[schemars(with = "KubeObject", extend("x-type-parameter" = "Parent"))]
+    pub parent: &'a Value,
+    /// The map key the gone input's outputs carry.
+    pub map_key: &'a str,
+    /// Those outputs, by type key and object key.
+    #[schemars(with = "ObjectMap", extend("x-type-parameter" = "Outputs"))]
+    pub outputs: &'a ObjectMaps,
+}
+
+/// Response body of a MapController `tombstone` call.
+#[derive(Debug, Default, Clone, PartialEq, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TombstoneResponse {
+    /// The outputs to keep (each named by `apiVersion`, `kind`, `metadata.name` and, for a namespaced
+    /// type, `metadata.namespace`); every other output of this map key is deleted. Kept outputs are
+    /// left as they are: the hub does not write them.
+    #[serde(default, deserialize_with = "null_as_default")]
+    #[schemars(with = "Vec<KubeObject>")]
+    pub outputs: Vec<Value>,
+    /// Ask again about these outputs after this many seconds (fractions allowed), to let one go later.
+    #[serde(default)]
+    #[schemars(with = "f64")]
+    pub resync_after_seconds: Option<f64>,
+}
+
+/// The top-level fields of [`TombstoneResponse`], for strict decoding.
+pub(crate) const TOMBSTONE_RESPONSE_FIELDS: &[&str] = &["outputs", "resyncAfterSeconds"];
+
+/// Request body of a MapController `finalize` call: the parent is being deleted.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct MapFinalizeRequest<'a> {
+    /// The MapController.
+    #[schemars(with = "KubeObject")]
+    pub controller: &'a Value,
+    /// The parent.
+    #[schemars(with = "KubeObject", extend("x-type-parameter" = "Parent"))]
+    pub parent: &'a Value,
+    /// Every output the parent owns, by type key and object key.
+    #[schemars(with = "ObjectMap", extend("x-type-parameter" = "Outputs"))]
+    pub outputs: &'a ObjectMaps,
+    /// Always `true`.
+    pub finalizing: bool,
+}
+
+/// Response body of a MapController `finalize` call.
+#[derive(Debug, Default, Clone, PartialEq, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MapFinalizeResponse {
+    /// The parent may now go (the hub removes its finalizer; the garbage collector then deletes its
+    /// outputs, unless the parent was deleted with `--cascade=orphan`).
+    #[serde(default)]
+    pub finalized: bool,
+    /// Ask again after this many seconds (fractions allowed).
+    #[serde(default)]
+    #[schemars(with = "f64")]
+    pub resync_after_seconds: Option<f64>,
+    /// Events the hub records on the parent.
+    #[serde(default, deserialize_with = "null_as_default")]
+    #[schemars(with = "Vec<HookEvent>")]
+    pub events: Vec<HookEvent>,
+}
+
+/// The top-level fields of [`MapFinalizeResponse`], for strict decoding.
+pub(crate) const MAP_FINALIZE_RESPONSE_FIELDS: &[&str] = &["finalized", "resyncAfterSeconds", "events"];
+
 /// An Event a hook asks the hub to record on the object it was called for (metahook extension;
 /// Metacontroller ignores it). The hub records at most 10 per answer.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
@@ -308,6 +424,9 @@ mod tests {
         };
         assert_eq!(properties::<CompositeResponse>(), sorted(COMPOSITE_RESPONSE_FIELDS));
         assert_eq!(properties::<DecoratorResponse>(), sorted(DECORATOR_RESPONSE_FIELDS));
+        assert_eq!(properties::<MapResponse>(), sorted(MAP_RESPONSE_FIELDS));
+        assert_eq!(properties::<TombstoneResponse>(), sorted(TOMBSTONE_RESPONSE_FIELDS));
+        assert_eq!(properties::<MapFinalizeResponse>(), sorted(MAP_FINALIZE_RESPONSE_FIELDS));
         assert_eq!(properties::<CustomizeResponse>(), sorted(CUSTOMIZE_RESPONSE_FIELDS));
     }
 

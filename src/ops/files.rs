@@ -42,7 +42,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::api::validation::{NameRule, check_name};
-use crate::api::{CompositeController, DecoratorController, FROM_FILE_ANNOTATION, GROUP_VERSION, Hook};
+use crate::api::{CompositeController, DecoratorController, FROM_FILE_ANNOTATION, GROUP_VERSION, Hook, MapController};
 use crate::controllers::files::{FileControllers, Files};
 use crate::engine::error::StartError;
 use crate::engine::hub::Hub;
@@ -140,10 +140,12 @@ pub fn parse(contents: &[(String, String)]) -> Result<FileControllers, Vec<FileE
 fn document_into(set: &mut FileControllers, place: &str, mut document: Value) -> Result<(), String> {
     let field = |name: &str| document.get(name).and_then(Value::as_str).unwrap_or_default().to_owned();
     let (api_version, kind) = (field("apiVersion"), field("kind"));
-    if api_version != GROUP_VERSION || !matches!(kind.as_str(), "CompositeController" | "DecoratorController") {
+    if api_version != GROUP_VERSION
+        || !matches!(kind.as_str(), "CompositeController" | "DecoratorController" | "MapController")
+    {
         return Err(format!(
             "not a controller: apiVersion {api_version:?} and kind {kind:?}, where {GROUP_VERSION} \
-             CompositeController or DecoratorController is wanted"
+             CompositeController, DecoratorController or MapController is wanted"
         ));
     }
     let name = document.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default().to_owned();
@@ -169,6 +171,16 @@ fn document_into(set: &mut FileControllers, place: &str, mut document: Value) ->
             return Err(taken(other));
         }
         set.composites.insert(name, (place.to_owned(), Arc::new(cc)));
+    } else if kind == "MapController" {
+        let mc: MapController = serde_json::from_value(document).map_err(|e| e.to_string())?;
+        if mc.spec.hooks.map.is_none() {
+            return Err("a MapController needs a map hook".to_owned());
+        }
+        starts(Some([mc.spec.hooks.map.as_ref(), None, None]), mc.metadata.annotations.as_ref())?;
+        if let Some((other, _)) = set.maps.get(&name) {
+            return Err(taken(other));
+        }
+        set.maps.insert(name, (place.to_owned(), Arc::new(mc)));
     } else {
         let dc: DecoratorController = serde_json::from_value(document).map_err(|e| e.to_string())?;
         let h = &dc.spec.hooks;
@@ -264,7 +276,7 @@ impl Reader {
                 let reason = format!(
                     "no controller in the files, where {} ran: taken for a partial reading (to stop every file \
                      controller, remove controllersFrom)",
-                    current.composites.len() + current.decorators.len()
+                    current.composites.len() + current.decorators.len() + current.maps.len()
                 );
                 self.report(vec![FileError { place: "controllersFrom".into(), reason }]).await;
             }

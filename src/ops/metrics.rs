@@ -460,6 +460,7 @@ mod tests {
         let health = Health::default();
         health.listed("CompositeController");
         health.listed("DecoratorController");
+        health.listed("MapController");
         let ready = Readiness { health, leadership: None, coordination: None };
         let server = tokio::spawn(serve(listener, Arc::new(registry), ready, Routes::ALL, MetricsAccess::Anyone, None));
 
@@ -560,6 +561,7 @@ mod tests {
         assert!(!ready && body.starts_with("not ready\n"), "{body}");
         health.listed("CompositeController");
         health.listed("DecoratorController");
+        health.listed("MapController");
         assert_eq!(readiness(&health, None), (true, "ok\n".to_owned()));
     }
 }

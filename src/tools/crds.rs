@@ -6,7 +6,7 @@
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
 
-use crate::api::{CompositeController, DecoratorController};
+use crate::api::{CompositeController, DecoratorController, MapController};
 
 /// Every CRD, with the file name it is kept under in `crds/`.
 #[must_use]
@@ -14,6 +14,7 @@ pub fn all() -> Vec<(&'static str, CustomResourceDefinition)> {
     let mut all = vec![
         ("compositecontrollers.yaml", CompositeController::crd()),
         ("decoratorcontrollers.yaml", DecoratorController::crd()),
+        ("mapcontrollers.yaml", MapController::crd()),
         ("controllerrevisions.yaml", crate::api::revision::crd()),
     ];
     for (_, crd) in &mut all {

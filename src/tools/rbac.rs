@@ -23,7 +23,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use k8s_openapi::api::rbac::v1::{ClusterRole, PolicyRule, Role, RoleBinding, RoleRef, Subject};
 use kube::api::ObjectMeta;
 
-use crate::api::{Authorization, BasicAuth, CaBundle, ClientTls, CompositeController, DecoratorController, Hook};
+use crate::api::{
+    Authorization, BasicAuth, CaBundle, ClientTls, CompositeController, DecoratorController, Hook, MapController,
+};
 use crate::ops::yaml;
 
 /// The label that aggregates a ClusterRole into the hub's.
@@ -56,7 +58,7 @@ pub enum RbacError {
     /// so without a position in the file.
     #[error("{path}: {source}")]
     Controller { path: String, source: serde_json::Error },
-    #[error("{path}: no CompositeController or DecoratorController in it")]
+    #[error("{path}: no CompositeController, DecoratorController or MapController in it")]
     NoController { path: String },
     #[error("--related {0}: expected apiVersion/resource, e.g. v1/configmaps or apps/v1/deployments")]
     Related(String),
@@ -116,7 +118,7 @@ pub fn base_rules() -> Vec<PolicyRule> {
     // or not, so that turning it on needs no new role; creating a review changes nothing in the cluster.
     grants.add("authentication.k8s.io/v1", "tokenreviews", &["create"]);
     grants.add("authorization.k8s.io/v1", "subjectaccessreviews", &["create"]);
-    for resource in ["compositecontrollers", "decoratorcontrollers"] {
+    for resource in ["compositecontrollers", "decoratorcontrollers", "mapcontrollers"] {
         grants.add(crate::api::GROUP_VERSION, resource, READ);
         grants.add(crate::api::GROUP_VERSION, &format!("{resource}/status"), STATUS);
     }
@@ -158,6 +160,10 @@ fn called_hooks(controller: &ControllerObject) -> Vec<&Hook> {
             let h = &dc.spec.hooks;
             [h.sync.as_ref(), h.finalize.as_ref(), h.customize.as_ref()].into_iter().flatten().collect()
         }
+        ControllerObject::Map(mc) => {
+            let h = &mc.spec.hooks;
+            [h.map.as_ref(), h.tombstone.as_ref(), h.finalize.as_ref()].into_iter().flatten().collect()
+        }
     }
 }
 
@@ -196,6 +202,7 @@ pub fn credential_objects(controller: &ControllerObject) -> BTreeMap<String, Cre
     let endpoint_configs = match controller {
         ControllerObject::Composite(cc) => &cc.spec.endpoint_configs,
         ControllerObject::Decorator(dc) => &dc.spec.endpoint_configs,
+        ControllerObject::Map(mc) => &mc.spec.endpoint_configs,
     };
     let mut found: BTreeMap<String, CredentialObjects> = BTreeMap::new();
     let mut add =
@@ -309,6 +316,7 @@ fn bound_role(name: &str, namespace: &str, rules: Vec<PolicyRule>, hub: &Service
 pub enum ControllerObject {
     Composite(Box<CompositeController>),
     Decorator(Box<DecoratorController>),
+    Map(Box<MapController>),
 }
 
 impl ControllerObject {
@@ -316,6 +324,7 @@ impl ControllerObject {
         match self {
             Self::Composite(c) => c.metadata.name.clone(),
             Self::Decorator(d) => d.metadata.name.clone(),
+            Self::Map(m) => m.metadata.name.clone(),
         }
         .unwrap_or_default()
     }
@@ -359,6 +368,21 @@ pub fn controller_rules(controller: &ControllerObject, related: &[(String, Strin
                 grants.add(&attachment.api_version, &attachment.resource, MANAGE);
             }
             recreating(&mut grants, &dc.spec.attachments);
+        }
+        ControllerObject::Map(mc) => {
+            // A MapController writes its parents' status; its inputs are only read.
+            let spec = &mc.spec;
+            let finalize = spec.hooks.finalize.is_some();
+            owner(&mut grants, &spec.parent_resource.api_version, &spec.parent_resource.resource, finalize);
+            for input in &spec.input_resources {
+                grants.add(&input.api_version, &input.resource, READ);
+            }
+            let outputs: Vec<_> =
+                spec.output_resources.iter().map(crate::api::OutputResourceRule::as_child_rule).collect();
+            for output in &outputs {
+                grants.add(&output.api_version, &output.resource, MANAGE);
+            }
+            recreating(&mut grants, &outputs);
         }
     }
     for (api_version, resource) in related {
@@ -436,6 +460,9 @@ fn collect_controllers(value: serde_json::Value, found: &mut Vec<ControllerObjec
         }
         Some("DecoratorController") => {
             found.push(ControllerObject::Decorator(Box::new(serde_json::from_value(value)?)));
+        }
+        Some("MapController") => {
+            found.push(ControllerObject::Map(Box::new(serde_json::from_value(value)?)));
         }
         Some(kind) if kind.ends_with("List") => {
             if let Some(serde_json::Value::Array(items)) = value.get("items") {

@@ -198,3 +198,99 @@ class CustomizeResponse(TypedDict, total=False):
 
     relatedResources: list[RelatedResourceRule]
     """What the sync request's `related` map holds; absent: nothing."""
+
+
+class MapRequest(TypedDict):
+    """Request body of a MapController `map` call: one input and the outputs made for it."""
+
+    controller: KubeObject
+    """The MapController."""
+
+    parent: KubeObject
+    """The parent."""
+
+    mapKey: str
+    """The input's map key: an opaque string naming the group of outputs made for this input (the
+    hub tags each of them with it, in the `metahook.dev/map-key` label).
+    """
+
+    input: KubeObject
+    """The input object."""
+
+    outputs: ObjectMap
+    """The outputs the parent owns for this input, by type key and object key."""
+
+
+class MapResponse(TypedDict, total=False):
+    """Response body of a MapController `map` call; every field is optional."""
+
+    outputs: list[KubeObject]
+    """Every output this input should have; one of its outputs missing here is deleted."""
+
+    resyncAfterSeconds: float
+    """Ask again for this input after this many seconds (fractions allowed); `0` or absent: no resync."""
+
+    events: list[HookEvent]
+    """Events the hub records on the parent, as for a CompositeController."""
+
+
+class TombstoneRequest(TypedDict):
+    """Request body of a MapController `tombstone` call: the outputs of an input that is gone (deleted, or
+    no longer selected by the parent).
+    """
+
+    controller: KubeObject
+    """The MapController."""
+
+    parent: KubeObject
+    """The parent."""
+
+    mapKey: str
+    """The map key the gone input's outputs carry."""
+
+    outputs: ObjectMap
+    """Those outputs, by type key and object key."""
+
+
+class TombstoneResponse(TypedDict, total=False):
+    """Response body of a MapController `tombstone` call."""
+
+    outputs: list[KubeObject]
+    """The outputs to keep (each named by `apiVersion`, `kind`, `metadata.name` and, for a namespaced
+    type, `metadata.namespace`); every other output of this map key is deleted. Kept outputs are
+    left as they are: the hub does not write them.
+    """
+
+    resyncAfterSeconds: float
+    """Ask again about these outputs after this many seconds (fractions allowed), to let one go later."""
+
+
+class MapFinalizeRequest(TypedDict):
+    """Request body of a MapController `finalize` call: the parent is being deleted."""
+
+    controller: KubeObject
+    """The MapController."""
+
+    parent: KubeObject
+    """The parent."""
+
+    outputs: ObjectMap
+    """Every output the parent owns, by type key and object key."""
+
+    finalizing: bool
+    """Always `true`."""
+
+
+class MapFinalizeResponse(TypedDict, total=False):
+    """Response body of a MapController `finalize` call."""
+
+    finalized: bool
+    """The parent may now go (the hub removes its finalizer; the garbage collector then deletes its
+    outputs, unless the parent was deleted with `--cascade=orphan`).
+    """
+
+    resyncAfterSeconds: float
+    """Ask again after this many seconds (fractions allowed)."""
+
+    events: list[HookEvent]
+    """Events the hub records on the parent."""

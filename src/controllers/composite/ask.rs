@@ -51,6 +51,8 @@ impl Answer {
             finalized: response.finalized,
             events: response.events,
             before: None,
+            scope: None,
+            refused: None,
         }
     }
 }

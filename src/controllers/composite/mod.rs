@@ -397,6 +397,8 @@ impl Rolling<'_> {
             finalized: responses.iter().all(|r| r.finalized),
             events: responses.into_iter().next().map(|r| r.events).unwrap_or_default(),
             before: Some(pending),
+            scope: None,
+            refused: None,
         })
     }
 }

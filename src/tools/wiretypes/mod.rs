@@ -20,7 +20,8 @@ use self::model::FieldOrder;
 use crate::hooks::ObjectMaps;
 use crate::hooks::wire::{
     CompositeRequest, CompositeResponse, CustomizeRequest, CustomizeResponse, DecoratorRequest, DecoratorResponse,
-    HookEvent, LabelSelector, LabelSelectorRequirement, RelatedResourceRule,
+    HookEvent, LabelSelector, LabelSelectorRequirement, MapFinalizeRequest, MapFinalizeResponse, MapRequest,
+    MapResponse, RelatedResourceRule, TombstoneRequest, TombstoneResponse,
 };
 
 /// The generated Python module, from the repository's root.
@@ -75,6 +76,12 @@ fn schema() -> (Vec<Value>, serde_json::Map<String, Value>) {
         root::<DecoratorResponse>(&mut generator),
         root::<CustomizeRequest<'static>>(&mut generator),
         root::<CustomizeResponse>(&mut generator),
+        root::<MapRequest<'static>>(&mut generator),
+        root::<MapResponse>(&mut generator),
+        root::<TombstoneRequest<'static>>(&mut generator),
+        root::<TombstoneResponse>(&mut generator),
+        root::<MapFinalizeRequest<'static>>(&mut generator),
+        root::<MapFinalizeResponse>(&mut generator),
     ];
     (roots, generator.take_definitions(true))
 }
@@ -87,6 +94,9 @@ fn field_order() -> FieldOrder {
         order::deserialized::<CompositeResponse>(),
         order::deserialized::<DecoratorResponse>(),
         order::deserialized::<CustomizeResponse>(),
+        order::deserialized::<MapResponse>(),
+        order::deserialized::<TombstoneResponse>(),
+        order::deserialized::<MapFinalizeResponse>(),
         order::deserialized::<HookEvent>(),
         order::deserialized::<RelatedResourceRule>(),
         order::deserialized::<LabelSelector>(),
@@ -106,6 +116,15 @@ fn field_order() -> FieldOrder {
             order::serialized(&DecoratorRequest { controller, object, attachments, related, finalizing }),
         ),
         ("CustomizeRequest", order::serialized(&CustomizeRequest { controller, parent })),
+        (
+            "MapRequest",
+            order::serialized(&MapRequest { controller, parent, map_key: "", input: &value, outputs: &maps }),
+        ),
+        ("TombstoneRequest", order::serialized(&TombstoneRequest { controller, parent, map_key: "", outputs: &maps })),
+        (
+            "MapFinalizeRequest",
+            order::serialized(&MapFinalizeRequest { controller, parent, outputs: &maps, finalizing: true }),
+        ),
     ];
     order.extend(requests.map(|(name, fields)| (name.to_owned(), fields)));
     order
@@ -161,6 +180,12 @@ mod tests {
             "DecoratorResponse",
             "CustomizeRequest",
             "CustomizeResponse",
+            "MapRequest",
+            "MapResponse",
+            "TombstoneRequest",
+            "TombstoneResponse",
+            "MapFinalizeRequest",
+            "MapFinalizeResponse",
             "RelatedResourceRule",
             "LabelSelector",
             "LabelSelectorRequirement",

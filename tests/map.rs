@@ -1,0 +1,387 @@
+//! MapController against the real control plane, with hooks as real Python processes: one map call per
+//! input, outputs tagged by input, detached outputs deleted or kept by a tombstone answer, the status
+//! the hub aggregates, a refused answer that writes nothing for its input only, and a hub killed mid-way.
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+use support::{World, api, apply_value, eventually};
+
+const WAIT: Duration = Duration::from_secs(60);
+const MAP_KEY: &str = "metahook.dev/map-key";
+
+/// Each input ConfigMap becomes a ConfigMap `<name>-copy` with its data and labels, and a Thing
+/// `<name>-thing`; an input labelled `break: "yes"` gets an answer the hub must refuse (an output of a
+/// type the controller does not declare).
+const COPY: &str = r#"
+def map(req):
+    cm = req["input"]
+    name = cm["metadata"]["name"]
+    if cm["metadata"].get("labels", {}).get("break") == "yes":
+        return {"outputs": [{"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name + "-secret"}}]}
+    labels = dict(cm["metadata"].get("labels", {}))
+    return {"outputs": [
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name + "-copy", "labels": labels},
+         "data": cm.get("data", {})},
+        {"apiVersion": "test.metahook.dev/v1", "kind": "Thing", "metadata": {"name": name + "-thing"},
+         "spec": {"from": name}},
+    ]}
+"#;
+
+fn label(obj: &DynamicObject, key: &str) -> Option<String> {
+    obj.metadata.labels.as_ref()?.get(key).cloned()
+}
+
+/// The test's MapController: parents are Things labelled `role: parent` (and for this test); inputs
+/// ConfigMaps; outputs ConfigMaps and Things.
+async fn map_controller(w: &World, hooks: Value) -> DynamicObject {
+    w.controller(
+        "MapController",
+        &w.label,
+        json!({
+            "parentResource": {"apiVersion": "test.metahook.dev/v1", "resource": "things",
+                               "labelSelector": {"matchLabels": {"metahook-test": w.label, "role": "parent"}}},
+            "inputResources": [{"apiVersion": "v1", "resource": "configmaps"}],
+            "outputResources": [
+                {"apiVersion": "v1", "resource": "configmaps", "updateStrategy": {"method": "InPlace"}},
+                {"apiVersion": "test.metahook.dev/v1", "resource": "things", "updateStrategy": {"method": "InPlace"}},
+            ],
+            "hooks": hooks,
+        }),
+    )
+    .await
+}
+
+/// An input ConfigMap `name` in the test's namespace labelled `role: input` (and `more`), with `data`.
+async fn input(w: &World, name: &str, more: Value, data: Value) -> DynamicObject {
+    let mut labels = json!({"role": "input"});
+    for (k, v) in more.as_object().into_iter().flatten() {
+        labels[k] = v.clone();
+    }
+    apply_value(
+        &w.client,
+        &json!({"apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": name, "namespace": w.ns.name, "labels": labels}, "data": data}),
+    )
+    .await
+}
+
+/// The map requests received so far for the input `name`.
+fn map_calls(w: &World, name: &str) -> usize {
+    w.hook.requests("/map").iter().filter(|r| r["input"]["metadata"]["name"] == name).count()
+}
+
+/// The parent Thing `p`, selecting the inputs labelled `role: input`.
+async fn parent(w: &World) -> DynamicObject {
+    w.thing_labelled("p", &json!({"role": "parent"}), json!({"selector": {"matchLabels": {"role": "input"}}})).await
+}
+
+#[tokio::test]
+async fn each_input_is_mapped_once_to_its_tagged_outputs_and_changes_removals_and_drift_follow() {
+    let w = World::new("map-basic", COPY).await;
+    map_controller(&w, json!({"map": {"webhook": {"url": w.hook.url("/map")}}})).await;
+    // An input elsewhere that the parent's selector would select: a parent reads only its own namespace.
+    let elsewhere = support::TestNamespace::create(&w.client, "map-elsewhere").await;
+    let elsewhere_cms = api(&w.client, "v1", "ConfigMap", Some(&elsewhere.name)).await;
+    elsewhere_cms
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": "far", "labels": {"role": "input"}}, "data": {"v": "far"}}))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    let a = input(&w, "a", json!({}), json!({"v": "1"})).await;
+    input(&w, "b", json!({}), json!({"v": "1"})).await;
+    input(&w, "c", json!({"role": "other"}), json!({"v": "1"})).await;
+    let p = parent(&w).await;
+    let cms = w.config_maps().await;
+    let things = w.things().await;
+
+    let a_copy = eventually(WAIT, || async { cms.get_opt("a-copy").await.unwrap() }).await;
+    eventually(WAIT, || async { cms.get_opt("b-copy").await.unwrap() }).await;
+    eventually(WAIT, || async { things.get_opt("a-thing").await.unwrap() }).await;
+    eventually(WAIT, || async { things.get_opt("b-thing").await.unwrap() }).await;
+    assert_eq!(label(&a_copy, MAP_KEY), a.metadata.uid, "an output is tagged with its input's UID");
+    let owner = &a_copy.metadata.owner_references.as_ref().unwrap()[0];
+    assert_eq!(Some(&owner.uid), p.metadata.uid.as_ref(), "the parent owns its outputs");
+    assert_eq!(owner.controller, Some(true));
+    assert_eq!(a_copy.data["data"]["v"], "1");
+    let status = eventually(WAIT, || async {
+        let p = things.get("p").await.unwrap();
+        (p.data["status"]["outputs"]["configmaps"]["total"] == 2).then_some(p.data["status"].clone())
+    })
+    .await;
+    assert_eq!(status["inputs"]["configmaps"]["total"], 2, "{status}");
+    assert_eq!(status["outputs"]["things"]["total"], 2, "{status}");
+
+    // Let every echo settle, then change one input: only it is asked again.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let b_before = map_calls(&w, "b");
+    let a_before = map_calls(&w, "a");
+    let b_copy = cms.get("b-copy").await.unwrap();
+    input(&w, "a", json!({}), json!({"v": "2"})).await;
+    eventually(WAIT, || async { cms.get("a-copy").await.ok().filter(|c| c.data["data"]["v"] == "2") }).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(map_calls(&w, "a") > a_before, "the changed input is asked");
+    assert_eq!(map_calls(&w, "b"), b_before, "an input whose request did not change is not asked again");
+    assert_eq!(
+        cms.get("b-copy").await.unwrap().metadata.resource_version,
+        b_copy.metadata.resource_version,
+        "another input's outputs are not written"
+    );
+
+    // No output of an output: the parent's own objects are never its inputs, though they match.
+    assert!(cms.get_opt("a-copy-copy").await.unwrap().is_none());
+    assert!(w.hook.requests("/map").iter().all(|r| r["input"]["metadata"]["name"] != "a-copy"));
+    assert!(w.hook.requests("/map").iter().all(|r| r["input"]["metadata"]["name"] != "c"), "not selected");
+    assert!(w.hook.requests("/map").iter().all(|r| r["input"]["metadata"]["name"] != "far"), "another namespace");
+    assert!(elsewhere_cms.get_opt("far-copy").await.unwrap().is_none());
+    // The request carries the input's outputs, and only them.
+    let last = w.hook.requests("/map").into_iter().rev().find(|r| r["input"]["metadata"]["name"] == "a").unwrap();
+    assert_eq!(last["mapKey"], json!(a.metadata.uid));
+    let shown: BTreeSet<String> = last["outputs"]["ConfigMap.v1"].as_object().unwrap().keys().cloned().collect();
+    assert_eq!(shown, BTreeSet::from(["a-copy".to_owned()]), "{last}");
+
+    // A condition on an output is counted in the parent's status.
+    things
+        .patch_status(
+            "a-thing",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"conditions": [{"type": "Ready", "status": "True"}]}})),
+        )
+        .await
+        .unwrap();
+    eventually(WAIT, || async {
+        let p = things.get("p").await.unwrap();
+        (p.data["status"]["outputs"]["things"]["ready"] == 1).then_some(())
+    })
+    .await;
+
+    // Drift is put back.
+    cms.patch("a-copy", &PatchParams::default(), &Patch::Merge(json!({"data": {"v": "tampered"}}))).await.unwrap();
+    eventually(WAIT, || async { cms.get("a-copy").await.ok().filter(|c| c.data["data"]["v"] == "2") }).await;
+
+    // An input removed: its outputs are detached, and deleted (no tombstone hook).
+    cms.delete("b", &DeleteParams::default()).await.unwrap();
+    eventually(WAIT, || async { cms.get_opt("b-copy").await.unwrap().is_none().then_some(()) }).await;
+    eventually(WAIT, || async { things.get_opt("b-thing").await.unwrap().is_none().then_some(()) }).await;
+    eventually(WAIT, || async {
+        let p = things.get("p").await.unwrap();
+        (p.data["status"]["inputs"]["configmaps"]["total"] == 1
+            && p.data["status"]["outputs"]["configmaps"]["total"] == 1)
+            .then_some(())
+    })
+    .await;
+    assert!(cms.get_opt("a-copy").await.unwrap().is_some(), "the other input's outputs stay");
+    // An input that is no longer selected is detached too.
+    input(&w, "a", json!({"role": "gone"}), json!({"v": "2"})).await;
+    eventually(WAIT, || async { cms.get_opt("a-copy").await.unwrap().is_none().then_some(()) }).await;
+    elsewhere.delete().await;
+    w.finish("MapController").await;
+}
+
+#[tokio::test]
+async fn a_refused_answer_writes_nothing_for_its_input_while_the_others_go_on_and_it_backs_off() {
+    let w = World::new("map-refused", COPY).await;
+    map_controller(&w, json!({"map": {"webhook": {"url": w.hook.url("/map")}}})).await;
+    input(&w, "good", json!({}), json!({"v": "1"})).await;
+    input(&w, "bad", json!({}), json!({"v": "1"})).await;
+    parent(&w).await;
+    let cms = w.config_maps().await;
+    let things = w.things().await;
+    eventually(WAIT, || async { cms.get_opt("good-copy").await.unwrap() }).await;
+    let bad_copy = eventually(WAIT, || async { cms.get_opt("bad-copy").await.unwrap() }).await;
+    let bad_thing = eventually(WAIT, || async { things.get_opt("bad-thing").await.unwrap() }).await;
+
+    // The hook now answers something the hub refuses, for `bad` only.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let before = map_calls(&w, "bad");
+    input(&w, "bad", json!({"break": "yes"}), json!({"v": "2"})).await;
+    input(&w, "good", json!({}), json!({"v": "2"})).await;
+    eventually(WAIT, || async { cms.get("good-copy").await.ok().filter(|c| c.data["data"]["v"] == "2") }).await;
+    let warning = eventually(WAIT, || async {
+        let warnings = support::warnings_for(&w.client, &w.ns.name, "p").await;
+        warnings.into_iter().find(|m| m.contains("bad") && m.contains("Secret"))
+    })
+    .await;
+    assert!(warning.contains("1 of 2 inputs refused"), "{warning}");
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let again = map_calls(&w, "bad") - before;
+    // Backoff from 5 ms doubling: about 11 attempts in 10 s, where a hot loop would make hundreds.
+    assert!((2..=16).contains(&again), "the refused input is retried with backoff: {again} calls in ~10 s");
+    let copy = cms.get("bad-copy").await.unwrap();
+    assert_eq!(copy.metadata.resource_version, bad_copy.metadata.resource_version, "its outputs are untouched");
+    assert_eq!(copy.data["data"]["v"], "1");
+    let thing = things.get("bad-thing").await.unwrap();
+    assert_eq!(thing.metadata.resource_version, bad_thing.metadata.resource_version);
+    assert!(cms.get_opt("good-copy").await.unwrap().is_some());
+
+    // Mended: its answer is written.
+    input(&w, "bad", json!({}), json!({"v": "3"})).await;
+    eventually(WAIT, || async { cms.get("bad-copy").await.ok().filter(|c| c.data["data"]["v"] == "3") }).await;
+    w.finish("MapController").await;
+}
+
+/// The map hook makes `<name>-keep` and `<name>-drop` for each input; the tombstone hook keeps the
+/// `-keep` ones.
+const SNAPSHOTS: &str = r#"
+def map(req):
+    name = req["input"]["metadata"]["name"]
+    return {"outputs": [
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name + "-keep"}, "data": {"of": name}},
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name + "-drop"}, "data": {"of": name}},
+    ]}
+
+def tombstone(req):
+    kept = [o for o in req["outputs"].get("ConfigMap.v1", {}).values() if o["metadata"]["name"].endswith("-keep")]
+    return {"outputs": kept}
+"#;
+
+#[tokio::test]
+async fn a_tombstone_answer_keeps_detached_outputs_and_a_hub_killed_mid_way_loses_and_duplicates_nothing() {
+    let mut w = World::new("map-tombstone", SNAPSHOTS).await;
+    w.stop_hub().await;
+    w.controller(
+        "MapController",
+        &w.label,
+        json!({
+            "parentResource": {"apiVersion": "test.metahook.dev/v1", "resource": "things",
+                               "labelSelector": {"matchLabels": {"metahook-test": w.label, "role": "parent"}}},
+            "inputResources": [{"apiVersion": "v1", "resource": "configmaps"}],
+            "outputResources": [{"apiVersion": "v1", "resource": "configmaps"}],
+            "hooks": {"map": {"webhook": {"url": w.hook.url("/map")}},
+                      "tombstone": {"webhook": {"url": w.hook.url("/tombstone")}}},
+        }),
+    )
+    .await;
+    let mut hub = Some(support::HubProcess::start(&w.label));
+    let cms = w.config_maps().await;
+    input(&w, "x", json!({}), json!({})).await;
+    parent(&w).await;
+    let kept = eventually(WAIT, || async { cms.get_opt("x-keep").await.unwrap() }).await;
+    eventually(WAIT, || async { cms.get_opt("x-drop").await.unwrap() }).await;
+    let x = cms.get("x").await.unwrap();
+    cms.delete("x", &DeleteParams::default()).await.unwrap();
+    eventually(WAIT, || async { cms.get_opt("x-drop").await.unwrap().is_none().then_some(()) }).await;
+    let tombstone = eventually(WAIT, || async { w.hook.requests("/tombstone").into_iter().next() }).await;
+    assert_eq!(tombstone["mapKey"], json!(x.metadata.uid));
+    let still = cms.get("x-keep").await.unwrap();
+    assert_eq!(still.metadata.resource_version, kept.metadata.resource_version, "a kept output is not written");
+    assert_eq!(label(&still, MAP_KEY), x.metadata.uid, "and keeps its tag");
+
+    // 20 inputs at once, the hub killed 0.4 s in; an input deleted while it is down.
+    for i in 0..20 {
+        input(&w, &format!("in-{i}"), json!({}), json!({})).await;
+    }
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    hub.take().unwrap().kill();
+    cms.delete("in-0", &DeleteParams::default()).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    hub = Some(support::HubProcess::start(&w.label));
+    let p = w.things().await.get("p").await.unwrap();
+    let owned = || async {
+        let list = cms.list(&Default::default()).await.unwrap();
+        list.items
+            .into_iter()
+            .filter(|c| c.metadata.owner_references.iter().flatten().any(|o| Some(&o.uid) == p.metadata.uid.as_ref()))
+            .map(|c| c.metadata.name.unwrap())
+            .collect::<BTreeSet<_>>()
+    };
+    let mut expected: BTreeSet<String> =
+        (1..20).flat_map(|i| [format!("in-{i}-keep"), format!("in-{i}-drop")]).collect();
+    expected.insert("x-keep".into());
+    let settled = eventually(WAIT, || async {
+        let now = owned().await;
+        // `in-0-keep` may be there (kept by the tombstone) if the dead hub made it; `in-0-drop` may not.
+        let mut without = now.clone();
+        without.remove("in-0-keep");
+        (without == expected).then_some(now)
+    })
+    .await;
+    assert!(!settled.contains("in-0-drop"));
+    for name in &expected {
+        let output = cms.get(name).await.unwrap();
+        let input = name.trim_end_matches("-keep").trim_end_matches("-drop");
+        if input != "x" {
+            let uid = cms.get(input).await.unwrap().metadata.uid;
+            assert_eq!(label(&output, MAP_KEY), uid, "{name} is tagged with its own input");
+        }
+    }
+    let status = eventually(WAIT, || async {
+        let p = w.things().await.get("p").await.unwrap();
+        (p.data["status"]["inputs"]["configmaps"]["total"] == 19).then_some(p.data["status"].clone())
+    })
+    .await;
+    assert_eq!(status["outputs"]["configmaps"]["total"], json!(settled.len()), "{status}");
+    drop(hub);
+    w.finish("MapController").await;
+}
+
+#[tokio::test]
+async fn a_finalize_hook_holds_the_parent_until_it_answers() {
+    let dir = tempfile::tempdir().unwrap();
+    let release = dir.path().join("release");
+    let handlers = format!(
+        "import os\n\ndef map(req):\n    return {{\"outputs\": []}}\n\n\
+         def finalize(req):\n    return {{\"finalized\": os.path.exists({:?})}}\n",
+        release.display().to_string()
+    );
+    let w = World::new("map-finalize", &handlers).await;
+    map_controller(
+        &w,
+        json!({"map": {"webhook": {"url": w.hook.url("/map")}}, "finalize": {"webhook": {"url": w.hook.url("/finalize")}}}),
+    )
+    .await;
+    parent(&w).await;
+    let things = w.things().await;
+    let finalizer = format!("metacontroller.io/mapcontroller-{}", w.label);
+    eventually(WAIT, || async {
+        things.get("p").await.unwrap().metadata.finalizers.filter(|f| f.contains(&finalizer))
+    })
+    .await;
+    things.delete("p", &DeleteParams::default()).await.unwrap();
+    eventually(WAIT, || async { (!w.hook.requests("/finalize").is_empty()).then_some(()) }).await;
+    assert_eq!(w.hook.requests("/finalize")[0]["finalizing"], true);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(things.get_opt("p").await.unwrap().is_some(), "held while the hook says not finalized");
+    std::fs::write(&release, "").unwrap();
+    // A hook that has not finalized is asked again on a change: the test makes one.
+    things
+        .patch("p", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {"poke": "1"}}})))
+        .await
+        .unwrap();
+    eventually(WAIT, || async { things.get_opt("p").await.unwrap().is_none().then_some(()) }).await;
+    w.finish("MapController").await;
+}
+
+#[tokio::test]
+async fn a_namespaced_parent_with_a_cluster_scoped_input_type_is_refused() {
+    let w = World::new("map-refuse", COPY).await;
+    let controllers = w.controllers("MapController").await;
+    w.controller(
+        "MapController",
+        &w.label,
+        json!({
+            "parentResource": {"apiVersion": "test.metahook.dev/v1", "resource": "things"},
+            "inputResources": [{"apiVersion": "v1", "resource": "namespaces"}],
+            "outputResources": [{"apiVersion": "v1", "resource": "configmaps"}],
+            "hooks": {"map": {"webhook": {"url": w.hook.url("/map")}}},
+        }),
+    )
+    .await;
+    let reason = eventually(WAIT, || async {
+        let mc = controllers.get(&w.label).await.unwrap();
+        let ready = mc.data["status"]["conditions"].as_array()?.iter().find(|c| c["type"] == "Ready")?.clone();
+        (ready["status"] == "False").then(|| ready["reason"].as_str().unwrap_or_default().to_owned())
+    })
+    .await;
+    assert_eq!(reason, "UnsupportedMapSpec");
+    assert!(w.hook.requests("/map").is_empty());
+    w.finish("MapController").await;
+}
