@@ -467,3 +467,45 @@ fn the_readme_hooks_in_20_lines_render_as_shown() {
     });
     check(&cases);
 }
+
+#[test]
+fn a_map_controller_renders_one_inputs_outputs_and_leaves_other_inputs_outputs_alone() {
+    let map = |extra: &'static [&'static str]| -> Vec<&'static str> {
+        [
+            &[
+                "--controller",
+                "tests/fixtures/render/map/controller.yaml",
+                "--parent",
+                "tests/fixtures/render/map/parent.yaml",
+                "--children",
+                "tests/fixtures/render/map/outputs.yaml",
+                "--kind",
+                "copiers=Copier",
+                "--hook-cmd",
+                "python3 tests/fixtures/render/map/map_hook.py",
+            ][..],
+            extra,
+        ]
+        .concat()
+    };
+    let with_input = map(&["--input", "tests/fixtures/render/map/input.yaml"]);
+    check(&[
+        Case {
+            name: "one input",
+            args: &with_input,
+            stdout: &[
+                "# update ConfigMap team/settings-copy",
+                "+   color: blue",
+                "metahook.dev/map-key: 22222222-2222-2222-2222-222222222222",
+                "metahook.dev/map-input: v1/ConfigMap team/settings",
+                "# delete ConfigMap team/settings-old",
+                "# ignore ConfigMap team/other-copy (an output of another input",
+                "# ignore ConfigMap team/loose (not controlled by the parent",
+            ],
+            not_in_stdout: &["# delete ConfigMap team/other-copy", "# delete ConfigMap team/loose"],
+            last_line: Some("# summary: 0 created, 1 updated, 1 deleted, 2 ignored, status unchanged"),
+            ..OK
+        },
+        Case { name: "no input", args: &map(&[]), exit: Some(2), stderr: &["--input"], ..OK },
+    ]);
+}

@@ -270,7 +270,7 @@ impl Controller {
 
 /// A parent's input selector: its `spec.selector` (a `LabelSelector`); absent or empty selects every
 /// object where the parent's inputs are.
-fn input_selector(parent: &DynamicObject) -> Result<Selector, SyncError> {
+pub fn input_selector(parent: &DynamicObject) -> Result<Selector, SyncError> {
     let raw = parent.data.pointer("/spec/selector").cloned().unwrap_or(Value::Null);
     if raw.is_null() {
         return Ok(Selector::everything());

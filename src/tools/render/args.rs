@@ -5,16 +5,19 @@ use std::path::{Path, PathBuf};
 /// Arguments of `metahook render`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct RenderArgs {
-    /// The CompositeController or DecoratorController (YAML).
+    /// The CompositeController, DecoratorController or MapController (YAML).
     #[arg(long)]
     pub controller: PathBuf,
     /// The parent object (YAML); for a DecoratorController, the object it decorates.
     #[arg(long, visible_alias = "target")]
     pub parent: PathBuf,
-    /// Objects in the cluster of the declared child (attachment) types: YAML files, several documents
-    /// or a `List` each. The hub's claim rules decide which of them the hook sees.
+    /// Objects in the cluster of the declared child (attachment, output) types: YAML files, several
+    /// documents or a `List` each. The hub's claim rules decide which of them the hook sees.
     #[arg(long, visible_alias = "attachments", num_args = 1..)]
     pub children: Vec<PathBuf>,
+    /// For a MapController: the input object the map hook is asked about (one render, one input).
+    #[arg(long)]
+    pub input: Option<PathBuf>,
     /// Related objects, as a customize hook would have selected them.
     #[arg(long, num_args = 1..)]
     pub related: Vec<PathBuf>,

@@ -1,5 +1,6 @@
-//! `metahook render`: runs a CompositeController's or DecoratorController's hook on YAML fixtures,
-//! without a cluster, and shows what the hub would do.
+//! `metahook render`: runs a CompositeController's, DecoratorController's or MapController's hook on
+//! YAML fixtures, without a cluster, and shows what the hub would do (for a MapController: the map call
+//! of one input, `--input`, and that input's outputs).
 //!
 //! Everything the hub decides is decided here by the engine's own code: which fixture objects are
 //! children ([`claim_of`] for a composite, [`is_attachment_of`] for a decorator), the request
@@ -27,7 +28,9 @@ use std::sync::Arc;
 use kube::api::DynamicObject;
 use serde_json::Value;
 
-use crate::api::{ChildResourceRule, CompositeController, DecoratorController, UpdateMethod};
+use crate::api::{
+    ChildResourceRule, CompositeController, DecoratorController, MapController, OutputResourceRule, UpdateMethod,
+};
 use crate::cache::informers::ObjectKey;
 use crate::controllers::composite::{self, child_selector};
 use crate::controllers::decorator::{self, DECORATOR_ANNOTATION, is_attachment_of};
@@ -52,10 +55,13 @@ pub async fn render(args: &RenderArgs) -> Result<String, RenderError> {
     let report = match controller.get("kind").and_then(Value::as_str) {
         Some("CompositeController") => render_composite(args, controller).await?,
         Some("DecoratorController") => render_decorator(args, controller).await?,
+        Some("MapController") => render_map(args, controller).await?,
         other => {
             return Err(input(
                 &args.controller,
-                &format!("expected a CompositeController or a DecoratorController, found kind {other:?}"),
+                &format!(
+                    "expected a CompositeController, a DecoratorController or a MapController, found kind {other:?}"
+                ),
             ));
         }
     };
@@ -222,6 +228,137 @@ async fn render_decorator(args: &RenderArgs, controller: Value) -> Result<Report
         objects_field: "attachments",
         changes,
         notes,
+    })
+}
+
+async fn render_map(args: &RenderArgs, controller: Value) -> Result<Report, RenderError> {
+    let mc: MapController = serde_json::from_value(controller.clone())
+        .map_err(|e| input(&args.controller, &format!("not a valid MapController: {e}")))?;
+    let name = mc.metadata.name.clone().unwrap_or_default();
+    let rule = &mc.spec.parent_resource;
+    let parent = read_parent(args, &rule.api_version)?;
+    let parent_resource = resolved_parent(&parent, &rule.resource, args.cluster_scoped_parent);
+    let parent_ns = parent_resource.namespaced.then_some(parent.metadata.namespace.as_deref()).flatten();
+    let output_rules: Vec<ChildResourceRule> =
+        mc.spec.output_resources.iter().map(OutputResourceRule::as_child_rule).collect();
+    let types = child_types(&output_rules, &read_objects(&args.children)?, &args.kind, parent_ns)?;
+    let methods: Vec<UpdateMethod> = output_rules.iter().map(ChildResourceRule::method).collect();
+    let parent_uid = parent.metadata.uid.clone().unwrap_or_default();
+    let parent_json = crate::hooks::for_hooks(&parent);
+    let owned = |obj: &DynamicObject| crate::cache::informers::controller_uid(obj) == Some(parent_uid.as_str());
+
+    if args.finalizing {
+        return render_map_finalize(args, &mc, &controller, (&types, parent_ns), &parent).await;
+    }
+
+    let path = args
+        .input
+        .as_ref()
+        .ok_or_else(|| RenderError::Setup("a MapController renders one input: give it with --input".into()))?;
+    let mut input_obj: DynamicObject =
+        serde_json::from_value(read_one(path)?).map_err(|e| input(path, &e.to_string()))?;
+    input_obj.metadata.uid.get_or_insert_with(|| "00000000-0000-0000-0000-00000000000a".into());
+    let (input_version, input_kind) = type_of(&input_obj);
+    let type_index = mc.spec.input_resources.iter().position(|r| r.api_version == input_version).ok_or_else(|| {
+        RenderError::Setup(format!(
+            "the input is a {input_version} {input_kind}, and no inputResources entry is for it"
+        ))
+    })?;
+    let input_resource = resolved_parent(
+        &input_obj,
+        &mc.spec.input_resources[type_index].resource,
+        input_obj.metadata.namespace.is_none(),
+    );
+    let mut notes = Vec::new();
+    let selector = crate::controllers::map::input_selector(&parent).map_err(|e| invalid(&e))?;
+    if !selector.matches(&crate::api::labels_of(&input_obj.metadata)) || owned(&input_obj) {
+        notes.push("the parent does not select this input (its spec.selector, or the input is its own output): the hub would not ask the map hook about it".to_owned());
+    }
+    let input_ref = Arc::new(input_obj);
+    let the_input = crate::controllers::map::Input { type_index, object: &input_ref };
+    let map_key = the_input.map_key().to_owned();
+    let mut observed = vec![ChildMap::new(); types.len()];
+    let mut untouched = Vec::new();
+    for (index, obj) in &types.fixtures {
+        let Some(index) = *index else {
+            untouched.push(Change::ignored(obj, "not of an output type the controller declares".into()));
+            continue;
+        };
+        if !owned(obj) {
+            untouched.push(Change::ignored(obj, "not controlled by the parent: never an output".into()));
+        } else if crate::controllers::map::map_key_of(obj) != Some(map_key.as_str()) {
+            untouched.push(Change::ignored(obj, "an output of another input (its map key is not this input's)".into()));
+        } else {
+            observed[index].insert(ObjectKey::of(obj), Arc::new(obj.clone()));
+        }
+    }
+    let hook = mc.spec.hooks.map.as_ref().ok_or_else(|| RenderError::Setup("the controller has no map hook".into()))?;
+    let outputs = request_map(&types.resources, hook.version(), parent_ns, &observed);
+    let (hook, _server) = hook_to_call(hook, args.hook.as_deref(), args.hook_cmd.as_deref()).await?;
+    let endpoint = endpoint(&hook, &mc.spec.endpoint_configs, "MapController", Some(&name), args)?;
+    let ask = crate::controllers::map::Ask {
+        controller: &controller,
+        parent_resource: &parent_resource,
+        output_resources: &types.resources,
+        input_resources: (0..mc.spec.input_resources.len()).map(|_| &input_resource).collect(),
+    };
+    let mapped = ask.map(&endpoint, &parent, &parent_json, &the_input, &outputs).await.map_err(|e| invalid(&e))?;
+    let mut changes = child_changes(&mapped.desired, &observed, &BTreeSet::new(), &methods);
+    changes.extend(untouched);
+    notes.push("the parent's status is the hub's: counts of inputs and outputs (see the MapController page)".into());
+    Ok(Report {
+        controller: ("MapController", name),
+        parent: describe(&parent),
+        status: None,
+        status_changed: false,
+        metadata_patch: None,
+        resync_after: mapped.resync.map(|d| d.as_secs_f64()),
+        finalized: false,
+        events: mapped.events,
+        objects_field: "outputs",
+        changes,
+        notes,
+    })
+}
+
+/// `metahook render --finalizing` of a MapController: its finalize hook, with every output the parent
+/// controls (`types`: the output types and fixtures); the hub writes no output then.
+async fn render_map_finalize(
+    args: &RenderArgs,
+    mc: &MapController,
+    controller: &Value,
+    (types, parent_ns): (&self::fixtures::ChildTypes, Option<&str>),
+    parent: &DynamicObject,
+) -> Result<Report, RenderError> {
+    let name = mc.metadata.name.clone().unwrap_or_default();
+    let hook = mc.spec.hooks.finalize.as_ref();
+    let hook = hook.ok_or_else(|| RenderError::Setup("the controller has no finalize hook".into()))?;
+    let parent_uid = parent.metadata.uid.as_deref();
+    let mut observed = vec![ChildMap::new(); types.len()];
+    for (index, obj) in &types.fixtures {
+        if let Some(index) = index.filter(|_| crate::cache::informers::controller_uid(obj) == parent_uid) {
+            observed[index].insert(ObjectKey::of(obj), Arc::new(obj.clone()));
+        }
+    }
+    let outputs = request_map(&types.resources, hook.version(), parent_ns, &observed);
+    let (hook, _server) = hook_to_call(hook, args.hook.as_deref(), args.hook_cmd.as_deref()).await?;
+    let endpoint = endpoint(&hook, &mc.spec.endpoint_configs, "MapController", Some(&name), args)?;
+    let parent_json = crate::hooks::for_hooks(parent);
+    let request =
+        crate::hooks::MapFinalizeRequest { controller, parent: &parent_json, outputs: &outputs, finalizing: true };
+    let response = endpoint.map_finalize(&request).await.map_err(|e| invalid(&e))?;
+    Ok(Report {
+        controller: ("MapController", name),
+        parent: describe(parent),
+        status: None,
+        status_changed: false,
+        metadata_patch: None,
+        resync_after: response.resync_after_seconds,
+        finalized: response.finalized,
+        events: response.events,
+        objects_field: "outputs",
+        changes: Vec::new(),
+        notes: vec!["finalizing: the hub writes no output; the garbage collector deletes them with the parent".into()],
     })
 }
 
