@@ -752,3 +752,80 @@ async fn a_status_written_without_a_subresource_is_previewed_as_the_hub_writes_i
     assert_eq!(written.data["status"], json!({"children": 3, "observedGeneration": generation + 1}));
     w.finish("CompositeController").await;
 }
+
+/// A MapController's running hook copies each input ConfigMap into `<name>-copy` (`v: "1"`); the
+/// candidate writes `v: "2"` for input `a` only and drops `b`'s copy.
+const MAP: &str = r#"
+def copy(req, v):
+    name = req["input"]["metadata"]["name"]
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name + "-copy"}, "data": {"v": v}}
+
+def map(req):
+    return {"outputs": [copy(req, "1")]}
+
+def remap(req):
+    name = req["input"]["metadata"]["name"]
+    return {"outputs": [] if name == "b" else [copy(req, "2" if name == "a" else "1")]}
+"#;
+
+#[tokio::test]
+async fn a_map_controller_preview_is_what_the_hub_then_writes() {
+    let w = World::new("diff-map", MAP).await;
+    let ns = w.ns.name.clone();
+    let spec = |path: &str| {
+        json!({
+            "parentResource": {"apiVersion": "test.metahook.dev/v1", "resource": "things",
+                               "labelSelector": {"matchLabels": {"metahook-test": w.label}}},
+            "inputResources": [{"apiVersion": "v1", "resource": "configmaps"}],
+            "outputResources": [{"apiVersion": "v1", "resource": "configmaps", "updateStrategy": {"method": "InPlace"}}],
+            "hooks": {"map": {"webhook": {"url": w.hook.url(path)}}},
+        })
+    };
+    w.controller("MapController", &w.label, spec("/map")).await;
+    for name in ["a", "b", "c"] {
+        apply_value(
+            &w.client,
+            &json!({"apiVersion": "v1", "kind": "ConfigMap",
+                    "metadata": {"name": name, "namespace": ns, "labels": {"input": "yes"}}}),
+        )
+        .await;
+    }
+    w.thing("p", json!({"selector": {"matchLabels": {"input": "yes"}}})).await;
+    for name in ["a-copy", "b-copy", "c-copy"] {
+        eventually(WAIT, || async { w.config_map(name).await }).await;
+    }
+    let things = w.things().await;
+    eventually(WAIT, || async {
+        let p = things.get("p").await.ok()?;
+        (p.data["status"]["outputs"]["configmaps"]["total"] == 3).then_some(())
+    })
+    .await;
+    let before = versions(&w).await;
+    let (code, report) = diff(&w, "/remap", &support::kubeconfig_path(), &["--qps", "0"]).await;
+    assert_eq!(code, 2, "an output is deleted: {report:#}");
+    assert_eq!(report["kind"], "MapController", "{report:#}");
+    let p = format!("{ns}/p");
+    assert_eq!(names(&report, &p, "create"), Vec::<String>::new(), "{report:#}");
+    assert_eq!(names(&report, &p, "update"), ["a-copy"], "{report:#}");
+    assert_eq!(names(&report, &p, "delete"), ["b-copy"], "{report:#}");
+    let parent = parent_report(&report, &p);
+    assert_eq!(
+        parent["status"],
+        json!([{"path": "/status/outputs/configmaps/total", "old": 3, "new": 2}]),
+        "{report:#}"
+    );
+    assert_eq!(versions(&w).await, before, "diff wrote nothing");
+
+    w.controller("MapController", &w.label, spec("/remap")).await;
+    eventually(WAIT, || async {
+        let now = versions(&w).await;
+        (!now.contains_key("b-copy") && now.get("a-copy") != before.get("a-copy")).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let after = versions(&w).await;
+    let updated: Vec<&String> = after.keys().filter(|k| before.get(*k).is_some_and(|v| v != &after[*k])).collect();
+    assert_eq!(updated, ["a-copy"], "{before:?} → {after:?}");
+    assert!(after.keys().all(|k| before.contains_key(k)), "nothing created: {before:?} → {after:?}");
+    w.finish("MapController").await;
+}

@@ -61,7 +61,7 @@ use crate::hooks::{
     WireObject, for_hooks,
 };
 use crate::write::apply::holder;
-use crate::write::children::{ChildMap, ChildRules, desired_children, request_map};
+use crate::write::children::{ChildMap, ChildRules, ChildType, desired_children, request_map};
 
 /// The label on every output naming its input's map key (the input's UID).
 pub const MAP_KEY_LABEL: &str = "metahook.dev/map-key";
@@ -686,7 +686,8 @@ impl Kind for Controller {
                 kept.chain(created).collect()
             })
             .collect();
-        let status = aggregate(&sync.ask.input_resources, inputs, &self.core.child_resources, &after);
+        let mut status = aggregate(&sync.ask.input_resources, inputs, &self.core.child_resources, &after);
+        status["observedGeneration"] = parent.metadata.generation.unwrap_or(0).into();
         self.accepted.lock().expect("accepted lock").insert(key, accepted);
         let total = all_inputs.len() + tombstones;
         let refused = (!failed.is_empty()).then_some(SyncError::Parts { what: "inputs", total, failed });
@@ -728,45 +729,44 @@ impl Kind for Controller {
     }
 }
 
-impl Controller {
-    /// Refuses an input's desired outputs that are another's: an output of another input of this
-    /// parent (observed, or asked for by an input accepted before in this sync), an output of the
-    /// parent that is no input's, or an object of someone else.
-    fn claims_nothing_of_others(
-        &self,
-        parent: &DynamicObject,
-        map_key: &str,
-        wanted: &[ChildMap<Value>],
-        observed: &[ChildMap<Arc<DynamicObject>>],
-        accepted: &[ChildMap<Value>],
-    ) -> Result<(), String> {
-        for (index, outputs) in wanted.iter().enumerate() {
-            let kind = self.core.child_resources[index].kind();
-            for key in outputs.keys() {
-                if let Some(existing) = observed[index].get(key) {
-                    match map_key_of(existing) {
-                        Some(k) if k == map_key => continue,
-                        Some(other) => return Err(format!("{kind} {key} is the output of another input ({other})")),
-                        None => {
-                            return Err(format!("{kind} {key} is the parent's but no input's; it was left untouched"));
-                        }
+/// Refuses an input's desired outputs (`wanted`, by type) that are another's: an output of another
+/// input of this parent (`observed`, or asked for by an input `accepted` before in this sync), an output
+/// of the parent that is no input's, or an object of someone else (in `types`' caches). The engine and
+/// `metahook diff` both check answers so.
+pub fn claims_nothing_of_others(
+    types: &[ChildType],
+    parent: &DynamicObject,
+    map_key: &str,
+    wanted: &[ChildMap<Value>],
+    observed: &[ChildMap<Arc<DynamicObject>>],
+    accepted: &[ChildMap<Value>],
+) -> Result<(), String> {
+    for (index, outputs) in wanted.iter().enumerate() {
+        let kind = types[index].resource().kind();
+        for key in outputs.keys() {
+            if let Some(existing) = observed[index].get(key) {
+                match map_key_of(existing) {
+                    Some(k) if k == map_key => continue,
+                    Some(other) => return Err(format!("{kind} {key} is the output of another input ({other})")),
+                    None => {
+                        return Err(format!("{kind} {key} is the parent's but no input's; it was left untouched"));
                     }
                 }
-                if accepted[index].contains_key(key) {
-                    return Err(format!("{kind} {key} is asked for by another input too"));
-                }
-                if let Some(existing) = self.core.children[index].informer.get(key)
-                    && !self.ours(parent, &existing)
-                {
-                    return Err(format!(
-                        "{kind} {key} already exists and is not controlled by this parent ({}); it was left untouched",
-                        holder(&existing)
-                    ));
-                }
+            }
+            if accepted[index].contains_key(key) {
+                return Err(format!("{kind} {key} is asked for by another input too"));
+            }
+            if let Some(existing) = types[index].informer.get(key)
+                && controller_uid(&existing) != parent.metadata.uid.as_deref()
+            {
+                return Err(format!(
+                    "{kind} {key} already exists and is not controlled by this parent ({}); it was left untouched",
+                    holder(&existing)
+                ));
             }
         }
-        Ok(())
     }
+    Ok(())
 }
 
 /// What one sync of a parent decides, part by part (an input's answer, a group of detached outputs).
@@ -862,7 +862,8 @@ impl MapSync<'_> {
                 }
             };
             let observed = self.call.observed;
-            if let Err(why) = self.controller.claims_nothing_of_others(
+            if let Err(why) = claims_nothing_of_others(
+                &self.controller.core.children,
                 self.parent,
                 map_key,
                 &mapped.desired,

@@ -12,7 +12,9 @@ use kube::api::{Api, DynamicObject, ListParams};
 use kube::{Client, Resource as _};
 
 use super::args::DiffError;
-use crate::api::{ChildResourceRule, CompositeController, DecoratorController, EndpointConfig, Hook, UpdateMethod};
+use crate::api::{
+    ChildResourceRule, CompositeController, DecoratorController, EndpointConfig, Hook, MapController, UpdateMethod,
+};
 use crate::cache::discovery::{Discovery, ResolvedResource};
 use crate::cache::informers::Informer;
 use crate::hooks::{Endpoint, HookClient, HookClientConfig, HookKind, HookLabels};
@@ -26,6 +28,7 @@ const PAGE: u32 = 500;
 pub(super) enum Controller {
     Composite(Box<CompositeController>),
     Decorator(Box<DecoratorController>),
+    Map(Box<MapController>),
 }
 
 /// The cluster, through one paced, read-only client.
@@ -40,7 +43,7 @@ impl Live {
         Self { discovery: Discovery::new(client.clone(), Duration::from_secs(600)), client }
     }
 
-    /// The CompositeController or DecoratorController called `name`.
+    /// The CompositeController, DecoratorController or MapController called `name`.
     pub(super) async fn controller(&self, name: &str) -> Result<Controller, DiffError> {
         let read = |what: &str| {
             let what = format!("{what} {name}");
@@ -54,11 +57,14 @@ impl Live {
             .get_opt(name)
             .await
             .map_err(read("DecoratorController"))?;
-        match (composite, decorator) {
-            (Some(_), Some(_)) => Err(DiffError::Ambiguous(name.to_owned())),
-            (Some(cc), None) => Ok(Controller::Composite(Box::new(cc))),
-            (None, Some(dc)) => Ok(Controller::Decorator(Box::new(dc))),
-            (None, None) => Err(DiffError::NotFound(name.to_owned())),
+        // A cluster without the MapController CRD answers 404 for the type: none of that kind.
+        let map = Api::<MapController>::all(self.client.clone()).get_opt(name).await.ok().flatten();
+        match (composite, decorator, map) {
+            (Some(cc), None, None) => Ok(Controller::Composite(Box::new(cc))),
+            (None, Some(dc), None) => Ok(Controller::Decorator(Box::new(dc))),
+            (None, None, Some(mc)) => Ok(Controller::Map(Box::new(mc))),
+            (None, None, None) => Err(DiffError::NotFound(name.to_owned())),
+            _ => Err(DiffError::Ambiguous(name.to_owned())),
         }
     }
 

@@ -15,6 +15,8 @@
 //!
 //! A sharded hub's bucket labels are put on the desired children as the hub puts them (`shard`).
 //!
+//! A MapController's preview (`map`) asks the candidate map hook for every input of every parent.
+//!
 //! With rolling child updates the preview is the rollout's next step (`composite`). Not previewed: the
 //! finalize hook — the candidate stands for the sync hook only, so a parent (target) being deleted is
 //! listed as skipped.
@@ -23,6 +25,7 @@ mod args;
 mod composite;
 mod decorator;
 mod live;
+mod map;
 mod related;
 mod report;
 mod shard;
@@ -83,6 +86,7 @@ pub async fn diff(args: &DiffArgs) -> Result<Report, DiffError> {
     match live.controller(&args.controller).await? {
         Controller::Composite(cc) => composite::diff(&live, &cc, selector.as_ref(), args).await,
         Controller::Decorator(dc) => decorator::diff(&live, &dc, selector.as_ref(), args).await,
+        Controller::Map(mc) => map::diff(&live, &mc, selector.as_ref(), args).await,
     }
 }
 
