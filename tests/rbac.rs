@@ -115,6 +115,10 @@ def sync(req):
 
 def finalize(req):
     return {"children": [], "finalized": True}
+
+def map(req):
+    name = req["input"]["metadata"]["name"]
+    return {"outputs": [{"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name + "-out"}}]}
 "#;
 
 /// One feature of the least-privilege matrix.
@@ -130,11 +134,13 @@ struct Scenario {
     rolling: bool,
     /// A canary of the sync hook (`metahook.dev/canary`), its status written on the controller.
     canary: bool,
+    /// A MapController (with a finalize hook) reading ConfigMaps as inputs, writing ConfigMaps.
+    map: bool,
 }
 
 /// Issue 53 item 6: every feature runs under exactly the role `metahook rbac --base -f controller.yaml`
 /// prints for it (composite, finalize hook, children in other namespaces, a parent without `/status`,
-/// decorator, rolling updates, canary). For each scenario a fresh ServiceAccount (audited) bound to that output runs the hub;
+/// decorator, rolling updates, canary, MapController). For each scenario a fresh ServiceAccount (audited) bound to that output runs the hub;
 /// the scenario is driven to its end (children and status written, the parent deleted and gone, its
 /// children elsewhere with it) and the API server's audit log shows no request of the account refused.
 /// Before, the cross-namespace controller could not patch its finalizer onto parents and the
@@ -149,6 +155,7 @@ async fn every_feature_runs_under_exactly_the_role_metahook_rbac_prints_for_it()
         elsewhere: false,
         rolling: false,
         canary: false,
+        map: false,
     };
     let scenarios = [
         Scenario { ..plain },
@@ -158,6 +165,7 @@ async fn every_feature_runs_under_exactly_the_role_metahook_rbac_prints_for_it()
         Scenario { name: "decorator", decorator: true, ..plain },
         Scenario { name: "rolling", rolling: true, ..plain },
         Scenario { name: "canary", canary: true, ..plain },
+        Scenario { name: "map", map: true, finalize: true, ..plain },
     ];
     let client = support::client().await;
     support::install_metahook_crds(&client).await;
@@ -171,7 +179,16 @@ async fn every_feature_runs_under_exactly_the_role_metahook_rbac_prints_for_it()
         let label = ns.name.clone();
         let resource = if scenario.kind == "Thing" { "things" } else { "statuslessthings" };
         let selector = json!({"matchLabels": {"metahook-test": label}});
-        let (kind, spec) = if scenario.decorator {
+        let (kind, spec) = if scenario.map {
+            let spec = json!({
+                "parentResource": {"apiVersion": "test.metahook.dev/v1", "resource": resource, "labelSelector": selector},
+                "inputResources": [{"apiVersion": "v1", "resource": "configmaps"}],
+                "outputResources": [{"apiVersion": "v1", "resource": "configmaps", "updateStrategy": {"method": "InPlace"}}],
+                "hooks": {"map": {"webhook": {"url": hook.url("/map")}},
+                          "finalize": {"webhook": {"url": hook.url("/finalize")}}},
+            });
+            ("MapController", spec)
+        } else if scenario.decorator {
             let spec = json!({
                 "resources": [{"apiVersion": "test.metahook.dev/v1", "resource": resource, "labelSelector": selector}],
                 "hooks": {"sync": {"webhook": {"url": hook.url("/sync")}}},
@@ -209,6 +226,14 @@ async fn every_feature_runs_under_exactly_the_role_metahook_rbac_prints_for_it()
         let hub = Hub::start(&account.client, &label);
         apply_value(&client, &controller).await;
 
+        if scenario.map {
+            apply_value(
+                &client,
+                &json!({"apiVersion": "v1", "kind": "ConfigMap",
+                        "metadata": {"name": "in", "namespace": ns.name, "labels": {"role": "input"}}}),
+            )
+            .await;
+        }
         let mut children = vec![json!({"name": "p-a"})];
         if scenario.elsewhere {
             children.push(json!({"name": "p-b", "namespace": other.name}));
@@ -217,7 +242,7 @@ async fn every_feature_runs_under_exactly_the_role_metahook_rbac_prints_for_it()
             &client,
             &json!({"apiVersion": "test.metahook.dev/v1", "kind": scenario.kind,
                     "metadata": {"name": "p", "namespace": ns.name, "labels": {"metahook-test": label}},
-                    "spec": {"children": children}}),
+                    "spec": {"children": children, "selector": {"matchLabels": {"role": "input"}}}}),
         )
         .await;
         let parents = api(&client, "test.metahook.dev/v1", scenario.kind, Some(&ns.name)).await;
@@ -226,11 +251,14 @@ async fn every_feature_runs_under_exactly_the_role_metahook_rbac_prints_for_it()
             let parent = parents.get("p").await.ok()?;
             let status = &parent.data["status"];
             let labelled = parent.metadata.labels.as_ref().is_some_and(|l| l.contains_key("decorated"));
-            (status["seen"].is_number() && (!scenario.decorator || labelled)).then_some(())
+            let mapped = status["outputs"]["configmaps"]["total"] == 1;
+            ((status["seen"].is_number() || scenario.map && mapped) && (!scenario.decorator || labelled)).then_some(())
         })
         .await;
-        if !scenario.decorator {
-            let here = api(&client, "v1", "ConfigMap", Some(&ns.name)).await;
+        let here = api(&client, "v1", "ConfigMap", Some(&ns.name)).await;
+        if scenario.map {
+            eventually(WAIT, || async { here.get_opt("in-out").await.unwrap() }).await;
+        } else if !scenario.decorator {
             eventually(WAIT, || async { here.get_opt("p-a").await.unwrap() }).await;
         }
         let there = api(&client, "v1", "ConfigMap", Some(&other.name)).await;
