@@ -1384,3 +1384,110 @@ async fn a_replica_that_does_not_hold_a_parent_reports_no_sync_of_it() {
     }
     setup.finish(replicas).await;
 }
+
+/// A MapController on a ring of two replicas: each parent's outputs are written for it by whoever holds
+/// it, carry its bucket, and are neither lost nor doubled when a replica is killed (a new input of a
+/// parent the killed replica held is mapped by the other).
+#[tokio::test]
+async fn a_sharded_map_controller_writes_each_parents_outputs_from_the_replica_holding_it() {
+    let setup = Setup::new("shard-map", 0).await;
+    let hook = support::HookServer::start(
+        r#"
+def map(req):
+    name = req["input"]["metadata"]["name"]
+    return {"outputs": [{"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name + "-out"}}]}
+"#,
+    )
+    .await;
+    let ns = setup.ns.name.clone();
+    apply_value(
+        &setup.client,
+        &json!({
+            "apiVersion": "metacontroller.k8s.io/v1alpha1", "kind": "MapController",
+            "metadata": {"name": setup.label, "labels": {"metahook-test": setup.label}},
+            "spec": {
+                "parentResource": {"apiVersion": "test.metahook.dev/v1", "resource": "layers",
+                                   "labelSelector": {"matchLabels": {"metahook-test": setup.label}}},
+                "inputResources": [{"apiVersion": "v1", "resource": "configmaps"}],
+                "outputResources": [{"apiVersion": "v1", "resource": "configmaps"}],
+                "hooks": {"map": {"webhook": {"url": hook.url("/map")}}},
+            },
+        }),
+    )
+    .await;
+    let input = |name: String, parent: String| {
+        json!({"apiVersion": "v1", "kind": "ConfigMap",
+               "metadata": {"name": name, "namespace": ns, "labels": {"for": parent}}})
+    };
+    for i in 0..8 {
+        apply_value(
+            &setup.client,
+            &json!({"apiVersion": "test.metahook.dev/v1", "kind": "Layer",
+                    "metadata": {"name": format!("p{i}"), "namespace": ns, "labels": {"metahook-test": setup.label}},
+                    "spec": {"selector": {"matchLabels": {"for": format!("p{i}")}}}}),
+        )
+        .await;
+        apply_value(&setup.client, &input(format!("in{i}"), format!("p{i}"))).await;
+    }
+    let replicas = vec![setup.start("map-a"), setup.start("map-b")];
+    let layers = api(&setup.client, "test.metahook.dev/v1", "Layer", Some(&ns)).await;
+    let cms = setup.config_maps().await;
+    let child_label = setup.child_label();
+    let check = |i: usize| {
+        let (layers, cms, child_label) = (layers.clone(), cms.clone(), child_label.clone());
+        async move {
+            let parent = layers.get(&format!("p{i}")).await.ok()?;
+            let out = cms.get_opt(&format!("in{i}-out")).await.ok()??;
+            let uid = parent.metadata.uid.clone()?;
+            let owner = out.metadata.owner_references.as_ref()?.first()?.uid.clone();
+            let labelled = out.metadata.labels.as_ref()?.get(&child_label).cloned();
+            let counted = parent.data["status"]["outputs"]["configmaps"]["total"] == 1;
+            (owner == uid && labelled == Some(bucket(&uid).to_string()) && counted).then_some(())
+        }
+    };
+    for i in 0..8 {
+        eventually(Duration::from_secs(90), || check(i)).await;
+    }
+    let members = setup.wait_members(2).await;
+    // Kill one replica; the inputs added now for every parent are mapped by the one left.
+    let mut replicas = replicas;
+    let killed = replicas.remove(0);
+    let killed_name = killed.name.clone();
+    killed.kill().await;
+    for i in 0..8 {
+        apply_value(&setup.client, &input(format!("in{i}-late"), format!("p{i}"))).await;
+    }
+    for i in 0..8 {
+        eventually(Duration::from_secs(90), || {
+            let (cms, layers) = (cms.clone(), layers.clone());
+            async move {
+                cms.get_opt(&format!("in{i}-late-out")).await.ok()??;
+                let parent = layers.get(&format!("p{i}")).await.ok()?;
+                (parent.data["status"]["outputs"]["configmaps"]["total"] == 2).then_some(())
+            }
+        })
+        .await;
+    }
+    let outputs: Vec<String> = cms
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter_map(|c| c.metadata.name)
+        .filter(|n| n.ends_with("-out"))
+        .collect();
+    assert_eq!(outputs.len(), 16, "one output per input, none doubled: {outputs:?}");
+    let replicas_seen: BTreeSet<String> = hook
+        .requests_with_headers("/map")
+        .iter()
+        .filter_map(|r| r["headers"]["metahook-replica"].as_str().map(str::to_owned))
+        .collect();
+    assert!(
+        replicas_seen.len() == 2,
+        "both replicas mapped inputs ({members:?}, killed {killed_name}): {replicas_seen:?}"
+    );
+    let maps = api(&setup.client, "metacontroller.k8s.io/v1alpha1", "MapController", None).await;
+    let _ = maps.delete(&setup.label, &DeleteParams::default()).await;
+    setup.finish(replicas).await;
+}

@@ -74,7 +74,7 @@ impl ParentType {
 }
 
 /// The composite and decorator controllers whose labels match `controllers` (the hub's
-/// `targetLabelSelector`).
+/// `targetLabelSelector`), MapControllers among the composites.
 async fn read_controllers(
     client: &Client,
     controllers: &str,
@@ -83,7 +83,36 @@ async fn read_controllers(
     let params = kube::api::ListParams::default().labels(controllers);
     let composites = Api::<CompositeController>::all(client.clone()).list(&params).await.map_err(err)?;
     let decorators = Api::<DecoratorController>::all(client.clone()).list(&params).await.map_err(err)?;
-    Ok((composites.items, decorators.items))
+    let mut composites = composites.items;
+    // A MapController's parents and outputs carry bucket labels as a composite's parents and children
+    // do: read here as the composite it is shaped like. Without its CRD (404) there are none.
+    match Api::<crate::api::MapController>::all(client.clone()).list(&params).await {
+        Ok(maps) => composites.extend(maps.items.iter().map(shaped_as_composite)),
+        Err(kube::Error::Api(status)) if status.code == 404 => {}
+        Err(e) => return Err(err(e)),
+    }
+    Ok((composites, decorators.items))
+}
+
+/// A MapController as the composite of the same parent type, whose children are its outputs: what
+/// labelling needs of it.
+fn shaped_as_composite(mc: &crate::api::MapController) -> CompositeController {
+    let parent = &mc.spec.parent_resource;
+    let spec = crate::api::CompositeControllerSpec {
+        parent_resource: crate::api::ParentResourceRule {
+            api_version: parent.api_version.clone(),
+            resource: parent.resource.clone(),
+            revision_history: None,
+            label_selector: parent.label_selector.clone(),
+            ignore_status_changes: None,
+        },
+        child_resources: mc.spec.output_resources.iter().map(crate::api::OutputResourceRule::as_child_rule).collect(),
+        hooks: None,
+        endpoint_configs: Vec::new(),
+        resync_period_seconds: None,
+        generate_selector: None,
+    };
+    CompositeController::new(&mc.metadata.name.clone().unwrap_or_default(), spec)
 }
 
 /// From one reading of the controllers whose labels match `controllers` (the hub's
