@@ -385,3 +385,53 @@ async fn a_namespaced_parent_with_a_cluster_scoped_input_type_is_refused() {
     assert!(w.hook.requests("/map").is_empty());
     w.finish("MapController").await;
 }
+
+/// A GET of `/metrics` on the hub at `address`.
+async fn scrape(address: &str) -> Option<String> {
+    support::http_get(address, "/metrics").await.map(|(_, body)| body)
+}
+
+/// The sum of the samples of `family` whose labels contain all of `labels`.
+fn sum(metrics: &str, family: &str, labels: &[&str]) -> f64 {
+    metrics
+        .lines()
+        .filter(|line| line.starts_with(&format!("{family}{{")) && labels.iter().all(|l| line.contains(l)))
+        .filter_map(|line| line.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum()
+}
+
+#[tokio::test]
+async fn a_map_controllers_syncs_calls_and_saved_calls_are_in_the_metrics() {
+    let mut w = World::new("map-metrics", COPY).await;
+    w.stop_hub().await;
+    let address = {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        format!("127.0.0.1:{port}")
+    };
+    let client = w.client.clone();
+    w.start_hub_with(&client, metahook::ops::config::Config { metrics_address: address.clone(), ..Default::default() });
+    map_controller(&w, json!({"map": {"webhook": {"url": w.hook.url("/map")}}})).await;
+    for name in ["a", "b", "c"] {
+        input(&w, name, json!({}), json!({"v": "1"})).await;
+    }
+    parent(&w).await;
+    let cms = w.config_maps().await;
+    for name in ["a-copy", "b-copy", "c-copy"] {
+        eventually(WAIT, || async { cms.get_opt(name).await.unwrap() }).await;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    input(&w, "a", json!({}), json!({"v": "2"})).await;
+    eventually(WAIT, || async { cms.get("a-copy").await.ok().filter(|c| c.data["data"]["v"] == "2") }).await;
+    let controller = format!("controller=\"mapcontroller/{}\"", w.label);
+    let hook = format!("controller=\"{}\"", w.label);
+    let metrics = eventually(WAIT, || async {
+        let metrics = scrape(&address).await?;
+        let saved = ["kind=\"MapController\"", hook.as_str(), "why=\"identical_request\""];
+        (sum(&metrics, "metahook_hook_calls_saved_total", &saved) >= 2.0).then_some(metrics)
+    })
+    .await;
+    assert!(sum(&metrics, "controller_runtime_reconcile_total", &[&controller, "result=\"success\""]) >= 1.0);
+    let calls = sum(&metrics, "metahook_hook_requests_total", &[&hook, "kind=\"MapController\"", "hook=\"map\""]);
+    assert_eq!(calls as usize, w.hook.requests("/map").len(), "every map call counted: {metrics}");
+    w.finish("MapController").await;
+}
