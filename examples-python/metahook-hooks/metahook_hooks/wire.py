@@ -24,8 +24,14 @@ from .wire_gen import (
     KubeObject,
     LabelSelector,
     LabelSelectorRequirement,
+    MapFinalizeRequest,
+    MapFinalizeResponse,
+    MapRequest,
+    MapResponse,
     ObjectMap,
     RelatedResourceRule,
+    TombstoneRequest,
+    TombstoneResponse,
 )
 
 __all__ = [
@@ -40,8 +46,14 @@ __all__ = [
     "KubeObject",
     "LabelSelector",
     "LabelSelectorRequirement",
+    "MapFinalizeRequest",
+    "MapFinalizeResponse",
+    "MapRequest",
+    "MapResponse",
     "ObjectMap",
     "RelatedResourceRule",
+    "TombstoneRequest",
+    "TombstoneResponse",
 ]
 
 
