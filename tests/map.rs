@@ -167,6 +167,36 @@ async fn each_input_is_mapped_once_to_its_tagged_outputs_and_changes_removals_an
     cms.patch("a-copy", &PatchParams::default(), &Patch::Merge(json!({"data": {"v": "tampered"}}))).await.unwrap();
     eventually(WAIT, || async { cms.get("a-copy").await.ok().filter(|c| c.data["data"]["v"] == "2") }).await;
 
+    // An input added changes the counts the hub writes in the parent's status, yet only it is asked:
+    // the counts are the hub's, and requests show the parent without its status (or resourceVersion).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (a_before, b_before) = (map_calls(&w, "a"), map_calls(&w, "b"));
+    input(&w, "d", json!({}), json!({"v": "1"})).await;
+    eventually(WAIT, || async { cms.get_opt("d-copy").await.unwrap() }).await;
+    eventually(WAIT, || async {
+        let p = things.get("p").await.unwrap();
+        (p.data["status"]["inputs"]["configmaps"]["total"] == 3).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!((map_calls(&w, "a"), map_calls(&w, "b")), (a_before, b_before), "the status write asked again");
+    let last = w.hook.requests("/map").into_iter().rev().find(|r| r["input"]["metadata"]["name"] == "d").unwrap();
+    assert!(last["parent"].get("status").is_none(), "{}", last["parent"]);
+    assert!(last["parent"]["metadata"].get("resourceVersion").is_none(), "{}", last["parent"]);
+    assert_eq!(last["parent"]["metadata"]["uid"], json!(p.metadata.uid));
+    // A change of the parent, which every request shows, asks every input again.
+    let d_before = map_calls(&w, "d");
+    things
+        .patch("p", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {"touched": "yes"}}})))
+        .await
+        .unwrap();
+    eventually(WAIT, || async {
+        (map_calls(&w, "a") > a_before && map_calls(&w, "b") > b_before && map_calls(&w, "d") > d_before).then_some(())
+    })
+    .await;
+    cms.delete("d", &DeleteParams::default()).await.unwrap();
+    eventually(WAIT, || async { cms.get_opt("d-copy").await.unwrap().is_none().then_some(()) }).await;
+
     // An input removed: its outputs are detached, and deleted (no tombstone hook).
     cms.delete("b", &DeleteParams::default()).await.unwrap();
     eventually(WAIT, || async { cms.get_opt("b-copy").await.unwrap().is_none().then_some(()) }).await;

@@ -168,7 +168,7 @@ export interface MapRequest<
 > {
   /** The MapController. */
   controller: KubeObject;
-  /** The parent. */
+  /** The parent, without its `status` (the hub's counts) and `metadata.resourceVersion`. */
   parent: Parent;
   /**
    * The input's map key: an opaque string naming the group of outputs made for this input (the
@@ -201,7 +201,7 @@ export interface TombstoneRequest<
 > {
   /** The MapController. */
   controller: KubeObject;
-  /** The parent. */
+  /** The parent, without its `status` (the hub's counts) and `metadata.resourceVersion`. */
   parent: Parent;
   /** The map key the gone input's outputs carry. */
   mapKey: string;
@@ -228,7 +228,7 @@ export interface MapFinalizeRequest<
 > {
   /** The MapController. */
   controller: KubeObject;
-  /** The parent. */
+  /** The parent, without its `status` (the hub's counts) and `metadata.resourceVersion`. */
   parent: Parent;
   /** Every output the parent owns, by type key and object key. */
   outputs: ObjectMap<Outputs>;

@@ -51,7 +51,7 @@ use crate::cache::discovery::ResolvedResource;
 use crate::cache::informers::{Change, Event, Informer, ObjectKey, controller_uid};
 use crate::cache::selector::{Selector, SelectorIndex};
 use crate::cache::shard::Role;
-use crate::engine::answered::{Answered, RequestId};
+use crate::engine::answered::{Answered, RequestId, content_version};
 use crate::engine::error::{ParentSelectorError, StartError, SyncError};
 use crate::engine::hub::Hub;
 use crate::engine::sync::{Call, Core, CoreSettings, Decision, Kind, Observation, child_types, within_namespaces};
@@ -286,6 +286,23 @@ pub fn map_key_of(output: &DynamicObject) -> Option<&str> {
     output.metadata.labels.as_ref()?.get(MAP_KEY_LABEL).map(String::as_str)
 }
 
+/// The parent as a MapController's hooks see it: without its `status` and `metadata.resourceVersion`.
+/// The status is the hub's own count, not the hook's; shown, every status write would change every
+/// input's request, and each would be asked again after each write of the counts (a loop, N calls per
+/// sync). Hiding it is what makes a change of one input cost one call; the identity of a request then
+/// covers exactly what it shows (see [`content_version`]).
+#[must_use]
+pub fn parent_for_hooks(parent: &DynamicObject) -> Value {
+    let mut shown = for_hooks(parent);
+    if let Some(fields) = shown.as_object_mut() {
+        fields.remove("status");
+    }
+    if let Some(metadata) = shown.get_mut("metadata").and_then(Value::as_object_mut) {
+        metadata.remove("resourceVersion");
+    }
+    shown
+}
+
 /// The outputs of a parent by map key, each by output type.
 type Groups = BTreeMap<String, Vec<ChildMap<Arc<DynamicObject>>>>;
 
@@ -349,11 +366,14 @@ impl Ask<'_> {
     }
 
     /// The identity of the map request for `input` (see [`crate::engine::answered`]).
+    /// `parent_version` is [`content_version`] of the parent as the request shows it
+    /// ([`parent_for_hooks`]).
     #[must_use]
     pub fn request_id(
         &self,
         endpoint: &Endpoint,
         parent: &DynamicObject,
+        parent_version: &str,
         input: &Input<'_>,
         outputs: &ObjectMaps,
     ) -> RequestId {
@@ -361,7 +381,8 @@ impl Ask<'_> {
             "input".to_owned(),
             BTreeMap::from([(input.map_key().to_owned(), WireObject(Arc::clone(input.object)))]),
         )]);
-        RequestId::of(endpoint.url(), parent, false, outputs, &shown)
+        let uid = parent.metadata.uid.as_deref().unwrap_or_default();
+        RequestId::of_version(endpoint.url(), uid, parent_version, false, outputs, &shown)
     }
 
     /// Asks `endpoint` what `input`'s outputs should be and checks the answer whole: each output of a
@@ -631,7 +652,7 @@ impl Kind for Controller {
         call: Call<'_>,
         inputs: &Self::Claimed,
     ) -> Result<Decision<()>, SyncError> {
-        let parent_json = for_hooks(parent);
+        let parent_json = parent_for_hooks(parent);
         let types = self.core.children.len();
         if call.finalizing {
             // Nothing is written to the outputs: the garbage collector deletes them with the parent.
@@ -668,8 +689,17 @@ impl Kind for Controller {
         // Every input and group asked again on a resync or a requested sync, but not on the retry of a
         // failed sync (its failed parts are asked again anyway: their answers were not written).
         let ask_all = call.asks_again && !call.retrying;
-        let sync =
-            MapSync { controller: self, ask: self.ask(), parent, parent_json: &parent_json, answered, call, ask_all };
+        let parent_version = content_version(&parent_json);
+        let sync = MapSync {
+            controller: self,
+            ask: self.ask(),
+            parent,
+            parent_json: &parent_json,
+            parent_version,
+            answered,
+            call,
+            ask_all,
+        };
         let mut parts = Parts::new(types);
         sync.map_inputs(&all_inputs, &groups, &mut parts).await;
         let tombstones = sync.detached(&groups, &live, &mut parts).await;
@@ -810,6 +840,8 @@ struct MapSync<'a> {
     ask: Ask<'a>,
     parent: &'a DynamicObject,
     parent_json: &'a Value,
+    /// [`content_version`] of `parent_json`: the parent's part of every request's identity.
+    parent_version: String,
     /// The parent's requests, by map key.
     answered: Arc<Answered<String>>,
     call: Call<'a>,
@@ -837,7 +869,7 @@ impl MapSync<'_> {
         for (position, input) in inputs.iter().enumerate() {
             let outputs = groups.get(input.map_key()).unwrap_or(&empty);
             let shown = self.ask.outputs_map(version, self.parent, outputs);
-            let id = self.ask.request_id(self.call.endpoint, self.parent, input, &shown);
+            let id = self.ask.request_id(self.call.endpoint, self.parent, &self.parent_version, input, &shown);
             if !self.asks(input.map_key(), id) {
                 continue;
             }
@@ -894,7 +926,9 @@ impl MapSync<'_> {
             };
             tombstones += 1;
             let shown = self.ask.outputs_map(endpoint.version(), self.parent, outputs);
-            let id = RequestId::of(endpoint.url(), self.parent, false, &shown, &ObjectMaps::new());
+            let uid = self.parent.metadata.uid.as_deref().unwrap_or_default();
+            let id =
+                RequestId::of_version(endpoint.url(), uid, &self.parent_version, false, &shown, &ObjectMaps::new());
             if !self.asks(map_key, id) {
                 continue;
             }

@@ -42,14 +42,31 @@ impl RequestId {
         children: &ObjectMaps,
         related: &ObjectMaps,
     ) -> Self {
+        let uid = parent.metadata.uid.as_deref().unwrap_or_default();
+        let version = parent.metadata.resource_version.as_deref().unwrap_or_default();
+        Self::of_version(hook, uid, version, finalizing, children, related)
+    }
+
+    /// [`RequestId::of`] for a request that shows the parent with `parent_uid` as `parent_version` says:
+    /// its resourceVersion when it shows the whole parent, or [`content_version`] of what it shows when
+    /// it shows only part of it (a MapController's hooks see no status).
+    #[must_use]
+    pub fn of_version(
+        hook: &str,
+        parent_uid: &str,
+        parent_version: &str,
+        finalizing: bool,
+        children: &ObjectMaps,
+        related: &ObjectMaps,
+    ) -> Self {
         let mut hash = sha1::Sha1::new();
         let mut field = |text: &str| {
             hash.update(text.as_bytes());
             hash.update([0]);
         };
         field(hook);
-        field(parent.metadata.uid.as_deref().unwrap_or_default());
-        field(parent.metadata.resource_version.as_deref().unwrap_or_default());
+        field(parent_uid);
+        field(parent_version);
         field(if finalizing { "finalizing" } else { "syncing" });
         for (section, maps) in [("children", children), ("related", related)] {
             field(section);
@@ -64,6 +81,18 @@ impl RequestId {
         }
         Self(hash.finalize().into())
     }
+}
+
+/// A version of `shown` (a hash of its JSON): equal exactly when the JSON is, for an object a request
+/// shows other than as the API server stores it (then its resourceVersion says nothing about it).
+#[must_use]
+pub fn content_version(shown: &serde_json::Value) -> String {
+    let bytes = serde_json::to_vec(shown).unwrap_or_default();
+    sha1::Sha1::digest(&bytes).iter().fold(String::with_capacity(40), |mut hex, b| {
+        use std::fmt::Write as _;
+        let _ = write!(hex, "{b:02x}");
+        hex
+    })
 }
 
 /// Per object: the last request its hook was asked, and whether that answer was applied in full.

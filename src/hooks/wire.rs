@@ -191,7 +191,7 @@ pub struct MapRequest<'a> {
     /// The MapController.
     #[schemars(with = "KubeObject")]
     pub controller: &'a Value,
-    /// The parent.
+    /// The parent, without its `status` (the hub's counts) and `metadata.resourceVersion`.
     #[schemars(with = "KubeObject", extend("x-type-parameter" = "Parent"))]
     pub parent: &'a Value,
     /// The input's map key: an opaque string naming the group of outputs made for this input (the
@@ -234,7 +234,7 @@ pub struct TombstoneRequest<'a> {
     /// The MapController.
     #[schemars(with = "KubeObject")]
     pub controller: &'a Value,
-    /// The parent.
+    /// The parent, without its `status` (the hub's counts) and `metadata.resourceVersion`.
     #[schemars(with = "KubeObject", extend("x-type-parameter" = "Parent"))]
     pub parent: &'a Value,
     /// The map key the gone input's outputs carry.
@@ -269,7 +269,7 @@ pub struct MapFinalizeRequest<'a> {
     /// The MapController.
     #[schemars(with = "KubeObject")]
     pub controller: &'a Value,
-    /// The parent.
+    /// The parent, without its `status` (the hub's counts) and `metadata.resourceVersion`.
     #[schemars(with = "KubeObject", extend("x-type-parameter" = "Parent"))]
     pub parent: &'a Value,
     /// Every output the parent owns, by type key and object key.

@@ -207,7 +207,7 @@ class MapRequest(TypedDict):
     """The MapController."""
 
     parent: KubeObject
-    """The parent."""
+    """The parent, without its `status` (the hub's counts) and `metadata.resourceVersion`."""
 
     mapKey: str
     """The input's map key: an opaque string naming the group of outputs made for this input (the
@@ -243,7 +243,7 @@ class TombstoneRequest(TypedDict):
     """The MapController."""
 
     parent: KubeObject
-    """The parent."""
+    """The parent, without its `status` (the hub's counts) and `metadata.resourceVersion`."""
 
     mapKey: str
     """The map key the gone input's outputs carry."""
@@ -272,7 +272,7 @@ class MapFinalizeRequest(TypedDict):
     """The MapController."""
 
     parent: KubeObject
-    """The parent."""
+    """The parent, without its `status` (the hub's counts) and `metadata.resourceVersion`."""
 
     outputs: ObjectMap
     """Every output the parent owns, by type key and object key."""

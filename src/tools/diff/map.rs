@@ -130,7 +130,7 @@ impl Preview<'_> {
         let mut desired: Vec<ChildMap<Value>> = vec![ChildMap::new(); self.types.len()];
         let mut in_scope: Vec<ChildMap<Arc<DynamicObject>>> = vec![ChildMap::new(); self.types.len()];
         let mut failed = Vec::new();
-        let parent_json = crate::hooks::for_hooks(parent);
+        let parent_json = crate::controllers::map::parent_for_hooks(parent);
         let group = |map_key: &str| -> Vec<ChildMap<Arc<DynamicObject>>> {
             observed
                 .iter()

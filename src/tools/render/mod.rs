@@ -244,7 +244,7 @@ async fn render_map(args: &RenderArgs, controller: Value) -> Result<Report, Rend
     let types = child_types(&output_rules, &read_objects(&args.children)?, &args.kind, parent_ns)?;
     let methods: Vec<UpdateMethod> = output_rules.iter().map(ChildResourceRule::method).collect();
     let parent_uid = parent.metadata.uid.clone().unwrap_or_default();
-    let parent_json = crate::hooks::for_hooks(&parent);
+    let parent_json = crate::controllers::map::parent_for_hooks(&parent);
     let owned = |obj: &DynamicObject| crate::cache::informers::controller_uid(obj) == Some(parent_uid.as_str());
 
     if args.finalizing {
@@ -343,7 +343,7 @@ async fn render_map_finalize(
     let outputs = request_map(&types.resources, hook.version(), parent_ns, &observed);
     let (hook, _server) = hook_to_call(hook, args.hook.as_deref(), args.hook_cmd.as_deref()).await?;
     let endpoint = endpoint(&hook, &mc.spec.endpoint_configs, "MapController", Some(&name), args)?;
-    let parent_json = crate::hooks::for_hooks(parent);
+    let parent_json = crate::controllers::map::parent_for_hooks(parent);
     let request =
         crate::hooks::MapFinalizeRequest { controller, parent: &parent_json, outputs: &outputs, finalizing: true };
     let response = endpoint.map_finalize(&request).await.map_err(|e| invalid(&e))?;
