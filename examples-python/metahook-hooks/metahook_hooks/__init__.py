@@ -23,14 +23,26 @@ from .objects import (
     attachments_of,
     child,
     children_of,
+    input_of,
     object_key,
+    output,
+    outputs_of,
     parent_of,
     related,
     related_of,
     type_key,
 )
 from .request_log import RequestLog, request_log
-from .responses import composite_response, customize_response, decorator_response, event, related_rule
+from .responses import (
+    composite_response,
+    customize_response,
+    decorator_response,
+    event,
+    map_finalize_response,
+    map_response,
+    related_rule,
+    tombstone_response,
+)
 from .server import (
     DEFAULT_MAX_BODY,
     DEFAULT_PORT,
@@ -109,10 +121,15 @@ __all__ = [
     "event",
     "find_condition",
     "fixture_request",
+    "input_of",
     "listen_address",
     "load_objects",
     "make_server",
+    "map_finalize_response",
+    "map_response",
     "object_key",
+    "output",
+    "outputs_of",
     "parent_of",
     "related",
     "related_of",
@@ -122,6 +139,7 @@ __all__ = [
     "serve",
     "set_condition",
     "start_server",
+    "tombstone_response",
     "type_key",
     "__version__",
 ]

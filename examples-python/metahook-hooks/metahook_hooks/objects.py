@@ -1,6 +1,6 @@
 """Reading the object maps of a request without caring whether the hook is v1 or v2.
 
-A request's `children`, `attachments` and `related` are maps `"Kind.group/version"` → key → object,
+A request's `children`, `attachments`, `related` and (MapController) `outputs` are maps `"Kind.group/version"` → key → object,
 where the key is `name` or `namespace/name` depending on the hook version and on the parent's scope
 (Metacontroller compatibility reference §2.2). Hooks should not depend on that, so the accessors
 here return lists of objects and find objects by their metadata, never by their map key.
@@ -24,7 +24,10 @@ __all__ = [
     "attachments_of",
     "child",
     "children_of",
+    "input_of",
     "object_key",
+    "output",
+    "outputs_of",
     "parent_of",
     "related",
     "related_of",
@@ -62,6 +65,44 @@ def parent_of(request: Mapping[str, Any], *, as_type: type[Any] | None = None) -
     conversion or validation happens, the request dict is returned as is.
     """
     return request["parent"] if "parent" in request else request["object"]
+
+
+@overload
+def input_of(request: Mapping[str, Any]) -> KubeObject: ...
+@overload
+def input_of(request: Mapping[str, Any], *, as_type: type[T]) -> T: ...
+def input_of(request: Mapping[str, Any], *, as_type: type[Any] | None = None) -> Any:
+    """The input object a MapController `map` call is about (one call per input).
+
+    A tombstone or finalize request has no input: asking for one there is a bug in the hook, so it
+    raises a KeyError saying which request it got.
+    """
+    if "input" not in request:
+        raise KeyError("the request has no input: only a MapController map call carries one (tombstone and finalize do not)")
+    return request["input"]
+
+
+@overload
+def outputs_of(request: Mapping[str, Any], type_: str) -> list[KubeObject]: ...
+@overload
+def outputs_of(request: Mapping[str, Any], type_: str, *, as_type: type[T]) -> list[T]: ...
+def outputs_of(request: Mapping[str, Any], type_: str, *, as_type: type[Any] | None = None) -> list[Any]:
+    """Observed outputs of one type (MapController): in a map call, those made for its input; in a
+    tombstone call, the detached ones; in a finalize call, all of the parent's."""
+    return _objects(request, "outputs", type_)
+
+
+@overload
+def output(request: Mapping[str, Any], type_: str, name: str, namespace: str | None = None) -> KubeObject | None: ...
+@overload
+def output(
+    request: Mapping[str, Any], type_: str, name: str, namespace: str | None = None, *, as_type: type[T]
+) -> T | None: ...
+def output(
+    request: Mapping[str, Any], type_: str, name: str, namespace: str | None = None, *, as_type: type[Any] | None = None
+) -> Any:
+    """The output of that type and name (and namespace, if given), or None."""
+    return _find(request, "outputs", type_, name, namespace)
 
 
 @overload

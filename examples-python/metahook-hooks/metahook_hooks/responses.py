@@ -16,10 +16,22 @@ from .wire import (
     HookEvent,
     KubeObject,
     LabelSelector,
+    MapFinalizeResponse,
+    MapResponse,
     RelatedResourceRule,
+    TombstoneResponse,
 )
 
-__all__ = ["composite_response", "customize_response", "decorator_response", "event", "related_rule"]
+__all__ = [
+    "composite_response",
+    "customize_response",
+    "decorator_response",
+    "event",
+    "map_finalize_response",
+    "map_response",
+    "related_rule",
+    "tombstone_response",
+]
 
 EVENT_TYPES = ("Normal", "Warning")
 
@@ -75,6 +87,53 @@ def decorator_response(
                 raise TypeError(f"{field} values must be strings or None (to delete); not for {bad}")
             response[field] = dict(values)  # type: ignore[literal-required]
     _common(response, status, resync_after_seconds, finalized, events)
+    return response
+
+
+def map_response(
+    *,
+    outputs: Iterable[KubeObject],
+    resync_after_seconds: float | None = None,
+    events: Iterable[HookEvent] = (),
+) -> MapResponse:
+    """Answer to a MapController `map` call: the outputs of this one input.
+
+    `outputs` is required because it is this input's complete desired set: one of its outputs left
+    out is deleted (the other inputs' outputs are never touched by this answer).
+    """
+    response: MapResponse = {"outputs": _objects("outputs", outputs)}
+    _common(response, None, resync_after_seconds, False, events)
+    return response
+
+
+def tombstone_response(*, keep: Iterable[KubeObject] = (), resync_after_seconds: float | None = None) -> TombstoneResponse:
+    """Answer to a MapController `tombstone` call: which detached outputs to keep (the rest are deleted).
+
+    Pass the objects as the request shows them (`outputs_of(request, ...)`); only their names are
+    sent back, because the hub leaves kept outputs exactly as they are. With `resync_after_seconds`
+    the hub asks again later, so an output kept for a while can be let go then.
+    """
+    refs: list[KubeObject] = []
+    for obj in _objects("keep", keep):
+        metadata: dict[str, Any] = {"name": obj["metadata"]["name"]}
+        if obj["metadata"].get("namespace"):
+            metadata["namespace"] = obj["metadata"]["namespace"]
+        refs.append({"apiVersion": obj["apiVersion"], "kind": obj["kind"], "metadata": metadata})
+    response: TombstoneResponse = {"outputs": refs}
+    _common(response, None, resync_after_seconds, False, ())
+    return response
+
+
+def map_finalize_response(
+    *,
+    finalized: bool,
+    resync_after_seconds: float | None = None,
+    events: Iterable[HookEvent] = (),
+) -> MapFinalizeResponse:
+    """Answer to a MapController `finalize` call. `finalized=True` lets the parent go (its outputs
+    then go with it, by the garbage collector); False keeps it, asked again later."""
+    response: MapFinalizeResponse = {}
+    _common(response, None, resync_after_seconds, finalized, events)
     return response
 
 

@@ -445,10 +445,11 @@ class HookServer:
         return reply
 
     async def _call(self, fn: Handler, path: str, body: dict[str, Any], trace: TraceParent | None) -> _Reply:
-        # Sync and finalize requests always carry `finalizing`; customize requests, whose responses
-        # have no `events`, do not.
+        # Sync and finalize requests always carry `finalizing`, and MapController map calls an `input`;
+        # customize and tombstone requests, whose responses have no `events`, carry neither.
         parent = _describe_parent(body).get("parent", "")
-        log = RequestLog(path, parent, trace=trace, emit=self._emit, collect_events="finalizing" in body)
+        collect_events = "finalizing" in body or "input" in body
+        log = RequestLog(path, parent, trace=trace, emit=self._emit, collect_events=collect_events)
         token = current().set(log)
         try:
             response = await _invoke(fn, body)
@@ -605,6 +606,8 @@ def _describe_parent(body: Mapping[str, Any]) -> dict[str, Any]:
     fields: dict[str, Any] = {"parent": f"{namespace}/{name}" if namespace else name, "kind": parent.get("kind", "")}
     if "finalizing" in body:
         fields["finalizing"] = bool(body["finalizing"])
+    if isinstance(body.get("mapKey"), str):
+        fields["mapKey"] = body["mapKey"]
     return fields
 
 
