@@ -18,7 +18,13 @@ import type {
   DecoratorResponse,
   HookEvent,
   LabelSelector,
+  MapFinalizeRequest,
+  MapFinalizeResponse,
+  MapRequest,
+  MapResponse,
   RelatedResourceRule,
+  TombstoneRequest,
+  TombstoneResponse,
 } from "./wire.js";
 
 export * from "./wire.js";
@@ -93,8 +99,20 @@ export type Request<
   Related extends ObjectTypes = ObjectTypes,
 > = CompositeRequest<Parent, Children, Related>;
 
-export type HookRequest = CompositeRequest | DecoratorRequest | CustomizeRequest;
-export type HookResponse = CompositeResponse | DecoratorResponse | CustomizeResponse;
+export type HookRequest =
+  | CompositeRequest
+  | DecoratorRequest
+  | CustomizeRequest
+  | MapRequest
+  | TombstoneRequest
+  | MapFinalizeRequest;
+export type HookResponse =
+  | CompositeResponse
+  | DecoratorResponse
+  | CustomizeResponse
+  | MapResponse
+  | TombstoneResponse
+  | MapFinalizeResponse;
 
 // ---- reading a request ------------------------------------------------------------------------
 
@@ -107,10 +125,12 @@ export function objectKey(
   namespace: string | null | undefined,
   name: string,
 ): string | null;
-/** `request.parent` (composite, customize) or `request.object` (decorator), typed as the request declares it. */
+/** `request.parent` (composite, customize, map) or `request.object` (decorator), typed as the request declares it. */
 export function parentOf<Parent extends KubeObject>(request: { parent: Parent }): Parent;
 export function parentOf<Target extends KubeObject>(request: { object: Target }): Target;
 export function parentOf(request: HookRequest): KubeObject;
+/** The input of a MapController `map` call; throws TypeError for a request without one (tombstone, finalize). */
+export function inputOf<Input extends KubeObject>(request: { input: Input }): Input;
 
 /** The object type a request map holds under `Type` (`KubeObject` for an untyped request). */
 type ObjectOf<Maps, Type> = Type extends keyof Maps ? (Maps[Type] extends Record<string, infer O> ? O : never) : never;
@@ -128,6 +148,11 @@ export function relatedOf<Maps extends ObjectMap<any>, Type extends keyof Maps &
   request: { related: Maps },
   type: Type,
 ): ObjectOf<Maps, Type>[];
+/** A MapController's outputs of one type: those of this input (map) or the detached ones (tombstone). */
+export function outputsOf<Maps extends ObjectMap<any>, Type extends keyof Maps & string>(
+  request: { outputs: Maps },
+  type: Type,
+): ObjectOf<Maps, Type>[];
 /** Found by metadata, whatever the keying; throws RangeError if the name is ambiguous across namespaces. */
 export function child<Maps extends ObjectMap<any>, Type extends keyof Maps & string>(
   request: { children: Maps },
@@ -143,6 +168,12 @@ export function attachment<Maps extends ObjectMap<any>, Type extends keyof Maps 
 ): ObjectOf<Maps, Type> | undefined;
 export function related<Maps extends ObjectMap<any>, Type extends keyof Maps & string>(
   request: { related: Maps },
+  type: Type,
+  name: string,
+  namespace?: string,
+): ObjectOf<Maps, Type> | undefined;
+export function output<Maps extends ObjectMap<any>, Type extends keyof Maps & string>(
+  request: { outputs: Maps },
   type: Type,
   name: string,
   namespace?: string,
@@ -172,6 +203,36 @@ export interface DecoratorResponseOptions {
   events?: Iterable<HookEvent>;
 }
 export function decoratorResponse(options?: DecoratorResponseOptions): DecoratorResponse;
+
+export interface MapResponseOptions {
+  /** Required: every output this input should have; one of its outputs left out is deleted. */
+  outputs: Iterable<KubeObject>;
+  resyncAfterSeconds?: number;
+  events?: Iterable<HookEvent>;
+}
+/** Answer to a MapController `map` call (no `status`: the hub aggregates the parent's). */
+export function mapResponse(options: MapResponseOptions): MapResponse;
+
+export interface TombstoneResponseOptions {
+  /**
+   * The detached outputs to keep (observed objects or references); each is reduced to `apiVersion`,
+   * `kind`, `metadata.name` and `metadata.namespace`. The others are deleted. Default: none.
+   */
+  keep?: Iterable<KubeObject | { apiVersion: string; kind: string; metadata: { name: string; namespace?: string } }>;
+  /** Ask again after this many seconds, e.g. when the first kept output is due to go. */
+  resyncAfterSeconds?: number;
+}
+/** Answer to a MapController `tombstone` call: `{outputs: [references to keep]}`; it has no `events`. */
+export function tombstoneResponse(options?: TombstoneResponseOptions): TombstoneResponse;
+
+export interface MapFinalizeResponseOptions {
+  /** The parent may go; emitted only when true. */
+  finalized?: boolean;
+  resyncAfterSeconds?: number;
+  events?: Iterable<HookEvent>;
+}
+/** Answer to a MapController `finalize` call. */
+export function mapFinalizeResponse(options?: MapFinalizeResponseOptions): MapFinalizeResponse;
 
 export function relatedRule(
   apiVersion: string,
@@ -214,7 +275,8 @@ export function conditionStatus(
 export interface HookLog {
   info(message: string): void;
   /**
-   * Also adds `{type: "Warning", reason, message}` to the response's `events` (sync and finalize calls),
+   * Also adds `{type: "Warning", reason, message}` to the response's `events` (sync, finalize and map
+   * calls; not customize or tombstone calls, whose answers have no `events`),
    * which the hub records as an Event on the parent. `reason` defaults to `"HookWarning"`.
    */
   warn(message: string, reason?: string): void;
@@ -273,7 +335,7 @@ export interface HookServer extends Server {
 }
 
 export interface ServerOptions {
-  /** One JSON line per call (time, method, path, status, durationMs, parent, kind, finalizing). */
+  /** One JSON line per call (time, method, path, status, durationMs, parent, kind, mapKey, finalizing). */
   logRequests?: boolean;
   drainSeconds?: number;
   /** Where log lines go (default: stderr). */

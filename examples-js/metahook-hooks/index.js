@@ -13,13 +13,25 @@ export {
   attachmentsOf,
   child,
   childrenOf,
+  inputOf,
   objectKey,
+  output,
+  outputsOf,
   parentOf,
   related,
   relatedOf,
   typeKey,
 } from "./src/objects.js";
-export { compositeResponse, customizeResponse, decoratorResponse, event, relatedRule } from "./src/responses.js";
+export {
+  compositeResponse,
+  customizeResponse,
+  decoratorResponse,
+  event,
+  mapFinalizeResponse,
+  mapResponse,
+  relatedRule,
+  tombstoneResponse,
+} from "./src/responses.js";
 export {
   DEFAULT_PORT,
   DRAIN_SECONDS,

@@ -84,18 +84,24 @@ export function requestLog() {
 
 /**
  * `response` with `warnings` added after its own `events` (a copy: the handler's object may be shared).
- * Customize answers are left alone: they have only `relatedResources`, and strict (v2) decoding would
- * refuse an `events` field, so their warnings are only printed. An `events` that is not an array is
- * left for the hub to refuse, rather than silently replaced.
+ * Only answers that have an `events` field get them: sync, finalize and map answers. Customize answers
+ * (only `relatedResources`) and tombstone answers (only `outputs` and `resyncAfterSeconds`) are left
+ * alone, as strict (v2) decoding would refuse an `events` field: their warnings are only printed. An
+ * `events` that is not an array is left for the hub to refuse, rather than silently replaced.
  */
 export function withWarnings(request, response, warnings) {
-  if (warnings.length === 0 || isCustomize(request)) return response;
+  if (warnings.length === 0 || !answersWithEvents(request)) return response;
   const own = response.events ?? [];
   if (!Array.isArray(own)) return response;
   return { ...response, events: [...own, ...warnings] };
 }
 
-/** A customize request carries only `controller` and `parent`; sync and finalize requests carry more. */
-function isCustomize(request) {
-  return !["children", "attachments", "object", "finalizing"].some((field) => field in request);
+/**
+ * Whether the answer to `request` has an `events` field, told by what the request carries: composite
+ * sync (`children`), decorator (`object`, `attachments`), map (`input`) and every finalize
+ * (`finalizing`) requests do; customize (`controller` and `parent` only) and tombstone (`mapKey` and
+ * `outputs`, no `input`) requests do not.
+ */
+function answersWithEvents(request) {
+  return ["children", "attachments", "object", "input", "finalizing"].some((field) => field in request);
 }

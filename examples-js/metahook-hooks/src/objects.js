@@ -1,10 +1,11 @@
 /**
  * Reading the object maps of a request without caring whether the hook is v1 or v2.
  *
- * A request's `children`, `attachments` and `related` are maps `"Kind.group/version"` → key → object,
- * where the key is `name` or `namespace/name` depending on the hook version and on the parent's
- * scope (Metacontroller compatibility reference §2.2). Hooks should not depend on that, so these
- * accessors return arrays and find objects by their metadata, never by their map key.
+ * A request's `children`, `attachments`, `related` and (MapController) `outputs` are maps
+ * `"Kind.group/version"` → key → object, where the key is `name` or `namespace/name` depending on the
+ * hook version and on the parent's scope (Metacontroller compatibility reference §2.2). Hooks should
+ * not depend on that, so these accessors return arrays and find objects by their metadata, never by
+ * their map key.
  */
 
 /** The outer map key of a type: `Pod.v1` for the core group, `Deployment.apps/v1` otherwise. */
@@ -24,7 +25,7 @@ export function objectKey(version, parentNamespace, namespace, name) {
   return namespace === parentNamespace ? name : null;
 }
 
-/** The object the hook is called for: `parent` (composite, customize) or `object` (decorator). */
+/** The object the hook is called for: `parent` (composite, customize, map) or `object` (decorator). */
 export function parentOf(request) {
   return "parent" in request ? request.parent : request.object;
 }
@@ -35,6 +36,17 @@ export const childrenOf = (request, type) => objectsOf(request, "children", type
 export const attachmentsOf = (request, type) => objectsOf(request, "attachments", type);
 /** Related objects of one type, as selected by the customize hook. */
 export const relatedOf = (request, type) => objectsOf(request, "related", type);
+/** Observed outputs of one type (MapController: the outputs made for this input, or the detached ones). */
+export const outputsOf = (request, type) => objectsOf(request, "outputs", type);
+
+/** The input a MapController `map` call is for. */
+export function inputOf(request) {
+  if (request.input === null || typeof request.input !== "object") {
+    // A tombstone or finalize request has no input: its input is gone, or the parent is.
+    throw new TypeError("the request has no `input`: only a MapController map call has one");
+  }
+  return request.input;
+}
 
 /** The child of that type and name (and namespace, if given), or `undefined`. */
 export const child = (request, type, name, namespace) => find(request, "children", type, name, namespace);
@@ -42,6 +54,8 @@ export const child = (request, type, name, namespace) => find(request, "children
 export const attachment = (request, type, name, namespace) => find(request, "attachments", type, name, namespace);
 /** The related object of that type and name (and namespace, if given), or `undefined`. */
 export const related = (request, type, name, namespace) => find(request, "related", type, name, namespace);
+/** The output of that type and name (and namespace, if given), or `undefined`. */
+export const output = (request, type, name, namespace) => find(request, "outputs", type, name, namespace);
 
 function objectsOf(request, field, type) {
   // The hub sends an entry for every declared type, even an empty one, so a missing entry is
@@ -62,7 +76,7 @@ function find(request, field, type, name, namespace) {
     (obj) => obj.metadata?.name === name && (namespace === undefined || obj.metadata.namespace === namespace),
   );
   if (found.length > 1) {
-    // Only possible under a cluster-scoped parent, whose children may live in several namespaces.
+    // Only possible under a cluster-scoped parent, whose objects may live in several namespaces.
     const namespaces = found.map((obj) => obj.metadata.namespace ?? "").sort();
     throw new RangeError(
       `${found.length} ${type} objects are named "${name}" (namespaces ${namespaces.join(", ")}): pass a namespace`,

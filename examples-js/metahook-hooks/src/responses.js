@@ -52,6 +52,41 @@ export function decoratorResponse({
   return withCommon(response, { status, resyncAfterSeconds, finalized, events });
 }
 
+/**
+ * Answer to a MapController `map` call. `outputs` is required because it is the complete desired set
+ * of this input's outputs: one left out is deleted. No `status`: the hub aggregates the parent's.
+ */
+export function mapResponse({ outputs, resyncAfterSeconds, events = [] } = {}) {
+  if (outputs === undefined) {
+    throw new TypeError(
+      "mapResponse needs `outputs`: the whole desired set for this input (an output of it left out is deleted)",
+    );
+  }
+  return withCommon({ outputs: checkObjects("outputs", outputs) }, { resyncAfterSeconds, events });
+}
+
+/**
+ * Answer to a MapController `tombstone` call: the detached outputs to keep (the others are deleted),
+ * each reduced to the reference the hub reads (`apiVersion`, `kind`, `metadata.name` and `namespace`),
+ * so an observed output can be passed as it is. No `events`: the tombstone answer has none.
+ */
+export function tombstoneResponse({ keep = [], resyncAfterSeconds } = {}) {
+  const refs = checkObjects("keep", keep).map(({ apiVersion, kind, metadata }) => {
+    const ref = { apiVersion, kind, metadata: { name: metadata.name } };
+    if (metadata.namespace) ref.metadata.namespace = metadata.namespace;
+    return ref;
+  });
+  return withCommon({ outputs: refs }, { resyncAfterSeconds });
+}
+
+/**
+ * Answer to a MapController `finalize` call (the parent is being deleted): `finalized: true` lets it go.
+ * Only the fields given are emitted, `finalized` only when true.
+ */
+export function mapFinalizeResponse({ finalized = false, resyncAfterSeconds, events = [] } = {}) {
+  return withCommon({}, { resyncAfterSeconds, finalized, events });
+}
+
 /** One RelatedResourceRule, checked against the combinations the hub refuses (§2.5). */
 export function relatedRule(apiVersion, resource, { labelSelector, namespaceSelector, namespace, names } = {}) {
   if (names !== undefined && (labelSelector !== undefined || namespaceSelector !== undefined)) {
@@ -94,7 +129,7 @@ function checkObjects(field, objects) {
   return list;
 }
 
-function withCommon(response, { status, resyncAfterSeconds, finalized, events }) {
+function withCommon(response, { status, resyncAfterSeconds, finalized = false, events = [] }) {
   if (status !== undefined && status !== null) response.status = { ...status };
   if (resyncAfterSeconds !== undefined) {
     if (typeof resyncAfterSeconds !== "number" || !(resyncAfterSeconds >= 0)) {

@@ -236,7 +236,8 @@ function describeListener(server) {
 
 /**
  * Calls `fn(request, ctx)` and answers with what it returns or throws. Warnings it logs through
- * `ctx.log` (or `requestLog()`) join the response's `events`.
+ * `ctx.log` (or `requestLog()`) join the response's `events` when the answer has that field (sync,
+ * finalize and map answers; not customize or tombstone ones, see `withWarnings`).
  */
 async function call(fn, path, request, res, state, trace) {
   const { ctx, warnings } = callContext(path, request, state.write, trace);
@@ -282,11 +283,15 @@ function hookVersionOf(text) {
   return version;
 }
 
-/** The request log fields naming the object the call is for. */
+/**
+ * The request log fields naming the object the call is for, and for a MapController's map and
+ * tombstone calls the input's map key (its UID, as in the outputs' `metahook.dev/map-key` label).
+ */
 function parentFields(request) {
   const parent = request.parent ?? request.object;
   if (parent === null || typeof parent !== "object") return {};
   const fields = { parent: parentName(request), kind: parent.kind ?? "" };
+  if (typeof request.mapKey === "string") fields.mapKey = request.mapKey;
   if ("finalizing" in request) fields.finalizing = Boolean(request.finalizing);
   return fields;
 }

@@ -4,7 +4,18 @@ import assert from "node:assert/strict";
 import { setTimeout as sleep } from "node:timers/promises";
 import { after, before, test } from "node:test";
 
-import { compositeResponse, customizeResponse, event, requestLog, serve } from "../index.js";
+import {
+  compositeResponse,
+  customizeResponse,
+  event,
+  inputOf,
+  mapFinalizeResponse,
+  mapResponse,
+  outputsOf,
+  requestLog,
+  serve,
+  tombstoneResponse,
+} from "../index.js";
 
 const lines = [];
 const seen = {};
@@ -36,6 +47,18 @@ const ROUTES = {
   "/decorate": (request, ctx) => {
     ctx.log.warn("decorator target");
     return { labels: {} };
+  },
+  "/map": (request, ctx) => {
+    ctx.log.warn(`claim ${inputOf(request).metadata.name} is not bound yet`, "NotBound");
+    return mapResponse({ outputs: [], events: [event("Normal", "Mapped", "ok")] });
+  },
+  "/tombstone": (request, ctx) => {
+    ctx.log.warn("keeping a detached output");
+    return tombstoneResponse({ keep: outputsOf(request, "ConfigMap.v1") });
+  },
+  "/map-finalize": () => {
+    requestLog().warn("finalizing");
+    return mapFinalizeResponse({ finalized: true });
   },
   "/failing": (request, ctx) => {
     ctx.log.warn("about to fail");
@@ -165,4 +188,33 @@ test("a failing call still prints its warnings", async (t) => {
   const { status } = await call("/failing", { parent: parent("p"), children: {}, finalizing: false });
   assert.equal(status, 500);
   assert.equal(lines[0], "hook /failing ns/p: warning HookWarning: about to fail");
+});
+
+test("a map call gets its warnings as events, after its own", async () => {
+  lines.length = 0;
+  const input = { apiVersion: "v1", kind: "PersistentVolumeClaim", metadata: { name: "data", namespace: "ns" } };
+  const { body } = await call("/map", { controller: {}, parent: parent("nightly"), mapKey: "uid-1", input, outputs: {} });
+  assert.deepEqual(body, {
+    outputs: [],
+    events: [
+      { type: "Normal", reason: "Mapped", message: "ok" },
+      { type: "Warning", reason: "NotBound", message: "claim data is not bound yet" },
+    ],
+  });
+  assert.deepEqual(lines, ["hook /map ns/nightly: warning NotBound: claim data is not bound yet"]);
+});
+
+test("tombstone answers get no events (they have no such field); the warning is printed", async () => {
+  lines.length = 0;
+  const kept = { apiVersion: "v1", kind: "ConfigMap", metadata: { name: "gone-snapshots", namespace: "ns", uid: "u" } };
+  const request = { controller: {}, parent: parent("nightly"), mapKey: "uid-2", outputs: { "ConfigMap.v1": { "ns/gone-snapshots": kept } } };
+  const { status, body } = await call("/tombstone", request);
+  assert.equal(status, 200);
+  assert.deepEqual(body, { outputs: [{ apiVersion: "v1", kind: "ConfigMap", metadata: { name: "gone-snapshots", namespace: "ns" } }] });
+  assert.deepEqual(lines, ["hook /tombstone ns/nightly: warning HookWarning: keeping a detached output"]);
+});
+
+test("a MapController finalize call gets its warnings as events", async () => {
+  const { body } = await call("/map-finalize", { controller: {}, parent: parent("nightly"), outputs: {}, finalizing: true });
+  assert.deepEqual(body, { finalized: true, events: [{ type: "Warning", reason: "HookWarning", message: "finalizing" }] });
 });

@@ -7,7 +7,10 @@ import {
   attachmentsOf,
   child,
   childrenOf,
+  inputOf,
   objectKey,
+  output,
+  outputsOf,
   parentOf,
   related,
   relatedOf,
@@ -87,4 +90,46 @@ test("parentOf reads parent for composite and customize requests", () => {
 
 test("a null map entry reads as empty", () => {
   assert.deepEqual(childrenOf({ children: { "Pod.v1": null } }, "Pod.v1"), []);
+});
+
+describe("MapController requests", () => {
+  const pvc = (name) => ({ apiVersion: "v1", kind: "PersistentVolumeClaim", metadata: { name, namespace: "default", uid: `uid-${name}` } });
+  const cm = (name) => ({ apiVersion: "v1", kind: "ConfigMap", metadata: { name, namespace: "default" } });
+  const MAP = {
+    controller: {},
+    parent: PARENT,
+    mapKey: "uid-data",
+    input: pvc("data"),
+    outputs: { "ConfigMap.v1": { "default/data-snapshots": cm("data-snapshots") }, "Secret.v1": {} },
+  };
+  const TOMBSTONE = { controller: {}, parent: PARENT, mapKey: "uid-gone", outputs: { "ConfigMap.v1": { "gone-snapshots": cm("gone-snapshots") } } };
+
+  test("inputOf is the input, parentOf the parent", () => {
+    assert.equal(inputOf(MAP), MAP.input);
+    assert.equal(parentOf(MAP), PARENT);
+  });
+
+  test("inputOf refuses a request without an input (tombstone, finalize)", () => {
+    assert.throws(() => inputOf(TOMBSTONE), { name: "TypeError", message: /no `input`.*map call/ });
+    assert.throws(() => inputOf({ parent: PARENT, outputs: {}, finalizing: true }), TypeError);
+  });
+
+  test("outputsOf and output read the outputs, whatever the keying", () => {
+    assert.deepEqual(outputsOf(MAP, "ConfigMap.v1"), [cm("data-snapshots")]);
+    assert.deepEqual(outputsOf(MAP, "Secret.v1"), []);
+    assert.deepEqual(outputsOf(TOMBSTONE, "ConfigMap.v1"), [cm("gone-snapshots")]);
+    assert.deepEqual(output(MAP, "ConfigMap.v1", "data-snapshots"), cm("data-snapshots"));
+    assert.deepEqual(output(TOMBSTONE, "ConfigMap.v1", "gone-snapshots", "default"), cm("gone-snapshots"));
+    assert.equal(output(MAP, "ConfigMap.v1", "data-snapshots", "other"), undefined);
+    assert.equal(output(MAP, "Secret.v1", "data-snapshots"), undefined);
+  });
+
+  test("an output type missing from the request is named in the error", () => {
+    assert.throws(() => outputsOf(MAP, "ConfigMap/v1"), {
+      name: "RangeError",
+      message: /no outputs of type "ConfigMap\/v1" \(types present: ConfigMap\.v1, Secret\.v1\)/,
+    });
+    assert.throws(() => output(MAP, "Pod.v1", "a"), RangeError);
+    assert.throws(() => childrenOf(MAP, "ConfigMap.v1"), /no children/);
+  });
 });

@@ -2,7 +2,16 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
-import { compositeResponse, customizeResponse, decoratorResponse, event, relatedRule } from "../index.js";
+import {
+  compositeResponse,
+  customizeResponse,
+  decoratorResponse,
+  event,
+  mapFinalizeResponse,
+  mapResponse,
+  relatedRule,
+  tombstoneResponse,
+} from "../index.js";
 
 const POD = { apiVersion: "v1", kind: "Pod", metadata: { name: "a" } };
 
@@ -92,4 +101,65 @@ test("customizeResponse lists related rules", () => {
 test("relatedRule refuses combinations the hub refuses", () => {
   assert.throws(() => relatedRule("v1", "secrets", { names: ["a"], labelSelector: {} }), /names cannot be combined/);
   assert.throws(() => relatedRule("v1", "secrets", { namespace: "a", namespaceSelector: {} }), /namespace cannot be combined/);
+});
+
+const CM = {
+  apiVersion: "v1",
+  kind: "ConfigMap",
+  metadata: { name: "data-snapshots", namespace: "default", uid: "u1", labels: { "metahook.dev/map-key": "k" } },
+  data: { claim: "data" },
+};
+
+test("mapResponse uses wire names and omits what was not given", () => {
+  assert.deepEqual(mapResponse({ outputs: [CM] }), { outputs: [CM] });
+  assert.deepEqual(mapResponse({ outputs: new Set(), resyncAfterSeconds: 60, events: [event("Normal", "Planned", "1 snapshot")] }), {
+    outputs: [],
+    resyncAfterSeconds: 60,
+    events: [{ type: "Normal", reason: "Planned", message: "1 snapshot" }],
+  });
+});
+
+test("mapResponse requires outputs: the whole desired set for the input", () => {
+  assert.throws(() => mapResponse(), /needs `outputs`/);
+  assert.throws(() => mapResponse({ resyncAfterSeconds: 5 }), {
+    name: "TypeError",
+    message: /mapResponse needs `outputs`: the whole desired set for this input/,
+  });
+});
+
+test("mapResponse checks outputs, resync and events", () => {
+  assert.throws(() => mapResponse({ outputs: [CM, { apiVersion: "v1", metadata: { name: "x" } }] }), /outputs\[1\] has no kind/);
+  assert.throws(() => mapResponse({ outputs: [null] }), /outputs\[0\] is null/);
+  assert.throws(() => mapResponse({ outputs: [], resyncAfterSeconds: -1 }), RangeError);
+  assert.throws(() => mapResponse({ outputs: [], events: [{ type: "Info", reason: "X" }] }), /events\[0\]/);
+});
+
+test("tombstoneResponse lists references to keep, and nothing else", () => {
+  assert.deepEqual(tombstoneResponse({ keep: [CM] }), {
+    outputs: [{ apiVersion: "v1", kind: "ConfigMap", metadata: { name: "data-snapshots", namespace: "default" } }],
+  });
+  const clusterScoped = { apiVersion: "v1", kind: "Namespace", metadata: { name: "kept" } };
+  assert.deepEqual(tombstoneResponse({ keep: [clusterScoped], resyncAfterSeconds: 30 }), {
+    outputs: [{ apiVersion: "v1", kind: "Namespace", metadata: { name: "kept" } }],
+    resyncAfterSeconds: 30,
+  });
+  assert.deepEqual(tombstoneResponse(), { outputs: [] }, "keep nothing: every detached output is deleted");
+  assert.deepEqual(tombstoneResponse({}), { outputs: [] });
+});
+
+test("tombstoneResponse refuses what the hub could not match", () => {
+  assert.throws(() => tombstoneResponse({ keep: [{ apiVersion: "v1", kind: "ConfigMap", metadata: {} }] }), /keep\[0\] has no metadata\.name/);
+  assert.throws(() => tombstoneResponse({ keep: ["data-snapshots"] }), /keep\[0\] is string, not an object/);
+  assert.throws(() => tombstoneResponse({ keep: [], resyncAfterSeconds: "soon" }), RangeError);
+});
+
+test("mapFinalizeResponse emits only the fields given, finalized only when true", () => {
+  assert.deepEqual(mapFinalizeResponse({ finalized: true }), { finalized: true });
+  assert.deepEqual(mapFinalizeResponse({ finalized: false }), {});
+  assert.deepEqual(mapFinalizeResponse(), {});
+  assert.deepEqual(mapFinalizeResponse({ resyncAfterSeconds: 10, events: [event("Warning", "Waiting", "2 snapshots busy")] }), {
+    resyncAfterSeconds: 10,
+    events: [{ type: "Warning", reason: "Waiting", message: "2 snapshots busy" }],
+  });
+  assert.throws(() => mapFinalizeResponse({ resyncAfterSeconds: -5 }), RangeError);
 });

@@ -208,14 +208,19 @@ test("requests are logged as JSON lines with the parent and the duration", async
     const parent = { kind: "Greeting", metadata: { name: "p", namespace: "ns" } };
     await (await fetch(`${base}/sync`, { method: "POST", body: JSON.stringify({ parent, finalizing: false }) })).text();
     await (await fetch(`${base}/broken`, { method: "POST", body: JSON.stringify(REQUEST) })).text();
+    const map = { parent: { ...parent, kind: "SnapshotSchedule" }, mapKey: "uid-1", input: {}, outputs: {} };
+    await (await fetch(`${base}/sync`, { method: "POST", body: JSON.stringify(map) })).text();
   } finally {
     await new Promise((resolve) => logged.close(resolve));
   }
-  const [ok, failed] = lines.map((l) => JSON.parse(l));
+  const [ok, failed, mapped] = lines.map((l) => JSON.parse(l));
   assert.deepEqual(
     { method: ok.method, path: ok.path, status: ok.status, parent: ok.parent, kind: ok.kind, finalizing: ok.finalizing },
     { method: "POST", path: "/sync", status: 200, parent: "ns/p", kind: "Greeting", finalizing: false },
   );
+  assert.equal("mapKey" in ok, false);
+  // A MapController's map and tombstone calls also name the input, by its map key.
+  assert.deepEqual([mapped.parent, mapped.kind, mapped.mapKey, "finalizing" in mapped], ["ns/p", "SnapshotSchedule", "uid-1", false]);
   assert.equal(typeof ok.durationMs, "number");
   assert.ok(ok.durationMs >= 0 && ok.time.endsWith("Z"));
   assert.deepEqual([failed.status, failed.error], [500, "TypeError: no replicas in spec"]);

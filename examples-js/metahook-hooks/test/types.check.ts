@@ -9,12 +9,18 @@ import {
   compositeResponse,
   conditionStatus,
   decoratorResponse,
+  inputOf,
+  mapFinalizeResponse,
+  mapResponse,
+  output,
+  outputsOf,
   parentOf,
   relatedOf,
   requestLog,
   runHookOnFixtures,
   serve,
   setCondition,
+  tombstoneResponse,
 } from "../index.js";
 import type {
   CompositeResponse,
@@ -25,8 +31,14 @@ import type {
   HookContext,
   HookLog,
   KubeObject,
+  MapFinalizeRequest,
+  MapFinalizeResponse,
+  MapRequest,
+  MapResponse,
   Request,
   Resource,
+  TombstoneRequest,
+  TombstoneResponse,
 } from "../index.js";
 
 type Greeting = Resource<{ replicas?: number; who: string }, { ready: number; conditions?: Condition[] }>;
@@ -91,10 +103,52 @@ function logged(request: Request<Greeting>, ctx: HookContext): CompositeResponse
   return compositeResponse({ children: [], status: { trace, asNumber } });
 }
 
+// MapController hooks: one input per map call, its outputs by declared type.
+type Schedule = Resource<{ retainDetachedSeconds: number }>;
+type Claim = Resource<{ storageClassName?: string }>;
+type ConfigMap = KubeObject & { data?: Record<string, string> };
+function map(request: MapRequest<Schedule, Claim, { "ConfigMap.v1": ConfigMap }>): MapResponse {
+  const claim: Claim = inputOf(request);
+  const storageClass: string | undefined = claim.spec.storageClassName;
+  const retain: number = parentOf(request).spec.retainDetachedSeconds;
+  const mine: ConfigMap[] = outputsOf(request, "ConfigMap.v1");
+  const previous: ConfigMap | undefined = output(request, "ConfigMap.v1", `${claim.metadata.name}-snapshots`);
+  // @ts-expect-error a misspelt output type key is a compile error
+  outputsOf(request, "ConfigMap/v1");
+  // @ts-expect-error a map request has outputs, not children
+  childrenOf(request, "ConfigMap.v1");
+  // @ts-expect-error the map answer needs its outputs: the whole desired set
+  mapResponse({ resyncAfterSeconds: 5 });
+  const data = { storageClass: storageClass ?? "", retain: String(retain), seen: String(mine.length + (previous ? 1 : 0)) };
+  return mapResponse({ outputs: [{ apiVersion: "v1", kind: "ConfigMap", metadata: { name: "x" }, data }] });
+}
+
+function tombstone(request: TombstoneRequest<Schedule, { "ConfigMap.v1": ConfigMap }>): TombstoneResponse {
+  // @ts-expect-error a tombstone request has no input
+  inputOf(request);
+  // @ts-expect-error a tombstone answer has no events
+  tombstoneResponse({ keep: [], events: [] });
+  return tombstoneResponse({ keep: outputsOf(request, "ConfigMap.v1"), resyncAfterSeconds: 60 });
+}
+
+function finalizeMap(request: MapFinalizeRequest<Schedule>): MapFinalizeResponse {
+  const left: KubeObject[] = outputsOf(request, "anything.v1");
+  return mapFinalizeResponse({ finalized: left.length === 0 });
+}
+
 async function main(): Promise<void> {
   // Typed handlers, sync and async, are routes; options are checked.
   const server = await serve(
-    { "/sync": sync, "/untyped": untyped, "/decorate": decorate, "/customize": customize, "/logged": logged },
+    {
+      "/sync": sync,
+      "/untyped": untyped,
+      "/decorate": decorate,
+      "/customize": customize,
+      "/logged": logged,
+      "/map": map,
+      "/tombstone": tombstone,
+      "/finalize-map": finalizeMap,
+    },
     { logRequests: true, maxBody: 1 << 20 },
   );
   await server.drain();
