@@ -22,7 +22,7 @@ impl Example {
     /// The example in `dir`, its own `hook.py` running; whatever controllers it applies are the test's.
     async fn python(test: &str, dir: &str) -> Self {
         let mut ex = Self::start(test, dir, "python3", &["hook.py"]).await;
-        for kind in ["CompositeController", "DecoratorController"] {
+        for kind in ["CompositeController", "DecoratorController", "MapController"] {
             ex.controllers.push((kind.to_owned(), ex.label.clone()));
         }
         ex
@@ -58,6 +58,10 @@ impl Example {
                 for rule in doc["spec"]["resources"].as_array_mut().into_iter().flatten() {
                     rule["labelSelector"]["matchLabels"]["metahook-test"] = label.clone();
                 }
+            }
+            "MapController" => {
+                doc["metadata"]["name"] = label.clone();
+                doc["spec"]["parentResource"]["labelSelector"]["matchLabels"]["metahook-test"] = label;
             }
             _ => doc["metadata"]["labels"]["metahook-test"] = label,
         }
@@ -383,6 +387,121 @@ async fn applied_tier(namespaces: &Api<Namespace>, name: &str, tier: &str) -> Op
     let ns = namespaces.get(name).await.ok()?;
     (ns.annotations().get("defaults.examples.metahook.dev/applied-tier").map(String::as_str) == Some(tier))
         .then_some(())
+}
+
+// ---- namespace-policies --------------------------------------------------------------------------
+
+const MAP_KEY: &str = "metahook.dev/map-key";
+const PROFILE: &str = "policy.examples.metahook.dev/profile";
+
+/// The `namespace-policy-<policy>` object of `kind` in `namespace`, if there is one.
+async fn policy_output(ex: &Example, kind: &str, namespace: &str, policy: &str) -> Option<DynamicObject> {
+    let api_version = if kind == "NetworkPolicy" { "networking.k8s.io/v1" } else { "v1" };
+    let api = ex.api_in(api_version, kind, Some(namespace)).await;
+    api.get_opt(&format!("namespace-policy-{policy}")).await.unwrap()
+}
+
+/// The team the NetworkPolicy admits (`None`: only its own Namespace's Pods).
+fn admitted_team(policy: &DynamicObject) -> Option<String> {
+    let peers = policy.data["spec"]["ingress"][0]["from"].as_array().expect("ingress peers");
+    peers.iter().find_map(|p| p["namespaceSelector"]["matchLabels"]["team"].as_str().map(str::to_owned))
+}
+
+#[tokio::test]
+async fn namespace_policies_map_each_selected_namespace_to_its_own_outputs_and_keep_quotas_on_release() {
+    let mut ex = Example::python("py-namespace-policies", "examples-python/namespace-policies").await;
+    ex.apply_files(&["crd.yaml", "controller.yaml"]).await;
+    let red = ex.namespace("red", &json!({PROFILE: "restricted", "team": "red"})).await;
+    let blue = ex.namespace("blue", &json!({PROFILE: "restricted", "team": "blue"})).await;
+    let loner = ex.namespace("loner", &json!({PROFILE: "restricted"})).await;
+    let other = ex.namespace("other", &json!({"team": "red"})).await;
+    // The sample policy, renamed for this run and narrowed to this test's namespaces.
+    let mut policy = ex.scoped_docs("policy.yaml").remove(0);
+    let name = format!("{}-restricted", ex.label);
+    policy["metadata"]["name"] = json!(name);
+    policy["spec"]["selector"]["matchLabels"]["metahook-test"] = json!(ex.label);
+    ex.apply(std::slice::from_ref(&policy)).await;
+    let policies = ex.api_in("policy.examples.metahook.dev/v1", "NamespacePolicy", None).await;
+    let policy_uid = uid(&policies.get(&name).await.unwrap());
+    let namespaces = Api::<Namespace>::all(ex.client.clone());
+
+    // Each selected Namespace gets its two outputs, owned by the policy and tagged with the Namespace.
+    for (ns, team) in [(&red, Some("red")), (&blue, Some("blue")), (&loner, None)] {
+        let np = eventually(WAIT, || policy_output(&ex, "NetworkPolicy", ns, &name)).await;
+        assert_eq!(admitted_team(&np).as_deref(), team, "{ns}");
+        let quota = eventually(WAIT, || policy_output(&ex, "ResourceQuota", ns, &name)).await;
+        assert_eq!(quota.data["spec"]["hard"], json!({"pods": "20", "requests.cpu": "4"}));
+        let ns_uid = namespaces.get(ns).await.unwrap().metadata.uid.unwrap();
+        for output in [&np, &quota] {
+            assert_eq!(output.labels().get(MAP_KEY), Some(&ns_uid), "{ns}");
+            let owner = &output.metadata.owner_references.as_ref().unwrap()[0];
+            assert_eq!(
+                (owner.kind.as_str(), owner.uid.as_str(), owner.controller),
+                ("NamespacePolicy", policy_uid.as_str(), Some(true))
+            );
+        }
+    }
+    assert!(policy_output(&ex, "NetworkPolicy", &other, &name).await.is_none(), "an unselected Namespace gets nothing");
+    let counts = |n: usize| json!({"inputs": {"namespaces": {"total": n}}, "outputs": {"networkpolicies": {"total": n}, "resourcequotas": {"total": n}}});
+    eventually(WAIT, || {
+        status_where(&policies, &name, |s| s["inputs"] == counts(3)["inputs"] && s["outputs"] == counts(3)["outputs"])
+    })
+    .await;
+    // The Namespace without a team is reported on the policy (Events of cluster-scoped objects are in `default`).
+    eventually(WAIT, || async {
+        let events = events_for(&ex.client, "default", &policy_uid).await;
+        events
+            .iter()
+            .any(|(t, reason, note)| t == "Warning" && reason == "NoTeam" && note.contains(&loner))
+            .then_some(())
+    })
+    .await;
+
+    // An input that changes rewrites its own outputs only.
+    let blue_np = policy_output(&ex, "NetworkPolicy", &blue, &name).await.unwrap();
+    let relabel = json!({"metadata": {"labels": {"team": "green"}}});
+    namespaces.patch(&red, &PatchParams::default(), &Patch::Merge(&relabel)).await.unwrap();
+    eventually(WAIT, || async {
+        let np = policy_output(&ex, "NetworkPolicy", &red, &name).await?;
+        (admitted_team(&np).as_deref() == Some("green")).then_some(())
+    })
+    .await;
+    let blue_after = policy_output(&ex, "NetworkPolicy", &blue, &name).await.unwrap();
+    assert_eq!(blue_after.metadata.resource_version, blue_np.metadata.resource_version, "blue's outputs untouched");
+
+    // A Namespace released by the policy: its NetworkPolicy goes, its quota stays (the tombstone answer).
+    let release = json!({"metadata": {"labels": {PROFILE: null}}});
+    namespaces.patch(&blue, &PatchParams::default(), &Patch::Merge(&release)).await.unwrap();
+    eventually(WAIT, || async { policy_output(&ex, "NetworkPolicy", &blue, &name).await.is_none().then_some(()) })
+        .await;
+    eventually(WAIT, || status_where(&policies, &name, |s| s["inputs"]["namespaces"]["total"] == 2)).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let kept = policy_output(&ex, "ResourceQuota", &blue, &name).await.expect("the released Namespace's quota is kept");
+    assert_eq!(kept.data["spec"]["hard"]["pods"], "20");
+    // Kept outputs are the policy's still, but nobody's input's: a policy change no longer writes them.
+    merge(&policies, &name, &json!({"spec": {"quota": {"pods": "30", "requests.cpu": "4"}}})).await;
+    for ns in [&red, &loner] {
+        eventually(WAIT, || async {
+            let quota = policy_output(&ex, "ResourceQuota", ns, &name).await?;
+            (quota.data["spec"]["hard"]["pods"] == "30").then_some(())
+        })
+        .await;
+    }
+    let kept_after = policy_output(&ex, "ResourceQuota", &blue, &name).await.expect("still kept");
+    assert_eq!(kept_after.data["spec"]["hard"]["pods"], "20", "a kept output is not written");
+
+    // Without keepQuotaOnRelease, the next release deletes both outputs.
+    merge(&policies, &name, &json!({"spec": {"keepQuotaOnRelease": false}})).await;
+    namespaces.patch(&loner, &PatchParams::default(), &Patch::Merge(&release)).await.unwrap();
+    eventually(WAIT, || async { policy_output(&ex, "ResourceQuota", &loner, &name).await.is_none().then_some(()) })
+        .await;
+    assert!(policy_output(&ex, "NetworkPolicy", &loner, &name).await.is_none());
+    eventually(WAIT, || status_where(&policies, &name, |s| s["inputs"]["namespaces"]["total"] == 1)).await;
+
+    // Deleting the policy deletes what it owns, in every Namespace (the garbage collector's work).
+    policies.delete(&name, &DeleteParams::default()).await.unwrap();
+    eventually(WAIT, || async { policy_output(&ex, "NetworkPolicy", &red, &name).await.is_none().then_some(()) }).await;
+    ex.finish().await;
 }
 
 #[tokio::test]

@@ -741,7 +741,7 @@ pub fn example_docs(path: &str, port: u16, label: &str, namespace: &str) -> Vec<
     let mut docs = Vec::new();
     for mut value in yaml::from_documents::<serde_json::Value>(&text).expect("valid YAML") {
         let kind = value["kind"].as_str().unwrap_or_default().to_owned();
-        if kind == "CompositeController" || kind == "DecoratorController" {
+        if CONTROLLER_KINDS.contains(&kind.as_str()) {
             value["metadata"]["labels"]["metahook-test"] = serde_json::json!(label);
         } else if !CLUSTER_KINDS.contains(&kind.as_str()) && value["metadata"].get("namespace").is_none() {
             value["metadata"]["namespace"] = serde_json::json!(namespace);
@@ -759,7 +759,12 @@ const CLUSTER_KINDS: &[&str] = &[
     "ClusterRoleBinding",
     "CompositeController",
     "DecoratorController",
+    "MapController",
+    "NamespacePolicy",
 ];
+
+/// The kinds of controllers a test hub runs when they carry its label.
+const CONTROLLER_KINDS: &[&str] = &["CompositeController", "DecoratorController", "MapController"];
 
 /// Applies documents in order, installing CRDs first and waiting for them to be served.
 pub async fn apply_docs(client: &Client, docs: &[serde_json::Value]) {
