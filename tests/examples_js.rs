@@ -730,3 +730,106 @@ async fn mtls_example_is_called_over_mutual_tls_with_certificates_from_secrets()
     memos.delete("hello", &DeleteParams::default()).await.unwrap();
     ex.finish().await;
 }
+
+// ---- snapshot-schedule --------------------------------------------------------------------------
+
+/// The label the hub tags every output of a MapController with: its input's UID.
+const MAP_KEY: &str = "metahook.dev/map-key";
+
+/// The snapshot records (the ConfigMaps the hub tagged with a map key) in the test's namespace, by name.
+async fn snapshot_records(config_maps: &Api<DynamicObject>) -> BTreeMap<String, DynamicObject> {
+    let list = config_maps.list(&ListParams::default().labels(MAP_KEY)).await.unwrap();
+    list.items.into_iter().map(|c| (c.metadata.name.clone().unwrap(), c)).collect()
+}
+
+/// The schedule's status once the hub has counted `claims` selected claims and `records` records.
+async fn schedule_counts(schedules: &Api<DynamicObject>, claims: i64, records: i64) -> Value {
+    eventually(WAIT, || async {
+        let status = schedules.get("nightly").await.ok()?.data["status"].clone();
+        (status["inputs"]["persistentvolumeclaims"]["total"] == claims
+            && status["outputs"]["configmaps"]["total"] == records)
+            .then_some(status)
+    })
+    .await
+}
+
+#[tokio::test]
+async fn snapshot_schedule_keeps_a_record_per_selected_claim_and_retains_those_of_claims_gone() {
+    let mut ex = Example::node("snapshot-schedule").await;
+    ex.install_crd().await;
+    ex.apply_controllers(|_| {}).await;
+    // The sample as shipped, its claims given a StorageClass that does not exist: they stay Pending, and
+    // no volume is provisioned for them. It retains the records of a claim that is gone for a week.
+    let mut sample = ex.docs("snapshotschedule.yaml");
+    for claim in sample.iter_mut().filter(|d| d["kind"] == "PersistentVolumeClaim") {
+        claim["spec"]["storageClassName"] = json!("js-examples-no-such-class");
+    }
+    ex.apply(&sample).await;
+    let schedules = ex.api("js.examples.metahook.dev/v1", "SnapshotSchedule").await;
+    let claims = ex.api("v1", "PersistentVolumeClaim").await;
+    let config_maps = ex.api("v1", "ConfigMap").await;
+    let (db0, db1) = ("data-db-0-snapshots", "data-db-1-snapshots");
+
+    // A record per claim labelled `app: db`, none for `scratch`; owned by the schedule, tagged with the
+    // claim's UID; the status counted by the hub.
+    let status = schedule_counts(&schedules, 2, 2).await;
+    let schedule = schedules.get("nightly").await.unwrap();
+    assert_eq!(status["observedGeneration"], json!(schedule.metadata.generation), "{status}");
+    let records = snapshot_records(&config_maps).await;
+    assert_eq!(records.keys().collect::<Vec<_>>(), [db0, db1], "exactly one record per selected claim");
+    for claim_name in ["data-db-0", "data-db-1"] {
+        let claim = claims.get(claim_name).await.unwrap();
+        let record = &records[&format!("{claim_name}-snapshots")];
+        let owners = record.metadata.owner_references.as_deref().unwrap_or_default();
+        assert_eq!(owners.len(), 1, "{owners:?}");
+        assert_eq!((owners[0].kind.as_str(), owners[0].uid.as_str()), ("SnapshotSchedule", uid(&schedule)));
+        assert_eq!(owners[0].controller, Some(true), "the schedule controls its records");
+        assert_eq!(label(record, MAP_KEY), Some(uid(&claim)), "a record is tagged with its claim's UID");
+        assert_eq!(annotation(record, "js.examples.metahook.dev/claim"), Some(claim_name));
+        assert_eq!(
+            record.data["data"],
+            json!({"claim": claim_name, "claimUID": uid(&claim), "storageClassName": "js-examples-no-such-class",
+                   "requestedStorage": "1Gi", "intervalSeconds": "86400"})
+        );
+    }
+
+    // `data-db-0` no longer selected: its record is detached, and the tombstone hook keeps it (a week's
+    // retention) as it was; a hub without that answer would delete it in this sync.
+    let relabel = Patch::Merge(json!({"metadata": {"labels": {"app": "archived"}}}));
+    claims.patch("data-db-0", &PatchParams::default(), &relabel).await.unwrap();
+    let status = eventually(WAIT, || async {
+        let status = schedules.get("nightly").await.ok()?.data["status"].clone();
+        (status["inputs"]["persistentvolumeclaims"]["total"] == 1).then_some(status)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let kept = config_maps.get(db0).await.unwrap();
+    assert_eq!(kept.metadata.resource_version, records[db0].metadata.resource_version, "kept as it was");
+    assert_eq!(label(&kept, MAP_KEY), label(&records[db0], MAP_KEY), "and still tagged with its claim");
+    assert_eq!(status["outputs"]["configmaps"]["total"], 2, "a kept record is still the schedule's: {status}");
+
+    // Retention shortened to end 5 s from now: the hook keeps the record and asks to be called again when
+    // it is due (`resyncAfterSeconds`); then it goes, by that call alone. The attached record stays.
+    let created = kept.metadata.creation_timestamp.as_ref().unwrap().0.as_second();
+    let age = k8s_openapi::jiff::Timestamp::now().as_second() - created;
+    let retain = |seconds: i64| Patch::Merge(json!({"spec": {"retainDetachedSeconds": seconds}}));
+    let shortened = tokio::time::Instant::now();
+    schedules.patch("nightly", &PatchParams::default(), &retain(age + 5)).await.unwrap();
+    eventually(WAIT, || async { config_maps.get_opt(db0).await.unwrap().is_none().then_some(()) }).await;
+    let waited = shortened.elapsed();
+    assert!(
+        waited >= Duration::from_secs(2),
+        "the record went {waited:?} after the change, before its retention ended"
+    );
+    schedule_counts(&schedules, 1, 1).await;
+    assert_eq!(config_maps.get(db1).await.unwrap().metadata.uid, records[db1].metadata.uid);
+
+    // Retention off: the record of a deleted claim goes with it.
+    schedules.patch("nightly", &PatchParams::default(), &retain(0)).await.unwrap();
+    claims.delete("data-db-1", &DeleteParams::default()).await.unwrap();
+    schedule_counts(&schedules, 0, 0).await;
+    assert!(snapshot_records(&config_maps).await.is_empty(), "no record is left");
+    assert!(claims.get_opt("scratch").await.unwrap().is_some(), "the unselected claim was never touched");
+    ex.assert_no_warnings("nightly").await;
+    ex.finish().await;
+}
