@@ -22,7 +22,7 @@ node-down: ## stop the real node and undo what it did to the machine (mounts, cg
 
 # ---- the two commands of the README -------------------------------------------------------------
 
-.PHONY: demo install-check test fmt-check clippy deny doc docs docs-gen unit integration chaos bench bench-requests bench-hooks crds hook-libs hook-types hook-wire-types image chart-readme failover shards
+.PHONY: demo install-check test fmt-check clippy deny doc docs docs-gen unit integration chaos bench bench-map bench-requests bench-hooks crds hook-libs hook-types hook-wire-types image chart-readme failover shards
 
 demo: ## the hello-world controller end to end on the local control plane
 	@bash examples-python/hello-world/demo.sh
@@ -99,6 +99,9 @@ chaos: cluster-up ## the fault suite, long: 20 hub kills during a 200-parent rol
 bench: cluster-up ## fanout benchmark vs raw clients, the Metacontroller mix and Metacontroller (MC_SRC= or MC_BIN=), goals table, then hook call overhead (release; N=, RUNS=, FRESH=0, MEM=1 [SHARDS=1,2,3], IDLE=, LATENCY=, RESTARTS=, RESYNC=, HUB_BIN=, BASELINE_BIN=, SYSTEMS=, HUB_CONFIG=)
 	cargo test --release --locked --test bench -- --full
 	@if [ "$${MEM:-0}" != 1 ]; then cargo bench --locked --bench hooks; fi
+
+bench-map: cluster-up ## a MapController vs the same controller as a CompositeController+customize: one parent, N=1000 inputs, hook calls, bytes and writes per one-input change (CHANGES=, FRESH=0)
+	cargo test --release --locked --test bench-map -- --full
 
 bench-requests: cluster-up ## what one request of each kind the fanout systems make costs the API server and etcd (CPU ms; N=)
 	python3 tests/bench/request_costs.py
