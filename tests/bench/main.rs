@@ -46,6 +46,7 @@
 
 mod mcmix;
 mod metacontroller;
+mod plane;
 #[path = "../support/mod.rs"]
 mod support;
 
@@ -382,18 +383,7 @@ fn phase(system: System, what: &str) {
 /// Metacontroller 48.7 s first and 69.6 s third), a client for it, and the CRDs installed again.
 async fn fresh_control_plane(settings: &Settings, system: System) -> Client {
     phase(system, "a fresh control plane");
-    let log = support::repo_root().join("target/bench/control-planes.log");
-    for script in ["down.sh", "up.sh"] {
-        let stderr = std::fs::OpenOptions::new().create(true).append(true).open(&log).unwrap();
-        let status = tokio::process::Command::new("bash")
-            .arg(support::repo_root().join("tests/cluster").join(script))
-            .stdout(std::process::Stdio::null())
-            .stderr(stderr)
-            .status()
-            .await
-            .unwrap_or_else(|e| panic!("running tests/cluster/{script}: {e}"));
-        assert!(status.success(), "tests/cluster/{script} failed; see {}", log.display());
-    }
+    plane::restart().await;
     let client = Client::try_from(support::config().await).expect("a client for the fresh control plane");
     support::install_crds(&client, CRD).await;
     match system.controller_crds(settings) {
@@ -1188,23 +1178,14 @@ async fn hub_times(port: u16) -> BTreeMap<String, (f64, f64)> {
 
 /// Write and read requests on ConfigMaps and BenchThing status, as the API server counts them.
 async fn api_requests(client: &Client) -> BTreeMap<String, u64> {
-    let request = http::Request::get("/metrics").body(Vec::new()).unwrap();
-    let text = client.request_text(request).await.unwrap_or_default();
     let mut totals = BTreeMap::new();
-    for line in text.lines().filter(|l| l.starts_with("apiserver_request_total{")) {
-        let Some((labels, value)) = line.rsplit_once(' ') else { continue };
-        let label = |name: &str| {
-            labels.split(&format!("{name}=\"")).nth(1).and_then(|rest| rest.split('"').next()).unwrap_or_default()
-        };
-        let count: u64 = value.parse::<f64>().unwrap_or(0.0) as u64;
-        let (resource, subresource, verb) = (label("resource"), label("subresource"), label("verb"));
-        let write = matches!(verb, "POST" | "PUT" | "PATCH" | "APPLY" | "DELETE");
-        let kind = match (resource, subresource, write, verb) {
-            ("configmaps", "", true, _) | ("benchthings", "status", true, _) => "writes",
-            ("configmaps" | "benchthings", "", false, "GET") => "reads",
+    for requests in plane::request_totals(client).await {
+        let kind = match (requests.resource.as_str(), requests.subresource.as_str(), requests.writes()) {
+            ("configmaps", "", true) | ("benchthings", "status", true) => "writes",
+            ("configmaps" | "benchthings", "", false) if requests.verb == "GET" => "reads",
             _ => continue,
         };
-        *totals.entry(kind.to_owned()).or_insert(0) += count;
+        *totals.entry(kind.to_owned()).or_insert(0) += requests.count;
     }
     totals
 }

@@ -24,6 +24,7 @@
 //!
 //! Run by `cargo test` with no arguments it does a smoke-sized run (N=20, 2 changes, one control plane).
 
+mod plane;
 #[path = "../support/mod.rs"]
 mod support;
 
@@ -200,18 +201,8 @@ impl Hook {
 
 /// ConfigMap writes the API server has counted so far.
 async fn configmap_writes(client: &Client) -> u64 {
-    let request = http::Request::get("/metrics").body(Vec::new()).unwrap();
-    let text = client.request_text(request).await.unwrap_or_default();
-    let mut total = 0;
-    for line in text.lines().filter(|l| l.starts_with("apiserver_request_total{")) {
-        let Some((labels, value)) = line.rsplit_once(' ') else { continue };
-        let write =
-            ["POST", "PUT", "PATCH", "APPLY", "DELETE"].iter().any(|v| labels.contains(&format!("verb=\"{v}\"")));
-        if write && labels.contains("resource=\"configmaps\"") && labels.contains("subresource=\"\"") {
-            total += value.parse::<f64>().unwrap_or(0.0) as u64;
-        }
-    }
-    total
+    let totals = plane::request_totals(client).await.into_iter();
+    totals.filter(|r| r.resource == "configmaps" && r.subresource.is_empty() && r.writes()).map(|r| r.count).sum()
 }
 
 /// The outputs' resourceVersions and values, by name.
@@ -233,19 +224,7 @@ async fn outputs(configmaps: &Api<DynamicObject>) -> BTreeMap<String, (String, S
 async fn control_plane(settings: &Settings, system: System) -> Client {
     if settings.fresh {
         eprintln!("[bench-map] {}: a fresh control plane", system.name());
-        let log = support::repo_root().join("target/bench/control-planes.log");
-        std::fs::create_dir_all(log.parent().unwrap()).unwrap();
-        for script in ["down.sh", "up.sh"] {
-            let stderr = std::fs::OpenOptions::new().create(true).append(true).open(&log).unwrap();
-            let status = tokio::process::Command::new("bash")
-                .arg(support::repo_root().join("tests/cluster").join(script))
-                .stdout(std::process::Stdio::null())
-                .stderr(stderr)
-                .status()
-                .await
-                .unwrap_or_else(|e| panic!("running tests/cluster/{script}: {e}"));
-            assert!(status.success(), "tests/cluster/{script} failed; see {}", log.display());
-        }
+        plane::restart().await;
     }
     let client = Client::try_from(support::config().await).expect("a client for the control plane");
     support::install_crds(&client, CRD).await;
