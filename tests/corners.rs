@@ -193,20 +193,31 @@ async fn keep_owner_references(w: &World) -> String {
     name
 }
 
-/// Corner 3: a Recreate delete re-reads the parent (and so does every child write). The parent is
-/// deleted with `--cascade=orphan` while its hook thinks about a change that recreates its Pod and
-/// updates its ConfigMap. The user asked to keep the children: the Pod is not deleted, and neither child
-/// is written after the delete. (The garbage collector is held from orphaning them by a policy, so the
-/// children still name the parent when the answer comes: what the hub must read is the parent.)
+/// Corner 3: a parent deleted with `--cascade=orphan` while its hook thinks about a change to its Pod and
+/// its ConfigMap. The user asked to keep the children: the Pod is not deleted, and neither child is
+/// written after the delete. (The garbage collector is held from orphaning them by a policy, so the
+/// children still name the parent when the answer comes: what the hub must look at is the parent.)
+/// Under `Recreate` the change deletes the Pod, so the hub reads the parent from the API server first.
 #[tokio::test]
 async fn children_of_a_parent_deleted_with_orphan_during_a_slow_hook_are_kept_as_they_are() {
-    let w = World::new("corner-orphan", GATED).await;
+    orphaned_during_a_slow_hook("corner-orphan", "Recreate").await;
+}
+
+/// Corner 3 where the change only updates in place: the hub looks at the parent in its cache (no read
+/// from the API server), which by the time the answer comes shows the deletion; nothing is written.
+#[tokio::test]
+async fn children_updated_in_place_of_a_parent_deleted_with_orphan_during_a_slow_hook_are_kept_as_they_are() {
+    orphaned_during_a_slow_hook("corner-orphan-inplace", "InPlace").await;
+}
+
+async fn orphaned_during_a_slow_hook(name: &str, pod_method: &str) {
+    let w = World::new(name, GATED).await;
     let gate_dir = tempfile::tempdir().unwrap();
     let gate = gate_dir.path().join("answer");
     controller(
         &w,
         json!({}),
-        json!([{"apiVersion": "v1", "resource": "pods", "updateStrategy": {"method": "Recreate"}},
+        json!([{"apiVersion": "v1", "resource": "pods", "updateStrategy": {"method": pod_method}},
                {"apiVersion": "v1", "resource": "configmaps", "updateStrategy": {"method": "InPlace"}}]),
     )
     .await;

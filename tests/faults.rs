@@ -928,3 +928,59 @@ async fn a_delete_that_finds_the_child_gone_or_replaced_claims_nothing() {
     assert!(applier.delete(&resource, &as_dynamic(&changed)).await.unwrap(), "as observed now: deleted");
     ns.delete().await;
 }
+
+/// The update that lets a sync skip reading its parent: a child's apply names the resourceVersion it was
+/// observed at. A sync that only updates children checks its parent in the cache, which may not show an
+/// orphaning delete yet; the garbage collector may by then have taken the owner reference off the
+/// child the hook was shown. That apply must not put the reference back (the collector would delete
+/// the child the user asked to keep, its owner being gone): it is refused as stale, and the child stays
+/// as the collector left it. The real collector orphans it here.
+#[tokio::test]
+async fn an_update_planned_before_the_collector_orphaned_a_child_does_not_give_it_back_its_owner() {
+    let _api = API_SERVER.read().await;
+    let client = support::client().await;
+    let ns = support::TestNamespace::create(&client, "orphaned-update").await;
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns.name);
+    let resource = metahook::cache::discovery::ResolvedResource {
+        api_resource: kube::core::ApiResource::erase::<ConfigMap>(&()),
+        namespaced: true,
+        has_status: false,
+    };
+    let applier = metahook::write::apply::Applier::new(client.clone(), "metahook".into());
+    let parent = cms
+        .create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "parent"}})).unwrap())
+        .await
+        .unwrap();
+    let owner = json!({"apiVersion": "v1", "kind": "ConfigMap", "name": "parent", "uid": parent.uid(),
+                       "controller": true, "blockOwnerDeletion": true});
+    let desired = |v: &str| {
+        json!({"apiVersion": "v1", "kind": "ConfigMap",
+               "metadata": {"name": "child", "namespace": ns.name, "ownerReferences": [owner]}, "data": {"v": v}})
+    };
+    let nothing = metahook::write::apply::ADOPTS_NOTHING;
+    let method = metahook::api::UpdateMethod::InPlace;
+    let created = applier.apply(&resource, &desired("1"), None, method, nothing, || false).await.unwrap();
+    assert!(matches!(created, metahook::write::apply::Applied::Created { .. }));
+    let observed: DynamicObject =
+        serde_json::from_value(serde_json::to_value(cms.get("child").await.unwrap()).unwrap()).unwrap();
+    assert_eq!(observed.owner_references().len(), 1, "the child names its parent");
+
+    let orphan =
+        DeleteParams { propagation_policy: Some(kube::api::PropagationPolicy::Orphan), ..DeleteParams::default() };
+    cms.delete("parent", &orphan).await.unwrap();
+    let orphaned = eventually(WAIT, || async {
+        let child = cms.get("child").await.unwrap();
+        (cms.get_opt("parent").await.unwrap().is_none() && child.owner_references().is_empty()).then_some(child)
+    })
+    .await;
+
+    let refused = applier.apply(&resource, &desired("2"), Some(&observed), method, nothing, || false).await;
+    assert!(matches!(&refused, Err(e) if e.is_stale()), "an apply over the orphaning is refused: {refused:?}");
+    // Had it put the reference back, the collector would delete the child: give it the time to.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let kept = cms.get("child").await.unwrap();
+    assert_eq!(kept.uid(), orphaned.uid(), "the child the user kept is there");
+    assert!(kept.owner_references().is_empty(), "and has no owner");
+    assert_eq!(kept.resource_version(), orphaned.resource_version(), "nor was it written");
+    ns.delete().await;
+}

@@ -27,7 +27,12 @@
 //! object the hub does not own:
 //! - an object the hub observed is applied with its `metadata.uid`: if it was deleted (or deleted and
 //!   re-created by someone else) since, the API server refuses (409 "uid mismatch", or 422 because a
-//!   UID is immutable) instead of creating or overwriting it;
+//!   UID is immutable) instead of creating or overwriting it. It also carries the observed
+//!   `metadata.resourceVersion` (alone it would not do: apply ignores it when it creates), so an object
+//!   changed since it was observed is refused (409) and compared again on the next sync — among those
+//!   changes the garbage collector's removal of the owner reference after a `--cascade=orphan`, which
+//!   an apply planned before it would undo (this is what lets a sync that only creates and updates
+//!   skip reading its parent first: see `crate::engine::sync`);
 //! - an object the hub did not observe is applied with `metadata.resourceVersion: "1"`. The API server
 //!   ignores a resourceVersion when apply creates an object, and treats it as a precondition when the
 //!   object exists; no object can be at revision 1 (etcd's first write is revision 2), so an existing
@@ -306,9 +311,17 @@ impl Applier {
                 Err(source) => Err(ApplyError::Delete { kind: kind(), key, source }),
             };
         }
-        let result = match api.patch(&key.name, &self.params(), &Patch::Apply(&body)).await {
+        // In place, only over the object as observed (its resourceVersion): the garbage collector
+        // takes the owner reference off every child of a parent deleted with `--cascade=orphan`, and an
+        // apply planned before that would put it back — on a child the user asked to keep, whose owner
+        // is gone, which the collector would then delete. Any change since (that one included) is a
+        // quiet retry on what the cache shows next.
+        let exact = with_precondition_version(&body, observed);
+        let result = match api.patch(&key.name, &self.params(), &Patch::Apply(&exact)).await {
             Ok(result) => result,
-            Err(kube::Error::Api(status)) if replaced(&status) => return Err(ApplyError::Stale { kind: kind(), key }),
+            Err(kube::Error::Api(status)) if replaced(&status) || moved_on(&status) => {
+                return Err(ApplyError::Stale { kind: kind(), key });
+            }
             Err(source) => return Err(ApplyError::Apply { kind: kind(), key, source }),
         };
         let outcome = if observed.metadata.resource_version == result.metadata.resource_version {

@@ -529,6 +529,22 @@ impl<'a> Plan<'a> {
         self.planned_seen_by(applier, observer).next().is_some()
     }
 
+    /// Whether carrying out the plan deletes, or writes where no owner reference guards the write, so
+    /// that it must first read its parent from the API server: a deletion (of a child no longer
+    /// desired, or one an update `Recreate`s), or any write of a `crossNamespace` type (a child in
+    /// another namespace carries only a label). The other writes guard themselves: a create carries
+    /// an owner reference with the parent's UID (the garbage collector deletes a child whose owner is
+    /// gone), and an update the child's observed resourceVersion (refused if the collector orphaned it
+    /// since; see [`crate::write::apply`]).
+    #[must_use]
+    pub fn needs_parent_read(&self, applier: &Applier, observer: &dyn WriteObserver) -> bool {
+        self.planned_seen_by(applier, observer).any(|write| match write {
+            PlannedWrite::Delete(..) => true,
+            PlannedWrite::Create(index, _) => self.types[index].cross_namespace,
+            PlannedWrite::Update(index, _) => self.types[index].cross_namespace || self.types[index].method.recreates(),
+        })
+    }
+
     /// The writes carrying out the plan makes, one per child: deletions first, then each desired child
     /// that is missing or not current (by [`Applier::is_current`]). What `metahook diff` reports, so a
     /// preview names exactly the children a sync of a cache that is not behind writes.

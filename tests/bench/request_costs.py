@@ -35,6 +35,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 N = int(os.environ.get("N", "2000"))
 THREADS = 5
 LOCAL = threading.local()
+CRD = {
+    "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+    "metadata": {"name": "benchthings.bench.metahook.dev"},
+    "spec": {"group": "bench.metahook.dev", "scope": "Namespaced",
+             "names": {"kind": "BenchThing", "plural": "benchthings", "singular": "benchthing"},
+             "versions": [{"name": "v1", "served": True, "storage": True, "subresources": {"status": {}},
+                           "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}}}]},
+}
 
 
 def kubeconfig():
@@ -96,9 +104,14 @@ class Api:
 def measure(send):
     """Sends request `i` for every i < N from THREADS threads: (API server ms, etcd ms, latency ms) per request."""
 
+    failures = []
+
     def work(first):
-        for i in range(first, N, THREADS):
-            send(i)
+        try:
+            for i in range(first, N, THREADS):
+                send(i)
+        except BaseException as e:  # a failed request ends the run: a figure over part of N would lie
+            failures.append(e)
 
     threads = [threading.Thread(target=work, args=(t,)) for t in range(THREADS)]
     apiserver, etcd = cluster_pid("kube-apiserver"), cluster_pid("etcd")
@@ -108,6 +121,8 @@ def measure(send):
     for thread in threads:
         thread.join()
     elapsed = time.monotonic() - started
+    if failures:
+        sys.exit(f"a request failed: {failures[0]!r}")
     return (
         (cpu_seconds(apiserver) - api0) * 1000 / N,
         (cpu_seconds(etcd) - etcd0) * 1000 / N,
@@ -118,17 +133,26 @@ def measure(send):
 def main():
     with tempfile.TemporaryDirectory() as directory:
         api = Api(*tls_context(kubeconfig(), directory))
+        # The bench's parent type (tests/bench/main.rs installs the same on a fresh control plane).
+        api.request("PATCH", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/benchthings.bench.metahook.dev"
+                    "?fieldManager=bench-driver&force=true", CRD, "application/apply-patch+yaml")
+        for _ in range(100):
+            crd = api.request("GET", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/benchthings.bench.metahook.dev")
+            if any(c["type"] == "Established" and c["status"] == "True" for c in crd.get("status", {}).get("conditions", [])):
+                break
+            time.sleep(0.1)
         ns = f"request-costs-{int(time.time())}"
         api.request("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
         parents = f"/apis/bench.metahook.dev/v1/namespaces/{ns}/benchthings"
         configmaps = f"/api/v1/namespaces/{ns}/configmaps"
-        uids = {}
+        uids, versions = {}, {}
 
         def create_parent(i):
             body = {"apiVersion": "bench.metahook.dev/v1", "kind": "BenchThing", "metadata": {"name": f"p{i}"},
                     "spec": {"version": "1"}}
             created = api.request("PATCH", f"{parents}/p{i}?fieldManager=bench-driver", body, "application/apply-patch+yaml")
             uids[i] = created["metadata"]["uid"]
+            versions[i] = created["metadata"]["resourceVersion"]
 
         def child(i, c, **meta):
             metadata = {"name": f"p{i}-{c}", "namespace": ns, "labels": {"controller-uid": uids[i]},
@@ -151,15 +175,23 @@ def main():
             annotations = {"metacontroller.k8s.io/last-applied-configuration": json.dumps(desired)}
             api.request("POST", configmaps, child(i, 2, annotations=annotations))
 
+        def status(i, patch, content_type):
+            written = api.request("PATCH", f"{parents}/p{i}/status", patch, content_type)
+            versions[i] = written["metadata"]["resourceVersion"]
+
         def status_json_patch(i):
             patch = [{"op": "test", "path": "/metadata/uid", "value": uids[i]},
                      {"op": "add", "path": "/status", "value": {"version": "2", "observedGeneration": 1}}]
-            api.request("PATCH", f"{parents}/p{i}/status", patch, "application/json-patch+json")
+            status(i, patch, "application/json-patch+json")
+
+        def status_merge_patch_version(i):
+            patch = {"metadata": {"resourceVersion": versions[i]}, "status": {"version": "4", "observedGeneration": 1}}
+            status(i, patch, "application/merge-patch+json")
 
         def status_get_put(i):
             current = api.request("GET", f"{parents}/p{i}")
             current["status"] = {"version": "3", "observedGeneration": 1}
-            api.request("PUT", f"{parents}/p{i}/status", current)
+            versions[i] = api.request("PUT", f"{parents}/p{i}/status", current)["metadata"]["resourceVersion"]
 
         kinds = [
             ("GET of the parent (hub: before creating children)", lambda i: api.request("GET", f"{parents}/p{i}")),
@@ -168,11 +200,14 @@ def main():
              lambda i: apply(i, 1, "metahook", child(i, 1, annotations={"metahook.dev/applied": applied_hash(i, 1)},
                                                       resourceVersion="1"))),
             ("create, POST (Metacontroller: + last-applied annotation)", post_as_metacontroller),
-            ("status, merge patch (raw)", lambda i: api.request(
-                "PATCH", f"{parents}/p{i}/status", {"status": {"version": "1", "observedGeneration": 1}},
-                "application/merge-patch+json")),
+            ("status, merge patch (raw)", lambda i: status(i, {"status": {"version": "1", "observedGeneration": 1}}, "application/merge-patch+json")),
             ("status, JSON patch testing the UID (hub)", status_json_patch),
             ("status, GET + PUT of the subresource (Metacontroller)", status_get_put),
+            ("status, merge patch naming the observed resourceVersion (hub candidate)", status_merge_patch_version),
+            ("status, merge patch (raw), again", lambda i: status(i, {"status": {"version": "5", "observedGeneration": 1}}, "application/merge-patch+json")),
+            ("status, JSON patch testing the UID (hub), again", lambda i: status(i, [{"op": "test", "path": "/metadata/uid", "value": uids[i]},
+                         {"op": "add", "path": "/status", "value": {"version": "6", "observedGeneration": 1}}],
+                "application/json-patch+json")),
         ]
         try:
             measure(create_parent)
