@@ -289,8 +289,9 @@ pub fn map_key_of(output: &DynamicObject) -> Option<&str> {
 /// The parent as a MapController's hooks see it: without its `status` and `metadata.resourceVersion`.
 /// The status is the hub's own count, not the hook's; shown, every status write would change every
 /// input's request, and each would be asked again after each write of the counts (a loop, N calls per
-/// sync). Hiding it is what makes a change of one input cost one call; the identity of a request then
-/// covers exactly what it shows (see [`content_version`]).
+/// sync). Hiding it is what makes a change of one input ask only that input (one call, and one more for
+/// the echo of its output's write, as for every kind); the identity of a request then covers exactly
+/// what it shows (see [`content_version`]).
 #[must_use]
 pub fn parent_for_hooks(parent: &DynamicObject) -> Value {
     let mut shown = for_hooks(parent);
