@@ -886,6 +886,30 @@ async fn the_create_precondition_holds_on_this_api_server() {
     ns.delete().await;
 }
 
+/// The hub's applier over the ConfigMaps of a namespace of the test's own: single writes, as a sync
+/// makes them, without a controller around them.
+struct ConfigMapWrites {
+    ns: support::TestNamespace,
+    cms: Api<ConfigMap>,
+    resource: metahook::cache::discovery::ResolvedResource,
+    applier: metahook::write::apply::Applier,
+}
+
+impl ConfigMapWrites {
+    async fn new(test: &str) -> Self {
+        let client = support::client().await;
+        let ns = support::TestNamespace::create(&client, test).await;
+        let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns.name);
+        let resource = metahook::cache::discovery::ResolvedResource {
+            api_resource: kube::core::ApiResource::erase::<ConfigMap>(&()),
+            namespaced: true,
+            has_status: false,
+        };
+        let applier = metahook::write::apply::Applier::new(client, "metahook".into());
+        Self { ns, cms, resource, applier }
+    }
+}
+
 /// A child deleted by someone else (the garbage collector, a user) while the hub deletes it too: the
 /// hub's delete reports that it deleted nothing, so the other deletion's watch event is not taken for the
 /// echo of the hub's own write (under `sync-on-own-writes: "false"` an echo is not synced, and the parent
@@ -894,15 +918,7 @@ async fn the_create_precondition_holds_on_this_api_server() {
 #[tokio::test]
 async fn a_delete_that_finds_the_child_gone_or_replaced_claims_nothing() {
     let _api = API_SERVER.read().await;
-    let client = support::client().await;
-    let ns = support::TestNamespace::create(&client, "delete-gone").await;
-    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns.name);
-    let resource = metahook::cache::discovery::ResolvedResource {
-        api_resource: kube::core::ApiResource::erase::<ConfigMap>(&()),
-        namespaced: true,
-        has_status: false,
-    };
-    let applier = metahook::write::apply::Applier::new(client.clone(), "metahook".into());
+    let ConfigMapWrites { ns, cms, resource, applier } = ConfigMapWrites::new("delete-gone").await;
     let create = |name: &str| {
         serde_json::from_value::<ConfigMap>(json!({"metadata": {"name": name, "namespace": ns.name}})).unwrap()
     };
@@ -938,15 +954,7 @@ async fn a_delete_that_finds_the_child_gone_or_replaced_claims_nothing() {
 #[tokio::test]
 async fn an_update_planned_before_the_collector_orphaned_a_child_does_not_give_it_back_its_owner() {
     let _api = API_SERVER.read().await;
-    let client = support::client().await;
-    let ns = support::TestNamespace::create(&client, "orphaned-update").await;
-    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns.name);
-    let resource = metahook::cache::discovery::ResolvedResource {
-        api_resource: kube::core::ApiResource::erase::<ConfigMap>(&()),
-        namespaced: true,
-        has_status: false,
-    };
-    let applier = metahook::write::apply::Applier::new(client.clone(), "metahook".into());
+    let ConfigMapWrites { ns, cms, resource, applier } = ConfigMapWrites::new("orphaned-update").await;
     let parent = cms
         .create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "parent"}})).unwrap())
         .await
