@@ -48,8 +48,8 @@ use crate::engine::worker::{Synced, Syncer, controller_queue, resync_period, run
 use crate::hooks::{ControllerHooks, Endpoint, HookError, HookEvent, ObjectMaps};
 use crate::write::apply::{Applier, ApplyError};
 use crate::write::children::{
-    ChildMap, ChildType, DeletionGuard, Executed, Plan, WriteObserver, deleted_version, live_parent, request_map,
-    resources,
+    ChildMap, ChildType, DeletionGuard, Executed, Plan, WriteObserver, Writes, deleted_version, live_parent,
+    request_map, resources,
 };
 
 /// What a controller kind supplies to the engine's sync.
@@ -941,7 +941,11 @@ async fn act_on_children<C: Kind>(
     let applier = &core.hub.applier;
     let before_writes = before.is_some_and(|b| b.writes(applier));
     let journal = Journal { core, key };
-    if gc_finalizing(obj) || !(before_writes || plan.writes(applier, &journal)) {
+    if gc_finalizing(obj) {
+        return Ok(Some(Executed::default()));
+    }
+    let writes = plan.writes(applier, &journal);
+    if !before_writes && writes == Writes::Nothing {
         return Ok(Some(Executed::default()));
     }
     // No child written for an object that is gone or replaced, or that changed its stage of life while
@@ -951,13 +955,13 @@ async fn act_on_children<C: Kind>(
     // promise to keep the children, so a sync that deletes (a child no longer desired, a `Recreate`)
     // reads the object from the API server first; so does one that writes children elsewhere, which no
     // owner reference ties to it, and one that persists rollout revisions first. The other writes
-    // guard themselves (see [`Plan::needs_parent_read`]): a child created for an object deleted
+    // guard themselves (see [`Writes::Guarded`]): a child created for an object deleted
     // meanwhile names its UID as its owner, and the garbage collector deletes it; an update is refused
     // if the collector orphaned the child since it was observed. For them the cache's copy is enough,
     // and spares the API server a read (about a tenth of what a bare sync costs it): it shows a deletion as
     // soon as its watch event comes, so a deletion during the hook call still writes nothing.
     let stage_changed = |live: &DynamicObject| lifecycle_changed(obj, live, &core.finalizer);
-    let changed = if before_writes || plan.needs_parent_read(applier, &journal) {
+    let changed = if before_writes || writes == Writes::NeedParentRead {
         live_parent(&core.hub.client, resource, obj).await?.map(|live| stage_changed(&live))
     } else {
         kind.object(key)

@@ -281,7 +281,7 @@ impl Applier {
             // including defaults, so fields set by others or by defaulting don't trigger a delete. It
             // carries the observed resourceVersion: compared with an object that moved on since (our
             // cache was behind), a difference would say nothing, so that is a quiet retry.
-            let exact = with_precondition_version(&body, observed);
+            let exact = with_precondition_version(body, observed);
             let update_refused = match api.patch(&key.name, &self.params().dry_run(), &Patch::Apply(&exact)).await {
                 Ok(result) if sanitized(&result) == sanitized(observed) => {
                     self.remember(cache_key, current);
@@ -316,7 +316,7 @@ impl Applier {
         // apply planned before that would put it back — on a child the user asked to keep, whose owner
         // is gone, which the collector would then delete. Any change since (that one included) is a
         // quiet retry on what the cache shows next.
-        let exact = with_precondition_version(&body, observed);
+        let exact = with_precondition_version(body, observed);
         let result = match api.patch(&key.name, &self.params(), &Patch::Apply(&exact)).await {
             Ok(result) => result,
             Err(kube::Error::Api(status)) if replaced(&status) || moved_on(&status) => {
@@ -687,8 +687,7 @@ fn with_precondition_uid(desired: &Value, observed: &DynamicObject) -> Value {
 
 /// `body` with the resourceVersion of `observed`: the API server then refuses it (409) if the object
 /// changed since it was observed.
-fn with_precondition_version(body: &Value, observed: &DynamicObject) -> Value {
-    let mut body = body.clone();
+fn with_precondition_version(mut body: Value, observed: &DynamicObject) -> Value {
     if let (Some(meta), Some(version)) =
         (body.get_mut("metadata").and_then(Value::as_object_mut), &observed.metadata.resource_version)
     {

@@ -522,27 +522,26 @@ impl<'a> Plan<'a> {
         })
     }
 
-    /// Whether carrying out the plan writes anything (creates, changes or deletes a child), with
-    /// `observer` saying which children the cache shows behind the hub's own writes.
+    /// What carrying out the plan writes (creates, changes or deletes), with `observer` saying which
+    /// children the cache shows behind the hub's own writes; in one look at the children, as whether
+    /// the parent must be read first depends on the same writes.
     #[must_use]
-    pub fn writes(&self, applier: &Applier, observer: &dyn WriteObserver) -> bool {
-        self.planned_seen_by(applier, observer).next().is_some()
-    }
-
-    /// Whether carrying out the plan deletes, or writes where no owner reference guards the write, so
-    /// that it must first read its parent from the API server: a deletion (of a child no longer
-    /// desired, or one an update `Recreate`s), or any write of a `crossNamespace` type (a child in
-    /// another namespace carries only a label). The other writes guard themselves: a create carries
-    /// an owner reference with the parent's UID (the garbage collector deletes a child whose owner is
-    /// gone), and an update the child's observed resourceVersion (refused if the collector orphaned it
-    /// since; see [`crate::write::apply`]).
-    #[must_use]
-    pub fn needs_parent_read(&self, applier: &Applier, observer: &dyn WriteObserver) -> bool {
-        self.planned_seen_by(applier, observer).any(|write| match write {
-            PlannedWrite::Delete(..) => true,
-            PlannedWrite::Create(index, _) => self.types[index].cross_namespace,
-            PlannedWrite::Update(index, _) => self.types[index].cross_namespace || self.types[index].method.recreates(),
-        })
+    pub fn writes(&self, applier: &Applier, observer: &dyn WriteObserver) -> Writes {
+        let mut writes = Writes::Nothing;
+        for write in self.planned_seen_by(applier, observer) {
+            let unguarded = match write {
+                PlannedWrite::Delete(..) => true,
+                PlannedWrite::Create(index, _) => self.types[index].cross_namespace,
+                PlannedWrite::Update(index, _) => {
+                    self.types[index].cross_namespace || self.types[index].method.recreates()
+                }
+            };
+            if unguarded {
+                return Writes::NeedParentRead;
+            }
+            writes = Writes::Guarded;
+        }
+        writes
     }
 
     /// The writes carrying out the plan makes, one per child: deletions first, then each desired child
@@ -662,6 +661,21 @@ impl<'a> Plan<'a> {
         }
         executed
     }
+}
+
+/// What a plan writes ([`Plan::writes`]), as far as reading its parent first goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Writes {
+    Nothing,
+    /// Creates and updates that guard themselves: a create carries an owner reference with the
+    /// parent's UID (the garbage collector deletes a child whose owner is gone), an update the child's
+    /// observed resourceVersion (refused if the collector orphaned it since; see
+    /// [`crate::write::apply`]).
+    Guarded,
+    /// A deletion (of a child no longer desired, or one an update `Recreate`s), or a write of a
+    /// `crossNamespace` type (a child in another namespace carries only a label): the parent must be
+    /// read from the API server first.
+    NeedParentRead,
 }
 
 /// One child write of a plan ([`Plan::planned`]), with the index of the child's declared type.
