@@ -8,6 +8,7 @@ use tracing::{Instrument as _, info_span};
 use crate::engine::error::SyncError;
 use crate::engine::events::{Events, reference};
 use crate::hooks::HookEvent;
+use crate::write::written::{self, Endpoint};
 
 /// How an object's status is written.
 #[derive(Clone, Copy, Debug)]
@@ -80,12 +81,8 @@ async fn write_status(
     let patch: json_patch::Patch = serde_json::from_value(Value::Array(ops)).expect("a well-formed JSON patch");
     let name = obj.metadata.name.as_deref().unwrap_or_default();
     let patch = Patch::<()>::Json(patch);
-    let written = if subresource {
-        api.patch_status(name, &PatchParams::default(), &patch).await
-    } else {
-        api.patch(name, &PatchParams::default(), &patch).await
-    };
-    match written {
+    let endpoint = if subresource { Endpoint::Status } else { Endpoint::Object };
+    match written::patch(api, name, &PatchParams::default(), &patch, endpoint).await {
         Ok(written) => Ok(written.metadata.resource_version),
         // Gone: the next event brings the new state.
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(None),

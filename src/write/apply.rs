@@ -61,6 +61,7 @@ use crate::cache::discovery::ResolvedResource;
 use crate::cache::informers::ObjectKey;
 use crate::cache::shard::ORPHANS;
 use crate::write::take_over::{TakeOver, TakeOverError};
+use crate::write::written::{self, Endpoint, Written, WrittenMeta};
 
 /// What applying did. Writes name the resourceVersion (or, for a delete, the UID) they left behind, so
 /// that their echo in the watch can be told from a change by someone else.
@@ -247,10 +248,10 @@ impl Applier {
 
         let Some(observed) = observed else {
             let body = with_precondition_absent(&annotated(desired, &desired_hash));
-            return match api.patch(&key.name, &self.params(), &Patch::Apply(body)).await {
-                Ok(created) => {
-                    let version = created.metadata.resource_version.clone().unwrap_or_default();
-                    self.remember(cache_key, fingerprint(desired_hash, &created));
+            return match written::patch(&api, &key.name, &self.params(), &Patch::Apply(body), Endpoint::Object).await {
+                Ok(Written { metadata: created }) => {
+                    let version = created.resource_version.clone().unwrap_or_default();
+                    self.remember(cache_key, written_fingerprint(desired_hash, created));
                     Ok(Applied::Created { version })
                 }
                 Err(kube::Error::Api(status)) if status.code == 409 => {
@@ -317,19 +318,20 @@ impl Applier {
         // is gone, which the collector would then delete. Any change since (that one included) is a
         // quiet retry on what the cache shows next.
         let exact = with_precondition_version(body, observed);
-        let result = match api.patch(&key.name, &self.params(), &Patch::Apply(&exact)).await {
-            Ok(result) => result,
-            Err(kube::Error::Api(status)) if replaced(&status) || moved_on(&status) => {
-                return Err(ApplyError::Stale { kind: kind(), key });
-            }
-            Err(source) => return Err(ApplyError::Apply { kind: kind(), key, source }),
-        };
-        let outcome = if observed.metadata.resource_version == result.metadata.resource_version {
+        let result =
+            match written::patch(&api, &key.name, &self.params(), &Patch::Apply(&exact), Endpoint::Object).await {
+                Ok(Written { metadata }) => metadata,
+                Err(kube::Error::Api(status)) if replaced(&status) || moved_on(&status) => {
+                    return Err(ApplyError::Stale { kind: kind(), key });
+                }
+                Err(source) => return Err(ApplyError::Apply { kind: kind(), key, source }),
+            };
+        let outcome = if observed.metadata.resource_version == result.resource_version {
             Applied::Unchanged
         } else {
-            Applied::Updated { version: result.metadata.resource_version.clone().unwrap_or_default() }
+            Applied::Updated { version: result.resource_version.clone().unwrap_or_default() }
         };
-        self.remember(cache_key, fingerprint(desired_hash, &result));
+        self.remember(cache_key, written_fingerprint(desired_hash, result));
         Ok(outcome)
     }
 
@@ -863,6 +865,11 @@ fn annotated(desired: &Value, desired_hash: &str) -> Value {
         }
     }
     body
+}
+
+/// [`fingerprint`] of what a write answered.
+fn written_fingerprint(desired: String, written: WrittenMeta) -> Fingerprint {
+    Fingerprint { desired, uid: written.uid.unwrap_or_default(), version: written.resource_version.unwrap_or_default() }
 }
 
 fn fingerprint(desired: String, obj: &DynamicObject) -> Fingerprint {

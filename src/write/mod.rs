@@ -1,6 +1,7 @@
 //! Stage 3, write: turning a validated answer into API writes that cannot destroy what the hub does not
 //! own. Claiming children ([`children`]: adopt, release, plan, carry out in a safe order), applying one
-//! object ([`apply`]; whether a `Recreate`'s replacement fits the namespace's quotas, [`quota`]), and taking over what Metacontroller wrote ([`take_over`], [`fields`]).
+//! object ([`apply`]; whether a `Recreate`'s replacement fits the namespace's quotas, [`quota`]), and taking over what Metacontroller wrote ([`take_over`], [`fields`]); a write's answer read for its
+//! version alone ([`written`]).
 //!
 //! May import: [`crate::api`], [`crate::cache`], [`crate::hooks`].
 
@@ -9,3 +10,4 @@ pub mod children;
 pub mod fields;
 pub mod quota;
 pub mod take_over;
+pub mod written;
