@@ -175,6 +175,15 @@ impl Store {
     /// Stores `obj`; returns what it replaces.
     fn insert(&mut self, obj: &DynamicObject) -> Option<Arc<DynamicObject>> {
         let key = Arc::new(ObjectKey::of(obj));
+        // Most changes (a status, a spec) leave an object under the same controller, or an orphan with the
+        // same labels: it stays where the indexes have it, and only its JSON is replaced.
+        if let Some((stored, entry)) = self.objects.get_key_value(&*key)
+            && let Some(old) = entry.decode(stored)
+            && indexed_alike(&old, obj)
+        {
+            self.objects.insert(Arc::clone(stored), Entry::encode(obj));
+            return Some(old);
+        }
         let old = self.remove(&key);
         if let Some(uid) = controller_uid(obj) {
             self.by_controller.entry(uid.to_owned()).or_default().insert(Arc::clone(&key));
@@ -236,6 +245,16 @@ impl Store {
 
     fn all(&self) -> Vec<Arc<DynamicObject>> {
         self.objects.iter().filter_map(|(k, entry)| entry.decode(k)).collect()
+    }
+}
+
+/// Whether `old` and `new` stand in the same places of a store's indexes: the same controller, and
+/// for an orphan the same labels.
+fn indexed_alike(old: &DynamicObject, new: &DynamicObject) -> bool {
+    match (controller_uid(old), controller_uid(new)) {
+        (Some(old), Some(new)) => old == new,
+        (None, None) => old.metadata.labels == new.metadata.labels,
+        _ => false,
     }
 }
 
@@ -405,6 +424,14 @@ impl Informer {
     #[must_use]
     pub fn contains(&self, key: &ObjectKey) -> bool {
         self.shared.store.read().expect("store lock").objects.contains_key(key)
+    }
+
+    /// Whether the cached object `key` is at resourceVersion `version`: the very object a caller
+    /// decoded before, told without decoding it again.
+    #[must_use]
+    pub fn holds(&self, key: &ObjectKey, version: &str) -> bool {
+        let store = self.shared.store.read().expect("store lock");
+        store.objects.get(key).is_some_and(|entry| entry.resource_version.as_deref() == Some(version))
     }
 
     /// Objects whose controller ownerRef points at `uid`.
@@ -1078,6 +1105,33 @@ mod tests {
         store.remove(&ObjectKey { namespace: Some("a".into()), name: "y".into() });
         assert_eq!(store.by_controller["p1"].len(), 1);
         assert_eq!(store.by_namespace[&Some("a".into())].len(), 1);
+    }
+
+    #[test]
+    fn an_object_changed_in_place_is_read_back_changed_and_a_relabelled_orphan_moves_index() {
+        let mut store = Store::default();
+        let key = |name: &str| ObjectKey { namespace: Some("a".into()), name: name.into() };
+        let labelled = |rv: &str, label: &str| {
+            let mut obj = (*object("a", "o", rv, None)).clone();
+            obj.metadata.labels = Some([("app".to_owned(), label.to_owned())].into());
+            obj
+        };
+        store.insert(&object("a", "c", "1", Some("p1")));
+        let old = store.insert(&object("a", "c", "2", Some("p1")));
+        assert_eq!(old.and_then(|o| o.metadata.resource_version.clone()).as_deref(), Some("1"));
+        assert_eq!(store.get(&key("c")).and_then(|o| o.metadata.resource_version.clone()).as_deref(), Some("2"));
+        assert_eq!(store.by_controller["p1"].len(), 1);
+
+        let by_label = |store: &Store, label: &str| {
+            store.orphans_by_label.get(&(Some("a".into()), "app".into(), label.into())).map_or(0, BTreeSet::len)
+        };
+        store.insert(&labelled("1", "x"));
+        store.insert(&labelled("2", "x"));
+        assert_eq!((by_label(&store, "x"), by_label(&store, "y")), (1, 0));
+        store.insert(&labelled("3", "y"));
+        assert_eq!((by_label(&store, "x"), by_label(&store, "y")), (0, 1));
+        assert_eq!(store.get(&key("o")).and_then(|o| o.metadata.resource_version.clone()).as_deref(), Some("3"));
+        assert_eq!(store.by_namespace[&Some("a".into())].len(), 2);
     }
 
     #[test]

@@ -364,6 +364,10 @@ impl Kind for Controller {
         self.targets.get(key.target_type).is_some_and(|t| t.informer.contains(&key.key))
     }
 
+    fn holds(&self, key: &TargetKey, version: &str) -> bool {
+        self.targets.get(key.target_type).is_some_and(|t| t.informer.holds(&key.key, version))
+    }
+
     fn selects(&self, target_type: usize, obj: &DynamicObject) -> bool {
         self.targets[target_type].selects(obj)
     }

@@ -230,6 +230,10 @@ impl Kind for Controller {
         self.parent.contains(key)
     }
 
+    fn holds(&self, key: &ObjectKey, version: &str) -> bool {
+        self.parent.holds(key, version)
+    }
+
     fn selects(&self, _: usize, obj: &DynamicObject) -> bool {
         self.parent_selector.matches(&labels_of(&obj.metadata))
     }
