@@ -120,7 +120,19 @@ pub fn check_metadata_maps(meta: &serde_json::Map<String, Value>) -> Result<(), 
 
 /// Checks the serialized size of a whole object.
 pub fn check_size(obj: &Value) -> Result<(), String> {
-    let size = serde_json::to_vec(obj).map_or(usize::MAX, |bytes| bytes.len());
+    // Counted as it is written, not written out: every desired child of every answer is measured.
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    let size = serde_json::to_writer(&mut count, obj).map_or(usize::MAX, |()| count.0);
     if size > MAX_OBJECT_BYTES {
         Err(format!("object is {size} bytes, more than the {MAX_OBJECT_BYTES} the API server can store"))
     } else {
@@ -234,5 +246,8 @@ mod tests {
     fn objects_larger_than_the_store_accepts_are_refused() {
         assert!(check_size(&json!({"data": {"k": "v"}})).is_ok());
         assert!(check_size(&json!({"data": {"k": "x".repeat(MAX_OBJECT_BYTES)}})).is_err());
+        // `{"k":"` and `"}` around the value: the limit is the JSON's exact length.
+        assert!(check_size(&json!({"k": "x".repeat(MAX_OBJECT_BYTES - 8)})).is_ok());
+        assert!(check_size(&json!({"k": "x".repeat(MAX_OBJECT_BYTES - 7)})).is_err());
     }
 }
