@@ -9,7 +9,8 @@
 //! - `raw`: a kube-rs client doing exactly the writes a perfect controller would (three server-side applies
 //!   and one status patch per parent, 5 workers, no client-side rate limit);
 //! - `raw+watch`: the same, with the watches a controller needs open (the parent type and the child type,
-//!   cluster-wide);
+//!   cluster-wide), as a process of its own on one runtime thread (as the hub on 2 cores), so that its
+//!   CPU is measured: what the bare writes and the watch events cost any kube-rs program;
 //! - `metahook`: the hub as its own process (the binary of this build, or `HUB_BIN`);
 //! - `metahook parent-only`: the same hub with the controller annotated `metahook.dev/sync-on-own-writes:
 //!   "false"` (the workload's hook answers from the parent alone), to show what that opt-in saves;
@@ -214,9 +215,14 @@ struct SystemFigures {
 
 #[tokio::main]
 async fn main() {
-    // The Metacontroller-mix system runs as a process of its own: this binary, told so.
-    if let Some(args) = mcmix::Args::from(&std::env::args().collect::<Vec<_>>()) {
+    // The Metacontroller-mix and raw+watch systems run as processes of their own: this binary, told so.
+    let args = std::env::args().collect::<Vec<_>>();
+    if let Some(args) = mcmix::Args::from(&args) {
         mcmix::run(args).await;
+        return;
+    }
+    if let Some(at) = args.iter().position(|a| a == RAW_WATCH) {
+        raw_watch_process(&args[at + 1], args[at + 2].parse().expect("a number of parents")).await;
         return;
     }
     let settings = Settings::from_env();
@@ -419,14 +425,15 @@ async fn run_system(client: &Client, settings: &Settings, hook: &Hook, system: S
     let tracker = Convergence::start(client, &ns.name).await;
     let mut figures = SystemFigures { name: system.name().into(), parents: settings.n, ..SystemFigures::default() };
 
-    let mut watches = Vec::new();
-    if system == System::RawWatch {
-        watches = raw_watches(client);
+    // raw+watch: its watches open (and listed) before the backlog, as a hub's caches are filled first.
+    let mut raw_watch = (system == System::RawWatch).then(|| RawWatchRun::start(&ns.name, settings.n));
+    if let Some(raw) = &mut raw_watch {
+        raw.ready().await;
     }
     // Backlog.
     phase(system, "backlog");
-    let mut hub_pid: Option<HubHandle> = None;
-    let meter = Meter::start(client, hook, None).await;
+    let mut hub_pid: Option<HubHandle> = raw_watch.as_ref().map(RawWatchRun::handle);
+    let meter = Meter::start(client, hook, hub_pid).await;
     let mut hub = None;
     let timeline = tracker.sample("1", settings.n);
     let mut mc_mix = None;
@@ -449,7 +456,10 @@ async fn run_system(client: &Client, settings: &Settings, hook: &Hook, system: S
             hub_pid = process.id().map(|pid| HubHandle { pid, metrics_port: 0 });
             mc_mix = Some(process);
         }
-        None => world.raw_writes("1").await,
+        None => match &mut raw_watch {
+            Some(raw) => raw.write("1").await,
+            None => world.raw_writes("1").await,
+        },
     }
     tracker.wait("1", settings.n).await;
     figures.backlog = meter.stop(client, hook, hub_pid).await;
@@ -475,8 +485,10 @@ async fn run_system(client: &Client, settings: &Settings, hook: &Hook, system: S
     phase(system, "update");
     let meter = Meter::start(client, hook, hub_pid).await;
     world.bump("2").await;
-    if hub.is_none() && mc_mix.is_none() {
-        world.raw_writes("2").await;
+    match &mut raw_watch {
+        Some(raw) => raw.write("2").await,
+        None if hub.is_none() && mc_mix.is_none() => world.raw_writes("2").await,
+        None => {}
     }
     tracker.wait("2", settings.n).await;
     figures.update = meter.stop(client, hook, hub_pid).await;
@@ -539,10 +551,7 @@ async fn run_system(client: &Client, settings: &Settings, hook: &Hook, system: S
     if let Some(mut process) = mc_mix.take() {
         let _ = process.kill().await;
     }
-    // Dropping a JoinHandle only detaches its task: the watches would stay open through the next systems.
-    for watch in watches {
-        watch.abort();
-    }
+    drop(raw_watch);
     world.delete_controller(&label).await;
     ns.delete().await;
     // The next system must not be measured while this one's namespace is torn down (the namespace
@@ -773,35 +782,7 @@ impl Bench {
 
     /// What a perfect controller writes for every parent: three applies and a status patch.
     async fn raw_writes(&self, version: &str) {
-        let parents = self.parents();
-        let cms: Api<ConfigMap> = Api::namespaced(self.client.clone(), &self.ns);
-        let listed = parents.list(&Default::default()).await.unwrap().items;
-        let uids: BTreeMap<String, String> = listed.iter().map(|p| (p.name_any(), p.uid().unwrap())).collect();
-        let uids = &uids;
-        stream::iter(0..self.n)
-            .for_each_concurrent(WORKERS, |i| {
-                let (parents, cms) = (parents.clone(), cms.clone());
-                async move {
-                    let name = format!("p{i}");
-                    let uid = &uids[&name];
-                    for c in 0..CHILDREN {
-                        let child = json!({"apiVersion": "v1", "kind": "ConfigMap",
-                            "metadata": {"name": format!("{name}-{c}"), "labels": {"controller-uid": uid},
-                                "ownerReferences": [{"apiVersion": "bench.metahook.dev/v1", "kind": "BenchThing",
-                                    "name": name, "uid": uid, "controller": true, "blockOwnerDeletion": true}]},
-                            "data": {"version": version, "index": c.to_string()}});
-                        let params = PatchParams::apply("bench-raw").force();
-                        retry(|| async { cms.patch(&format!("{name}-{c}"), &params, &Patch::Apply(&child)).await })
-                            .await;
-                    }
-                    let status = json!({"status": {"version": version, "observedGeneration": 1}});
-                    retry(|| async {
-                        parents.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status)).await
-                    })
-                    .await;
-                }
-            })
-            .await;
+        raw_writes(&self.client, &self.ns, self.n, version).await;
     }
 
     async fn list_time(&self) -> f64 {
@@ -811,6 +792,36 @@ impl Bench {
         let _ = cms.list(&Default::default()).await.unwrap();
         started.elapsed().as_secs_f64()
     }
+}
+
+/// What a perfect controller writes for every parent of namespace `ns`: three applies and a status patch.
+async fn raw_writes(client: &Client, ns: &str, n: usize, version: &str) {
+    let parents = Api::<DynamicObject>::namespaced_with(client.clone(), ns, &bench_things());
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
+    let listed = parents.list(&Default::default()).await.unwrap().items;
+    let uids: BTreeMap<String, String> = listed.iter().map(|p| (p.name_any(), p.uid().unwrap())).collect();
+    let uids = &uids;
+    stream::iter(0..n)
+        .for_each_concurrent(WORKERS, |i| {
+            let (parents, cms) = (parents.clone(), cms.clone());
+            async move {
+                let name = format!("p{i}");
+                let uid = &uids[&name];
+                for c in 0..CHILDREN {
+                    let child = json!({"apiVersion": "v1", "kind": "ConfigMap",
+                        "metadata": {"name": format!("{name}-{c}"), "labels": {"controller-uid": uid},
+                            "ownerReferences": [{"apiVersion": "bench.metahook.dev/v1", "kind": "BenchThing",
+                                "name": name, "uid": uid, "controller": true, "blockOwnerDeletion": true}]},
+                        "data": {"version": version, "index": c.to_string()}});
+                    let params = PatchParams::apply("bench-raw").force();
+                    retry(|| async { cms.patch(&format!("{name}-{c}"), &params, &Patch::Apply(&child)).await }).await;
+                }
+                let status = json!({"status": {"version": version, "observedGeneration": 1}});
+                retry(|| async { parents.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status)).await })
+                    .await;
+            }
+        })
+        .await;
 }
 
 async fn retry<T, F, Fut>(mut call: F) -> T
@@ -832,14 +843,97 @@ where
     panic!("giving up after 20 attempts");
 }
 
-/// Watches a controller needs: the parent type and the child type, cluster-wide.
-fn raw_watches(client: &Client) -> Vec<tokio::task::JoinHandle<()>> {
+/// The argument that makes this binary the raw+watch system: `--raw-watch <namespace> <parents>`.
+const RAW_WATCH: &str = "--raw-watch";
+
+/// The raw+watch system as a process: opens the watches a controller needs (the parent type and the
+/// child type, cluster-wide, each event decoded as any kube-rs watcher decodes it), says `ready` on
+/// stdout once both have listed, then does [`raw_writes`] of each version read from stdin, saying
+/// `wrote` after each.
+async fn raw_watch_process(ns: &str, n: usize) {
+    let client = support::client().await;
     let parents = Api::<DynamicObject>::all_with(client.clone(), &bench_things());
     let cms: Api<ConfigMap> = Api::all(client.clone());
-    vec![
-        tokio::spawn(async move { watcher(parents, watcher::Config::default()).for_each(|_| async {}).await }),
-        tokio::spawn(async move { watcher(cms, watcher::Config::default()).for_each(|_| async {}).await }),
-    ]
+    let (listed, mut ready) = tokio::sync::mpsc::channel::<()>(2);
+    fn watch<K>(api: Api<K>, listed: tokio::sync::mpsc::Sender<()>) -> tokio::task::JoinHandle<()>
+    where
+        K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+    {
+        tokio::spawn(async move {
+            watcher(api, watcher::Config::default())
+                .for_each(|event| {
+                    if matches!(event, Ok(watcher::Event::InitDone)) {
+                        let _ = listed.try_send(());
+                    }
+                    async {}
+                })
+                .await;
+        })
+    }
+    let _watches = [watch(parents, listed.clone()), watch(cms, listed)];
+    for _ in 0..2 {
+        ready.recv().await.expect("both watches list");
+    }
+    println!("ready");
+    // Read on a thread of its own (the runtime's stdin needs a feature the tests do not build with).
+    let (tell, mut versions) = tokio::sync::mpsc::unbounded_channel::<String>();
+    std::thread::spawn(move || {
+        for line in std::io::stdin().lines().map_while(Result::ok) {
+            if tell.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    while let Some(version) = versions.recv().await {
+        raw_writes(&client, ns, n, version.trim()).await;
+        println!("wrote");
+    }
+}
+
+/// A running raw+watch process ([`raw_watch_process`]); killed when dropped.
+struct RawWatchRun {
+    child: tokio::process::Child,
+    stdin: tokio::process::ChildStdin,
+    stdout: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+}
+
+impl RawWatchRun {
+    fn start(ns: &str, n: usize) -> Self {
+        let mut child = tokio::process::Command::new(std::env::current_exe().unwrap())
+            .args([RAW_WATCH, ns, &n.to_string()])
+            // One runtime thread, as the hub runs on a 2-core machine: the same footing for their CPU.
+            .env("TOKIO_WORKER_THREADS", "1")
+            .env("METAHOOK_TEST_LOG", "warn")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("starting the raw+watch process");
+        let stdin = child.stdin.take().expect("its stdin");
+        let stdout = tokio::io::BufReader::new(child.stdout.take().expect("its stdout")).lines();
+        Self { child, stdin, stdout }
+    }
+
+    fn handle(&self) -> HubHandle {
+        HubHandle { pid: self.child.id().expect("a running process"), metrics_port: 0 }
+    }
+
+    /// Waits for the process to say `said`.
+    async fn expect(&mut self, said: &str) {
+        let line = self.stdout.next_line().await.expect("reading the raw+watch process");
+        assert_eq!(line.as_deref(), Some(said), "the raw+watch process stopped");
+    }
+
+    async fn ready(&mut self) {
+        self.expect("ready").await;
+    }
+
+    /// Has the process write `version` to every parent, and waits until it has.
+    async fn write(&mut self, version: &str) {
+        use tokio::io::AsyncWriteExt as _;
+        self.stdin.write_all(format!("{version}\n").as_bytes()).await.expect("telling the raw+watch process");
+        self.expect("wrote").await;
+    }
 }
 
 async fn wait_namespace_gone(client: &Client, ns: &str) {
@@ -1645,7 +1739,7 @@ fn summary(settings: &Settings, runs: &[(String, Vec<SystemFigures>)]) -> String
             .collect();
         out.push_str(&format!("| {what} |{cells}\n"));
     };
-    let process = |s: &SystemFigures| !matches!(s.name.as_str(), "raw" | "raw+watch");
+    let process = |s: &SystemFigures| s.name != "raw";
     let causes = |p: &Phase| -> Vec<Option<f64>> {
         ["change", "echo", "delay", "redundant"]
             .iter()
@@ -1850,7 +1944,7 @@ fn costs_table(settings: &Settings, results: &[SystemFigures]) -> String {
         ("API server", |p| p.apiserver_cpu_s),
         ("etcd", |p| p.etcd_cpu_s),
         ("controller-manager", |p| p.kcm_cpu_s),
-        ("the system (hub, or the mc-mix process)", |p| p.hub_cpu_s),
+        ("the system (hub, or the mc-mix or raw+watch process)", |p| p.hub_cpu_s),
         ("hook", |p| p.hook_cpu_s),
         ("the whole machine", |p| p.machine_cpu_s),
     ];
