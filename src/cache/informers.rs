@@ -176,15 +176,21 @@ impl Store {
     fn insert(&mut self, obj: &DynamicObject) -> Option<Arc<DynamicObject>> {
         let key = Arc::new(ObjectKey::of(obj));
         // Most changes (a status, a spec) leave an object under the same controller, or an orphan with the
-        // same labels: it stays where the indexes have it, and only its JSON is replaced.
-        if let Some((stored, entry)) = self.objects.get_key_value(&*key)
-            && let Some(old) = entry.decode(stored)
-            && indexed_alike(&old, obj)
-        {
-            self.objects.insert(Arc::clone(stored), Entry::encode(obj));
-            return Some(old);
-        }
-        let old = self.remove(&key);
+        // same labels: it stays where the indexes have it, and only its JSON is replaced. The stored copy
+        // is decoded once, for that test and for unindexing it otherwise.
+        let old = match self.objects.get_key_value(&*key) {
+            None => None,
+            Some((stored, entry)) => {
+                let (stored, old) = (Arc::clone(stored), entry.decode(stored));
+                if old.as_deref().is_some_and(|old| indexed_alike(old, obj)) {
+                    self.objects.insert(stored, Entry::encode(obj));
+                    return old;
+                }
+                self.objects.remove(&*key);
+                self.unindex(&key, old.as_deref());
+                old
+            }
+        };
         if let Some(uid) = controller_uid(obj) {
             self.by_controller.entry(uid.to_owned()).or_default().insert(Arc::clone(&key));
         } else {
@@ -203,7 +209,13 @@ impl Store {
         let entry = self.objects.remove(key)?;
         // Unindexing needs the owner and labels the object was indexed under.
         let old = entry.decode(key);
-        if let Some(old) = &old {
+        self.unindex(key, old.as_deref());
+        old
+    }
+
+    /// Takes `key` out of every index, where `old` (its stored copy, decoded) stood.
+    fn unindex(&mut self, key: &ObjectKey, old: Option<&DynamicObject>) {
+        if let Some(old) = old {
             if let Some(uid) = controller_uid(old) {
                 unindex(&mut self.by_controller, &uid.to_owned(), key);
             } else {
@@ -219,7 +231,6 @@ impl Store {
             purge(&mut self.orphans_by_label, key);
         }
         unindex(&mut self.by_namespace, &key.namespace, key);
-        old
     }
 
     fn get(&self, key: &ObjectKey) -> Option<Arc<DynamicObject>> {
