@@ -22,7 +22,7 @@ node-down: ## stop the real node and undo what it did to the machine (mounts, cg
 
 # ---- the two commands of the README -------------------------------------------------------------
 
-.PHONY: demo install-check test fmt-check clippy deny doc docs docs-gen unit integration chaos bench bench-map bench-requests bench-hooks crds hook-libs hook-types hook-wire-types image chart-readme failover shards
+.PHONY: demo install-check test fmt-check clippy deny doc docs docs-gen unit integration chaos tenant-chaos bench bench-map bench-requests bench-hooks crds hook-libs hook-types hook-wire-types image chart-readme failover shards
 
 demo: ## the hello-world controller end to end on the local control plane
 	@bash examples-python/hello-world/demo.sh
@@ -88,10 +88,14 @@ integration: cluster-up ## integration and end-to-end tests against the real con
 	@cargo test --locked --no-fail-fast --test '*' -- --test-threads=4; status=$$?; \
 	  echo "---- fault suite figures (tests/faults.rs) ----"; cat target/faults/*.txt 2>/dev/null; exit $$status
 
-chaos: cluster-up ## the fault suite, long: 20 hub kills during a 200-parent rollout, and every other scenario
+chaos: cluster-up ## the fault suite, long (20 hub kills during a 200-parent rollout, every other scenario), then the seeded tenant run (SEED=, STEPS=; default 61 and 300)
 	@rm -rf target/faults
 	@FAULT_KILLS=20 FAULT_PARENTS=200 cargo test --locked --test faults -- --test-threads=4; status=$$?; \
 	  echo "---- fault suite figures ----"; cat target/faults/*.txt 2>/dev/null; exit $$status
+	TENANT_SEED=$${SEED:-61} TENANT_STEPS=$${STEPS:-300} cargo test --locked --test tenant_chaos -- --nocapture
+
+tenant-chaos: cluster-up ## only the seeded tenant and fault run (SEED=, STEPS=): tenants, hub kills, controllers deleted, invariants after each step
+	TENANT_SEED=$${SEED:-61} TENANT_STEPS=$${STEPS:-300} cargo test --locked --test tenant_chaos -- --nocapture
 
 # MC_SRC=<a clone of github.com/metacontroller/metacontroller> builds Metacontroller once into target/bench/ (go build;
 # again only when the clone's HEAD is newer) and runs it, tuned, with its own CRDs; MC_BIN=<its binary> runs that one.

@@ -9,6 +9,7 @@
 //! what the engine does with them lives in [`crate::controllers::composite`].
 
 pub mod json;
+pub mod record;
 pub mod revision;
 pub mod schema;
 pub mod validation;
@@ -74,6 +75,57 @@ pub struct CompositeControllerSpec {
     /// parent's `spec.selector`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub generate_selector: Option<bool>,
+    /// A metahook extension: what the `customize` hook's related rules may reach (see [`RelatedLimit`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub related_limit: Option<RelatedLimit>,
+}
+
+/// A metahook extension: the most a controller's `customize` hook may select as related objects.
+/// Whoever may create a parent writes what the hook reads, so a rule whose namespace or name comes
+/// from the parent's spec lets them read through the hub (Metacontroller's v2 `sourceNamespace`
+/// example reads any namespace): a controller's author bounds that here. Without it, Metacontroller's
+/// rules hold (v1: the parent's own namespace for a namespaced parent; v2, or a cluster-scoped parent:
+/// any namespace).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RelatedLimit {
+    /// The namespaces a rule may select objects in besides the parent's own (`[]`: the parent's own
+    /// only). A rule naming another namespace is refused; one that selects across namespaces (no
+    /// `namespace`, or a `namespaceSelector`) selects only in these. Absent: any namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespaces: Option<Vec<String>>,
+    /// The types a rule may select; a rule for another type is refused. Absent: any type.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<Vec<RelatedType>>,
+}
+
+impl RelatedLimit {
+    /// Whether a rule may select objects of `api_version`'s group and `resource` (the version is not
+    /// compared: the same objects are served at each).
+    #[must_use]
+    pub fn allows_type(&self, api_version: &str, resource: &str) -> bool {
+        let group = |v: &str| v.rsplit_once('/').map_or(String::new(), |(g, _)| g.to_owned());
+        self.resources.as_ref().is_none_or(|types| {
+            types.iter().any(|t| t.resource == resource && group(&t.api_version) == group(api_version))
+        })
+    }
+
+    /// The namespaces a rule of a parent in `parent_namespace` may reach (`None`: any).
+    #[must_use]
+    pub fn namespaces_for(&self, parent_namespace: Option<&str>) -> Option<std::collections::BTreeSet<String>> {
+        let listed = self.namespaces.as_ref()?;
+        Some(listed.iter().cloned().chain(parent_namespace.map(str::to_owned)).collect())
+    }
+}
+
+/// A type, by `apiVersion` and plural resource name.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RelatedType {
+    /// `group/version`, or `v1` for the core group.
+    pub api_version: String,
+    /// Lowercase plural resource name, e.g. `configmaps`.
+    pub resource: String,
 }
 
 /// A controller that adds labels, annotations, status and attachments to existing objects of any type.
@@ -102,6 +154,9 @@ pub struct DecoratorControllerSpec {
     /// Sync each target again this many seconds after its own last sync, even when nothing changed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resync_period_seconds: Option<i32>,
+    /// A metahook extension: what the `customize` hook's related rules may reach (see [`RelatedLimit`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub related_limit: Option<RelatedLimit>,
 }
 
 /// A metahook extension of the group, to Metacontroller's own design (its book's "MapController" page,

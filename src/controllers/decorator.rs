@@ -249,6 +249,15 @@ pub struct Controller {
 }
 
 impl Controller {
+    /// What whoever may create a target can make the customize hook read through the hub (`None`: no
+    /// customize hook).
+    #[must_use]
+    pub fn related_reach(&self) -> Option<crate::engine::related::Reach> {
+        let hook = self.dc.spec.hooks.customize.as_ref()?;
+        let namespaced = self.targets.iter().any(|t| t.informer.resource().namespaced);
+        Some(crate::engine::related::Reach::of(hook.version(), namespaced, self.dc.spec.related_limit.as_ref()))
+    }
+
     /// Resolves target and attachment types and waits for their caches.
     pub async fn start(hub: &Hub, dc: Arc<DecoratorController>) -> Result<Arc<Self>, StartError> {
         let spec = &dc.spec;
@@ -296,6 +305,8 @@ impl Controller {
                 controller: dc_json.clone(),
                 sync_hook: dc.spec.hooks.sync.clone(),
                 endpoint_configs: dc.spec.endpoint_configs.clone(),
+                records: None,
+                related_limit: dc.spec.related_limit.clone(),
             },
         )
         .map_err(StartError::Annotation)?;

@@ -8,8 +8,12 @@
 //! why); the
 //! `metahook.dev/sync-requested-at` annotation ([`crate::engine::trigger`]) queues every object it manages. When a
 //! controller object is deleted, the finalizers it put on parents/targets are removed (Metacontroller
-//! leaves them behind, #1062, and those objects can then never be deleted). Starts, failures to start
-//! and stops are Events on the controller object.
+//! leaves them behind, #1062, and those objects can then never be deleted). That promise must outlive a
+//! hub that is down, restarting or handing over leadership at the moment of the delete, so it is kept in
+//! the API: the hub puts its own finalizer ([`CONTROLLER_FINALIZER`]) on every controller object before
+//! starting it, and takes it off a deleted one only once the controller is stopped and its finalizers are
+//! off every object (and its records of children elsewhere released). Starts, failures to start and
+//! stops are Events on the controller object.
 //!
 //! Controllers read from files ([`crate::controllers::files`]) run here too, by the same rules: a changed
 //! spec restarts one, a removed one stops (and its finalizers go, as for a deleted object). What would go
@@ -46,6 +50,10 @@ use crate::engine::hub::Hub;
 use crate::engine::sync::Settings;
 use crate::engine::sync::api_for;
 
+/// The finalizer on every controller object of the API the hub runs: a deleted controller stays until a
+/// hub has taken the controller's own finalizer off every object it synced.
+pub const CONTROLLER_FINALIZER: &str = "metahook.dev/release-objects";
+
 /// A kind of controller object the manager runs.
 pub trait Managed:
     Resource<DynamicType = (), Scope = ClusterResourceScope> + Clone + DeserializeOwned + Debug + Send + Sync + 'static
@@ -67,6 +75,16 @@ pub trait Managed:
     fn configure(running: &Self::Running, annotations: Option<&BTreeMap<String, String>>) -> Result<(), String>;
     /// The finalizer this controller puts on the objects it syncs, and the types it may be on.
     fn finalizer(&self) -> (String, Vec<(String, String)>);
+    /// What whoever may create its parents (targets) can make its customize hook read (`None`: it has
+    /// none).
+    fn related_reach(_running: &Self::Running) -> Option<crate::engine::related::Reach> {
+        None
+    }
+    /// Whether the controller keeps records of children elsewhere (`crossNamespace`), each held by the
+    /// hub's finalizer (see [`crate::write::records`]).
+    fn keeps_records(&self) -> bool {
+        false
+    }
     /// The controllers of this kind in a reading of the files.
     fn from_files(files: &FileControllers) -> &BTreeMap<String, (String, Arc<Self>)>;
 }
@@ -99,6 +117,12 @@ impl Managed for CompositeController {
             vec![(parent.api_version.clone(), parent.resource.clone())],
         )
     }
+    fn keeps_records(&self) -> bool {
+        self.spec.child_resources.iter().any(crate::api::ChildResourceRule::cross_namespace)
+    }
+    fn related_reach(running: &Self::Running) -> Option<crate::engine::related::Reach> {
+        running.related_reach()
+    }
     fn from_files(files: &FileControllers) -> &BTreeMap<String, (String, Arc<Self>)> {
         &files.composites
     }
@@ -128,6 +152,9 @@ impl Managed for DecoratorController {
     fn finalizer(&self) -> (String, Vec<(String, String)>) {
         let types = self.spec.resources.iter().map(|r| (r.api_version.clone(), r.resource.clone())).collect();
         (crate::controllers::decorator::finalizer_name(&self.name_any()), types)
+    }
+    fn related_reach(running: &Self::Running) -> Option<crate::engine::related::Reach> {
+        running.related_reach()
     }
     fn from_files(files: &FileControllers) -> &BTreeMap<String, (String, Arc<Self>)> {
         &files.decorators
@@ -179,6 +206,8 @@ struct Running<K: Managed> {
     settings: BTreeMap<String, String>,
     /// The value of the sync request annotation last acted on.
     requested: Option<String>,
+    /// Whether it keeps records of children elsewhere ([`Managed::keeps_records`]).
+    keeps_records: bool,
     /// The controller, once it has started.
     started: Arc<OnceLock<Arc<K::Running>>>,
     cancel: CancellationToken,
@@ -420,8 +449,48 @@ impl<K: Managed> Controllers<K> {
             annotations.remove(crate::api::FROM_FILE_ANNOTATION);
         }
         let name = obj.name_any();
+        if obj.meta().deletion_timestamp.is_some() {
+            self.deleting(obj).await;
+            return;
+        }
+        if !has_controller_finalizer(&obj) {
+            // On before the controller starts: from its first parent's finalizer on, a delete of the
+            // controller waits for a hub to take those finalizers off.
+            match add_controller_finalizer(&self.hub, &obj).await {
+                Ok(()) => {}
+                Err(err) => {
+                    warn!(controller = %name, kind = %K::kind(&()), "could not put the hub's finalizer on the controller: {err}; a delete of it while no hub runs leaves its finalizers on the objects it synced");
+                }
+            }
+        }
         self.api.insert(name.clone(), obj);
         self.settle(&name).await;
+    }
+
+    /// A controller object being deleted: it stops, and once its finalizers are off every object (unless
+    /// a file's controller of the same name takes over, with the same finalizer), the hub's own comes
+    /// off the object. Until then it stays, whether or not a hub was running when it was deleted; a
+    /// failure is retried at the next event or relist of the object.
+    async fn deleting(&mut self, obj: K) {
+        let name = obj.name_any();
+        self.api.remove(&name);
+        let released = if self.files.contains_key(&name) {
+            // The file's controller of that name takes over, with the same finalizer.
+            self.settle(&name).await;
+            true
+        } else {
+            stop(&self.hub, &mut self.running, &name, None).await;
+            self.hub.metrics.remove(&K::kind(&()), &name);
+            release_finalizers(&self.hub, &obj).await
+        };
+        if released && has_controller_finalizer(&obj) {
+            match remove_controller_finalizer(&self.hub, &obj).await {
+                Ok(()) => info!(controller = %name, kind = %K::kind(&()), "deleted controller let go of its objects"),
+                Err(err) => {
+                    warn!(controller = %name, kind = %K::kind(&()), "could not remove the hub's finalizer: {err}");
+                }
+            }
+        }
     }
 
     /// Takes a new reading of the files: starts, restarts and stops what changed.
@@ -540,7 +609,14 @@ async fn reconcile<K: Managed>(
             return;
         }
         info!(controller = %name, kind = %K::kind(&()), file = ?origin, "spec or settings changed; restarting controller");
+        let kept_records = running.get(&name).is_some_and(|r| r.keeps_records);
         stop(hub, running, &name, Some((&obj, pod, "spec changed, restarting"))).await;
+        if kept_records && !obj.keeps_records() {
+            // No child type is `crossNamespace` any more: nothing will deal with the records' finalizers.
+            if let Err(err) = crate::write::records::release_all(&hub.client, &name).await {
+                warn!(controller = %name, "could not release the records of children elsewhere: {err}");
+            }
+        }
     }
     let cancel = CancellationToken::new();
     let started = Arc::new(OnceLock::new());
@@ -551,6 +627,7 @@ async fn reconcile<K: Managed>(
         origin,
         settings,
         requested,
+        keeps_records: obj.keeps_records(),
         started: Arc::clone(&started),
         cancel: cancel.clone(),
         task: tokio::spawn(supervise(hub.clone(), pod.cloned(), Arc::new(obj), started, cancel)),
@@ -584,9 +661,19 @@ async fn supervise<K: Managed>(
                 let _ = slot.set(Arc::clone(&controller));
                 // Said while the controller runs: its first syncs need not wait for the status write
                 // and the Event (60-70 ms of a restart's 0.75 s at 1,000 parents).
+                let reach = K::related_reach(&controller).filter(crate::engine::related::Reach::unbounded);
                 let announced = async {
                     report(&hub, &*obj, true, "Running", "controller is running".into()).await;
                     announce(&hub, pod, &*obj, false, "Started", "Controller started: caches synced".into()).await;
+                    if let Some(reach) = reach {
+                        // Metacontroller's rules, kept for its manifests, and said: nothing else would.
+                        let note = format!(
+                            "whoever may create a {kind}'s parents can make its customize hook's related rules \
+                             read {reach} through the hub; declare spec.relatedLimit to bound it"
+                        );
+                        warn!(controller = %name, %kind, "{note}");
+                        announce(&hub, pod, &*obj, true, "RelatedUnlimited", note).await;
+                    }
                 };
                 tokio::join!(announced, K::run(controller, cancel));
                 return;
@@ -641,10 +728,51 @@ async fn report<K: Managed>(hub: &Hub, obj: &K, ready: bool, reason: &str, messa
     }
 }
 
+/// Whether the hub's finalizer is on controller object `obj`.
+fn has_controller_finalizer<K: Managed>(obj: &K) -> bool {
+    obj.meta().finalizers.iter().flatten().any(|f| f == CONTROLLER_FINALIZER)
+}
+
+/// Puts the hub's finalizer on controller object `obj` (a patch naming its resourceVersion: a conflict
+/// is retried at its next event).
+async fn add_controller_finalizer<K: Managed>(hub: &Hub, obj: &K) -> Result<(), kube::Error> {
+    let mut finalizers: Vec<String> = obj.meta().finalizers.clone().unwrap_or_default();
+    finalizers.push(CONTROLLER_FINALIZER.to_owned());
+    let patch = json!({"metadata": {"finalizers": finalizers, "resourceVersion": obj.meta().resource_version}});
+    let api: Api<K> = Api::all(hub.client.clone());
+    api.patch(&obj.name_any(), &PatchParams::default(), &Patch::Merge(&patch)).await.map(drop)
+}
+
+/// Takes the hub's finalizer off controller object `obj`.
+async fn remove_controller_finalizer<K: Managed>(hub: &Hub, obj: &K) -> Result<(), kube::Error> {
+    let finalizers: Vec<&String> =
+        obj.meta().finalizers.iter().flatten().filter(|f| *f != CONTROLLER_FINALIZER).collect();
+    let patch = json!({"metadata": {"finalizers": finalizers, "resourceVersion": obj.meta().resource_version}});
+    let api: Api<K> = Api::all(hub.client.clone());
+    match api.patch(&obj.name_any(), &PatchParams::default(), &Patch::Merge(&patch)).await {
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        done => done.map(drop),
+    }
+}
+
 /// Removes a deleted controller's finalizer from every object that still carries it (in the hub's
-/// namespaces, for a hub limited to some: it may list nothing else).
-async fn release_finalizers<K: Managed>(hub: &Hub, obj: &K) {
+/// namespaces, for a hub limited to some: it may list nothing else), and releases its records of
+/// children elsewhere. Returns whether all of it was done (a list or a write that failed is not).
+async fn release_finalizers<K: Managed>(hub: &Hub, obj: &K) -> bool {
     let (finalizer, types) = obj.finalizer();
+    let mut done = true;
+    if obj.keeps_records() {
+        match crate::write::records::release_all(&hub.client, &obj.name_any()).await {
+            Ok(released) if released > 0 => {
+                info!(controller = %obj.name_any(), released, "released the records of children elsewhere of a deleted controller");
+            }
+            Ok(_) => {}
+            Err(err) => {
+                warn!(controller = %obj.name_any(), "could not release the records of children elsewhere: {err}");
+                done = false;
+            }
+        }
+    }
     for (api_version, resource) in types {
         let Ok(resolved) = hub.discovery.resolve(&api_version, &resource).await else { continue };
         let apis: Vec<Api<kube::api::DynamicObject>> = match hub.informers.namespaces() {
@@ -656,17 +784,23 @@ async fn release_finalizers<K: Managed>(hub: &Hub, obj: &K) {
         };
         let mut items = Vec::new();
         for api in apis {
-            if let Ok(list) = api.list(&kube::api::ListParams::default()).await {
-                items.extend(list.items);
+            match api.list(&kube::api::ListParams::default()).await {
+                Ok(list) => items.extend(list.items),
+                Err(err) => {
+                    warn!(resource, "could not list the objects of a deleted controller: {err}");
+                    done = false;
+                }
             }
         }
         for item in items.iter().filter(|o| crate::engine::finalizer::has_finalizer(o, &finalizer)) {
             let api = api_for(&hub.client, &resolved, item);
             if let Err(err) = crate::engine::finalizer::remove_finalizer(&api, item, &finalizer).await {
                 warn!(object = %item.name_any(), "could not remove finalizer {finalizer}: {err}");
+                done = false;
             } else {
                 info!(object = %item.name_any(), finalizer, "removed finalizer of deleted controller");
             }
         }
     }
+    done
 }

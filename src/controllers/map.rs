@@ -174,6 +174,8 @@ impl Controller {
                 controller: mc_json.clone(),
                 sync_hook: None,
                 endpoint_configs: spec.endpoint_configs.clone(),
+                records: None,
+                related_limit: None,
             },
         )
         .map_err(StartError::Annotation)?;

@@ -51,6 +51,7 @@ impl StartError {
             Self::NotFound { role: "child", .. } => "ChildResourceNotFound",
             Self::NotFound { role: "attachment", .. } => "AttachmentResourceNotFound",
             Self::NotFound { role: "controllerrevision", .. } => "ControllerRevisionCRDNotInstalled",
+            Self::NotFound { role: "childrecord", .. } => "ChildRecordCRDNotInstalled",
             Self::NotFound { role: "input", .. } => "InputResourceNotFound",
             Self::NotFound { role: "output", .. } => "OutputResourceNotFound",
             Self::NotFound { .. } => "ResourceNotFound",
@@ -178,6 +179,8 @@ impl SyncError {
             Self::Hook(HookError::TooManyRequests { retry_after, .. }) => Action::RetryAfter(*retry_after),
             Self::Hook(HookError::Permanent { .. }) => Action::Hold,
             Self::RelatedNotSynced(_) | Self::Conflict(_) | Self::Plan(PlanError::Stale { .. }) => Action::RetryQuietly,
+            // A record of children elsewhere read from a cache behind the hub's own write of it.
+            Self::Claim(e) if e.is_stale() => Action::RetryQuietly,
             Self::Apply(errors) if !errors.is_empty() && errors.iter().all(ApplyError::is_stale) => {
                 Action::RetryQuietly
             }

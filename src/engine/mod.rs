@@ -11,6 +11,7 @@
 pub mod answered;
 pub mod canary;
 pub mod echoes;
+pub mod elsewhere;
 pub mod error;
 pub mod events;
 pub mod finalizer;

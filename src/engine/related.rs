@@ -21,7 +21,7 @@ use kube::api::DynamicObject;
 use serde_json::Value;
 use tokio::time::Instant;
 
-use crate::api::{HookVersion, labels_of};
+use crate::api::{HookVersion, RelatedLimit, labels_of};
 use crate::cache::discovery::ResolvedResource;
 use crate::cache::informers::{Change, Informer, ObjectKey};
 use crate::cache::selector::Selector;
@@ -46,6 +46,8 @@ pub struct Selection {
     namespace: Option<String>,
     labels: Option<Selector>,
     namespaces: Option<Selector>,
+    /// The namespaces the controller's `relatedLimit` lets the rule reach (`None`: any).
+    allowed: Option<std::collections::BTreeSet<String>>,
 }
 
 impl Selection {
@@ -61,16 +63,35 @@ impl Selection {
         Ok(())
     }
 
-    /// `raw` (already [`check`](Self::check)ed) for a parent in `scope`, its type being `resource`.
+    /// `raw` (already [`check`](Self::check)ed) for a parent in `scope`, its type being `resource`,
+    /// within the controller's `limit` (its `relatedLimit`): a rule for a type it does not list, or
+    /// naming a namespace it does not allow, is refused; one that reaches across namespaces selects
+    /// only in those it allows.
     pub fn new(
         raw: &RelatedResourceRule,
         resource: &ResolvedResource,
         scope: ParentScope<'_>,
+        limit: Option<&RelatedLimit>,
     ) -> Result<Self, SyncError> {
         if raw.namespace_selector.is_some() && !resource.namespaced {
             return Err(invalid(raw, "namespaceSelector applies only to namespaced resources".into()));
         }
         let mut namespace = raw.namespace.clone().filter(|n| !n.is_empty());
+        if let Some(limit) = limit
+            && !limit.allows_type(resource.api_version(), &resource.api_resource.plural)
+        {
+            return Err(invalid(raw, "a type the controller's relatedLimit does not list".into()));
+        }
+        let allowed = limit.and_then(|l| l.namespaces_for(scope.namespace)).filter(|_| resource.namespaced);
+        if let (Some(allowed), Some(ns)) = (&allowed, &namespace)
+            && !allowed.contains(ns)
+        {
+            let listed: Vec<&str> = allowed.iter().map(String::as_str).collect();
+            return Err(invalid(
+                raw,
+                format!("namespace {ns} is beyond the controller's relatedLimit (it allows {})", listed.join(", ")),
+            ));
+        }
         if scope.version == HookVersion::V1
             && let Some(parent_ns) = scope.namespace
         {
@@ -93,7 +114,13 @@ impl Selection {
         let parse = |s: &Option<_>| s.as_ref().map(Selector::from_label_selector).transpose();
         let labels = parse(&raw.label_selector).map_err(|e| invalid(raw, e.to_string()))?;
         let namespaces = parse(&raw.namespace_selector).map_err(|e| invalid(raw, e.to_string()))?;
-        Ok(Self { names: raw.names.clone(), namespace: namespace.filter(|_| resource.namespaced), labels, namespaces })
+        Ok(Self {
+            names: raw.names.clone(),
+            namespace: namespace.filter(|_| resource.namespaced),
+            labels,
+            namespaces,
+            allowed,
+        })
     }
 
     /// The namespace the rule is confined to (`None`: any, or a cluster-scoped type).
@@ -133,6 +160,11 @@ impl Selection {
         {
             return false;
         }
+        if let Some(allowed) = &self.allowed
+            && !obj.metadata.namespace.as_ref().is_some_and(|ns| allowed.contains(ns))
+        {
+            return false;
+        }
         if !self.names.is_empty() {
             return obj.metadata.name.as_ref().is_some_and(|n| self.names.contains(n));
         }
@@ -148,6 +180,70 @@ impl Selection {
                     .is_some_and(|ns| selector.matches(&labels_of(&ns.metadata)))
             }),
             None => true,
+        }
+    }
+}
+
+/// What whoever may create a parent can make a controller's `customize` hook read through the hub:
+/// its related rules' reach, by the hook's version, the parent's scope and the controller's `limit`
+/// (`relatedLimit`). `metahook status` and `metahook rbac` say it; a controller that lets parents'
+/// authors read other namespaces without a limit is warned about at its start.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Reach {
+    /// The types a rule may select (`None`: any).
+    pub types: Option<Vec<String>>,
+    /// The namespaces a rule may select in, besides the parent's own (`None`: any).
+    pub namespaces: Option<Vec<String>>,
+    /// Whether the parent's own namespace is among them (a namespaced parent's).
+    pub own: bool,
+}
+
+impl Reach {
+    /// The reach of a controller whose customize hook speaks `version`, for parents that are
+    /// `namespaced` or not, under `limit`.
+    #[must_use]
+    pub fn of(version: HookVersion, namespaced: bool, limit: Option<&RelatedLimit>) -> Self {
+        let types = limit
+            .and_then(|l| l.resources.as_ref())
+            .map(|types| types.iter().map(|t| format!("{}.{}", t.resource, t.api_version)).collect());
+        let places = match limit.and_then(|l| l.namespaces.clone()) {
+            Some(listed) => Some(listed),
+            // Metacontroller's v1 rule: a namespaced parent's own namespace only.
+            None if namespaced && version == HookVersion::V1 => Some(Vec::new()),
+            None => None,
+        };
+        Self { types, namespaces: places, own: namespaced }
+    }
+
+    /// Whether a parent's author can make the rules read in namespaces the controller's author did not
+    /// name: no `relatedLimit.namespaces`, and a hook or parent that Metacontroller lets reach any.
+    #[must_use]
+    pub fn unbounded(&self) -> bool {
+        self.namespaces.is_none()
+    }
+}
+
+impl std::fmt::Display for Reach {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.types {
+            Some(types) if types.is_empty() => return f.write_str("nothing"),
+            Some(types) => write!(f, "{}", types.join(", "))?,
+            None => f.write_str("any type")?,
+        }
+        match &self.namespaces {
+            None => f.write_str(" in any namespace"),
+            Some(listed) => {
+                let mut places: Vec<String> = Vec::new();
+                if self.own {
+                    places.push("the parent's namespace".into());
+                }
+                places.extend(listed.iter().cloned());
+                if places.is_empty() {
+                    f.write_str(" (cluster-scoped only)")
+                } else {
+                    write!(f, " in {} (and cluster-scoped objects)", places.join(", "))
+                }
+            }
         }
     }
 }
@@ -210,6 +306,8 @@ type Interest<K> = HashMap<(String, Option<String>), HashSet<K>>;
 pub struct Related<K> {
     hub: Hub,
     hook: Option<Endpoint>,
+    /// The controller's `relatedLimit`: what its rules may reach.
+    limit: Option<RelatedLimit>,
     controller: Value,
     enqueue: Arc<dyn Fn(K) + Send + Sync>,
     rules: Mutex<HashMap<K, Cached>>,
@@ -243,12 +341,14 @@ impl<K: Clone + Eq + Hash + Send + Sync + 'static> Related<K> {
     pub fn new(
         hub: Hub,
         hook: Option<Endpoint>,
+        limit: Option<RelatedLimit>,
         controller: Value,
         enqueue: Arc<dyn Fn(K) + Send + Sync>,
     ) -> Arc<Self> {
         Arc::new(Self {
             hub,
             hook,
+            limit,
             controller,
             enqueue,
             rules: Mutex::default(),
@@ -338,7 +438,7 @@ impl<K: Clone + Eq + Hash + Send + Sync + 'static> Related<K> {
             .resolve(&raw.api_version, &raw.resource)
             .await
             .map_err(|source| SyncError::RelatedType { rule: rule(), source })?;
-        let selection = Selection::new(raw, &resource, scope)?;
+        let selection = Selection::new(raw, &resource, scope, self.limit.as_ref())?;
         let namespace = raw.namespace.as_deref().filter(|n| !n.is_empty());
         self.within_namespaces(raw, &resource, namespace).map_err(|reason| invalid(raw, reason))?;
         if selection.reads_namespaces() {
@@ -485,18 +585,18 @@ mod tests {
         let raw =
             rule(json!({"apiVersion": "v1", "resource": "configmaps", "labelSelector": {"matchLabels": {"k": "v"}}}));
         let v1 = ParentScope { namespace: Some("a"), version: HookVersion::V1 };
-        let selection = Selection::new(&raw, informer.resource(), v1).unwrap();
+        let selection = Selection::new(&raw, informer.resource(), v1, None).unwrap();
         assert_eq!(selection.namespace(), Some("a"));
         let map = related_map([(&selection, &informer)], None, v1);
         let keys: Vec<&String> = map["ConfigMap.v1"].keys().collect();
         assert_eq!(keys, ["x"], "keyed by name under v1");
         let v2 = ParentScope { namespace: Some("a"), version: HookVersion::V2 };
-        let selection = Selection::new(&raw, informer.resource(), v2).unwrap();
+        let selection = Selection::new(&raw, informer.resource(), v2, None).unwrap();
         let map = related_map([(&selection, &informer)], None, v2);
         let keys: Vec<&String> = map["ConfigMap.v1"].keys().collect();
         assert_eq!(keys, ["a/x", "b/y"], "v2 sees every namespace, keyed namespace/name");
         let elsewhere = rule(json!({"apiVersion": "v1", "resource": "configmaps", "namespace": "b"}));
-        assert!(Selection::new(&elsewhere, informer.resource(), v1).is_err(), "v1 cannot name another namespace");
+        assert!(Selection::new(&elsewhere, informer.resource(), v1, None).is_err(), "v1 cannot name another namespace");
     }
 
     #[test]
@@ -505,7 +605,7 @@ mod tests {
         let raw = rule(json!({"apiVersion": "v1", "resource": "configmaps", "names": ["y"]}));
         Selection::check(&raw).unwrap();
         let scope = ParentScope { namespace: Some("a"), version: HookVersion::V1 };
-        let selection = Selection::new(&raw, informer.resource(), scope).unwrap();
+        let selection = Selection::new(&raw, informer.resource(), scope, None).unwrap();
         let selected: Vec<String> =
             selection.select(&informer, None).iter().map(|o| o.metadata.name.clone().unwrap()).collect();
         assert_eq!(selected, ["y"]);

@@ -33,9 +33,12 @@ use crate::cache::shard::Role;
 use crate::engine::answered::{Answered, RequestId};
 use crate::engine::canary::{Canary, CanarySettings, Pick};
 use crate::engine::echoes::{Echo, EchoPolicy, Echoes, Seen, Settled, Watched};
+use crate::engine::elsewhere;
 use crate::engine::error::{StartError, SyncError, with_causes};
 use crate::engine::events::reference;
-use crate::engine::finalizer::{Facts, follow_plan, gc_finalizing, has_finalizer, lifecycle_changed, remove_finalizer};
+use crate::engine::finalizer::{
+    Facts, Step, follow_plan, gc_finalizing, has_finalizer, lifecycle_changed, remove_finalizer,
+};
 use crate::engine::held::Held;
 use crate::engine::hub::Hub;
 use crate::engine::metrics::ControllerMetrics;
@@ -51,6 +54,7 @@ use crate::write::children::{
     ChildMap, ChildType, DeletionGuard, Executed, Plan, WriteObserver, Writes, deleted_version, live_parent,
     request_map, resources,
 };
+use crate::write::records::Records;
 
 /// What a controller kind supplies to the engine's sync.
 pub(crate) trait Kind: Send + Sync + 'static {
@@ -324,6 +328,9 @@ pub(crate) struct Core<K> {
     deletions: Deletions,
     /// Read from a file (`controllersFrom`): there is no controller object in the API to write a status to.
     pub from_file: bool,
+    /// The records of the parents' children elsewhere, when a child type is `crossNamespace` (see
+    /// [`crate::engine::elsewhere`]).
+    pub records: Option<Arc<Records>>,
 }
 
 /// What a controller object's annotations set for the engine (each documented as a setting, each read
@@ -378,6 +385,10 @@ pub(crate) struct CoreSettings<'a> {
     /// The `sync` hook and the `endpointConfigs` a canary's candidate takes its settings from.
     pub sync_hook: Option<crate::api::Hook>,
     pub endpoint_configs: Vec<crate::api::EndpointConfig>,
+    /// The records of children elsewhere, for a controller with a `crossNamespace` child type.
+    pub records: Option<Records>,
+    /// What the `customize` hook's related rules may reach (`relatedLimit`).
+    pub related_limit: Option<crate::api::RelatedLimit>,
 }
 
 impl<K: Clone + Eq + Hash + Display + Send + Sync + 'static> Core<K> {
@@ -392,6 +403,8 @@ impl<K: Clone + Eq + Hash + Display + Send + Sync + 'static> Core<K> {
             controller,
             sync_hook,
             endpoint_configs,
+            records,
+            related_limit,
         } = settings;
         let settings = Settings::from_annotations(annotations)?;
         let from_file = annotations.is_some_and(|a| a.contains_key(crate::api::FROM_FILE_ANNOTATION));
@@ -409,7 +422,7 @@ impl<K: Clone + Eq + Hash + Display + Send + Sync + 'static> Core<K> {
         Ok(Self {
             canary,
             deletions: Deletions::default(),
-            related: Related::new(hub.clone(), customize, controller, enqueue),
+            related: Related::new(hub.clone(), customize, related_limit, controller, enqueue),
             hub: hub.clone(),
             kind,
             name,
@@ -424,6 +437,7 @@ impl<K: Clone + Eq + Hash + Display + Send + Sync + 'static> Core<K> {
             child_resources: resources(&children),
             children,
             from_file,
+            records: records.map(Arc::new),
         })
     }
 
@@ -487,6 +501,13 @@ impl<K: Clone + Eq + Hash + Display + Send + Sync + 'static> Core<K> {
         let new = match change {
             Change::Deleted(obj) => {
                 self.deletions.forget(obj.metadata.uid.as_deref().unwrap_or_default());
+                if let Some(records) = &self.records {
+                    // A hub stopped between the parent's finalizer and the record's leaves this to do.
+                    if let Some(record) = records.of(obj).filter(|r| r.finalized) {
+                        let records = Arc::clone(records);
+                        tokio::spawn(async move { elsewhere::release(&records, Some(&record)).await });
+                    }
+                }
                 self.related.forget(&key);
                 self.requests.forget(&key);
                 self.echoes.forget(&key);
@@ -583,6 +604,56 @@ impl<K: Clone + Eq + Hash + Display + Send + Sync + 'static> Core<K> {
         }
     }
 
+    /// The labels a record of `parent`'s children elsewhere carries besides its controller's: the
+    /// parent's bucket when sharded, so it is in the cache of whoever holds the parent.
+    fn record_labels(&self, parent: &DynamicObject) -> std::collections::BTreeMap<String, String> {
+        let Some(shard) = &self.hub.shard else { return std::collections::BTreeMap::new() };
+        let mut stamped = serde_json::json!({"metadata": {}});
+        shard.stamp(&mut stamped, parent.metadata.uid.as_deref().unwrap_or_default());
+        serde_json::from_value(stamped["metadata"]["labels"].clone()).unwrap_or_default()
+    }
+
+    /// Whether the garbage collector orphaned `parent`'s record of children elsewhere (read live): it
+    /// does so only under `--cascade=orphan`. A parent with no record has nothing to say here.
+    async fn record_orphaned(&self, parent: &DynamicObject) -> Result<bool, SyncError> {
+        let Some(records) = &self.records else { return Ok(false) };
+        let live = records
+            .live(parent)
+            .await
+            .map_err(|e| SyncError::Claim(Box::new(crate::write::children::ClaimError::Record(Box::new(e)))))?;
+        Ok(live.is_some_and(|record| record.orphaned(parent.metadata.uid.as_deref().unwrap_or_default())))
+    }
+
+    /// The end of a deleted object, once its finalize hook (if any) let go: its children elsewhere dealt
+    /// with ([`elsewhere::let_go`]: deleted, or released with `orphan`), then the hub's finalizer
+    /// removed, then the record's. A child still there (changed since observed) leaves the finalizer on;
+    /// its event syncs the object again.
+    async fn finish_deletion(
+        &self,
+        key: &K,
+        type_index: usize,
+        obj: &DynamicObject,
+        (api, resource): (&Api<DynamicObject>, &ResolvedResource),
+        orphan: bool,
+    ) -> Result<(), SyncError> {
+        let known = self.records.as_deref().map(|records| elsewhere::known(records, obj, &self.finalizer));
+        if let Some(known) = &known {
+            let (client, applier) = (&self.hub.client, &self.hub.applier);
+            if !elsewhere::let_go(client, applier, obj, resource, &self.children, known.elsewhere(), orphan).await? {
+                return Ok(());
+            }
+        }
+        self.write_object(key, (type_index, &ObjectKey::of(obj)), remove_finalizer(api, obj, &self.finalizer)).await?;
+        if let Some(records) = &self.records {
+            // Live: the collector may have orphaned it since the cache's copy (then it is deleted here).
+            match records.live(obj).await {
+                Ok(record) => elsewhere::release(records, record.as_ref()).await,
+                Err(e) => warn!("could not read the record of children elsewhere to release it: {e}"),
+            }
+        }
+        Ok(())
+    }
+
     /// Writes to the object itself (status, labels), announced to the echoes.
     async fn write_object(
         &self,
@@ -670,6 +741,15 @@ async fn observe<C: Kind>(kind: &C, key: &C::Key) -> Result<Option<Observing<C>>
         deleting: obj.metadata.deletion_timestamp.is_some(),
     };
     let object = ObjectKey::of(&obj);
+    if let Some(records) = &core.records
+        && !facts.deleting
+        && matches!(crate::engine::finalizer::plan(facts), Step::Sync { finalizing: false, .. })
+    {
+        // The parent's record of its children elsewhere exists before its finalizer does.
+        let known = elsewhere::known(records, &obj, &core.finalizer);
+        let labels = core.record_labels(&obj);
+        elsewhere::prepare(records, &obj, &resource, &core.children, &known, labels).await?;
+    }
     let record = |write| core.write_object(key, (kind.type_of(key), &object), write);
     let Some(finalizing) = follow_plan(&api, &obj, &core.finalizer, facts, record).await? else { return Ok(None) };
     let orphaning = if finalizing && facts.deleting {
@@ -682,10 +762,8 @@ async fn observe<C: Kind>(kind: &C, key: &C::Key) -> Result<Option<Observing<C>>
         false
     };
     if finalizing && kind.hook(true).is_none() {
-        // Deleted, with children by label and no finalize hook to ask: they go, then the finalizer.
-        if let_go_of_labelled(core, &obj, orphaning).await? {
-            core.write_object(key, (kind.type_of(key), &object), remove_finalizer(&api, &obj, &core.finalizer)).await?;
-        }
+        // Deleted, with children elsewhere and no finalize hook to ask: they go, then the finalizer.
+        core.finish_deletion(key, kind.type_of(key), &obj, (&api, &resource), orphaning).await?;
         return Ok(None);
     }
     let canary = core.canary.pick(obj.metadata.uid.as_deref().unwrap_or_default(), finalizing);
@@ -732,7 +810,9 @@ async fn orphaning<C: Kind>(
     let orphaning = match Intent::of(obj, &core.deletions) {
         Intent::Unseen => return Ok(None),
         Intent::Orphan => true,
-        Intent::NotShown => kind.orphaned_by_collector(obj).await?,
+        // The record of the children elsewhere is the parent's own dependent: the collector orphans it
+        // too, which says the intent when no child is in the parent's namespace.
+        Intent::NotShown => core.record_orphaned(obj).await? || kind.orphaned_by_collector(obj).await?,
     };
     if orphaning && !crate::engine::orphaning::recorded(obj) {
         core.write_object(key, (kind.type_of(key), &ObjectKey::of(obj)), Intent::record(api, obj)).await?;
@@ -819,17 +899,41 @@ async fn answer<C: Kind>(
     // Under `--cascade=orphan` the children are the user's now (the garbage collector took this parent's
     // ownerReferences off them): the finalize hook's answer of children is not written, nor checked
     // against children that are no longer the parent's.
+    let total = children_count(observed);
     let observed = decision.scope.as_deref().unwrap_or(observed);
+    let narrowed = if *orphaning {
+        None
+    } else {
+        crate::write::children::narrow(&core.children, observed, &decision.desired, obj, resource, ours)?
+    };
+    let (observed, desired) = match &narrowed {
+        Some(narrowed) => (&narrowed.observed[..], &narrowed.desired[..]),
+        None => (observed, &decision.desired[..]),
+    };
+    if let Some(refused) = narrowed.as_ref().and_then(|n| refused_namespaces(&n.refused)) {
+        // Written around, and said: the sync fails (and backs off) once the rest is written.
+        warn!("{}", with_causes(&refused));
+        decision.refused = Some(match decision.refused.take() {
+            Some(earlier) => {
+                SyncError::Parts { what: "parts", total: 2, failed: vec![earlier.to_string(), refused.to_string()] }
+            }
+            None => refused,
+        });
+    }
     let plan = if *orphaning {
         None
     } else {
-        Some(plan(&core.children, observed, &decision.desired, obj, guard, ours, &adopts)?)
+        Some(plan(&core.children, observed, desired, obj, guard, total, ours, &adopts)?)
     };
 
     // Act.
     record_hook_events(&core.hub.events, obj, &decision.events).await;
+    let wanted = match &core.records {
+        Some(_) => elsewhere::desired_elsewhere(obj, resource, &core.children, desired),
+        None => std::collections::BTreeSet::new(),
+    };
     let executed = match &plan {
-        Some(plan) => act_on_children(kind, key, obj, resource, plan, decision.before.as_ref()).await?,
+        Some(plan) => act_on_children(kind, key, obj, resource, plan, decision.before.as_ref(), &wanted).await?,
         None => Some(Executed::default()),
     };
     let Some(executed) = executed else {
@@ -858,8 +962,8 @@ async fn answer<C: Kind>(
     if !executed.errors.is_empty() {
         return Err(SyncError::Apply(executed.errors));
     }
-    if finalizing && decision.finalized && let_go_of_labelled(core, obj, *orphaning).await? {
-        core.write_object(key, object, remove_finalizer(api, obj, &core.finalizer)).await?;
+    if finalizing && decision.finalized {
+        core.finish_deletion(key, object.0, obj, (api, resource), *orphaning).await?;
     }
     if executed.writes.iter().any(|w| w.recreate) {
         // A child deleted to be recreated: the next sync creates it, whatever becomes of the echo.
@@ -885,18 +989,38 @@ fn digest_of(value: &Value) -> u64 {
 /// taken by an object that is not `obj`'s ([`Plan::new`]; `ours` and `adopts` say what is), or more
 /// deletions than `guard` allows (`None` when finalizing: a finalize hook may delete everything). The
 /// engine's sync and `metahook diff` both plan through it, so a preview refuses what a sync refuses.
+///
+/// `total`: how many children `obj` has in all (the guard's share is of those). Call it with what
+/// [`narrow`] left of the answer, when it left something out.
+#[allow(clippy::too_many_arguments)] // the plan's inputs, each its own thing; a struct would only rename them
 pub(crate) fn plan<'a>(
     children: &'a [ChildType],
     observed: &'a [ChildMap<Arc<DynamicObject>>],
     desired: &'a [ChildMap<Value>],
     obj: &DynamicObject,
     guard: Option<DeletionGuard>,
+    total: usize,
     ours: impl Fn(&DynamicObject) -> bool,
     adopts: crate::write::apply::Adopts<'a>,
 ) -> Result<Plan<'a>, SyncError> {
     let plan = Plan::new(children, observed, desired, ours, adopts)?;
-    plan.check_guard(guard, obj)?;
+    plan.check_guard(guard, obj, total)?;
     Ok(plan)
+}
+
+/// How many children the observation lists, of every type: what the safe-delete guard's share is of.
+pub(crate) fn children_count(observed: &[ChildMap<Arc<DynamicObject>>]) -> usize {
+    observed.iter().map(std::collections::BTreeMap::len).sum()
+}
+
+/// The namespaces where a desired child's name is taken by someone else's object, left out of the
+/// answer ([`crate::write::children::narrow`]) and said as the refused parts of the sync.
+pub(crate) fn refused_namespaces(refused: &[crate::write::children::PlanError]) -> Option<SyncError> {
+    (!refused.is_empty()).then(|| SyncError::Parts {
+        what: "namespaces",
+        total: refused.len(),
+        failed: refused.iter().map(ToString::to_string).collect(),
+    })
 }
 
 /// Reports a permanent hook error, once per message: a Warning Event and, where the status is the
@@ -938,6 +1062,7 @@ async fn act_on_children<C: Kind>(
     resource: &ResolvedResource,
     plan: &Plan<'_>,
     before: Option<&C::Before>,
+    wanted: &std::collections::BTreeSet<crate::api::record::RecordedChild>,
 ) -> Result<Option<Executed>, SyncError> {
     let core = kind.core();
     let applier = &core.hub.applier;
@@ -947,7 +1072,10 @@ async fn act_on_children<C: Kind>(
         return Ok(Some(Executed::default()));
     }
     let writes = plan.writes(applier, &journal);
-    if !before_writes && writes == Writes::Nothing {
+    let known = core.records.as_deref().map(|records| (records, elsewhere::known(records, obj, &core.finalizer)));
+    let settling =
+        known.as_ref().is_some_and(|(_, k)| elsewhere::needs_settling(k.record.as_ref(), &core.children, wanted));
+    if !before_writes && writes == Writes::Nothing && !settling {
         return Ok(Some(Executed::default()));
     }
     // No child written for an object that is gone or replaced, or that changed its stage of life while
@@ -981,40 +1109,20 @@ async fn act_on_children<C: Kind>(
             if let Some(before) = before {
                 before.persist(applier).await.map_err(|e| SyncError::Apply(vec![e]))?;
             }
-            Ok(Some(plan.execute(applier, &journal).await))
-        }
-    }
-}
-
-/// The end of a deleted object's children by label (`crossNamespace`), once its finalize hook (if any)
-/// let go: each is deleted (as observed: preconditions on its UID and version), or, with `orphan`
-/// (`--cascade=orphan`, as [`orphaning`] decided it), released: the user keeps the children, as the
-/// garbage collector keeps owned ones. Returns whether none is left, so the finalizer may go; otherwise
-/// each deletion's event queues the object again.
-async fn let_go_of_labelled<K>(core: &Core<K>, obj: &DynamicObject, orphan: bool) -> Result<bool, SyncError> {
-    let uid = obj.metadata.uid.as_deref().unwrap_or_default();
-    let client = &core.hub.client;
-    let mut left = 0;
-    for child_type in core.children.iter().filter(|t| t.cross_namespace) {
-        let resource = child_type.resource();
-        let labelled = child_type
-            .informer
-            .controlled_by(uid)
-            .into_iter()
-            .filter(|child| !child.metadata.owner_references.iter().flatten().any(|r| r.controller == Some(true)));
-        for child in labelled {
-            left += 1;
-            if orphan {
-                crate::write::children::label(client, resource, &child, None, "releasing")
-                    .await
-                    .map_err(|e| SyncError::Claim(Box::new(e)))?;
-                continue;
+            // The parent's side of a claim on a child elsewhere is written before the child.
+            let record = match &known {
+                Some((records, known)) => elsewhere::admit(records, known, wanted, obj).await?,
+                None => None,
+            };
+            let executed = plan.execute(applier, &journal).await;
+            if let Some((records, _)) = &known
+                && executed.errors.is_empty()
+            {
+                elsewhere::settle(records, record.as_ref(), &core.children, wanted, &executed).await?;
             }
-            // The applier's delete: background, only of the child as observed, counted and traced.
-            core.hub.applier.delete(resource, &child).await.map_err(|e| SyncError::Apply(vec![e]))?;
+            Ok(Some(executed))
         }
     }
-    Ok(left == 0)
 }
 
 /// Merges the labels and annotations a hook asked for (a patch naming the object's UID, so it is

@@ -111,6 +111,7 @@ fn shaped_as_composite(mc: &crate::api::MapController) -> CompositeController {
         endpoint_configs: Vec::new(),
         resync_period_seconds: None,
         generate_selector: None,
+        related_limit: None,
     };
     CompositeController::new(&mc.metadata.name.clone().unwrap_or_default(), spec)
 }

@@ -16,6 +16,7 @@ pub fn all() -> Vec<(&'static str, CustomResourceDefinition)> {
         ("decoratorcontrollers.yaml", DecoratorController::crd()),
         ("mapcontrollers.yaml", MapController::crd()),
         ("controllerrevisions.yaml", crate::api::revision::crd()),
+        ("childrecords.yaml", <crate::api::record::ChildRecord as CustomResourceExt>::crd()),
     ];
     for (_, crd) in &mut all {
         annotate(crd);

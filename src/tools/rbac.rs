@@ -42,6 +42,8 @@ const READ: &[&str] = &["get", "list", "watch"];
 /// cannot tell which parent types have that subresource: the patch is granted for all.
 const PARENT_PATCH: &[&str] = &["get", "list", "watch", "patch"];
 const MANAGE: &[&str] = &["get", "list", "watch", "create", "update", "patch", "delete"];
+/// A controller object's verbs: read, and patch for the hub's finalizer on it.
+const CONTROLLER: &[&str] = &["get", "list", "watch", "patch"];
 const STATUS: &[&str] = &["get", "update", "patch"];
 /// Setting `blockOwnerDeletion` on a child needs `update` on the owner's `finalizers` subresource when
 /// the `OwnerReferencesPermissionEnforcement` admission plugin is on.
@@ -119,7 +121,9 @@ pub fn base_rules() -> Vec<PolicyRule> {
     grants.add("authentication.k8s.io/v1", "tokenreviews", &["create"]);
     grants.add("authorization.k8s.io/v1", "subjectaccessreviews", &["create"]);
     for resource in ["compositecontrollers", "decoratorcontrollers", "mapcontrollers"] {
-        grants.add(crate::api::GROUP_VERSION, resource, READ);
+        // `patch`: the hub's finalizer on each controller object, which holds a deleted controller until
+        // a hub has taken the controller's finalizer off its parents.
+        grants.add(crate::api::GROUP_VERSION, resource, CONTROLLER);
         grants.add(crate::api::GROUP_VERSION, &format!("{resource}/status"), STATUS);
     }
     grants.add("events.k8s.io/v1", "events", &["create", "patch"]);
@@ -320,6 +324,15 @@ pub enum ControllerObject {
 }
 
 impl ControllerObject {
+    /// Its `relatedLimit` (a MapController has no customize hook).
+    fn related_limit(&self) -> Option<&crate::api::RelatedLimit> {
+        match self {
+            Self::Composite(c) => c.spec.related_limit.as_ref(),
+            Self::Decorator(d) => d.spec.related_limit.as_ref(),
+            Self::Map(_) => None,
+        }
+    }
+
     fn name(&self) -> String {
         match self {
             Self::Composite(c) => c.metadata.name.clone(),
@@ -357,6 +370,10 @@ pub fn controller_rules(controller: &ControllerObject, related: &[(String, Strin
             if spec.child_resources.iter().any(|c| c.method().is_rolling()) {
                 grants.add(crate::api::GROUP_VERSION, "controllerrevisions", MANAGE);
             }
+            if spec.child_resources.iter().any(crate::api::ChildResourceRule::cross_namespace) {
+                // The parents' records of their children elsewhere (`crate::write::records`).
+                grants.add(crate::api::GROUP_VERSION, "childrecords", MANAGE);
+            }
             recreating(&mut grants, &spec.child_resources);
         }
         ControllerObject::Decorator(dc) => {
@@ -388,7 +405,29 @@ pub fn controller_rules(controller: &ControllerObject, related: &[(String, Strin
     for (api_version, resource) in related {
         grants.add(api_version, resource, READ);
     }
+    // The types a `relatedLimit` lists are all its customize hook's rules may select: read them.
+    for related in controller.related_limit().and_then(|l| l.resources.as_ref()).into_iter().flatten() {
+        grants.add(&related.api_version, &related.resource, READ);
+    }
     grants.rules()
+}
+
+/// What whoever may create a controller's parents can make its customize hook read through the hub,
+/// as a comment for `metahook rbac`'s output (`None`: no customize hook). `metahook rbac` reads no
+/// cluster: the parents are taken to be namespaced, the wider reach under a v1 hook.
+#[must_use]
+pub fn related_note(controller: &ControllerObject) -> Option<String> {
+    let hook = match controller {
+        ControllerObject::Composite(cc) => cc.spec.hooks.as_ref()?.customize.as_ref()?,
+        ControllerObject::Decorator(dc) => dc.spec.hooks.customize.as_ref()?,
+        ControllerObject::Map(_) => return None,
+    };
+    let reach = crate::engine::related::Reach::of(hook.version(), true, controller.related_limit());
+    let advice = if reach.unbounded() { "; declare spec.relatedLimit to bound it" } else { "" };
+    Some(format!(
+        "# {}: whoever may create a parent can make its customize hook read {reach} through the hub{advice}\n",
+        controller.name()
+    ))
 }
 
 /// With a child type that is recreated, the namespace's `ResourceQuota`s and `LimitRange`s are listed to
@@ -536,7 +575,13 @@ pub fn render(request: &RbacRequest) -> Result<String, RbacError> {
         }
     }
     let docs: Vec<String> = docs.iter().map(|d| yaml::to_string(d).unwrap_or_default()).collect();
-    Ok(docs.join("---\n"))
+    let mut notes = String::new();
+    for file in &request.files {
+        for controller in read_controllers(file)? {
+            notes.extend(related_note(&controller));
+        }
+    }
+    Ok(notes + &docs.join("---\n"))
 }
 
 /// An object as YAML wants it: with apiVersion and kind (k8s-openapi's types leave them out).
@@ -611,7 +656,8 @@ mod tests {
     #[test]
     fn base_rules_cover_the_hubs_own_needs_and_nothing_wider() {
         let rules = base_rules();
-        assert_eq!(verbs(&rules, "metacontroller.k8s.io", "compositecontrollers"), ["get", "list", "watch"]);
+        // `patch`: the hub's finalizer on the controller object (issue 61 item 5).
+        assert_eq!(verbs(&rules, "metacontroller.k8s.io", "compositecontrollers"), ["get", "list", "watch", "patch"]);
         assert_eq!(verbs(&rules, "metacontroller.k8s.io", "decoratorcontrollers/status"), ["get", "update", "patch"]);
         assert_eq!(verbs(&rules, "events.k8s.io", "events"), ["create", "patch"]);
         assert_eq!(verbs(&rules, "authentication.k8s.io", "tokenreviews"), ["create"], "metricsAuth: kubernetes");

@@ -5,7 +5,7 @@
 //! the parent, so a parent that was deleted and recreated under the same name never adopts its
 //! predecessor's children; every ownerRef patch carries UID and resourceVersion tests.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use futures::{StreamExt as _, stream};
@@ -14,6 +14,7 @@ use kube::Client;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use serde_json::{Value, json};
 
+use crate::api::record::RecordedChild;
 use crate::api::validation;
 use crate::api::{HookVersion, UpdateMethod, labels_of};
 use crate::cache::discovery::ResolvedResource;
@@ -21,6 +22,7 @@ use crate::cache::informers::{Informer, ObjectKey, PARENT_ANNOTATION, PARENT_UID
 use crate::cache::selector::Selector;
 use crate::hooks::{ObjectMaps, WireObject, group_version_kind_key, object_key};
 use crate::write::apply::{Adopts, Applied, Applier, ApplyError, holder, strip_server_fields};
+use crate::write::records::{Record, RecordError, Records, entry};
 
 /// The resolved types of `types`, in order.
 #[must_use]
@@ -68,8 +70,23 @@ pub type ChildMap<T> = BTreeMap<ObjectKey, T>;
 pub enum ClaimError {
     #[error("checking that parent {parent} is still there: {source}")]
     ParentCheck { parent: ObjectKey, source: kube::Error },
+    #[error("{0}")]
+    Record(#[source] Box<RecordError>),
+    /// An orphan elsewhere to adopt, and no record of the parent's children elsewhere to enter it in.
+    #[error("parent {parent} has no record of its children elsewhere yet; retrying")]
+    NoRecord { parent: ObjectKey },
     #[error("{action} {kind} {key}: {source}")]
     Patch { action: &'static str, kind: String, key: ObjectKey, source: kube::Error },
+}
+
+impl ClaimError {
+    /// Whether a retry with a fresh cache resolves it: a record of children elsewhere read before the
+    /// hub's own last write of it showed in the cache, or not made yet.
+    #[must_use]
+    pub fn is_stale(&self) -> bool {
+        matches!(self, Self::Record(e) if matches!(**e, RecordError::Stale { .. }))
+            || matches!(self, Self::NoRecord { .. })
+    }
 }
 
 /// The controller ownerRef that marks an object as a child of `parent`.
@@ -156,13 +173,49 @@ pub struct Claims {
     pub adopt: Vec<(usize, Arc<DynamicObject>)>,
 }
 
-/// What claiming `parent`'s children of `types` decides, from the types' caches (see [`Claims`]).
+/// Which of a parent's labelled objects outside its namespace are its children (`crossNamespace`): the
+/// label alone can be written by whoever may write that namespace, so the parent's side must say so too
+/// (see [`crate::write::records`]).
+#[derive(Clone, Copy, Debug)]
+pub enum Elsewhere<'a> {
+    /// Those its record lists.
+    Listed(&'a Record),
+    /// Every labelled one: a parent a hub from before records synced, whose record is being made from
+    /// what it finds (the labels are trusted once, as that hub trusted them).
+    Labels,
+    /// None: the parent has no record (none of its children is elsewhere, or none may be).
+    Nothing,
+}
+
+impl Elsewhere<'_> {
+    /// Whether `child`, of type `resource`, outside the parent's namespace and labelled with its UID, is
+    /// the parent's.
+    #[must_use]
+    pub fn claims(&self, resource: &ResolvedResource, child: &ObjectKey) -> bool {
+        match self {
+            Self::Listed(record) => record.lists(resource, child),
+            Self::Labels => true,
+            Self::Nothing => false,
+        }
+    }
+}
+
+/// Whether `obj`, controlled by `parent` by its label alone, is outside the parent's namespace: a child
+/// by label, which the record must list too.
+fn labelled_elsewhere(obj: &DynamicObject, parent: &DynamicObject, parent_resource: &ResolvedResource) -> bool {
+    let by_reference = obj.metadata.owner_references.iter().flatten().any(|r| r.controller == Some(true));
+    !by_reference && by_label(parent, parent_resource, obj.metadata.namespace.as_deref())
+}
+
+/// What claiming `parent`'s children of `types` decides, from the types' caches (see [`Claims`]); a
+/// labelled object outside the parent's namespace counts only where `elsewhere` says so.
 #[must_use]
 pub fn claims(
     parent: &DynamicObject,
     parent_resource: &ResolvedResource,
     selector: &Selector,
     types: &[ChildType],
+    elsewhere: Elsewhere<'_>,
 ) -> Claims {
     let parent_uid = parent.metadata.uid.as_deref().unwrap_or_default();
     let parent_ns = parent_resource.namespaced.then_some(parent.metadata.namespace.as_deref()).flatten();
@@ -174,6 +227,12 @@ pub fn claims(
         let adopt_ns = if child_type.adopt_elsewhere { None } else { parent_ns };
         let mut owned = ChildMap::new();
         for obj in child_type.informer.controlled_by(parent_uid) {
+            if labelled_elsewhere(&obj, parent, parent_resource)
+                && !elsewhere.claims(child_type.resource(), &ObjectKey::of(&obj))
+            {
+                // Someone else's object that only says it is the parent's: none of its business.
+                continue;
+            }
             match claim_of(&obj, parent, owned_ns, selector) {
                 Claim::Owned => {
                     owned.insert(ObjectKey::of(&obj), obj);
@@ -210,23 +269,56 @@ pub fn orphans_to_adopt(
 /// Owned objects that no longer match `selector` are released. What to do is [`claims`]'s decision;
 /// an adoption is preceded by one live read of the parent. Returns no maps at all when the parent
 /// turned out gone or being deleted.
+///
+/// `record`: the parent's record of children elsewhere, when it may have some (`None`: it may not, or it
+/// is one a hub from before records synced, whose labelled children count, see [`Elsewhere::Labels`]).
+/// An orphan adopted elsewhere is entered in the record before it is labelled; a child released there
+/// leaves the record after its label is gone.
 pub async fn claim(
     client: &Client,
     parent: &DynamicObject,
     parent_resource: &ResolvedResource,
     selector: &Selector,
     types: &[ChildType],
+    record: Option<(&Records, Elsewhere<'_>)>,
 ) -> Result<Vec<ChildMap<Arc<DynamicObject>>>, ClaimError> {
     let parent_uid = parent.metadata.uid.as_deref().unwrap_or_default();
-    let Claims { mut owned, release: released, adopt: adopted } = claims(parent, parent_resource, selector, types);
+    let elsewhere = record.map_or(Elsewhere::Nothing, |(_, e)| e);
+    let Claims { mut owned, release: released, adopt: adopted } =
+        claims(parent, parent_resource, selector, types, elsewhere);
+    let mut current = match (record, elsewhere) {
+        (Some((records, _)), Elsewhere::Listed(listed)) => Some((records, Arc::new(listed.clone()))),
+        _ => None,
+    };
+    let mut left_elsewhere = BTreeSet::new();
     for (index, obj) in released {
         release(client, types[index].resource(), &obj, parent_uid, parent_resource).await?;
+        if labelled_elsewhere(&obj, parent, parent_resource) {
+            left_elsewhere.insert(entry(types[index].resource(), &ObjectKey::of(&obj)));
+        }
+    }
+    if let Some((records, listed)) = current.as_mut().filter(|_| !left_elsewhere.is_empty()) {
+        let kept = listed.children.difference(&left_elsewhere).cloned().collect();
+        *listed = records.write(listed, kept).await.map_err(|e| ClaimError::Record(Box::new(e)))?;
     }
     if !adopted.is_empty() {
         let live = live_parent(client, parent_resource, parent).await?;
         if live.is_none_or(|p| p.metadata.deletion_timestamp.is_some()) {
             return Ok(Vec::new());
         }
+    }
+    let adopted_elsewhere: BTreeSet<RecordedChild> = adopted
+        .iter()
+        .filter(|(_, obj)| by_label(parent, parent_resource, obj.metadata.namespace.as_deref()))
+        .map(|(index, obj)| entry(types[*index].resource(), &ObjectKey::of(obj)))
+        .collect();
+    if !adopted_elsewhere.is_empty() {
+        // The parent's side of the claim comes first: a label written without it would make nobody's child.
+        let Some((records, listed)) = current.as_mut() else {
+            return Err(ClaimError::NoRecord { parent: ObjectKey::of(parent) });
+        };
+        let more = listed.children.union(&adopted_elsewhere).cloned().collect();
+        *listed = records.write(listed, more).await.map_err(|e| ClaimError::Record(Box::new(e)))?;
     }
     for (index, obj) in adopted {
         let resource = types[index].resource();
@@ -456,6 +548,60 @@ pub enum PlanError {
     },
 }
 
+/// An answer with the namespaces where a desired child's name is taken by someone else's object left out
+/// (see [`narrow`]).
+pub struct Narrowed {
+    pub observed: Vec<ChildMap<Arc<DynamicObject>>>,
+    pub desired: Vec<ChildMap<Value>>,
+    /// Why each left-out namespace was refused.
+    pub refused: Vec<PlanError>,
+}
+
+/// Leaves out of an answer each namespace other than the parent's where a desired child's name is taken
+/// by an object that is not the parent's: nothing of the answer is written or deleted there, and the
+/// rest of it is (`Ok(Some)`). Whoever may write in one namespace can take a name there, and must not
+/// thereby stop what the hub does for a parent in another. A name taken in the parent's own namespace
+/// (or under a cluster-scoped parent) refuses the whole answer, as in Metacontroller (`Err`); so does a
+/// child of the parent's own that turned up in the cache since it was observed ([`PlanError::Stale`], a
+/// quiet retry). `Ok(None)`: no name is taken, the answer is written whole.
+pub fn narrow(
+    types: &[ChildType],
+    observed: &[ChildMap<Arc<DynamicObject>>],
+    desired: &[ChildMap<Value>],
+    parent: &DynamicObject,
+    parent_resource: &ResolvedResource,
+    ours: impl Fn(&DynamicObject) -> bool,
+) -> Result<Option<Narrowed>, PlanError> {
+    let mut refused: BTreeMap<Option<String>, PlanError> = BTreeMap::new();
+    for ((child_type, observed), desired) in types.iter().zip(observed).zip(desired) {
+        for key in desired.keys().filter(|key| !observed.contains_key(*key)) {
+            let Some(existing) = child_type.informer.get(key) else { continue };
+            let kind = child_type.resource().kind().to_owned();
+            if ours(&existing) {
+                return Err(PlanError::Stale { kind, key: key.clone() });
+            }
+            let error = PlanError::NotOurs { kind, key: key.clone(), holder: holder(&existing) };
+            if !by_label(parent, parent_resource, key.namespace.as_deref()) {
+                return Err(error);
+            }
+            refused.entry(key.namespace.clone()).or_insert(error);
+        }
+    }
+    if refused.is_empty() {
+        return Ok(None);
+    }
+    let kept = |key: &ObjectKey| !refused.contains_key(&key.namespace);
+    let observed = observed
+        .iter()
+        .map(|m| m.iter().filter(|(k, _)| kept(k)).map(|(k, v)| (k.clone(), Arc::clone(v))).collect())
+        .collect();
+    let desired = desired
+        .iter()
+        .map(|m| m.iter().filter(|(k, _)| kept(k)).map(|(k, v)| (k.clone(), v.clone())).collect())
+        .collect();
+    Ok(Some(Narrowed { observed, desired, refused: refused.into_values().collect() }))
+}
+
 impl<'a> Plan<'a> {
     /// Plans the writes that make `observed` match `desired`, refusing to take over an existing object
     /// that is not one of the parent's children (it is in the type's cache but was not claimed). `ours`
@@ -489,9 +635,17 @@ impl<'a> Plan<'a> {
 
     /// Refuses the plan when its deletions exceed what `guard` allows, unless the parent acknowledges
     /// exactly this set of deletions.
-    pub fn check_guard(&self, guard: Option<DeletionGuard>, parent: &DynamicObject) -> Result<(), PlanError> {
+    ///
+    /// `total` is how many children the parent has, all of them: the guard's share is of the parent's
+    /// children, whatever part of them this plan is about (a MapController's one input, an answer with a
+    /// namespace left out).
+    pub fn check_guard(
+        &self,
+        guard: Option<DeletionGuard>,
+        parent: &DynamicObject,
+        total: usize,
+    ) -> Result<(), PlanError> {
         let Some(guard) = guard else { return Ok(()) };
-        let total: usize = self.observed.iter().map(BTreeMap::len).sum();
         let count = self.deletions.len();
         if count == 0 || guard.allows(count, total) {
             return Ok(());

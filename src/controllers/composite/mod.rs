@@ -25,6 +25,7 @@ use crate::cache::informers::{
 };
 use crate::cache::selector::{Selector, SelectorIndex};
 use crate::cache::shard::Role;
+use crate::engine::elsewhere;
 use crate::engine::error::{StartError, SyncError};
 use crate::engine::hub::Hub;
 use crate::engine::orphaning::Orphaned;
@@ -35,6 +36,7 @@ use crate::engine::worker::resync_after;
 use crate::hooks::{ControllerHooks, Endpoint};
 use crate::write::apply::{Applier, ApplyError};
 use crate::write::children::{ChildMap, ChildType, Claim, by_label, claim, claim_of, resources};
+use crate::write::records::Records;
 
 pub use self::ask::{Answer, Ask, CONTROLLER_UID_LABEL, child_selector, validate_response};
 
@@ -94,6 +96,19 @@ impl Controller {
             }
         }
         let children = child_types(hub, &spec.child_resources, "child", |method| method).await?;
+        let records = if spec.child_resources.iter().any(crate::api::ChildResourceRule::cross_namespace) {
+            // The parents' side of their claims on children elsewhere (see `crate::write::records`).
+            let resource = hub
+                .discovery
+                .resolve(crate::api::GROUP_VERSION, "childrecords")
+                .await
+                .map_err(|source| StartError::NotFound { role: "childrecord", source })?;
+            let informer = hub.informers.get(&resource, Role::Child);
+            informer.wait_synced(hub.settings.cache_sync_timeout).await?;
+            Some(Records::new(hub.client.clone(), informer, &name))
+        } else {
+            None
+        };
         let rollouts = if spec.child_resources.iter().any(|r| r.method().is_rolling()) {
             if !parent_resource.namespaced {
                 return Err(StartError::RollingNeedsNamespacedParent);
@@ -129,6 +144,8 @@ impl Controller {
                 controller: cc_json.clone(),
                 sync_hook: cc.spec.hooks.as_ref().and_then(|h| h.sync.clone()),
                 endpoint_configs: cc.spec.endpoint_configs.clone(),
+                records,
+                related_limit: cc.spec.related_limit.clone(),
             },
         )
         .map_err(StartError::Annotation)?;
@@ -147,9 +164,25 @@ impl Controller {
     /// Runs watches-to-queue mapping and the workers, and follows the hook's versions
     /// ([`crate::engine::rollout`]) and its canary ([`crate::engine::canary`]), until `cancel` fires.
     pub async fn run(self: Arc<Self>, cancel: CancellationToken) {
+        if let Some(records) = self.core.records.clone() {
+            // Records a hub stopped between a parent's finalizer and its record's left held.
+            let (parents, finalizer) = (self.parent.clone(), self.core.finalizer.clone());
+            tokio::spawn(async move {
+                elsewhere::sweep(&records, &parents, &Arc::clone(parents.resource()), &finalizer).await;
+            });
+        }
         let versions = crate::engine::rollout::run(Arc::clone(&self), cancel.clone());
         let canary = crate::engine::canary::run(Arc::clone(&self), cancel.clone());
         tokio::join!(crate::engine::sync::run(self, cancel), versions, canary);
+    }
+
+    /// What whoever may create a parent can make the customize hook read through the hub (`None`: no
+    /// customize hook).
+    #[must_use]
+    pub fn related_reach(&self) -> Option<crate::engine::related::Reach> {
+        let hook = self.cc.spec.hooks.as_ref()?.customize.as_ref()?;
+        let namespaced = self.parent.resource().namespaced;
+        Some(crate::engine::related::Reach::of(hook.version(), namespaced, self.cc.spec.related_limit.as_ref()))
     }
 
     /// Queues every parent it selects (or still finalizes) now — a sync requested on the controller
@@ -309,7 +342,10 @@ impl Kind for Controller {
     ) -> Result<Option<Observation<Self::Claimed>>, SyncError> {
         let client = &self.core.hub.client;
         let selector = self.selector_of(parent)?;
-        let observed = claim(client, parent, resource, &selector, &self.core.children).await?;
+        let records = self.core.records.as_deref();
+        let known = records.map(|records| elsewhere::known(records, parent, &self.core.finalizer));
+        let record = records.zip(known.as_ref()).map(|(records, known)| (records, known.elsewhere()));
+        let observed = claim(client, parent, resource, &selector, &self.core.children, record).await?;
         // Empty: the parent went away while adopting.
         if observed.len() != self.core.children.len() {
             return Ok(None);

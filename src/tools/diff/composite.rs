@@ -19,13 +19,17 @@ use crate::cache::informers::{Informer, ObjectKey};
 use crate::cache::selector::Selector;
 use crate::controllers::composite::rollouts::{Pending, Rollouts};
 use crate::controllers::composite::{self, Answer, Rolling, adopts, adopts_elsewhere, child_selector, is_child_of};
+use crate::engine::error::SyncError;
 use crate::engine::error::with_causes;
 use crate::engine::related::ParentScope;
 use crate::engine::status::{StatusWrite, status_to_write};
-use crate::engine::sync::{Decision, Observed, plan};
+use crate::engine::sync::{Decision, Observed, children_count, plan, refused_namespaces};
 use crate::hooks::{Endpoint, HookKind};
 use crate::write::apply::Applier;
-use crate::write::children::{ChildType, Claims, DeletionGuard, claims, owner_reference, request_map, resources};
+use crate::write::children::{
+    ChildType, Claims, DeletionGuard, Elsewhere, claims, narrow, owner_reference, request_map, resources,
+};
+use crate::write::records::Record;
 
 /// The preview of `cc`: each selected parent asked and planned as a sync would.
 pub(super) async fn diff(
@@ -77,6 +81,14 @@ pub(super) async fn diff(
     } else {
         None
     };
+    // The parents' records of their children elsewhere, which say (with the label) what is whose there.
+    let records =
+        if spec.child_resources.iter().any(crate::api::ChildResourceRule::cross_namespace) && !parents.is_empty() {
+            let resource = live.resolve("childrecord", crate::api::GROUP_VERSION, "childrecords").await?;
+            Some(live.cache(&resource, &namespaces).await?)
+        } else {
+            None
+        };
 
     let cc_json = serde_json::to_value(cc).unwrap_or(Value::Null);
     let (hook, _server) =
@@ -88,7 +100,7 @@ pub(super) async fn diff(
         .and_then(|h| h.customize.as_ref())
         .map(|h| live.endpoint(h, &spec.endpoint_configs, "CompositeController", &name, HookKind::Customize))
         .transpose()?;
-    let mut related = Related::new(live, customize, &cc_json);
+    let mut related = Related::new(live, customize, &cc_json, cc.spec.related_limit.as_ref());
     let applier = live.applier();
     let guard = DeletionGuard::from_annotations(cc.metadata.annotations.as_ref()).map_err(DiffError::Controller)?;
     let ask = composite::Ask {
@@ -100,6 +112,8 @@ pub(super) async fn diff(
 
     let preview = Preview {
         ask: &ask,
+        records: records.as_ref(),
+        finalizer: format!("metacontroller.io/compositecontroller-{name}"),
         rollouts: rollouts.as_ref(),
         types: &types,
         endpoint: &endpoint,
@@ -116,6 +130,10 @@ pub(super) async fn diff(
 /// One controller's preview inputs, the same for every parent.
 struct Preview<'a> {
     ask: &'a composite::Ask<'a>,
+    /// With `crossNamespace` child types: the parents' records of their children elsewhere.
+    records: Option<&'a Informer>,
+    /// The finalizer the controller puts on its parents.
+    finalizer: String,
     /// With rolling child updates: the parents' revisions.
     rollouts: Option<&'a Rollouts>,
     types: &'a [ChildType],
@@ -144,7 +162,16 @@ impl Preview<'_> {
         };
         // Claiming, as a sync's observe would carry it out: adopted orphans are shown to the hook with
         // the parent as their controller.
-        let Claims { mut owned, release, adopt } = claims(parent, resource, &selector, self.types);
+        let record = self.records.and_then(|records| {
+            let key = crate::write::records::record_key(&self.ask.cc.metadata.name.clone().unwrap_or_default(), parent);
+            records.get(&key).map(|obj| Record::of(&obj))
+        });
+        let elsewhere = match &record {
+            Some(record) => Elsewhere::Listed(record),
+            None if crate::engine::finalizer::has_finalizer(parent, &self.finalizer) => Elsewhere::Labels,
+            None => Elsewhere::Nothing,
+        };
+        let Claims { mut owned, release, adopt } = claims(parent, resource, &selector, self.types, elsewhere);
         for (index, obj) in &adopt {
             let mut obj = (**obj).clone();
             obj.metadata.owner_references.get_or_insert_with(Vec::new).push(owner_reference(parent, resource));
@@ -183,18 +210,32 @@ impl Preview<'_> {
         let ours = |child: &DynamicObject| is_child_of(child, parent);
         let elsewhere = adopts_elsewhere(self.types);
         let adopts = |child: &DynamicObject| adopts(parent, resource, &selector, child, elsewhere);
-        let plan = match plan(self.types, &owned, &decision.desired, parent, self.guard, ours, &adopts) {
+        let total = children_count(&owned);
+        let narrowed = match narrow(self.types, &owned, &decision.desired, parent, resource, ours) {
+            Ok(narrowed) => narrowed,
+            Err(e) => return Ok(report.refuse(&SyncError::Plan(e))),
+        };
+        let (in_scope, desired) = match &narrowed {
+            Some(narrowed) => (&narrowed.observed[..], &narrowed.desired[..]),
+            None => (&owned[..], &decision.desired[..]),
+        };
+        let plan = match plan(self.types, in_scope, desired, parent, self.guard, total, ours, &adopts) {
             Ok(plan) => plan,
             Err(e) => return Ok(report.refuse(&e)),
         };
+        // Namespaces where a name is taken are left out, the rest written, and the sync then fails.
+        let refused = narrowed.as_ref().and_then(|n| refused_namespaces(&n.refused));
         if let Some(pending) = &decision.before {
             report.revisions = pending.planned(self.applier).into_iter().map(RevisionChange::from).collect();
         }
-        record_plan(&mut report, &plan, self.types, &owned, &decision.desired, self.applier);
+        record_plan(&mut report, &plan, self.types, in_scope, desired, self.applier);
         // As the engine writes it (`observedGeneration` one ahead where the write itself counts).
         let how = StatusWrite { subresource: resource.has_status, observed_generation: true };
         if let Some(status) = decision.status.and_then(|status| status_to_write(parent, status, how)) {
             report.status(parent, &status);
+        }
+        if let Some(refused) = refused {
+            report = report.refuse(&refused);
         }
         Ok(report)
     }

@@ -22,7 +22,7 @@ use crate::controllers::decorator::{self, Rule, attachment_method, attachments, 
 use crate::engine::error::with_causes;
 use crate::engine::related::ParentScope;
 use crate::engine::status::{StatusWrite, status_to_write};
-use crate::engine::sync::{Observed, plan};
+use crate::engine::sync::{Observed, children_count, plan};
 use crate::hooks::{Endpoint, HookKind};
 use crate::write::apply::Applier;
 use crate::write::children::{ChildType, DeletionGuard, request_map, resources};
@@ -82,7 +82,7 @@ pub(super) async fn diff(
         .as_ref()
         .map(|h| live.endpoint(h, &spec.endpoint_configs, "DecoratorController", &name, HookKind::Customize))
         .transpose()?;
-    let mut related = Related::new(live, customize, &dc_json);
+    let mut related = Related::new(live, customize, &dc_json, dc.spec.related_limit.as_ref());
     let applier = live.applier();
     let guard = DeletionGuard::from_annotations(dc.metadata.annotations.as_ref()).map_err(DiffError::Controller)?;
     let ask = decorator::Ask { name: &name, controller: &dc_json, attachment_resources: &attachment_resources };
@@ -137,7 +137,8 @@ impl Preview<'_> {
         let uid = target.metadata.uid.as_deref().unwrap_or_default();
         let ours = |child: &DynamicObject| is_attachment_of(child, uid, self.ask.name);
         let adopts = |_: &DynamicObject| false;
-        let plan = match plan(self.types, &observed, &answer.desired, target, self.guard, ours, &adopts) {
+        let total = children_count(&observed);
+        let plan = match plan(self.types, &observed, &answer.desired, target, self.guard, total, ours, &adopts) {
             Ok(plan) => plan,
             Err(e) => return Ok(report.refuse(&e)),
         };

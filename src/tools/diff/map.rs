@@ -22,7 +22,7 @@ use crate::cache::selector::Selector;
 use crate::controllers::map::{Ask, Input, aggregate, claims_nothing_of_others, input_selector, map_key_of};
 use crate::engine::error::{SyncError, with_causes};
 use crate::engine::status::{StatusWrite, status_to_write};
-use crate::engine::sync::plan;
+use crate::engine::sync::{children_count, plan};
 use crate::hooks::{Endpoint, HookKind};
 use crate::write::apply::Applier;
 use crate::write::children::{ChildMap, ChildType, DeletionGuard, resources};
@@ -196,7 +196,9 @@ impl Preview<'_> {
         }
         let ours = |child: &DynamicObject| controller_uid(child) == uid;
         let adopts = |_: &DynamicObject| false;
-        let planned = match plan(self.types, &in_scope, &desired, parent, self.guard, ours, &adopts) {
+        // The guard's share is of all the parent's outputs, whatever inputs this sync is about.
+        let total = children_count(&observed);
+        let planned = match plan(self.types, &in_scope, &desired, parent, self.guard, total, ours, &adopts) {
             Ok(plan) => plan,
             Err(e) => return report.refuse(&e),
         };

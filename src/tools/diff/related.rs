@@ -27,13 +27,20 @@ pub(super) struct Related<'a> {
     hook: Option<Endpoint>,
     /// The controller object as hooks receive it.
     controller: &'a Value,
+    /// The controller's `relatedLimit`.
+    limit: Option<&'a crate::api::RelatedLimit>,
     /// Caches by type id and namespace (`None`: everywhere), each listed once.
     listed: BTreeMap<(String, Option<String>), Informer>,
 }
 
 impl<'a> Related<'a> {
-    pub(super) fn new(live: &'a Live, hook: Option<Endpoint>, controller: &'a Value) -> Self {
-        Self { live, hook, controller, listed: BTreeMap::new() }
+    pub(super) fn new(
+        live: &'a Live,
+        hook: Option<Endpoint>,
+        controller: &'a Value,
+        limit: Option<&'a crate::api::RelatedLimit>,
+    ) -> Self {
+        Self { live, hook, controller, limit, listed: BTreeMap::new() }
     }
 
     /// The `related` map of `parent` (in `scope`) as a sync would send it. The inner error is why a
@@ -64,7 +71,7 @@ impl<'a> Related<'a> {
                     return Ok(Err(SyncError::RelatedType { rule, source }));
                 }
             };
-            let selection = match Selection::new(raw, &resource, scope) {
+            let selection = match Selection::new(raw, &resource, scope, self.limit) {
                 Ok(selection) => selection,
                 Err(e) => return Ok(Err(e)),
             };

@@ -34,6 +34,9 @@ pub struct Observed {
     /// The parents (targets) selected now, or why they could not be listed.
     pub parents: Result<BTreeSet<ParentRef>, String>,
     pub last_error: Option<LastError>,
+    /// What whoever may create a parent can make the customize hook read through the hub (`None`:
+    /// the controller has no customize hook).
+    pub related: Option<String>,
     /// What could not be read besides the parents.
     pub problems: Vec<String>,
 }
@@ -77,7 +80,12 @@ pub async fn observe(client: &Client, selector: &Selector) -> Result<Vec<Observe
             annotations: Ok(Selector::everything()),
         }];
         let conditions = cc.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or_default();
-        observed.push(parents.observed("CompositeController", cc.meta().name.clone(), conditions, &rules).await);
+        let mut controller = parents.observed("CompositeController", cc.meta().name.clone(), conditions, &rules).await;
+        if let Some(hook) = cc.spec.hooks.as_ref().and_then(|h| h.customize.as_ref()) {
+            let namespaced = parents.namespaced(&rule.api_version, &rule.resource).await;
+            controller.related = Some(reach(hook, namespaced, cc.spec.related_limit.as_ref()));
+        }
+        observed.push(controller);
     }
     for dc in decorators.iter().filter(|d| selector.matches(&labels_of(&d.metadata))) {
         let rules: Vec<ParentRule<'_>> = dc
@@ -95,11 +103,30 @@ pub async fn observe(client: &Client, selector: &Selector) -> Result<Vec<Observe
             })
             .collect();
         let conditions = dc.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or_default();
-        observed.push(parents.observed("DecoratorController", dc.meta().name.clone(), conditions, &rules).await);
+        let mut controller = parents.observed("DecoratorController", dc.meta().name.clone(), conditions, &rules).await;
+        if let Some(hook) = dc.spec.hooks.customize.as_ref() {
+            let mut namespaced = Some(false);
+            for rule in &dc.spec.resources {
+                namespaced = match (namespaced, parents.namespaced(&rule.api_version, &rule.resource).await) {
+                    (Some(a), Some(b)) => Some(a || b),
+                    _ => None,
+                };
+            }
+            controller.related = Some(reach(hook, namespaced, dc.spec.related_limit.as_ref()));
+        }
+        observed.push(controller);
     }
     observed.sort_by(|a, b| (a.kind, &a.name).cmp(&(b.kind, &b.name)));
     attach_warnings(client, &mut observed).await;
     Ok(observed)
+}
+
+/// What parents' authors may make `hook` (a customize hook) read, for parents that are `namespaced` (not
+/// known: said as if they were, the wider reach), under `limit`.
+fn reach(hook: &crate::api::Hook, namespaced: Option<bool>, limit: Option<&crate::api::RelatedLimit>) -> String {
+    let reach = crate::engine::related::Reach::of(hook.version(), namespaced.unwrap_or(true), limit);
+    let unlimited = if reach.unbounded() { " (no relatedLimit)" } else { "" };
+    format!("{reach}{unlimited}")
 }
 
 /// Lists each parent type once, however many controllers select from it.
@@ -144,8 +171,14 @@ impl Parents {
             ready,
             parents: failed.map_or(Ok(parents), Err),
             last_error: None,
+            related: None,
             problems: Vec::new(),
         }
+    }
+
+    /// Whether objects of the type are namespaced (`None`: the type is not served).
+    async fn namespaced(&self, api_version: &str, resource: &str) -> Option<bool> {
+        self.discovery.resolve(api_version, resource).await.ok().map(|r| r.namespaced)
     }
 
     /// Adds the objects `rule` selects to `into`.

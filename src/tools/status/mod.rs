@@ -233,6 +233,7 @@ pub async fn status(client: &Client, args: &StatusArgs) -> Result<Report, Status
                 hook_latency_seconds: Latency { p50: figures.hook_p50, p99: figures.hook_p99 },
                 by_source,
                 last_error: o.last_error,
+                related: o.related,
                 problems,
             }
         })
@@ -270,6 +271,7 @@ fn file_controllers(replicas: &[Replica<'_>], listed: &[ControllerReport]) -> Ve
             hook_latency_seconds: Latency { p50: totals.hook_p50, p99: totals.hook_p99 },
             by_source: Vec::new(),
             last_error: None,
+            related: None,
             problems: Vec::new(),
         });
     }
@@ -306,6 +308,7 @@ mod tests {
             hook_latency_seconds: Latency::default(),
             by_source: Vec::new(),
             last_error: None,
+            related: None,
             problems: Vec::new(),
         }
     }

@@ -90,6 +90,9 @@ pub struct ControllerReport {
     pub by_source: Vec<SourceFigures>,
     /// The latest Warning Event on one of its parents.
     pub last_error: Option<LastError>,
+    /// What whoever may create a parent can make its customize hook read through the hub (`None`: it
+    /// has none, or it was read from a file).
+    pub related: Option<String>,
     /// What could not be read about it.
     pub problems: Vec<String>,
 }
@@ -195,6 +198,14 @@ impl Report {
             out.push('\n');
         }
         for c in &self.controllers {
+            if let Some(related) = &c.related {
+                let _ = writeln!(
+                    out,
+                    "{}/{}: parents' authors may read {related} through its customize hook",
+                    c.kind.to_ascii_lowercase(),
+                    c.name
+                );
+            }
             for problem in &c.problems {
                 let _ = writeln!(out, "{}/{}: {problem}", c.kind.to_ascii_lowercase(), c.name);
             }
@@ -357,6 +368,7 @@ mod tests {
                 },
                 time: Some("2026-01-01T11:57:00Z".into()),
             }),
+            related: None,
             problems: Vec::new(),
         };
         let labels = ControllerReport {
@@ -371,6 +383,7 @@ mod tests {
             hook_latency_seconds: Latency::default(),
             by_source: Vec::new(),
             last_error: None,
+            related: None,
             problems: vec!["cannot list its parents: listing v1/secrets: forbidden".into()],
         };
         Report {
@@ -428,11 +441,12 @@ Metrics from http://127.0.0.1:9999/metrics (syncs/min over 10s; the leader); err
                 "lastError": {"reason": "SyncError", "note": "Sync error: hook answered 500,\nbody: boom",
                               "parent": {"apiVersion": "example.com/v1", "kind": "Web", "namespace": "shop", "name": "front"},
                               "time": "2026-01-01T11:57:00Z"},
+                "related": null,
                 "problems": []
             })
         );
         let labels = &json["controllers"][1];
-        for field in ["parents", "syncsPerMinute", "errors", "errorsPerMinute", "lastError"] {
+        for field in ["parents", "syncsPerMinute", "errors", "errorsPerMinute", "lastError", "related"] {
             assert!(labels.get(field).is_some_and(serde_json::Value::is_null), "{field}: {labels}");
         }
         assert_eq!(labels["hookLatencySeconds"], serde_json::json!({"p50": null, "p99": null}));
