@@ -465,3 +465,46 @@ async fn a_map_controllers_syncs_calls_and_saved_calls_are_in_the_metrics() {
     assert_eq!(calls as usize, w.hook.requests("/map").len(), "every map call counted: {metrics}");
     w.finish("MapController").await;
 }
+
+/// Issue 61 item 7: under a percentage guard (`"50%"`), the share is of all the parent's outputs, not
+/// of the outputs of the one input whose removal a sync is about: one input of ten removed deletes its
+/// outputs (2 of 20), with no refusal.
+#[tokio::test]
+async fn a_percentage_guard_takes_its_share_of_all_the_parents_outputs_not_of_one_inputs() {
+    let w = World::new("map-guard", COPY).await;
+    let mut controller = json!({"apiVersion": support::CONTROLLERS, "kind": "MapController",
+    "metadata": {"name": w.label, "labels": {"metahook-test": w.label},
+                 "annotations": {"metahook.dev/max-deletions-per-sync": "50%"}},
+    "spec": {
+        "parentResource": {"apiVersion": "test.metahook.dev/v1", "resource": "things",
+                           "labelSelector": {"matchLabels": {"metahook-test": w.label, "role": "parent"}}},
+        "inputResources": [{"apiVersion": "v1", "resource": "configmaps"}],
+        "outputResources": [
+            {"apiVersion": "v1", "resource": "configmaps", "updateStrategy": {"method": "InPlace"}},
+            {"apiVersion": "test.metahook.dev/v1", "resource": "things", "updateStrategy": {"method": "InPlace"}},
+        ],
+    }});
+    controller["spec"]["hooks"] = json!({"map": {"webhook": {"url": w.hook.url("/map")}}});
+    apply_value(&w.client, &controller).await;
+    let names: Vec<String> = (0..10).map(|i| format!("in{i}")).collect();
+    for name in &names {
+        input(&w, name, json!({}), json!({"v": "1"})).await;
+    }
+    parent(&w).await;
+    let cms = w.config_maps().await;
+    for name in &names {
+        eventually(WAIT, || async { cms.get_opt(&format!("{name}-copy")).await.unwrap() }).await;
+    }
+    cms.delete("in0", &DeleteParams::default()).await.unwrap();
+    let things = w.things().await;
+    eventually(WAIT, || async {
+        let copy = cms.get_opt("in0-copy").await.unwrap();
+        let thing = things.get_opt("in0-thing").await.unwrap();
+        (copy.is_none() && thing.is_none()).then_some(())
+    })
+    .await;
+    let warnings = support::warnings_for(&w.client, &w.ns.name, "p").await;
+    assert!(warnings.iter().all(|m| !m.contains("sync would delete")), "{warnings:?}");
+    assert!(cms.get_opt("in1-copy").await.unwrap().is_some());
+    w.finish("MapController").await;
+}

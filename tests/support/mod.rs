@@ -903,7 +903,12 @@ impl World {
     /// [`World::finish`], deleting the test's other `namespaces` too.
     pub async fn finish_with_namespaces(mut self, kind: &str, namespaces: &[String]) {
         self.stop_hub().await;
-        let _ = self.controllers(kind).await.delete(&self.label, &DeleteParams::default()).await;
+        let controllers = self.controllers(kind).await;
+        let _ = controllers.delete(&self.label, &DeleteParams::default()).await;
+        // No hub runs to take its finalizer off (it would release the parents' finalizers first).
+        let _ = controllers
+            .patch(&self.label, &PatchParams::default(), &Patch::Merge(json!({"metadata": {"finalizers": null}})))
+            .await;
         for ns in namespaces {
             let _ = Api::<Namespace>::all(self.client.clone()).delete(ns, &DeleteParams::default()).await;
         }
@@ -1107,4 +1112,44 @@ fn cut_events(body: kube::client::Body, cut: WatchCut, resource: String) -> CutB
             }
         });
     http_body_util::StreamBody::new(frames).boxed_unsync()
+}
+
+/// A tenant: a ServiceAccount in its own namespace, bound to a Role that may do anything with ConfigMaps,
+/// Secrets and the test CRDs' objects there and nothing elsewhere — what a team given one namespace of a
+/// shared cluster has. `client` acts as it (its token, as `kubectl --as` would).
+pub struct Tenant {
+    pub namespace: TestNamespace,
+    pub client: Client,
+    pub user: String,
+}
+
+impl Tenant {
+    pub async fn create(admin: &Client, name: &str) -> Self {
+        let namespace = TestNamespace::create(admin, name).await;
+        let ns = namespace.name.clone();
+        let account =
+            json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "tenant", "namespace": ns}});
+        apply_value(admin, &account).await;
+        let role = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+        "metadata": {"name": "tenant", "namespace": ns},
+        "rules": [
+            {"apiGroups": [""], "resources": ["configmaps", "secrets"], "verbs": ["*"]},
+            {"apiGroups": ["test.metahook.dev"], "resources": ["*"], "verbs": ["*"]},
+        ]});
+        apply_value(admin, &role).await;
+        let binding = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": {"name": "tenant", "namespace": ns},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "tenant"},
+            "subjects": [{"kind": "ServiceAccount", "name": "tenant", "namespace": ns}]});
+        apply_value(admin, &binding).await;
+        let token = service_account_token(admin, &ns, "tenant").await;
+        let client = token_client(&token).await;
+        Self { user: format!("system:serviceaccount:{ns}:tenant"), namespace, client }
+    }
+
+    /// The tenant's API for `kind` objects in its namespace.
+    pub async fn api(&self, api_version: &str, kind: &str) -> Api<DynamicObject> {
+        let (resource, _) = resolve_kind(&self.client, api_version, kind).await;
+        Api::namespaced_with(self.client.clone(), &self.namespace.name, &resource)
+    }
 }

@@ -1,0 +1,339 @@
+//! What a tenant can make the hub do to another namespace's parent (issue 61), on the real control
+//! plane, each as the tenant would do it: a ServiceAccount that may write ConfigMaps, Secrets and the
+//! test types in its own namespace only ([`Tenant`]). None of it may stop, freeze or reveal a parent
+//! of another namespace: not a decoy labelled with that parent's UID (with a finalizer of its own, or ten
+//! of them under the safe-delete guard), not a child elsewhere taken away in one namespace, not a related
+//! rule the parent's spec points at another namespace (under the controller's `relatedLimit`). And what
+//! the hub promises across its own absence holds: a controller deleted while no hub runs lets its
+//! parents go, and `--cascade=orphan` keeps children that are all elsewhere.
+
+mod support;
+
+use std::time::Duration;
+
+use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams, PropagationPolicy};
+use serde_json::{Value, json};
+use support::{Tenant, TestNamespace, World, api, apply_value, eventually};
+
+const WAIT: Duration = Duration::from_secs(60);
+/// How long a parent that nothing holds may take to go, or a change to reach its child: far above what
+/// the hub needs (well under a second here), far below the 60 s and more the failures showed.
+const BOUND: Duration = Duration::from_secs(30);
+const PARENT_UID: &str = "metahook.dev/parent-uid";
+const PARENT: &str = "metahook.dev/parent";
+
+/// Each Thing's `spec.children` lists its ConfigMaps: `{"name", "namespace"?}`, each with `data.v` from
+/// the Thing's `spec.v`.
+const HOOK: &str = r#"
+def sync(request):
+    spec = request["parent"].get("spec") or {}
+    children = []
+    for c in spec.get("children", []):
+        metadata = {"name": c["name"]}
+        if c.get("namespace"):
+            metadata["namespace"] = c["namespace"]
+        children.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata,
+                         "data": {"v": str(spec.get("v", "1"))}})
+    return {"children": children, "status": {"children": len(children)}}
+
+def finalize(request):
+    return {"children": [], "finalized": True}
+"#;
+
+/// A controller of Things whose ConfigMaps are `crossNamespace`.
+fn cross_namespace_spec(w: &World) -> Value {
+    json!({
+        "generateSelector": true,
+        "parentResource": {"apiVersion": "test.metahook.dev/v1", "resource": "things"},
+        "childResources": [{"apiVersion": "v1", "resource": "configmaps", "crossNamespace": true,
+                            "updateStrategy": {"method": "InPlace"}}],
+        "hooks": {"sync": {"webhook": {"url": w.hook.url("/sync")}}},
+    })
+}
+
+fn child(name: &str, namespace: Option<&str>) -> Value {
+    match namespace {
+        Some(ns) => json!({"name": name, "namespace": ns}),
+        None => json!({"name": name}),
+    }
+}
+
+async fn config_map(w: &World, namespace: &str, name: &str) -> Option<DynamicObject> {
+    api(&w.client, "v1", "ConfigMap", Some(namespace)).await.get_opt(name).await.unwrap()
+}
+
+fn label<'a>(obj: &'a DynamicObject, key: &str) -> Option<&'a str> {
+    obj.metadata.labels.as_ref()?.get(key).map(String::as_str)
+}
+
+/// A ConfigMap of the tenant's that says it is `parent`'s child: the parent's UID in both labels a child
+/// elsewhere of a `generateSelector` controller has, the annotation naming the parent, and `finalizers`.
+fn decoy(name: &str, parent: &DynamicObject, finalizers: &[&str]) -> Value {
+    let uid = parent.metadata.uid.clone().unwrap();
+    let at = format!("{}/{}", parent.metadata.namespace.as_deref().unwrap(), parent.metadata.name.as_deref().unwrap());
+    json!({"apiVersion": "v1", "kind": "ConfigMap",
+           "metadata": {"name": name, "labels": {PARENT_UID: uid, "controller-uid": uid},
+                        "annotations": {PARENT: at}, "finalizers": finalizers},
+           "data": {"v": "decoy"}})
+}
+
+/// The ConfigMaps API of `tenant`, acting as the tenant.
+async fn tenant_config_maps(tenant: &Tenant) -> kube::Api<DynamicObject> {
+    tenant.api("v1", "ConfigMap").await
+}
+
+async fn gone(api: &kube::Api<DynamicObject>, name: &str, within: Duration) {
+    eventually(within, || async { api.get_opt(name).await.unwrap().is_none().then_some(()) }).await;
+}
+
+/// Issue 61 item 1: a tenant's ConfigMap labelled with another namespace's parent's UID, holding a
+/// finalizer of its own, neither holds that parent's deletion nor is touched by the hub.
+#[tokio::test]
+async fn a_decoy_labelled_with_another_namespaces_parent_neither_holds_its_deletion_nor_is_touched() {
+    let w = World::new("tn-decoy", HOOK).await;
+    let tenant = Tenant::create(&w.client, "tn-decoy-a").await;
+    w.composite(cross_namespace_spec(&w)).await;
+    let vp = w.thing("vp", json!({"children": [child("vp-a", None)]})).await;
+    eventually(WAIT, || config_map(&w, &w.ns.name, "vp-a")).await;
+
+    let cms = tenant_config_maps(&tenant).await;
+    let placed = cms
+        .create(&Default::default(), &serde_json::from_value(decoy("decoy", &vp, &["tenant.example/keep"])).unwrap())
+        .await
+        .unwrap();
+    // A change of vp, so that its sync sees the decoy (the decoy's own event queues vp too).
+    w.thing("vp", json!({"v": "2", "children": [child("vp-a", None)]})).await;
+    eventually(WAIT, || async { config_map(&w, &w.ns.name, "vp-a").await.filter(|cm| cm.data["data"]["v"] == "2") })
+        .await;
+    let things = w.things().await;
+    things.delete("vp", &DeleteParams::background()).await.unwrap();
+    gone(&things, "vp", BOUND).await;
+
+    let after = cms.get("decoy").await.unwrap();
+    assert!(after.metadata.deletion_timestamp.is_none(), "the hub deleted the tenant's decoy");
+    assert_eq!(after.metadata.resource_version, placed.metadata.resource_version, "the decoy was written");
+
+    cms.patch("decoy", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"finalizers": null}})))
+        .await
+        .unwrap();
+    tenant.namespace.delete().await;
+    w.finish("CompositeController").await;
+}
+
+/// Issue 61 item 2: ten decoys in a tenant's namespace do not make the safe-delete guard refuse every
+/// sync of another namespace's parent: its own change reaches its child.
+#[tokio::test]
+async fn decoys_do_not_freeze_another_namespaces_parent_under_the_safe_delete_guard() {
+    let w = World::new("tn-guard", HOOK).await;
+    let tenant = Tenant::create(&w.client, "tn-guard-a").await;
+    w.composite_annotated(json!({"metahook.dev/max-deletions-per-sync": "1"}), cross_namespace_spec(&w)).await;
+    let vp = w.thing("vp", json!({"children": [child("vp-a", None)]})).await;
+    eventually(WAIT, || config_map(&w, &w.ns.name, "vp-a")).await;
+    let cms = tenant_config_maps(&tenant).await;
+    for i in 0..10 {
+        let decoy = decoy(&format!("decoy-{i}"), &vp, &[]);
+        cms.create(&Default::default(), &serde_json::from_value(decoy).unwrap()).await.unwrap();
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    w.thing("vp", json!({"v": "2", "children": [child("vp-a", None)]})).await;
+    eventually(BOUND, || async { config_map(&w, &w.ns.name, "vp-a").await.filter(|cm| cm.data["data"]["v"] == "2") })
+        .await;
+    let warnings = support::warnings_for(&w.client, &w.ns.name, "vp").await;
+    assert!(warnings.iter().all(|m| !m.contains("sync would delete")), "{warnings:?}");
+    for i in 0..10 {
+        let left = cms.get(&format!("decoy-{i}")).await.unwrap();
+        assert_eq!(left.data["data"]["v"], "decoy", "decoy-{i} untouched");
+    }
+    tenant.namespace.delete().await;
+    w.finish("CompositeController").await;
+}
+
+/// Issue 61 item 3: a platform parent has `team-config` in two tenants' namespaces; the first tenant
+/// takes its copy away (removes the parent's label, as the book says to). The parent's next change
+/// still reaches the second tenant's copy; the first's is left as it is, and the parent says why.
+#[tokio::test]
+async fn a_tenant_taking_its_copy_away_does_not_freeze_the_parents_children_in_other_namespaces() {
+    let w = World::new("tn-take", HOOK).await;
+    let t1 = Tenant::create(&w.client, "tn-take-t1").await;
+    let t2 = TestNamespace::create(&w.client, "tn-take-t2").await;
+    w.composite(cross_namespace_spec(&w)).await;
+    let (n1, n2) = (t1.namespace.name.clone(), t2.name.clone());
+    let children = json!([child("team-config", Some(&n1)), child("team-config", Some(&n2))]);
+    w.thing("platform", json!({"children": children})).await;
+    eventually(WAIT, || config_map(&w, &n1, "team-config")).await;
+    eventually(WAIT, || config_map(&w, &n2, "team-config")).await;
+
+    let cms = tenant_config_maps(&t1).await;
+    let taken = json!({"metadata": {"labels": {PARENT_UID: null}}});
+    let taken = cms.patch("team-config", &PatchParams::default(), &Patch::Merge(taken)).await.unwrap();
+    w.thing("platform", json!({"v": "2", "children": children})).await;
+    eventually(BOUND, || async { config_map(&w, &n2, "team-config").await.filter(|cm| cm.data["data"]["v"] == "2") })
+        .await;
+    let refused = eventually(WAIT, || async {
+        let warnings = support::warnings_for(&w.client, &w.ns.name, "platform").await;
+        warnings.into_iter().find(|m| m.contains(&format!("{n1}/team-config")))
+    })
+    .await;
+    assert!(refused.contains("namespaces refused"), "{refused}");
+    let kept = cms.get("team-config").await.unwrap();
+    assert_eq!(kept.metadata.resource_version, taken.metadata.resource_version, "the taken copy is left as it is");
+    assert_eq!(label(&kept, PARENT_UID), None);
+
+    t1.namespace.delete().await;
+    t2.delete().await;
+    w.finish("CompositeController").await;
+}
+
+/// v2 hooks; the customize hook reads the Secret the parent's `spec.source` names (Metacontroller's own
+/// `sourceNamespace` pattern), and the sync hook shows its data in the status.
+const READER: &str = r#"
+def customize(request):
+    source = (request["parent"].get("spec") or {}).get("source") or {}
+    return {"relatedResources": [{"apiVersion": "v1", "resource": "secrets",
+                                  "namespace": source.get("namespace"), "names": [source.get("name")]}]}
+
+def sync(request):
+    secrets = request.get("related", {}).get("Secret.v1", {})
+    return {"status": {"read": {k: v.get("data", {}) for k, v in secrets.items()}}, "children": []}
+"#;
+
+/// Issue 61 item 4: a tenant's parent naming another namespace's Secret. Without a `relatedLimit` the
+/// hub keeps Metacontroller's v2 behaviour and warns on the controller; with one that allows only the
+/// parent's namespace, the rule is refused and nothing of the Secret reaches the status.
+#[tokio::test]
+async fn a_related_rule_reaching_another_namespace_is_warned_about_and_refused_under_the_controllers_limit() {
+    let w = World::new("tn-related", READER).await;
+    let tenant = Tenant::create(&w.client, "tn-related-a").await;
+    let secret = json!({"apiVersion": "v1", "kind": "Secret",
+                        "metadata": {"name": "db-credentials", "namespace": w.ns.name},
+                        "stringData": {"password": "hunter2"}});
+    apply_value(&w.client, &secret).await;
+    let spec = |limit: Option<Value>| {
+        let mut spec = json!({
+            "generateSelector": true,
+            "parentResource": {"apiVersion": "test.metahook.dev/v1", "resource": "things",
+                               "labelSelector": {"matchLabels": {"metahook-test": w.label}}},
+            "hooks": {"sync": {"version": "v2", "webhook": {"url": w.hook.url("/sync")}},
+                      "customize": {"version": "v2", "webhook": {"url": w.hook.url("/customize")}}},
+        });
+        if let Some(limit) = limit {
+            spec["relatedLimit"] = limit;
+        }
+        spec
+    };
+    let controller = w.composite(spec(None)).await;
+    let things = tenant.api("test.metahook.dev/v1", "Thing").await;
+    let parent = json!({"apiVersion": "test.metahook.dev/v1", "kind": "Thing",
+                        "metadata": {"name": "reader", "labels": {"metahook-test": w.label}},
+                        "spec": {"source": {"namespace": w.ns.name, "name": "db-credentials"}}});
+    things.create(&Default::default(), &serde_json::from_value(parent).unwrap()).await.unwrap();
+    // Metacontroller's behaviour, kept for its manifests: read — and said, on the controller.
+    eventually(WAIT, || async {
+        let status = things.get("reader").await.unwrap().data["status"].clone();
+        (!status["read"].as_object().is_none_or(serde_json::Map::is_empty)).then_some(())
+    })
+    .await;
+    let events = support::events_on(&w.client, "default", controller.metadata.name.as_deref().unwrap()).await;
+    let warned = events.iter().find(|e| e.reason.as_deref() == Some("RelatedUnlimited"));
+    let note = warned.and_then(|e| e.note.clone()).unwrap_or_default();
+    assert!(note.contains("any type in any namespace") && note.contains("relatedLimit"), "{events:?}");
+
+    // The controller's author bounds it: the parent's own namespace only.
+    things.delete("reader", &DeleteParams::default()).await.unwrap();
+    gone(&things, "reader", WAIT).await;
+    w.composite(spec(Some(json!({"namespaces": [], "resources": [{"apiVersion": "v1", "resource": "secrets"}]}))))
+        .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let parent = json!({"apiVersion": "test.metahook.dev/v1", "kind": "Thing",
+                        "metadata": {"name": "reader2", "labels": {"metahook-test": w.label}},
+                        "spec": {"source": {"namespace": w.ns.name, "name": "db-credentials"}}});
+    things.create(&Default::default(), &serde_json::from_value(parent).unwrap()).await.unwrap();
+    let refused = eventually(WAIT, || async {
+        let warnings = support::warnings_for(&w.client, &tenant.namespace.name, "reader2").await;
+        warnings.into_iter().find(|m| m.contains("relatedLimit"))
+    })
+    .await;
+    assert!(refused.contains(&w.ns.name), "{refused}");
+    let status = things.get("reader2").await.unwrap().data["status"].clone();
+    assert!(!status.to_string().contains("aHVudGVyMg"), "the Secret's data reached the status: {status}");
+
+    tenant.namespace.delete().await;
+    w.finish("CompositeController").await;
+}
+
+/// Issue 61 item 5 (Metacontroller #1062): a controller with a finalize hook deleted while no hub runs.
+/// When a hub runs again its parents lose the controller's finalizer, and a delete of one completes.
+#[tokio::test]
+async fn a_controller_deleted_while_the_hub_is_down_lets_its_parents_go() {
+    let mut w = World::new("tn-ctl-gone", HOOK).await;
+    let mut spec = cross_namespace_spec(&w);
+    spec["hooks"]["finalize"] = json!({"webhook": {"url": w.hook.url("/finalize")}});
+    w.composite(spec).await;
+    let finalizer = format!("metacontroller.io/compositecontroller-{}", w.label);
+    let things = w.things().await;
+    for name in ["p1", "p2"] {
+        w.thing(name, json!({"children": [child(&format!("{name}-a"), None)]})).await;
+    }
+    for name in ["p1", "p2"] {
+        eventually(WAIT, || async {
+            let thing = things.get(name).await.unwrap();
+            thing.metadata.finalizers.filter(|f| f.contains(&finalizer))
+        })
+        .await;
+    }
+    let controllers = w.controllers("CompositeController").await;
+    // The hub's own finalizer is on the controller before any parent gets the controller's.
+    let controller = controllers.get(&w.label).await.unwrap();
+    assert!(controller.metadata.finalizers.iter().flatten().any(|f| f == "metahook.dev/release-objects"));
+
+    w.stop_hub().await;
+    controllers.delete(&w.label, &DeleteParams::default()).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(controllers.get_opt(&w.label).await.unwrap().is_some(), "the controller waits for a hub");
+    w.start_hub();
+    things.delete("p1", &DeleteParams::background()).await.unwrap();
+    gone(&things, "p1", BOUND).await;
+    eventually(BOUND, || async {
+        let thing = things.get("p2").await.unwrap();
+        (!thing.metadata.finalizers.iter().flatten().any(|f| *f == finalizer)).then_some(())
+    })
+    .await;
+    gone(&controllers, &w.label, BOUND).await;
+    w.finish("CompositeController").await;
+}
+
+/// Issue 61 item 6: `kubectl delete --cascade=orphan` of a parent whose every child is in another
+/// namespace, with the hub killed just before it and back only after the garbage collector has taken
+/// `orphan` off: the children are kept (released), not deleted.
+#[tokio::test]
+async fn an_orphaning_delete_of_a_parent_whose_children_are_all_elsewhere_keeps_them_across_a_hub_down() {
+    let mut w = World::new("tn-orphan", HOOK).await;
+    let b = TestNamespace::create(&w.client, "tn-orphan-b").await;
+    w.composite(cross_namespace_spec(&w)).await;
+    let things = w.things().await;
+    w.thing("p", json!({"children": [child("p-b1", Some(&b.name)), child("p-b2", Some(&b.name))]})).await;
+    let first = eventually(WAIT, || config_map(&w, &b.name, "p-b1")).await;
+    eventually(WAIT, || config_map(&w, &b.name, "p-b2")).await;
+
+    w.stop_hub().await;
+    let orphan = DeleteParams { propagation_policy: Some(PropagationPolicy::Orphan), ..DeleteParams::default() };
+    things.delete("p", &orphan).await.unwrap();
+    // The collector orphans the parent's dependents and takes `orphan` off; the hub's finalizer holds it.
+    eventually(WAIT, || async {
+        let p = things.get("p").await.unwrap();
+        (!p.metadata.finalizers.iter().flatten().any(|f| f == "orphan")).then_some(())
+    })
+    .await;
+    w.start_hub();
+    gone(&things, "p", BOUND).await;
+    for name in ["p-b1", "p-b2"] {
+        let kept =
+            config_map(&w, &b.name, name).await.unwrap_or_else(|| panic!("{name} deleted under --cascade=orphan"));
+        assert_eq!(label(&kept, PARENT_UID), None, "released: {:?}", kept.metadata);
+        if name == "p-b1" {
+            assert_eq!(kept.metadata.uid, first.metadata.uid, "the same object, kept");
+        }
+    }
+    b.delete().await;
+    w.finish("CompositeController").await;
+}
