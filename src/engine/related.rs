@@ -238,10 +238,11 @@ impl std::fmt::Display for Reach {
                     places.push("the parent's namespace".into());
                 }
                 places.extend(listed.iter().cloned());
+                let cluster = if self.types.is_none() { ", and any cluster-scoped object" } else { "" };
                 if places.is_empty() {
-                    f.write_str(" (cluster-scoped only)")
+                    write!(f, " in no namespace{cluster}")
                 } else {
-                    write!(f, " in {} (and cluster-scoped objects)", places.join(", "))
+                    write!(f, " in {}{cluster}", places.join(", "))
                 }
             }
         }
@@ -624,5 +625,43 @@ mod tests {
         assert!(!cached.answers("u1", 3, asked + timeout, timeout), "expired: the hook is asked again");
         assert!(!cached.answers("u1", 4, asked, timeout), "a new generation is asked at once");
         assert!(!cached.answers("u2", 3, asked, timeout), "a new object of the same name too");
+    }
+
+    #[test]
+    fn a_related_limit_refuses_rules_beyond_it_and_confines_those_across_namespaces() {
+        let informer = config_maps(&[("a", "x", json!({})), ("b", "x", json!({})), ("shared", "x", json!({}))]);
+        let v2 = ParentScope { namespace: Some("a"), version: HookVersion::V2 };
+        let limit = RelatedLimit { namespaces: Some(vec!["shared".into()]), resources: None };
+        let elsewhere = rule(json!({"apiVersion": "v1", "resource": "configmaps", "namespace": "b"}));
+        let refused = Selection::new(&elsewhere, informer.resource(), v2, Some(&limit)).err().unwrap();
+        assert!(refused.to_string().contains("beyond the controller's relatedLimit"), "{refused}");
+        let anywhere = rule(json!({"apiVersion": "v1", "resource": "configmaps"}));
+        let across = Selection::new(&anywhere, informer.resource(), v2, Some(&limit)).unwrap();
+        let mut seen: Vec<String> =
+            across.select(&informer, None).iter().map(|o| o.metadata.namespace.clone().unwrap()).collect();
+        seen.sort();
+        assert_eq!(seen, ["a", "shared"], "the parent's namespace and the listed one");
+        assert_eq!(Selection::new(&anywhere, informer.resource(), v2, None).unwrap().select(&informer, None).len(), 3);
+        let only_secrets = RelatedLimit {
+            namespaces: None,
+            resources: Some(vec![crate::api::RelatedType { api_version: "v1".into(), resource: "secrets".into() }]),
+        };
+        assert!(Selection::new(&anywhere, informer.resource(), v2, Some(&only_secrets)).is_err(), "a type not listed");
+    }
+
+    #[test]
+    fn the_reach_of_related_rules_is_said_as_a_person_would() {
+        assert_eq!(Reach::of(HookVersion::V2, true, None).to_string(), "any type in any namespace");
+        assert!(Reach::of(HookVersion::V2, true, None).unbounded());
+        assert!(!Reach::of(HookVersion::V1, true, None).unbounded(), "v1: the parent's namespace only");
+        assert!(Reach::of(HookVersion::V1, false, None).unbounded(), "a cluster-scoped parent's v1 rules too");
+        let limit = RelatedLimit {
+            namespaces: Some(vec!["shared".into()]),
+            resources: Some(vec![crate::api::RelatedType { api_version: "v1".into(), resource: "configmaps".into() }]),
+        };
+        assert_eq!(
+            Reach::of(HookVersion::V2, true, Some(&limit)).to_string(),
+            "configmaps.v1 in the parent's namespace, shared"
+        );
     }
 }

@@ -1313,6 +1313,102 @@ mod tests {
         assert_eq!(claim(&object("a", &no, Some("parent"), false)), Claim::Ignore(Ignored::Deleting));
     }
 
+    /// A ConfigMap `namespace/name` labelled as the child elsewhere of the parent of UID `uid`.
+    fn labelled(namespace: &str, name: &str, uid: &str) -> DynamicObject {
+        serde_json::from_value(json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": name, "namespace": namespace, "uid": format!("{namespace}-{name}"),
+                         "labels": {PARENT_UID_LABEL: uid, "controller-uid": uid}}}))
+        .unwrap()
+    }
+
+    /// A `crossNamespace` ConfigMap type cached with `objects`.
+    fn cross_type(objects: Vec<DynamicObject>) -> ChildType {
+        let rule = crate::api::ChildResourceRule {
+            api_version: "v1".into(),
+            resource: "configmaps".into(),
+            update_strategy: None,
+            cross_namespace: Some(true),
+            adopt_across_namespaces: None,
+        };
+        ChildType::new(&rule, UpdateMethod::InPlace, Informer::listed(&Arc::new(resource(true)), objects))
+    }
+
+    fn record(children: &[(&str, &str)]) -> Record {
+        Record {
+            key: ObjectKey { namespace: Some("a".into()), name: "r".into() },
+            uid: None,
+            version: None,
+            parent: crate::api::record::RecordedParent::default(),
+            children: children.iter().map(|(ns, name)| entry(&resource(true), &key(Some(ns), name))).collect(),
+            owned_by: Some("parent-uid".into()),
+            finalized: true,
+            deleting: false,
+        }
+    }
+
+    fn key(namespace: Option<&str>, name: &str) -> ObjectKey {
+        ObjectKey { namespace: namespace.map(str::to_owned), name: name.into() }
+    }
+
+    #[test]
+    fn a_labelled_object_elsewhere_is_a_child_only_if_the_parents_record_lists_it() {
+        let selector = Selector::from_labels(&BTreeMap::from([("controller-uid".to_owned(), "parent-uid".to_owned())]));
+        let types = vec![cross_type(vec![labelled("b", "real", "parent-uid"), labelled("b", "decoy", "parent-uid")])];
+        let listed = record(&[("b", "real")]);
+        let owned = |elsewhere| {
+            let Claims { owned, .. } = claims(&parent(), &resource(true), &selector, &types, elsewhere);
+            owned[0].keys().map(|k| k.name.clone()).collect::<Vec<_>>()
+        };
+        assert_eq!(owned(Elsewhere::Listed(&listed)), ["real"], "the decoy carries the label alone");
+        assert_eq!(owned(Elsewhere::Nothing), Vec::<String>::new(), "no record: nothing elsewhere is the parent's");
+        assert_eq!(owned(Elsewhere::Labels), ["decoy", "real"], "a parent from before records: its labels, once");
+    }
+
+    #[test]
+    fn a_name_taken_in_another_namespace_leaves_that_namespace_out_and_in_the_parents_refuses_all() {
+        let types = vec![cross_type(vec![
+            serde_json::from_value(json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "taken", "namespace": "b", "uid": "theirs"}}))
+            .unwrap(),
+        ])];
+        let observed = vec![ChildMap::from([(key(Some("b"), "old"), Arc::new(labelled("b", "old", "parent-uid")))])];
+        let desired =
+            |keys: &[ObjectKey]| vec![keys.iter().map(|k| (k.clone(), json!({}))).collect::<ChildMap<Value>>()];
+        let ours = |_: &DynamicObject| false;
+        let wanted = desired(&[key(Some("a"), "mine"), key(Some("b"), "taken"), key(Some("c"), "there")]);
+        let narrowed = narrow(&types, &observed, &wanted, &parent(), &resource(true), ours).unwrap().unwrap();
+        let kept: Vec<&ObjectKey> = narrowed.desired[0].keys().collect();
+        assert_eq!(kept, [&key(Some("a"), "mine"), &key(Some("c"), "there")]);
+        assert!(narrowed.observed[0].is_empty(), "nothing of b is deleted either");
+        assert_eq!(narrowed.refused.len(), 1);
+        assert!(matches!(&narrowed.refused[0], PlanError::NotOurs { key, .. } if key.name == "taken"));
+        // Nothing taken: written whole, nothing copied.
+        let free = desired(&[key(Some("a"), "mine"), key(Some("c"), "there")]);
+        assert!(narrow(&types, &observed, &free, &parent(), &resource(true), ours).unwrap().is_none());
+        // Taken in the parent's own namespace: the whole answer, as Metacontroller refuses it.
+        let home = vec![cross_type(vec![
+            serde_json::from_value(json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "taken", "namespace": "a", "uid": "theirs"}}))
+            .unwrap(),
+        ])];
+        let at_home = desired(&[key(Some("a"), "taken"), key(Some("c"), "there")]);
+        assert!(matches!(
+            narrow(&home, &observed, &at_home, &parent(), &resource(true), ours),
+            Err(PlanError::NotOurs { .. })
+        ));
+    }
+
+    #[test]
+    fn a_guards_share_is_of_every_child_the_parent_has() {
+        let types = vec![cross_type(Vec::new())];
+        let observed = vec![ChildMap::from([(key(Some("a"), "x"), Arc::new(labelled("a", "x", "parent-uid")))])];
+        let desired = vec![ChildMap::<Value>::new()];
+        let plan = Plan::new(&types, &observed, &desired, |_| false, &|_| false).unwrap();
+        let half = Some(DeletionGuard::Percent(50.0));
+        assert!(plan.check_guard(half, &parent(), 1).is_err(), "1 of 1");
+        assert!(plan.check_guard(half, &parent(), 10).is_ok(), "1 of the parent's 10, whatever this plan is about");
+    }
+
     #[test]
     fn child_rules_add_labels_and_annotations_and_hold_children_to_the_selector() {
         let types = vec![Arc::new(resource(true))];

@@ -360,3 +360,43 @@ pub async fn release_all(client: &Client, controller: &str) -> Result<usize, Rec
     }
     Ok(released)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parent(uid: &str) -> DynamicObject {
+        serde_json::from_value(json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "p", "namespace": "a", "uid": uid}}))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_record_is_named_by_its_parents_uid_and_controller_within_the_name_limit() {
+        let key = record_key("tenants", &parent("6f1c2a3b-0001"));
+        assert_eq!((key.namespace.as_deref(), key.name.as_str()), (Some("a"), "6f1c2a3b-0001.tenants"));
+        let long = "c".repeat(250);
+        let key = record_key(&long, &parent("6f1c2a3b-0001"));
+        assert!(key.name.len() <= 253 && key.name.starts_with("6f1c2a3b-0001."), "{}", key.name);
+        assert_ne!(record_key(&long, &parent("u1")).name, record_key(&format!("{long}x"), &parent("u1")).name);
+        assert_eq!(label_value("short"), "short");
+        assert_eq!(label_value(&long).len(), 40);
+    }
+
+    #[test]
+    fn a_record_the_collector_orphaned_says_so_and_one_it_did_not_does_not() {
+        let record: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "metacontroller.k8s.io/v1alpha1", "kind": "ChildRecord",
+            "metadata": {"name": "r", "namespace": "a", "finalizers": [RECORD_FINALIZER],
+                         "ownerReferences": [{"apiVersion": "v1", "kind": "ConfigMap", "name": "p", "uid": "u1"}]},
+            "spec": {"controller": "c", "parent": {"name": "p", "uid": "u1"},
+                     "children": [{"apiGroup": "", "kind": "ConfigMap", "namespace": "b", "name": "x"}]}}))
+        .unwrap();
+        let read = Record::of(&record);
+        assert!(!read.orphaned("u1") && read.finalized);
+        assert_eq!(read.children.len(), 1);
+        let mut orphaned = record;
+        orphaned.metadata.owner_references = Some(Vec::new());
+        assert!(Record::of(&orphaned).orphaned("u1"));
+    }
+}
