@@ -169,6 +169,13 @@ pub struct TargetKey {
     pub key: ObjectKey,
 }
 
+/// A target's flow is its namespace (or, cluster-scoped, itself): fair service across namespaces.
+impl crate::engine::queue::Flowing for TargetKey {
+    fn flow(&self) -> &str {
+        self.key.flow()
+    }
+}
+
 impl fmt::Display for TargetKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}", self.key)

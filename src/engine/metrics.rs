@@ -80,6 +80,14 @@ struct QueueLabels {
     name: String,
 }
 
+/// A flow of a queue: the namespace (or cluster-scoped object) its keys stand for, or `(others)` for the
+/// flows summed up beyond the busiest ([`crate::engine::queue::NAMED_FLOWS`]).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct FlowLabels {
+    name: String,
+    flow: String,
+}
+
 /// How one sync ended, as the `result` label of `controller_runtime_reconcile_total` (controller-runtime's
 /// values).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -136,7 +144,7 @@ impl From<crate::engine::queue::Reason> for Cause {
     fn from(reason: crate::engine::queue::Reason) -> Self {
         use crate::engine::queue::Reason;
         match reason {
-            Reason::Change | Reason::Requested => Self::Change,
+            Reason::Change | Reason::Requested | Reason::Relist => Self::Change,
             Reason::Echo => Self::Echo,
             Reason::Delay => Self::Delay,
         }
@@ -766,6 +774,52 @@ impl Collector for InFlightGauges {
         for (name, in_flight) in &read {
             let labels = QueueLabels { name: name.clone() };
             ConstGauge::new(in_flight.longest.as_secs_f64()).encode(longest.encode_family(&labels)?)?;
+        }
+        // Who waits behind whom: the busiest flows by name, the rest summed (bounded label values).
+        let flows = |in_flight: &crate::engine::queue::InFlight, name: &str| {
+            in_flight
+                .flows
+                .iter()
+                .map(|f| {
+                    let flow = f.flow.clone().unwrap_or_else(|| "(others)".to_owned());
+                    (FlowLabels { name: name.to_owned(), flow }, f.clone())
+                })
+                .collect::<Vec<_>>()
+        };
+        let mut depth = encoder.encode_descriptor(
+            "metahook_queue_flow_depth",
+            "Keys waiting, by flow (the parent's namespace): the busiest flows by name, the others as (others).",
+            None,
+            MetricType::Gauge,
+        )?;
+        for (name, in_flight) in &read {
+            for (labels, figures) in flows(in_flight, name) {
+                ConstGauge::new(i64::try_from(figures.waiting).unwrap_or(i64::MAX))
+                    .encode(depth.encode_family(&labels)?)?;
+            }
+        }
+        let mut oldest = encoder.encode_descriptor(
+            "metahook_queue_flow_oldest_seconds",
+            "Seconds the key of the flow queued longest has waited, by flow.",
+            None,
+            MetricType::Gauge,
+        )?;
+        for (name, in_flight) in &read {
+            for (labels, figures) in flows(in_flight, name) {
+                ConstGauge::new(figures.oldest.as_secs_f64()).encode(oldest.encode_family(&labels)?)?;
+            }
+        }
+        let mut held = encoder.encode_descriptor(
+            "metahook_queue_flow_workers",
+            "Workers syncing a key of the flow now, by flow.",
+            None,
+            MetricType::Gauge,
+        )?;
+        for (name, in_flight) in &read {
+            for (labels, figures) in flows(in_flight, name) {
+                ConstGauge::new(i64::try_from(figures.busy).unwrap_or(i64::MAX))
+                    .encode(held.encode_family(&labels)?)?;
+            }
         }
         Ok(())
     }

@@ -8,22 +8,41 @@
 //! own write, its delay), merged while it waits, so the sync that takes it knows why it runs without
 //! reconstructing it (as kube-runtime's `ReconcileRequest` carries its reason).
 //!
-//! Keys wait in two lines. One holds keys queued for something observed (a watch event, an echo, a
-//! sync request); the other keys that came back by their delay (a resync, a retry, `resyncAfterSeconds`).
-//! A worker takes from the second only when the first is empty, so a change is never stuck behind a
-//! period's worth of resyncs: with 3,000 parents resynced every 10 s, 300 resyncs a second were queued
-//! ahead of the change a user had just made. controller-runtime's priority queue does the same (events
-//! first, resyncs low). The price: under a load that never lets the change line empty, resyncs and
-//! retries wait; they are the work that is not new.
+//! Keys wait in four lines, served in this order, each line only when the lines before it are empty:
+//! 1. **changes**: something was observed (a watch event of an object or a child by someone else, a
+//!    sync request);
+//! 2. **relisted**: work found by a list — a hub's start, a relist after a watch expired, a bucket of
+//!    parents moving to this replica — where the hub saw nothing change, only that it had not looked;
+//! 3. **echoes**: the watch events of the hub's own writes, work the hub caused rather than news;
+//! 4. **delays**: keys back by their delay (a resync, a retry, `resyncAfterSeconds`).
 //!
-//! Invariants (all under one lock, held only for amortised O(1) work):
+//! So a change is never stuck behind a period's worth of resyncs (with 3,000 parents resynced every 10 s,
+//! 300 resyncs a second were queued ahead of the change a user had just made), behind a restart's relist,
+//! or behind the echoes of a backlog's own writes (a 3,000-parent backlog's 3,027 echo syncs once stood
+//! ahead of a change in another namespace). controller-runtime's priority queue does the first two (events
+//! first, its initial list and resyncs low). A key queued for several reasons waits in the first line
+//! any of them asks for. The price: under a load that never lets the earlier lines empty, the later
+//! lines wait; they are the work that is not new.
+//!
+//! Within each line keys are served **fairly by flow** — the namespace of the object a key stands for
+//! (a cluster-scoped object is a flow of its own) — round robin, one key a turn, as the API server's
+//! Priority and Fairness queues requests by flow: a flood of changes in one namespace gets its turns, not
+//! the line, and a change in another namespace waits for at most one key of each flow ahead of it. A
+//! flow also holds at most its share of the controller's workers while another flow waits (the workers
+//! divided by the flows with work, at least one), so a flow whose syncs are slow cannot take them all.
+//! With one flow, or nothing else waiting, every line drains as a plain FIFO at full speed.
+//!
+//! Invariants (all under one lock, held only for amortised O(1) work, O(flows) at worst for a pick):
 //! - a key is in `queued` at most once, and iff it is in `dirty` and not in `processing`; of its entries
-//!   in the two lines only the one with its ticket counts (moving a key to the change line leaves a
-//!   stale entry behind, skipped when reached);
+//!   in the lines only the one with its ticket counts (moving a key to an earlier line leaves a stale
+//!   entry behind, skipped when reached);
+//! - a flow is in a line's ring iff its list in that line is not empty, and is kept in `flows` while
+//!   anything of it is listed or held;
 //! - a key added while being processed is parked in `dirty` and queued again by [`WorkQueue::done`].
 
 use std::collections::{HashMap, VecDeque};
 use std::hash::Hash;
+use std::sync::Arc as Shared;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
@@ -117,7 +136,7 @@ impl Default for QueueStats {
 /// The keys workers hold now, summed up: what client-go's `workqueue_unfinished_work_seconds` and
 /// `workqueue_longest_running_processor_seconds` report, and controller-runtime's active workers (one
 /// worker per key held). A hook that hangs shows here while it hangs, not only once it times out.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct InFlight {
     /// Keys handed to a worker and not yet done.
     pub keys: usize,
@@ -125,6 +144,8 @@ pub struct InFlight {
     pub unfinished: Duration,
     /// How long the one held longest has been held.
     pub longest: Duration,
+    /// Who waits behind whom: the busiest flows, keys waiting and held (see [`FlowFigures`]).
+    pub flows: Vec<FlowFigures>,
 }
 
 /// Reads a queue's [`InFlight`] when metrics are scraped, rather than keeping gauges up to date on every
@@ -153,10 +174,11 @@ trait HeldKeys: Send + Sync {
     fn in_flight(&self, now: Instant) -> InFlight;
 }
 
-impl<K: Clone + Eq + Hash + Send + Sync> HeldKeys for Inner<K> {
+impl<K: Clone + Eq + Hash + Flowing + Send + Sync> HeldKeys for Inner<K> {
     fn in_flight(&self, now: Instant) -> InFlight {
         let state = self.state.lock().expect("queue lock");
-        let mut in_flight = InFlight { keys: state.processing.len(), ..InFlight::default() };
+        let flows = state.flow_figures(now);
+        let mut in_flight = InFlight { keys: state.processing.len(), flows, ..InFlight::default() };
         for started in state.processing.keys().filter_map(|key| state.since.get(key)) {
             let held = now.saturating_duration_since(*started);
             in_flight.unfinished += held;
@@ -178,6 +200,9 @@ pub enum Reason {
     Delay,
     /// Someone asked for its hook to be called again (a sync requested on the controller object).
     Requested,
+    /// A list found it (a start, a relist, a bucket that moved here): the hub saw no change, only that it
+    /// had not looked. Counts as a change everywhere but in the line it waits in.
+    Relist,
 }
 
 /// The reasons a key was queued for since a worker last took it.
@@ -191,6 +216,7 @@ impl Reasons {
             Reason::Echo => 2,
             Reason::Delay => 4,
             Reason::Requested => 8,
+            Reason::Relist => 16,
         }
     }
 
@@ -218,11 +244,11 @@ impl Reasons {
         self.0 & Self::bit(reason) != 0
     }
 
-    /// The reason that names the sync: a change (or request) before an echo before a delay. (A key with
-    /// no reason, which a worker never gets, counts as a change.)
+    /// The reason that names the sync: a change (or request, or relist) before an echo before a delay.
+    /// (A key with no reason, which a worker never gets, counts as a change.)
     #[must_use]
     pub const fn main(self) -> Reason {
-        if self.has(Reason::Change) || self.has(Reason::Requested) || self.0 == 0 {
+        if self.has(Reason::Change) || self.has(Reason::Requested) || self.has(Reason::Relist) || self.0 == 0 {
             Reason::Change
         } else if self.has(Reason::Echo) {
             Reason::Echo
@@ -238,62 +264,236 @@ impl Reasons {
         self.has(Reason::Delay) || self.has(Reason::Requested)
     }
 
+    /// The line these reasons wait in: the first any of them asks for.
     fn lane(self) -> Lane {
-        if self.0 == Self::bit(Reason::Delay) { Lane::Delayed } else { Lane::Change }
+        if self.has(Reason::Change) || self.has(Reason::Requested) || self.0 == 0 {
+            Lane::Change
+        } else if self.has(Reason::Relist) {
+            Lane::Relisted
+        } else if self.has(Reason::Echo) {
+            Lane::Echo
+        } else {
+            Lane::Delayed
+        }
     }
 }
 
-/// The line a queued key waits in.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// The line a queued key waits in, in the order they are served.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Lane {
     /// Something was observed: served first.
-    Change,
-    /// Back by its delay: served when no change waits.
-    Delayed,
+    Change = 0,
+    /// Found by a list, nothing seen to change: served when no change waits.
+    Relisted = 1,
+    /// The echo of the hub's own write: served when nothing new waits.
+    Echo = 2,
+    /// Back by its delay: served last.
+    Delayed = 3,
 }
 
+/// Every line, in the order they are served.
+const LANES: [Lane; 4] = [Lane::Change, Lane::Relisted, Lane::Echo, Lane::Delayed];
+
+/// The flow a key belongs to, for fair service (see the module doc): the namespace of the object it
+/// stands for, or a cluster-scoped object's own name.
+pub trait Flowing {
+    fn flow(&self) -> &str;
+}
+
+impl Flowing for crate::cache::informers::ObjectKey {
+    fn flow(&self) -> &str {
+        self.namespace.as_deref().unwrap_or(&self.name)
+    }
+}
+
+/// A key that names itself is its own flow (the engine's tests key by plain names).
+impl Flowing for &'static str {
+    fn flow(&self) -> &str {
+        self
+    }
+}
+
+/// One flow's keys, by line, and how many of its keys workers hold.
+struct FlowState<K> {
+    lines: [VecDeque<(K, u64)>; 4],
+    /// Whether the flow is in each line's ring.
+    in_ring: [bool; 4],
+    busy: usize,
+}
+
+impl<K> Default for FlowState<K> {
+    fn default() -> Self {
+        Self { lines: Default::default(), in_ring: [false; 4], busy: 0 }
+    }
+}
+
+impl<K> FlowState<K> {
+    fn idle(&self) -> bool {
+        self.busy == 0 && self.lines.iter().all(VecDeque::is_empty)
+    }
+}
+
+/// How many keys of a flow wait and since when, and how many workers it holds (read when scraped).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FlowFigures {
+    /// The flow (a namespace), or `None` for the flows summed up beyond the busiest.
+    pub flow: Option<String>,
+    pub waiting: usize,
+    /// How long its key queued longest has waited.
+    pub oldest: Duration,
+    /// Keys of it workers hold now.
+    pub busy: usize,
+}
+
+/// The busiest flows named in the metrics; the others are summed up in one entry.
+pub const NAMED_FLOWS: usize = 5;
+
 struct State<K> {
-    changes: VecDeque<(K, u64)>,
-    delays: VecDeque<(K, u64)>,
+    /// The flows with keys listed or held, by name.
+    flows: HashMap<Shared<str>, FlowState<K>>,
+    /// For each line, the flows with keys in it, in the order their turns come.
+    rings: [VecDeque<Shared<str>>; 4],
     /// Keys waiting in a line: which one, and the ticket of their live entry there.
     queued: HashMap<K, (Lane, u64)>,
     tickets: u64,
-    /// Keys waiting to be processed, and why (their line follows: anything observed wins over a delay).
+    /// Keys waiting to be processed, and why (their line follows: see [`Reasons::lane`]).
     dirty: HashMap<K, Reasons>,
     /// Keys handed to a worker, with the reasons they were taken for.
     processing: HashMap<K, Reasons>,
     failures: HashMap<K, u32>,
     /// When each key in `queue` was queued, and when each key in `processing` was handed out (metrics).
     since: HashMap<K, Instant>,
+    /// The controller's workers: a flow's share of them is this divided by the flows with work.
+    workers: usize,
     shutting_down: bool,
 }
 
-impl<K: Clone + Eq + Hash> State<K> {
-    /// Appends `key` to the end of `lane`'s line (moving it there if it waits in the other), noting
-    /// when it was first queued (for `workqueue_queue_duration_seconds`).
+impl<K: Clone + Eq + Hash + Flowing> State<K> {
+    fn new() -> Self {
+        Self {
+            flows: HashMap::new(),
+            rings: Default::default(),
+            queued: HashMap::new(),
+            tickets: 0,
+            dirty: HashMap::new(),
+            processing: HashMap::new(),
+            failures: HashMap::new(),
+            since: HashMap::new(),
+            workers: 1,
+            shutting_down: false,
+        }
+    }
+
+    /// Appends `key` to the end of its flow's list in `lane` (moving it there if it waits in a later
+    /// line), noting when it was first queued (for `workqueue_queue_duration_seconds`).
     fn push(&mut self, key: K, lane: Lane, stats: &QueueStats) {
         self.since.entry(key.clone()).or_insert_with(Instant::now);
         self.tickets += 1;
         self.queued.insert(key.clone(), (lane, self.tickets));
-        let waiting = match lane {
-            Lane::Change => &mut self.changes,
-            Lane::Delayed => &mut self.delays,
-        };
-        waiting.push_back((key, self.tickets));
+        let known = self.flows.get_key_value(key.flow()).map(|(known, _)| Shared::clone(known));
+        let name = known.unwrap_or_else(|| Shared::from(key.flow()));
+        let flow = self.flows.entry(Shared::clone(&name)).or_default();
+        let index = lane as usize;
+        flow.lines[index].push_back((key, self.tickets));
+        if !flow.in_ring[index] {
+            flow.in_ring[index] = true;
+            self.rings[index].push_back(name);
+        }
         stats.depth.set(i64::try_from(self.queued.len()).unwrap_or(i64::MAX));
     }
 
-    /// The oldest key of the change line, else of the delay line.
+    /// The next key to serve: from the first line with a key, the next flow in turn there whose keys
+    /// held stay within its share of the workers (or, when every flow is at its share, the next flow
+    /// in turn: workers are never left idle while keys wait). The key's flow holds one more worker.
     fn pop(&mut self) -> Option<K> {
-        for (lane, line) in [(Lane::Change, &mut self.changes), (Lane::Delayed, &mut self.delays)] {
-            while let Some((key, ticket)) = line.pop_front() {
-                if self.queued.get(&key) == Some(&(lane, ticket)) {
-                    self.queued.remove(&key);
-                    return Some(key);
+        let share = (self.workers / self.flows.len().max(1)).max(1);
+        for lane in LANES {
+            let line = lane as usize;
+            let mut chosen = None;
+            let mut over_share = None;
+            let mut turn = 0;
+            while turn < self.rings[line].len() {
+                let flow = self.flows.get_mut(&self.rings[line][turn]).expect("a ringed flow is kept");
+                // Entries moved to another line since are skipped here.
+                while let Some((key, ticket)) = flow.lines[line].front() {
+                    if self.queued.get(key) == Some(&(lane, *ticket)) {
+                        break;
+                    }
+                    flow.lines[line].pop_front();
                 }
+                if flow.lines[line].is_empty() {
+                    flow.in_ring[line] = false;
+                    if let Some(name) = self.rings[line].remove(turn)
+                        && self.flows.get(&name).is_some_and(FlowState::idle)
+                    {
+                        self.flows.remove(&name);
+                    }
+                    continue;
+                }
+                if flow.busy < share {
+                    chosen = Some(turn);
+                    break;
+                }
+                over_share.get_or_insert(turn);
+                turn += 1;
             }
+            let Some(turn) = chosen.or(over_share) else { continue };
+            let name = self.rings[line].remove(turn).expect("a flow in turn");
+            let flow = self.flows.get_mut(&name).expect("a ringed flow is kept");
+            let (key, _) = flow.lines[line].pop_front().expect("a live entry at its front");
+            flow.busy += 1;
+            if flow.lines[line].is_empty() {
+                flow.in_ring[line] = false;
+            } else {
+                self.rings[line].push_back(name);
+            }
+            self.queued.remove(&key);
+            return Some(key);
         }
         None
+    }
+
+    /// `key`, held by a worker, is done: its flow holds one worker less.
+    fn release(&mut self, key: &K) {
+        if let Some(flow) = self.flows.get_mut(key.flow()) {
+            flow.busy = flow.busy.saturating_sub(1);
+            if flow.idle() {
+                self.flows.remove(key.flow());
+            }
+        }
+    }
+
+    /// The busiest flows (by keys waiting, then held) at `now`, at most [`NAMED_FLOWS`] of them by name
+    /// and the rest summed up.
+    fn flow_figures(&self, now: Instant) -> Vec<FlowFigures> {
+        let mut by_flow: HashMap<&str, FlowFigures> = HashMap::new();
+        for key in self.queued.keys() {
+            let figures = by_flow.entry(key.flow()).or_default();
+            figures.waiting += 1;
+            if let Some(since) = self.since.get(key) {
+                figures.oldest = figures.oldest.max(now.saturating_duration_since(*since));
+            }
+        }
+        for (name, flow) in self.flows.iter().filter(|(_, f)| f.busy > 0) {
+            by_flow.entry(name).or_default().busy = flow.busy;
+        }
+        let mut flows: Vec<(&str, FlowFigures)> = by_flow.into_iter().collect();
+        flows.sort_by(|(a, fa), (b, fb)| (fb.waiting, fb.busy, a).cmp(&(fa.waiting, fa.busy, b)));
+        let mut named: Vec<FlowFigures> = Vec::new();
+        let mut others = FlowFigures::default();
+        for (index, (name, figures)) in flows.into_iter().enumerate() {
+            if index < NAMED_FLOWS {
+                named.push(FlowFigures { flow: Some(name.to_owned()), ..figures });
+            } else {
+                others.waiting += figures.waiting;
+                others.busy += figures.busy;
+                others.oldest = others.oldest.max(figures.oldest);
+            }
+        }
+        if others != FlowFigures::default() {
+            named.push(others);
+        }
+        named
     }
 }
 
@@ -320,7 +520,7 @@ impl<K> Clone for WorkQueue<K> {
 
 impl<K> WorkQueue<K>
 where
-    K: Clone + Eq + Hash + Send + Sync + 'static,
+    K: Clone + Eq + Hash + Flowing + Send + Sync + 'static,
 {
     #[must_use]
     pub fn new(backoff: Backoff) -> Self {
@@ -332,17 +532,7 @@ where
     pub fn with_stats(backoff: Backoff, stats: QueueStats) -> Self {
         let (timer, requests) = mpsc::unbounded_channel();
         let inner = Arc::new(Inner {
-            state: Mutex::new(State {
-                changes: VecDeque::new(),
-                delays: VecDeque::new(),
-                queued: HashMap::new(),
-                tickets: 0,
-                dirty: HashMap::new(),
-                processing: HashMap::new(),
-                failures: HashMap::new(),
-                since: HashMap::new(),
-                shutting_down: false,
-            }),
+            state: Mutex::new(State::new()),
             ready: Notify::new(),
             timer,
             backoff,
@@ -356,8 +546,14 @@ where
         Self { inner }
     }
 
-    /// Queues `key` now for a change, unless it is already waiting (a key waiting in the delay line
-    /// moves to the end of the change line).
+    /// How many workers take keys from this queue: a flow holds at most its share of them while another
+    /// flow waits (see the module doc).
+    pub fn set_workers(&self, workers: usize) {
+        self.inner.state.lock().expect("queue lock").workers = workers.max(1);
+    }
+
+    /// Queues `key` now for a change, unless it is already waiting (a key waiting in a later line moves
+    /// to the end of its flow's list in the change line).
     pub fn add(&self, key: K) {
         add_as(&self.inner, key, Reason::Change);
     }
@@ -469,7 +665,9 @@ where
     /// Marks `key` as no longer being processed; queues it again if it was added meanwhile.
     pub fn done(&self, key: &K) {
         let mut state = self.inner.state.lock().expect("queue lock");
-        state.processing.remove(key);
+        if state.processing.remove(key).is_some() {
+            state.release(key);
+        }
         if let Some(started) = state.since.remove(key) {
             self.inner.stats.work_duration.observe(started.elapsed().as_secs_f64());
         }
@@ -512,7 +710,7 @@ where
 }
 
 /// Queues `key` for `reason`, in the line its reasons ask for.
-fn add_as<K: Clone + Eq + Hash>(inner: &Inner<K>, key: K, reason: Reason) {
+fn add_as<K: Clone + Eq + Hash + Flowing>(inner: &Inner<K>, key: K, reason: Reason) {
     let mut state = inner.state.lock().expect("queue lock");
     if state.shutting_down {
         return;
@@ -520,12 +718,13 @@ fn add_as<K: Clone + Eq + Hash>(inner: &Inner<K>, key: K, reason: Reason) {
     let lane = if let Some(reasons) = state.dirty.get_mut(&key) {
         let before = reasons.lane();
         *reasons = reasons.and(reason);
-        // Already waiting: only a key that now waits for something observed moves up (a parked one goes
-        // back in that line when its worker is done).
-        if before == reasons.lane() || !state.queued.contains_key(&key) {
+        let now = reasons.lane();
+        // Already waiting: only a key that now asks for an earlier line moves up (a parked one goes back
+        // in its line when its worker is done).
+        if now >= before || !state.queued.contains_key(&key) {
             return;
         }
-        Lane::Change
+        now
     } else {
         inner.stats.adds.inc();
         let reasons = Reasons::of(reason);
@@ -543,7 +742,7 @@ fn add_as<K: Clone + Eq + Hash>(inner: &Inner<K>, key: K, reason: Reason) {
 /// Owns the delayed keys; ends when the queue is dropped.
 async fn run_timer<K>(inner: Weak<Inner<K>>, mut requests: mpsc::UnboundedReceiver<(K, Instant)>)
 where
-    K: Clone + Eq + Hash + Send + Sync + 'static,
+    K: Clone + Eq + Hash + Flowing + Send + Sync + 'static,
 {
     let mut delays: DelayQueue<K> = DelayQueue::new();
     let mut pending: HashMap<K, (tokio_util::time::delay_queue::Key, Instant)> = HashMap::new();
@@ -620,8 +819,8 @@ mod tests {
             [
                 ("now", Reasons::of(Reason::Change)),
                 ("both", change_and_delay),
-                ("echoed", Reasons::of(Reason::Echo)),
                 ("echoed-and-changed", echo_and_change),
+                ("echoed", Reasons::of(Reason::Echo)),
                 ("later", Reasons::of(Reason::Delay)),
             ]
         );
@@ -695,6 +894,78 @@ mod tests {
         q.add_rate_limited("q");
         q.done(&key);
         assert_eq!(drain(&q).await, [("q", Reasons::of(Reason::Change))]);
+    }
+
+    /// Keys of several flows: `"<flow>/<n>"`.
+    #[derive(Clone, Debug, PartialEq, Eq, Hash)]
+    struct Keyed(&'static str);
+
+    impl Flowing for Keyed {
+        fn flow(&self) -> &str {
+            self.0.split_once('/').map_or(self.0, |(flow, _)| flow)
+        }
+    }
+
+    async fn order(q: &WorkQueue<Keyed>) -> Vec<&'static str> {
+        let mut taken = Vec::new();
+        while let Some(key) = tokio::time::timeout(Duration::from_millis(10), q.next()).await.ok().flatten() {
+            taken.push(key.0);
+            q.done(&key);
+        }
+        taken
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_change_in_another_namespace_waits_for_one_key_of_a_flood_not_for_the_flood() {
+        let q = WorkQueue::new(Backoff::default());
+        for key in ["flood/1", "flood/2", "flood/3", "flood/4"] {
+            q.add(Keyed(key));
+        }
+        q.add(Keyed("team/1"));
+        q.add(Keyed("other/1"));
+        assert_eq!(order(&q).await, ["flood/1", "team/1", "other/1", "flood/2", "flood/3", "flood/4"]);
+        // One flow alone is served first come, first served.
+        for key in ["flood/1", "flood/2", "flood/3"] {
+            q.add(Keyed(key));
+        }
+        assert_eq!(order(&q).await, ["flood/1", "flood/2", "flood/3"]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn echoes_and_relisted_keys_wait_behind_the_changes_and_echoes_behind_the_relisted() {
+        let q = WorkQueue::new(Backoff::default());
+        q.add_for(Keyed("flood/echo-1"), Reason::Echo);
+        q.add_for(Keyed("flood/echo-2"), Reason::Echo);
+        q.add_for(Keyed("a/relisted"), Reason::Relist);
+        q.add(Keyed("flood/new"));
+        q.add(Keyed("b/change"));
+        q.add_after(Keyed("c/resync"), Duration::ZERO);
+        q.add_for(Keyed("flood/echo-2"), Reason::Change);
+        let taken = order(&q).await;
+        assert_eq!(taken, ["flood/new", "b/change", "flood/echo-2", "a/relisted", "flood/echo-1", "c/resync"]);
+        assert_eq!(Reasons::of(Reason::Relist).main(), Reason::Change, "a relisted key counts as a change");
+        assert!(!Reasons::of(Reason::Relist).asks_again());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_flow_holds_at_most_its_share_of_the_workers_while_another_waits() {
+        let q = WorkQueue::new(Backoff::default());
+        q.set_workers(4);
+        for key in ["slow/1", "slow/2", "slow/3", "slow/4", "slow/5"] {
+            q.add(Keyed(key));
+        }
+        // Four workers, one flow: all of them (nothing else waits).
+        let held: Vec<Keyed> = [q.next().await, q.next().await, q.next().await].into_iter().flatten().collect();
+        assert_eq!(held.len(), 3);
+        q.add(Keyed("fast/1"));
+        q.add(Keyed("fast/2"));
+        // Two flows: two workers each. The slow flow holds three; the fourth worker goes to the fast one.
+        assert_eq!(q.next().await, Some(Keyed("fast/1")));
+        q.done(&Keyed("fast/1"));
+        assert_eq!(q.next().await, Some(Keyed("fast/2")), "slow is over its share: fast goes first");
+        q.done(&Keyed("fast/2"));
+        // Nothing else waits: the slow flow gets the free worker again.
+        assert_eq!(q.next().await, Some(Keyed("slow/4")));
     }
 
     #[tokio::test]
@@ -805,16 +1076,23 @@ mod tests {
         q.add("stuck");
         q.add("slow");
         q.add("waiting");
-        assert_eq!(stats.in_flight.read(Instant::now()), InFlight::default(), "queued keys are not in flight");
+        let read = stats.in_flight.read(Instant::now());
+        assert_eq!((read.keys, read.longest), (0, Duration::ZERO), "queued keys are not in flight");
+        assert_eq!(read.flows.iter().map(|f| f.waiting).sum::<usize>(), 3, "but they wait: {:?}", read.flows);
         let stuck = q.next().await.unwrap();
         tokio::time::advance(Duration::from_secs(3)).await;
         assert_eq!(q.next().await, Some("slow"));
         tokio::time::advance(Duration::from_secs(1)).await;
-        let expected = InFlight { keys: 2, unfinished: Duration::from_secs(5), longest: Duration::from_secs(4) };
-        assert_eq!(stats.in_flight.read(Instant::now()), expected);
+        let read = stats.in_flight.read(Instant::now());
+        let expected = (2, Duration::from_secs(5), Duration::from_secs(4));
+        assert_eq!((read.keys, read.unfinished, read.longest), expected);
+        let waiting = FlowFigures { flow: Some("waiting".into()), waiting: 1, oldest: Duration::from_secs(4), busy: 0 };
+        assert_eq!(read.flows[0], waiting, "who waits, and since when: {:?}", read.flows);
+        assert_eq!(read.flows.iter().map(|f| f.busy).sum::<usize>(), 2);
         q.done(&stuck);
-        let expected = InFlight { keys: 1, unfinished: Duration::from_secs(1), longest: Duration::from_secs(1) };
-        assert_eq!(stats.in_flight.read(Instant::now()), expected, "a key done is no longer counted");
+        let read = stats.in_flight.read(Instant::now());
+        let expected = (1, Duration::from_secs(1), Duration::from_secs(1));
+        assert_eq!((read.keys, read.unfinished, read.longest), expected, "a key done is no longer counted");
         drop(q);
         assert_eq!(stats.in_flight.read(Instant::now()), InFlight::default(), "a queue gone reads as idle");
     }

@@ -58,7 +58,7 @@ use crate::write::records::Records;
 
 /// What a controller kind supplies to the engine's sync.
 pub(crate) trait Kind: Send + Sync + 'static {
-    type Key: Clone + Eq + Hash + Display + Send + Sync + 'static;
+    type Key: Clone + Eq + Hash + Display + crate::engine::queue::Flowing + Send + Sync + 'static;
     /// Writes a decision needs before any child's (a rollout's `ControllerRevision`s).
     type Before: Before;
     /// What `observe` claims besides the children, for `decide` (a rollout's `ControllerRevision`s).
@@ -391,7 +391,7 @@ pub(crate) struct CoreSettings<'a> {
     pub related_limit: Option<crate::api::RelatedLimit>,
 }
 
-impl<K: Clone + Eq + Hash + Display + Send + Sync + 'static> Core<K> {
+impl<K: Clone + Eq + Hash + Display + crate::engine::queue::Flowing + Send + Sync + 'static> Core<K> {
     pub fn new(hub: &Hub, settings: CoreSettings<'_>) -> Result<Self, String> {
         let CoreSettings {
             kind,
@@ -460,6 +460,12 @@ impl<K: Clone + Eq + Hash + Display + Send + Sync + 'static> Core<K> {
         self.queue.add(key);
     }
 
+    /// Queues `key` for what a watch showed: a change made by someone else, or, found by a list
+    /// (`relisted`: a start, a relist, a bucket moved here), work that waits behind the changes seen live.
+    pub fn enqueue_seen(&self, key: K, relisted: bool) {
+        self.queue.add_for(key, if relisted { Reason::Relist } else { Reason::Change });
+    }
+
     /// Queues `key` for the echo of its own sync's write, unless the controller said its hook needs no
     /// such sync (see [`crate::engine::echoes`]).
     pub fn enqueue_echo(&self, key: K, echo: Echo) {
@@ -514,7 +520,7 @@ impl<K: Clone + Eq + Hash + Display + Send + Sync + 'static> Core<K> {
                 self.answered.forget(&key);
                 self.held.clear(&key);
                 if selected || has_finalizer(obj, &self.finalizer) {
-                    self.enqueue(key);
+                    self.enqueue_seen(key, *relisted);
                 }
                 return;
             }
@@ -539,7 +545,7 @@ impl<K: Clone + Eq + Hash + Display + Send + Sync + 'static> Core<K> {
         if *relisted {
             self.echoes.forget_object(watched, &object);
             if !status_only {
-                self.enqueue(key);
+                self.enqueue_seen(key, true);
             }
             return;
         }
@@ -576,7 +582,7 @@ impl<K: Clone + Eq + Hash + Display + Send + Sync + 'static> Core<K> {
                 // Ownership may have moved: the previous owner must see its child go.
                 if controller_uid(old) != controller_uid(new) {
                     for key in owners(old, false) {
-                        self.enqueue(key);
+                        self.enqueue_seen(key, *relisted);
                     }
                 }
                 (new, new.metadata.resource_version.clone(), true)
@@ -599,7 +605,7 @@ impl<K: Clone + Eq + Hash + Display + Send + Sync + 'static> Core<K> {
         };
         if seen == Seen::Other {
             for key in owners(child, adopt) {
-                self.enqueue(key);
+                self.enqueue_seen(key, *relisted);
             }
         }
     }
@@ -692,7 +698,9 @@ struct Journal<'a, K> {
     key: &'a K,
 }
 
-impl<K: Clone + Eq + Hash + Display + Send + Sync + 'static> WriteObserver for Journal<'_, K> {
+impl<K: Clone + Eq + Hash + Display + crate::engine::queue::Flowing + Send + Sync + 'static> WriteObserver
+    for Journal<'_, K>
+{
     fn started(&self, type_index: usize, child: &ObjectKey) {
         self.core.echoes.begin(self.key, Watched::Child(type_index), child);
     }
@@ -1173,7 +1181,7 @@ pub(crate) async fn run<C: Kind>(kind: Arc<C>, cancel: tokio_util::sync::Cancell
                 }
                 keys.extend(kind.readers(input, event.change.object()));
                 for key in keys {
-                    kind.core().enqueue(key);
+                    kind.core().enqueue_seen(key, event.relisted);
                 }
             }
         });

@@ -29,7 +29,7 @@ pub(crate) enum Synced {
 
 /// One controller's sync, driven by [`work`].
 pub(crate) trait Syncer: Send + Sync + 'static {
-    type Key: Clone + Eq + Hash + Display + Send + Sync + 'static;
+    type Key: Clone + Eq + Hash + Display + crate::engine::queue::Flowing + Send + Sync + 'static;
     /// The controller object's name, for logs.
     fn name(&self) -> &str;
     fn queue(&self) -> &WorkQueue<Self::Key>;
@@ -166,7 +166,7 @@ pub(crate) type Enqueue<K> = Arc<dyn Fn(K) + Send + Sync>;
 
 /// A controller's queue reporting `workqueue_*` metrics, its reconcile metrics, and a handle that adds to it
 /// (what [`crate::engine::related::Related`] calls when a related object changes).
-pub(crate) fn controller_queue<K: Clone + Eq + Hash + Send + Sync + 'static>(
+pub(crate) fn controller_queue<K: Clone + Eq + Hash + crate::engine::queue::Flowing + Send + Sync + 'static>(
     hub: &crate::engine::hub::Hub,
     kind: &str,
     name: &str,
@@ -189,6 +189,7 @@ pub(crate) async fn run_workers<S: Syncer>(
     cancel: tokio_util::sync::CancellationToken,
 ) {
     syncer.metrics().workers(workers);
+    syncer.queue().set_workers(workers);
     for _ in 0..workers {
         tasks.spawn(work(Arc::clone(&syncer)));
     }
@@ -310,8 +311,9 @@ mod tests {
                 ("echoed", change),
                 ("changed", change),
                 ("slow", change),
-                ("echoed", Reasons::of(Reason::Echo).and(Reason::Delay)),
+                // A change is served before an echo (the echo of the hub's own write is not news).
                 ("changed", change.and(Reason::Delay)),
+                ("echoed", Reasons::of(Reason::Echo).and(Reason::Delay)),
             ],
         );
         syncer.queue.shut_down();

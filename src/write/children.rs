@@ -1313,7 +1313,7 @@ mod tests {
         assert_eq!(claim(&object("a", &no, Some("parent"), false)), Claim::Ignore(Ignored::Deleting));
     }
 
-    /// A ConfigMap `namespace/name` labelled as the child elsewhere of the parent of UID `uid`.
+    /// A `ConfigMap` `namespace/name` labelled as the child elsewhere of the parent of UID `uid`.
     fn labelled(namespace: &str, name: &str, uid: &str) -> DynamicObject {
         serde_json::from_value(json!({"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": name, "namespace": namespace, "uid": format!("{namespace}-{name}"),
@@ -1321,7 +1321,7 @@ mod tests {
         .unwrap()
     }
 
-    /// A `crossNamespace` ConfigMap type cached with `objects`.
+    /// A `crossNamespace` `ConfigMap` type cached with `objects`.
     fn cross_type(objects: Vec<DynamicObject>) -> ChildType {
         let rule = crate::api::ChildResourceRule {
             api_version: "v1".into(),

@@ -102,7 +102,12 @@ fn exposition() -> String {
     controller.deletion_guard_refused();
     controller.canary_sync("candidate", "ok", 1);
     controller.canary_state(10.0, false);
-    let _queue = hub.metrics.queue(kind, name);
+    // A key waiting, so the per-flow families have a sample.
+    let queue = crate::engine::queue::WorkQueue::with_stats(
+        crate::engine::queue::Backoff::default(),
+        hub.metrics.queue(kind, name),
+    );
+    queue.add("example-namespace");
     hub.metrics.apply.record("ConfigMap", "created");
     hub.metrics.shard.parent_arrived();
     hub.metrics.shard.took(1, 1);
@@ -122,7 +127,9 @@ fn exposition() -> String {
         has_status: false,
     });
     let _informer = hub.informers.get(&config_maps, crate::cache::shard::Role::Child);
-    crate::ops::metrics::render(&registry)
+    let text = crate::ops::metrics::render(&registry);
+    drop(queue);
+    text
 }
 
 /// The families of an `OpenMetrics` text, by name.
@@ -201,6 +208,7 @@ mod tests {
             "| `workqueue_unfinished_work_seconds` | gauge | `name` |",
             "| `metahook_hook_requests_total` | counter | `kind`, `controller`, `hook`, `code` |",
             "| `workqueue_depth` | gauge | `name` |",
+            "| `metahook_queue_flow_depth` | gauge | `name`, `flow` |",
             "| `metahook_informer_objects` | gauge | `resource` |",
         ] {
             assert!(page.contains(row), "missing {row} in\n{page}");

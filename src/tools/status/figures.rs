@@ -101,6 +101,49 @@ impl Scrape {
     }
 }
 
+/// Keys of one flow (a namespace) a controller's queue holds, as the hub's per-flow gauges say.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FlowWait {
+    /// The namespace (or cluster-scoped parent), or `(others)` for the flows beyond the busiest.
+    pub flow: String,
+    pub waiting: u64,
+    /// Seconds its key queued longest has waited.
+    pub oldest_seconds: f64,
+    /// Workers syncing one of its keys now.
+    pub workers: u64,
+}
+
+/// The per-flow gauges of a queue ([`crate::engine::queue::FlowFigures`]), labelled `name`, `flow`.
+const FLOW_DEPTH: &str = "metahook_queue_flow_depth";
+const FLOW_OLDEST: &str = "metahook_queue_flow_oldest_seconds";
+const FLOW_WORKERS: &str = "metahook_queue_flow_workers";
+
+/// Who waits behind whom in `controller`'s queue over every replica: keys and workers summed by flow,
+/// the longest wait the longest of any, busiest first.
+#[must_use]
+pub fn waiting(replicas: &[Replica<'_>], controller: Controller<'_>) -> Vec<FlowWait> {
+    let name = format!("{}/{}", controller.kind.to_ascii_lowercase(), controller.name);
+    let mut by_flow: BTreeMap<String, FlowWait> = BTreeMap::new();
+    for sample in replicas.iter().flat_map(|r| &r.last.samples) {
+        if sample.label("name") != Some(name.as_str()) {
+            continue;
+        }
+        let Some(flow) = sample.label("flow") else { continue };
+        let entry =
+            by_flow.entry(flow.to_owned()).or_insert_with(|| FlowWait { flow: flow.to_owned(), ..FlowWait::default() });
+        match sample.name.as_str() {
+            FLOW_DEPTH => entry.waiting += count(sample.value),
+            FLOW_WORKERS => entry.workers += count(sample.value),
+            FLOW_OLDEST => entry.oldest_seconds = entry.oldest_seconds.max(sample.value),
+            _ => {}
+        }
+    }
+    let mut flows: Vec<FlowWait> = by_flow.into_values().filter(|f| f.waiting > 0 || f.workers > 0).collect();
+    flows.sort_by(|a, b| (b.waiting, b.workers).cmp(&(a.waiting, a.workers)).then_with(|| a.flow.cmp(&b.flow)));
+    flows
+}
+
 /// The figures of one controller.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Figures {
@@ -250,6 +293,24 @@ mod tests {
         assert!(close(figures.hook_p50, 0.004 + 0.004 * (50.0 - 40.0) / (90.0 - 40.0)), "{figures:?}");
         // 99th at 99 → inside (0.016, 0.032], 96 below it, 100 at its top.
         assert!(close(figures.hook_p99, 0.016 + 0.016 * (99.0 - 96.0) / (100.0 - 96.0)), "{figures:?}");
+    }
+
+    #[test]
+    fn who_waits_behind_whom_adds_up_the_replicas_flows_busiest_first() {
+        let one = "metahook_queue_flow_depth{name=\"compositecontroller/web\",flow=\"flood\"} 9000\n\
+                   metahook_queue_flow_oldest_seconds{name=\"compositecontroller/web\",flow=\"flood\"} 41\n\
+                   metahook_queue_flow_workers{name=\"compositecontroller/web\",flow=\"flood\"} 4\n\
+                   metahook_queue_flow_depth{name=\"compositecontroller/web\",flow=\"team-a\"} 1\n\
+                   metahook_queue_flow_oldest_seconds{name=\"compositecontroller/web\",flow=\"team-a\"} 0.1\n\
+                   metahook_queue_flow_depth{name=\"compositecontroller/other\",flow=\"x\"} 5\n";
+        let two = "metahook_queue_flow_depth{name=\"compositecontroller/web\",flow=\"flood\"} 812\n\
+                   metahook_queue_flow_oldest_seconds{name=\"compositecontroller/web\",flow=\"flood\"} 50\n";
+        let (a, b) = (scrape(one, 0), scrape(two, 0));
+        let replicas = [Replica { first: None, last: &a }, Replica { first: None, last: &b }];
+        let flows = waiting(&replicas, WEB);
+        let seen: Vec<(&str, u64, u64)> = flows.iter().map(|f| (f.flow.as_str(), f.waiting, f.workers)).collect();
+        assert_eq!(seen, [("flood", 9812, 4), ("team-a", 1, 0)], "the other controller's flows are its own");
+        assert!(close(Some(flows[0].oldest_seconds), 50.0), "{flows:?}");
     }
 
     #[test]

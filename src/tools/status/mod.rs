@@ -234,6 +234,7 @@ pub async fn status(client: &Client, args: &StatusArgs) -> Result<Report, Status
                 by_source,
                 last_error: o.last_error,
                 related: o.related,
+                waiting: figures::waiting(&replicas, controller),
                 problems,
             }
         })
@@ -272,6 +273,7 @@ fn file_controllers(replicas: &[Replica<'_>], listed: &[ControllerReport]) -> Ve
             by_source: Vec::new(),
             last_error: None,
             related: None,
+            waiting: Vec::new(),
             problems: Vec::new(),
         });
     }
@@ -309,6 +311,7 @@ mod tests {
             by_source: Vec::new(),
             last_error: None,
             related: None,
+            waiting: Vec::new(),
             problems: Vec::new(),
         }
     }

@@ -93,6 +93,9 @@ pub struct ControllerReport {
     /// What whoever may create a parent can make its customize hook read through the hub (`None`: it
     /// has none, or it was read from a file).
     pub related: Option<String>,
+    /// Who waits behind whom in its queue, by flow (the parents' namespaces), busiest first; empty when
+    /// nothing waits or the metrics were not read.
+    pub waiting: Vec<super::figures::FlowWait>,
     /// What could not be read about it.
     pub problems: Vec<String>,
 }
@@ -198,6 +201,17 @@ impl Report {
             out.push('\n');
         }
         for c in &self.controllers {
+            if !c.waiting.is_empty() {
+                let flows: Vec<String> = c
+                    .waiting
+                    .iter()
+                    .map(|f| {
+                        let workers = if f.workers > 0 { format!(", {} syncing", f.workers) } else { String::new() };
+                        format!("{} {} (oldest {}{workers})", f.flow, f.waiting, seconds(f.oldest_seconds))
+                    })
+                    .collect();
+                let _ = writeln!(out, "{}/{}: waiting: {}", c.kind.to_ascii_lowercase(), c.name, flows.join(", "));
+            }
             if let Some(related) = &c.related {
                 let _ = writeln!(
                     out,
@@ -369,6 +383,7 @@ mod tests {
                 time: Some("2026-01-01T11:57:00Z".into()),
             }),
             related: None,
+            waiting: Vec::new(),
             problems: Vec::new(),
         };
         let labels = ControllerReport {
@@ -384,6 +399,7 @@ mod tests {
             by_source: Vec::new(),
             last_error: None,
             related: None,
+            waiting: Vec::new(),
             problems: vec!["cannot list its parents: listing v1/secrets: forbidden".into()],
         };
         Report {
@@ -442,6 +458,7 @@ Metrics from http://127.0.0.1:9999/metrics (syncs/min over 10s; the leader); err
                               "parent": {"apiVersion": "example.com/v1", "kind": "Web", "namespace": "shop", "name": "front"},
                               "time": "2026-01-01T11:57:00Z"},
                 "related": null,
+                "waiting": [],
                 "problems": []
             })
         );
