@@ -836,6 +836,10 @@ async fn answer<C: Kind>(
         return Ok(None);
     };
     *writes = executed.writes.len();
+    for dropped in &executed.dropped {
+        warn!("{dropped}");
+        core.hub.events.warning(&reference(obj), "UnknownFieldsDropped", dropped.to_string()).await;
+    }
     let object = ObjectKey::of(obj);
     let object = (kind.type_of(key), &object);
     if let Some(status) = decision.status {

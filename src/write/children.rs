@@ -20,7 +20,7 @@ use crate::cache::discovery::ResolvedResource;
 use crate::cache::informers::{Informer, ObjectKey, PARENT_ANNOTATION, PARENT_UID_LABEL, controller_uid};
 use crate::cache::selector::Selector;
 use crate::hooks::{ObjectMaps, WireObject, group_version_kind_key, object_key};
-use crate::write::apply::{Adopts, Applied, Applier, ApplyError, holder, strip_server_fields};
+use crate::write::apply::{Adopts, Applied, Applier, ApplyError, DroppedFields, holder, strip_server_fields};
 
 /// The resolved types of `types`, in order.
 #[must_use]
@@ -596,7 +596,9 @@ impl<'a> Plan<'a> {
                     let behind = || observer.behind(index, key);
                     let result = applier.apply(resource, obj, current, method, self.adopts, behind).await;
                     let version = match &result {
-                        Ok(Applied::Created { version } | Applied::Updated { version }) => Some(version.clone()),
+                        Ok(Applied::Created { version, .. } | Applied::Updated { version, .. }) => {
+                            Some(version.clone())
+                        }
                         Ok(Applied::Deleted { uid }) => Some(deleted_version(uid)),
                         Ok(Applied::Unchanged) | Err(_) => None,
                     };
@@ -610,8 +612,12 @@ impl<'a> Plan<'a> {
         for (index, key, result) in results {
             let kind = self.types[index].resource().kind();
             match result {
-                Ok(Applied::Created { version } | Applied::Updated { version }) => {
+                Ok(Applied::Created { version, dropped } | Applied::Updated { version, dropped }) => {
                     tracing::info!(kind, child = %key, "child written");
+                    if !dropped.is_empty() {
+                        let (kind, key) = (kind.to_owned(), key.clone());
+                        executed.dropped.push(DroppedFields { kind, key, fields: dropped });
+                    }
                     executed.writes.push(Written { type_index: index, key, version, recreate: false });
                 }
                 Ok(Applied::Deleted { uid }) => {
@@ -728,6 +734,8 @@ pub struct Executed {
     pub errors: Vec<ApplyError>,
     /// Every successful write, for telling its echo from others' changes.
     pub writes: Vec<Written>,
+    /// The writes that left out fields their schema does not declare (a Warning Event each).
+    pub dropped: Vec<DroppedFields>,
 }
 
 /// One write of a sync: the child (by type index) and the version it left behind.
