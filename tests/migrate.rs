@@ -462,6 +462,45 @@ async fn dry_run_lists_what_a_switch_would_change_and_writes_nothing() {
     w.finish("CompositeController").await;
 }
 
+/// Issue 62: a hook URL whose host is a bare Service name (Kubeflow's
+/// `http://kubeflow-pipelines-profile-controller/sync`) resolves in the namespace of whoever calls it —
+/// Metacontroller's Pod's — and a hub installed in its own namespace fails every sync with a DNS error.
+/// The preview names such a URL, the namespace its Service is in, and both ways out.
+#[tokio::test]
+async fn dry_run_names_a_hook_url_whose_host_is_a_bare_service_name() {
+    let mut w = World::new("migrate-bare-host", CHILDREN).await;
+    w.stop_hub().await;
+    let service = format!("profile-controller-{}", support::unique_suffix());
+    let services = api(&w.client, "v1", "Service", Some(&w.ns.name)).await;
+    let svc: DynamicObject = serde_json::from_value(json!({"apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": service, "namespace": w.ns.name},
+        "spec": {"selector": {"app": "profile-controller"}, "ports": [{"port": 80, "targetPort": 8080}]}}))
+    .unwrap();
+    services.create(&PostParams::default(), &svc).await.unwrap();
+    let url = format!("http://{service}/sync");
+    let mut spec = controller_spec(&w, "InPlace");
+    spec["hooks"]["sync"]["webhook"]["url"] = json!(url);
+    w.composite(spec).await;
+
+    let report = dry_run(&w).await;
+    let ns = &w.ns.name;
+    for expected in [
+        format!("hook sync {url}: the host {service:?} names no namespace"),
+        format!("the Service {service:?} is in namespace {ns:?}: set the URL to http://{service}.{ns}/sync"),
+        format!("hookHosts: {{{service:?}: \"{service}.{ns}:80\"}}"),
+        "1 hook URLs name a Service without its namespace".to_owned(),
+    ] {
+        assert!(report.contains(&expected), "missing {expected:?} in:\n{report}");
+    }
+    // A URL with the namespace, or an address, is not named.
+    let mut spec = controller_spec(&w, "InPlace");
+    spec["hooks"]["sync"]["webhook"]["url"] = json!(format!("http://{service}.{ns}/sync"));
+    w.composite(spec).await;
+    let report = dry_run(&w).await;
+    assert!(!report.contains("names no namespace"), "{report}");
+    w.finish("CompositeController").await;
+}
+
 /// A child Metacontroller wrote under another binary name (so another field manager, which the hub is
 /// not told to take over from) carries only Metacontroller's last-applied annotation as its trace. The
 /// preview says it takes the child over (removes the annotation), and the engine then does just that.
