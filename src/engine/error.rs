@@ -123,13 +123,25 @@ pub enum SyncError {
         #[source]
         source: Box<kube::Error>,
     },
-    /// Parts of the answer were refused, each whole (a MapController's inputs whose map or tombstone
-    /// call failed or answered something the hub refuses): the other parts were written.
-    #[error("{} of {total} {what} refused, nothing written for them: {}", .failed.len(), .failed.join("; "))]
-    Parts { what: &'static str, total: usize, failed: Vec<String> },
+    /// Parts of the answer were refused, each whole (a MapController's inputs whose map call failed or
+    /// answered something the hub refuses, its groups of detached outputs whose tombstone call
+    /// failed): the other parts were written. One entry per kind of part that had a refusal.
+    #[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
+    Parts(Vec<RefusedParts>),
     /// The sync itself failed unexpectedly; the worker survives and the object is retried.
     #[error("sync panicked: {0}")]
     Panicked(String),
+}
+
+/// The parts of one kind that were refused (see [`SyncError::Parts`]): `failed` of `total` `what`,
+/// each said with why, and what became of them (`left`).
+#[derive(Debug, thiserror::Error)]
+#[error("{} of {total} {what} refused, {left}: {}", .failed.len(), .failed.join("; "))]
+pub struct RefusedParts {
+    pub what: &'static str,
+    pub total: usize,
+    pub left: &'static str,
+    pub failed: Vec<String>,
 }
 
 /// Why a parent's `spec.selector` cannot select children.

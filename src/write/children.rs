@@ -857,6 +857,30 @@ pub struct ChildRules<'a> {
     /// By type index: whether the type's children may be outside the parent's namespace
     /// (`crossNamespace`); a type not listed may not.
     pub cross_namespace: &'a [bool],
+    /// What the controller kind calls the objects (for its refusals: a MapController's are outputs).
+    pub role: ChildRole,
+}
+
+/// What a controller kind calls the objects it writes for a parent: children, a decorator's
+/// attachments, a MapController's outputs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum ChildRole {
+    #[default]
+    Child,
+    Attachment,
+    Output,
+}
+
+impl ChildRole {
+    /// The word for one of them.
+    #[must_use]
+    pub fn noun(self) -> &'static str {
+        match self {
+            Self::Child => "child",
+            Self::Attachment => "attachment",
+            Self::Output => "output",
+        }
+    }
 }
 
 impl ChildRules<'_> {
@@ -920,10 +944,9 @@ pub fn desired_children(
         if name.is_empty() {
             return Err(format!("item [{position}] ({kind}) has no metadata.name"));
         }
-        let index = types
-            .iter()
-            .position(|t| t.api_version() == api_version && t.kind() == kind)
-            .ok_or_else(|| format!("{kind} {name}: {api_version}/{kind} is not a declared child resource"))?;
+        let index = types.iter().position(|t| t.api_version() == api_version && t.kind() == kind).ok_or_else(|| {
+            format!("{kind} {name}: {api_version}/{kind} is not a declared {} resource", rules.role.noun())
+        })?;
         let resource = &types[index];
         let invalid = |reason: String| format!("{kind} {name}: {reason}");
         validation::check_name(validation::name_rule(&resource.api_resource.group, kind), name).map_err(invalid)?;
@@ -1178,6 +1201,7 @@ mod tests {
             annotations: Some(&annotations),
             selector: Some(&selector),
             cross_namespace: &[],
+            role: ChildRole::Child,
         };
         let item = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "a", "labels": {"x": "y"}}});
         let desired = desired_children(&types, &parent(), &resource(true), &[item], rules).unwrap();
