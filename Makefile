@@ -22,7 +22,7 @@ node-down: ## stop the real node and undo what it did to the machine (mounts, cg
 
 # ---- the two commands of the README -------------------------------------------------------------
 
-.PHONY: demo install-check test fmt-check clippy deny doc docs docs-gen unit integration chaos tenant-chaos bench bench-map bench-requests bench-hooks crds hook-libs hook-types hook-wire-types image chart-readme failover shards
+.PHONY: demo install-check test fmt-check clippy deny doc docs docs-gen unit integration chaos tenant-chaos bench bench-map bench-requests bench-hooks crds hook-libs hook-types hook-wire-types image chart-readme failover shards switch-from-metacontroller
 
 demo: ## the hello-world controller end to end on the local control plane
 	@bash examples-python/hello-world/demo.sh
@@ -129,6 +129,9 @@ chart-readme: ## regenerate the value table of deploy/helm/metahook/README.md fr
 
 failover: cluster-up ## two-replica fail-over, FAILOVER_ROUNDS (default 5) kill -9 rounds; prints take-over times
 	cargo test --locked --test leader -- --ignored --nocapture --test-threads=1
+
+switch-from-metacontroller: cluster-up ## switch from the real Metacontroller (MC_SRC= or MC_BIN=, as for bench): writes per child through the switch and two restarts
+	cargo test --locked --test migrate -- --ignored --nocapture a_switch_from_the_real_metacontroller
 
 shards: cluster-up ## sharding at full size (release build): 3 replicas x 3,000 parents, a kill -9, a 4th replica; prints converge times and moves
 	cargo test --release --locked --test sharding -- --ignored --nocapture --test-threads=1

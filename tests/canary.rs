@@ -334,3 +334,188 @@ async fn a_decorators_canary_decorates_the_targets_of_its_buckets() {
     all_say("current", canary).await;
     w.finish("DecoratorController").await;
 }
+
+/// A hub serving its metrics on a free loopback port, with `world`'s settings otherwise; returns the
+/// address.
+fn start_hub_with_metrics(w: &mut World) -> String {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let address = format!("127.0.0.1:{port}");
+    let client = w.client.clone();
+    let config = Config { hook_change_resync_qps: 100.0, metrics_address: address.clone(), ..Config::default() };
+    w.start_hub_with(&client, config);
+    address
+}
+
+/// The syncs the hub retried quietly so far (`controller_runtime_reconcile_total{result="requeue"}`,
+/// summed over its controllers).
+async fn quiet_retries(metrics: &str) -> u64 {
+    let (_, text) = eventually(WAIT, || support::http_get(metrics, "/metrics")).await;
+    text.lines()
+        .filter(|l| l.starts_with("controller_runtime_reconcile_total{") && l.contains("result=\"requeue\""))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
+/// Another writer of every child: sets `data.side` to something else than either hook says, over and
+/// over, each child as fast as the API server takes it, until stopped; the hub puts each back, and its
+/// writes, which name the resourceVersion it last saw, meet a newer one now and then (409, a quiet retry).
+struct Writer {
+    stop: tokio_util::sync::CancellationToken,
+    tasks: Vec<tokio::task::JoinHandle<u64>>,
+}
+
+impl Writer {
+    async fn start(w: &World, parents: usize) -> Self {
+        let stop = tokio_util::sync::CancellationToken::new();
+        let mut tasks = Vec::new();
+        for i in 0..parents {
+            let config_maps = w.config_maps().await;
+            let token = stop.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut writes = 0;
+                let params = PatchParams { field_manager: Some("another-writer".into()), ..PatchParams::default() };
+                while !token.is_cancelled() {
+                    let patch = json!({"data": {"side": format!("another-writer-{writes}")}});
+                    if config_maps.patch(&format!("t{i}-cm"), &params, &Patch::Merge(&patch)).await.is_ok() {
+                        writes += 1;
+                    }
+                }
+                writes
+            }));
+        }
+        Self { stop, tasks }
+    }
+
+    /// Stops it; returns how many writes it made.
+    async fn stop(self) -> u64 {
+        self.stop.cancel();
+        let mut writes = 0;
+        for task in self.tasks {
+            writes += task.await.unwrap();
+        }
+        writes
+    }
+}
+
+/// Issue 62 item 1: a canary counts what the hook did, not the hub's own quiet retries. Under another
+/// writer's traffic on every child, the hub's writes meet versions newer than its cache showed (409s,
+/// retried quietly: counted here from the hub's metrics, and required to have happened); a healthy
+/// candidate then stays `Running` with no error on either side. Counting each such retry as the
+/// hook's failure halted healthy candidates, while the hub logged no failed sync.
+#[tokio::test]
+async fn a_healthy_candidate_under_write_traffic_stays_running_with_no_errors() {
+    const PARENTS: usize = 40;
+    let (mut w, buckets) = world("canary-write-load", PARENTS).await;
+    w.stop_hub().await;
+    let metrics = start_hub_with_metrics(&mut w);
+    let candidate = HookServer::start(&hook("candidate", false)).await;
+    let canary = share(&buckets, 50.0);
+    assert!((8..=32).contains(&canary.len()), "{} parents in the canary's buckets", canary.len());
+    let before = quiet_retries(&metrics).await;
+
+    let writer = Writer::start(&w, PARENTS).await;
+    set_canary(&w, json!({"url": candidate.url("/sync"), "percent": 50})).await;
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    let written = writer.stop().await;
+    let retries = quiet_retries(&metrics).await - before;
+    // Let the last figures reach the status (it is written at most every 2 s).
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let status = canary_status(&w, |c| c["candidate"]["syncs"].as_u64() >= Some(canary.len() as u64)).await;
+    eprintln!("another writer wrote {written} times; the hub retried {retries} syncs quietly; canary: {status}");
+    assert!(retries > 0, "the hub's writes met newer versions (409) and were retried quietly: {retries}");
+    assert_eq!(status["state"], "Running", "{status}");
+    assert_eq!(status["candidate"]["errors"], 0, "no quiet retry counted as the candidate's failure: {status}");
+    assert_eq!(status["current"]["errors"], 0, "nor as the current hook's: {status}");
+    // Every child put back by the side its parent is on.
+    for name in buckets.keys() {
+        child_says(&w, name, if canary.contains(name) { "candidate" } else { "current" }).await;
+    }
+    w.finish("CompositeController").await;
+}
+
+/// Issue 62 item 1, the other half: under the same traffic, a candidate that answers 500 to every call
+/// still halts, and its parents go back to the current hook.
+#[tokio::test]
+async fn a_failing_candidate_under_write_traffic_halts() {
+    const PARENTS: usize = 40;
+    let (w, buckets) = world("canary-write-load-fails", PARENTS).await;
+    let candidate = HookServer::start(&hook("candidate", true)).await;
+    let canary = share(&buckets, 50.0);
+    let writer = Writer::start(&w, PARENTS).await;
+    set_canary(&w, json!({"url": candidate.url("/sync"), "percent": 50})).await;
+    let halted = canary_status(&w, |c| c["state"] == "Halted").await;
+    writer.stop().await;
+    assert!(halted["message"].as_str().unwrap().contains("more than maxErrorRatio 0.1"), "{halted}");
+    assert_eq!(halted["current"]["errors"], 0, "the current hook answered every call: {halted}");
+    for name in &canary {
+        child_says(&w, name, "current").await;
+    }
+    eprintln!("{} of {PARENTS} parents in the canary; halted under write traffic: {halted}", canary.len());
+    w.finish("CompositeController").await;
+}
+
+/// The percent whose share is the `n` parents of the lowest buckets, and that share.
+fn percent_for(buckets: &BTreeMap<String, u16>, n: usize) -> (f64, BTreeSet<String>) {
+    let mut by_bucket: Vec<u16> = buckets.values().copied().collect();
+    by_bucket.sort_unstable();
+    let percent = f64::from(by_bucket[n - 1] + 1) * 100.0 / 1024.0;
+    (percent, share(buckets, percent))
+}
+
+/// Issue 62 item 2: a failing candidate on a side of fewer parents than `minSyncs` (20) halts once
+/// every parent on its side was asked. Each parent's failure counts once until its request changes,
+/// so such a side never reached `minSyncs`, and its parents stayed on a failing hook for good. With
+/// `restart`, the halt must outlive the hub: one started again asks the candidate nothing.
+async fn a_failing_candidate_halts_on_a_small_fleet(parents: usize, restart: bool) {
+    let (mut w, buckets) = world(&format!("canary-small-{parents}"), parents).await;
+    let (percent, canary) = percent_for(&buckets, parents.div_ceil(4));
+    assert!(!canary.is_empty() && canary.len() < 20, "{} parents on the candidate's side", canary.len());
+
+    // A healthy candidate asked about every parent on its side is not halted by this rule.
+    let healthy = HookServer::start(&hook("candidate", false)).await;
+    set_canary(&w, json!({"url": healthy.url("/sync"), "percent": percent})).await;
+    for name in &canary {
+        child_says(&w, name, "candidate").await;
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let running = canary_status(&w, |c| c["candidate"]["syncs"].as_u64() >= Some(canary.len() as u64)).await;
+    assert_eq!((running["state"].as_str(), running["candidate"]["errors"].as_u64()), (Some("Running"), Some(0)));
+
+    let failing = HookServer::start(&hook("candidate", true)).await;
+    set_canary(&w, json!({"url": failing.url("/sync"), "percent": percent})).await;
+    let halted = canary_status(&w, |c| c["state"] == "Halted").await;
+    let message = halted["message"].as_str().unwrap();
+    assert!(message.contains("more than maxErrorRatio 0.1"), "{halted}");
+    assert!(message.contains(&format!("every parent on its side asked ({},", canary.len())), "{halted}");
+    assert!(halted["candidate"]["syncs"].as_u64() >= Some(canary.len() as u64), "each asked: {halted}");
+    for name in &canary {
+        child_says(&w, name, "current").await;
+    }
+    eprintln!("{parents} parents, {} on the candidate's side: {halted}", canary.len());
+    if restart {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let asked_then = asked(&failing).len();
+        let still = canary_status(&w, |c| c["state"] == "Halted").await;
+        w.restart_hub().await;
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert_eq!(asked(&failing).len(), asked_then, "a restarted hub asks a halted candidate nothing");
+        let after_restart = canary_status(&w, |c| c["state"] == "Halted").await;
+        assert_eq!(after_restart["candidate"], still["candidate"], "the counts read back: {after_restart}");
+    }
+    w.finish("CompositeController").await;
+}
+
+#[tokio::test]
+async fn a_failing_candidate_halts_on_a_fleet_of_2_parents() {
+    a_failing_candidate_halts_on_a_small_fleet(2, false).await;
+}
+
+#[tokio::test]
+async fn a_failing_candidate_halts_on_a_fleet_of_10_parents_and_stays_halted_after_a_restart() {
+    a_failing_candidate_halts_on_a_small_fleet(10, true).await;
+}
+
+#[tokio::test]
+async fn a_failing_candidate_halts_on_a_fleet_of_40_parents() {
+    a_failing_candidate_halts_on_a_small_fleet(40, false).await;
+}

@@ -241,6 +241,8 @@ async fn a_refused_answer_writes_nothing_for_its_input_while_the_others_go_on_an
     })
     .await;
     assert!(warning.contains("1 of 2 inputs refused"), "{warning}");
+    // Issue 62: a MapController has outputs, and says so.
+    assert!(warning.contains("v1/Secret is not a declared output resource"), "{warning}");
     tokio::time::sleep(Duration::from_secs(8)).await;
     let again = map_calls(&w, "bad") - before;
     // Backoff from 5 ms doubling: about 11 attempts in 10 s, where a hot loop would make hundreds.
@@ -506,5 +508,115 @@ async fn a_percentage_guard_takes_its_share_of_all_the_parents_outputs_not_of_on
     let warnings = support::warnings_for(&w.client, &w.ns.name, "p").await;
     assert!(warnings.iter().all(|m| !m.contains("sync would delete")), "{warnings:?}");
     assert!(cms.get_opt("in1-copy").await.unwrap().is_some());
+    w.finish("MapController").await;
+}
+
+/// The map and tombstone hooks of [`SNAPSHOTS`], the tombstone failing for every group.
+const BROKEN_TOMBSTONE: &str = r#"
+def map(req):
+    name = req["input"]["metadata"]["name"]
+    return {"outputs": [
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name + "-keep"}, "data": {"of": name}},
+    ]}
+
+def tombstone(req):
+    raise RuntimeError("the tombstone hook is broken")
+"#;
+
+/// The test's MapController over ConfigMap inputs and outputs, with a tombstone hook.
+async fn tombstone_controller(w: &World) {
+    w.controller(
+        "MapController",
+        &w.label,
+        json!({
+            "parentResource": {"apiVersion": "test.metahook.dev/v1", "resource": "things",
+                               "labelSelector": {"matchLabels": {"metahook-test": w.label, "role": "parent"}}},
+            "inputResources": [{"apiVersion": "v1", "resource": "configmaps"}],
+            "outputResources": [{"apiVersion": "v1", "resource": "configmaps"}],
+            "hooks": {"map": {"webhook": {"url": w.hook.url("/map")}},
+                      "tombstone": {"webhook": {"url": w.hook.url("/tombstone")}}},
+        }),
+    )
+    .await;
+}
+
+/// Issue 62: an input deleted and created again under the same name is a new input (a new UID), and
+/// the output the tombstone hook kept for the first keeps its name for it: never handed over, nor
+/// edited (the design's rule). The new input waits — nothing of its answer is written, not even the
+/// output no one holds — said once by a Warning Event `OutputKept`, not failed and retried with backoff
+/// (which kept it blocked and retrying for good); once the kept output is gone, the new input gets
+/// its outputs at once.
+#[tokio::test]
+async fn a_re_created_input_waits_for_the_output_the_tombstone_keeps_and_gets_it_once_it_is_gone() {
+    let w = World::new("map-re-created", SNAPSHOTS).await;
+    tombstone_controller(&w).await;
+    let cms = w.config_maps().await;
+    let first = input(&w, "x", json!({}), json!({})).await;
+    parent(&w).await;
+    let kept = eventually(WAIT, || async { cms.get_opt("x-keep").await.unwrap() }).await;
+    eventually(WAIT, || async { cms.get_opt("x-drop").await.unwrap() }).await;
+    cms.delete("x", &DeleteParams::default()).await.unwrap();
+    eventually(WAIT, || async { cms.get_opt("x-drop").await.unwrap().is_none().then_some(()) }).await;
+
+    // x again: a new input, asking for x-keep (kept for the first x) and x-drop (free).
+    let before = map_calls(&w, "x");
+    let second = input(&w, "x", json!({}), json!({})).await;
+    assert_ne!(second.metadata.uid, first.metadata.uid);
+    let said = eventually(WAIT, || async {
+        let warnings = support::warnings_for(&w.client, &w.ns.name, "p").await;
+        warnings.into_iter().find(|m| m.starts_with("OutputKept:"))
+    })
+    .await;
+    assert!(said.contains("x-keep") && said.contains(first.metadata.uid.as_deref().unwrap()), "{said}");
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let calls = map_calls(&w, "x") - before;
+    assert!((1..=4).contains(&calls), "the waiting input is asked as the parent is synced, not retried: {calls}");
+    let warnings = support::warnings_for(&w.client, &w.ns.name, "p").await;
+    assert!(!warnings.iter().any(|m| m.starts_with("SyncError:")), "waiting is no failed sync: {warnings:#?}");
+    let still = cms.get("x-keep").await.unwrap();
+    assert_eq!(still.metadata.resource_version, kept.metadata.resource_version, "the kept output is not written");
+    assert_eq!(label(&still, MAP_KEY), first.metadata.uid, "nor handed to the new input");
+    assert!(cms.get_opt("x-drop").await.unwrap().is_none(), "nothing of the waiting input's answer is written");
+
+    // The kept output deleted (by its owner's decision): the new input gets both, tagged as its own.
+    cms.delete("x-keep", &DeleteParams::default()).await.unwrap();
+    for name in ["x-keep", "x-drop"] {
+        let made = eventually(WAIT, || async {
+            cms.get_opt(name).await.unwrap().filter(|o| label(o, MAP_KEY) == second.metadata.uid)
+        })
+        .await;
+        assert_ne!(made.metadata.uid, kept.metadata.uid, "{name} is made for the new input");
+    }
+    w.finish("MapController").await;
+}
+
+/// Issue 62: the Warning of a sync whose tombstone call failed counts groups of detached outputs as
+/// such, not as inputs ("1 of 3 inputs refused" for two inputs and a group).
+#[tokio::test]
+async fn a_failed_tombstone_call_is_counted_as_a_group_of_detached_outputs_not_as_an_input() {
+    let w = World::new("map-tombstone-count", BROKEN_TOMBSTONE).await;
+    tombstone_controller(&w).await;
+    let cms = w.config_maps().await;
+    for name in ["a", "b", "c"] {
+        input(&w, name, json!({}), json!({})).await;
+    }
+    parent(&w).await;
+    for name in ["a-keep", "b-keep", "c-keep"] {
+        eventually(WAIT, || async { cms.get_opt(name).await.unwrap() }).await;
+    }
+    let c = cms.get("c").await.unwrap();
+    cms.delete("c", &DeleteParams::default()).await.unwrap();
+    let warning = eventually(WAIT, || async {
+        let warnings = support::warnings_for(&w.client, &w.ns.name, "p").await;
+        warnings.into_iter().find(|m| m.contains("the tombstone hook is broken"))
+    })
+    .await;
+    let group = format!(
+        "1 of 1 groups of detached outputs refused, left as they are: detached outputs of {}",
+        c.metadata.uid.unwrap()
+    );
+    assert!(warning.contains(&group), "{warning}");
+    assert!(!warning.contains("inputs refused"), "no input was refused: {warning}");
+    assert!(cms.get_opt("c-keep").await.unwrap().is_some(), "left as it is");
     w.finish("MapController").await;
 }

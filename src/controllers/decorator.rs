@@ -27,7 +27,7 @@ use crate::engine::sync::{
 };
 use crate::engine::worker::resync_after;
 use crate::hooks::{ControllerHooks, DecoratorRequest, DecoratorResponse, Endpoint};
-use crate::write::children::{ChildMap, ChildRules, ChildType, desired_children};
+use crate::write::children::{ChildMap, ChildRole, ChildRules, ChildType, desired_children};
 
 /// Annotation naming the DecoratorController that manages an attachment.
 pub const DECORATOR_ANNOTATION: &str = "metacontroller.k8s.io/decorator-controller";
@@ -95,8 +95,13 @@ pub fn validate_response(
     response: &DecoratorResponse,
 ) -> Result<Answer, SyncError> {
     let annotations = BTreeMap::from([(DECORATOR_ANNOTATION.to_owned(), controller.to_owned())]);
-    let rules =
-        ChildRules { default_labels: None, annotations: Some(&annotations), selector: None, cross_namespace: &[] };
+    let rules = ChildRules {
+        default_labels: None,
+        annotations: Some(&annotations),
+        selector: None,
+        cross_namespace: &[],
+        role: ChildRole::Attachment,
+    };
     let desired = desired_children(attachment_resources, target, resource, &response.attachments, rules)
         .map_err(SyncError::InvalidResponse)?;
     let status = match &response.status {

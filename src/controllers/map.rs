@@ -29,9 +29,11 @@
 //!
 //! **Detached outputs.** Outputs whose map key names no current input (it was deleted, or the parent
 //! no longer selects it) are deleted, unless the controller has a `tombstone` hook: then that hook says
-//! which of them to keep, and the others are deleted. Kept outputs are not written. Nothing is detached
-//! by a reading that may be partial: inputs are read from a synced watch cache, never from a failed
-//! list.
+//! which of them to keep, and the others are deleted. Kept outputs are not written, nor handed to
+//! another input: an input whose answer names one (an input deleted and created again under the same
+//! name, say) waits, with nothing of its answer written, until that output is gone (`MapSync::waits`).
+//! Nothing is detached by a reading that may be partial: inputs are read from a synced watch cache,
+//! never from a failed list.
 //!
 //! **Status.** The map hook returns no status (it sees one input); the hub writes the parent's status:
 //! per input type `{total}`, per output type `{total}` and, for every condition type some output
@@ -52,7 +54,7 @@ use crate::cache::informers::{Change, Event, Informer, ObjectKey, controller_uid
 use crate::cache::selector::{Selector, SelectorIndex};
 use crate::cache::shard::Role;
 use crate::engine::answered::{Answered, RequestId, content_version};
-use crate::engine::error::{ParentSelectorError, StartError, SyncError};
+use crate::engine::error::{ParentSelectorError, RefusedParts, StartError, SyncError};
 use crate::engine::hub::Hub;
 use crate::engine::sync::{Call, Core, CoreSettings, Decision, Kind, Observation, child_types, within_namespaces};
 use crate::engine::worker::resync_after;
@@ -61,7 +63,7 @@ use crate::hooks::{
     WireObject, for_hooks,
 };
 use crate::write::apply::holder;
-use crate::write::children::{ChildMap, ChildRules, ChildType, desired_children, request_map};
+use crate::write::children::{ChildMap, ChildRole, ChildRules, ChildType, desired_children, request_map};
 
 /// The label on every output naming its input's map key (the input's UID).
 pub const MAP_KEY_LABEL: &str = "metahook.dev/map-key";
@@ -424,8 +426,13 @@ impl Ask<'_> {
             MAP_INPUT_ANNOTATION.to_owned(),
             format!("{} {}", resource.unwrap_or_default(), ObjectKey::of(input.object)),
         )]);
-        let rules =
-            ChildRules { default_labels: None, annotations: Some(&annotations), selector: None, cross_namespace: &[] };
+        let rules = ChildRules {
+            default_labels: None,
+            annotations: Some(&annotations),
+            selector: None,
+            cross_namespace: &[],
+            role: ChildRole::Output,
+        };
         let mut desired = desired_children(self.output_resources, parent, self.parent_resource, items, rules)?;
         let map_key = input.map_key();
         for outputs in &mut desired {
@@ -708,11 +715,13 @@ impl Kind for Controller {
             ask_all,
         };
         let mut parts = Parts::new(types);
-        sync.map_inputs(&all_inputs, &groups, &mut parts).await;
+        // Detached outputs first: an input asking for one of them waits until it is gone, and whether it
+        // goes in this sync (deleted) or stays (kept by the tombstone hook) is said differently.
         let tombstones = sync.detached(&groups, &live, &mut parts).await;
+        sync.map_inputs(&all_inputs, &groups, &live, &mut parts).await;
 
         // The outputs after this sync's writes, for the status.
-        let Parts { desired, scope, accepted, failed, resync, events } = parts;
+        let Parts { desired, scope, accepted, failed_inputs, failed_groups, resync, events } = parts;
         let after: Vec<Vec<Option<&DynamicObject>>> = (0..types)
             .map(|index| {
                 let kept = call.observed[index]
@@ -726,8 +735,7 @@ impl Kind for Controller {
         let mut status = aggregate(&sync.ask.input_resources, inputs, &self.core.child_resources, &after);
         status["observedGeneration"] = parent.metadata.generation.unwrap_or(0).into();
         self.accepted.lock().expect("accepted lock").insert(key, accepted);
-        let total = all_inputs.len() + tombstones;
-        let refused = (!failed.is_empty()).then_some(SyncError::Parts { what: "inputs", total, failed });
+        let refused = refused((all_inputs.len(), failed_inputs), (tombstones, failed_groups));
         Ok(Decision {
             desired,
             status: Some(status),
@@ -806,6 +814,45 @@ pub fn claims_nothing_of_others(
     Ok(())
 }
 
+/// What a sync (or a preview) of a parent whose parts were refused fails with: of `inputs` (how many,
+/// and those refused with why) and of the groups of detached outputs asked of the tombstone hook
+/// (`groups`, likewise), each counted apart — a group of detached outputs is no input. `None` when
+/// nothing was refused.
+#[must_use]
+pub fn refused(inputs: (usize, Vec<String>), groups: (usize, Vec<String>)) -> Option<SyncError> {
+    let parts: Vec<RefusedParts> = [
+        RefusedParts { what: "inputs", total: inputs.0, left: "nothing written for them", failed: inputs.1 },
+        RefusedParts {
+            what: "groups of detached outputs",
+            total: groups.0,
+            left: "left as they are",
+            failed: groups.1,
+        },
+    ]
+    .into_iter()
+    .filter(|part| !part.failed.is_empty())
+    .collect();
+    (!parts.is_empty()).then_some(SyncError::Parts(parts))
+}
+
+/// The first output an input's answer (`wanted`, by output type) asks for that is an output of a
+/// former input — its map key names no current input (`live` says which do) — by type index, with that
+/// map key. Such an output keeps its name for the former input: the input waits until it is gone (see
+/// `MapSync::waits`). The engine and `metahook diff` both ask it so.
+#[must_use]
+pub fn former_inputs_output<'o>(
+    wanted: &[ChildMap<Value>],
+    observed: &'o [ChildMap<Arc<DynamicObject>>],
+    live: impl Fn(&str) -> bool,
+) -> Option<(usize, &'o ObjectKey, &'o str)> {
+    wanted.iter().enumerate().find_map(|(index, outputs)| {
+        outputs.keys().find_map(|key| {
+            let (key, existing) = observed[index].get_key_value(key)?;
+            map_key_of(existing).filter(|k| !live(k)).map(|former| (index, key, former))
+        })
+    })
+}
+
 /// What one sync of a parent decides, part by part (an input's answer, a group of detached outputs).
 struct Parts {
     /// The desired outputs of the parts accepted, by output type.
@@ -814,8 +861,10 @@ struct Parts {
     scope: Vec<ChildMap<Arc<DynamicObject>>>,
     /// The map keys whose answers were accepted, with their requests.
     accepted: Vec<(String, RequestId)>,
-    /// What was refused, part by part.
-    failed: Vec<String>,
+    /// The inputs whose answers were refused, each with why.
+    failed_inputs: Vec<String>,
+    /// The groups of detached outputs whose tombstone call failed, each with why.
+    failed_groups: Vec<String>,
     resync: Option<std::time::Duration>,
     events: Vec<HookEvent>,
 }
@@ -826,7 +875,8 @@ impl Parts {
             desired: vec![ChildMap::new(); types],
             scope: vec![ChildMap::new(); types],
             accepted: Vec::new(),
-            failed: Vec::new(),
+            failed_inputs: Vec::new(),
+            failed_groups: Vec::new(),
             resync: None,
             events: Vec::new(),
         }
@@ -869,7 +919,9 @@ impl MapSync<'_> {
     }
 
     /// Asks the inputs whose requests changed, concurrently, and takes in each answer the hub accepts.
-    async fn map_inputs(&self, inputs: &[Input<'_>], groups: &Groups, parts: &mut Parts) {
+    /// An answer asking for an output of a former input (a detached output, its map key not `live`)
+    /// waits, written for nothing, until that output is gone (see [`MapSync::waits`]).
+    async fn map_inputs(&self, inputs: &[Input<'_>], groups: &Groups, live: &BTreeSet<&str>, parts: &mut Parts) {
         let empty = vec![ChildMap::new(); parts.desired.len()];
         let version = self.call.endpoint.version();
         let mut calls: Vec<MapCall<'_>> = Vec::new();
@@ -896,11 +948,14 @@ impl MapSync<'_> {
             let mapped = match answer {
                 Ok(mapped) => mapped,
                 Err(e) => {
-                    parts.failed.push(format!("{}: {}", describe(), crate::engine::error::with_causes(&e)));
+                    parts.failed_inputs.push(format!("{}: {}", describe(), crate::engine::error::with_causes(&e)));
                     continue;
                 }
             };
             let observed = self.call.observed;
+            if self.waits(&describe(), &mapped.desired, live, parts) {
+                continue;
+            }
             if let Err(why) = claims_nothing_of_others(
                 &self.controller.core.children,
                 self.parent,
@@ -909,7 +964,7 @@ impl MapSync<'_> {
                 observed,
                 &parts.desired,
             ) {
-                parts.failed.push(format!("{}: {why}", describe()));
+                parts.failed_inputs.push(format!("{}: {why}", describe()));
                 continue;
             }
             for (index, desired) in mapped.desired.into_iter().enumerate() {
@@ -920,6 +975,36 @@ impl MapSync<'_> {
             parts.events.extend(mapped.events);
             parts.accepted.push((map_key.to_owned(), id));
         }
+    }
+
+    /// Whether the answer of the input `input` (`wanted`, by output type) asks for an output of a former
+    /// input — its map key names no input in `live`, as after an input is deleted and created again
+    /// under the same name (a new UID: a new input). Such an output is never handed to the new input:
+    /// the tombstone hook decided to keep it as the former input's, and may not have it edited (the
+    /// design's rule). So the input waits: nothing of its answer is written, it is not refused (no
+    /// retry with backoff, which cannot help), and it is asked again on the parent's next sync — the
+    /// output's deletion queues one, whether the tombstone hook stops keeping it or someone deletes
+    /// it. An output being deleted in this very sync (no tombstone hook, or one that keeps it no
+    /// longer) is waited for quietly; a kept one is said in a Warning Event `OutputKept` on the parent.
+    fn waits(&self, input: &str, wanted: &[ChildMap<Value>], live: &BTreeSet<&str>, parts: &mut Parts) -> bool {
+        let in_the_way = former_inputs_output(wanted, self.call.observed, |k| live.contains(k));
+        let Some((index, key, former)) = in_the_way else { return false };
+        let kind = self.controller.core.children[index].resource().kind();
+        let going = parts.scope[index].contains_key(key) && !parts.desired[index].contains_key(key);
+        if going {
+            tracing::debug!("{input} waits for {kind} {key}, a former input's output being deleted");
+        } else {
+            parts.events.push(HookEvent {
+                type_: "Warning".into(),
+                reason: "OutputKept".into(),
+                message: format!(
+                    "{input} asks for {kind} {key}, which the tombstone hook keeps as the output of a former \
+                     input ({former}): nothing is written for {input} until {key} is gone (the tombstone hook no \
+                     longer keeps it, or it is deleted); a kept output is never handed to another input"
+                ),
+            });
+        }
+        true
     }
 
     /// The detached outputs (their map key names no input in `live`): deleted, or asked of the
@@ -947,7 +1032,7 @@ impl MapSync<'_> {
                 }
                 Err(e) => {
                     let why = crate::engine::error::with_causes(&e);
-                    parts.failed.push(format!("detached outputs of {map_key}: {why}"));
+                    parts.failed_groups.push(format!("detached outputs of {map_key}: {why}"));
                 }
             }
         }
@@ -963,5 +1048,43 @@ fn earliest(a: Option<std::time::Duration>, b: Option<std::time::Duration>) -> O
     match (a, b) {
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn output(name: &str, map_key: &str) -> (ObjectKey, Arc<DynamicObject>) {
+        let obj = serde_json::from_value(json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": name, "namespace": "n", "labels": {MAP_KEY_LABEL: map_key}}}))
+        .unwrap();
+        (ObjectKey { namespace: Some("n".into()), name: name.into() }, Arc::new(obj))
+    }
+
+    #[test]
+    fn an_answer_naming_a_former_inputs_output_is_found_and_a_live_ones_is_not() {
+        let observed = vec![ChildMap::from([output("x-keep", "old-uid"), output("y-copy", "y-uid")])];
+        let wanted = |name: &str| {
+            vec![ChildMap::from([(ObjectKey { namespace: Some("n".into()), name: name.into() }, json!({}))])]
+        };
+        let live = |k: &str| k == "y-uid" || k == "new-uid";
+        let found = former_inputs_output(&wanted("x-keep"), &observed, live);
+        assert_eq!(found.map(|(i, k, former)| (i, k.name.as_str(), former)), Some((0, "x-keep", "old-uid")));
+        assert!(former_inputs_output(&wanted("y-copy"), &observed, live).is_none(), "a live input's: a conflict");
+        assert!(former_inputs_output(&wanted("x-new"), &observed, live).is_none(), "no one's");
+    }
+
+    #[test]
+    fn refused_groups_of_detached_outputs_are_counted_apart_from_inputs() {
+        let both = refused((2, vec!["ConfigMap n/a: bad".into()]), (1, vec!["detached outputs of u: 500".into()]));
+        assert_eq!(
+            both.unwrap().to_string(),
+            "1 of 2 inputs refused, nothing written for them: ConfigMap n/a: bad; \
+             1 of 1 groups of detached outputs refused, left as they are: detached outputs of u: 500"
+        );
+        let group = refused((2, Vec::new()), (1, vec!["detached outputs of u: 500".into()])).unwrap();
+        assert!(!group.to_string().contains("inputs"), "{group}");
+        assert!(refused((2, Vec::new()), (0, Vec::new())).is_none());
     }
 }

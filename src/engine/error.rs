@@ -124,13 +124,25 @@ pub enum SyncError {
         #[source]
         source: Box<kube::Error>,
     },
-    /// Parts of the answer were refused, each whole (a MapController's inputs whose map or tombstone
-    /// call failed or answered something the hub refuses): the other parts were written.
-    #[error("{} of {total} {what} refused, nothing written for them: {}", .failed.len(), .failed.join("; "))]
-    Parts { what: &'static str, total: usize, failed: Vec<String> },
+    /// Parts of the answer were refused, each whole (a MapController's inputs whose map call failed or
+    /// answered something the hub refuses, its groups of detached outputs whose tombstone call
+    /// failed): the other parts were written. One entry per kind of part that had a refusal.
+    #[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
+    Parts(Vec<RefusedParts>),
     /// The sync itself failed unexpectedly; the worker survives and the object is retried.
     #[error("sync panicked: {0}")]
     Panicked(String),
+}
+
+/// The parts of one kind that were refused (see [`SyncError::Parts`]): `failed` of `total` `what`,
+/// each said with why, and what became of them (`left`).
+#[derive(Debug, thiserror::Error)]
+#[error("{} of {total} {what} refused, {left}: {}", .failed.len(), .failed.join("; "))]
+pub struct RefusedParts {
+    pub what: &'static str,
+    pub total: usize,
+    pub left: &'static str,
+    pub failed: Vec<String>,
 }
 
 /// Why a parent's `spec.selector` cannot select children.
@@ -142,6 +154,66 @@ pub enum ParentSelectorError {
     Empty,
     #[error("{0}")]
     Invalid(#[source] SelectorError),
+}
+
+/// How one sync ended, read once from its result: the one reading every consumer of a result takes —
+/// the worker's next step (a retry with backoff, a Warning Event, or neither), the reconcile metrics'
+/// `result`, and a canary's tally of the hook that answered ([`Verdict::counted`]). Two readings drifted
+/// apart before (issue 62): the worker retried a write refused for a stale resourceVersion quietly,
+/// while the canary counted it as the candidate's failure, and halted a healthy candidate under write
+/// traffic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Synced; `Some`: to be synced again after that long, as the hook asked.
+    Synced(Option<std::time::Duration>),
+    /// Failed; what is done about it ([`SyncError::action`]).
+    Failed(Action),
+}
+
+impl Verdict {
+    /// The verdict on a sync's result.
+    #[must_use]
+    pub fn of(result: &Result<Option<std::time::Duration>, SyncError>) -> Self {
+        match result {
+            Ok(resync) => Self::Synced(*resync),
+            Err(e) => Self::Failed(e.action()),
+        }
+    }
+
+    /// What the sync says of the hook that answered it, as a canary counts it per side; `None` for what
+    /// says nothing of the hook: the hub's own quiet retries (a write that met a newer version than its
+    /// cache showed, a conflict with another writer, a related cache still filling) and the hook's 429.
+    /// An error someone must hear about is the hook's failure, whoever refused it (the hook, the hub's
+    /// checks of its answer, the API server refusing a write); a permanent one is that, and held.
+    #[must_use]
+    pub fn counted(self) -> Option<Counted> {
+        match self {
+            Self::Synced(_) => Some(Counted::Ok),
+            Self::Failed(Action::Report) => Some(Counted::Error),
+            Self::Failed(Action::Hold) => Some(Counted::PermanentError),
+            Self::Failed(Action::RetryQuietly | Action::RetryAfter(_)) => None,
+        }
+    }
+}
+
+/// How a sync counts for the hook that answered it (see [`Verdict::counted`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Counted {
+    Ok,
+    Error,
+    PermanentError,
+}
+
+impl Counted {
+    /// The `result` label of the canary metrics.
+    #[must_use]
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Ok => "ok",
+            Self::Error => "error",
+            Self::PermanentError => "permanent_error",
+        }
+    }
 }
 
 /// What the worker does after a failed sync: the one retry policy, as kube-runtime's `error_policy`.
@@ -236,6 +308,34 @@ mod tests {
         assert_eq!(err.event_reason(), "HookPermanentError");
         let err = SyncError::Hook(HookError::Status { url: "http://h".into(), code: 422, body: "bad".into() });
         assert_eq!(err.action(), Action::Report, "a 422 not marked permanent is retried as Metacontroller would");
+    }
+
+    /// Issue 62: a write refused for a stale resourceVersion is retried quietly by the worker, counted as
+    /// a requeue by the metrics, and is no failure of the hook's in a canary: one reading for all three.
+    #[test]
+    fn what_a_sync_says_of_its_hook_follows_what_the_worker_does() {
+        use crate::cache::informers::ObjectKey;
+        let url = String::new();
+        assert_eq!(Verdict::of(&Ok(None)).counted(), Some(Counted::Ok));
+        let invalid = Err(SyncError::InvalidResponse("x".into()));
+        assert_eq!(Verdict::of(&invalid), Verdict::Failed(Action::Report));
+        assert_eq!(Verdict::of(&invalid).counted(), Some(Counted::Error));
+        let permanent = HookError::Permanent { url: url.clone(), code: 422, message: "no".into() };
+        assert_eq!(Verdict::of(&Err(SyncError::Hook(permanent))).counted(), Some(Counted::PermanentError));
+        let status = HookError::Status { url: url.clone(), code: 500, body: String::new() };
+        assert_eq!(Verdict::of(&Err(SyncError::Hook(status))).counted(), Some(Counted::Error));
+        let later = HookError::TooManyRequests { url, retry_after: std::time::Duration::ZERO };
+        assert_eq!(Verdict::of(&Err(SyncError::Hook(later))).counted(), None);
+        assert_eq!(Verdict::of(&Err(SyncError::Conflict("parent"))).counted(), None);
+        let key = || ObjectKey { namespace: Some("n".into()), name: "c".into() };
+        let stale = Err(SyncError::Apply(vec![ApplyError::Stale { kind: "ConfigMap".into(), key: key() }]));
+        assert_eq!(Verdict::of(&stale), Verdict::Failed(Action::RetryQuietly));
+        assert_eq!(Verdict::of(&stale).counted(), None, "the hub's own quiet retry is not the hook's failure");
+        let planned_stale = Err(SyncError::Plan(PlanError::Stale { kind: "ConfigMap".into(), key: key() }));
+        assert_eq!(Verdict::of(&planned_stale).counted(), None);
+        let refused = ApplyError::NotOurs { kind: "ConfigMap".into(), key: key(), holder: "someone".into() };
+        let mixed = Err(SyncError::Apply(vec![ApplyError::Stale { kind: "ConfigMap".into(), key: key() }, refused]));
+        assert_eq!(Verdict::of(&mixed).counted(), Some(Counted::Error), "a refused write among them is reported");
     }
 
     #[test]

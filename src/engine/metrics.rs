@@ -100,6 +100,20 @@ pub enum Outcome {
     Error,
 }
 
+impl From<crate::engine::error::Verdict> for Outcome {
+    /// A sync's [`Verdict`](crate::engine::error::Verdict) as the metric says it: a failure someone hears
+    /// about (reported or held) is an error, a quiet retry or a hook's 429 a requeue.
+    fn from(verdict: crate::engine::error::Verdict) -> Self {
+        use crate::engine::error::{Action, Verdict};
+        match verdict {
+            Verdict::Synced(None) => Self::Success,
+            Verdict::Synced(Some(_)) => Self::RequeueAfter,
+            Verdict::Failed(Action::Report | Action::Hold) => Self::Error,
+            Verdict::Failed(Action::RetryQuietly | Action::RetryAfter(_)) => Self::Requeue,
+        }
+    }
+}
+
 impl Outcome {
     fn label(self) -> &'static str {
         match self {

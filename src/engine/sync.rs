@@ -918,14 +918,15 @@ async fn answer<C: Kind>(
         Some(narrowed) => (&narrowed.observed[..], &narrowed.desired[..]),
         None => (observed, &decision.desired[..]),
     };
-    if let Some(refused) = narrowed.as_ref().and_then(|n| refused_namespaces(&n.refused)) {
+    if let Some(refused) = narrowed.as_ref().and_then(|n| refused_namespaces(&n.refused, &decision.desired)) {
         // Written around, and said: the sync fails (and backs off) once the rest is written.
         warn!("{}", with_causes(&refused));
-        decision.refused = Some(match decision.refused.take() {
-            Some(earlier) => {
-                SyncError::Parts { what: "parts", total: 2, failed: vec![earlier.to_string(), refused.to_string()] }
+        decision.refused = Some(match (decision.refused.take(), refused) {
+            (Some(SyncError::Parts(mut earlier)), SyncError::Parts(more)) => {
+                earlier.extend(more);
+                SyncError::Parts(earlier)
             }
-            None => refused,
+            (_, refused) => refused,
         });
     }
     let plan = if *orphaning {
@@ -948,6 +949,10 @@ async fn answer<C: Kind>(
         return Ok(None);
     };
     *writes = executed.writes.len();
+    for dropped in &executed.dropped {
+        warn!("{dropped}");
+        core.hub.events.warning(&reference(obj), "UnknownFieldsDropped", dropped.to_string()).await;
+    }
     let object = ObjectKey::of(obj);
     let object = (kind.type_of(key), &object);
     if let Some(status) = decision.status {
@@ -1023,11 +1028,19 @@ pub(crate) fn children_count(observed: &[ChildMap<Arc<DynamicObject>>]) -> usize
 
 /// The namespaces where a desired child's name is taken by someone else's object, left out of the
 /// answer ([`crate::write::children::narrow`]) and said as the refused parts of the sync.
-pub(crate) fn refused_namespaces(refused: &[crate::write::children::PlanError]) -> Option<SyncError> {
-    (!refused.is_empty()).then(|| SyncError::Parts {
-        what: "namespaces",
-        total: refused.len(),
-        failed: refused.iter().map(ToString::to_string).collect(),
+pub(crate) fn refused_namespaces(
+    refused: &[crate::write::children::PlanError],
+    desired: &[ChildMap<Value>],
+) -> Option<SyncError> {
+    let namespaces: std::collections::BTreeSet<Option<&str>> =
+        desired.iter().flat_map(|children| children.keys().map(|k| k.namespace.as_deref())).collect();
+    (!refused.is_empty()).then(|| {
+        SyncError::Parts(vec![crate::engine::error::RefusedParts {
+            what: "namespaces",
+            total: namespaces.len(),
+            left: "nothing written for them",
+            failed: refused.iter().map(ToString::to_string).collect(),
+        }])
     })
 }
 

@@ -12,7 +12,7 @@ use futures::FutureExt as _;
 use kube::api::DynamicObject;
 use tracing::{Instrument as _, debug, info, info_span, warn};
 
-use crate::engine::error::{Action, SyncError, with_causes};
+use crate::engine::error::{Action, SyncError, Verdict, with_causes};
 use crate::engine::events::{Events, reference};
 use crate::engine::queue::{Reasons, WorkQueue};
 use crate::write::children::PlanError;
@@ -88,14 +88,9 @@ async fn handle<S: Syncer>(syncer: &S, queue: &WorkQueue<S::Key>, key: &S::Key) 
     if matches!(result, Err(SyncError::Panicked(_))) {
         syncer.metrics().panicked();
     }
-    let action = result.as_ref().err().map(SyncError::action);
-    let outcome = match (&result, action) {
-        (Ok(None), _) => Outcome::Success,
-        (Ok(Some(_)), _) => Outcome::RequeueAfter,
-        (Err(_), Some(Action::Report | Action::Hold)) => Outcome::Error,
-        (Err(_), _) => Outcome::Requeue,
-    };
-    syncer.metrics().record(started.elapsed(), outcome);
+    // The one reading of the result (see `Verdict`): the metrics, the retry and the Event below follow it.
+    let verdict = Verdict::of(&result);
+    syncer.metrics().record(started.elapsed(), Outcome::from(verdict));
     // The periodic resync runs on each object's own schedule: a period after its first sync, and a
     // period after every resync (the queue keeps the earliest of a key's delays, so syncs in between
     // do not push it back, and a sooner retry or `resyncAfterSeconds` wins). Metacontroller's timer
@@ -103,7 +98,7 @@ async fn handle<S: Syncer>(syncer: &S, queue: &WorkQueue<S::Key>, key: &S::Key) 
     // once every period, and in a backlog longer than a period a second call for every parent
     // already synced (hook calls per parent 1.35 in `make bench` at N=1000). A hook's 429 sets its own
     // time: the resync must not call it sooner.
-    if !matches!(action, Some(Action::RetryAfter(_)))
+    if !matches!(verdict, Verdict::Failed(Action::RetryAfter(_)))
         && let Some(period) = syncer.resync_period(key)
     {
         queue.add_after(key.clone(), period);

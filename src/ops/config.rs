@@ -118,6 +118,11 @@ pub struct Config {
     /// Field managers whose ownership of children and attachments the hub takes over on its first
     /// write to them (Metacontroller's); empty turns taking over off.
     pub take_over_field_managers: Vec<String>,
+    /// A field of a child, attachment or output that its type's schema does not declare (a hook's slip,
+    /// such as `type` at a `StatefulSet`'s `spec`): `Drop` leaves it out, as Metacontroller's create does,
+    /// and says so in a Warning Event `UnknownFieldsDropped` on the parent; `Strict` refuses the object
+    /// whole, as server-side apply does (a `SyncError` naming the field).
+    pub child_unknown_fields: crate::write::unknown_fields::UnknownFields,
     /// How often every watched type is listed again (Metacontroller's `--cache-flush-interval`): the
     /// objects that differ from the cache are synced, the safety net against a watch event the hub
     /// never received. 0 turns it off.
@@ -309,6 +314,7 @@ impl Default for Config {
             hook_version_probe_interval: Duration::from_secs(30),
             max_requests_in_flight: 64,
             take_over_field_managers: vec![crate::write::take_over::METACONTROLLER_MANAGER.to_owned()],
+            child_unknown_fields: crate::write::unknown_fields::UnknownFields::Drop,
             cache_flush_interval: Duration::from_secs(30 * 60),
             customize_cache_timeout: Duration::from_secs(20 * 60),
             tracing: Tracing::default(),

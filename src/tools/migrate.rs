@@ -7,6 +7,12 @@
 //! returns them (fields that only Metacontroller's managers or metahook own and the desired object
 //! lacks). A dry-run create tells those the API server fills in again by default from those really
 //! removed. Nothing is written; what it cannot know is printed with the report.
+//!
+//! It also names every hook URL whose host is a bare Service name (`http://profile-controller/sync`):
+//! such a name resolves in the namespace of whoever calls the hook — Metacontroller's Pod, which
+//! Kubeflow runs in its own namespace — and not from a hub installed in another, where every sync would
+//! fail with a DNS error. It says which namespace holds a Service of that name, and the two ways out:
+//! the URL with the namespace, or the hub's `hookHosts` (issue 62).
 
 use std::collections::{BTreeSet, HashMap};
 use std::fmt::Write as _;
@@ -136,6 +142,21 @@ struct Tally {
     defaulted: usize,
     untouched: usize,
     problems: usize,
+    /// Hook URLs whose host is a bare Service name.
+    bare_hosts: usize,
+}
+
+/// The host (and port) of a hook URL whose host is a bare name — no dot, not an IP address, not
+/// `localhost` — which the cluster's DNS resolves only in the namespace of whoever calls it.
+fn bare_host(url: &str) -> Option<(String, Option<u16>)> {
+    let uri: http::Uri = url.parse().ok()?;
+    let host = uri.host()?;
+    let bare = !host.contains('.')
+        && !host.contains(':')
+        && !host.starts_with('[')
+        && !host.eq_ignore_ascii_case("localhost")
+        && host.parse::<std::net::IpAddr>().is_err();
+    bare.then(|| (host.to_owned(), uri.port_u16()))
 }
 
 struct DryRun {
@@ -229,6 +250,14 @@ impl DryRun {
 
     async fn composite(&mut self, cc: &CompositeController) -> Result<(), DryRunError> {
         self.line(0, &format!("CompositeController {}", cc.name_any()));
+        if let Some(hooks) = &cc.spec.hooks {
+            let named = [
+                ("sync", hooks.sync.as_ref()),
+                ("finalize", hooks.finalize.as_ref()),
+                ("customize", hooks.customize.as_ref()),
+            ];
+            self.bare_hosts(&named).await;
+        }
         let Some(hook) = cc.spec.hooks.as_ref().and_then(|h| h.sync.clone()) else {
             self.line(2, "no sync hook: children are never written");
             return Ok(());
@@ -320,6 +349,13 @@ impl DryRun {
     async fn decorator(&mut self, dc: &DecoratorController) -> Result<(), DryRunError> {
         let name = dc.name_any();
         self.line(0, &format!("DecoratorController {name}"));
+        let hooks = &dc.spec.hooks;
+        let named = [
+            ("sync", hooks.sync.as_ref()),
+            ("finalize", hooks.finalize.as_ref()),
+            ("customize", hooks.customize.as_ref()),
+        ];
+        self.bare_hosts(&named).await;
         let Some(hook) = dc.spec.hooks.sync.clone() else {
             self.line(2, "no sync hook: attachments are never written");
             return Ok(());
@@ -393,6 +429,57 @@ impl DryRun {
             }
         }
         Ok(())
+    }
+
+    /// One entry per hook of a controller whose URL names a bare host (see the module doc).
+    async fn bare_hosts(&mut self, hooks: &[(&str, Option<&crate::api::Hook>)]) {
+        for (which, hook) in hooks {
+            let Some(url) = hook.and_then(|h| h.webhook.url.as_deref()) else { continue };
+            let Some((host, port)) = bare_host(url) else { continue };
+            self.tally.bare_hosts += 1;
+            self.line(
+                2,
+                &format!(
+                    "hook {which} {url}: the host {host:?} names no namespace; it resolves in the namespace of \
+                     whoever calls the hook (Metacontroller's Pod's), not from metahook's"
+                ),
+            );
+            let services = Api::<k8s_openapi::api::core::v1::Service>::all(self.client.clone())
+                .list(&ListParams::default().fields(&format!("metadata.name={host}")))
+                .await;
+            let namespaces: Vec<String> = match services {
+                Ok(list) => list.items.into_iter().filter_map(|s| s.metadata.namespace).collect(),
+                Err(e) => {
+                    self.problem(4, &format!("where the Service {host:?} is: listing Services: {e}"));
+                    continue;
+                }
+            };
+            let authority =
+                |namespace: &str| port.map_or(format!("{host}.{namespace}"), |p| format!("{host}.{namespace}:{p}"));
+            match namespaces.as_slice() {
+                [namespace] => {
+                    let fixed = url.replacen(&port.map_or(host.clone(), |p| format!("{host}:{p}")), &authority(namespace), 1);
+                    let target = format!("{host}.{namespace}:{}", port.unwrap_or(if url.starts_with("https") { 443 } else { 80 }));
+                    let key = port.map_or(host.clone(), |p| format!("{host}:{p}"));
+                    self.line(
+                        4,
+                        &format!(
+                            "the Service {host:?} is in namespace {namespace:?}: set the URL to {fixed} (or use \
+                             webhook.service), or keep it and add to the hub's config: hookHosts: {{{key:?}: {target:?}}}"
+                        ),
+                    );
+                }
+                [] => self.line(4, &format!("no Service {host:?} in any namespace: name the hook's server with its namespace")),
+                several => self.line(
+                    4,
+                    &format!(
+                        "Services {host:?} are in namespaces {}: name the one Metacontroller called (its own namespace's) \
+                         in the URL, or in the hub's hookHosts",
+                        several.join(", ")
+                    ),
+                ),
+            }
+        }
     }
 
     fn any_needed(&self, observed: &[ChildMap<Arc<DynamicObject>>]) -> bool {
@@ -509,6 +596,14 @@ impl DryRun {
             t.objects, t.untouched, t.removed, t.defaulted, t.problems
         );
         self.out.push_str(&summary);
+        if t.bare_hosts > 0 {
+            let _ = writeln!(
+                self.out,
+                "{} hook URLs name a Service without its namespace (see above): fix them before the switch, or \
+                 every sync of their controllers fails with a DNS error.",
+                t.bare_hosts
+            );
+        }
         self.out.push_str(CANNOT_KNOW);
         self.out
     }
@@ -528,3 +623,24 @@ What this listing cannot know:
 - Changes between the last sync and the switch (a hook that answers differently by then, someone
   editing a child) are not foreseen.
 ";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bare_service_name_is_told_from_a_name_with_its_namespace() {
+        assert_eq!(bare_host("http://profile-controller/sync"), Some(("profile-controller".into(), None)));
+        assert_eq!(bare_host("http://user:pw@hook:8080/sync"), Some(("hook".into(), Some(8080))));
+        for full in [
+            "http://profile-controller.kubeflow/sync",
+            "http://hook.ns.svc.cluster.local:80/sync",
+            "http://127.0.0.1:8080/sync",
+            "http://[::1]:8080/sync",
+            "http://localhost:8080/sync",
+            "not a url",
+        ] {
+            assert_eq!(bare_host(full), None, "{full}");
+        }
+    }
+}

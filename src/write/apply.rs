@@ -38,6 +38,12 @@
 //!   object exists; no object can be at revision 1 (etcd's first write is revision 2), so an existing
 //!   object of that name is answered with 409 and left untouched. Neither field is recorded in
 //!   `managedFields`.
+//!
+//! A field the object's schema does not declare makes the API server refuse the apply whole; unless
+//! the hub is told to be strict, that field is dropped and the apply sent again, and the fields dropped
+//! are remembered per type, so later applies of that type leave them out from the start and compare
+//! without them (see [`crate::write::unknown_fields`]). A write that dropped fields says which
+//! ([`Applied::Created`], [`Applied::Updated`]).
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -61,6 +67,7 @@ use crate::cache::discovery::ResolvedResource;
 use crate::cache::informers::ObjectKey;
 use crate::cache::shard::ORPHANS;
 use crate::write::take_over::{TakeOver, TakeOverError};
+use crate::write::unknown_fields::{UnknownFields, drop_field, undeclared};
 use crate::write::written::{self, Endpoint, Written, WrittenMeta};
 
 /// What applying did. Writes name the resourceVersion (or, for a delete, the UID) they left behind, so
@@ -69,14 +76,17 @@ use crate::write::written::{self, Endpoint, Written, WrittenMeta};
 pub enum Applied {
     Created {
         version: String,
+        /// The fields left out because the object's schema does not declare them (see
+        /// [`crate::write::unknown_fields`]).
+        dropped: Vec<String>,
     },
     Updated {
         version: String,
+        /// As for [`Applied::Created`].
+        dropped: Vec<String>,
     },
     /// Deleted because it differed under `Recreate`; the next sync creates it again.
-    Deleted {
-        uid: String,
-    },
+    Deleted { uid: String },
     /// Nothing to do: up to date, or left alone by `OnDelete`, or terminating.
     Unchanged,
 }
@@ -147,6 +157,31 @@ impl ApplyError {
 /// Last applied fingerprint by (apiVersion, kind, namespace/name).
 type AppliedCache = HashMap<(String, String, ObjectKey), Fingerprint>;
 
+/// The fields a type's schema was found not to declare, by (apiVersion, kind).
+type Undeclared = HashMap<(String, String), std::collections::BTreeSet<String>>;
+
+/// A write that dropped fields its object's schema does not declare, for the Warning Event that says so.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DroppedFields {
+    pub kind: String,
+    pub key: ObjectKey,
+    pub fields: Vec<String>,
+}
+
+impl std::fmt::Display for DroppedFields {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} {} written without {}: its schema does not declare {} (dropped as Metacontroller's create \
+             drops it; the hub's childUnknownFields: Strict refuses such a child instead)",
+            self.kind,
+            self.key,
+            self.fields.join(", "),
+            if self.fields.len() == 1 { "it" } else { "them" }
+        )
+    }
+}
+
 /// The object at `version` is known to be what applying `desired` (a hash) makes of it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Fingerprint {
@@ -166,6 +201,10 @@ pub struct Applier {
     metrics: ApplyMetrics,
     /// What Metacontroller wrote is taken over on the first write to it (see [`crate::write::take_over`]).
     take_over: Arc<TakeOver>,
+    /// Whether a field a child's schema does not declare is dropped or refuses the child.
+    unknown_fields: UnknownFields,
+    /// The fields dropped so far, left out of every later apply of their type.
+    undeclared: Arc<Mutex<Undeclared>>,
 }
 
 impl Applier {
@@ -173,7 +212,21 @@ impl Applier {
     pub fn new(client: Client, field_manager: String) -> Self {
         let take_over =
             Arc::new(TakeOver::new(&field_manager, vec![crate::write::take_over::METACONTROLLER_MANAGER.into()]));
-        Self { client, field_manager, applied: Arc::default(), metrics: ApplyMetrics::default(), take_over }
+        Self {
+            client,
+            field_manager,
+            applied: Arc::default(),
+            metrics: ApplyMetrics::default(),
+            take_over,
+            unknown_fields: UnknownFields::default(),
+            undeclared: Arc::default(),
+        }
+    }
+
+    /// What a field a child's schema does not declare does (the hub's `childUnknownFields`).
+    #[must_use]
+    pub fn with_unknown_fields(self, unknown_fields: UnknownFields) -> Self {
+        Self { unknown_fields, ..self }
     }
 
     /// Counts every apply in `metrics` (`metahook_apply_total`).
@@ -242,17 +295,25 @@ impl Applier {
     ) -> Result<Applied, ApplyError> {
         let key = key_of(desired);
         let cache_key = applied_key(resource, key.clone());
+        // The hash is of the desired state as the hook asked for it, whatever is dropped from it.
         let desired_hash = hash(desired);
+        let (desired, mut dropped) = self.fitted(resource, desired);
+        let desired = &*desired;
         let api = self.api(resource, key.namespace.as_deref());
         let kind = || resource.kind().to_owned();
+        let params = self.params();
+        let send = |body: Value| {
+            let (api, name, params) = (&api, &key.name, &params);
+            async move { written::patch(api, name, params, &Patch::Apply(body), Endpoint::Object).await }
+        };
 
         let Some(observed) = observed else {
             let body = with_precondition_absent(&annotated(desired, &desired_hash));
-            return match written::patch(&api, &key.name, &self.params(), &Patch::Apply(body), Endpoint::Object).await {
+            return match self.fitting(resource, body, &mut dropped, send).await {
                 Ok(Written { metadata: created }) => {
                     let version = created.resource_version.clone().unwrap_or_default();
                     self.remember(cache_key, written_fingerprint(desired_hash, created));
-                    Ok(Applied::Created { version })
+                    Ok(Applied::Created { version, dropped })
                 }
                 Err(kube::Error::Api(status)) if status.code == 409 => {
                     Err(self.taken(&api, resource, desired, key, adopts).await)
@@ -268,7 +329,7 @@ impl Applier {
             Ok(Some(took)) if !took.apply_needed => {
                 let version = took.object.metadata.resource_version.clone().unwrap_or_default();
                 self.remember(cache_key, fingerprint(desired_hash, &took.object));
-                return Ok(Applied::Updated { version });
+                return Ok(Applied::Updated { version, dropped });
             }
             Ok(Some(took)) => {
                 taken_over = took.object;
@@ -283,7 +344,12 @@ impl Applier {
             // carries the observed resourceVersion: compared with an object that moved on since (our
             // cache was behind), a difference would say nothing, so that is a quiet retry.
             let exact = with_precondition_version(body, observed);
-            let update_refused = match api.patch(&key.name, &self.params().dry_run(), &Patch::Apply(&exact)).await {
+            let dry_run = self.params().dry_run();
+            let try_it = |body: Value| {
+                let (api, name, params) = (&api, &key.name, &dry_run);
+                async move { api.patch(name, params, &Patch::Apply(body)).await }
+            };
+            let update_refused = match self.fitting(resource, exact, &mut dropped, try_it).await {
                 Ok(result) if sanitized(&result) == sanitized(observed) => {
                     self.remember(cache_key, current);
                     return Ok(Applied::Unchanged);
@@ -318,18 +384,17 @@ impl Applier {
         // is gone, which the collector would then delete. Any change since (that one included) is a
         // quiet retry on what the cache shows next.
         let exact = with_precondition_version(body, observed);
-        let result =
-            match written::patch(&api, &key.name, &self.params(), &Patch::Apply(&exact), Endpoint::Object).await {
-                Ok(Written { metadata }) => metadata,
-                Err(kube::Error::Api(status)) if replaced(&status) || moved_on(&status) => {
-                    return Err(ApplyError::Stale { kind: kind(), key });
-                }
-                Err(source) => return Err(ApplyError::Apply { kind: kind(), key, source }),
-            };
+        let result = match self.fitting(resource, exact, &mut dropped, send).await {
+            Ok(Written { metadata }) => metadata,
+            Err(kube::Error::Api(status)) if replaced(&status) || moved_on(&status) => {
+                return Err(ApplyError::Stale { kind: kind(), key });
+            }
+            Err(source) => return Err(ApplyError::Apply { kind: kind(), key, source }),
+        };
         let outcome = if observed.metadata.resource_version == result.resource_version {
             Applied::Unchanged
         } else {
-            Applied::Updated { version: result.resource_version.clone().unwrap_or_default() }
+            Applied::Updated { version: result.resource_version.clone().unwrap_or_default(), dropped }
         };
         self.remember(cache_key, written_fingerprint(desired_hash, result));
         Ok(outcome)
@@ -375,8 +440,10 @@ impl Applier {
         if behind() {
             return self.wrote_last(resource, desired, observed);
         }
-        // What Metacontroller wrote is taken over on the first write, whatever the values say.
-        if self.take_over.is_needed(observed) || !holds_applied_state(observed, &annotated(desired, &current.desired)) {
+        // What Metacontroller wrote is taken over on the first write, whatever the values say. Fields the
+        // type's schema does not declare are not on the object, nor in what an apply would send.
+        let (fitted, _) = self.fitted(resource, desired);
+        if self.take_over.is_needed(observed) || !holds_applied_state(observed, &annotated(&fitted, &current.desired)) {
             return false;
         }
         self.remember(cache_key, current);
@@ -571,6 +638,63 @@ impl Applier {
 
     fn params(&self) -> PatchParams {
         PatchParams::apply(&self.field_manager).force()
+    }
+
+    /// `desired` without the fields its type's schema was found not to declare, and those of them it had.
+    fn fitted<'d>(
+        &self,
+        resource: &ResolvedResource,
+        desired: &'d Value,
+    ) -> (std::borrow::Cow<'d, Value>, Vec<String>) {
+        let undeclared = self.undeclared.lock().expect("undeclared lock");
+        let Some(paths) = undeclared.get(&(resource.api_version().to_owned(), resource.kind().to_owned())) else {
+            return (std::borrow::Cow::Borrowed(desired), Vec::new());
+        };
+        let mut fitted = desired.clone();
+        let dropped: Vec<String> = paths.iter().filter(|path| drop_field(&mut fitted, path)).cloned().collect();
+        if dropped.is_empty() {
+            (std::borrow::Cow::Borrowed(desired), dropped)
+        } else {
+            (std::borrow::Cow::Owned(fitted), dropped)
+        }
+    }
+
+    /// Sends `body` (an apply) with `send`; refused for fields the object's schema does not declare, and
+    /// unless the hub is strict, sends it again without them, remembering them for the type and adding
+    /// them to `dropped` (a field the refusal names that the body does not have keeps the refusal).
+    async fn fitting<T, F>(
+        &self,
+        resource: &ResolvedResource,
+        mut body: Value,
+        dropped: &mut Vec<String>,
+        send: impl Fn(Value) -> F,
+    ) -> Result<T, kube::Error>
+    where
+        F: std::future::Future<Output = Result<T, kube::Error>>,
+    {
+        // Each refusal names every undeclared field; more rounds only if an API server said fewer.
+        for _ in 0..3 {
+            match send(body.clone()).await {
+                Err(kube::Error::Api(status)) if self.unknown_fields == UnknownFields::Drop => {
+                    let named = undeclared(&status);
+                    let removed: Vec<String> = named.into_iter().filter(|path| drop_field(&mut body, path)).collect();
+                    if removed.is_empty() {
+                        return Err(kube::Error::Api(status));
+                    }
+                    tracing::debug!(kind = resource.kind(), fields = ?removed, "dropping fields the schema does not declare");
+                    let type_key = (resource.api_version().to_owned(), resource.kind().to_owned());
+                    self.undeclared
+                        .lock()
+                        .expect("undeclared lock")
+                        .entry(type_key)
+                        .or_default()
+                        .extend(removed.clone());
+                    dropped.extend(removed);
+                }
+                other => return other,
+            }
+        }
+        send(body).await
     }
 }
 

@@ -21,7 +21,7 @@ use crate::cache::discovery::ResolvedResource;
 use crate::cache::informers::{Informer, ObjectKey, PARENT_ANNOTATION, PARENT_UID_LABEL, controller_uid};
 use crate::cache::selector::Selector;
 use crate::hooks::{ObjectMaps, WireObject, group_version_kind_key, object_key};
-use crate::write::apply::{Adopts, Applied, Applier, ApplyError, holder, strip_server_fields};
+use crate::write::apply::{Adopts, Applied, Applier, ApplyError, DroppedFields, holder, strip_server_fields};
 use crate::write::records::{Record, RecordError, Records, entry};
 
 /// The resolved types of `types`, in order.
@@ -750,7 +750,9 @@ impl<'a> Plan<'a> {
                     let behind = || observer.behind(index, key);
                     let result = applier.apply(resource, obj, current, method, self.adopts, behind).await;
                     let version = match &result {
-                        Ok(Applied::Created { version } | Applied::Updated { version }) => Some(version.clone()),
+                        Ok(Applied::Created { version, .. } | Applied::Updated { version, .. }) => {
+                            Some(version.clone())
+                        }
                         Ok(Applied::Deleted { uid }) => Some(deleted_version(uid)),
                         Ok(Applied::Unchanged) | Err(_) => None,
                     };
@@ -764,8 +766,12 @@ impl<'a> Plan<'a> {
         for (index, key, result) in results {
             let kind = self.types[index].resource().kind();
             match result {
-                Ok(Applied::Created { version } | Applied::Updated { version }) => {
+                Ok(Applied::Created { version, dropped } | Applied::Updated { version, dropped }) => {
                     tracing::info!(kind, child = %key, "child written");
+                    if !dropped.is_empty() {
+                        let (kind, key) = (kind.to_owned(), key.clone());
+                        executed.dropped.push(DroppedFields { kind, key, fields: dropped });
+                    }
                     executed.writes.push(Written { type_index: index, key, version, recreate: false });
                 }
                 Ok(Applied::Deleted { uid }) => {
@@ -882,6 +888,8 @@ pub struct Executed {
     pub errors: Vec<ApplyError>,
     /// Every successful write, for telling its echo from others' changes.
     pub writes: Vec<Written>,
+    /// The writes that left out fields their schema does not declare (a Warning Event each).
+    pub dropped: Vec<DroppedFields>,
 }
 
 /// One write of a sync: the child (by type index) and the version it left behind.
@@ -1003,6 +1011,30 @@ pub struct ChildRules<'a> {
     /// By type index: whether the type's children may be outside the parent's namespace
     /// (`crossNamespace`); a type not listed may not.
     pub cross_namespace: &'a [bool],
+    /// What the controller kind calls the objects (for its refusals: a MapController's are outputs).
+    pub role: ChildRole,
+}
+
+/// What a controller kind calls the objects it writes for a parent: children, a decorator's
+/// attachments, a MapController's outputs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum ChildRole {
+    #[default]
+    Child,
+    Attachment,
+    Output,
+}
+
+impl ChildRole {
+    /// The word for one of them.
+    #[must_use]
+    pub fn noun(self) -> &'static str {
+        match self {
+            Self::Child => "child",
+            Self::Attachment => "attachment",
+            Self::Output => "output",
+        }
+    }
 }
 
 impl ChildRules<'_> {
@@ -1066,10 +1098,9 @@ pub fn desired_children(
         if name.is_empty() {
             return Err(format!("item [{position}] ({kind}) has no metadata.name"));
         }
-        let index = types
-            .iter()
-            .position(|t| t.api_version() == api_version && t.kind() == kind)
-            .ok_or_else(|| format!("{kind} {name}: {api_version}/{kind} is not a declared child resource"))?;
+        let index = types.iter().position(|t| t.api_version() == api_version && t.kind() == kind).ok_or_else(|| {
+            format!("{kind} {name}: {api_version}/{kind} is not a declared {} resource", rules.role.noun())
+        })?;
         let resource = &types[index];
         let invalid = |reason: String| format!("{kind} {name}: {reason}");
         validation::check_name(validation::name_rule(&resource.api_resource.group, kind), name).map_err(invalid)?;
@@ -1420,6 +1451,7 @@ mod tests {
             annotations: Some(&annotations),
             selector: Some(&selector),
             cross_namespace: &[],
+            role: ChildRole::Child,
         };
         let item = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "a", "labels": {"x": "y"}}});
         let desired = desired_children(&types, &parent(), &resource(true), &[item], rules).unwrap();

@@ -17,6 +17,14 @@
 //! left gets exactly one write. Nothing is deleted or re-created; an object that changed meanwhile
 //! fails the test and its sync is retried with the fresh state.
 //!
+//! The same patch writes the hub's own `metahook.dev/applied` annotation (the hash of the desired state
+//! it takes the object over for), which the applier reads to know an object current without a write.
+//! Left to "the next apply that changes something", that intent lived only in the hub's memory: the
+//! first restart after a switch found no annotation and applied every such child again (issue 62).
+//! And the dry run compares what an apply would change, not what the hub's own patch did: not the
+//! `metadata.generation` a Deployment raises for any change of its annotations, nor a status the
+//! object's own controller wrote meanwhile (an apply of a desired state without a status changes none).
+//!
 //! The watch cache keeps only who wrote an object (manager and operation), which is all [`TakeOver::
 //! is_needed`] looks at; the full `managedFields` are read with a GET once per object, when taking over.
 
@@ -139,9 +147,11 @@ impl TakeOver {
     }
 
     /// The JSON patch that takes `live` over, or `None` when there is nothing of Metacontroller's on it.
-    /// It tests UID and resourceVersion first, so it only ever changes the object as it was read.
+    /// It tests UID and resourceVersion first, so it only ever changes the object as it was read, and
+    /// sets the hub's [`APPLIED_ANNOTATION`](crate::api::APPLIED_ANNOTATION) to `applied` (the hash of
+    /// the desired state) when given.
     #[must_use]
-    pub fn patch(&self, live: &DynamicObject) -> Option<Value> {
+    pub fn patch(&self, live: &DynamicObject, applied: Option<&str>) -> Option<Value> {
         let entries = live.metadata.managed_fields.clone().unwrap_or_default();
         let api_version = live.types.as_ref().map_or("", |t| t.api_version.as_str());
         let upgraded = self.upgrade(&entries, api_version);
@@ -157,9 +167,18 @@ impl TakeOver {
             ops.push(json!({"op": "replace", "path": "/metadata/managedFields", "value": upgraded}));
         }
         if annotated {
-            let path =
-                format!("/metadata/annotations/{}", LAST_APPLIED_ANNOTATION.replace('~', "~0").replace('/', "~1"));
-            ops.push(json!({"op": "remove", "path": path}));
+            ops.push(json!({"op": "remove", "path": annotation_path(LAST_APPLIED_ANNOTATION)}));
+        }
+        if let Some(hash) = applied {
+            let annotations = live.metadata.annotations.as_ref();
+            // Only Metacontroller's annotation there: removing it leaves an empty map, which stays.
+            if annotations.is_some() {
+                let key = crate::api::APPLIED_ANNOTATION;
+                ops.push(json!({"op": "add", "path": annotation_path(key), "value": hash}));
+            } else {
+                ops.push(json!({"op": "add", "path": "/metadata/annotations",
+                                "value": {crate::api::APPLIED_ANNOTATION: hash}}));
+            }
         }
         Some(Value::Array(ops))
     }
@@ -182,7 +201,8 @@ impl TakeOver {
             Ok(_) => return Err(TakeOverError::Changed),
             Err(e) => return Err(TakeOverError::Api(e)),
         };
-        let Some(patch) = self.patch(&live) else { return Ok(None) };
+        let applied = body.pointer("/metadata/annotations").and_then(|a| a.get(crate::api::APPLIED_ANNOTATION));
+        let Some(patch) = self.patch(&live, applied.and_then(Value::as_str)) else { return Ok(None) };
         let patch: json_patch::Patch =
             serde_json::from_value(patch).map_err(|e| TakeOverError::Api(kube::Error::SerdeError(e)))?;
         let params = PatchParams { field_manager: Some(self.to.clone()), ..PatchParams::default() };
@@ -201,8 +221,9 @@ impl TakeOver {
         );
         // A refused dry run (an immutable field, say) leaves the decision to the normal apply.
         let dry_run = PatchParams::apply(&self.to).force().dry_run();
+        let sets_status = body.get("status").is_some();
         let apply_needed = match api.patch(name, &dry_run, &Patch::Apply(body)).await {
-            Ok(result) => comparable(&result) != comparable(&object),
+            Ok(result) => comparable(&result, sets_status) != comparable(&object, sets_status),
             Err(_) => true,
         };
         Ok(Some(TookOver { object, apply_needed }))
@@ -216,14 +237,25 @@ fn failed_test(status: &kube::core::Status) -> bool {
     status.code == 422 && status.details.as_ref().is_none_or(|d| d.causes.is_empty())
 }
 
-/// An object as far as applying can change it: all but who owns what, the version counter, and the
-/// hub's own applied-hash annotation (bookkeeping, not state: it is written with the next apply that
-/// changes something, so taking over stays one write).
-fn comparable(obj: &DynamicObject) -> Value {
+/// The JSON pointer of the annotation `key`.
+fn annotation_path(key: &str) -> String {
+    format!("/metadata/annotations/{}", key.replace('~', "~0").replace('/', "~1"))
+}
+
+/// An object as far as an apply of a desired state can change it: all but who owns what, the counters
+/// the API server keeps (`resourceVersion`, and `generation`, which a Deployment raises for any change of
+/// its annotations: the take-over patch's own), the hub's applied-hash annotation (the take-over patch
+/// writes it), and, unless the desired state sets one (`sets_status`), the status, which the object's own
+/// controller may have written between the take-over patch and the dry run.
+fn comparable(obj: &DynamicObject, sets_status: bool) -> Value {
     let mut value = serde_json::to_value(obj).unwrap_or(Value::Null);
+    if !sets_status && let Some(fields) = value.as_object_mut() {
+        fields.remove("status");
+    }
     if let Some(meta) = value.get_mut("metadata").and_then(Value::as_object_mut) {
         meta.remove("managedFields");
         meta.remove("resourceVersion");
+        meta.remove("generation");
         if let Some(annotations) = meta.get_mut("annotations").and_then(Value::as_object_mut) {
             annotations.remove(crate::api::APPLIED_ANNOTATION);
             if annotations.is_empty() {
@@ -314,7 +346,7 @@ mod tests {
     fn the_patch_tests_identity_first_and_removes_the_annotation() {
         let entries = [entry("metacontroller", "Update", "v1", annotation_and("a"))];
         let live = object(&json!({LAST_APPLIED_ANNOTATION: "{}", "keep": "x"}), &entries);
-        let patch = take_over().patch(&live).unwrap();
+        let patch = take_over().patch(&live, None).unwrap();
         assert_eq!(patch[0], json!({"op": "test", "path": "/metadata/uid", "value": "u-1"}));
         assert_eq!(patch[1], json!({"op": "test", "path": "/metadata/resourceVersion", "value": "42"}));
         assert_eq!(patch[2]["path"], "/metadata/managedFields");
@@ -331,11 +363,55 @@ mod tests {
         let ours = [entry("metahook", "Apply", "v1", json!({"f:data": {"f:a": {}}}))];
         let live = object(&json!({"keep": "x"}), &ours);
         assert!(!take_over().is_needed(&live));
-        assert_eq!(take_over().patch(&live), None);
+        assert_eq!(take_over().patch(&live, None), None);
         // Only the annotation left (say, managedFields were reset): the patch just removes it.
         let annotated = object(&json!({LAST_APPLIED_ANNOTATION: ""}), &ours);
         assert!(take_over().is_needed(&annotated));
-        assert_eq!(take_over().patch(&annotated).unwrap().as_array().unwrap().len(), 3);
+        assert_eq!(take_over().patch(&annotated, None).unwrap().as_array().unwrap().len(), 3);
+    }
+
+    /// Issue 62 item 4: the take-over writes the hub's applied-hash annotation itself, so a restart
+    /// after a switch finds the object current without writing it again.
+    #[test]
+    fn the_take_over_patch_writes_the_hubs_applied_annotation() {
+        let entries = [entry("metacontroller", "Update", "v1", annotation_and("a"))];
+        let live = object(&json!({LAST_APPLIED_ANNOTATION: "{}"}), &entries);
+        let patch = take_over().patch(&live, Some("hash-1")).unwrap();
+        let last = patch.as_array().unwrap().last().unwrap();
+        assert_eq!(
+            last,
+            &json!({"op": "add", "path": "/metadata/annotations/metahook.dev~1applied", "value": "hash-1"})
+        );
+        let mut value = serde_json::to_value(&live).unwrap();
+        json_patch::patch(&mut value, &serde_json::from_value::<json_patch::Patch>(patch).unwrap()).unwrap();
+        assert_eq!(value["metadata"]["annotations"], json!({"metahook.dev/applied": "hash-1"}));
+        // No annotations at all (a child Metacontroller applied server-side, the annotation gone).
+        let mut bare = object(&json!({}), &entries);
+        bare.metadata.annotations = None;
+        let patch = take_over().patch(&bare, Some("hash-2")).unwrap();
+        let mut value = serde_json::to_value(&bare).unwrap();
+        json_patch::patch(&mut value, &serde_json::from_value::<json_patch::Patch>(patch).unwrap()).unwrap();
+        assert_eq!(value["metadata"]["annotations"], json!({"metahook.dev/applied": "hash-2"}));
+    }
+
+    /// Issue 62 item 3: what the take-over patch itself changed (a Deployment's generation, raised by
+    /// the annotation it removed) and what the object's controller wrote meanwhile (its status) are no
+    /// difference an apply would make.
+    #[test]
+    fn the_dry_run_compares_what_an_apply_would_change_not_what_the_patch_did() {
+        let at = |generation: i64, status: Value, data: &str| -> DynamicObject {
+            serde_json::from_value(json!({
+                "apiVersion": "apps/v1", "kind": "Deployment",
+                "metadata": {"name": "a", "namespace": "n", "uid": "u-1", "resourceVersion": format!("{generation}0"),
+                             "generation": generation, "annotations": {"metahook.dev/applied": "h"}},
+                "spec": {"replicas": data}, "status": status}))
+            .unwrap()
+        };
+        let patched = at(2, json!({"observedGeneration": 1}), "1");
+        let dry_run = at(3, json!({"observedGeneration": 2}), "1");
+        assert_eq!(comparable(&patched, false), comparable(&dry_run, false));
+        assert_ne!(comparable(&patched, true), comparable(&dry_run, true), "a desired status is compared");
+        assert_ne!(comparable(&patched, false), comparable(&at(3, json!({}), "2"), false), "a change is one");
     }
 
     #[test]

@@ -17,7 +17,7 @@ use crate::engine::error::{ParentSelectorError, SyncError};
 use crate::engine::sync::{Decision, Observed};
 use crate::engine::worker::resync_after;
 use crate::hooks::{CompositeRequest, CompositeResponse, Endpoint};
-use crate::write::children::{ChildMap, ChildRules, desired_children};
+use crate::write::children::{ChildMap, ChildRole, ChildRules, desired_children};
 
 /// The label `generateSelector` gives a parent's children: the parent's UID.
 pub const CONTROLLER_UID_LABEL: &str = "controller-uid";
@@ -121,6 +121,7 @@ pub fn validate_response(
         annotations: None,
         selector: Some(selector),
         cross_namespace: &cross_namespace,
+        role: ChildRole::Child,
     };
     let desired = desired_children(child_resources, parent, parent_resource, &response.children, rules)
         .map_err(SyncError::InvalidResponse)?;

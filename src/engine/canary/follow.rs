@@ -37,6 +37,13 @@ pub(crate) async fn run<C: Kind>(kind: Arc<C>, cancel: CancellationToken) {
             _ = ticks.tick() => {}
             () = cancel.cancelled() => return,
         }
+        if canary.judges_side() {
+            // A candidate's side of fewer parents than `minSyncs` is judged by its parents, each asked
+            // once (see `Live::judge`): which parents are on its side is the cache's to say.
+            let parents = crate::engine::sync::managed(&*kind);
+            let live = parents.iter().filter(|(_, p)| p.metadata.deletion_timestamp.is_none());
+            canary.judge_side(live.map(|(_, p)| p.metadata.uid.as_deref().unwrap_or_default()));
+        }
         let (live, invalid) = canary.view();
         let now = live.as_ref().and_then(|l| l.answering());
         if now != answering {

@@ -19,7 +19,9 @@
 //! change of sides — a canary started, a new percent or URL, a halt, the annotation removed — queues
 //! the parents that move, at `hookChangeResyncQPS` as a new hook version's parents are.
 //!
-//! **Halting.** Once the candidate has been asked `minSyncs` times, an error ratio above
+//! **Halting.** Once the candidate has been asked `minSyncs` times — or, on a side of fewer parents than
+//! that, once every parent on its side has been asked (a parent's failure counts once until its request
+//! changes, so such a side could never reach `minSyncs`) — an error ratio above
 //! `maxErrorRatio` halts it: its parents go back to the current hook, the controller's status says
 //! `Halted` and why (and a `CanaryHalted` condition), and a Warning Event on the controller says it
 //! too. A halted canary stays halted until its annotation changes (any edit starts a new one, with new
@@ -28,9 +30,11 @@
 //! a controller started again (a restart, a fail-over, a change of its spec) reads it back from there
 //! and starts the same annotation halted, with its counts.
 //!
-//! **Counting.** A parent whose sync fails is retried quickly, with the same request: its failures
-//! count once until its request changes (or it succeeds), so one parent's retries cannot halt a
-//! canary whose other parents succeed.
+//! **Counting.** A sync counts as the worker reads its result ([`Verdict`]): what the worker retries
+//! quietly (a write that met a newer version than the hub's cache showed, a conflict, a related cache
+//! still filling) and a hook's 429 count on neither side; what it reports is an error. A parent whose
+//! sync fails is retried quickly, with the same request: its failures count once until its request
+//! changes (or it succeeds), so one parent's retries cannot halt a canary whose other parents succeed.
 //!
 //! **Reported** in the controller's `status.canary` while it runs (at most every [`REPORT_EVERY`], only
 //! when the figures changed) and in the `metahook_canary_*` metrics. With sharding each replica counts
@@ -55,10 +59,10 @@ use tracing::{info, warn};
 use crate::api::{CanaryStatus, CanaryTally, EndpointConfig, Hook, ServiceReference};
 use crate::cache::shard::{BUCKETS, bucket};
 use crate::engine::answered::RequestId;
-use crate::engine::error::SyncError;
+use crate::engine::error::{Counted, SyncError, Verdict};
 use crate::engine::hub::Hub;
 use crate::engine::metrics::ControllerMetrics;
-use crate::hooks::{Endpoint, HookError, HookKind, HookLabels};
+use crate::hooks::{Endpoint, HookKind, HookLabels};
 
 mod follow;
 
@@ -160,41 +164,6 @@ impl Side {
     }
 }
 
-/// How a sync of one side ended, as the canary counts it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Counted {
-    Ok,
-    Error,
-    PermanentError,
-}
-
-impl Counted {
-    /// The `result` label of the metrics.
-    #[must_use]
-    pub fn label(self) -> &'static str {
-        match self {
-            Self::Ok => "ok",
-            Self::Error => "error",
-            Self::PermanentError => "permanent_error",
-        }
-    }
-
-    /// How `result` counts; `None` for what is retried quietly and says nothing of the hook (a conflict
-    /// with another writer, a related cache still filling, the hook's own 429).
-    fn of(result: &Result<Option<Duration>, SyncError>) -> Option<Self> {
-        match result {
-            Ok(_) => Some(Self::Ok),
-            Err(
-                SyncError::Hook(HookError::TooManyRequests { .. })
-                | SyncError::Conflict(_)
-                | SyncError::RelatedNotSynced(_),
-            ) => None,
-            Err(SyncError::Hook(e)) if e.permanent_message().is_some() => Some(Self::PermanentError),
-            Err(_) => Some(Self::Error),
-        }
-    }
-}
-
 /// One side's counts.
 #[derive(Debug, Default)]
 struct Tally {
@@ -257,6 +226,9 @@ pub struct Live {
     /// The parents whose last counted sync failed, by UID, with the request it showed: a retry of the
     /// same request is not counted again.
     failing: Mutex<std::collections::HashMap<String, RequestId>>,
+    /// The candidate's parents counted at least once, by UID, while the candidate has fewer than
+    /// `minSyncs` syncs: a side of fewer parents is judged once each was asked ([`Live::judge`]).
+    asked: Mutex<std::collections::HashSet<String>>,
 }
 
 impl Live {
@@ -270,6 +242,7 @@ impl Live {
             candidate: Tally::default(),
             halted: OnceLock::new(),
             failing: Mutex::default(),
+            asked: Mutex::default(),
         }
     }
 
@@ -305,9 +278,9 @@ impl Live {
         self.halted().is_none().then(|| (self.endpoint.url().to_owned(), self.buckets))
     }
 
-    /// Counts one sync of `side`; returns whether it halted the canary: the candidate asked at least
-    /// `minSyncs` times, with an error ratio above `maxErrorRatio`.
-    fn count(&self, side: Side, counted: Counted, writes: usize) -> bool {
+    /// Counts one sync of `side` (of the parent `uid`); returns whether it halted the canary (see
+    /// [`Live::judge`]).
+    fn count(&self, side: Side, uid: &str, counted: Counted, writes: usize) -> bool {
         let tally = match side {
             Side::Current => &self.current,
             Side::Candidate => &self.candidate,
@@ -316,19 +289,62 @@ impl Live {
         if side == Side::Current || self.halted().is_some() {
             return false;
         }
+        if self.candidate.syncs.load(Ordering::Relaxed) <= self.spec.min_syncs {
+            self.asked.lock().expect("canary asked lock").insert(uid.to_owned());
+        }
+        self.judge(None)
+    }
+
+    /// Halts the canary when the candidate's figures are enough to judge and its error ratio is above
+    /// `maxErrorRatio`; returns whether this call halted it. Enough is `minSyncs` syncs, or, on a
+    /// candidate's side of fewer parents than that (`parents`: the UIDs of the parents on its side now,
+    /// when known), every one of them asked at least once: a parent's failure counts once until its
+    /// request changes, so such a side could never reach `minSyncs`, and its parents would stay on a
+    /// failing hook for good (issue 62).
+    fn judge(&self, parents: Option<&[&str]>) -> bool {
+        if self.halted().is_some() {
+            return false;
+        }
         let syncs = self.candidate.syncs.load(Ordering::Relaxed);
         let errors = self.candidate.errors.load(Ordering::Relaxed);
         #[allow(clippy::cast_precision_loss)]
         let ratio = errors as f64 / syncs.max(1) as f64;
-        if syncs < self.spec.min_syncs || ratio <= self.spec.max_error_ratio {
+        if syncs == 0 || ratio <= self.spec.max_error_ratio {
             return false;
         }
-        let why = format!(
-            "the candidate failed {errors} of {syncs} syncs (an error ratio of {ratio}), more than maxErrorRatio {}: \
-             the current hook answers for every parent again",
+        let every_parent = if syncs >= self.spec.min_syncs {
+            None
+        } else {
+            let asked = self.asked.lock().expect("canary asked lock");
+            match parents {
+                Some(parents) if !parents.is_empty() && parents.iter().all(|uid| asked.contains(*uid)) => {
+                    Some(parents.len())
+                }
+                _ => return false,
+            }
+        };
+        let mut why = format!(
+            "the candidate failed {errors} of {syncs} syncs (an error ratio of {ratio}), more than maxErrorRatio {}",
             self.spec.max_error_ratio
         );
+        if let Some(parents) = every_parent {
+            let _ = std::fmt::Write::write_fmt(
+                &mut why,
+                format_args!(
+                    ", with every parent on its side asked ({parents}, fewer than minSyncs {})",
+                    self.spec.min_syncs
+                ),
+            );
+        }
+        why.push_str(": the current hook answers for every parent again");
         self.halted.set(why).is_ok()
+    }
+
+    /// Whether the candidate's side is to be judged by its parents rather than by `minSyncs`: it runs,
+    /// it has been asked, and fewer than `minSyncs` times.
+    fn judged_by_parents(&self) -> bool {
+        let syncs = self.candidate.syncs.load(Ordering::Relaxed);
+        self.halted().is_none() && syncs > 0 && syncs < self.spec.min_syncs
     }
 
     fn status(&self) -> CanaryStatus {
@@ -500,14 +516,33 @@ impl Canary {
         result: &Result<Option<Duration>, SyncError>,
         writes: usize,
     ) {
-        let Some(counted) = Counted::of(result) else { return };
+        // Counted as the worker reads the result: a quiet retry of the hub's own is nobody's failure.
+        let Some(counted) = Verdict::of(result).counted() else { return };
         if !pick.live.counts(uid, request, counted) {
             return;
         }
         self.metrics.canary_sync(pick.side.label(), counted.label(), writes);
-        if pick.live.count(pick.side, counted, writes) {
+        if pick.live.count(pick.side, uid, counted, writes) {
             self.changes.send_modify(|n| *n += 1);
         }
+    }
+
+    /// Judges a candidate whose side has fewer parents than `minSyncs` (see [`Live::judge`]), the
+    /// parents on its side now being `parents` (UID and bucket, of those not being deleted); returns
+    /// whether this halted it.
+    pub fn judge_side<'a>(&self, parents: impl Iterator<Item = &'a str>) -> bool {
+        let Some(live) = self.view().0.filter(|live| live.judged_by_parents()) else { return false };
+        let on_side: Vec<&str> = parents.filter(|uid| bucket(uid) < live.buckets).collect();
+        if !live.judge(Some(&on_side)) {
+            return false;
+        }
+        self.changes.send_modify(|n| *n += 1);
+        true
+    }
+
+    /// Whether [`Canary::judge_side`] has anything to judge now (so its caller need not list the parents).
+    pub fn judges_side(&self) -> bool {
+        self.view().0.is_some_and(|live| live.judged_by_parents())
     }
 
     /// The canary now, and why the annotation cannot be used.
@@ -565,20 +600,6 @@ mod tests {
         assert_eq!((hook.webhook.path.as_deref(), hook.webhook.timeout.as_deref()), (Some("/v2"), Some("1s")));
     }
 
-    #[test]
-    fn what_a_sync_says_of_its_hook() {
-        let url = String::new();
-        assert_eq!(Counted::of(&Ok(None)), Some(Counted::Ok));
-        assert_eq!(Counted::of(&Err(SyncError::InvalidResponse("x".into()))), Some(Counted::Error));
-        let permanent = HookError::Permanent { url: url.clone(), code: 422, message: "no".into() };
-        assert_eq!(Counted::of(&Err(SyncError::Hook(permanent))), Some(Counted::PermanentError));
-        let status = HookError::Status { url: url.clone(), code: 500, body: String::new() };
-        assert_eq!(Counted::of(&Err(SyncError::Hook(status))), Some(Counted::Error));
-        let later = HookError::TooManyRequests { url, retry_after: Duration::ZERO };
-        assert_eq!(Counted::of(&Err(SyncError::Hook(later))), None);
-        assert_eq!(Counted::of(&Err(SyncError::Conflict("parent"))), None);
-    }
-
     fn live(annotation: &str) -> Live {
         let spec = Spec::parse(annotation).unwrap();
         let base: Hook = serde_json::from_value(json!({"webhook": {"url": "http://current/sync"}})).unwrap();
@@ -592,16 +613,16 @@ mod tests {
         let canary = live(r#"{"url": "http://candidate/sync", "percent": 10}"#);
         // The current hook's failures are not the candidate's.
         for _ in 0..30 {
-            assert!(!canary.count(Side::Current, Counted::Error, 0));
+            assert!(!canary.count(Side::Current, "p", Counted::Error, 0));
         }
         // 19 failures of 19: too few syncs to judge.
         for _ in 0..19 {
-            assert!(!canary.count(Side::Candidate, Counted::Error, 0));
+            assert!(!canary.count(Side::Candidate, "p", Counted::Error, 0));
         }
         assert_eq!(canary.answering(), Some(("http://candidate/sync".into(), 103)));
-        assert!(canary.count(Side::Candidate, Counted::Ok, 2), "the 20th sync: 19 of 20 failed");
+        assert!(canary.count(Side::Candidate, "p", Counted::Ok, 2), "the 20th sync: 19 of 20 failed");
         assert_eq!(canary.answering(), None);
-        assert!(!canary.count(Side::Candidate, Counted::Error, 0), "halts once");
+        assert!(!canary.count(Side::Candidate, "p", Counted::Error, 0), "halts once");
         let status = canary.status();
         assert_eq!(status.state, "Halted");
         assert!(status.message.contains("failed 19 of 20 syncs (an error ratio of 0.95)"), "{}", status.message);
@@ -626,8 +647,8 @@ mod tests {
     fn a_halt_recorded_in_the_status_is_resumed_for_the_same_annotation() {
         let annotation = r#"{"url": "http://candidate/sync", "percent": 10, "minSyncs": 2}"#;
         let halted = live(annotation);
-        assert!(!halted.count(Side::Candidate, Counted::Error, 0));
-        assert!(halted.count(Side::Candidate, Counted::Error, 0));
+        assert!(!halted.count(Side::Candidate, "p", Counted::Error, 0));
+        assert!(halted.count(Side::Candidate, "p", Counted::Error, 0));
         let recorded: CanaryStatus = serde_json::from_value(serde_json::to_value(halted.status()).unwrap()).unwrap();
         assert_eq!(recorded.annotation, annotation);
         let resumed = live(annotation).resumed_halted(&recorded);
@@ -636,12 +657,44 @@ mod tests {
     }
 
     #[test]
+    fn a_side_of_fewer_parents_than_min_syncs_is_judged_once_each_was_asked() {
+        let canary = live(r#"{"url": "http://candidate/sync", "percent": 50}"#);
+        assert!(!canary.count(Side::Candidate, "a", Counted::Error, 0));
+        assert!(!canary.judge(Some(&["a", "b"])), "b was not asked yet");
+        assert!(!canary.judge(None), "1 sync of minSyncs 20, and the parents unknown");
+        assert!(!canary.count(Side::Candidate, "b", Counted::Error, 0));
+        assert!(canary.judged_by_parents());
+        assert!(canary.judge(Some(&["a", "b"])), "both asked, both failed");
+        let status = canary.status();
+        assert!(status.message.contains("failed 2 of 2 syncs (an error ratio of 1)"), "{}", status.message);
+        assert!(
+            status.message.contains("every parent on its side asked (2, fewer than minSyncs 20)"),
+            "{}",
+            status.message
+        );
+        assert!(!canary.judged_by_parents(), "halted");
+
+        // A healthy side is asked as often, and stays.
+        let healthy = live(r#"{"url": "http://candidate/sync", "percent": 50}"#);
+        for uid in ["a", "b"] {
+            assert!(!healthy.count(Side::Candidate, uid, Counted::Ok, 1));
+        }
+        assert!(!healthy.judge(Some(&["a", "b"])));
+        // One failure of two parents is a ratio of 0.5: above 0.1.
+        let half = live(r#"{"url": "http://candidate/sync", "percent": 50}"#);
+        assert!(!half.count(Side::Candidate, "a", Counted::Ok, 1));
+        assert!(!half.count(Side::Candidate, "b", Counted::Error, 0));
+        assert!(half.judge(Some(&["a", "b"])));
+        assert!(!live(r#"{"url": "http://candidate/sync", "percent": 50}"#).judge(Some(&[])), "nothing to judge");
+    }
+
+    #[test]
     fn a_ratio_at_the_limit_does_not_halt() {
         let canary = live(r#"{"url": "http://candidate/sync", "percent": 50, "maxErrorRatio": 0.25, "minSyncs": 4}"#);
         for counted in [Counted::Ok, Counted::Ok, Counted::Ok, Counted::PermanentError] {
-            assert!(!canary.count(Side::Candidate, counted, 1), "1 of 4 is 0.25: not above");
+            assert!(!canary.count(Side::Candidate, "p", counted, 1), "1 of 4 is 0.25: not above");
         }
-        assert!(canary.count(Side::Candidate, Counted::PermanentError, 0), "2 of 5 is");
+        assert!(canary.count(Side::Candidate, "p", Counted::PermanentError, 0), "2 of 5 is");
         let status = canary.status();
         assert_eq!((status.candidate.errors, status.candidate.permanent_errors), (2, 2));
     }

@@ -224,7 +224,7 @@ impl Preview<'_> {
             Err(e) => return Ok(report.refuse(&e)),
         };
         // Namespaces where a name is taken are left out, the rest written, and the sync then fails.
-        let refused = narrowed.as_ref().and_then(|n| refused_namespaces(&n.refused));
+        let refused = narrowed.as_ref().and_then(|n| refused_namespaces(&n.refused, &decision.desired));
         if let Some(pending) = &decision.before {
             report.revisions = pending.planned(self.applier).into_iter().map(RevisionChange::from).collect();
         }

@@ -19,8 +19,10 @@ use crate::api::{MapController, OutputResourceRule, labels_of};
 use crate::cache::discovery::ResolvedResource;
 use crate::cache::informers::{Informer, ObjectKey, controller_uid};
 use crate::cache::selector::Selector;
-use crate::controllers::map::{Ask, Input, aggregate, claims_nothing_of_others, input_selector, map_key_of};
-use crate::engine::error::{SyncError, with_causes};
+use crate::controllers::map::{
+    Ask, Input, aggregate, claims_nothing_of_others, former_inputs_output, input_selector, map_key_of, refused,
+};
+use crate::engine::error::with_causes;
 use crate::engine::status::{StatusWrite, status_to_write};
 use crate::engine::sync::{children_count, plan};
 use crate::hooks::{Endpoint, HookKind};
@@ -129,7 +131,7 @@ impl Preview<'_> {
         let (inputs, observed) = self.read(parent, scope, &selector);
         let mut desired: Vec<ChildMap<Value>> = vec![ChildMap::new(); self.types.len()];
         let mut in_scope: Vec<ChildMap<Arc<DynamicObject>>> = vec![ChildMap::new(); self.types.len()];
-        let mut failed = Vec::new();
+        let (mut failed, mut failed_groups) = (Vec::new(), Vec::new());
         let parent_json = crate::controllers::map::parent_for_hooks(parent);
         let group = |map_key: &str| -> Vec<ChildMap<Arc<DynamicObject>>> {
             observed
@@ -143,11 +145,11 @@ impl Preview<'_> {
                 })
                 .collect()
         };
-        let mut live = BTreeSet::new();
+        // The map keys of the inputs (their UIDs, `Input::map_key`).
+        let live: BTreeSet<String> = inputs.iter().flatten().filter_map(|o| o.metadata.uid.clone()).collect();
         for (type_index, objects) in inputs.iter().enumerate() {
             for object in objects {
                 let input = Input { type_index, object };
-                live.insert(input.map_key().to_owned());
                 let outputs = group(input.map_key());
                 let shown = self.ask.outputs_map(self.endpoint.version(), parent, &outputs);
                 let describe = format!("{} {}", self.inputs[type_index].resource().kind(), ObjectKey::of(object));
@@ -159,6 +161,11 @@ impl Preview<'_> {
                     }
                 };
                 shard::stamp_as_live(&mut mapped.desired, &observed, uid.unwrap_or_default());
+                // An output a former input left (kept, or deleted by this sync): the input waits, as a
+                // sync's does, and nothing of its answer is written.
+                if former_inputs_output(&mapped.desired, &observed, |k| live.contains(k)).is_some() {
+                    continue;
+                }
                 let claims =
                     claims_nothing_of_others(self.types, parent, input.map_key(), &mapped.desired, &observed, &desired);
                 if let Err(why) = claims {
@@ -184,7 +191,7 @@ impl Preview<'_> {
                     match self.ask.tombstone(endpoint, &parent_json, map_key, &shown).await {
                         Ok((keep, _)) => keep,
                         Err(e) => {
-                            failed.push(format!("detached outputs of {map_key}: {}", with_causes(&e)));
+                            failed_groups.push(format!("detached outputs of {map_key}: {}", with_causes(&e)));
                             continue;
                         }
                     }
@@ -204,9 +211,11 @@ impl Preview<'_> {
         };
         record_plan(&mut report, &planned, self.types, &in_scope, &desired, self.applier);
         self.status(&mut report, (parent, resource), &inputs, (&observed, &in_scope, &desired));
-        if !failed.is_empty() {
-            let total = inputs.iter().map(Vec::len).sum::<usize>();
-            report = report.refuse(&SyncError::Parts { what: "inputs", total, failed });
+        let groups_asked =
+            if self.tombstone.is_some() { groups.iter().filter(|k| !live.contains(*k)).count() } else { 0 };
+        let inputs_total = inputs.iter().map(Vec::len).sum::<usize>();
+        if let Some(refused) = refused((inputs_total, failed), (groups_asked, failed_groups)) {
+            report = report.refuse(&refused);
         }
         report
     }
