@@ -213,8 +213,10 @@ async fn a_related_rule_reaching_another_namespace_is_warned_about_and_refused_u
             "generateSelector": true,
             "parentResource": {"apiVersion": "test.metahook.dev/v1", "resource": "things",
                                "labelSelector": {"matchLabels": {"metahook-test": w.label}}},
+            // A v2 sync hook and a customize hook of no version (v1, the CRD's default): the sync
+            // request's version is what lets a rule reach any namespace.
             "hooks": {"sync": {"version": "v2", "webhook": {"url": w.hook.url("/sync")}},
-                      "customize": {"version": "v2", "webhook": {"url": w.hook.url("/customize")}}},
+                      "customize": {"webhook": {"url": w.hook.url("/customize")}}},
         });
         if let Some(limit) = limit {
             spec["relatedLimit"] = limit;
@@ -335,5 +337,160 @@ async fn an_orphaning_delete_of_a_parent_whose_children_are_all_elsewhere_keeps_
         }
     }
     b.delete().await;
+    w.finish("CompositeController").await;
+}
+
+/// A child elsewhere as the tenant of its namespace can fake one: a name the parent's hook asks for,
+/// labelled with the parent's UID (or given a controller `ownerReference` to it) before the hub makes it.
+/// Not in the parent's record, it is not the parent's: that namespace is refused, and said; the parent's
+/// children everywhere else are written (issue 61, a review's finding: this froze the whole answer).
+#[tokio::test]
+async fn a_squat_that_says_it_is_the_parents_child_elsewhere_refuses_only_its_namespace() {
+    let w = World::new("tn-squat", HOOK).await;
+    let t1 = Tenant::create(&w.client, "tn-squat-t1").await;
+    let t2 = TestNamespace::create(&w.client, "tn-squat-t2").await;
+    w.composite(cross_namespace_spec(&w)).await;
+    let (n1, n2) = (t1.namespace.name.clone(), t2.name.clone());
+    let pp =
+        w.thing("pp", json!({"children": [child("team-config", Some(&n1)), child("team-config", Some(&n2))]})).await;
+    eventually(WAIT, || config_map(&w, &n2, "team-config")).await;
+    let uid = pp.metadata.uid.clone().unwrap();
+    let cms = tenant_config_maps(&t1).await;
+    let labelled = json!({"apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "team-extra", "labels": {PARENT_UID: uid, "controller-uid": uid}}, "data": {"v": "mine"}});
+    cms.create(&Default::default(), &serde_json::from_value(labelled).unwrap()).await.unwrap();
+    let owned = json!({"apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "team-owned", "finalizers": ["tenant.example/keep"],
+                     "ownerReferences": [{"apiVersion": "test.metahook.dev/v1", "kind": "Thing", "name": "pp",
+                                          "uid": uid, "controller": true}]},
+        "data": {"v": "mine"}});
+    cms.create(&Default::default(), &serde_json::from_value(owned).unwrap()).await.unwrap();
+    let children = json!([
+        child("team-config", Some(&n1)),
+        child("team-config", Some(&n2)),
+        child("team-extra", Some(&n1)),
+        child("team-extra", Some(&n2)),
+        child("team-owned", Some(&n1)),
+        child("team-owned", Some(&n2))
+    ]);
+    w.thing("pp", json!({"v": "2", "children": children})).await;
+    for name in ["team-config", "team-extra", "team-owned"] {
+        eventually(BOUND, || async { config_map(&w, &n2, name).await.filter(|cm| cm.data["data"]["v"] == "2") }).await;
+    }
+    let refused = eventually(WAIT, || async {
+        let warnings = support::warnings_for(&w.client, &w.ns.name, "pp").await;
+        warnings.into_iter().find(|m| m.contains("namespaces refused") && m.contains(&n1))
+    })
+    .await;
+    assert!(!refused.contains(&uid), "the refusal names no UID: {refused}");
+    for name in ["team-extra", "team-owned"] {
+        assert_eq!(cms.get(name).await.unwrap().data["data"]["v"], "mine", "{name} untouched");
+    }
+    cms.patch("team-owned", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"finalizers": null}})))
+        .await
+        .unwrap();
+    t1.namespace.delete().await;
+    t2.delete().await;
+    w.finish("CompositeController").await;
+}
+
+/// A write a tenant makes fail in its namespace (its copy made `immutable`) holds back that namespace's
+/// deletions only: a child the parent no longer wants in another namespace is deleted (a review's
+/// finding: it was held for good).
+#[tokio::test]
+async fn a_tenant_making_its_copy_immutable_holds_back_only_its_namespaces_deletions() {
+    let w = World::new("tn-immutable", HOOK).await;
+    let t1 = Tenant::create(&w.client, "tn-immutable-t1").await;
+    let t2 = TestNamespace::create(&w.client, "tn-immutable-t2").await;
+    w.composite(cross_namespace_spec(&w)).await;
+    let (n1, n2) = (t1.namespace.name.clone(), t2.name.clone());
+    w.thing(
+        "pi",
+        json!({"children": [child("pi-config", Some(&n1)), child("pi-old", Some(&n2)), child("pi-keep", Some(&n2))]}),
+    )
+    .await;
+    eventually(WAIT, || config_map(&w, &n2, "pi-old")).await;
+    eventually(WAIT, || config_map(&w, &n1, "pi-config")).await;
+    let cms = tenant_config_maps(&t1).await;
+    cms.patch("pi-config", &PatchParams::default(), &Patch::Merge(json!({"immutable": true}))).await.unwrap();
+    w.thing("pi", json!({"v": "2", "children": [child("pi-config", Some(&n1)), child("pi-keep", Some(&n2))]})).await;
+    eventually(BOUND, || async { config_map(&w, &n2, "pi-old").await.is_none().then_some(()) }).await;
+    eventually(BOUND, || async { config_map(&w, &n2, "pi-keep").await.filter(|cm| cm.data["data"]["v"] == "2") }).await;
+    assert_eq!(cms.get("pi-config").await.unwrap().data["data"]["v"], "1", "the tenant's immutable copy");
+    t1.namespace.delete().await;
+    t2.delete().await;
+    w.finish("CompositeController").await;
+}
+
+/// A parent's record whose finalizer was taken off (its controller stopped keeping records for a while)
+/// is held again, and a foreground delete of the parent deletes no decoy: labels are never trusted for
+/// a parent being deleted (a review's finding: the decoy was deleted).
+#[tokio::test]
+async fn a_released_record_is_held_again_and_a_foreground_delete_deletes_no_decoy() {
+    let w = World::new("tn-rerecord", HOOK).await;
+    let t1 = Tenant::create(&w.client, "tn-rerecord-t1").await;
+    let t2 = TestNamespace::create(&w.client, "tn-rerecord-t2").await;
+    w.composite(cross_namespace_spec(&w)).await;
+    let pe = w.thing("pe", json!({"children": [child("pe-cm", Some(&t2.name))]})).await;
+    eventually(WAIT, || config_map(&w, &t2.name, "pe-cm")).await;
+    let cms = tenant_config_maps(&t1).await;
+    cms.create(&Default::default(), &serde_json::from_value(decoy("decoy-e", &pe, &["tenant.example/keep"])).unwrap())
+        .await
+        .unwrap();
+    let records = api(&w.client, support::CONTROLLERS, "ChildRecord", Some(&w.ns.name)).await;
+    let record = format!("{}.{}", pe.metadata.uid.as_deref().unwrap(), w.label);
+    let held = |want: bool| {
+        let records = records.clone();
+        let record = record.clone();
+        async move {
+            let found = records.get(&record).await.unwrap();
+            let holds = found.metadata.finalizers.iter().flatten().any(|f| f == "metahook.dev/children-elsewhere");
+            (holds == want).then_some(())
+        }
+    };
+    eventually(WAIT, || held(true)).await;
+    let mut without = cross_namespace_spec(&w);
+    without["childResources"][0].as_object_mut().unwrap().remove("crossNamespace");
+    w.composite(without).await;
+    eventually(WAIT, || held(false)).await;
+    w.composite(cross_namespace_spec(&w)).await;
+    eventually(WAIT, || held(true)).await;
+    let things = w.things().await;
+    things.delete("pe", &DeleteParams::foreground()).await.unwrap();
+    gone(&things, "pe", BOUND).await;
+    let after = cms.get("decoy-e").await.unwrap();
+    assert!(after.metadata.deletion_timestamp.is_none(), "the hub deleted a decoy");
+    cms.patch("decoy-e", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"finalizers": null}})))
+        .await
+        .unwrap();
+    t1.namespace.delete().await;
+    t2.delete().await;
+    w.finish("CompositeController").await;
+}
+
+/// A controller whose parent type is changed takes its finalizer off the parents of the type it left:
+/// nothing else would, and a delete of one would wait for ever (a review's finding).
+#[tokio::test]
+async fn a_controller_whose_parent_type_changed_lets_the_old_types_parents_go() {
+    let w = World::new("tn-retype", HOOK).await;
+    let mut spec = cross_namespace_spec(&w);
+    spec["hooks"]["finalize"] = json!({"webhook": {"url": w.hook.url("/finalize")}});
+    w.composite(spec.clone()).await;
+    let finalizer = format!("metacontroller.io/compositecontroller-{}", w.label);
+    let things = w.things().await;
+    w.thing("old", json!({"children": [child("old-a", None)]})).await;
+    eventually(WAIT, || async {
+        things.get("old").await.unwrap().metadata.finalizers.filter(|f| f.contains(&finalizer))
+    })
+    .await;
+    spec["parentResource"]["resource"] = json!("catsets");
+    w.composite(spec).await;
+    eventually(BOUND, || async {
+        let thing = things.get("old").await.unwrap();
+        (!thing.metadata.finalizers.iter().flatten().any(|f| *f == finalizer)).then_some(())
+    })
+    .await;
+    things.delete("old", &DeleteParams::background()).await.unwrap();
+    gone(&things, "old", BOUND).await;
     w.finish("CompositeController").await;
 }

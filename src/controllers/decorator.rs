@@ -265,9 +265,11 @@ impl Controller {
     /// customize hook).
     #[must_use]
     pub fn related_reach(&self) -> Option<crate::engine::related::Reach> {
-        let hook = self.dc.spec.hooks.customize.as_ref()?;
+        let hooks = &self.dc.spec.hooks;
+        hooks.customize.as_ref()?;
+        let version = crate::engine::related::related_version(hooks.sync.as_ref(), hooks.finalize.as_ref());
         let namespaced = self.targets.iter().any(|t| t.informer.resource().namespaced);
-        Some(crate::engine::related::Reach::of(hook.version(), namespaced, self.dc.spec.related_limit.as_ref()))
+        Some(crate::engine::related::Reach::of(version, namespaced, self.dc.spec.related_limit.as_ref()))
     }
 
     /// Resolves target and attachment types and waits for their caches.

@@ -208,6 +208,8 @@ struct Running<K: Managed> {
     requested: Option<String>,
     /// Whether it keeps records of children elsewhere ([`Managed::keeps_records`]).
     keeps_records: bool,
+    /// The types its finalizer may be on ([`Managed::finalizer`]).
+    finalized_types: Vec<(String, String)>,
     /// The controller, once it has started.
     started: Arc<OnceLock<Arc<K::Running>>>,
     cancel: CancellationToken,
@@ -437,7 +439,15 @@ impl<K: Managed> Controllers<K> {
                 } else {
                     stop(&self.hub, &mut self.running, &name, None).await;
                     self.hub.metrics.remove(&K::kind(&()), &name);
-                    release_finalizers(&self.hub, &obj).await;
+                    let released = release_finalizers(&self.hub, &obj).await;
+                    if released && obj.meta().deletion_timestamp.is_none() && has_controller_finalizer(&obj) {
+                        // Not deleted: it left this hub's `targetLabelSelector`. This hub let go of its
+                        // objects; its own finalizer goes too, or a delete of it would wait for a hub that
+                        // no longer selects it.
+                        if let Err(err) = remove_controller_finalizer(&self.hub, &obj).await {
+                            warn!(controller = %name, "could not remove the hub's finalizer: {err}");
+                        }
+                    }
                 }
             }
         }
@@ -610,7 +620,17 @@ async fn reconcile<K: Managed>(
         }
         info!(controller = %name, kind = %K::kind(&()), file = ?origin, "spec or settings changed; restarting controller");
         let kept_records = running.get(&name).is_some_and(|r| r.keeps_records);
+        let (finalizer, types) = obj.finalizer();
+        let left_types: Vec<(String, String)> = running
+            .get(&name)
+            .map(|r| r.finalized_types.iter().filter(|t| !types.contains(t)).cloned().collect())
+            .unwrap_or_default();
         stop(hub, running, &name, Some((&obj, pod, "spec changed, restarting"))).await;
+        if !left_types.is_empty() {
+            // A parent (target) type the controller no longer syncs: nothing would take its finalizer off
+            // the objects of that type it synced, and they could never be deleted.
+            release_finalizer_on(hub, &finalizer, &left_types).await;
+        }
         if kept_records && !obj.keeps_records() {
             // No child type is `crossNamespace` any more: nothing will deal with the records' finalizers.
             if let Err(err) = crate::write::records::release_all(&hub.client, &name).await {
@@ -628,6 +648,7 @@ async fn reconcile<K: Managed>(
         settings,
         requested,
         keeps_records: obj.keeps_records(),
+        finalized_types: obj.finalizer().1,
         started: Arc::clone(&started),
         cancel: cancel.clone(),
         task: tokio::spawn(supervise(hub.clone(), pod.cloned(), Arc::new(obj), started, cancel)),
@@ -773,8 +794,16 @@ async fn release_finalizers<K: Managed>(hub: &Hub, obj: &K) -> bool {
             }
         }
     }
+    done &= release_finalizer_on(hub, &finalizer, &types).await;
+    done
+}
+
+/// Removes `finalizer` from every object of `types` that carries it (in the hub's namespaces, for a hub
+/// limited to some). Returns whether all of it was done.
+async fn release_finalizer_on(hub: &Hub, finalizer: &str, types: &[(String, String)]) -> bool {
+    let mut done = true;
     for (api_version, resource) in types {
-        let Ok(resolved) = hub.discovery.resolve(&api_version, &resource).await else { continue };
+        let Ok(resolved) = hub.discovery.resolve(api_version, resource).await else { continue };
         let apis: Vec<Api<kube::api::DynamicObject>> = match hub.informers.namespaces() {
             namespaces if resolved.namespaced && !namespaces.is_empty() => namespaces
                 .iter()
@@ -792,9 +821,9 @@ async fn release_finalizers<K: Managed>(hub: &Hub, obj: &K) -> bool {
                 }
             }
         }
-        for item in items.iter().filter(|o| crate::engine::finalizer::has_finalizer(o, &finalizer)) {
+        for item in items.iter().filter(|o| crate::engine::finalizer::has_finalizer(o, finalizer)) {
             let api = api_for(&hub.client, &resolved, item);
-            if let Err(err) = crate::engine::finalizer::remove_finalizer(&api, item, &finalizer).await {
+            if let Err(err) = crate::engine::finalizer::remove_finalizer(&api, item, finalizer).await {
                 warn!(object = %item.name_any(), "could not remove finalizer {finalizer}: {err}");
                 done = false;
             } else {

@@ -41,10 +41,14 @@ impl Known {
     }
 }
 
-/// What `records` knows of `parent`'s children elsewhere (`finalizer`: the hub's, on parents).
+/// What `records` knows of `parent`'s children elsewhere (`finalizer`: the hub's, on parents). The
+/// labels are trusted once, to make the record of a live parent a hub from before records synced; never
+/// for a parent being deleted: a deleted parent without a record leaves what only says it is its child
+/// in place (deleting it could destroy someone else's object; leaving it loses nothing).
 pub(crate) fn known(records: &Records, parent: &DynamicObject, finalizer: &str) -> Known {
     let record = records.of(parent);
-    let unrecorded = record.is_none() && has_finalizer(parent, finalizer);
+    let unrecorded =
+        record.is_none() && has_finalizer(parent, finalizer) && parent.metadata.deletion_timestamp.is_none();
     Known { record, unrecorded }
 }
 
@@ -80,7 +84,12 @@ pub(crate) async fn prepare(
     known: &Known,
     labels: std::collections::BTreeMap<String, String>,
 ) -> Result<(), SyncError> {
-    if known.record.is_some() {
+    if let Some(record) = &known.record {
+        if !record.finalized && !record.deleting {
+            // Released while no hub needed it (its controller stopped keeping records, a sweep raced
+            // the parent's finalizer): held again, so a foreground deletion cannot take it first.
+            records.hold(record).await.map_err(record_error)?;
+        }
         return Ok(());
     }
     let found: BTreeSet<RecordedChild> = if known.unrecorded {
@@ -145,8 +154,9 @@ pub(crate) async fn admit(
 }
 
 /// Takes out of the record what is no longer the parent's after a sync's writes: the children elsewhere
-/// it deleted, and those no longer desired that are gone (deleted by someone else). Nothing else: a
-/// reading of the cache that does not show an object does not make a desired child's entry go.
+/// it deleted, and those no longer desired that are gone (deleted by someone else). Gone means the API
+/// server said so: a cache that does not show an object (a sharded one, say, that the object's labels
+/// keep it out of) is no proof, and an entry taken out too soon would leave its child for good.
 pub(crate) async fn settle(
     records: &Records,
     record: Option<&Arc<Record>>,
@@ -161,17 +171,39 @@ pub(crate) async fn settle(
         .filter(|w| !w.recreate && w.version.starts_with(crate::write::children::DELETED_PREFIX))
         .map(|w| entry(types[w.type_index].resource(), &w.key))
         .collect();
-    let kept: BTreeSet<RecordedChild> = record
-        .children
-        .iter()
-        .filter(|e| !deleted.contains(*e))
-        .filter(|e| desired.contains(*e) || present(types, e))
-        .cloned()
-        .collect();
+    let mut gone = BTreeSet::new();
+    for unwanted in
+        record.children.iter().filter(|e| !desired.contains(*e) && !deleted.contains(*e) && !present(types, e))
+    {
+        if absent(records.client(), types, unwanted).await? {
+            gone.insert(unwanted.clone());
+        }
+    }
+    let kept: BTreeSet<RecordedChild> =
+        record.children.iter().filter(|e| !deleted.contains(*e) && !gone.contains(*e)).cloned().collect();
     if kept == record.children {
         return Ok(());
     }
     records.write(record, kept).await.map(drop).map_err(record_error)
+}
+
+/// Whether the API server has no object where `child` says (read live).
+async fn absent(client: &kube::Client, types: &[ChildType], child: &RecordedChild) -> Result<bool, SyncError> {
+    let Some(child_type) = types.iter().find(|t| of_type(t, child)) else { return Ok(false) };
+    let resource = &child_type.resource().api_resource;
+    let api: kube::Api<DynamicObject> = match &child.namespace {
+        Some(ns) => kube::Api::namespaced_with(client.clone(), ns, resource),
+        None => kube::Api::all_with(client.clone(), resource),
+    };
+    match api.get_opt(&child.name).await {
+        Ok(found) => Ok(found.is_none()),
+        Err(source) => Err(SyncError::Write { what: "a read of a recorded child elsewhere", source: Box::new(source) }),
+    }
+}
+
+fn of_type(child_type: &ChildType, child: &RecordedChild) -> bool {
+    let resource = child_type.resource();
+    child_type.cross_namespace && resource.api_resource.group == child.api_group && resource.kind() == child.kind
 }
 
 /// Whether the cache of `child`'s type holds an object where `child` says.

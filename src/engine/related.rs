@@ -198,6 +198,18 @@ pub struct Reach {
     pub own: bool,
 }
 
+/// The hook version that governs what related rules may select: the version of the request that shows
+/// the related objects (the sync hook's, or the finalize hook's — the customize hook's own version only
+/// shapes its answer). The wider of the two: a v2 sync or finalize hook lets a rule reach any namespace.
+#[must_use]
+pub fn related_version(sync: Option<&crate::api::Hook>, finalize: Option<&crate::api::Hook>) -> HookVersion {
+    if [sync, finalize].into_iter().flatten().any(|h| h.version() == HookVersion::V2) {
+        HookVersion::V2
+    } else {
+        HookVersion::V1
+    }
+}
+
 impl Reach {
     /// The reach of a controller whose customize hook speaks `version`, for parents that are
     /// `namespaced` or not, under `limit`.
@@ -647,6 +659,29 @@ mod tests {
             resources: Some(vec![crate::api::RelatedType { api_version: "v1".into(), resource: "secrets".into() }]),
         };
         assert!(Selection::new(&anywhere, informer.resource(), v2, Some(&only_secrets)).is_err(), "a type not listed");
+    }
+
+    #[test]
+    fn the_sync_hooks_version_not_the_customize_hooks_decides_the_reach() {
+        let hook = |version: Option<HookVersion>| crate::api::Hook {
+            version,
+            webhook: crate::api::Webhook {
+                url: Some("http://h".into()),
+                service: None,
+                path: None,
+                timeout: None,
+                etag: None,
+                response_unmarshall_mode: None,
+                ca_bundle: None,
+                client_tls: None,
+                authorization: None,
+                basic_auth: None,
+            },
+        };
+        let (v1, v2) = (hook(None), hook(Some(HookVersion::V2)));
+        assert_eq!(related_version(Some(&v2), None), HookVersion::V2);
+        assert_eq!(related_version(Some(&v1), Some(&v2)), HookVersion::V2, "a v2 finalize hook shows related too");
+        assert_eq!(related_version(Some(&v1), None), HookVersion::V1);
     }
 
     #[test]

@@ -1016,7 +1016,7 @@ pub(crate) fn plan<'a>(
     ours: impl Fn(&DynamicObject) -> bool,
     adopts: crate::write::apply::Adopts<'a>,
 ) -> Result<Plan<'a>, SyncError> {
-    let plan = Plan::new(children, observed, desired, ours, adopts)?;
+    let plan = Plan::new(children, observed, desired, ours, adopts)?.at_home(obj.metadata.namespace.as_deref());
     plan.check_guard(guard, obj, total)?;
     Ok(plan)
 }
@@ -1136,9 +1136,8 @@ async fn act_on_children<C: Kind>(
                 None => None,
             };
             let executed = plan.execute(applier, &journal).await;
-            if let Some((records, _)) = &known
-                && executed.errors.is_empty()
-            {
+            if let Some((records, _)) = &known {
+                // Also after a write failed: the deletions made in the other namespaces leave the record.
                 elsewhere::settle(records, record.as_ref(), &core.children, wanted, &executed).await?;
             }
             Ok(Some(executed))

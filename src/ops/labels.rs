@@ -425,6 +425,19 @@ pub async fn label_children(
     namespaces: &[String],
 ) -> Result<usize, LabelError> {
     let resource = &child_type.child;
+    // Children elsewhere (`crossNamespace`) are their parent's by its record and their label: only those
+    // a record lists are labelled (an object that only carries the label is nobody's, and not written).
+    let recorded = recorded_children(client).await?;
+    let by_record = |meta: &ObjectMeta| -> Option<String> {
+        let uid = meta.labels.as_ref()?.get(crate::cache::informers::PARENT_UID_LABEL)?;
+        let key = (
+            resource.api_resource.group.clone(),
+            resource.api_resource.kind.clone(),
+            meta.namespace.clone(),
+            meta.name.clone().unwrap_or_default(),
+        );
+        (recorded.get(&key) == Some(uid)).then(|| uid.clone())
+    };
     let list_error = |resource: &ResolvedResource| {
         let plural = resource.api_resource.plural.clone();
         move |source| LabelError::List { resource: plural, source: Box::new(source) }
@@ -439,7 +452,13 @@ pub async fn label_children(
             let candidates: Vec<_> = page
                 .items
                 .into_iter()
-                .filter_map(|object| Some((child_type.controller(&object.metadata)?.to_owned(), object.metadata)))
+                .filter_map(|object| {
+                    let uid = child_type
+                        .controller(&object.metadata)
+                        .map(str::to_owned)
+                        .or_else(|| by_record(&object.metadata))?;
+                    Some((uid, object.metadata))
+                })
                 .collect();
             if !candidates.is_empty() && selected.is_none() {
                 selected = Some(selected_parents(client, child_type, namespaces).await?);
@@ -459,6 +478,61 @@ pub async fn label_children(
         }
     }
     Ok(labelled)
+}
+
+/// Every child elsewhere the parents' records list, (group, kind, namespace, name), with the UID of
+/// the parent whose record lists it; empty where the `ChildRecord` CRD is not installed.
+async fn recorded_children(
+    client: &Client,
+) -> Result<HashMap<(String, String, Option<String>, String), String>, LabelError> {
+    let api: Api<crate::api::record::ChildRecord> = Api::all(client.clone());
+    let mut recorded = HashMap::new();
+    let mut params = kube::api::ListParams::default().limit(500);
+    loop {
+        let page = match api.list(&params).await {
+            Ok(page) => page,
+            Err(kube::Error::Api(e)) if e.code == 404 => return Ok(recorded),
+            Err(source) => return Err(LabelError::List { resource: "childrecords".into(), source: Box::new(source) }),
+        };
+        for record in &page.items {
+            for child in &record.spec.children {
+                let key = (child.api_group.clone(), child.kind.clone(), child.namespace.clone(), child.name.clone());
+                recorded.insert(key, record.spec.parent.uid.clone());
+            }
+        }
+        match page.metadata.continue_ {
+            Some(token) if !token.is_empty() => params = params.continue_token(&token),
+            _ => return Ok(recorded),
+        }
+    }
+}
+
+/// Labels the parents' records of their children elsewhere written before the ring existed with their
+/// parents' buckets (they are cached, sharded, like children); returns how many. Nothing where the
+/// `ChildRecord` CRD is not installed.
+pub async fn label_records(client: &Client, ring: &str, discovery: &Discovery) -> Result<usize, LabelError> {
+    let Ok(resource) = discovery.resolve(crate::api::GROUP_VERSION, "childrecords").await else { return Ok(0) };
+    let api: Api<crate::api::record::ChildRecord> = Api::all(client.clone());
+    let key = parent_shard_label(ring);
+    let mut labelled = 0;
+    let mut params = kube::api::ListParams::default().labels(&format!("!{key}")).limit(500);
+    loop {
+        let page = api
+            .list(&params)
+            .await
+            .map_err(|source| LabelError::List { resource: "childrecords".into(), source: Box::new(source) })?;
+        let labels: Vec<Label> = page
+            .items
+            .iter()
+            .filter_map(|record| Label::of(&record.metadata, bucket(&record.spec.parent.uid).to_string()))
+            .collect();
+        let written = write_labels(client, &key, &resource, labels).await;
+        labelled += written.iter().filter(|w| **w == Written::Labelled).count();
+        match page.metadata.continue_ {
+            Some(token) if !token.is_empty() => params = params.continue_token(&token),
+            _ => return Ok(labelled),
+        }
+    }
 }
 
 /// The UIDs of the parents `child_type`'s controllers select (paged metadata lists).

@@ -453,6 +453,13 @@ impl Coordinator {
 
     /// Labels the unlabelled children of each child type not done yet this term (see the module doc).
     async fn label_children(&mut self, child_types: &[ChildType]) -> Result<(), RingError> {
+        if self.children_labelled.is_none() {
+            // The parents' records of their children elsewhere, once per term as the children.
+            let labelled = crate::ops::labels::label_records(&self.client, &self.ring, &self.discovery).await?;
+            if labelled > 0 {
+                info!(ring = %self.ring, records = labelled, "labelled the records of children elsewhere with their parents' buckets");
+            }
+        }
         let done = self.children_labelled.get_or_insert_with(BTreeSet::new);
         for child_type in child_types {
             let key = child_type.key();

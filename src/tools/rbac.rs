@@ -417,12 +417,20 @@ pub fn controller_rules(controller: &ControllerObject, related: &[(String, Strin
 /// cluster: the parents are taken to be namespaced, the wider reach under a v1 hook.
 #[must_use]
 pub fn related_note(controller: &ControllerObject) -> Option<String> {
-    let hook = match controller {
-        ControllerObject::Composite(cc) => cc.spec.hooks.as_ref()?.customize.as_ref()?,
-        ControllerObject::Decorator(dc) => dc.spec.hooks.customize.as_ref()?,
+    let version = match controller {
+        ControllerObject::Composite(cc) => {
+            let hooks = cc.spec.hooks.as_ref()?;
+            hooks.customize.as_ref()?;
+            crate::engine::related::related_version(hooks.sync.as_ref(), hooks.finalize.as_ref())
+        }
+        ControllerObject::Decorator(dc) => {
+            let hooks = &dc.spec.hooks;
+            hooks.customize.as_ref()?;
+            crate::engine::related::related_version(hooks.sync.as_ref(), hooks.finalize.as_ref())
+        }
         ControllerObject::Map(_) => return None,
     };
-    let reach = crate::engine::related::Reach::of(hook.version(), true, controller.related_limit());
+    let reach = crate::engine::related::Reach::of(version, true, controller.related_limit());
     let advice = if reach.unbounded() { "; declare spec.relatedLimit to bound it" } else { "" };
     Some(format!(
         "# {}: whoever may create a parent can make its customize hook read {reach} through the hub{advice}\n",

@@ -947,14 +947,15 @@ pub(crate) fn holder(obj: &DynamicObject) -> String {
     if let Some(owner) = obj.metadata.owner_references.iter().flatten().find(|r| r.controller == Some(true)) {
         return format!("controlled by {} {}", owner.kind, owner.name);
     }
-    // A child by label (`crossNamespace`) of another parent: its annotation says which.
+    // A child by label (`crossNamespace`) of another parent: its annotation says which. Not its UID: the
+    // Event goes to whoever wrote this parent, and a UID is what would let them pose as that one's child.
     let labels = obj.metadata.labels.as_ref();
-    if let Some(uid) = labels.and_then(|l| l.get(crate::cache::informers::PARENT_UID_LABEL)) {
+    if labels.is_some_and(|l| l.contains_key(crate::cache::informers::PARENT_UID_LABEL)) {
         let annotations = obj.metadata.annotations.as_ref();
         let parent = annotations.and_then(|a| a.get(crate::cache::informers::PARENT_ANNOTATION));
         return match parent {
-            Some(parent) => format!("the child of parent {parent} (UID {uid})"),
-            None => format!("the child of the parent of UID {uid}"),
+            Some(parent) => format!("the child of parent {parent}"),
+            None => "the child of another parent".to_owned(),
         };
     }
     "it has no controller".to_owned()
@@ -1071,7 +1072,7 @@ mod tests {
             "metadata": {"name": "x", "namespace": "b", "labels": {"metahook.dev/parent-uid": "u-1"},
                          "annotations": {"metahook.dev/parent": "a/p3"}}}))
         .unwrap();
-        assert_eq!(holder(&labelled), "the child of parent a/p3 (UID u-1)");
+        assert_eq!(holder(&labelled), "the child of parent a/p3", "named, not its UID");
         let plain: DynamicObject =
             serde_json::from_value(json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x"}}))
                 .unwrap();

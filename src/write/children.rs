@@ -198,13 +198,39 @@ impl Elsewhere<'_> {
             Self::Nothing => false,
         }
     }
+
+    /// [`Elsewhere::claims`] of a cached object, whose type it carries.
+    #[must_use]
+    pub fn claims_object(&self, child: &DynamicObject) -> bool {
+        match self {
+            Self::Listed(record) => record.lists_object(child),
+            Self::Labels => true,
+            Self::Nothing => false,
+        }
+    }
 }
 
-/// Whether `obj`, controlled by `parent` by its label alone, is outside the parent's namespace: a child
-/// by label, which the record must list too.
-fn labelled_elsewhere(obj: &DynamicObject, parent: &DynamicObject, parent_resource: &ResolvedResource) -> bool {
-    let by_reference = obj.metadata.owner_references.iter().flatten().any(|r| r.controller == Some(true));
-    !by_reference && by_label(parent, parent_resource, obj.metadata.namespace.as_deref())
+/// Whether `obj` is outside the namespace of `parent` (namespaced): whatever says it is the parent's
+/// there — its label, or a controller `ownerReference`, which anyone who writes that namespace can write
+/// too (and which the garbage collector does not even honour across namespaces) — the record must say
+/// so too.
+fn outside(obj: &DynamicObject, parent: &DynamicObject, parent_resource: &ResolvedResource) -> bool {
+    by_label(parent, parent_resource, obj.metadata.namespace.as_deref())
+}
+
+/// Whether `child`, found in a type's cache under a desired name, is `parent`'s own (typically the
+/// echo of its own create, not observed yet): its controller is the parent and, outside the parent's
+/// namespace, the parent's record lists it (`elsewhere`). The one rule the engine's sync and `metahook
+/// diff` both ask.
+#[must_use]
+pub fn is_own_child(
+    child: &DynamicObject,
+    parent: &DynamicObject,
+    parent_resource: &ResolvedResource,
+    elsewhere: Elsewhere<'_>,
+) -> bool {
+    controller_uid(child) == parent.metadata.uid.as_deref()
+        && (!outside(child, parent, parent_resource) || elsewhere.claims_object(child))
 }
 
 /// What claiming `parent`'s children of `types` decides, from the types' caches (see [`Claims`]); a
@@ -227,8 +253,7 @@ pub fn claims(
         let adopt_ns = if child_type.adopt_elsewhere { None } else { parent_ns };
         let mut owned = ChildMap::new();
         for obj in child_type.informer.controlled_by(parent_uid) {
-            if labelled_elsewhere(&obj, parent, parent_resource)
-                && !elsewhere.claims(child_type.resource(), &ObjectKey::of(&obj))
+            if outside(&obj, parent, parent_resource) && !elsewhere.claims(child_type.resource(), &ObjectKey::of(&obj))
             {
                 // Someone else's object that only says it is the parent's: none of its business.
                 continue;
@@ -293,7 +318,7 @@ pub async fn claim(
     let mut left_elsewhere = BTreeSet::new();
     for (index, obj) in released {
         release(client, types[index].resource(), &obj, parent_uid, parent_resource).await?;
-        if labelled_elsewhere(&obj, parent, parent_resource) {
+        if outside(&obj, parent, parent_resource) {
             left_elsewhere.insert(entry(types[index].resource(), &ObjectKey::of(&obj)));
         }
     }
@@ -519,6 +544,9 @@ pub struct Plan<'a> {
     deletions: Vec<(usize, Arc<DynamicObject>)>,
     /// Which orphans the parent adopts (see [`Applier::apply`]).
     adopts: Adopts<'a>,
+    /// The parent's namespace, when it is namespaced: a write that fails in another namespace holds back
+    /// only that namespace's deletions (see [`Plan::execute`]). `None`: any failure holds them all.
+    home: Option<String>,
 }
 
 /// Why a plan is refused before anything is written.
@@ -630,7 +658,17 @@ impl<'a> Plan<'a> {
                 .filter(|(key, obj)| !desired.contains_key(*key) && obj.metadata.deletion_timestamp.is_none());
             deletions.extend(gone.map(|(_, obj)| (index, Arc::clone(obj))));
         }
-        Ok(Self { types, observed, desired, deletions, adopts })
+        Ok(Self { types, observed, desired, deletions, adopts, home: None })
+    }
+
+    /// Marks the plan as a namespaced parent's in `home`: its children in other namespaces
+    /// (`crossNamespace`) are its answer's parts there, and a write failing in one of those namespaces
+    /// — something whoever writes that namespace can cause, an `immutable: true` say — holds back only
+    /// that namespace's deletions, as a name taken there refuses only that namespace.
+    #[must_use]
+    pub fn at_home(mut self, home: Option<&str>) -> Self {
+        self.home = home.map(str::to_owned);
+        self
     }
 
     /// Refuses the plan when its deletions exceed what `guard` allows, unless the parent acknowledges
@@ -763,8 +801,12 @@ impl<'a> Plan<'a> {
         }
         let results: Vec<_> = stream::iter(writes).buffer_unordered(WRITES_PER_PARENT).collect().await;
         let mut executed = Executed::default();
+        let mut failed_namespaces = Vec::new();
         for (index, key, result) in results {
             let kind = self.types[index].resource().kind();
+            if result.is_err() {
+                failed_namespaces.push(key.namespace.clone());
+            }
             match result {
                 Ok(Applied::Created { version, dropped } | Applied::Updated { version, dropped }) => {
                     tracing::info!(kind, child = %key, "child written");
@@ -783,12 +825,17 @@ impl<'a> Plan<'a> {
                 Err(e) => executed.errors.push(e),
             }
         }
-        if !executed.errors.is_empty() {
+        // Deletions wait for the writes: all of them when one failed in the parent's own namespace (or
+        // under a cluster-scoped parent), those of a namespace where one failed otherwise.
+        let failed: std::collections::BTreeSet<Option<String>> = failed_namespaces.into_iter().collect();
+        let home = self.home.as_ref().map(|home| Some(home.clone()));
+        if !failed.is_empty() && home.as_ref().is_none_or(|home| failed.contains(home)) {
             return executed;
         }
         let deletes: Vec<Delete<'_>> = self
             .deletions
             .iter()
+            .filter(|(_, obj)| !failed.contains(&obj.metadata.namespace))
             .map(|(index, obj)| -> Delete<'_> {
                 Box::pin(async move {
                     let key = ObjectKey::of(obj);

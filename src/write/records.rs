@@ -90,6 +90,17 @@ impl Record {
         self.children.contains(&entry(resource, child))
     }
 
+    /// Whether it lists `child`, a cached object (which carries its `apiVersion` and `kind`).
+    #[must_use]
+    pub fn lists_object(&self, child: &DynamicObject) -> bool {
+        let Some(types) = &child.types else { return false };
+        let group = types.api_version.rsplit_once('/').map_or("", |(group, _)| group);
+        let key = ObjectKey::of(child);
+        self.children
+            .iter()
+            .any(|c| c.api_group == group && c.kind == types.kind && c.namespace == key.namespace && c.name == key.name)
+    }
+
     /// Whether the garbage collector orphaned it: the parent `uid` no longer owns it (`kubectl delete
     /// --cascade=orphan` of the parent; under any other deletion it keeps the reference until the
     /// parent is gone).
@@ -216,9 +227,26 @@ impl Records {
             Err(kube::Error::Api(s)) if s.code == 409 => {
                 let found =
                     api.get(&key.name).await.map_err(|source| RecordError::Read { key: key.clone(), source })?;
-                Ok(self.remember(&found))
+                let found = self.remember(&found);
+                if found.finalized || found.deleting { Ok(found) } else { self.hold(&found).await }
             }
             Err(source) => Err(RecordError::Write { key, source }),
+        }
+    }
+
+    /// Puts the hub's finalizer back on `record`, if it is still the version read (a conflict is
+    /// [`RecordError::Stale`]).
+    pub async fn hold(&self, record: &Record) -> Result<Arc<Record>, RecordError> {
+        let patch = json!({"metadata": {"uid": record.uid, "resourceVersion": record.version,
+                                        "finalizers": [RECORD_FINALIZER]}});
+        let api = self.api(&record.key);
+        match api.patch(&record.key.name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+            Ok(written) => Ok(self.remember(&written)),
+            Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 || s.code == 422 => {
+                self.written.lock().expect("records lock").remove(&record.key);
+                Err(RecordError::Stale { key: record.key.clone() })
+            }
+            Err(source) => Err(RecordError::Write { key: record.key.clone(), source }),
         }
     }
 

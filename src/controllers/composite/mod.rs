@@ -35,7 +35,9 @@ use crate::engine::sync::{
 use crate::engine::worker::resync_after;
 use crate::hooks::{ControllerHooks, Endpoint};
 use crate::write::apply::{Applier, ApplyError};
-use crate::write::children::{ChildMap, ChildType, Claim, by_label, claim, claim_of, resources};
+use crate::write::children::{
+    ChildMap, ChildType, Claim, Elsewhere, by_label, claim, claim_of, is_own_child, resources,
+};
 use crate::write::records::Records;
 
 pub use self::ask::{Answer, Ask, CONTROLLER_UID_LABEL, child_selector, validate_response};
@@ -180,9 +182,11 @@ impl Controller {
     /// customize hook).
     #[must_use]
     pub fn related_reach(&self) -> Option<crate::engine::related::Reach> {
-        let hook = self.cc.spec.hooks.as_ref()?.customize.as_ref()?;
+        let hooks = self.cc.spec.hooks.as_ref()?;
+        hooks.customize.as_ref()?;
+        let version = crate::engine::related::related_version(hooks.sync.as_ref(), hooks.finalize.as_ref());
         let namespaced = self.parent.resource().namespaced;
-        Some(crate::engine::related::Reach::of(hook.version(), namespaced, self.cc.spec.related_limit.as_ref()))
+        Some(crate::engine::related::Reach::of(version, namespaced, self.cc.spec.related_limit.as_ref()))
     }
 
     /// Queues every parent it selects (or still finalizes) now — a sync requested on the controller
@@ -382,8 +386,13 @@ impl Kind for Controller {
         rolling.decide(parent, call.into(), call.observed, revisions).await
     }
 
+    /// The parent's own, as claiming would take it: outside its namespace only if its record lists it
+    /// (else anyone who writes there could make a name the hook asks for look like the parent's, and
+    /// the sync would retry quietly for ever instead of leaving that namespace out).
     fn ours(&self, parent: &DynamicObject, child: &DynamicObject) -> bool {
-        is_child_of(child, parent)
+        let known = self.core.records.as_deref().map(|records| elsewhere::known(records, parent, &self.core.finalizer));
+        let claims = known.as_ref().map_or(Elsewhere::Nothing, elsewhere::Known::elsewhere);
+        is_own_child(child, parent, self.parent.resource(), claims)
     }
 
     fn adopts(&self, parent: &DynamicObject, resource: &ResolvedResource, child: &DynamicObject) -> bool {

@@ -18,7 +18,7 @@ use crate::api::{CompositeController, HookVersion, labels_of};
 use crate::cache::informers::{Informer, ObjectKey};
 use crate::cache::selector::Selector;
 use crate::controllers::composite::rollouts::{Pending, Rollouts};
-use crate::controllers::composite::{self, Answer, Rolling, adopts, adopts_elsewhere, child_selector, is_child_of};
+use crate::controllers::composite::{self, Answer, Rolling, adopts, adopts_elsewhere, child_selector};
 use crate::engine::error::SyncError;
 use crate::engine::error::with_causes;
 use crate::engine::related::ParentScope;
@@ -27,7 +27,7 @@ use crate::engine::sync::{Decision, Observed, children_count, plan, refused_name
 use crate::hooks::{Endpoint, HookKind};
 use crate::write::apply::Applier;
 use crate::write::children::{
-    ChildType, Claims, DeletionGuard, Elsewhere, claims, narrow, owner_reference, request_map, resources,
+    ChildType, Claims, DeletionGuard, Elsewhere, claims, is_own_child, narrow, owner_reference, request_map, resources,
 };
 use crate::write::records::Record;
 
@@ -207,9 +207,9 @@ impl Preview<'_> {
             Err(e) => return Ok(report.refuse(&e)),
         };
         shard::stamp_as_live(&mut decision.desired, &owned, parent.metadata.uid.as_deref().unwrap_or_default());
-        let ours = |child: &DynamicObject| is_child_of(child, parent);
-        let elsewhere = adopts_elsewhere(self.types);
-        let adopts = |child: &DynamicObject| adopts(parent, resource, &selector, child, elsewhere);
+        let ours = |child: &DynamicObject| is_own_child(child, parent, resource, elsewhere);
+        let adopts_anywhere = adopts_elsewhere(self.types);
+        let adopts = |child: &DynamicObject| adopts(parent, resource, &selector, child, adopts_anywhere);
         let total = children_count(&owned);
         let narrowed = match narrow(self.types, &owned, &decision.desired, parent, resource, ours) {
             Ok(narrowed) => narrowed,

@@ -81,9 +81,10 @@ pub async fn observe(client: &Client, selector: &Selector) -> Result<Vec<Observe
         }];
         let conditions = cc.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or_default();
         let mut controller = parents.observed("CompositeController", cc.meta().name.clone(), conditions, &rules).await;
-        if let Some(hook) = cc.spec.hooks.as_ref().and_then(|h| h.customize.as_ref()) {
+        if let Some(hooks) = cc.spec.hooks.as_ref().filter(|h| h.customize.is_some()) {
             let namespaced = parents.namespaced(&rule.api_version, &rule.resource).await;
-            controller.related = Some(reach(hook, namespaced, cc.spec.related_limit.as_ref()));
+            let version = crate::engine::related::related_version(hooks.sync.as_ref(), hooks.finalize.as_ref());
+            controller.related = Some(reach(version, namespaced, cc.spec.related_limit.as_ref()));
         }
         observed.push(controller);
     }
@@ -104,7 +105,9 @@ pub async fn observe(client: &Client, selector: &Selector) -> Result<Vec<Observe
             .collect();
         let conditions = dc.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or_default();
         let mut controller = parents.observed("DecoratorController", dc.meta().name.clone(), conditions, &rules).await;
-        if let Some(hook) = dc.spec.hooks.customize.as_ref() {
+        if dc.spec.hooks.customize.is_some() {
+            let hooks = &dc.spec.hooks;
+            let version = crate::engine::related::related_version(hooks.sync.as_ref(), hooks.finalize.as_ref());
             let mut namespaced = Some(false);
             for rule in &dc.spec.resources {
                 namespaced = match (namespaced, parents.namespaced(&rule.api_version, &rule.resource).await) {
@@ -112,7 +115,7 @@ pub async fn observe(client: &Client, selector: &Selector) -> Result<Vec<Observe
                     _ => None,
                 };
             }
-            controller.related = Some(reach(hook, namespaced, dc.spec.related_limit.as_ref()));
+            controller.related = Some(reach(version, namespaced, dc.spec.related_limit.as_ref()));
         }
         observed.push(controller);
     }
@@ -121,10 +124,15 @@ pub async fn observe(client: &Client, selector: &Selector) -> Result<Vec<Observe
     Ok(observed)
 }
 
-/// What parents' authors may make `hook` (a customize hook) read, for parents that are `namespaced` (not
-/// known: said as if they were, the wider reach), under `limit`.
-fn reach(hook: &crate::api::Hook, namespaced: Option<bool>, limit: Option<&crate::api::RelatedLimit>) -> String {
-    let reach = crate::engine::related::Reach::of(hook.version(), namespaced.unwrap_or(true), limit);
+/// What parents' authors may make a customize hook read, under the sync and finalize hooks' `version`
+/// (see [`crate::engine::related::related_version`]), for parents that are `namespaced` (not known: said
+/// as if they were, the wider reach), under `limit`.
+fn reach(
+    version: crate::api::HookVersion,
+    namespaced: Option<bool>,
+    limit: Option<&crate::api::RelatedLimit>,
+) -> String {
+    let reach = crate::engine::related::Reach::of(version, namespaced.unwrap_or(true), limit);
     let unlimited = if reach.unbounded() { " (no relatedLimit)" } else { "" };
     format!("{reach}{unlimited}")
 }
