@@ -1,0 +1,183 @@
+//! Fair queues on the real control plane (issue 63), counted in order of service — the order in which
+//! the hook received its calls — never timed: a change in another namespace waits for at most a turn of
+//! a flood, not for the flood; a restart's relist stands behind a change seen live; and a controller
+//! whose hook is slow holds none of another controller's workers.
+
+mod support;
+
+use std::time::Duration;
+
+use kube::api::{Patch, PatchParams};
+use serde_json::{Value, json};
+use support::{TestNamespace, World, apply_value, eventually};
+
+const WAIT: Duration = Duration::from_secs(120);
+
+/// One ConfigMap per Thing, `data.v` from `spec.v`; each call takes `DELAY` seconds, so that a flood
+/// of parents is a backlog the hub takes seconds to drain.
+const HOOK: &str = r#"
+import time
+DELAY = 0.05
+
+def sync(request):
+    parent = request["parent"]
+    time.sleep(DELAY)
+    v = str((parent.get("spec") or {}).get("v", 0))
+    return {"children": [{"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": parent["metadata"]["name"]},
+                          "data": {"v": v}}], "status": {"v": v}}
+
+def slow(request):
+    time.sleep(5)
+    return {"children": [], "status": {}}
+"#;
+
+fn controller_spec(w: &World, path: &str) -> Value {
+    json!({
+        "generateSelector": true,
+        "parentResource": {"apiVersion": "test.metahook.dev/v1", "resource": "things"},
+        "childResources": [{"apiVersion": "v1", "resource": "configmaps", "updateStrategy": {"method": "InPlace"}}],
+        "hooks": {"sync": {"webhook": {"url": w.hook.url(path)}}},
+    })
+}
+
+/// A Thing `name` in `namespace`, labelled for the test's controller.
+async fn thing(w: &World, namespace: &str, name: &str, v: u32) {
+    apply_value(
+        &w.client,
+        &json!({"apiVersion": "test.metahook.dev/v1", "kind": "Thing",
+                "metadata": {"name": name, "namespace": namespace, "labels": {"metahook-test": w.label}},
+                "spec": {"v": v}}),
+    )
+    .await;
+}
+
+/// The (namespace, name, v) of each parent the hook was called for, in the order it was called.
+fn calls(w: &World, path: &str) -> Vec<(String, String, String)> {
+    w.hook
+        .requests(path)
+        .into_iter()
+        .map(|r| {
+            let meta = &r["parent"]["metadata"];
+            let v = r["parent"]["spec"]["v"].to_string();
+            (meta["namespace"].as_str().unwrap_or_default().to_owned(), meta["name"].as_str().unwrap_or_default().to_owned(), v)
+        })
+        .collect()
+}
+
+/// How many of `flood`'s calls came between the `since`-th call and the first call for `namespace/name`
+/// at `v` after it.
+fn flood_calls_before(w: &World, since: usize, flood: &str, (namespace, name, v): (&str, &str, u32)) -> Option<usize> {
+    let all = calls(w, "/sync");
+    let at = all.iter().skip(since).position(|(ns, n, seen)| ns == namespace && n == name && *seen == v.to_string())?;
+    Some(all[since..since + at].iter().filter(|(ns, _, _)| ns == flood).count())
+}
+
+#[tokio::test]
+async fn a_change_in_another_namespace_waits_for_a_turn_of_a_flood_not_for_the_flood() {
+    let w = World::new("fair-flood", HOOK).await;
+    let other = TestNamespace::create(&w.client, "fair-flood-other").await;
+    w.composite(controller_spec(&w, "/sync")).await;
+    thing(&w, &other.name, "probe", 1).await;
+    eventually(WAIT, || async { calls(&w, "/sync").iter().any(|(ns, ..)| *ns == other.name).then_some(()) }).await;
+
+    // 400 parents at once in the flood's namespace, 50 ms a call, 5 workers: a backlog of seconds.
+    let flood = w.ns.name.clone();
+    let creates = (0..400).map(|i| {
+        let w = &w;
+        let flood = flood.clone();
+        async move { thing(w, &flood, &format!("f{i}"), 1).await }
+    });
+    futures::future::join_all(creates).await;
+    // Some of the flood served, most still waiting: then the change.
+    eventually(WAIT, || async { (calls(&w, "/sync").iter().filter(|(ns, ..)| *ns == flood).count() >= 20).then_some(()) })
+        .await;
+    let since = calls(&w, "/sync").len();
+    let waiting = 400 - calls(&w, "/sync").iter().filter(|(ns, ..)| *ns == flood).count();
+    thing(&w, &other.name, "probe", 2).await;
+    let before = eventually(WAIT, || async { flood_calls_before(&w, since, &flood, (&other.name, "probe", 2)) }).await;
+    eprintln!("the change was served after {before} calls of the flood, {waiting} of whose parents still waited");
+    assert!(waiting > 100, "the flood must still wait when the change comes ({waiting} left)");
+    // The flood's calls under way while the change's watch event comes (a few rounds of the 5 workers,
+    // 50 ms each) and one turn of it — not the hundreds still waiting.
+    assert!(before <= 15, "the change waited for {before} calls of a flood in another namespace");
+
+    other.delete().await;
+    w.finish("CompositeController").await;
+}
+
+#[tokio::test]
+async fn a_restarts_relist_stands_behind_a_change_seen_live() {
+    let mut w = World::new("fair-relist", HOOK).await;
+    let other = TestNamespace::create(&w.client, "fair-relist-other").await;
+    w.composite(controller_spec(&w, "/sync")).await;
+    thing(&w, &other.name, "probe", 1).await;
+    let many = w.ns.name.clone();
+    let creates = (0..300).map(|i| {
+        let w = &w;
+        let many = many.clone();
+        async move { thing(w, &many, &format!("r{i}"), 1).await }
+    });
+    futures::future::join_all(creates).await;
+    let cms = w.config_maps().await;
+    eventually(WAIT, || async {
+        let listed = cms.list(&Default::default()).await.ok()?;
+        (listed.items.len() >= 300).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    // A restart asks every parent's hook again (nothing was answered in this process): a relist of 301.
+    let before_restart = calls(&w, "/sync").len();
+    w.restart_hub().await;
+    eventually(WAIT, || async { (calls(&w, "/sync").len() >= before_restart + 20).then_some(()) }).await;
+    let since = calls(&w, "/sync").len();
+    thing(&w, &other.name, "probe", 2).await;
+    let before = eventually(WAIT, || async { flood_calls_before(&w, since, &many, (&other.name, "probe", 2)) }).await;
+    let relisted = calls(&w, "/sync")[before_restart..since].iter().filter(|(ns, ..)| *ns == many).count();
+    eprintln!("the change was served after {before} calls of the relist ({relisted} of 300 relisted before it came)");
+    assert!(relisted < 250, "the relist must still be under way when the change comes ({relisted} done)");
+    assert!(before <= 15, "the change waited for {before} relisted syncs");
+    other.delete().await;
+    w.finish("CompositeController").await;
+}
+
+#[tokio::test]
+async fn a_controller_whose_hook_is_slow_holds_none_of_another_controllers_workers() {
+    let w = World::new("fair-slow", HOOK).await;
+    let fast_ns = TestNamespace::create(&w.client, "fair-slow-fast").await;
+    // The slow controller's parents are labelled `slow`; the fast one's, not.
+    let mut slow = controller_spec(&w, "/slow");
+    slow["parentResource"]["labelSelector"] = json!({"matchLabels": {"metahook-test": w.label, "speed": "slow"}});
+    w.controller("CompositeController", &format!("{}-slow", w.label), slow).await;
+    let mut fast = controller_spec(&w, "/sync");
+    fast["parentResource"]["labelSelector"] =
+        json!({"matchLabels": {"metahook-test": w.label}, "matchExpressions": [{"key": "speed", "operator": "DoesNotExist"}]});
+    w.controller("CompositeController", &format!("{}-fast", w.label), fast).await;
+    for i in 0..20 {
+        apply_value(
+            &w.client,
+            &json!({"apiVersion": "test.metahook.dev/v1", "kind": "Thing",
+                    "metadata": {"name": format!("s{i}"), "namespace": w.ns.name,
+                                 "labels": {"metahook-test": w.label, "speed": "slow"}}}),
+        )
+        .await;
+    }
+    // Every worker of the slow controller busy for 5 s.
+    eventually(WAIT, || async { (w.hook.requests("/slow").len() >= 5).then_some(()) }).await;
+    thing(&w, &fast_ns.name, "quick", 1).await;
+    eventually(WAIT, || async { calls(&w, "/sync").iter().any(|(ns, ..)| *ns == fast_ns.name).then_some(()) }).await;
+    // Served while the slow controller's first round still ran: none of its calls had come back to take
+    // another parent (a second round starts only 5 s after the first).
+    let slow_calls = w.hook.requests("/slow").len();
+    assert!(slow_calls <= 5, "the fast controller's change waited for a slow worker ({slow_calls} slow calls)");
+    let config_maps = support::api(&w.client, "v1", "ConfigMap", Some(&fast_ns.name)).await;
+    eventually(WAIT, || async { config_maps.get_opt("quick").await.unwrap() }).await;
+
+    fast_ns.delete().await;
+    let controllers = w.controllers("CompositeController").await;
+    for name in [format!("{}-slow", w.label), format!("{}-fast", w.label)] {
+        let _ = controllers.delete(&name, &Default::default()).await;
+        let _ = controllers.patch(&name, &PatchParams::default(), &Patch::Merge(json!({"metadata": {"finalizers": null}}))).await;
+    }
+    w.finish("CompositeController").await;
+}
