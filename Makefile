@@ -22,7 +22,7 @@ node-down: ## stop the real node and undo what it did to the machine (mounts, cg
 
 # ---- the two commands of the README -------------------------------------------------------------
 
-.PHONY: demo install-check test fmt-check clippy deny doc docs docs-gen unit integration chaos tenant-chaos bench bench-map bench-requests bench-hooks crds hook-libs hook-types hook-wire-types image chart-readme failover shards switch-from-metacontroller
+.PHONY: demo install-check test fmt-check clippy deny doc docs docs-gen unit integration chaos tenant-chaos bench bench-map bench-fair bench-requests bench-hooks crds hook-libs hook-types hook-wire-types image chart-readme failover shards switch-from-metacontroller
 
 demo: ## the hello-world controller end to end on the local control plane
 	@bash examples-python/hello-world/demo.sh
@@ -106,6 +106,9 @@ bench: cluster-up ## fanout benchmark vs raw clients, the Metacontroller mix and
 
 bench-map: cluster-up ## a MapController vs the same controller as a CompositeController+customize: one parent, N=1000 inputs, hook calls, bytes and writes per one-input change (CHANGES=, FRESH=0)
 	cargo test --release --locked --test bench-map -- --full
+
+bench-fair: cluster-up ## one tenant's flood (N=10000), a restart's relist and a 5 s hook against 20 other tenants' changes: latency p50/p99/max, flood convergence (BASELINE_BIN=, MC_SRC= or MC_BIN=, SYSTEMS=, FRESH=0)
+	cargo test --release --locked --test bench-fair -- --full
 
 bench-requests: cluster-up ## what one request of each kind the fanout systems make costs the API server and etcd (CPU ms; N=)
 	python3 tests/bench/request_costs.py

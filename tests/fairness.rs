@@ -59,7 +59,11 @@ fn calls(w: &World, path: &str) -> Vec<(String, String, String)> {
         .map(|r| {
             let meta = &r["parent"]["metadata"];
             let v = r["parent"]["spec"]["v"].to_string();
-            (meta["namespace"].as_str().unwrap_or_default().to_owned(), meta["name"].as_str().unwrap_or_default().to_owned(), v)
+            (
+                meta["namespace"].as_str().unwrap_or_default().to_owned(),
+                meta["name"].as_str().unwrap_or_default().to_owned(),
+                v,
+            )
         })
         .collect()
 }
@@ -89,8 +93,10 @@ async fn a_change_in_another_namespace_waits_for_a_turn_of_a_flood_not_for_the_f
     });
     futures::future::join_all(creates).await;
     // Some of the flood served, most still waiting: then the change.
-    eventually(WAIT, || async { (calls(&w, "/sync").iter().filter(|(ns, ..)| *ns == flood).count() >= 20).then_some(()) })
-        .await;
+    eventually(WAIT, || async {
+        (calls(&w, "/sync").iter().filter(|(ns, ..)| *ns == flood).count() >= 20).then_some(())
+    })
+    .await;
     let since = calls(&w, "/sync").len();
     let waiting = 400 - calls(&w, "/sync").iter().filter(|(ns, ..)| *ns == flood).count();
     thing(&w, &other.name, "probe", 2).await;
@@ -150,8 +156,7 @@ async fn a_controller_whose_hook_is_slow_holds_none_of_another_controllers_worke
     slow["parentResource"]["labelSelector"] = json!({"matchLabels": {"metahook-test": w.label, "speed": "slow"}});
     w.controller("CompositeController", &format!("{}-slow", w.label), slow).await;
     let mut fast = controller_spec(&w, "/sync");
-    fast["parentResource"]["labelSelector"] =
-        json!({"matchLabels": {"metahook-test": w.label}, "matchExpressions": [{"key": "speed", "operator": "DoesNotExist"}]});
+    fast["parentResource"]["labelSelector"] = json!({"matchLabels": {"metahook-test": w.label}, "matchExpressions": [{"key": "speed", "operator": "DoesNotExist"}]});
     w.controller("CompositeController", &format!("{}-fast", w.label), fast).await;
     for i in 0..20 {
         apply_value(
@@ -177,7 +182,9 @@ async fn a_controller_whose_hook_is_slow_holds_none_of_another_controllers_worke
     let controllers = w.controllers("CompositeController").await;
     for name in [format!("{}-slow", w.label), format!("{}-fast", w.label)] {
         let _ = controllers.delete(&name, &Default::default()).await;
-        let _ = controllers.patch(&name, &PatchParams::default(), &Patch::Merge(json!({"metadata": {"finalizers": null}}))).await;
+        let _ = controllers
+            .patch(&name, &PatchParams::default(), &Patch::Merge(json!({"metadata": {"finalizers": null}})))
+            .await;
     }
     w.finish("CompositeController").await;
 }
