@@ -1,5 +1,5 @@
 //! The parent's side of a claim on children elsewhere: each namespaced parent of a controller with a
-//! `crossNamespace` child type has one [`ChildRecord`](crate::api::record::ChildRecord) in its own
+//! `crossNamespace` child type has one [`ChildRecord`] in its own
 //! namespace, listing the children the hub made (or adopted) for it outside that namespace. A child
 //! there is the parent's only when the record lists it **and** its `metahook.dev/parent-uid` label
 //! names the parent: the label alone can be written by anyone who may write the child's namespace.
@@ -7,7 +7,8 @@
 //! The record's life, so that it is there whenever a decision needs it:
 //! - created (empty) before the parent gets the hub's finalizer, so a parent with that finalizer and no
 //!   record is one synced by a hub from before records: its first sync records the labelled children
-//!   it finds, trusting the labels once, as that hub did ([`Records::bootstrap`]);
+//!   it finds, trusting the labels once, as that hub did
+//!   ([`Elsewhere::Labels`](super::children::Elsewhere::Labels));
 //! - a child's entry is written **before** the child is created or adopted, and taken out once it is
 //!   deleted or released (a failed write of the record writes no child);
 //! - owned by the parent (the garbage collector deletes it with the parent, and orphans it on
