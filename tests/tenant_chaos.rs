@@ -113,6 +113,8 @@ struct Deleting {
     orphan: bool,
     /// Its children when it was deleted (namespace, name), for what the delete's options keep or take.
     children: Vec<(String, String)>,
+    /// The `data.v` they held.
+    v: u32,
 }
 
 /// What the test expects the cluster to hold.
@@ -121,8 +123,10 @@ struct Model {
     /// Live `x` parents by (namespace, name).
     parents: BTreeMap<(String, String), XParent>,
     deleting: Vec<Deleting>,
-    /// Children kept by an orphaning delete: they must stay.
-    kept: BTreeSet<(String, String)>,
+    /// Children kept by an orphaning delete, with the `data.v` they held: they must stay as they are,
+    /// the user's now. A parent made again under the same name does not take them over by name: the
+    /// hub refuses its writes in that namespace, and its children there are not expected.
+    kept: BTreeMap<(String, String), String>,
     /// Platform copies a tenant took away (label removed) or holds with a finalizer.
     taken: BTreeSet<(String, String)>,
     held: BTreeSet<(String, String)>,
@@ -249,6 +253,16 @@ impl Chaos {
         children
     }
 
+    /// The children of a parent the hub is expected to write: not those in a namespace where one of its
+    /// children's names is taken by an object an orphaning delete left (the user's, not taken over by
+    /// name: that namespace's writes are refused, whole).
+    fn expected_children(&self, namespace: &str, name: &str, parent: &XParent) -> Vec<(String, String)> {
+        let children = self.children_of(namespace, name, parent);
+        let blocked: BTreeSet<String> =
+            children.iter().filter(|c| self.model.kept.contains_key(*c)).map(|(ns, _)| ns.clone()).collect();
+        children.into_iter().filter(|(ns, _)| !blocked.contains(ns)).collect()
+    }
+
     async fn delete_parent(&mut self, client: &kube::Client, namespace: &str, name: &str, how: PropagationPolicy) {
         let key = (namespace.to_owned(), name.to_owned());
         let Some(parent) = self.model.parents.remove(&key) else { return };
@@ -258,8 +272,14 @@ impl Chaos {
         if let Err(e) = things.delete(name, &params).await {
             self.fail(&format!("deleting parent {namespace}/{name}: {e}"));
         }
-        let children = self.children_of(namespace, name, &parent);
-        self.model.deleting.push(Deleting { namespace: namespace.to_owned(), name: name.to_owned(), orphan, children });
+        let children = self.expected_children(namespace, name, &parent);
+        self.model.deleting.push(Deleting {
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+            orphan,
+            children,
+            v: parent.v,
+        });
     }
 
     /// One random step.
@@ -454,7 +474,7 @@ impl Chaos {
             if d.orphan {
                 // What an orphaning delete kept stays: the user's now.
                 for child in d.children.iter().filter(|c| !self.model.taken.contains(*c)) {
-                    self.model.kept.insert(child.clone());
+                    self.model.kept.entry(child.clone()).or_insert_with(|| d.v.to_string());
                 }
             }
         }
@@ -513,7 +533,7 @@ impl Chaos {
             if thing.metadata.deletion_timestamp.is_some() {
                 return Err(format!("parent {ns}/{name} is still being deleted"));
             }
-            for (cns, cname) in self.children_of(ns, name, parent) {
+            for (cns, cname) in self.expected_children(ns, name, parent) {
                 if self.model.taken.contains(&(cns.clone(), cname.clone())) {
                     continue;
                 }
@@ -529,9 +549,13 @@ impl Chaos {
                 }
             }
         }
-        for (ns, name) in &self.model.kept {
-            if self.config_maps(ns).await.get_opt(name).await.unwrap().is_none() {
+        for ((ns, name), v) in &self.model.kept {
+            let Some(kept) = self.config_maps(ns).await.get_opt(name).await.unwrap() else {
                 return Err(format!("{ns}/{name}, kept by --cascade=orphan, is gone"));
+            };
+            if kept.data["data"]["v"] != v.as_str() {
+                let now = &kept.data["data"]["v"];
+                return Err(format!("{ns}/{name}, kept by --cascade=orphan with v {v}, was taken over: v {now}"));
             }
         }
         for (ns, name) in &self.model.decoys {
