@@ -18,6 +18,10 @@ pub mod validation;
 /// with every apply; see [`crate::write::apply`]).
 pub const APPLIED_ANNOTATION: &str = "metahook.dev/applied";
 
+/// Annotation naming the DecoratorController that manages an attachment (Metacontroller's): with the
+/// target's controller reference, what makes an object one decorator's child and not another's.
+pub const DECORATOR_ANNOTATION: &str = "metacontroller.k8s.io/decorator-controller";
+
 /// The annotation the hub puts on a controller it read from a file (`controllersFrom`): where it was
 /// read, `<path> document <n>`. Such a controller is nowhere in the API, so nothing writes a status or
 /// an Event on it. The hub removes it from controller objects it reads from the API, so none can pose
@@ -47,6 +51,8 @@ pub const GROUP_VERSION: &str = "metacontroller.k8s.io/v1alpha1";
 
 /// A controller whose parent type is `parentResource` and whose children are computed by the `sync` hook.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+// Two printer columns of type string (Ready, Reason) are not a duplicated attribute.
+#[allow(clippy::duplicated_attributes)]
 #[kube(
     group = "metacontroller.k8s.io",
     version = "v1alpha1",
@@ -56,6 +62,7 @@ pub const GROUP_VERSION: &str = "metacontroller.k8s.io/v1alpha1";
     shortname = "cctl",
     status = "ControllerStatus",
     printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status"),
+    printcolumn(name = "Reason", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].reason"),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
 )]
 #[serde(rename_all = "camelCase")]
@@ -130,6 +137,8 @@ pub struct RelatedType {
 
 /// A controller that adds labels, annotations, status and attachments to existing objects of any type.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+// Two printer columns of type string (Ready, Reason) are not a duplicated attribute.
+#[allow(clippy::duplicated_attributes)]
 #[kube(
     group = "metacontroller.k8s.io",
     version = "v1alpha1",
@@ -139,6 +148,7 @@ pub struct RelatedType {
     shortname = "decorators",
     status = "ControllerStatus",
     printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status"),
+    printcolumn(name = "Reason", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].reason"),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
 )]
 #[serde(rename_all = "camelCase")]
@@ -164,6 +174,8 @@ pub struct DecoratorControllerSpec {
 /// which outputs the parent should own for it. One hook call per input, each with only that input and
 /// the outputs made for it.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+// Two printer columns of type string (Ready, Reason) are not a duplicated attribute.
+#[allow(clippy::duplicated_attributes)]
 #[kube(
     group = "metacontroller.k8s.io",
     version = "v1alpha1",
@@ -172,6 +184,7 @@ pub struct DecoratorControllerSpec {
     shortname = "mapc",
     status = "ControllerStatus",
     printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status"),
+    printcolumn(name = "Reason", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].reason"),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
 )]
 #[serde(rename_all = "camelCase")]
