@@ -29,8 +29,7 @@ use crate::engine::worker::resync_after;
 use crate::hooks::{ControllerHooks, DecoratorRequest, DecoratorResponse, Endpoint};
 use crate::write::children::{ChildMap, ChildRole, ChildRules, ChildType, desired_children};
 
-/// Annotation naming the DecoratorController that manages an attachment.
-pub const DECORATOR_ANNOTATION: &str = "metacontroller.k8s.io/decorator-controller";
+pub use crate::api::DECORATOR_ANNOTATION;
 
 /// Whether `obj` is one of `controller`'s attachments of the target whose UID is `target_uid`: controlled by
 /// the target and marked with the controller's annotation. The engine and `metahook render` both use it.

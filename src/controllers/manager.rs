@@ -48,11 +48,9 @@ use crate::engine::error::StartError;
 use crate::engine::health::ControllerState;
 use crate::engine::hub::Hub;
 use crate::engine::sync::Settings;
-use crate::engine::sync::api_for;
 
-/// The finalizer on every controller object of the API the hub runs: a deleted controller stays until a
-/// hub has taken the controller's own finalizer off every object it synced.
-pub const CONTROLLER_FINALIZER: &str = "metahook.dev/release-objects";
+pub use crate::controllers::release::CONTROLLER_FINALIZER;
+use crate::controllers::release::{Holdings, Release, Scope, Waiting};
 
 /// A kind of controller object the manager runs.
 pub trait Managed:
@@ -87,6 +85,11 @@ pub trait Managed:
     }
     /// The controllers of this kind in a reading of the files.
     fn from_files(files: &FileControllers) -> &BTreeMap<String, (String, Arc<Self>)>;
+    /// What the controller holds, to be let go of when it goes ([`crate::controllers::release`]).
+    fn holdings(&self) -> Holdings {
+        let (finalizer, types) = self.finalizer();
+        Holdings { controller: self.name_any(), finalizer, types, records: self.keeps_records() }
+    }
 }
 
 impl Managed for CompositeController {
@@ -348,6 +351,10 @@ async fn watch_controllers<K: Managed>(hub: Hub, selector: String, files: Option
         controller.stop().await;
         hub.health.remove(&K::kind(&()), &name);
     }
+    // This hub stops (or lost the lease): the next one releases what was left, from the API.
+    for (_, releasing) in controllers.releasing.drain() {
+        releasing.task.abort();
+    }
 }
 
 /// What woke the manager's loop.
@@ -398,6 +405,40 @@ struct Controllers<K: Managed> {
     /// File controllers not run because an API object has their name (reported once each).
     refused: BTreeSet<String>,
     running: HashMap<String, Running<K>>,
+    /// Releases under way ([`crate::controllers::release`]), by controller name.
+    releasing: HashMap<String, Releasing>,
+}
+
+/// A release of a controller's holdings under way, in a task of its own that retries until done.
+struct Releasing {
+    /// The controller object it is for.
+    uid: Option<String>,
+    holdings: Holdings,
+    /// Whether the hub's finalizer comes off the controller object once all is released.
+    drop_own: bool,
+    task: JoinHandle<()>,
+}
+
+/// Says on the controller object (or, for one read from a file, the hub's Pod and the log) what a
+/// release waits for: a Warning Event and the `Ready` condition, reason `Releasing`, which `kubectl
+/// get` shows.
+struct SayWaiting<K: Managed> {
+    hub: Hub,
+    pod: Option<ObjectReference>,
+    obj: K,
+}
+
+impl<K: Managed> crate::controllers::release::Report for SayWaiting<K> {
+    async fn waiting(&self, waiting: &Waiting, retry: Duration) {
+        let what = self.obj.holdings();
+        let note = format!(
+            "waiting to take finalizer {} off its objects before the controller goes (next attempt in {}s): {waiting}",
+            what.finalizer,
+            retry.as_secs()
+        );
+        report(&self.hub, &self.obj, false, crate::controllers::release::RELEASING, note.clone()).await;
+        announce(&self.hub, self.pod.as_ref(), &self.obj, true, "ReleaseWaiting", note).await;
+    }
 }
 
 impl<K: Managed> Controllers<K> {
@@ -409,6 +450,82 @@ impl<K: Managed> Controllers<K> {
             files: BTreeMap::new(),
             refused: BTreeSet::new(),
             running: HashMap::new(),
+            releasing: HashMap::new(),
+        }
+    }
+
+    /// Lets go of `holdings` of controller `obj` in a task of its own, retried with backoff until done
+    /// (then, with `drop_own`, the hub's finalizer comes off the object). An unfinished release of the
+    /// same controller is joined in (its types too), less the types in `keep` (those the controller
+    /// syncs again now).
+    fn let_go(&mut self, obj: &K, mut holdings: Holdings, drop_own: bool, keep: &[(String, String)]) {
+        let name = obj.name_any();
+        let uid = obj.meta().uid.clone();
+        if let Some(previous) = self.releasing.remove(&name)
+            && !previous.task.is_finished()
+        {
+            if previous.uid == uid && previous.holdings == holdings && previous.drop_own == drop_own {
+                // The same release carries on.
+                self.releasing.insert(name, previous);
+                return;
+            }
+            previous.task.abort();
+            for t in previous.holdings.types {
+                if !holdings.types.contains(&t) {
+                    holdings.types.push(t);
+                }
+            }
+            holdings.records |= previous.holdings.records;
+        }
+        holdings.types.retain(|t| !keep.contains(t));
+        if holdings.types.is_empty() && !holdings.records && !drop_own {
+            return;
+        }
+        let hub = self.hub.clone();
+        let scope = Scope {
+            client: hub.client.clone(),
+            discovery: hub.discovery.clone(),
+            namespaces: hub.informers.namespaces().to_vec(),
+        };
+        let say = SayWaiting { hub: hub.clone(), pod: self.pod.clone(), obj: obj.clone() };
+        let release = Release { scope, holdings: holdings.clone() };
+        let task_uid = uid.clone();
+        let task = tokio::spawn(async move {
+            let kind = K::kind(&());
+            let released = release.run(&say).await;
+            info!(controller = %name, %kind, released, "the controller let go of its objects");
+            if !drop_own {
+                return;
+            }
+            let mut attempt = 0;
+            loop {
+                match crate::controllers::release::remove_controller_finalizer::<K>(
+                    &hub.client,
+                    &name,
+                    task_uid.as_deref(),
+                )
+                .await
+                {
+                    Ok(()) => {
+                        info!(controller = %name, %kind, "took the hub's finalizer off the controller");
+                        break;
+                    }
+                    Err(err) => {
+                        let retry = crate::controllers::release::backoff(attempt);
+                        warn!(controller = %name, %kind, "could not remove the hub's finalizer (retrying in {retry:?}): {err}");
+                        tokio::time::sleep(retry).await;
+                        attempt += 1;
+                    }
+                }
+            }
+        });
+        self.releasing.insert(obj.name_any(), Releasing { uid, holdings, drop_own, task });
+    }
+
+    /// Stops a release of controller `name`'s holdings: the controller runs again.
+    fn keep_holding(&mut self, name: &str) {
+        if let Some(previous) = self.releasing.remove(name) {
+            previous.task.abort();
         }
     }
 
@@ -439,15 +556,11 @@ impl<K: Managed> Controllers<K> {
                 } else {
                     stop(&self.hub, &mut self.running, &name, None).await;
                     self.hub.metrics.remove(&K::kind(&()), &name);
-                    let released = release_finalizers(&self.hub, &obj).await;
-                    if released && obj.meta().deletion_timestamp.is_none() && has_controller_finalizer(&obj) {
-                        // Not deleted: it left this hub's `targetLabelSelector`. This hub let go of its
-                        // objects; its own finalizer goes too, or a delete of it would wait for a hub that
-                        // no longer selects it.
-                        if let Err(err) = remove_controller_finalizer(&self.hub, &obj).await {
-                            warn!(controller = %name, "could not remove the hub's finalizer: {err}");
-                        }
-                    }
+                    // Deleted, or (not deleted) it left this hub's `targetLabelSelector`: this hub lets go
+                    // of its objects, and its own finalizer goes too, or a delete of it would wait for a
+                    // hub that no longer selects it.
+                    let drop_own = has_controller_finalizer(&obj);
+                    self.let_go(&obj, obj.holdings(), drop_own, &[]);
                 }
             }
         }
@@ -463,6 +576,7 @@ impl<K: Managed> Controllers<K> {
             self.deleting(obj).await;
             return;
         }
+        self.keep_holding(&name);
         if !has_controller_finalizer(&obj) {
             // On before the controller starts: from its first parent's finalizer on, a delete of the
             // controller waits for a hub to take those finalizers off.
@@ -479,27 +593,22 @@ impl<K: Managed> Controllers<K> {
 
     /// A controller object being deleted: it stops, and once its finalizers are off every object (unless
     /// a file's controller of the same name takes over, with the same finalizer), the hub's own comes
-    /// off the object. Until then it stays, whether or not a hub was running when it was deleted; a
-    /// failure is retried at the next event or relist of the object.
+    /// off the object. Until then it stays, whether or not a hub was running when it was deleted; what
+    /// cannot exist any more (a parent type whose CRD went with it) is not waited for, and a release that
+    /// failed is retried with backoff in seconds ([`Controllers::let_go`]).
     async fn deleting(&mut self, obj: K) {
         let name = obj.name_any();
         self.api.remove(&name);
-        let released = if self.files.contains_key(&name) {
+        let drop_own = has_controller_finalizer(&obj);
+        if self.files.contains_key(&name) {
             // The file's controller of that name takes over, with the same finalizer.
             self.settle(&name).await;
-            true
+            let nothing = Holdings { types: Vec::new(), records: false, ..obj.holdings() };
+            self.let_go(&obj, nothing, drop_own, &[]);
         } else {
             stop(&self.hub, &mut self.running, &name, None).await;
             self.hub.metrics.remove(&K::kind(&()), &name);
-            release_finalizers(&self.hub, &obj).await
-        };
-        if released && has_controller_finalizer(&obj) {
-            match remove_controller_finalizer(&self.hub, &obj).await {
-                Ok(()) => info!(controller = %name, kind = %K::kind(&()), "deleted controller let go of its objects"),
-                Err(err) => {
-                    warn!(controller = %name, kind = %K::kind(&()), "could not remove the hub's finalizer: {err}");
-                }
-            }
+            self.let_go(&obj, obj.holdings(), drop_own, &[]);
         }
     }
 
@@ -519,7 +628,7 @@ impl<K: Managed> Controllers<K> {
             if !self.api.contains_key(&name) {
                 // Removed from the files as a controller object is deleted: its finalizers go too.
                 self.hub.metrics.remove(&K::kind(&()), &name);
-                release_finalizers(&self.hub, &*obj).await;
+                self.let_go(&obj, obj.holdings(), false, &[]);
             }
         }
         for name in names {
@@ -549,10 +658,20 @@ impl<K: Managed> Controllers<K> {
             }
         }
         self.hub.metrics.files.refused(&kind, self.refused.len());
-        if let Some(obj) = self.api.get(name).cloned() {
-            reconcile(&self.hub, self.pod.as_ref(), &mut self.running, obj).await;
-        } else if let Some((_, obj)) = file {
-            reconcile(&self.hub, self.pod.as_ref(), &mut self.running, (*obj).clone()).await;
+        let run = self.api.get(name).cloned().or_else(|| file.map(|(_, obj)| (*obj).clone()));
+        if let Some(obj) = run {
+            if let Some(left) = reconcile(&self.hub, self.pod.as_ref(), &mut self.running, obj.clone()).await {
+                // What the controller no longer syncs is let go of; what it syncs again is kept.
+                let keep = obj.finalizer().1;
+                self.let_go(&obj, left, false, &keep);
+            } else if self
+                .releasing
+                .get(name)
+                .is_some_and(|r| r.holdings.types.iter().any(|t| obj.finalizer().1.contains(t)))
+            {
+                // A release of types the controller syncs now (a parent type changed back) stops.
+                self.keep_holding(name);
+            }
         } else {
             stop(&self.hub, &mut self.running, name, None).await;
         }
@@ -576,13 +695,16 @@ async fn stop<K: Managed>(
     }
 }
 
+/// Starts, restarts or reconfigures controller `obj`. Returns what a restart left for the controller to
+/// let go of (a parent type it no longer syncs, records it no longer keeps), if anything.
 async fn reconcile<K: Managed>(
     hub: &Hub,
     pod: Option<&ObjectReference>,
     running: &mut HashMap<String, Running<K>>,
     obj: K,
-) {
+) -> Option<Holdings> {
     let name = obj.name_any();
+    let mut left = None;
     let settings = Settings::annotations(obj.meta().annotations.as_ref());
     let requested = crate::engine::trigger::requested_at(obj.meta()).map(str::to_owned);
     let origin = crate::api::from_file(obj.meta()).map(str::to_owned);
@@ -616,26 +738,22 @@ async fn reconcile<K: Managed>(
                     announce(hub, pod, &obj, false, "SyncRequested", note).await;
                 }
             }
-            return;
+            return None;
         }
         info!(controller = %name, kind = %K::kind(&()), file = ?origin, "spec or settings changed; restarting controller");
         let kept_records = running.get(&name).is_some_and(|r| r.keeps_records);
-        let (finalizer, types) = obj.finalizer();
+        let types = obj.finalizer().1;
         let left_types: Vec<(String, String)> = running
             .get(&name)
             .map(|r| r.finalized_types.iter().filter(|t| !types.contains(t)).cloned().collect())
             .unwrap_or_default();
         stop(hub, running, &name, Some((&obj, pod, "spec changed, restarting"))).await;
-        if !left_types.is_empty() {
-            // A parent (target) type the controller no longer syncs: nothing would take its finalizer off
-            // the objects of that type it synced, and they could never be deleted.
-            release_finalizer_on(hub, &finalizer, &left_types).await;
-        }
-        if kept_records && !obj.keeps_records() {
-            // No child type is `crossNamespace` any more: nothing will deal with the records' finalizers.
-            if let Err(err) = crate::write::records::release_all(&hub.client, &name).await {
-                warn!(controller = %name, "could not release the records of children elsewhere: {err}");
-            }
+        // A parent (target) type the controller no longer syncs: nothing would take its finalizer off the
+        // objects of that type it synced, and they could never be deleted. No child type is
+        // `crossNamespace` any more: nothing will deal with the records' finalizers.
+        let records = kept_records && !obj.keeps_records();
+        if !left_types.is_empty() || records {
+            left = Some(Holdings { types: left_types, records, ..obj.holdings() });
         }
     }
     let cancel = CancellationToken::new();
@@ -654,6 +772,7 @@ async fn reconcile<K: Managed>(
         task: tokio::spawn(supervise(hub.clone(), pod.cloned(), Arc::new(obj), started, cancel)),
     };
     running.insert(name, entry);
+    left
 }
 
 /// Starts the controller, retrying with backoff while it cannot start, then runs it until cancelled.
@@ -762,74 +881,4 @@ async fn add_controller_finalizer<K: Managed>(hub: &Hub, obj: &K) -> Result<(), 
     let patch = json!({"metadata": {"finalizers": finalizers, "resourceVersion": obj.meta().resource_version}});
     let api: Api<K> = Api::all(hub.client.clone());
     api.patch(&obj.name_any(), &PatchParams::default(), &Patch::Merge(&patch)).await.map(drop)
-}
-
-/// Takes the hub's finalizer off controller object `obj`.
-async fn remove_controller_finalizer<K: Managed>(hub: &Hub, obj: &K) -> Result<(), kube::Error> {
-    let finalizers: Vec<&String> =
-        obj.meta().finalizers.iter().flatten().filter(|f| *f != CONTROLLER_FINALIZER).collect();
-    let patch = json!({"metadata": {"finalizers": finalizers, "resourceVersion": obj.meta().resource_version}});
-    let api: Api<K> = Api::all(hub.client.clone());
-    match api.patch(&obj.name_any(), &PatchParams::default(), &Patch::Merge(&patch)).await {
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-        done => done.map(drop),
-    }
-}
-
-/// Removes a deleted controller's finalizer from every object that still carries it (in the hub's
-/// namespaces, for a hub limited to some: it may list nothing else), and releases its records of
-/// children elsewhere. Returns whether all of it was done (a list or a write that failed is not).
-async fn release_finalizers<K: Managed>(hub: &Hub, obj: &K) -> bool {
-    let (finalizer, types) = obj.finalizer();
-    let mut done = true;
-    if obj.keeps_records() {
-        match crate::write::records::release_all(&hub.client, &obj.name_any()).await {
-            Ok(released) if released > 0 => {
-                info!(controller = %obj.name_any(), released, "released the records of children elsewhere of a deleted controller");
-            }
-            Ok(_) => {}
-            Err(err) => {
-                warn!(controller = %obj.name_any(), "could not release the records of children elsewhere: {err}");
-                done = false;
-            }
-        }
-    }
-    done &= release_finalizer_on(hub, &finalizer, &types).await;
-    done
-}
-
-/// Removes `finalizer` from every object of `types` that carries it (in the hub's namespaces, for a hub
-/// limited to some). Returns whether all of it was done.
-async fn release_finalizer_on(hub: &Hub, finalizer: &str, types: &[(String, String)]) -> bool {
-    let mut done = true;
-    for (api_version, resource) in types {
-        let Ok(resolved) = hub.discovery.resolve(api_version, resource).await else { continue };
-        let apis: Vec<Api<kube::api::DynamicObject>> = match hub.informers.namespaces() {
-            namespaces if resolved.namespaced && !namespaces.is_empty() => namespaces
-                .iter()
-                .map(|ns| Api::namespaced_with(hub.client.clone(), ns, &resolved.api_resource))
-                .collect(),
-            _ => vec![Api::all_with(hub.client.clone(), &resolved.api_resource)],
-        };
-        let mut items = Vec::new();
-        for api in apis {
-            match api.list(&kube::api::ListParams::default()).await {
-                Ok(list) => items.extend(list.items),
-                Err(err) => {
-                    warn!(resource, "could not list the objects of a deleted controller: {err}");
-                    done = false;
-                }
-            }
-        }
-        for item in items.iter().filter(|o| crate::engine::finalizer::has_finalizer(o, finalizer)) {
-            let api = api_for(&hub.client, &resolved, item);
-            if let Err(err) = crate::engine::finalizer::remove_finalizer(&api, item, finalizer).await {
-                warn!(object = %item.name_any(), "could not remove finalizer {finalizer}: {err}");
-                done = false;
-            } else {
-                info!(object = %item.name_any(), finalizer, "removed finalizer of deleted controller");
-            }
-        }
-    }
-    done
 }

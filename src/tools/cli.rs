@@ -1,4 +1,4 @@
-//! Command line: `metahook run`, `version`, `crds`, `render`, `rbac`, `migrate`, `status` and `diff`; and, started as
+//! Command line: `metahook run`, `version`, `crds`, `render`, `rbac`, `migrate`, `status`, `diff` and `release`; and, started as
 //! `metacontroller` or with flags only, Metacontroller's command line ([`crate::tools::metacontroller`]).
 //!
 //! This is the only place that uses `anyhow`: everything below it returns typed errors.
@@ -50,6 +50,11 @@ enum Command {
     /// status (and a decorator's label) changes and refusals. Exit 2 when anything would be deleted,
     /// recreated or refused, 0 otherwise, 1 when no preview could be made.
     Diff(crate::tools::diff::DiffArgs),
+    /// Let go of what deleted controllers hold — their finalizers on the objects they synced, their
+    /// records of children elsewhere, then the hub's finalizer on them — as a starting hub would, without
+    /// starting any controller; for a cluster where no hub runs. Exit 0 when every deleted controller is
+    /// released, 1 when something still waits (each cause printed), 2 when it could not run.
+    Release(crate::tools::release::ReleaseArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -162,6 +167,7 @@ pub fn main() -> ExitCode {
         Command::Migrate(args) => crate::tools::migrate::main(&args),
         Command::Status(args) => crate::tools::status::main(&args),
         Command::Diff(args) => crate::tools::diff::main(&args),
+        Command::Release(args) => crate::tools::release::main(&args),
         Command::Run(args) => {
             let logging = Logging { format: args.log_format, ..Logging::default() };
             let config = Config::load(args.config.as_deref(), &args.overrides).map_err(anyhow::Error::from);

@@ -945,6 +945,18 @@ fn only_immutability(status: &Status) -> bool {
 /// Who holds an object, for messages: its controller, or "no controller".
 pub(crate) fn holder(obj: &DynamicObject) -> String {
     if let Some(owner) = obj.metadata.owner_references.iter().flatten().find(|r| r.controller == Some(true)) {
+        // Two DecoratorControllers over the same object: the object is controlled by that very target,
+        // and what makes it another controller's child is the decorator annotation. Name that one: the
+        // owner alone would read as a contradiction.
+        let annotations = obj.metadata.annotations.as_ref();
+        if let Some(other) = annotations.and_then(|a| a.get(crate::api::DECORATOR_ANNOTATION)) {
+            return format!(
+                "made for {} {} by DecoratorController {other}, another controller decorating the same object; \
+                 only one controller may make a given child: give the child another name in one of the hooks, \
+                 or narrow one controller's resources or selectors so they do not decorate the same objects",
+                owner.kind, owner.name
+            );
+        }
         return format!("controlled by {} {}", owner.kind, owner.name);
     }
     // A child by label (`crossNamespace`) of another parent: its annotation says which. Not its UID: the
@@ -1077,6 +1089,30 @@ mod tests {
             serde_json::from_value(json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x"}}))
                 .unwrap();
         assert_eq!(holder(&plain), "it has no controller");
+    }
+
+    #[test]
+    fn a_child_another_decorator_made_of_the_same_target_names_that_decorator() {
+        let made: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": "s", "namespace": "a",
+                         "annotations": {"metacontroller.k8s.io/decorator-controller": "shard-1"},
+                         "ownerReferences": [{"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "db",
+                                              "uid": "u-1", "controller": true}]}}))
+        .unwrap();
+        let said = holder(&made);
+        assert!(
+            said.starts_with("made for StatefulSet db by DecoratorController shard-1, another controller"),
+            "{said}"
+        );
+        assert!(said.contains("another name"), "says what to do: {said}");
+        let owned: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": "s", "namespace": "a",
+                         "ownerReferences": [{"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "db",
+                                              "uid": "u-1", "controller": true}]}}))
+        .unwrap();
+        assert_eq!(holder(&owned), "controlled by StatefulSet db");
     }
 
     /// The `ConfigMap` `ns/c` with `data`, at `version`, with UID `uid`.
