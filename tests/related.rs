@@ -244,3 +244,148 @@ async fn a_customize_answer_is_asked_again_once_it_expires() {
     assert!(syncs_between >= 3, "the syncs before the timeout used the cached answer: {paths:?}");
     w.finish("CompositeController").await;
 }
+
+/// A DecoratorController's hook over Pods that copies the Pod's own Namespace's `team` label onto the
+/// Pod, as a public Metacontroller controller does (its README pins Metacontroller 4.10.2: from 4.10.3
+/// on a v1 request carries `{"Namespace.v1": {}}` and its hook fails). The customize hook asks for a
+/// Namespace by name — the Pod's own, or the one its annotation `related-name` names — or, with the
+/// annotation `related-by: labels`, by a label selector; `related-resource` makes it ask for another
+/// cluster-scoped type instead. `sync` reads `related["Namespace.v1"][<name>]` and fails without it.
+const NAMESPACE_LABELS: &str = r#"
+def customize(req):
+    meta = req["parent"]["metadata"]
+    want = meta.get("annotations") or {}
+    resource = want.get("related-resource", "namespaces")
+    if want.get("related-by") == "labels":
+        return {"relatedResources": [{"apiVersion": "v1", "resource": resource,
+                                      "labelSelector": {"matchLabels": {"metahook-ns": meta["namespace"]}}}]}
+    return {"relatedResources": [{"apiVersion": "v1", "resource": resource,
+                                  "names": [want.get("related-name", meta["namespace"])]}]}
+
+def sync(req):
+    meta = req["object"]["metadata"]
+    name = (meta.get("annotations") or {}).get("related-name", meta["namespace"])
+    namespace = req["related"]["Namespace.v1"][name]
+    return {"labels": {"team": (namespace["metadata"].get("labels") or {}).get("team")}}
+"#;
+
+impl World {
+    /// The test's DecoratorController over its Pods, its sync and customize hooks at `version`, with
+    /// `more` merged into its spec.
+    async fn pod_decorator(&self, version: &str, more: Value) -> kube::api::DynamicObject {
+        let mut spec = json!({
+            "resources": [{"apiVersion": "v1", "resource": "pods"}],
+            "hooks": {"sync": {"version": version, "webhook": {"url": self.hook.url("/sync")}},
+                      "customize": {"version": version, "webhook": {"url": self.hook.url("/customize")}}},
+        });
+        for (field, value) in more.as_object().into_iter().flatten() {
+            spec[field] = value.clone();
+        }
+        self.decorator(spec).await
+    }
+
+    /// The Pod `name` in the test's namespace, labelled for the test, with `annotations`. Retried while
+    /// the namespace's `default` ServiceAccount, which admission wants, is not made yet.
+    async fn pod(&self, name: &str, annotations: Value) {
+        let pod = json!({"apiVersion": "v1", "kind": "Pod",
+                         "metadata": {"name": name, "namespace": self.ns.name, "annotations": annotations,
+                                      "labels": {"metahook-test": self.label}},
+                         "spec": {"containers": [{"name": "main", "image": "nginx"}]}});
+        let pods = api(&self.client, "v1", "Pod", Some(&self.ns.name)).await;
+        eventually(WAIT, || async {
+            pods.patch(name, &PatchParams::apply("metahook-tests").force(), &Patch::Apply(&pod)).await.ok()
+        })
+        .await;
+    }
+
+    /// The `team` label of the test's Pod `name`, once it equals `want`.
+    async fn team_becomes(&self, name: &str, want: &str) {
+        let pods = api(&self.client, "v1", "Pod", Some(&self.ns.name)).await;
+        eventually(WAIT, || async {
+            let pod = pods.get(name).await.ok()?;
+            (pod.metadata.labels?.get("team").map(String::as_str) == Some(want)).then_some(())
+        })
+        .await;
+    }
+
+    /// How many sync requests the hook got for the Pod `name`.
+    fn syncs_of(&self, name: &str) -> usize {
+        self.hook.requests("/sync").iter().filter(|r| r["object"]["metadata"]["name"] == name).count()
+    }
+}
+
+/// Issue 69: a namespaced parent's related Namespace reaches its hook keyed by name, by name or by
+/// selector, and a change of the Namespace re-syncs exactly the Pods whose rules select it.
+async fn a_pods_namespace_reaches_its_hook_and_its_change_resyncs_the_pod(version: &str) {
+    let w = World::new(&format!("related-ns-{version}"), NAMESPACE_LABELS).await;
+    let namespaces = Api::<Namespace>::all(w.client.clone());
+    let labels = |team: &str| json!({"metadata": {"labels": {"team": team, "metahook-ns": w.ns.name}}});
+    namespaces.patch(&w.ns.name, &PatchParams::default(), &Patch::Merge(labels("red"))).await.unwrap();
+    let other = w.namespace("other", json!({"team": "green"})).await;
+    let controller = w.pod_decorator(version, json!({})).await;
+    w.pod("by-name", json!({})).await;
+    w.pod("by-labels", json!({"related-by": "labels"})).await;
+    w.pod("elsewhere", json!({"related-name": other})).await;
+    w.team_becomes("by-name", "red").await;
+    w.team_becomes("by-labels", "red").await;
+    w.team_becomes("elsewhere", "green").await;
+    let request = w.hook.requests("/sync").into_iter().find(|r| r["object"]["metadata"]["name"] == "by-name").unwrap();
+    let keys: Vec<&String> = request["related"]["Namespace.v1"].as_object().unwrap().keys().collect();
+    assert_eq!(keys, [&w.ns.name], "keyed by name, in {version}");
+
+    // The controller says what its parents' authors may make it read: cluster-scoped objects too.
+    let note = eventually(WAIT, || async {
+        let events = support::events_on(&w.client, "default", controller.metadata.name.as_deref().unwrap()).await;
+        events.into_iter().find(|e| e.reason.as_deref() == Some("RelatedUnlimited")).and_then(|e| e.note)
+    })
+    .await;
+    let reach = if version == "v1" { "any cluster-scoped object" } else { "any type in any namespace" };
+    assert!(note.contains(reach) && note.contains("relatedLimit"), "{note}");
+
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (elsewhere, customizes) = (w.syncs_of("elsewhere"), w.hook.requests("/customize").len());
+    namespaces.patch(&w.ns.name, &PatchParams::default(), &Patch::Merge(labels("blue"))).await.unwrap();
+    w.team_becomes("by-name", "blue").await;
+    w.team_becomes("by-labels", "blue").await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(w.syncs_of("elsewhere"), elsewhere, "a Pod whose rule selects another Namespace is not re-synced");
+    assert_eq!(w.hook.requests("/customize").len(), customizes, "customize is cached per Pod generation");
+    w.finish_with_namespaces("DecoratorController", &[other]).await;
+}
+
+#[tokio::test]
+async fn a_v1_hook_sees_its_pods_namespace_by_name_and_its_label_change() {
+    a_pods_namespace_reaches_its_hook_and_its_change_resyncs_the_pod("v1").await;
+}
+
+#[tokio::test]
+async fn a_v2_hook_sees_its_pods_namespace_by_name_and_its_label_change() {
+    a_pods_namespace_reaches_its_hook_and_its_change_resyncs_the_pod("v2").await;
+}
+
+/// Issue 69: under a `relatedLimit` listing Namespaces only, a Pod's rule for Nodes is refused with a
+/// Warning Event on the Pod, and the sync hook never sees it; the Namespace still reaches the hook, and
+/// the controller is not warned about (its author bounded it).
+#[tokio::test]
+async fn a_cluster_scoped_type_beyond_the_related_limit_is_refused_with_an_event() {
+    let w = World::new("related-ns-limit", NAMESPACE_LABELS).await;
+    let namespaces = Api::<Namespace>::all(w.client.clone());
+    let labels = json!({"metadata": {"labels": {"team": "red"}}});
+    namespaces.patch(&w.ns.name, &PatchParams::default(), &Patch::Merge(labels)).await.unwrap();
+    let limit = json!({"relatedLimit": {"resources": [{"apiVersion": "v1", "resource": "namespaces"}]}});
+    let controller = w.pod_decorator("v1", limit).await;
+    w.pod("nodes", json!({"related-resource": "nodes", "related-by": "labels"})).await;
+    w.pod("allowed", json!({})).await;
+    let refused = eventually(WAIT, || async {
+        warnings_for(&w.client, &w.ns.name, "nodes").await.into_iter().find(|m| m.contains("relatedLimit"))
+    })
+    .await;
+    assert!(refused.contains("nodes.v1"), "{refused}");
+    w.team_becomes("allowed", "red").await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(w.syncs_of("nodes"), 0, "nothing of a refused rule reaches the sync hook");
+    let events = support::events_on(&w.client, "default", controller.metadata.name.as_deref().unwrap()).await;
+    assert!(events.iter().any(|e| e.reason.as_deref() == Some("Started")), "{events:?}");
+    assert!(events.iter().all(|e| e.reason.as_deref() != Some("RelatedUnlimited")), "{events:?}");
+    w.finish("DecoratorController").await;
+}

@@ -227,11 +227,13 @@ impl Reach {
         Self { types, namespaces: places, own: namespaced }
     }
 
-    /// Whether a parent's author can make the rules read in namespaces the controller's author did not
-    /// name: no `relatedLimit.namespaces`, and a hook or parent that Metacontroller lets reach any.
+    /// Whether a parent's author can make the rules read where the controller's author did not say:
+    /// in namespaces it did not name (no `relatedLimit.namespaces`, and a hook or parent that
+    /// Metacontroller lets reach any), or, for a namespaced parent, in any cluster-scoped type (no
+    /// `relatedLimit.resources`: a tenant's parent could make the hub read Nodes or cluster roles).
     #[must_use]
     pub fn unbounded(&self) -> bool {
-        self.namespaces.is_none()
+        self.namespaces.is_none() || (self.own && self.types.is_none())
     }
 }
 
@@ -568,24 +570,33 @@ mod tests {
 
     use super::*;
 
-    fn config_maps(objects: &[(&str, &str, Value)]) -> Informer {
+    /// A cache of the core type `kind` (`plural`) holding `objects` (namespace, or `""` for a
+    /// cluster-scoped type, name, labels).
+    fn core(kind: &str, plural: &str, namespaced: bool, objects: &[(&str, &str, Value)]) -> Informer {
         let resource = Arc::new(ResolvedResource {
             api_resource: kube::core::ApiResource {
                 group: String::new(),
                 version: "v1".into(),
                 api_version: "v1".into(),
-                kind: "ConfigMap".into(),
-                plural: "configmaps".into(),
+                kind: kind.into(),
+                plural: plural.into(),
             },
-            namespaced: true,
+            namespaced,
             has_status: false,
         });
         let objects = objects.iter().map(|(ns, name, labels)| {
-            serde_json::from_value(json!({"apiVersion": "v1", "kind": "ConfigMap",
-                "metadata": {"name": name, "namespace": ns, "labels": labels, "uid": format!("{ns}-{name}")}}))
-            .unwrap()
+            let mut obj = json!({"apiVersion": "v1", "kind": kind,
+                "metadata": {"name": name, "labels": labels, "uid": format!("{ns}-{name}")}});
+            if namespaced {
+                obj["metadata"]["namespace"] = json!(ns);
+            }
+            serde_json::from_value(obj).unwrap()
         });
         Informer::listed(&resource, objects)
+    }
+
+    fn config_maps(objects: &[(&str, &str, Value)]) -> Informer {
+        core("ConfigMap", "configmaps", true, objects)
     }
 
     fn rule(value: Value) -> RelatedResourceRule {
@@ -610,6 +621,36 @@ mod tests {
         assert_eq!(keys, ["a/x", "b/y"], "v2 sees every namespace, keyed namespace/name");
         let elsewhere = rule(json!({"apiVersion": "v1", "resource": "configmaps", "namespace": "b"}));
         assert!(Selection::new(&elsewhere, informer.resource(), v1, None).is_err(), "v1 cannot name another namespace");
+    }
+
+    /// Issue 69: Metacontroller 4.10.2 gave a v1 hook its namespaced parent's related Namespace, keyed by
+    /// name; 4.10.3 on sends `{"Namespace.v1": {}}`. The hub gives it, in v1 and v2 alike.
+    #[test]
+    fn a_namespaced_parents_cluster_scoped_related_objects_are_keyed_by_name_in_v1_and_v2() {
+        let informer = core("Namespace", "namespaces", false, &[("", "a", json!({"team": "x"})), ("", "b", json!({}))]);
+        for version in [HookVersion::V1, HookVersion::V2] {
+            let scope = ParentScope { namespace: Some("a"), version };
+            let by_name = rule(json!({"apiVersion": "v1", "resource": "namespaces", "names": ["a"]}));
+            let by_labels = rule(
+                json!({"apiVersion": "v1", "resource": "namespaces", "labelSelector": {"matchLabels": {"team": "x"}}}),
+            );
+            for raw in [by_name, by_labels] {
+                let selection = Selection::new(&raw, informer.resource(), scope, None).unwrap();
+                assert_eq!(selection.namespace(), None, "a cluster-scoped type is confined to no namespace");
+                let map = related_map([(&selection, &informer)], None, scope);
+                let keys: Vec<&String> = map["Namespace.v1"].keys().collect();
+                assert_eq!(keys, ["a"], "{version:?} {raw:?}");
+            }
+        }
+        let listed = |resource: &str| RelatedLimit {
+            namespaces: Some(Vec::new()),
+            resources: Some(vec![crate::api::RelatedType { api_version: "v1".into(), resource: resource.into() }]),
+        };
+        let v1 = ParentScope { namespace: Some("a"), version: HookVersion::V1 };
+        let raw = rule(json!({"apiVersion": "v1", "resource": "namespaces", "names": ["a"]}));
+        assert!(Selection::new(&raw, informer.resource(), v1, Some(&listed("namespaces"))).is_ok());
+        let refused = Selection::new(&raw, informer.resource(), v1, Some(&listed("configmaps"))).err().unwrap();
+        assert!(refused.to_string().contains("relatedLimit does not list"), "{refused}");
     }
 
     #[test]
@@ -688,7 +729,20 @@ mod tests {
     fn the_reach_of_related_rules_is_said_as_a_person_would() {
         assert_eq!(Reach::of(HookVersion::V2, true, None).to_string(), "any type in any namespace");
         assert!(Reach::of(HookVersion::V2, true, None).unbounded());
-        assert!(!Reach::of(HookVersion::V1, true, None).unbounded(), "v1: the parent's namespace only");
+        let v1 = Reach::of(HookVersion::V1, true, None);
+        assert_eq!(v1.to_string(), "any type in the parent's namespace, and any cluster-scoped object");
+        assert!(v1.unbounded(), "v1: the parent's namespace, but any cluster-scoped type");
+        let namespaces_only = RelatedLimit { namespaces: Some(Vec::new()), resources: None };
+        assert!(Reach::of(HookVersion::V2, true, Some(&namespaces_only)).unbounded(), "no limit on types");
+        let types_only = RelatedLimit {
+            namespaces: None,
+            resources: Some(vec![crate::api::RelatedType { api_version: "v1".into(), resource: "namespaces".into() }]),
+        };
+        assert!(!Reach::of(HookVersion::V1, true, Some(&types_only)).unbounded(), "v1 and the types listed");
+        assert!(
+            !Reach::of(HookVersion::V1, false, Some(&namespaces_only)).unbounded(),
+            "whoever may create a cluster-scoped parent is no tenant"
+        );
         assert!(Reach::of(HookVersion::V1, false, None).unbounded(), "a cluster-scoped parent's v1 rules too");
         let limit = RelatedLimit {
             namespaces: Some(vec!["shared".into()]),

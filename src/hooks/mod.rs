@@ -149,8 +149,13 @@ pub fn group_version_kind_key(api_version: &str, kind: &str) -> String {
 }
 
 /// Inner key of an object map for an object, given the hook version and the parent's namespace
-/// (`None` for a cluster-scoped parent). Returns `None` when the v1 protocol cannot express the object
-/// (another namespace, or cluster-scoped, under a namespaced parent): Metacontroller drops those.
+/// (`None` for a cluster-scoped parent). Returns `None` when the v1 protocol cannot express the object:
+/// one in another namespace than a namespaced parent's, which Metacontroller drops.
+///
+/// A cluster-scoped object under a namespaced parent is keyed by its name, as Metacontroller 4.10.2
+/// keyed it: its name alone cannot be mistaken for one in the parent's namespace, since one map holds
+/// one type. Metacontroller 4.10.3 on drops it too, which leaves a v1 hook that asks for its parent's
+/// Namespace with nothing (the map's entry is `{}`); the hub does not.
 #[must_use]
 pub fn object_key(
     version: HookVersion,
@@ -167,7 +172,8 @@ pub fn object_key(
         HookVersion::V1 => match (parent_namespace, namespace) {
             (None, _) => Some(qualified()),
             (Some(p), Some(ns)) if p == ns => Some(name.to_owned()),
-            (Some(_), _) => None,
+            (Some(_), None) => Some(name.to_owned()),
+            (Some(_), Some(_)) => None,
         },
     }
 }
@@ -484,7 +490,11 @@ mod tests {
         assert_eq!(object_key(v1, None, Some("team-a"), "cm").as_deref(), Some("team-a/cm"));
         assert_eq!(object_key(v1, None, None, "node-1").as_deref(), Some("node-1"));
         assert_eq!(object_key(v1, Some("default"), Some("other"), "x"), None);
-        assert_eq!(object_key(v1, Some("default"), None, "x"), None);
+        assert_eq!(
+            object_key(v1, Some("default"), None, "ns-1").as_deref(),
+            Some("ns-1"),
+            "a cluster-scoped object under a namespaced parent: by name, as Metacontroller 4.10.2"
+        );
     }
 
     #[test]

@@ -16,13 +16,14 @@ export function typeKey(apiVersion, kind) {
 /**
  * The inner map key the hub uses for an object, or `null` when a v1 request cannot carry it.
  * v2 keys are uniform (`namespace/name`, or `name` for cluster-scoped objects); v1 keys are relative
- * to the parent: under a namespaced parent only objects of that namespace are sent, keyed by `name`.
+ * to the parent: under a namespaced parent only objects of that namespace, and cluster-scoped ones (a
+ * related Namespace), are sent, keyed by `name`.
  */
 export function objectKey(version, parentNamespace, namespace, name) {
   const qualified = namespace ? `${namespace}/${name}` : name;
   if (version === "v2" || !parentNamespace) return qualified;
   if (version !== "v1") throw new Error(`unknown hook version ${JSON.stringify(version)}: expected "v1" or "v2"`);
-  return namespace === parentNamespace ? name : null;
+  return !namespace || namespace === parentNamespace ? name : null;
 }
 
 /** The object the hook is called for: `parent` (composite, customize, map) or `object` (decorator). */

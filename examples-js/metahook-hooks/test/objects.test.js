@@ -34,7 +34,7 @@ test("type keys omit the core group", () => {
 test("v1 keys are relative to a namespaced parent", () => {
   assert.equal(objectKey("v1", "default", "default", "a"), "a");
   assert.equal(objectKey("v1", "default", "other", "a"), null);
-  assert.equal(objectKey("v1", "default", undefined, "node-1"), null);
+  assert.equal(objectKey("v1", "default", undefined, "node-1"), "node-1"); // cluster-scoped: by name
   assert.equal(objectKey("v1", undefined, "default", "a"), "default/a");
   assert.equal(objectKey("v1", null, null, "node-1"), "node-1");
 });

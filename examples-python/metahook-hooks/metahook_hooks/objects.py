@@ -44,14 +44,15 @@ def object_key(version: str, parent_namespace: str | None, namespace: str | None
     """The inner map key the hub uses for an object, or None when a v1 request cannot carry it.
 
     v2 keys are uniform: `namespace/name`, or `name` for cluster-scoped objects. v1 keys are relative
-    to the parent: under a namespaced parent only objects of that namespace are sent, keyed by `name`.
+    to the parent: under a namespaced parent only objects of that namespace, and cluster-scoped ones
+    (a related Namespace), are sent, keyed by `name`.
     """
     qualified = f"{namespace}/{name}" if namespace else name
     if version == "v2" or parent_namespace is None:
         return qualified
     if version != "v1":
         raise ValueError(f"unknown hook version {version!r}: expected 'v1' or 'v2'")
-    return name if namespace == parent_namespace else None
+    return name if namespace in (None, parent_namespace) else None
 
 
 @overload

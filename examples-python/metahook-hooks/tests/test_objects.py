@@ -32,7 +32,7 @@ def test_type_keys_omit_the_core_group():
 def test_v1_keys_are_relative_to_a_namespaced_parent():
     assert object_key("v1", "default", "default", "a") == "a"
     assert object_key("v1", "default", "other", "a") is None
-    assert object_key("v1", "default", None, "node-1") is None
+    assert object_key("v1", "default", None, "node-1") == "node-1"  # cluster-scoped: by name
     assert object_key("v1", None, "default", "a") == "default/a"
     assert object_key("v1", None, None, "node-1") == "node-1"
 

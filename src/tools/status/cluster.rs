@@ -133,7 +133,11 @@ fn reach(
     limit: Option<&crate::api::RelatedLimit>,
 ) -> String {
     let reach = crate::engine::related::Reach::of(version, namespaced.unwrap_or(true), limit);
-    let unlimited = if reach.unbounded() { " (no relatedLimit)" } else { "" };
+    let unlimited = match (reach.unbounded(), limit) {
+        (false, _) => "",
+        (true, None) => " (no relatedLimit)",
+        (true, Some(_)) => " (its relatedLimit leaves this open)",
+    };
     format!("{reach}{unlimited}")
 }
 
