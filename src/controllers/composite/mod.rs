@@ -102,12 +102,20 @@ impl Controller {
             // The parents' side of their claims on children elsewhere (see `crate::write::records`).
             let resource = hub
                 .discovery
-                .resolve(crate::api::GROUP_VERSION, "childrecords")
+                .resolve(crate::api::OWN_GROUP_VERSION, "childrecords")
                 .await
                 .map_err(|source| StartError::NotFound { role: "childrecord", source })?;
+            // Records a hub before issue 66 kept in Metacontroller's group are moved first: a parent
+            // synced without its record would be taken for one from before records.
+            let moved =
+                crate::write::record_migration::migrate(&hub.client, &name).await.map_err(StartError::Records)?;
             let informer = hub.informers.get(&resource, Role::Child);
             informer.wait_synced(hub.settings.cache_sync_timeout).await?;
-            Some(Records::new(hub.client.clone(), informer, &name))
+            let records = Records::new(hub.client.clone(), informer, &name);
+            for record in &moved {
+                records.know(record);
+            }
+            Some(records)
         } else {
             None
         };
