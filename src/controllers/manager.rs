@@ -633,7 +633,7 @@ async fn reconcile<K: Managed>(
         }
         if kept_records && !obj.keeps_records() {
             // No child type is `crossNamespace` any more: nothing will deal with the records' finalizers.
-            if let Err(err) = crate::write::records::release_all(&hub.client, &name).await {
+            if let Err(err) = crate::write::record_migration::release_all(&hub.client, &name).await {
                 warn!(controller = %name, "could not release the records of children elsewhere: {err}");
             }
         }
@@ -783,7 +783,7 @@ async fn release_finalizers<K: Managed>(hub: &Hub, obj: &K) -> bool {
     let (finalizer, types) = obj.finalizer();
     let mut done = true;
     if obj.keeps_records() {
-        match crate::write::records::release_all(&hub.client, &obj.name_any()).await {
+        match crate::write::record_migration::release_all(&hub.client, &obj.name_any()).await {
             Ok(released) if released > 0 => {
                 info!(controller = %obj.name_any(), released, "released the records of children elsewhere of a deleted controller");
             }

@@ -1,7 +1,7 @@
 //! The move of `ChildRecord`s from Metacontroller's API group (`metacontroller.k8s.io`, where hubs up to
 //! issue 66 kept them) to the project's own (`metahook.dev`): a controller that keeps records moves its
 //! own before it starts ([`migrate`]), and a controller let go of releases the old ones it did not
-//! move ([`release_old`]).
+//! move with the new ones ([`release_all`]).
 //!
 //! A record is the parent's side of its claim on its children elsewhere: lost, they would be left for
 //! good (a parent deleted without it deletes nothing elsewhere). So each old record is copied first —
@@ -12,8 +12,9 @@
 //!
 //! **When to remove this module**: once no cluster can have records in the old group — every
 //! installation has run a hub with it at least once with its controllers, or was installed after it —
-//! e.g. at the first release after 0.1.0; then also drop the old group's grant in `metahook rbac`
-//! (`crate::tools::rbac`) and the old CRD's removal in the uninstall page.
+//! e.g. at the first release after 0.1.0; then the controllers' release calls
+//! [`super::records::release_all`] again, and the old group's grant in `metahook rbac`
+//! (`crate::tools::rbac`) and the old CRD's removal in the uninstall page go too.
 
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
@@ -88,9 +89,10 @@ pub async fn migrate(client: &Client, controller: &str) -> Result<Vec<ChildRecor
     Ok(moved)
 }
 
-/// Releases `controller`'s old records (the controller no longer keeps records, or is deleted): as
-/// [`super::records::release_all`] does the new ones. Returns how many.
-pub async fn release_old(client: &Client, controller: &str) -> Result<usize, RecordError> {
+/// Releases every record of `controller`, in either group (the controller no longer keeps records, or
+/// is deleted): the old ones as [`super::records::release_all`] does the new ones, then those. Returns
+/// how many.
+pub async fn release_all(client: &Client, controller: &str) -> Result<usize, RecordError> {
     let mut released = 0;
     for old in old_records(client, controller).await? {
         let orphaned = old.owner_references().is_empty();
@@ -99,7 +101,7 @@ pub async fn release_old(client: &Client, controller: &str) -> Result<usize, Rec
             released += 1;
         }
     }
-    Ok(released)
+    Ok(released + super::records::release_all(client, controller).await?)
 }
 
 /// Takes the finalizer off `old` and, with `delete`, deletes it (both on its UID; gone is done).

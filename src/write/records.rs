@@ -376,8 +376,8 @@ fn to_dynamic(record: &ChildRecord) -> DynamicObject {
 /// Releases every record of `controller` in the cluster (read live): the controller is deleted, and no
 /// hub will deal with its parents' children elsewhere any more. The records stay with their parents
 /// (the children keep their labels: a controller started again over the same parents takes them back),
-/// or go, if the collector orphaned them. Records still in the old group are released too
-/// ([`super::record_migration::release_old`]). Returns how many were released.
+/// or go, if the collector orphaned them. Returns how many were released. (Callers release those still
+/// in the old group with [`super::record_migration::release_all`].)
 pub async fn release_all(client: &Client, controller: &str) -> Result<usize, RecordError> {
     let api: Api<ChildRecord> = Api::all(client.clone());
     let selector = format!("{RECORD_CONTROLLER_LABEL}={}", label_value(controller));
@@ -386,7 +386,7 @@ pub async fn release_all(client: &Client, controller: &str) -> Result<usize, Rec
         .list(&kube::api::ListParams::default().labels(&selector))
         .await
         .map_err(|source| RecordError::Read { key, source })?;
-    let mut released = super::record_migration::release_old(client, controller).await?;
+    let mut released = 0;
     for record in listed.items.iter().filter(|r| r.spec.controller == controller) {
         let record = Record::of(&to_dynamic(record));
         if record.finalized || (record.owned_by.is_none() && !record.deleting) {
