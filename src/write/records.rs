@@ -422,7 +422,7 @@ mod tests {
     #[test]
     fn a_record_the_collector_orphaned_says_so_and_one_it_did_not_does_not() {
         let record: DynamicObject = serde_json::from_value(json!({
-            "apiVersion": "metacontroller.k8s.io/v1alpha1", "kind": "ChildRecord",
+            "apiVersion": "metahook.dev/v1alpha1", "kind": "ChildRecord",
             "metadata": {"name": "r", "namespace": "a", "finalizers": [RECORD_FINALIZER],
                          "ownerReferences": [{"apiVersion": "v1", "kind": "ConfigMap", "name": "p", "uid": "u1"}]},
             "spec": {"controller": "c", "parent": {"name": "p", "uid": "u1"},
