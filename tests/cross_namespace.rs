@@ -475,3 +475,239 @@ async fn with_sharding_the_replica_holding_the_parent_keeps_and_deletes_its_chil
     other.delete().await;
     w.finish("CompositeController").await;
 }
+
+/// Each Thing's `spec.children` lists its children: `{"name", "namespace"?, "kind"?}` (a ConfigMap, or a
+/// Secret while the controller declares secrets); the status names the child types the request showed.
+const TWO_TYPES_HOOK: &str = r#"
+def sync(request):
+    spec = request["parent"].get("spec") or {}
+    declared = [r["resource"] for r in request["controller"]["spec"]["childResources"]]
+    children = []
+    for c in spec.get("children", []):
+        kind = c.get("kind", "ConfigMap")
+        if kind == "Secret" and "secrets" not in declared:
+            continue
+        metadata = {"name": c["name"]}
+        if c.get("namespace"):
+            metadata["namespace"] = c["namespace"]
+        children.append({"apiVersion": "v1", "kind": kind, "metadata": metadata, "data": {"v": "MQ=="} if kind == "Secret" else {"v": "1"}})
+    return {"children": children, "status": {"types": sorted(request["children"].keys())}}
+"#;
+
+/// A controller of Things whose ConfigMaps and (with `secrets`) Secrets are `crossNamespace`.
+fn two_types_spec(w: &World, secrets: bool) -> Value {
+    let mut types = vec![json!({"apiVersion": "v1", "resource": "configmaps", "crossNamespace": true})];
+    if secrets {
+        types.push(json!({"apiVersion": "v1", "resource": "secrets", "crossNamespace": true}));
+    }
+    json!({
+        "generateSelector": true,
+        "parentResource": {"apiVersion": "test.metahook.dev/v1", "resource": "things"},
+        "childResources": types,
+        "hooks": {"sync": {"webhook": {"url": w.hook.url("/sync")}}},
+    })
+}
+
+/// Issue 66 item 2: a `crossNamespace` child type taken out of the controller's spec does not leak. The
+/// parent's record still lists its children elsewhere of that type, and they go with the parent as its
+/// owned ones of that type go with the garbage collector; a decoy labelled with the parent's UID that the
+/// record does not list is not the parent's, and is left untouched.
+#[tokio::test]
+async fn children_elsewhere_of_a_type_taken_out_of_the_spec_go_with_their_parent_and_a_decoy_stays() {
+    let w = World::new("xns-removed", TWO_TYPES_HOOK).await;
+    let other = TestNamespace::create(&w.client, "xns-removed-b").await;
+    let b = other.name.as_str();
+    w.composite(two_types_spec(&w, true)).await;
+    let secrets = support::api(&w.client, "v1", "Secret", Some(b)).await;
+    let records = support::api(&w.client, support::RECORDS, "ChildRecord", Some(&w.ns.name)).await;
+    let things = w.things().await;
+
+    let secret = |name: &str| json!({"name": name, "namespace": b, "kind": "Secret"});
+    let spec = json!({"children": [child("r-cm", Some(b)), secret("r-secret"), child("r-here", None)]});
+    let parent = w.thing("r1", spec).await;
+    let uid = parent.metadata.uid.clone().unwrap();
+    exists(&w, b, "r-cm").await;
+    exists(&w, &w.ns.name, "r-here").await;
+    let made = eventually(WAIT, || async { secrets.get_opt("r-secret").await.unwrap() }).await;
+    assert_eq!(label(&made, PARENT_UID), Some(uid.as_str()));
+    let record = eventually(WAIT, || async {
+        let listed = records.list(&Default::default()).await.unwrap().items;
+        listed.into_iter().find(|r| r.data["spec"]["children"].as_array().is_some_and(|c| c.len() == 2))
+    })
+    .await;
+    // A decoy: labelled and annotated as the parent's, but not in its record.
+    let decoy = support::apply_value(
+        &w.client,
+        &json!({"apiVersion": "v1", "kind": "Secret",
+                "metadata": {"name": "r-decoy", "namespace": b, "labels": {(PARENT_UID): uid},
+                             "annotations": {(PARENT): format!("{}/r1", w.ns.name)}},
+                "data": {"v": "MQ=="}}),
+    )
+    .await;
+
+    // Secrets are no longer the controller's children: once it runs so, the hook sees ConfigMaps only.
+    w.composite(two_types_spec(&w, false)).await;
+    eventually(WAIT, || async {
+        let thing = things.get("r1").await.unwrap();
+        (thing.data["status"]["types"] == json!(["ConfigMap.v1"])).then_some(())
+    })
+    .await;
+    // The sync leaves the child of the removed type, and its entry, alone.
+    let kept = secrets.get_opt("r-secret").await.unwrap().expect("a child of a removed type is not deleted by a sync");
+    assert_eq!(kept.metadata.uid, made.metadata.uid);
+    let listed = records.get(&record.metadata.name.clone().unwrap()).await.unwrap();
+    assert_eq!(listed.data["spec"]["children"].as_array().map(Vec::len), Some(2), "{:?}", listed.data);
+
+    // The parent deleted: everything of it elsewhere goes, of either type, and its record.
+    things.delete("r1", &DeleteParams::background()).await.unwrap();
+    eventually(WAIT, || async { things.get_opt("r1").await.unwrap().is_none().then_some(()) }).await;
+    gone(&w, b, "r-cm").await;
+    gone(&w, &w.ns.name, "r-here").await;
+    eventually(WAIT, || async { secrets.get_opt("r-secret").await.unwrap().is_none().then_some(()) }).await;
+    eventually(WAIT, || async {
+        records.get_opt(&record.metadata.name.clone().unwrap()).await.unwrap().is_none().then_some(())
+    })
+    .await;
+    // The decoy is not the parent's: untouched.
+    let still = secrets.get_opt("r-decoy").await.unwrap().expect("the decoy stays");
+    assert_eq!(still.metadata.resource_version, decoy.metadata.resource_version, "the decoy untouched");
+
+    other.delete().await;
+    w.finish("CompositeController").await;
+}
+
+/// A parent as a hub before issue 66 left it: its finalizer, its child elsewhere `child` (labelled and
+/// annotated as that hub made it) and, in Metacontroller's group, its record listing the child, with
+/// (`held`) or without the record's finalizer. Returns the child.
+async fn as_the_old_hub_left_it(
+    w: &World,
+    parent: &kube::api::DynamicObject,
+    elsewhere: &str,
+    child: &str,
+    held: bool,
+) -> kube::api::DynamicObject {
+    let (name, uid) = (parent.metadata.name.clone().unwrap(), parent.metadata.uid.clone().unwrap());
+    let finalizer = format!("metacontroller.io/compositecontroller-{}", w.label);
+    let things = w.things().await;
+    let patch = json!({"metadata": {"finalizers": [finalizer]}});
+    things.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
+    let made = support::apply_value(
+        &w.client,
+        &json!({"apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": child, "namespace": elsewhere,
+                             "labels": {(PARENT_UID): uid, "controller-uid": uid},
+                             "annotations": {(PARENT): format!("{}/{name}", w.ns.name)}},
+                "data": {"v": "1"}}),
+    )
+    .await;
+    support::apply_value(&w.client, &old_group_record(w, parent, elsewhere, child, held, OLD_RECORDS)).await;
+    made
+}
+
+/// The record of `parent` listing `child` in `elsewhere`, as a hub writes it, in `group_version`.
+fn old_group_record(
+    w: &World,
+    parent: &kube::api::DynamicObject,
+    elsewhere: &str,
+    child: &str,
+    held: bool,
+    group_version: &str,
+) -> Value {
+    let (name, uid) = (parent.metadata.name.clone().unwrap(), parent.metadata.uid.clone().unwrap());
+    let finalizers = if held { json!(["metahook.dev/children-elsewhere"]) } else { json!([]) };
+    json!({"apiVersion": group_version, "kind": "ChildRecord",
+           "metadata": {"name": format!("{uid}.{}", w.label), "namespace": w.ns.name,
+                        "labels": {"metahook.dev/record-of": w.label}, "finalizers": finalizers,
+                        "ownerReferences": [{"apiVersion": "test.metahook.dev/v1", "kind": "Thing", "name": name,
+                                             "uid": uid, "controller": true, "blockOwnerDeletion": false}]},
+           "spec": {"controller": w.label, "parent": {"name": name, "uid": uid},
+                    "children": [{"apiGroup": "", "kind": "ConfigMap", "namespace": elsewhere, "name": child}]}})
+}
+
+/// Where hubs before issue 66 kept records: Metacontroller's group.
+const OLD_RECORDS: &str = "metacontroller.k8s.io/v1alpha1";
+
+/// Issue 66 item 4: records move from Metacontroller's group to `metahook.dev` with nothing lost. Three
+/// parents as a hub of before left them — one with its record in the old group only, one whose record a
+/// new hub copied before it was stopped, one whose old record it had let go of too but not deleted — and
+/// a decoy labelled with the first parent's UID. A new hub moves every record (the old ones go, the new
+/// ones list the same child), keeps the children as they are (the same objects, never taken by their
+/// label alone, so the decoy is no child), and after a restart deletes them with their parents.
+#[tokio::test]
+async fn records_in_the_old_group_are_moved_across_a_restart_and_their_children_still_go_with_the_parents() {
+    let client = support::client().await;
+    support::install_crds(&client, include_str!("fixtures/childrecords-old-group.yaml")).await;
+    let (mut w, other) = world("xns-move").await;
+    let b = other.name.as_str();
+    w.stop_hub().await;
+    let things = w.things().await;
+    let old = support::api(&w.client, OLD_RECORDS, "ChildRecord", Some(&w.ns.name)).await;
+    let new = support::api(&w.client, support::RECORDS, "ChildRecord", Some(&w.ns.name)).await;
+
+    let mut children = Vec::new();
+    for (i, held) in [(1, true), (2, true), (3, false)] {
+        let parent = w.thing(&format!("m{i}"), json!({"children": [child(&format!("m{i}-b"), Some(b))]})).await;
+        children.push(as_the_old_hub_left_it(&w, &parent, b, &format!("m{i}-b"), held).await);
+        if i > 1 {
+            // Copied by a new hub stopped before it deleted the old one.
+            support::apply_value(
+                &w.client,
+                &old_group_record(&w, &parent, b, &format!("m{i}-b"), true, support::RECORDS),
+            )
+            .await;
+        }
+    }
+    let m1 = things.get("m1").await.unwrap();
+    let decoy = support::apply_value(
+        &w.client,
+        &json!({"apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": "m1-decoy", "namespace": b,
+                             "labels": {(PARENT_UID): m1.metadata.uid.clone().unwrap()},
+                             "annotations": {(PARENT): format!("{}/m1", w.ns.name)}},
+                "data": {"v": "decoy"}}),
+    )
+    .await;
+
+    // A new hub moves the records, syncs the parents, and keeps their children.
+    w.start_hub();
+    eventually(WAIT, || async { old.list(&Default::default()).await.unwrap().items.is_empty().then_some(()) }).await;
+    for (i, made) in children.iter().enumerate() {
+        let name = format!("m{}", i + 1);
+        let uid = things.get(&name).await.unwrap().metadata.uid.unwrap();
+        let record = new.get(&format!("{uid}.{}", w.label)).await.unwrap();
+        let listed = &record.data["spec"]["children"];
+        assert_eq!(
+            listed,
+            &json!([{"apiGroup": "", "kind": "ConfigMap", "namespace": b, "name": format!("{name}-b")}])
+        );
+        assert_eq!(record.metadata.finalizers, Some(vec!["metahook.dev/children-elsewhere".to_owned()]));
+        let expected = json!([format!("{b}/{name}-b")]);
+        eventually(WAIT, || async {
+            let thing = things.get(&name).await.unwrap();
+            (thing.data["status"]["seen"] == expected).then_some(())
+        })
+        .await;
+        let kept = config_map(&w, b, &format!("{name}-b")).await.expect("the child elsewhere is kept");
+        assert_eq!(
+            (kept.metadata.uid.as_ref(), label(&kept, PARENT_UID)),
+            (made.metadata.uid.as_ref(), Some(uid.as_str()))
+        );
+    }
+
+    // After a restart, the parents deleted take their children elsewhere, and only those.
+    w.restart_hub().await;
+    for i in 1..=3 {
+        things.delete(&format!("m{i}"), &DeleteParams::background()).await.unwrap();
+    }
+    for i in 1..=3 {
+        gone(&w, b, &format!("m{i}-b")).await;
+        eventually(WAIT, || async { things.get_opt(&format!("m{i}")).await.unwrap().is_none().then_some(()) }).await;
+    }
+    eventually(WAIT, || async { new.list(&Default::default()).await.unwrap().items.is_empty().then_some(()) }).await;
+    assert!(old.list(&Default::default()).await.unwrap().items.is_empty());
+    let still = config_map(&w, b, "m1-decoy").await.expect("the decoy stays");
+    assert_eq!(still.metadata.resource_version, decoy.metadata.resource_version, "the decoy untouched");
+
+    other.delete().await;
+    w.finish("CompositeController").await;
+}

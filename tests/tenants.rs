@@ -437,7 +437,7 @@ async fn a_released_record_is_held_again_and_a_foreground_delete_deletes_no_deco
     cms.create(&Default::default(), &serde_json::from_value(decoy("decoy-e", &pe, &["tenant.example/keep"])).unwrap())
         .await
         .unwrap();
-    let records = api(&w.client, support::CONTROLLERS, "ChildRecord", Some(&w.ns.name)).await;
+    let records = api(&w.client, support::RECORDS, "ChildRecord", Some(&w.ns.name)).await;
     let record = format!("{}.{}", pe.metadata.uid.as_deref().unwrap(), w.label);
     let held = |want: bool| {
         let records = records.clone();

@@ -48,6 +48,9 @@ pub const GROUP: &str = "metacontroller.k8s.io";
 pub const VERSION: &str = "v1alpha1";
 /// `apiVersion` of every metahook/Metacontroller resource.
 pub const GROUP_VERSION: &str = "metacontroller.k8s.io/v1alpha1";
+/// `apiVersion` of the hub's own bookkeeping, which is not Metacontroller's API
+/// ([`record::ChildRecord`]).
+pub const OWN_GROUP_VERSION: &str = "metahook.dev/v1alpha1";
 
 /// A controller whose parent type is `parentResource` and whose children are computed by the `sync` hook.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]

@@ -1,4 +1,4 @@
-//! `ChildRecord` (a metahook extension of the group): which objects outside a namespaced parent's
+//! `ChildRecord` (`metahook.dev/v1alpha1`, the hub's own bookkeeping, not Metacontroller's API): which objects outside a namespaced parent's
 //! namespace are that parent's children (`crossNamespace`).
 //!
 //! A child elsewhere carries the parent's UID in the `metahook.dev/parent-uid` label, but a label can be
@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 #[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[kube(
-    group = "metacontroller.k8s.io",
+    group = "metahook.dev",
     version = "v1alpha1",
     kind = "ChildRecord",
     plural = "childrecords",

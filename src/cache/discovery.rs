@@ -97,4 +97,22 @@ impl Discovery {
         self.cache.lock().expect("discovery lock").insert(key, (Arc::clone(&resolved), Instant::now()));
         Ok(resolved)
     }
+
+    /// Resolves `kind` in `group` (`""`: the core group) at the group's preferred version, as a record
+    /// names a type (group and kind, no version): `None` when the API server serves no such type (the
+    /// group or the kind is gone), so no object of it can exist. Not cached: it is asked for types a
+    /// controller no longer declares, once per deleted parent that still has children of them.
+    pub async fn resolve_kind(&self, group: &str, kind: &str) -> Result<Option<ResolvedResource>, kube::Error> {
+        let found = match kube::discovery::oneshot::group(&self.client, group).await {
+            Ok(found) => found,
+            Err(kube::Error::Discovery(kube::error::DiscoveryError::MissingApiGroup(_))) => return Ok(None),
+            Err(kube::Error::Api(status)) if status.code == 404 => return Ok(None),
+            Err(source) => return Err(source),
+        };
+        Ok(found.recommended_kind(kind).map(|(api_resource, caps)| ResolvedResource {
+            api_resource,
+            namespaced: caps.scope == Scope::Namespaced,
+            has_status: caps.subresources.iter().any(|(sub, _)| sub.plural == "status"),
+        }))
+    }
 }

@@ -99,7 +99,7 @@ impl Outcome {
 pub async fn release(scope: &Scope, holdings: &Holdings) -> Outcome {
     let mut outcome = Outcome::default();
     if holdings.records {
-        match crate::write::records::release_all(&scope.client, &holdings.controller).await {
+        match crate::write::record_migration::release_all(&scope.client, &holdings.controller).await {
             Ok(n) => outcome.released += n,
             Err(crate::write::records::RecordError::Read { source, .. }) if cannot_exist(&source) => {}
             Err(err) => outcome.waiting.0.push(format!("its records of children elsewhere: {err}")),

@@ -217,13 +217,16 @@ fn present(types: &[ChildType], child: &RecordedChild) -> bool {
         .any(|t| t.informer.contains(&key))
 }
 
-/// Whether a sync of `record`'s parent has entries to take out even though it writes no child.
+/// Whether a sync of `record`'s parent has entries to take out even though it writes no child. An entry
+/// of a type no longer declared `crossNamespace` is not: it stays until the parent's deletion deals with
+/// its child ([`let_go_undeclared`]).
 pub(crate) fn needs_settling(
     record: Option<&Arc<Record>>,
     types: &[ChildType],
     desired: &BTreeSet<RecordedChild>,
 ) -> bool {
-    record.is_some_and(|r| r.children.iter().any(|e| !desired.contains(e) && !present(types, e)))
+    let declared = |e: &RecordedChild| types.iter().any(|t| of_type(t, e));
+    record.is_some_and(|r| r.children.iter().any(|e| declared(e) && !desired.contains(e) && !present(types, e)))
 }
 
 /// The end of a deleted parent's children elsewhere, once its finalize hook (if any) let go: each is
@@ -259,6 +262,61 @@ pub(crate) async fn let_go(
         }
     }
     Ok(done)
+}
+
+/// The end of a deleted parent's children elsewhere of types its controller no longer declares
+/// `crossNamespace` (taken out of `childResources`, or declared without it now): no cache watches them,
+/// but the record still lists them, and they go with the parent as its owned ones of that type go with
+/// the garbage collector — or, with `orphan`, are released. Each entry is read live and dealt with only
+/// if it is the parent's by the same rule as any child elsewhere: listed (it is an entry) **and**
+/// labelled with the parent's UID, with no controller `ownerReference`, outside the parent's namespace.
+/// A type the API server no longer serves has no object left to deal with. A child that changed between
+/// the read and the delete is read again at the retry the returned error asks for (no watch of its type
+/// would queue the parent).
+pub(crate) async fn let_go_undeclared(
+    client: &kube::Client,
+    discovery: &crate::cache::discovery::Discovery,
+    applier: &Applier,
+    (parent, parent_resource): (&DynamicObject, &ResolvedResource),
+    types: &[ChildType],
+    record: &Record,
+    orphan: bool,
+) -> Result<(), SyncError> {
+    let uid = parent.metadata.uid.as_deref().unwrap_or_default();
+    for listed in record.children.iter().filter(|e| !types.iter().any(|t| of_type(t, e))) {
+        let resolved = discovery.resolve_kind(&listed.api_group, &listed.kind).await.map_err(|source| {
+            SyncError::Write { what: "a discovery of a recorded child's type", source: Box::new(source) }
+        })?;
+        let Some(resource) = resolved else { continue };
+        let api: kube::Api<DynamicObject> = match &listed.namespace {
+            Some(ns) if resource.namespaced => kube::Api::namespaced_with(client.clone(), ns, &resource.api_resource),
+            None if !resource.namespaced => kube::Api::all_with(client.clone(), &resource.api_resource),
+            // The entry does not fit the type's scope: nothing of it can be there.
+            _ => continue,
+        };
+        let found = api.get_opt(&listed.name).await.map_err(|source| SyncError::Write {
+            what: "a read of a recorded child elsewhere",
+            source: Box::new(source),
+        })?;
+        let Some(child) = found else { continue };
+        let ours = !child.metadata.owner_references.iter().flatten().any(|r| r.controller == Some(true))
+            && by_label(parent, parent_resource, child.metadata.namespace.as_deref())
+            && controller_uid(&child) == Some(uid);
+        if !ours {
+            continue;
+        }
+        if orphan {
+            crate::write::children::label(client, &resource, &child, None, "releasing")
+                .await
+                .map_err(|e| SyncError::Claim(Box::new(e)))?;
+        } else if child.metadata.deletion_timestamp.is_none() {
+            info!(kind = %listed.kind, child = %ObjectKey::of(&child), "deleting a child elsewhere of a type the controller no longer declares");
+            if !applier.delete(&resource, &child).await.map_err(|e| SyncError::Apply(vec![e]))? {
+                return Err(SyncError::Conflict("child elsewhere of a type no longer declared"));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Releases the record of a parent whose finalizer is gone (logged, not failed: the parent is done).

@@ -39,6 +39,10 @@ pub enum StartError {
     /// A MapController's spec asks for what a MapController cannot do.
     #[error("{0}")]
     Map(String),
+    /// The parents' records could not be moved out of the old group
+    /// ([`crate::write::record_migration`]); the start is tried again.
+    #[error("{0}")]
+    Records(#[source] crate::write::records::RecordError),
 }
 
 impl StartError {
@@ -64,6 +68,7 @@ impl StartError {
             Self::InvalidHookSetting(_) => "InvalidHookSetting",
             Self::CrossNamespace(_) => "UnsupportedCrossNamespace",
             Self::Map(_) => "UnsupportedMapSpec",
+            Self::Records(_) => "ChildRecordMigrationFailed",
         }
     }
 }

@@ -648,6 +648,12 @@ impl<K: Clone + Eq + Hash + Display + crate::engine::queue::Flowing + Send + Syn
             if !elsewhere::let_go(client, applier, obj, resource, &self.children, known.elsewhere(), orphan).await? {
                 return Ok(());
             }
+            if let Some(record) = &known.record {
+                let discovery = &self.hub.discovery;
+                let parent = (obj, resource);
+                elsewhere::let_go_undeclared(client, discovery, applier, parent, &self.children, record, orphan)
+                    .await?;
+            }
         }
         self.write_object(key, (type_index, &ObjectKey::of(obj)), remove_finalizer(api, obj, &self.finalizer)).await?;
         if let Some(records) = &self.records {

@@ -511,7 +511,7 @@ async fn recorded_children(
 /// parents' buckets (they are cached, sharded, like children); returns how many. Nothing where the
 /// `ChildRecord` CRD is not installed.
 pub async fn label_records(client: &Client, ring: &str, discovery: &Discovery) -> Result<usize, LabelError> {
-    let Ok(resource) = discovery.resolve(crate::api::GROUP_VERSION, "childrecords").await else { return Ok(0) };
+    let Ok(resource) = discovery.resolve(crate::api::OWN_GROUP_VERSION, "childrecords").await else { return Ok(0) };
     let api: Api<crate::api::record::ChildRecord> = Api::all(client.clone());
     let key = parent_shard_label(ring);
     let mut labelled = 0;

@@ -24,8 +24,13 @@ pub fn all() -> Vec<(&'static str, CustomResourceDefinition)> {
     all
 }
 
-/// Marks the CRDs the way Metacontroller's are, so an install over Metacontroller's CRDs is accepted.
+/// Marks the CRDs in Metacontroller's group the way Metacontroller's are, so an install over
+/// Metacontroller's CRDs is accepted (the API server asks it of a `*.k8s.io` group only; the project's
+/// own, `metahook.dev`, needs none).
 fn annotate(crd: &mut CustomResourceDefinition) {
+    if crd.spec.group != crate::api::GROUP {
+        return;
+    }
     crd.metadata
         .annotations
         .get_or_insert_with(Default::default)

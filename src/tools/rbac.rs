@@ -372,7 +372,10 @@ pub fn controller_rules(controller: &ControllerObject, related: &[(String, Strin
             }
             if spec.child_resources.iter().any(crate::api::ChildResourceRule::cross_namespace) {
                 // The parents' records of their children elsewhere (`crate::write::records`).
-                grants.add(crate::api::GROUP_VERSION, "childrecords", MANAGE);
+                grants.add(crate::api::OWN_GROUP_VERSION, "childrecords", MANAGE);
+                // Records kept in Metacontroller's group by hubs before issue 66, moved from there
+                // (`crate::write::record_migration`; goes with it).
+                grants.add(crate::write::record_migration::OLD_GROUP_VERSION, "childrecords", MANAGE);
             }
             recreating(&mut grants, &spec.child_resources);
         }

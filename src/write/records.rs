@@ -289,6 +289,12 @@ impl Records {
             .collect()
     }
 
+    /// Knows `written` (a record written elsewhere, such as one moved from the old group,
+    /// [`super::record_migration`]) until the cache shows it.
+    pub fn know(&self, written: &ChildRecord) {
+        self.remember(written);
+    }
+
     fn remember(&self, written: &ChildRecord) -> Arc<Record> {
         let record = Arc::new(Record::of(&to_dynamic(written)));
         self.written.lock().expect("records lock").insert(record.key.clone(), Arc::clone(&record));
@@ -370,7 +376,8 @@ fn to_dynamic(record: &ChildRecord) -> DynamicObject {
 /// Releases every record of `controller` in the cluster (read live): the controller is deleted, and no
 /// hub will deal with its parents' children elsewhere any more. The records stay with their parents
 /// (the children keep their labels: a controller started again over the same parents takes them back),
-/// or go, if the collector orphaned them. Returns how many were released.
+/// or go, if the collector orphaned them. Returns how many were released. (Callers release those still
+/// in the old group with [`super::record_migration::release_all`].)
 pub async fn release_all(client: &Client, controller: &str) -> Result<usize, RecordError> {
     let api: Api<ChildRecord> = Api::all(client.clone());
     let selector = format!("{RECORD_CONTROLLER_LABEL}={}", label_value(controller));
@@ -415,7 +422,7 @@ mod tests {
     #[test]
     fn a_record_the_collector_orphaned_says_so_and_one_it_did_not_does_not() {
         let record: DynamicObject = serde_json::from_value(json!({
-            "apiVersion": "metacontroller.k8s.io/v1alpha1", "kind": "ChildRecord",
+            "apiVersion": "metahook.dev/v1alpha1", "kind": "ChildRecord",
             "metadata": {"name": "r", "namespace": "a", "finalizers": [RECORD_FINALIZER],
                          "ownerReferences": [{"apiVersion": "v1", "kind": "ConfigMap", "name": "p", "uid": "u1"}]},
             "spec": {"controller": "c", "parent": {"name": "p", "uid": "u1"},

@@ -918,6 +918,8 @@ impl World {
 
 /// The API group and version of the controllers (Metacontroller's).
 pub const CONTROLLERS: &str = "metacontroller.k8s.io/v1alpha1";
+/// The apiVersion of the hub's `ChildRecord`s.
+pub const RECORDS: &str = "metahook.dev/v1alpha1";
 
 /// A hub's API client with watches a test can cut, to make the hub really miss a watch event.
 ///

@@ -98,19 +98,7 @@ impl Controller {
             }
         }
         let children = child_types(hub, &spec.child_resources, "child", |method| method).await?;
-        let records = if spec.child_resources.iter().any(crate::api::ChildResourceRule::cross_namespace) {
-            // The parents' side of their claims on children elsewhere (see `crate::write::records`).
-            let resource = hub
-                .discovery
-                .resolve(crate::api::GROUP_VERSION, "childrecords")
-                .await
-                .map_err(|source| StartError::NotFound { role: "childrecord", source })?;
-            let informer = hub.informers.get(&resource, Role::Child);
-            informer.wait_synced(hub.settings.cache_sync_timeout).await?;
-            Some(Records::new(hub.client.clone(), informer, &name))
-        } else {
-            None
-        };
+        let records = records_of(hub, spec, &name).await?;
         let rollouts = if spec.child_resources.iter().any(|r| r.method().is_rolling()) {
             if !parent_resource.namespaced {
                 return Err(StartError::RollingNeedsNamespacedParent);
@@ -405,6 +393,33 @@ impl Kind for Controller {
         let client = &self.core.hub.client;
         Orphaned { client, types: &self.core.child_resources, selector: &selector }.any(parent).await
     }
+}
+
+/// The records of the parents' children elsewhere (see `crate::write::records`), when a child type is
+/// `crossNamespace`: records a hub before issue 66 kept in Metacontroller's group are moved first
+/// ([`crate::write::record_migration`]), for a parent synced without its record would be taken for one
+/// from before records.
+async fn records_of(
+    hub: &Hub,
+    spec: &crate::api::CompositeControllerSpec,
+    name: &str,
+) -> Result<Option<Records>, StartError> {
+    if !spec.child_resources.iter().any(crate::api::ChildResourceRule::cross_namespace) {
+        return Ok(None);
+    }
+    let resource = hub
+        .discovery
+        .resolve(crate::api::OWN_GROUP_VERSION, "childrecords")
+        .await
+        .map_err(|source| StartError::NotFound { role: "childrecord", source })?;
+    let moved = crate::write::record_migration::migrate(&hub.client, name).await.map_err(StartError::Records)?;
+    let informer = hub.informers.get(&resource, Role::Child);
+    informer.wait_synced(hub.settings.cache_sync_timeout).await?;
+    let records = Records::new(hub.client.clone(), informer, name);
+    for record in &moved {
+        records.know(record);
+    }
+    Ok(Some(records))
 }
 
 /// How a rolling sync decides (see [`Rollouts::sync`]): the engine's sync and `metahook diff` both

@@ -84,7 +84,7 @@ pub(super) async fn diff(
     // The parents' records of their children elsewhere, which say (with the label) what is whose there.
     let records =
         if spec.child_resources.iter().any(crate::api::ChildResourceRule::cross_namespace) && !parents.is_empty() {
-            let resource = live.resolve("childrecord", crate::api::GROUP_VERSION, "childrecords").await?;
+            let resource = live.resolve("childrecord", crate::api::OWN_GROUP_VERSION, "childrecords").await?;
             Some(live.cache(&resource, &namespaces).await?)
         } else {
             None
