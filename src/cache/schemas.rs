@@ -1,4 +1,4 @@
-//! What each type's schema declares, as the API server publishes it: the OpenAPI v3 document of each
+//! What each type's schema declares, as the API server publishes it: the `OpenAPI` v3 document of each
 //! group-version (`/openapi/v3/api/v1`, `/openapi/v3/apis/<group>/<version>`), which holds built-in
 //! types and custom resources' structural schemas alike, each type found by its
 //! `x-kubernetes-group-version-kind`.
@@ -33,7 +33,7 @@ pub enum SchemaError {
     Parse { url: String, source: serde_json::Error },
 }
 
-/// The OpenAPI v3 documents of the group-versions of the types asked for, read lazily and kept.
+/// The `OpenAPI` v3 documents of the group-versions of the types asked for, read lazily and kept.
 #[derive(Clone)]
 pub struct Schemas {
     client: Client,
@@ -49,6 +49,22 @@ struct State {
     index: Option<Index>,
     /// By group-version path (`api/v1`, `apis/apps/v1`).
     documents: HashMap<String, Arc<Document>>,
+}
+
+/// A document the index names as current.
+enum Held {
+    Current(Arc<Document>),
+    /// The index names no document for the group-version.
+    Unpublished,
+}
+
+impl Held {
+    fn document(self) -> Option<Arc<Document>> {
+        match self {
+            Held::Current(document) => Some(document),
+            Held::Unpublished => None,
+        }
+    }
 }
 
 /// The index of documents: the URL of each group-version's, with its content hash in it.
@@ -207,24 +223,24 @@ impl Schemas {
 
     /// The document at `path`, current as the index (read at most once per interval) says.
     async fn document(&self, path: &str) -> Result<Option<Arc<Document>>, SchemaError> {
-        if let Some(current) = self.current(path) {
-            return Ok(current);
+        if let Some(held) = self.current(path) {
+            return Ok(held.document());
         }
         let _reading = self.reading.lock().await;
         // Another task may have read it while this one waited.
-        if let Some(current) = self.current(path) {
-            return Ok(current);
+        if let Some(held) = self.current(path) {
+            return Ok(held.document());
         }
         let fresh =
             self.state.lock().expect("schemas lock").index.as_ref().is_some_and(|i| i.read.elapsed() < self.ttl);
         if !fresh {
             let read = self.read_index().await;
-            let urls = read.as_ref().map(|urls| urls.clone()).unwrap_or_default();
+            let urls = read.as_ref().map(Clone::clone).unwrap_or_default();
             // A failed reading, too, is not repeated before the interval is over.
             self.state.lock().expect("schemas lock").index = Some(Index { urls, read: Instant::now() });
             read?;
-            if let Some(current) = self.current(path) {
-                return Ok(current);
+            if let Some(held) = self.current(path) {
+                return Ok(held.document());
             }
         }
         let Some(url) = self.url_of(path) else { return Ok(None) };
@@ -246,13 +262,13 @@ impl Schemas {
         Ok(Some(document))
     }
 
-    /// `Some` when the index is within its interval and the document it names for `path` (none:
-    /// `Some(None)`) is the one held.
-    fn current(&self, path: &str) -> Option<Option<Arc<Document>>> {
+    /// What the index, if within its interval, says of the document at `path`: the one held, or none
+    /// at all; `None` when the index or the document must be read first.
+    fn current(&self, path: &str) -> Option<Held> {
         let state = self.state.lock().expect("schemas lock");
         let index = state.index.as_ref().filter(|index| index.read.elapsed() < self.ttl)?;
-        let Some(url) = index.urls.get(path) else { return Some(None) };
-        state.documents.get(path).filter(|held| &held.url == url).map(|held| Some(Arc::clone(held)))
+        let Some(url) = index.urls.get(path) else { return Some(Held::Unpublished) };
+        state.documents.get(path).filter(|held| &held.url == url).map(|held| Held::Current(Arc::clone(held)))
     }
 
     fn url_of(&self, path: &str) -> Option<String> {

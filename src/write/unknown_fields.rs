@@ -78,10 +78,19 @@ struct Shape<'s> {
     /// `additionalProperties: true`: any key, any value.
     any_values: bool,
     items: Vec<&'s Value>,
-    preserve: bool,
-    embedded: bool,
+    /// `x-kubernetes-preserve-unknown-fields`, `x-kubernetes-embedded-resource`.
+    keeps: Keeps,
     /// A reference not in the document, or too many of them: nothing is known.
     unknown: bool,
+}
+
+/// What a schema keeps besides the fields it declares.
+#[derive(Default, Clone, Copy)]
+struct Keeps {
+    /// Every field (`x-kubernetes-preserve-unknown-fields: true`).
+    unknown_fields: bool,
+    /// `apiVersion`, `kind` and `metadata` (`x-kubernetes-embedded-resource: true`).
+    resource: bool,
 }
 
 impl<'s> Shape<'s> {
@@ -119,8 +128,8 @@ impl<'s> Shape<'s> {
                 _ => {}
             }
             let flag = |name: &str| node.get(name) == Some(&Value::Bool(true));
-            shape.preserve |= flag("x-kubernetes-preserve-unknown-fields");
-            shape.embedded |= flag("x-kubernetes-embedded-resource");
+            shape.keeps.unknown_fields |= flag("x-kubernetes-preserve-unknown-fields");
+            shape.keeps.resource |= flag("x-kubernetes-embedded-resource");
         }
         shape
     }
@@ -128,7 +137,8 @@ impl<'s> Shape<'s> {
     /// Whether every field of an object of this shape is kept as it is: nothing is known of it, or it
     /// is free-form (no field and no map declared).
     fn kept_whole(&self) -> bool {
-        self.unknown || (self.properties.is_empty() && self.values.is_empty() && !self.any_values && !self.preserve)
+        self.unknown
+            || (self.properties.is_empty() && self.values.is_empty() && !self.any_values && !self.keeps.unknown_fields)
     }
 }
 
@@ -142,7 +152,7 @@ impl<'s> Pruner<'s> {
                 }
                 let mut gone = Vec::new();
                 for (name, field) in fields.iter_mut() {
-                    if (root || shape.embedded) && matches!(name.as_str(), "apiVersion" | "kind" | "metadata") {
+                    if (root || shape.keeps.resource) && matches!(name.as_str(), "apiVersion" | "kind" | "metadata") {
                         continue;
                     }
                     let at = path.len();
@@ -151,7 +161,7 @@ impl<'s> Pruner<'s> {
                         self.walk(field, declared, path, false);
                     } else if !shape.values.is_empty() {
                         self.walk(field, &shape.values, path, false);
-                    } else if !shape.any_values && !shape.preserve {
+                    } else if !shape.any_values && !shape.keeps.unknown_fields {
                         gone.push(name.clone());
                         self.dropped.push(path.clone());
                     }
@@ -200,7 +210,7 @@ mod tests {
     use super::*;
 
     /// A group-version's document as a 1.36 API server publishes it (the parts that matter here): a
-    /// ConfigMap, a StatefulSet down to its containers, and ObjectMeta.
+    /// `ConfigMap`, a `StatefulSet` down to its containers, and `ObjectMeta`.
     fn built_in() -> Value {
         let reference =
             |name: &str| json!({"allOf": [{"$ref": format!("#/components/schemas/{name}")}], "default": {}});
@@ -235,7 +245,7 @@ mod tests {
         TypeSchema::from_document(document, api_version, kind).unwrap()
     }
 
-    /// The SKA telescope's MPI operator's worker set: `spec.type` is not a StatefulSet's.
+    /// The SKA telescope's MPI operator's worker set: `spec.type` is not a `StatefulSet`'s.
     #[test]
     fn an_undeclared_field_is_dropped_wherever_it_is_and_the_rest_kept() {
         let mut set = json!({"apiVersion": "apps/v1", "kind": "StatefulSet",
