@@ -14,19 +14,24 @@ use std::time::Duration;
 use metahook::ops::config::Config;
 use metahook::write::unknown_fields::UnknownFields;
 use serde_json::json;
-use support::{World, api, eventually};
+use support::{Tenant, World, api, eventually};
 
 const WAIT: Duration = Duration::from_secs(90);
 
-/// A custom resource whose schema declares its fields (no `x-kubernetes-preserve-unknown-fields`).
-const STRICT_CRD: &str = r"
+/// A custom resource type of `group` whose schema declares `spec.size` and `more` of its `spec` (strings),
+/// and nothing else (no `x-kubernetes-preserve-unknown-fields`).
+fn declaring_crd(group: &str, kind: &str, more: &[&str]) -> String {
+    let plural = format!("{}s", kind.to_lowercase());
+    let more: String = more.iter().map(|field| format!("\n              {field}: {{type: string}}")).collect();
+    format!(
+        r"
 apiVersion: apiextensions.k8s.io/v1
 kind: CustomResourceDefinition
-metadata: {name: strictthings.test.metahook.dev}
+metadata: {{name: {plural}.{group}}}
 spec:
-  group: test.metahook.dev
+  group: {group}
   scope: Namespaced
-  names: {kind: StrictThing, plural: strictthings, singular: strictthing}
+  names: {{kind: {kind}, plural: {plural}, singular: {singular}}}
   versions:
   - name: v1
     served: true
@@ -38,8 +43,11 @@ spec:
           spec:
             type: object
             properties:
-              size: {type: integer}
-";
+              size: {{type: integer}}{more}
+",
+        singular = kind.to_lowercase()
+    )
+}
 
 /// The MPI operator's worker StatefulSet (its `spec.type` a slip), a custom resource with an undeclared
 /// `spec.colour`, and a ConfigMap with nothing wrong.
@@ -63,7 +71,7 @@ def sync(req):
 /// A world whose hub treats undeclared fields as `unknown_fields` says, with the controller of [`HOOK`].
 async fn world(test: &str, unknown_fields: UnknownFields) -> World {
     let mut w = World::new(test, HOOK).await;
-    support::install_crds(&w.client, STRICT_CRD).await;
+    support::install_crds(&w.client, &declaring_crd("test.metahook.dev", "StrictThing", &[])).await;
     w.stop_hub().await;
     let client = w.client.clone();
     let config = Config { child_unknown_fields: unknown_fields, metrics_address: String::new(), ..Config::default() };
@@ -146,5 +154,153 @@ async fn a_strict_hub_refuses_such_a_child_whole_as_server_side_apply_does() {
     let sets = api(&w.client, "apps/v1", "StatefulSet", Some(&w.ns.name)).await;
     assert!(sets.get_opt("mpi-worker").await.unwrap().is_none(), "refused whole: not made");
     assert!(warnings(&w, "mpi", "UnknownFieldsDropped").await.is_empty());
+    w.finish("CompositeController").await;
+}
+
+/// Issue 67 item 1: each Thing's ConfigMap holds `data.v` from the Thing's `spec.v`, and every key of
+/// the Thing's `spec.echo` at its top level, beside `data` — fields a ConfigMap does not declare, named as
+/// the parent's owner (a tenant) likes.
+const ECHO: &str = r#"
+def sync(req):
+    spec = req["parent"].get("spec") or {}
+    cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": req["parent"]["metadata"]["name"] + "-cm"},
+          "data": {"v": str(spec.get("v", "1"))}}
+    for key, value in (spec.get("echo") or {}).items():
+        cm[key] = value
+    return {"children": [cm]}
+"#;
+
+/// Field names a hostile parent's owner echoes into its child: the refusal's own separator with the path
+/// of a declared field after it, brackets and quotes, a line break, unicode and a long one (the unit
+/// tests of `write::unknown_fields` have the whole alphabet).
+fn hostile_names() -> Vec<String> {
+    let names = ["x): .data", "y): .metadata.labels", "[name=\"v\"]", "l\nm", "ünï ✓"];
+    names.into_iter().map(str::to_owned).chain([".".repeat(300)]).collect()
+}
+
+/// Issue 67 item 1, as a tenant (a ServiceAccount with a namespaced Role only): its parent makes the hook
+/// echo `x): .data` (and other hostile names) into its ConfigMap. Its child is made without those fields
+/// and its parent says so; another controller's ConfigMaps in another namespace keep their `data`, when
+/// updated and when created, and no false `UnknownFieldsDropped` Event is said of their parents.
+#[tokio::test]
+async fn a_tenants_field_names_do_not_make_the_hub_drop_declared_fields_of_other_objects() {
+    let w = World::new("uf-tenant", ECHO).await;
+    let tenant = Tenant::create(&w.client, "uf-tenant-a").await;
+    let controller = |team: &str| {
+        json!({
+            "generateSelector": true,
+            "parentResource": {"apiVersion": "test.metahook.dev/v1", "resource": "things",
+                               "labelSelector": {"matchLabels": {"metahook-test": w.label, "team": team}}},
+            "childResources": [{"apiVersion": "v1", "resource": "configmaps", "updateStrategy": {"method": "InPlace"}}],
+            "hooks": {"sync": {"webhook": {"url": w.hook.url("/sync")}}},
+        })
+    };
+    w.composite(controller("tenant")).await;
+    let platform = format!("{}-platform", w.label);
+    w.controller("CompositeController", &platform, controller("platform")).await;
+    let team = |team: &str| json!({"team": team});
+    w.thing_labelled("p1", &team("platform"), json!({"v": "1"})).await;
+    eventually(WAIT, || async { w.config_map("p1-cm").await.filter(|cm| cm.data["data"]["v"] == "1") }).await;
+
+    let echo: serde_json::Map<String, serde_json::Value> =
+        hostile_names().into_iter().map(|name| (name, json!("boom"))).collect();
+    let things = tenant.api("test.metahook.dev/v1", "Thing").await;
+    let thing = json!({"apiVersion": "test.metahook.dev/v1", "kind": "Thing",
+                       "metadata": {"name": "t", "labels": {"metahook-test": w.label, "team": "tenant"}},
+                       "spec": {"v": "7", "echo": echo}});
+    things.create(&Default::default(), &serde_json::from_value(thing).unwrap()).await.unwrap();
+    // Its sync has written (or been refused: the hub before issue 67 read `.data` out of the refusal).
+    let said = eventually(WAIT, || async {
+        let all = support::warnings_for(&w.client, &tenant.namespace.name, "t").await;
+        all.into_iter().find(|e| e.starts_with("UnknownFieldsDropped:") || e.starts_with("SyncError:"))
+    })
+    .await;
+
+    // The other controller's ConfigMaps, in another namespace, keep their data: updated and created.
+    w.thing_labelled("p1", &team("platform"), json!({"v": "2"})).await;
+    w.thing_labelled("p2", &team("platform"), json!({"v": "3"})).await;
+    let bound = Duration::from_secs(30);
+    eventually(bound, || async { w.config_map("p1-cm").await.filter(|cm| cm.data["data"] == json!({"v": "2"})) }).await;
+    eventually(bound, || async { w.config_map("p2-cm").await.filter(|cm| cm.data["data"] == json!({"v": "3"})) }).await;
+    // And keep it: the syncs after these (their echoes) drop nothing either.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(w.config_map("p1-cm").await.unwrap().data["data"], json!({"v": "2"}));
+    for parent in ["p1", "p2"] {
+        let false_ones = warnings(&w, parent, "UnknownFieldsDropped").await;
+        assert!(false_ones.is_empty(), "{parent}: {false_ones:#?}");
+        assert!(warnings(&w, parent, "SyncError").await.is_empty(), "{parent}");
+    }
+
+    // The tenant's parent is answered: its child is made without the fields a ConfigMap does not
+    // declare, its own data kept, and the parent says which.
+    assert!(said.starts_with("UnknownFieldsDropped:") && said.contains("t-cm written without"), "{said}");
+    assert!(said.contains(r#"["x): .data"]"#), "{said}");
+    let made = tenant.api("v1", "ConfigMap").await.get("t-cm").await.unwrap();
+    assert_eq!(made.data["data"], json!({"v": "7"}), "the tenant's own data is kept");
+    let fields: Vec<&String> = made.data.as_object().unwrap().keys().collect();
+    assert_eq!(fields, ["data"], "nothing else of its own");
+
+    let controllers = w.controllers("CompositeController").await;
+    let _ = controllers.delete(&platform, &Default::default()).await;
+    tenant.namespace.delete().await;
+    w.finish("CompositeController").await;
+    let unheld = json!({"metadata": {"finalizers": null}});
+    let _ = controllers.patch(&platform, &Default::default(), &kube::api::Patch::Merge(unheld)).await;
+}
+
+/// A Growth of the parent's `spec.group`, with a size and a colour.
+const GROW: &str = r#"
+def sync(req):
+    parent = req["parent"]
+    return {"children": [{"apiVersion": parent["spec"]["group"] + "/v1", "kind": "Growth",
+                          "metadata": {"name": parent["metadata"]["name"] + "-g"},
+                          "spec": {"size": 1, "colour": "red"}}]}
+"#;
+
+/// A child type whose CRD starts declaring a field after the hub started: the field, dropped while
+/// undeclared, is written on the parent's next sync, without a restart of the hub.
+#[tokio::test]
+async fn a_field_a_crd_starts_declaring_is_kept_without_a_restart() {
+    let w = World::new("uf-grows", GROW).await;
+    let group = format!("g{}.test.metahook.dev", support::unique_suffix());
+    let api_version = format!("{group}/v1");
+    support::install_crds(&w.client, &declaring_crd(&group, "Growth", &[])).await;
+    w.composite(json!({
+        "generateSelector": true,
+        "parentResource": {"apiVersion": "test.metahook.dev/v1", "resource": "things"},
+        "childResources": [{"apiVersion": api_version, "resource": "growths", "updateStrategy": {"method": "InPlace"}}],
+        "hooks": {"sync": {"webhook": {"url": w.hook.url("/sync")}}},
+    }))
+    .await;
+    w.thing("g", json!({"group": group})).await;
+    let growths = api(&w.client, &api_version, "Growth", Some(&w.ns.name)).await;
+    let made = eventually(WAIT, || async { growths.get_opt("g-g").await.unwrap() }).await;
+    assert_eq!(made.data["spec"], json!({"size": 1}), "the undeclared colour is dropped");
+    eventually(WAIT, || async {
+        warnings(&w, "g", "UnknownFieldsDropped").await.into_iter().find(|e| e.contains(".spec.colour"))
+    })
+    .await;
+
+    support::install_crds(&w.client, &declaring_crd(&group, "Growth", &["colour"])).await;
+    // The API server publishes the new schema a moment after the CRD changes.
+    let published = format!("/openapi/v3/apis/{group}/v1");
+    eventually(WAIT, || async {
+        let request = http::Request::get(&published).body(Vec::new()).unwrap();
+        w.client.request_text(request).await.ok().filter(|doc| doc.contains("colour"))
+    })
+    .await;
+    // The hub reads the index of schemas again every discoveryInterval (2 s for the tests' hubs).
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    w.thing("g", json!({"group": group, "round": 2})).await;
+    eventually(Duration::from_secs(30), || async {
+        growths.get_opt("g-g").await.unwrap().filter(|g| g.data["spec"] == json!({"size": 1, "colour": "red"}))
+    })
+    .await;
+
+    let crds =
+        kube::Api::<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>::all(
+            w.client.clone(),
+        );
+    let _ = crds.delete(&format!("growths.{group}"), &Default::default()).await;
     w.finish("CompositeController").await;
 }

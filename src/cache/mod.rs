@@ -1,6 +1,6 @@
 //! Stage 1, cache: what the hub knows of the cluster. One shared watch and cache per type
 //! ([`informers`]), listed again every flush interval ([`relist`]), the types themselves
-//! ([`discovery`]), and label selectors over cached objects ([`selector`]), and which replica owns which parent when sharded
+//! ([`discovery`]) and the fields each declares ([`schemas`]), and label selectors over cached objects ([`selector`]), and which replica owns which parent when sharded
 //! ([`shard`]). Nothing here writes to the
 //! API server.
 //!
@@ -9,5 +9,6 @@
 pub mod discovery;
 pub mod informers;
 pub mod relist;
+pub mod schemas;
 pub mod selector;
 pub mod shard;

@@ -1098,6 +1098,7 @@ async fn act_on_children<C: Kind>(
     if gc_finalizing(obj) {
         return Ok(Some(Executed::default()));
     }
+    plan.read_schemas(applier).await;
     let writes = plan.writes(applier, &journal);
     let known = core.records.as_deref().map(|records| (records, elsewhere::known(records, obj, &core.finalizer)));
     let settling =

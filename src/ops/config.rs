@@ -33,7 +33,8 @@ pub enum ConfigError {
 pub struct Config {
     /// Concurrent syncs per controller (each parent is still synced by one worker at a time).
     pub workers: usize,
-    /// How often API discovery is refreshed, so newly installed CRDs become usable.
+    /// How often API discovery is refreshed, so newly installed CRDs become usable, and the child types'
+    /// schemas, so a field a CRD starts (or stops) declaring is followed.
     #[serde(with = "secs")]
     #[schemars(with = "u64", extend("x-unit" = "seconds"))]
     pub discovery_interval: Duration,

@@ -70,7 +70,8 @@ pub fn build_member(client: Client, config: &Config, member: Option<(&Shard, &st
         applier: Applier::new(client.clone(), config.field_manager.clone())
             .with_metrics(metrics.apply.clone())
             .taking_over_from(config.take_over_field_managers.clone())
-            .with_unknown_fields(config.child_unknown_fields),
+            .with_unknown_fields(config.child_unknown_fields)
+            .with_schema_interval(config.discovery_interval),
         events: Events::new(client.clone()).limited(config.events_limit()),
         settings: config.engine_settings(),
         metrics,

@@ -40,10 +40,11 @@
 //!   `managedFields`.
 //!
 //! A field the object's schema does not declare makes the API server refuse the apply whole; unless
-//! the hub is told to be strict, that field is dropped and the apply sent again, and the fields dropped
-//! are remembered per type, so later applies of that type leave them out from the start and compare
-//! without them (see [`crate::write::unknown_fields`]). A write that dropped fields says which
-//! ([`Applied::Created`], [`Applied::Updated`]).
+//! the hub is told to be strict, every object is pruned against its type's schema, as the API server
+//! publishes it, before it is compared and written (see [`crate::write::unknown_fields`]); the hash in
+//! the applied annotation is of what is written. A write that dropped fields says which
+//! ([`Applied::Created`], [`Applied::Updated`]). A refused write asks for the schema again, and is sent
+//! once more if it changed (a CRD that stopped declaring a field); the refusal's words are not read.
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -65,9 +66,10 @@ use crate::api::APPLIED_ANNOTATION;
 use crate::api::UpdateMethod;
 use crate::cache::discovery::ResolvedResource;
 use crate::cache::informers::ObjectKey;
+use crate::cache::schemas::Schemas;
 use crate::cache::shard::ORPHANS;
 use crate::write::take_over::{TakeOver, TakeOverError};
-use crate::write::unknown_fields::{UnknownFields, drop_field, undeclared};
+use crate::write::unknown_fields::{UnknownFields, prune};
 use crate::write::written::{self, Endpoint, Written, WrittenMeta};
 
 /// What applying did. Writes name the resourceVersion (or, for a delete, the UID) they left behind, so
@@ -154,11 +156,12 @@ impl ApplyError {
     }
 }
 
+/// How often the child types' schemas are read again unless told otherwise
+/// ([`Applier::with_schema_interval`]): the hub's default `discoveryInterval`.
+const SCHEMAS_INTERVAL: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// Last applied fingerprint by (apiVersion, kind, namespace/name).
 type AppliedCache = HashMap<(String, String, ObjectKey), Fingerprint>;
-
-/// The fields a type's schema was found not to declare, by (apiVersion, kind).
-type Undeclared = HashMap<(String, String), std::collections::BTreeSet<String>>;
 
 /// A write that dropped fields its object's schema does not declare, for the Warning Event that says so.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -203,8 +206,8 @@ pub struct Applier {
     take_over: Arc<TakeOver>,
     /// Whether a field a child's schema does not declare is dropped or refuses the child.
     unknown_fields: UnknownFields,
-    /// The fields dropped so far, left out of every later apply of their type.
-    undeclared: Arc<Mutex<Undeclared>>,
+    /// What each child type's schema declares.
+    schemas: Schemas,
 }
 
 impl Applier {
@@ -213,13 +216,13 @@ impl Applier {
         let take_over =
             Arc::new(TakeOver::new(&field_manager, vec![crate::write::take_over::METACONTROLLER_MANAGER.into()]));
         Self {
-            client,
             field_manager,
             applied: Arc::default(),
             metrics: ApplyMetrics::default(),
             take_over,
             unknown_fields: UnknownFields::default(),
-            undeclared: Arc::default(),
+            schemas: Schemas::new(client.clone(), SCHEMAS_INTERVAL),
+            client,
         }
     }
 
@@ -227,6 +230,13 @@ impl Applier {
     #[must_use]
     pub fn with_unknown_fields(self, unknown_fields: UnknownFields) -> Self {
         Self { unknown_fields, ..self }
+    }
+
+    /// Reads the child types' schemas again as often as `interval` says (the hub's
+    /// `discoveryInterval`), so that a CRD that starts or stops declaring a field is followed.
+    #[must_use]
+    pub fn with_schema_interval(self, interval: std::time::Duration) -> Self {
+        Self { schemas: Schemas::new(self.client.clone(), interval), ..self }
     }
 
     /// Counts every apply in `metrics` (`metahook_apply_total`).
@@ -266,6 +276,7 @@ impl Applier {
         adopts: Adopts<'_>,
         behind: impl FnOnce() -> bool,
     ) -> Result<Applied, ApplyError> {
+        self.read_schema(resource).await;
         let result = match observed {
             // Known to change nothing: no request is sent, and there is no write to trace.
             Some(current) if self.known_current(resource, desired, current, method, behind) => Ok(Applied::Unchanged),
@@ -295,10 +306,9 @@ impl Applier {
     ) -> Result<Applied, ApplyError> {
         let key = key_of(desired);
         let cache_key = applied_key(resource, key.clone());
-        // The hash is of the desired state as the hook asked for it, whatever is dropped from it.
-        let desired_hash = hash(desired);
         let (desired, mut dropped) = self.fitted(resource, desired);
         let desired = &*desired;
+        let desired_hash = hash(desired);
         let api = self.api(resource, key.namespace.as_deref());
         let kind = || resource.kind().to_owned();
         let params = self.params();
@@ -400,6 +410,17 @@ impl Applier {
         Ok(outcome)
     }
 
+    /// Reads the schema of `resource`'s type if it was never read, or its interval is over and the API
+    /// server's changed (see [`crate::cache::schemas`]); what is pruned from its objects, and so whether
+    /// one is current, follows from it. Nothing to read for a strict hub, which prunes nothing.
+    pub async fn read_schema(&self, resource: &ResolvedResource) {
+        if self.unknown_fields == UnknownFields::Drop
+            && let Err(error) = self.schemas.schema(resource.api_version(), resource.kind()).await
+        {
+            tracing::warn!(kind = resource.kind(), "{error}: nothing is dropped from it");
+        }
+    }
+
     /// Whether applying `desired` to `observed` is known to change nothing, for a caller that cannot
     /// tell whether its cache is behind the hub's own writes (`metahook diff`, a rollout's revisions):
     /// [`Applier::known_current`] with a cache taken as current.
@@ -432,17 +453,18 @@ impl Applier {
         if observed.metadata.deletion_timestamp.is_some() || method == UpdateMethod::OnDelete {
             return true;
         }
+        // Fields the type's schema does not declare are not on the object, nor in what an apply would
+        // send; nor in the hash of it, which changes when the schema starts declaring one.
+        let (fitted, _) = self.fitted(resource, desired);
         let cache_key = applied_key(resource, key_of(desired));
-        let current = fingerprint(hash(desired), observed);
+        let current = fingerprint(hash(&fitted), observed);
         if self.applied.lock().expect("applied lock").get(&cache_key) == Some(&current) {
             return true;
         }
         if behind() {
             return self.wrote_last(resource, desired, observed);
         }
-        // What Metacontroller wrote is taken over on the first write, whatever the values say. Fields the
-        // type's schema does not declare are not on the object, nor in what an apply would send.
-        let (fitted, _) = self.fitted(resource, desired);
+        // What Metacontroller wrote is taken over on the first write, whatever the values say.
         if self.take_over.is_needed(observed) || !holds_applied_state(observed, &annotated(&fitted, &current.desired)) {
             return false;
         }
@@ -454,9 +476,10 @@ impl Applier {
     /// whatever version the write left: for a cache behind that write (see the module doc).
     #[must_use]
     pub fn wrote_last(&self, resource: &ResolvedResource, desired: &Value, observed: &DynamicObject) -> bool {
+        let desired_hash = hash(&self.fitted(resource, desired).0);
         let applied = self.applied.lock().expect("applied lock");
         applied.get(&applied_key(resource, key_of(desired))).is_some_and(|last| {
-            Some(last.uid.as_str()) == observed.metadata.uid.as_deref() && last.desired == hash(desired)
+            Some(last.uid.as_str()) == observed.metadata.uid.as_deref() && last.desired == desired_hash
         })
     }
 
@@ -640,18 +663,20 @@ impl Applier {
         PatchParams::apply(&self.field_manager).force()
     }
 
-    /// `desired` without the fields its type's schema was found not to declare, and those of them it had.
+    /// `desired` pruned against its type's schema as last read (see [`crate::write::unknown_fields`]),
+    /// and the fields dropped from it; as it is when the hub is strict or the schema is not known.
     fn fitted<'d>(
         &self,
         resource: &ResolvedResource,
         desired: &'d Value,
     ) -> (std::borrow::Cow<'d, Value>, Vec<String>) {
-        let undeclared = self.undeclared.lock().expect("undeclared lock");
-        let Some(paths) = undeclared.get(&(resource.api_version().to_owned(), resource.kind().to_owned())) else {
-            return (std::borrow::Cow::Borrowed(desired), Vec::new());
+        let schema = match self.unknown_fields {
+            UnknownFields::Drop => self.schemas.cached(resource.api_version(), resource.kind()),
+            UnknownFields::Strict => None,
         };
+        let Some(schema) = schema else { return (std::borrow::Cow::Borrowed(desired), Vec::new()) };
         let mut fitted = desired.clone();
-        let dropped: Vec<String> = paths.iter().filter(|path| drop_field(&mut fitted, path)).cloned().collect();
+        let dropped = prune(&mut fitted, &schema);
         if dropped.is_empty() {
             (std::borrow::Cow::Borrowed(desired), dropped)
         } else {
@@ -659,9 +684,10 @@ impl Applier {
         }
     }
 
-    /// Sends `body` (an apply) with `send`; refused for fields the object's schema does not declare, and
-    /// unless the hub is strict, sends it again without them, remembering them for the type and adding
-    /// them to `dropped` (a field the refusal names that the body does not have keeps the refusal).
+    /// Sends `body` (an apply) with `send`. Refused, unless the hub is strict, it asks for the type's
+    /// schema again: if the API server's changed since it was read (a CRD that stopped declaring a
+    /// field), `body` is pruned against the new one and sent once more, what that drops added to
+    /// `dropped`. The refusal's words are not read: they repeat field names as the hook wrote them.
     async fn fitting<T, F>(
         &self,
         resource: &ResolvedResource,
@@ -672,28 +698,20 @@ impl Applier {
     where
         F: std::future::Future<Output = Result<T, kube::Error>>,
     {
-        // Each refusal names every undeclared field; more rounds only if an API server said fewer.
-        for _ in 0..3 {
-            match send(body.clone()).await {
-                Err(kube::Error::Api(status)) if self.unknown_fields == UnknownFields::Drop => {
-                    let named = undeclared(&status);
-                    let removed: Vec<String> = named.into_iter().filter(|path| drop_field(&mut body, path)).collect();
-                    if removed.is_empty() {
-                        return Err(kube::Error::Api(status));
-                    }
-                    tracing::debug!(kind = resource.kind(), fields = ?removed, "dropping fields the schema does not declare");
-                    let type_key = (resource.api_version().to_owned(), resource.kind().to_owned());
-                    self.undeclared
-                        .lock()
-                        .expect("undeclared lock")
-                        .entry(type_key)
-                        .or_default()
-                        .extend(removed.clone());
-                    dropped.extend(removed);
-                }
-                other => return other,
+        let status = match send(body.clone()).await {
+            Err(kube::Error::Api(status))
+                if self.unknown_fields == UnknownFields::Drop && !matches!(status.code, 404 | 409) =>
+            {
+                status
             }
-        }
+            other => return other,
+        };
+        let Some(schema) = self.schemas.refreshed(resource.api_version(), resource.kind()).await else {
+            return Err(kube::Error::Api(status));
+        };
+        let removed = prune(&mut body, &schema);
+        tracing::debug!(kind = resource.kind(), fields = ?removed, "the type's schema changed; applying again");
+        dropped.extend(removed);
         send(body).await
     }
 }

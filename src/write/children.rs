@@ -714,6 +714,15 @@ impl<'a> Plan<'a> {
         })
     }
 
+    /// Reads the schema of each child type, if its interval says so ([`Applier::read_schema`]), before
+    /// [`Plan::writes`] judges which children are current: against a schema a CRD has changed since, a
+    /// child would be judged current without the field the CRD now declares, and never written.
+    pub async fn read_schemas(&self, applier: &Applier) {
+        for child_type in self.types {
+            applier.read_schema(child_type.resource()).await;
+        }
+    }
+
     /// What carrying out the plan writes (creates, changes or deletes), with `observer` saying which
     /// children the cache shows behind the hub's own writes; in one look at the children, as whether
     /// the parent must be read first depends on the same writes.
