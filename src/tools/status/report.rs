@@ -207,7 +207,10 @@ impl Report {
                     .iter()
                     .map(|f| {
                         let workers = if f.workers > 0 { format!(", {} syncing", f.workers) } else { String::new() };
-                        format!("{} {} (oldest {}{workers})", f.flow, f.waiting, seconds(f.oldest_seconds))
+                        let lines: Vec<String> =
+                            f.lines.iter().map(|l| format!("{} {}", l.line, seconds(l.oldest_seconds))).collect();
+                        let oldest = if lines.is_empty() { seconds(f.oldest_seconds) } else { lines.join(", ") };
+                        format!("{} {} (oldest {oldest}{workers})", f.flow, f.waiting)
                     })
                     .collect();
                 let _ = writeln!(out, "{}/{}: waiting: {}", c.kind.to_ascii_lowercase(), c.name, flows.join(", "));
