@@ -900,9 +900,12 @@ mod tests {
             format!("workqueue_unfinished_work_seconds{{{name_label}}} 2.5"),
             format!("workqueue_longest_running_processor_seconds{{{name_label}}} 2.5"),
             "metahook_apply_total{kind=\"ConfigMap\",result=\"created\"} 1".to_owned(),
+            // "b" has waited 2.5 s in its flow's change line; no other line has a sample.
+            format!("metahook_queue_flow_oldest_seconds{{{name_label},flow=\"default\",line=\"change\"}} 2.5"),
         ] {
             assert!(text.contains(&line), "missing {line} in\n{text}");
         }
+        assert!(!text.contains("line=\"delay\""), "only lines with keys waiting: {text}");
         let labels = "kind=\"CompositeController\",controller=\"web\"";
         assert!(text.contains(&format!("metahook_hook_syncs_total{{{labels},cause=\"delay\"}} 2")), "{text}");
         assert!(text.contains(&format!("metahook_hook_syncs_total{{{labels},cause=\"echo\"}} 1")));
