@@ -1,10 +1,13 @@
-//! Fair queues on the real control plane (issue 63), counted in order of service — the order in which
-//! the hook received its calls — never timed: a change in another namespace waits for at most a turn of
-//! a flood, not for the flood; a restart's relist stands behind a change seen live; and a controller
-//! whose hook is slow holds none of another controller's workers.
+//! Fair queues on the real control plane (issues 63, 68), counted in order of service — the order in
+//! which the hook received its calls — never timed: a change in another namespace waits for at most a
+//! turn of a flood, not for the flood; a restart's relist stands behind a change seen live; a change
+//! made while the hub was down, relisted at its start, waits for a turn of a tenant's sustained flood of
+//! changes, not for its end; and a controller whose hook is slow holds none of another controller's
+//! workers.
 
 mod support;
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use kube::api::{Patch, PatchParams};
@@ -12,6 +15,9 @@ use serde_json::{Value, json};
 use support::{TestNamespace, World, apply_value, eventually};
 
 const WAIT: Duration = Duration::from_secs(120);
+
+/// The hook of the sustained flood's controller: [`HOOK`]'s `sync`, 0.4 s a call.
+const PATH: &str = "/sustained";
 
 /// One ConfigMap per Thing, `data.v` from `spec.v`; each call takes `DELAY` seconds, so that a flood
 /// of parents is a backlog the hub takes seconds to drain.
@@ -25,6 +31,10 @@ def sync(request):
     v = str((parent.get("spec") or {}).get("v", 0))
     return {"children": [{"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": parent["metadata"]["name"]},
                           "data": {"v": v}}], "status": {"v": v}}
+
+def sustained(request):
+    time.sleep(0.4)
+    return sync(request)
 
 def slow(request):
     time.sleep(5)
@@ -71,7 +81,18 @@ fn calls(w: &World, path: &str) -> Vec<(String, String, String)> {
 /// How many of `flood`'s calls came between the `since`-th call and the first call for `namespace/name`
 /// at `v` after it.
 fn flood_calls_before(w: &World, since: usize, flood: &str, (namespace, name, v): (&str, &str, u32)) -> Option<usize> {
-    let all = calls(w, "/sync");
+    flood_calls_before_on(w, "/sync", since, flood, (namespace, name, v))
+}
+
+/// [`flood_calls_before`], for the hook at `path`.
+fn flood_calls_before_on(
+    w: &World,
+    path: &str,
+    since: usize,
+    flood: &str,
+    (namespace, name, v): (&str, &str, u32),
+) -> Option<usize> {
+    let all = calls(w, path);
     let at = all.iter().skip(since).position(|(ns, n, seen)| ns == namespace && n == name && *seen == v.to_string())?;
     Some(all[since..since + at].iter().filter(|(ns, _, _)| ns == flood).count())
 }
@@ -143,6 +164,88 @@ async fn a_restarts_relist_stands_behind_a_change_seen_live() {
     eprintln!("the change was served after {before} calls of the relist ({relisted} of 300 relisted before it came)");
     assert!(relisted < 250, "the relist must still be under way when the change comes ({relisted} done)");
     assert!(before <= 15, "the change waited for {before} relisted syncs");
+    other.delete().await;
+    w.finish("CompositeController").await;
+}
+
+/// Issue 68: the lines were served across flows, so while one tenant kept changing its parents, the
+/// changes another namespace made while the hub restarted — relisted, not seen live — got no hook call
+/// until the flood stopped (the few its first round of workers took aside).
+#[tokio::test]
+async fn changes_made_while_the_hub_was_down_wait_for_turns_of_a_sustained_flood_not_for_its_end() {
+    const PROBES: usize = 10;
+    let mut w = World::new("fair-sustained", HOOK).await;
+    let other = TestNamespace::create(&w.client, "fair-sustained-other").await;
+    w.composite(controller_spec(&w, PATH)).await;
+    let flood = w.ns.name.clone();
+    for i in 0..20 {
+        thing(&w, &flood, &format!("s{i}"), 0).await;
+    }
+    for i in 0..PROBES {
+        thing(&w, &other.name, &format!("p{i}"), 1).await;
+    }
+    eventually(WAIT, || async {
+        let all = calls(&w, PATH);
+        let synced = |ns: &str| all.iter().filter(|(n, ..)| n == ns).count();
+        (synced(&other.name) >= PROBES && synced(&flood) >= 20).then_some(())
+    })
+    .await;
+
+    w.stop_hub().await;
+    for i in 0..PROBES {
+        thing(&w, &other.name, &format!("p{i}"), 2).await;
+    }
+    // The tenant changes its 20 parents without pause, from four writers: many times faster than 5
+    // workers at 0.45 s a call sync them, so its changes never run out. It stops once every probe is
+    // served (and 10 calls more), or after 80 of its calls (the old queue served it alone until then).
+    let things = support::api(&w.client, "test.metahook.dev/v1", "Thing", Some(&flood)).await;
+    let stop = AtomicBool::new(false);
+    let writer = |first: u32| {
+        let (things, stop) = (&things, &stop);
+        async move {
+            let (mut v, mut written) = (first, 0);
+            while !stop.load(Ordering::Relaxed) {
+                let patch = Patch::Merge(json!({"spec": {"v": v}}));
+                let name = format!("s{}", v % 20);
+                written += usize::from(things.patch(&name, &PatchParams::default(), &patch).await.is_ok());
+                v += 4;
+            }
+            written
+        }
+    };
+    let since = calls(&w, PATH).len();
+    // How many of the flood's calls came before each probe's change was served (`None`: not yet).
+    let waited = |w: &World| -> Vec<Option<usize>> {
+        (0..PROBES).map(|i| flood_calls_before_on(w, PATH, since, &flood, (&other.name, &format!("p{i}"), 2))).collect()
+    };
+    let watch = async {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        w.start_hub();
+        let flood_calls = || calls(&w, PATH)[since..].iter().filter(|(ns, ..)| *ns == flood).count();
+        eventually(WAIT, || async { (flood_calls() >= 80 || waited(&w).iter().all(Option::is_some)).then_some(()) })
+            .await;
+        // A few more of the flood's calls while it still runs: it was not over when the probes were served.
+        let served = flood_calls();
+        eventually(WAIT, || async { (flood_calls() >= served + 10).then_some(()) }).await;
+        stop.store(true, Ordering::Relaxed);
+    };
+    let (writes, ()) = tokio::join!(futures::future::join4(writer(0), writer(1), writer(2), writer(3)), watch);
+    let written = writes.0 + writes.1 + writes.2 + writes.3;
+    let before: Vec<usize> = eventually(WAIT, || async { waited(&w).into_iter().collect::<Option<Vec<_>>>() }).await;
+    let last = before.iter().copied().max().unwrap_or_default();
+    let all = calls(&w, PATH);
+    let flood_calls = all[since..].iter().filter(|(ns, ..)| *ns == flood).count();
+    let flood_after = flood_calls - last;
+    eprintln!(
+        "the relisted changes were served after {before:?} calls of the flood, {flood_after} after the last; \
+         {written} changes written for {flood_calls} calls"
+    );
+    assert!(written >= 2 * flood_calls, "the flood must outpace the hub ({written} changes, {flood_calls} calls)");
+    // Turns about alternate between the two namespaces: 10 probes, about as many of the flood's calls,
+    // and the 5 under way when the first probe was taken.
+    assert!(last <= 20, "the last change made while the hub was down waited for {last} calls of the flood");
+    assert!(flood_after >= 10, "the flood must still run when the probes are served ({flood_after} calls after)");
+
     other.delete().await;
     w.finish("CompositeController").await;
 }

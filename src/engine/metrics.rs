@@ -88,6 +88,14 @@ struct FlowLabels {
     flow: String,
 }
 
+/// A line of a flow ([`crate::engine::queue::Lane::name`]): the four lines bound the label's values.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct FlowLineLabels {
+    name: String,
+    flow: String,
+    line: &'static str,
+}
+
 /// How one sync ended, as the `result` label of `controller_runtime_reconcile_total` (controller-runtime's
 /// values).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -814,13 +822,17 @@ impl Collector for InFlightGauges {
         }
         let mut oldest = encoder.encode_descriptor(
             "metahook_queue_flow_oldest_seconds",
-            "Seconds the key of the flow queued longest has waited, by flow.",
+            "Seconds the key of the flow queued longest in each line has waited, by flow and line (lines with keys waiting).",
             None,
             MetricType::Gauge,
         )?;
         for (name, in_flight) in &read {
-            for (labels, figures) in flows(in_flight, name) {
-                ConstGauge::new(figures.oldest.as_secs_f64()).encode(oldest.encode_family(&labels)?)?;
+            for (FlowLabels { name, flow }, figures) in flows(in_flight, name) {
+                for (lane, waited) in crate::engine::queue::LANES.into_iter().zip(figures.lines) {
+                    let Some(waited) = waited else { continue };
+                    let labels = FlowLineLabels { name: name.clone(), flow: flow.clone(), line: lane.name() };
+                    ConstGauge::new(waited.as_secs_f64()).encode(oldest.encode_family(&labels)?)?;
+                }
             }
         }
         let mut held = encoder.encode_descriptor(
@@ -888,9 +900,12 @@ mod tests {
             format!("workqueue_unfinished_work_seconds{{{name_label}}} 2.5"),
             format!("workqueue_longest_running_processor_seconds{{{name_label}}} 2.5"),
             "metahook_apply_total{kind=\"ConfigMap\",result=\"created\"} 1".to_owned(),
+            // "b" has waited 2.5 s in its flow's change line; no other line has a sample.
+            format!("metahook_queue_flow_oldest_seconds{{{name_label},flow=\"default\",line=\"change\"}} 2.5"),
         ] {
             assert!(text.contains(&line), "missing {line} in\n{text}");
         }
+        assert!(!text.contains("line=\"delay\""), "only lines with keys waiting: {text}");
         let labels = "kind=\"CompositeController\",controller=\"web\"";
         assert!(text.contains(&format!("metahook_hook_syncs_total{{{labels},cause=\"delay\"}} 2")), "{text}");
         assert!(text.contains(&format!("metahook_hook_syncs_total{{{labels},cause=\"echo\"}} 1")));

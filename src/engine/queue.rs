@@ -8,7 +8,15 @@
 //! own write, its delay), merged while it waits, so the sync that takes it knows why it runs without
 //! reconstructing it (as kube-runtime's `ReconcileRequest` carries its reason).
 //!
-//! Keys wait in four lines, served in this order, each line only when the lines before it are empty:
+//! Keys are served **fairly by flow** — the namespace of the object a key stands for (a cluster-scoped
+//! object is a flow of its own) — round robin, one key a turn, whatever kind of work the flow has, as
+//! the API server's Priority and Fairness queues requests by flow: a flood of changes in one namespace
+//! gets its turns, not the queue, and another namespace's key, whatever it waits for, waits for at most
+//! one key of each flow ahead of it. A flow also holds at most its share of the controller's workers
+//! while another flow waits (the workers divided by the flows with work, at least one), so a flow whose
+//! syncs are slow cannot take them all.
+//!
+//! Within a flow, its keys wait in four lines, served in this order:
 //! 1. **changes**: something was observed (a watch event of an object or a child by someone else, a
 //!    sync request);
 //! 2. **relisted**: work found by a list — a hub's start, a relist after a watch expired, a bucket of
@@ -16,28 +24,28 @@
 //! 3. **echoes**: the watch events of the hub's own writes, work the hub caused rather than news;
 //! 4. **delays**: keys back by their delay (a resync, a retry, `resyncAfterSeconds`).
 //!
-//! So a change is never stuck behind a period's worth of resyncs (with 3,000 parents resynced every 10 s,
-//! 300 resyncs a second were queued ahead of the change a user had just made), behind a restart's relist,
-//! or behind the echoes of a backlog's own writes (a 3,000-parent backlog's 3,027 echo syncs once stood
-//! ahead of a change in another namespace). controller-runtime's priority queue does the first two (events
-//! first, its initial list and resyncs low). A key queued for several reasons waits in the first line
-//! any of them asks for. The price: under a load that never lets the earlier lines empty, the later
-//! lines wait; they are the work that is not new.
+//! So a change is never stuck behind its own flow's period's worth of resyncs (with 3,000 parents
+//! resynced every 10 s, 300 resyncs a second were queued ahead of the change a user had just made),
+//! behind a restart's relist, or behind the echoes of a backlog's own writes. controller-runtime's
+//! priority queue does the first two (events first, its initial list and resyncs low). A key queued for
+//! several reasons waits in the first line any of them asks for.
 //!
-//! Within each line keys are served **fairly by flow** — the namespace of the object a key stands for
-//! (a cluster-scoped object is a flow of its own) — round robin, one key a turn, as the API server's
-//! Priority and Fairness queues requests by flow: a flood of changes in one namespace gets its turns, not
-//! the line, and a change in another namespace waits for at most one key of each flow ahead of it. A
-//! flow also holds at most its share of the controller's workers while another flow waits (the workers
-//! divided by the flows with work, at least one), so a flow whose syncs are slow cannot take them all.
+//! The lines were once served across flows (a line only when every flow's earlier lines were empty):
+//! under a sustained flood of changes in one namespace, no other namespace's relisted key, retry, resync
+//! or echo was served at all (0 hook calls in 30 s for a change made while the hub restarted). Flows come
+//! first now, and **nothing waits without bound** even within its flow: a relisted key or a key back by
+//! its delay that has waited [`AGED_AFTER`] in its line is *aged*, and the flow's turns then alternate
+//! between its aged keys (oldest first) and its lines in order, so the flow's own flood of changes cannot
+//! starve its resyncs and retries for longer than that (and its aged keys' half of its turns). Echoes do
+//! not age: they are the hub's own work, and a backlog's echoes served among its new work would slow it.
 //! With one flow, or nothing else waiting, every line drains as a plain FIFO at full speed.
 //!
 //! Invariants (all under one lock, held only for amortised O(1) work, O(flows) at worst for a pick):
 //! - a key is in `queued` at most once, and iff it is in `dirty` and not in `processing`; of its entries
 //!   in the lines only the one with its ticket counts (moving a key to an earlier line leaves a stale
 //!   entry behind, skipped when reached);
-//! - a flow is in a line's ring iff its list in that line is not empty, and is kept in `flows` while
-//!   anything of it is listed or held;
+//! - a flow is in the ring iff one of its lines is not empty, and is kept in `flows` while anything of
+//!   it is listed or held;
 //! - a key added while being processed is parked in `dirty` and queued again by [`WorkQueue::done`].
 
 use std::collections::{HashMap, VecDeque};
@@ -69,6 +77,12 @@ const SLOT: Duration = Duration::from_millis(100);
 /// The shortest delay put in a `SLOT`: backoff retries (5 ms doubling) and short `resyncAfterSeconds`
 /// keep their exact time.
 const SLOTTED_FROM: Duration = Duration::from_secs(1);
+
+/// How long a relisted key or a key back by its delay waits in its line before it is *aged*: served on
+/// every other turn of its flow, oldest first, ahead of the flow's changes (see the module doc). Short
+/// against a resync period (a 10 s resync is served within 12 s whatever its flow's own changes), long
+/// against a sync, so that a burst of changes still goes first.
+pub const AGED_AFTER: Duration = Duration::from_secs(2);
 
 /// When a key added after `delay` at `now` comes due.
 fn due(origin: Instant, now: Instant, delay: Duration) -> Instant {
@@ -278,9 +292,9 @@ impl Reasons {
     }
 }
 
-/// The line a queued key waits in, in the order they are served.
+/// The line a queued key waits in within its flow, in the order they are served.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-enum Lane {
+pub enum Lane {
     /// Something was observed: served first.
     Change = 0,
     /// Found by a list, nothing seen to change: served when no change waits.
@@ -292,7 +306,26 @@ enum Lane {
 }
 
 /// Every line, in the order they are served.
-const LANES: [Lane; 4] = [Lane::Change, Lane::Relisted, Lane::Echo, Lane::Delayed];
+pub const LANES: [Lane; 4] = [Lane::Change, Lane::Relisted, Lane::Echo, Lane::Delayed];
+
+impl Lane {
+    /// The line's name in metrics and in `metahook status`.
+    #[must_use]
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Change => "change",
+            Self::Relisted => "relisted",
+            Self::Echo => "echo",
+            Self::Delayed => "delay",
+        }
+    }
+
+    /// Whether a key that has waited [`AGED_AFTER`] in this line is served ahead of its flow's earlier
+    /// lines on every other turn: relisted keys and delays (echoes are the hub's own work).
+    const fn ages(self) -> bool {
+        matches!(self, Self::Relisted | Self::Delayed)
+    }
+}
 
 /// The flow a key belongs to, for fair service (see the module doc): the namespace of the object it
 /// stands for, or a cluster-scoped object's own name.
@@ -306,30 +339,74 @@ impl Flowing for crate::cache::informers::ObjectKey {
     }
 }
 
-/// A key that names itself is its own flow (the engine's tests key by plain names).
+/// Plain names (the engine's tests key by them) are all one flow, `"default"`: what they test is the
+/// order of service within a flow.
 impl Flowing for &'static str {
-    fn flow(&self) -> &str {
-        self
+    fn flow(&self) -> &'static str {
+        "default"
     }
 }
 
+/// A key waiting in a line: the key, the ticket of this entry, and when it was put in the line.
+type Entry<K> = (K, u64, Instant);
+
 /// One flow's keys, by line, and how many of its keys workers hold.
 struct FlowState<K> {
-    lines: [VecDeque<(K, u64)>; 4],
-    /// Whether the flow is in each line's ring.
-    in_ring: [bool; 4],
+    lines: [VecDeque<Entry<K>>; 4],
+    /// Whether the flow is in the ring.
+    in_ring: bool,
+    /// Whether the flow's next turn goes to its oldest aged key, if it has one (turns alternate).
+    aged_turn: bool,
     busy: usize,
 }
 
 impl<K> Default for FlowState<K> {
     fn default() -> Self {
-        Self { lines: Default::default(), in_ring: [false; 4], busy: 0 }
+        Self { lines: Default::default(), in_ring: false, aged_turn: false, busy: 0 }
     }
 }
 
-impl<K> FlowState<K> {
+impl<K: Eq + Hash> FlowState<K> {
     fn idle(&self) -> bool {
         self.busy == 0 && self.lines.iter().all(VecDeque::is_empty)
+    }
+
+    /// Drops the stale entries at the front of each line (keys since moved to an earlier line, or
+    /// taken): afterwards every front is a key waiting there.
+    fn skip_stale(&mut self, queued: &HashMap<K, (Lane, u64)>) {
+        for lane in LANES {
+            let line = &mut self.lines[lane as usize];
+            while let Some((key, ticket, _)) = line.front() {
+                if queued.get(key) == Some(&(lane, *ticket)) {
+                    break;
+                }
+                line.pop_front();
+            }
+        }
+    }
+
+    /// The line to serve this turn (fronts are live: see [`FlowState::skip_stale`]): on every other
+    /// turn while the flow has aged keys, the line of the one put in its line first; otherwise the
+    /// first line with a key.
+    fn line_to_serve(&mut self, now: Instant) -> Option<Lane> {
+        let first = LANES.into_iter().find(|lane| !self.lines[*lane as usize].is_empty())?;
+        let aged = LANES
+            .into_iter()
+            .filter(|lane| lane.ages() && *lane != first)
+            .filter_map(|lane| self.lines[lane as usize].front().map(|(_, _, at)| (*at, lane)))
+            .filter(|(at, _)| now.saturating_duration_since(*at) >= AGED_AFTER)
+            .min();
+        match aged {
+            Some((_, lane)) if self.aged_turn => {
+                self.aged_turn = false;
+                Some(lane)
+            }
+            Some(_) => {
+                self.aged_turn = true;
+                Some(first)
+            }
+            None => Some(first),
+        }
     }
 }
 
@@ -341,6 +418,9 @@ pub struct FlowFigures {
     pub waiting: usize,
     /// How long its key queued longest has waited.
     pub oldest: Duration,
+    /// How long its key queued longest in each line has waited, in the order of [`LANES`] (`None`:
+    /// nothing waits there).
+    pub lines: [Option<Duration>; 4],
     /// Keys of it workers hold now.
     pub busy: usize,
 }
@@ -351,8 +431,8 @@ pub const NAMED_FLOWS: usize = 5;
 struct State<K> {
     /// The flows with keys listed or held, by name.
     flows: HashMap<Shared<str>, FlowState<K>>,
-    /// For each line, the flows with keys in it, in the order their turns come.
-    rings: [VecDeque<Shared<str>>; 4],
+    /// The flows with keys waiting, in the order their turns come.
+    ring: VecDeque<Shared<str>>,
     /// Keys waiting in a line: which one, and the ticket of their live entry there.
     queued: HashMap<K, (Lane, u64)>,
     tickets: u64,
@@ -372,7 +452,7 @@ impl<K: Clone + Eq + Hash + Flowing> State<K> {
     fn new() -> Self {
         Self {
             flows: HashMap::new(),
-            rings: Default::default(),
+            ring: VecDeque::new(),
             queued: HashMap::new(),
             tickets: 0,
             dirty: HashMap::new(),
@@ -387,70 +467,61 @@ impl<K: Clone + Eq + Hash + Flowing> State<K> {
     /// Appends `key` to the end of its flow's list in `lane` (moving it there if it waits in a later
     /// line), noting when it was first queued (for `workqueue_queue_duration_seconds`).
     fn push(&mut self, key: K, lane: Lane, stats: &QueueStats) {
-        self.since.entry(key.clone()).or_insert_with(Instant::now);
+        let now = Instant::now();
+        self.since.entry(key.clone()).or_insert(now);
         self.tickets += 1;
         self.queued.insert(key.clone(), (lane, self.tickets));
         let known = self.flows.get_key_value(key.flow()).map(|(known, _)| Shared::clone(known));
         let name = known.unwrap_or_else(|| Shared::from(key.flow()));
         let flow = self.flows.entry(Shared::clone(&name)).or_default();
-        let index = lane as usize;
-        flow.lines[index].push_back((key, self.tickets));
-        if !flow.in_ring[index] {
-            flow.in_ring[index] = true;
-            self.rings[index].push_back(name);
+        flow.lines[lane as usize].push_back((key, self.tickets, now));
+        if !flow.in_ring {
+            flow.in_ring = true;
+            self.ring.push_back(name);
         }
         stats.depth.set(i64::try_from(self.queued.len()).unwrap_or(i64::MAX));
     }
 
-    /// The next key to serve: from the first line with a key, the next flow in turn there whose keys
-    /// held stay within its share of the workers (or, when every flow is at its share, the next flow
-    /// in turn: workers are never left idle while keys wait). The key's flow holds one more worker.
-    fn pop(&mut self) -> Option<K> {
+    /// The next key to serve: from the next flow in turn whose keys held stay within its share of the
+    /// workers (or, when every flow is at its share, the next flow in turn: workers are never left idle
+    /// while keys wait), the key its lines give this turn ([`FlowState::line_to_serve`]). The key's
+    /// flow holds one more worker, and takes its next turn after every other flow's.
+    fn pop(&mut self, now: Instant) -> Option<K> {
         let share = (self.workers / self.flows.len().max(1)).max(1);
-        for lane in LANES {
-            let line = lane as usize;
-            let mut chosen = None;
-            let mut over_share = None;
-            let mut turn = 0;
-            while turn < self.rings[line].len() {
-                let flow = self.flows.get_mut(&self.rings[line][turn]).expect("a ringed flow is kept");
-                // Entries moved to another line since are skipped here.
-                while let Some((key, ticket)) = flow.lines[line].front() {
-                    if self.queued.get(key) == Some(&(lane, *ticket)) {
-                        break;
-                    }
-                    flow.lines[line].pop_front();
+        let mut chosen = None;
+        let mut over_share = None;
+        let mut turn = 0;
+        while turn < self.ring.len() {
+            let flow = self.flows.get_mut(&self.ring[turn]).expect("a ringed flow is kept");
+            flow.skip_stale(&self.queued);
+            if flow.lines.iter().all(VecDeque::is_empty) {
+                flow.in_ring = false;
+                if let Some(name) = self.ring.remove(turn)
+                    && self.flows.get(&name).is_some_and(FlowState::idle)
+                {
+                    self.flows.remove(&name);
                 }
-                if flow.lines[line].is_empty() {
-                    flow.in_ring[line] = false;
-                    if let Some(name) = self.rings[line].remove(turn)
-                        && self.flows.get(&name).is_some_and(FlowState::idle)
-                    {
-                        self.flows.remove(&name);
-                    }
-                    continue;
-                }
-                if flow.busy < share {
-                    chosen = Some(turn);
-                    break;
-                }
-                over_share.get_or_insert(turn);
-                turn += 1;
+                continue;
             }
-            let Some(turn) = chosen.or(over_share) else { continue };
-            let name = self.rings[line].remove(turn).expect("a flow in turn");
-            let flow = self.flows.get_mut(&name).expect("a ringed flow is kept");
-            let (key, _) = flow.lines[line].pop_front().expect("a live entry at its front");
-            flow.busy += 1;
-            if flow.lines[line].is_empty() {
-                flow.in_ring[line] = false;
-            } else {
-                self.rings[line].push_back(name);
+            if flow.busy < share {
+                chosen = Some(turn);
+                break;
             }
-            self.queued.remove(&key);
-            return Some(key);
+            over_share.get_or_insert(turn);
+            turn += 1;
         }
-        None
+        let name = self.ring.remove(chosen.or(over_share)?).expect("a flow in turn");
+        let flow = self.flows.get_mut(&name).expect("a ringed flow is kept");
+        let lane = flow.line_to_serve(now).expect("a ringed flow has a key waiting");
+        let (key, _, _) = flow.lines[lane as usize].pop_front().expect("a live entry at its front");
+        flow.busy += 1;
+        if flow.lines.iter().all(VecDeque::is_empty) {
+            flow.in_ring = false;
+        } else {
+            self.ring.push_back(name);
+        }
+        self.queued.remove(&key);
+        Some(key)
     }
 
     /// `key`, held by a worker, is done: its flow holds one worker less.
@@ -467,11 +538,14 @@ impl<K: Clone + Eq + Hash + Flowing> State<K> {
     /// and the rest summed up.
     fn flow_figures(&self, now: Instant) -> Vec<FlowFigures> {
         let mut by_flow: HashMap<&str, FlowFigures> = HashMap::new();
-        for key in self.queued.keys() {
+        for (key, (lane, _)) in &self.queued {
             let figures = by_flow.entry(key.flow()).or_default();
             figures.waiting += 1;
             if let Some(since) = self.since.get(key) {
-                figures.oldest = figures.oldest.max(now.saturating_duration_since(*since));
+                let waited = now.saturating_duration_since(*since);
+                figures.oldest = figures.oldest.max(waited);
+                let line = &mut figures.lines[*lane as usize];
+                *line = Some(line.map_or(waited, |oldest| oldest.max(waited)));
             }
         }
         for (name, flow) in self.flows.iter().filter(|(_, f)| f.busy > 0) {
@@ -488,6 +562,9 @@ impl<K: Clone + Eq + Hash + Flowing> State<K> {
                 others.waiting += figures.waiting;
                 others.busy += figures.busy;
                 others.oldest = others.oldest.max(figures.oldest);
+                for (sum, line) in others.lines.iter_mut().zip(figures.lines) {
+                    *sum = (*sum).max(line);
+                }
             }
         }
         if others != FlowFigures::default() {
@@ -641,7 +718,7 @@ where
                 if state.shutting_down {
                     return None;
                 }
-                if let Some(key) = state.pop() {
+                if let Some(key) = state.pop(Instant::now()) {
                     let report = &self.inner.stats;
                     report.depth.set(i64::try_from(state.queued.len()).unwrap_or(i64::MAX));
                     if let Some(queued) = state.since.insert(key.clone(), Instant::now()) {
@@ -931,8 +1008,10 @@ mod tests {
         assert_eq!(order(&q).await, ["flood/1", "flood/2", "flood/3"]);
     }
 
+    /// Flows first, lines within a flow. (Until issue 68 the lines came first across flows: `b/change`
+    /// went before `a/relisted` and `c/resync` went last, behind every flow's echoes.)
     #[tokio::test(start_paused = true)]
-    async fn echoes_and_relisted_keys_wait_behind_the_changes_and_echoes_behind_the_relisted() {
+    async fn each_flow_gets_its_turn_whatever_its_line_and_within_a_flow_changes_go_first() {
         let q = WorkQueue::new(Backoff::default());
         q.add_for(Keyed("flood/echo-1"), Reason::Echo);
         q.add_for(Keyed("flood/echo-2"), Reason::Echo);
@@ -941,10 +1020,84 @@ mod tests {
         q.add(Keyed("b/change"));
         q.add_after(Keyed("c/resync"), Duration::ZERO);
         q.add_for(Keyed("flood/echo-2"), Reason::Change);
+        q.add_after(Keyed("flood/resync"), Duration::ZERO);
+        q.add_for(Keyed("flood/relisted"), Reason::Relist);
         let taken = order(&q).await;
-        assert_eq!(taken, ["flood/new", "b/change", "flood/echo-2", "a/relisted", "flood/echo-1", "c/resync"]);
+        let expected = ["flood/new", "a/relisted", "b/change", "c/resync", "flood/echo-2", "flood/relisted"];
+        assert_eq!(taken, [&expected[..], &["flood/echo-1", "flood/resync"]].concat());
         assert_eq!(Reasons::of(Reason::Relist).main(), Reason::Change, "a relisted key counts as a change");
         assert!(!Reasons::of(Reason::Relist).asks_again());
+    }
+
+    /// Serves `q` one key at a time while `flood` keeps two changes waiting, each sync taking `took`:
+    /// the keys in the order taken, `calls` of them.
+    async fn under_a_flood(
+        q: &WorkQueue<Keyed>,
+        flood: [&'static str; 2],
+        calls: usize,
+        took: Duration,
+    ) -> Vec<&'static str> {
+        let mut taken = Vec::new();
+        for _ in 0..calls {
+            q.add(Keyed(flood[0]));
+            q.add(Keyed(flood[1]));
+            let key = q.next().await.expect("a key waits");
+            tokio::time::sleep(took).await;
+            taken.push(key.0);
+            q.done(&key);
+        }
+        taken
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_flow_flooding_changes_starves_no_other_flows_relisted_keys_retries_resyncs_or_echoes() {
+        let q = WorkQueue::new(Backoff::default());
+        let flood = ["flood/1", "flood/2"];
+        q.add(Keyed(flood[0]));
+        q.add_for(Keyed("restarted/relisted"), Reason::Relist);
+        assert!(q.add_echo(Keyed("drifted/echo")));
+        q.add_rate_limited(Keyed("failing/retry"));
+        q.add_after(Keyed("resynced/resync"), Duration::from_secs(1));
+        // The retry's backoff (5 ms) and the resync's period have passed.
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        let taken = under_a_flood(&q, flood, 40, Duration::from_millis(10)).await;
+        let others = ["restarted/relisted", "drifted/echo", "failing/retry", "resynced/resync"];
+        assert_eq!(taken[..5], [&["flood/1"][..], &others].concat(), "one turn each, the flood's first");
+        assert_eq!(
+            taken[5..].iter().filter(|k| k.starts_with("flood/")).count(),
+            35,
+            "then the flood alone: {taken:?}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn within_a_flow_relisted_keys_and_delays_age_into_service_under_its_own_flood_echoes_do_not() {
+        let q = WorkQueue::new(Backoff::default());
+        q.add_for(Keyed("t/relisted"), Reason::Relist);
+        q.add_for(Keyed("t/echo"), Reason::Echo);
+        q.add_after(Keyed("t/resync"), Duration::from_secs(1));
+        let took = Duration::from_millis(100);
+        let taken = under_a_flood(&q, ["t/c1", "t/c2"], 60, took).await;
+        let turn = |key: &str| taken.iter().position(|k| *k == key);
+        // Aged after 2 s (20 calls of 100 ms): then served within two turns of the flow.
+        let aged = usize::try_from(AGED_AFTER.as_millis() / took.as_millis()).unwrap();
+        let relisted = turn("t/relisted").unwrap_or_else(|| panic!("never served: {taken:?}"));
+        assert!((aged - 1..=aged + 2).contains(&relisted), "relisted served at call {relisted}: {taken:?}");
+        // Due at 1 s, aged at 3 s.
+        let resync = turn("t/resync").unwrap_or_else(|| panic!("never served: {taken:?}"));
+        assert!((aged + 9..=aged + 13).contains(&resync), "resync served at call {resync}: {taken:?}");
+        assert_eq!(turn("t/echo"), None, "the hub's own echo waits for the flow's changes: {taken:?}");
+        assert_eq!(taken.len() - 2, taken.iter().filter(|k| k.starts_with("t/c")).count());
+        // Turns alternate: with several keys aged, the flood still gets every other call.
+        for key in ["t/r1", "t/r2", "t/r3"] {
+            q.add_for(Keyed(key), Reason::Relist);
+        }
+        let taken = under_a_flood(&q, ["t/c1", "t/c2"], 40, took).await;
+        let served: Vec<usize> =
+            ["t/r1", "t/r2", "t/r3"].iter().filter_map(|key| taken.iter().position(|k| k == key)).collect();
+        assert_eq!(served.len(), 3, "{taken:?}");
+        assert!(served.windows(2).all(|w| w[1] == w[0] + 2), "aged keys every other call: {taken:?}");
+        assert!(order(&q).await.contains(&"t/echo"), "once the flood ends, the echo is served");
     }
 
     #[tokio::test(start_paused = true)]
@@ -1086,7 +1239,9 @@ mod tests {
         let read = stats.in_flight.read(Instant::now());
         let expected = (2, Duration::from_secs(5), Duration::from_secs(4));
         assert_eq!((read.keys, read.unfinished, read.longest), expected);
-        let waiting = FlowFigures { flow: Some("waiting".into()), waiting: 1, oldest: Duration::from_secs(4), busy: 0 };
+        let waited = Duration::from_secs(4);
+        let lines = [Some(waited), None, None, None];
+        let waiting = FlowFigures { flow: Some("default".into()), waiting: 1, oldest: waited, lines, busy: 2 };
         assert_eq!(read.flows[0], waiting, "who waits, and since when: {:?}", read.flows);
         assert_eq!(read.flows.iter().map(|f| f.busy).sum::<usize>(), 2);
         q.done(&stuck);

@@ -13,7 +13,12 @@
 //!    on while it lists and syncs them all again (its relist). Printed: the probes' latency, and how long
 //!    until every flood parent's hook was called again;
 //! 3. **slow**: a second controller whose hook takes 5 s per call, with 20 parents of its own; the
-//!    probes go on for 30 s beside it. Printed: the probes' latency against the idle figure.
+//!    probes go on for 30 s beside it. Printed: the probes' latency against the idle figure;
+//! 4. **sustained** (`--full` only; issue 68, not measured yet): a tenant changes 20 of the flood's
+//!    parents 40 times a second for 60 s while the probes go on, and halfway the process restarts
+//!    (the probes changed while it is down are relisted at its start). Printed: the probes' latency
+//!    during the sustained flood and around the restart (the latter includes the time the process was
+//!    down and listing). Retries and resyncs elsewhere (the issue's phases c and d) are not here yet.
 //!
 //! Systems: `metahook` (this build, or `HUB_BIN`); `baseline` with `BASELINE_BIN=<another build>` (the
 //! queue before, say); `metacontroller` with `MC_BIN=`/`MC_SRC=` (built from its source, tuned as in
@@ -78,6 +83,8 @@ struct Settings {
     n: usize,
     /// How long the slow phase's probes run.
     slow: Duration,
+    /// How long the sustained phase's tenant changes its parents (`None`: no such phase).
+    sustained: Option<Duration>,
     /// Probe changes at idle, before the flood.
     idle_probes: usize,
     fresh: bool,
@@ -90,9 +97,10 @@ impl Settings {
         let own_cluster = std::env::var_os("METAHOOK_TEST_KUBECONFIG").is_none();
         let fresh = full && own_cluster && std::env::var("FRESH").map_or(true, |v| v != "0");
         if full {
-            Self { n: num("N", 10_000), slow: Duration::from_secs(30), idle_probes: 10, fresh }
+            let sustained = Some(Duration::from_secs(60));
+            Self { n: num("N", 10_000), slow: Duration::from_secs(30), sustained, idle_probes: 10, fresh }
         } else {
-            Self { n: num("N", 60), slow: Duration::from_secs(6), idle_probes: 3, fresh: false }
+            Self { n: num("N", 60), slow: Duration::from_secs(6), sustained: None, idle_probes: 3, fresh: false }
         }
     }
 }
@@ -337,6 +345,8 @@ struct Figures {
     restart: Latency,
     relist_s: f64,
     slow: Latency,
+    /// Probes during the sustained flood, before and after its restart (phase 4).
+    sustained: Option<(Latency, Latency)>,
 }
 
 /// Counts the flood's children written (a watch of its namespace): converged at N × 3.
@@ -481,6 +491,56 @@ async fn run(settings: &Settings, hook: &Arc<Hook>, name: &str, program: &Progra
     figures.slow = probes.take();
     eprintln!("[bench-fair] {name}: beside a 5 s hook, probes {}", figures.slow.cell());
 
+    // 4. A tenant changing its parents without pause, and a restart in the middle of it.
+    if let Some(length) = settings.sustained {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let tenant = {
+            let (world, stop) = (world.clone(), Arc::clone(&stop));
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(Duration::from_millis(25));
+                for k in 0_usize.. {
+                    if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        break;
+                    }
+                    tick.tick().await;
+                    world.thing(&world.flood, &format!("p{}", k % 20), "fast", &format!("t{k}")).await;
+                }
+            })
+        };
+        let half = length / 2;
+        let probes_stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let prober = {
+            let (probes, stop, hook) = (probes.clone(), Arc::clone(&probes_stop), Arc::clone(hook));
+            let world = world.clone();
+            tokio::spawn(async move { probes.run(&world, &hook, stop, None).await })
+        };
+        tokio::time::sleep(half).await;
+        probes_stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let _ = prober.await;
+        let during = probes.take();
+        running.stop().await;
+        let probes_stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let prober = {
+            let (probes, stop, hook) = (probes.clone(), Arc::clone(&probes_stop), Arc::clone(hook));
+            let world = world.clone();
+            tokio::spawn(async move { probes.run(&world, &hook, stop, None).await })
+        };
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        running = Running::start(program, &label);
+        tokio::time::sleep(half).await;
+        probes_stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let _ = prober.await;
+        let _ = tenant.await;
+        let restarted = probes.take();
+        eprintln!(
+            "[bench-fair] {name}: sustained flood, probes {}; across its restart {}",
+            during.cell(),
+            restarted.cell()
+        );
+        figures.sustained = Some((during, restarted));
+    }
+
     running.stop().await;
     if !settings.fresh {
         let controllers = support::api(&client, "metacontroller.k8s.io/v1alpha1", "CompositeController", None).await;
@@ -517,6 +577,22 @@ fn table(settings: &Settings, results: &[Figures]) -> String {
             f.relist_s,
             f.slow.cell()
         ));
+    }
+    if results.iter().any(|f| f.sustained.is_some()) {
+        out.push_str(&format!(
+            "\n| N = {} | during a sustained flood (40 changes/s in one namespace) | across a restart under it (probes made while it was down included) |\n|---|---|---|\n",
+            settings.n
+        ));
+        for f in results {
+            let cell = |l: Option<&Latency>| l.map_or_else(|| "not measured".to_owned(), Latency::cell);
+            let sustained = f.sustained.as_ref();
+            out.push_str(&format!(
+                "| {} | {} | {} |\n",
+                f.name,
+                cell(sustained.map(|s| &s.0)),
+                cell(sustained.map(|s| &s.1))
+            ));
+        }
     }
     out
 }

@@ -110,8 +110,20 @@ pub struct FlowWait {
     pub waiting: u64,
     /// Seconds its key queued longest has waited.
     pub oldest_seconds: f64,
+    /// The same, for each line with keys waiting, in the order a flow's lines are served (empty from a
+    /// hub that does not say).
+    pub lines: Vec<LineWait>,
     /// Workers syncing one of its keys now.
     pub workers: u64,
+}
+
+/// How long the key of a flow queued longest in one line ([`crate::engine::queue::Lane::name`]) has
+/// waited.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LineWait {
+    pub line: String,
+    pub oldest_seconds: f64,
 }
 
 /// The per-flow gauges of a queue ([`crate::engine::queue::FlowFigures`]), labelled `name`, `flow`.
@@ -135,9 +147,21 @@ pub fn waiting(replicas: &[Replica<'_>], controller: Controller<'_>) -> Vec<Flow
         match sample.name.as_str() {
             FLOW_DEPTH => entry.waiting += count(sample.value),
             FLOW_WORKERS => entry.workers += count(sample.value),
-            FLOW_OLDEST => entry.oldest_seconds = entry.oldest_seconds.max(sample.value),
+            FLOW_OLDEST => {
+                entry.oldest_seconds = entry.oldest_seconds.max(sample.value);
+                if let Some(line) = sample.label("line") {
+                    match entry.lines.iter_mut().find(|l| l.line == line) {
+                        Some(known) => known.oldest_seconds = known.oldest_seconds.max(sample.value),
+                        None => entry.lines.push(LineWait { line: line.to_owned(), oldest_seconds: sample.value }),
+                    }
+                }
+            }
             _ => {}
         }
+    }
+    let served = |line: &LineWait| crate::engine::queue::LANES.iter().position(|lane| lane.name() == line.line);
+    for flow in by_flow.values_mut() {
+        flow.lines.sort_by_key(|line| served(line).unwrap_or(usize::MAX));
     }
     let mut flows: Vec<FlowWait> = by_flow.into_values().filter(|f| f.waiting > 0 || f.workers > 0).collect();
     flows.sort_by(|a, b| (b.waiting, b.workers).cmp(&(a.waiting, a.workers)).then_with(|| a.flow.cmp(&b.flow)));
@@ -298,19 +322,23 @@ mod tests {
     #[test]
     fn who_waits_behind_whom_adds_up_the_replicas_flows_busiest_first() {
         let one = "metahook_queue_flow_depth{name=\"compositecontroller/web\",flow=\"flood\"} 9000\n\
-                   metahook_queue_flow_oldest_seconds{name=\"compositecontroller/web\",flow=\"flood\"} 41\n\
+                   metahook_queue_flow_oldest_seconds{name=\"compositecontroller/web\",flow=\"flood\",line=\"delay\"} 41\n\
+                   metahook_queue_flow_oldest_seconds{name=\"compositecontroller/web\",flow=\"flood\",line=\"change\"} 2\n\
                    metahook_queue_flow_workers{name=\"compositecontroller/web\",flow=\"flood\"} 4\n\
                    metahook_queue_flow_depth{name=\"compositecontroller/web\",flow=\"team-a\"} 1\n\
                    metahook_queue_flow_oldest_seconds{name=\"compositecontroller/web\",flow=\"team-a\"} 0.1\n\
                    metahook_queue_flow_depth{name=\"compositecontroller/other\",flow=\"x\"} 5\n";
         let two = "metahook_queue_flow_depth{name=\"compositecontroller/web\",flow=\"flood\"} 812\n\
-                   metahook_queue_flow_oldest_seconds{name=\"compositecontroller/web\",flow=\"flood\"} 50\n";
+                   metahook_queue_flow_oldest_seconds{name=\"compositecontroller/web\",flow=\"flood\",line=\"change\"} 50\n";
         let (a, b) = (scrape(one, 0), scrape(two, 0));
         let replicas = [Replica { first: None, last: &a }, Replica { first: None, last: &b }];
         let flows = waiting(&replicas, WEB);
         let seen: Vec<(&str, u64, u64)> = flows.iter().map(|f| (f.flow.as_str(), f.waiting, f.workers)).collect();
         assert_eq!(seen, [("flood", 9812, 4), ("team-a", 1, 0)], "the other controller's flows are its own");
         assert!(close(Some(flows[0].oldest_seconds), 50.0), "{flows:?}");
+        let lines: Vec<(&str, f64)> = flows[0].lines.iter().map(|l| (l.line.as_str(), l.oldest_seconds)).collect();
+        assert_eq!(lines, [("change", 50.0), ("delay", 41.0)], "by line, longest of any replica, in service order");
+        assert!(flows[1].lines.is_empty(), "a hub that does not say by line: {flows:?}");
     }
 
     #[test]

@@ -207,7 +207,10 @@ impl Report {
                     .iter()
                     .map(|f| {
                         let workers = if f.workers > 0 { format!(", {} syncing", f.workers) } else { String::new() };
-                        format!("{} {} (oldest {}{workers})", f.flow, f.waiting, seconds(f.oldest_seconds))
+                        let lines: Vec<String> =
+                            f.lines.iter().map(|l| format!("{} {}", l.line, seconds(l.oldest_seconds))).collect();
+                        let oldest = if lines.is_empty() { seconds(f.oldest_seconds) } else { lines.join(", ") };
+                        format!("{} {} (oldest {oldest}{workers})", f.flow, f.waiting)
                     })
                     .collect();
                 let _ = writeln!(out, "{}/{}: waiting: {}", c.kind.to_ascii_lowercase(), c.name, flows.join(", "));
@@ -430,6 +433,23 @@ decoratorcontroller/labels: cannot list its parents: listing v1/secrets: forbidd
 Metrics from http://127.0.0.1:9999/metrics (syncs/min over 10s; the leader); errors since it started, hook latency over its lifetime.
 ";
         assert_eq!(table, expected, "\n{table}");
+    }
+
+    #[test]
+    fn the_waiting_line_says_each_flows_oldest_wait_line_by_line() {
+        use crate::tools::status::figures::{FlowWait, LineWait};
+        let now: Timestamp = "2026-01-01T12:00:00Z".parse().unwrap();
+        let mut report = report();
+        let line = |line: &str, oldest_seconds: f64| LineWait { line: line.into(), oldest_seconds };
+        let lines = vec![line("change", 50.0), line("delay", 2.5)];
+        report.controllers[0].waiting = vec![
+            FlowWait { flow: "flood".into(), waiting: 9812, oldest_seconds: 50.0, lines, workers: 4 },
+            FlowWait { flow: "team-a".into(), waiting: 1, oldest_seconds: 0.1, lines: Vec::new(), workers: 0 },
+        ];
+        let table = report.table(now);
+        let expected = "compositecontroller/web: waiting: flood 9812 (oldest change 50.00s, delay 2.50s, 4 syncing), \
+                        team-a 1 (oldest 100ms)\n";
+        assert!(table.contains(expected), "a hub that says by line, and one that does not:\n{table}");
     }
 
     #[test]
