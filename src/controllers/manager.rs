@@ -455,29 +455,34 @@ impl<K: Managed> Controllers<K> {
     }
 
     /// Lets go of `holdings` of controller `obj` in a task of its own, retried with backoff until done
-    /// (then, with `drop_own`, the hub's finalizer comes off the object). An unfinished release of the
-    /// same controller is joined in (its types too), less the types in `keep` (those the controller
-    /// syncs again now).
-    fn let_go(&mut self, obj: &K, mut holdings: Holdings, drop_own: bool, keep: &[(String, String)]) {
+    /// (then, with `drop_own`, the hub's finalizer comes off the object). What an unfinished release of
+    /// the same controller still had to do is joined in. With `runs` (the controller runs now, as
+    /// `obj` says), what it holds again is kept: its types, and its records if it keeps records.
+    fn let_go(&mut self, obj: &K, mut holdings: Holdings, drop_own: bool, runs: bool) {
         let name = obj.name_any();
         let uid = obj.meta().uid.clone();
-        if let Some(previous) = self.releasing.remove(&name)
-            && !previous.task.is_finished()
-        {
+        let previous = self.releasing.remove(&name).filter(|p| !p.task.is_finished());
+        if let Some(previous) = &previous {
+            for t in &previous.holdings.types {
+                if !holdings.types.contains(t) {
+                    holdings.types.push(t.clone());
+                }
+            }
+            holdings.records |= previous.holdings.records;
+        }
+        if runs {
+            let (_, kept) = obj.finalizer();
+            holdings.types.retain(|t| !kept.contains(t));
+            holdings.records &= !obj.keeps_records();
+        }
+        if let Some(previous) = previous {
             if previous.uid == uid && previous.holdings == holdings && previous.drop_own == drop_own {
                 // The same release carries on.
                 self.releasing.insert(name, previous);
                 return;
             }
             previous.task.abort();
-            for t in previous.holdings.types {
-                if !holdings.types.contains(&t) {
-                    holdings.types.push(t);
-                }
-            }
-            holdings.records |= previous.holdings.records;
         }
-        holdings.types.retain(|t| !keep.contains(t));
         if holdings.types.is_empty() && !holdings.records && !drop_own {
             return;
         }
@@ -522,13 +527,6 @@ impl<K: Managed> Controllers<K> {
         self.releasing.insert(obj.name_any(), Releasing { uid, holdings, drop_own, task });
     }
 
-    /// Stops a release of controller `name`'s holdings: the controller runs again.
-    fn keep_holding(&mut self, name: &str) {
-        if let Some(previous) = self.releasing.remove(name) {
-            previous.task.abort();
-        }
-    }
-
     async fn event(&mut self, event: Result<watcher::Event<K>, watcher::Error>, relisted: &mut Option<Vec<String>>) {
         match event {
             Err(err) => warn!("watching {}s (retrying): {err}", K::kind(&())),
@@ -560,7 +558,7 @@ impl<K: Managed> Controllers<K> {
                     // of its objects, and its own finalizer goes too, or a delete of it would wait for a
                     // hub that no longer selects it.
                     let drop_own = has_controller_finalizer(&obj);
-                    self.let_go(&obj, obj.holdings(), drop_own, &[]);
+                    self.let_go(&obj, obj.holdings(), drop_own, false);
                 }
             }
         }
@@ -576,7 +574,6 @@ impl<K: Managed> Controllers<K> {
             self.deleting(obj).await;
             return;
         }
-        self.keep_holding(&name);
         if !has_controller_finalizer(&obj) {
             // On before the controller starts: from its first parent's finalizer on, a delete of the
             // controller waits for a hub to take those finalizers off.
@@ -604,11 +601,11 @@ impl<K: Managed> Controllers<K> {
             // The file's controller of that name takes over, with the same finalizer.
             self.settle(&name).await;
             let nothing = Holdings { types: Vec::new(), records: false, ..obj.holdings() };
-            self.let_go(&obj, nothing, drop_own, &[]);
+            self.let_go(&obj, nothing, drop_own, false);
         } else {
             stop(&self.hub, &mut self.running, &name, None).await;
             self.hub.metrics.remove(&K::kind(&()), &name);
-            self.let_go(&obj, obj.holdings(), drop_own, &[]);
+            self.let_go(&obj, obj.holdings(), drop_own, false);
         }
     }
 
@@ -628,7 +625,7 @@ impl<K: Managed> Controllers<K> {
             if !self.api.contains_key(&name) {
                 // Removed from the files as a controller object is deleted: its finalizers go too.
                 self.hub.metrics.remove(&K::kind(&()), &name);
-                self.let_go(&obj, obj.holdings(), false, &[]);
+                self.let_go(&obj, obj.holdings(), false, false);
             }
         }
         for name in names {
@@ -660,17 +657,12 @@ impl<K: Managed> Controllers<K> {
         self.hub.metrics.files.refused(&kind, self.refused.len());
         let run = self.api.get(name).cloned().or_else(|| file.map(|(_, obj)| (*obj).clone()));
         if let Some(obj) = run {
-            if let Some(left) = reconcile(&self.hub, self.pod.as_ref(), &mut self.running, obj.clone()).await {
-                // What the controller no longer syncs is let go of; what it syncs again is kept.
-                let keep = obj.finalizer().1;
-                self.let_go(&obj, left, false, &keep);
-            } else if self
-                .releasing
-                .get(name)
-                .is_some_and(|r| r.holdings.types.iter().any(|t| obj.finalizer().1.contains(t)))
-            {
-                // A release of types the controller syncs now (a parent type changed back) stops.
-                self.keep_holding(name);
+            let left = reconcile(&self.hub, self.pod.as_ref(), &mut self.running, obj.clone()).await;
+            if left.is_some() || self.releasing.contains_key(name) {
+                // What the controller no longer syncs is let go of; what it holds again (a parent type
+                // changed back, a controller selected again) is kept, and its own finalizer stays.
+                let nothing = Holdings { types: Vec::new(), records: false, ..obj.holdings() };
+                self.let_go(&obj, left.unwrap_or(nothing), false, true);
             }
         } else {
             stop(&self.hub, &mut self.running, name, None).await;

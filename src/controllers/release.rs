@@ -98,7 +98,9 @@ impl Outcome {
 /// records are released. What could be done is done, whatever else failed.
 pub async fn release(scope: &Scope, holdings: &Holdings) -> Outcome {
     let mut outcome = Outcome::default();
-    if holdings.records {
+    // A hub limited to namespaces refuses `crossNamespace` controllers (it never wrote their records) and
+    // may not list records across the cluster: a hub that may does it.
+    if holdings.records && scope.namespaces.is_empty() {
         match crate::write::record_migration::release_all(&scope.client, &holdings.controller).await {
             Ok(n) => outcome.released += n,
             Err(crate::write::records::RecordError::Read { source, .. }) if cannot_exist(&source) => {}
@@ -139,14 +141,52 @@ async fn release_type(scope: &Scope, finalizer: &str, api_version: &str, resourc
     }
     for item in items.iter().filter(|o| crate::engine::finalizer::has_finalizer(o, finalizer)) {
         let api = api_for(&scope.client, &resolved, item);
-        match crate::engine::finalizer::remove_finalizer(&api, item, finalizer).await {
-            Ok(_) => {
+        match remove_finalizer(&api, item, finalizer).await {
+            Ok(()) => {
                 outcome.released += 1;
                 info!(object = %item.name_any(), namespace = ?item.namespace(), finalizer, "removed finalizer of a controller that let go");
             }
             Err(err) => outcome.waiting.0.push(format!("{} {}: {err}", resolved.kind(), describe(item))),
         }
     }
+}
+
+/// Takes `finalizer` off `obj` with a JSON patch that tests the object's UID and that one entry, then
+/// removes it: no `resourceVersion` precondition, so others' writes to the object (a tenant writing its
+/// own parent hundreds of times a second) cannot make it conflict for ever. Only a changed finalizer list
+/// (the test fails) reads the object again.
+async fn remove_finalizer(
+    api: &Api<kube::api::DynamicObject>,
+    obj: &kube::api::DynamicObject,
+    finalizer: &str,
+) -> Result<(), kube::Error> {
+    let name = obj.name_any();
+    let mut current = std::borrow::Cow::Borrowed(obj);
+    for _ in 0..5 {
+        let Some(index) = current.metadata.finalizers.iter().flatten().position(|f| f == finalizer) else {
+            return Ok(());
+        };
+        let at = format!("/metadata/finalizers/{index}");
+        let ops: json_patch::Patch = serde_json::from_value(json!([
+            {"op": "test", "path": "/metadata/uid", "value": obj.metadata.uid},
+            {"op": "test", "path": at, "value": finalizer},
+            {"op": "remove", "path": at},
+        ]))
+        .map_err(kube::Error::SerdeError)?;
+        match api.patch(&name, &PatchParams::default(), &Patch::Json::<()>(ops)).await {
+            Ok(_) => return Ok(()),
+            Err(err) if cannot_exist(&err) => return Ok(()),
+            // A test failed: the list (or the object) changed since it was read.
+            Err(kube::Error::Api(status)) if status.code == 409 || status.code == 422 => {}
+            Err(err) => return Err(err),
+        }
+        match api.get_opt(&name).await? {
+            Some(live) if live.metadata.uid == obj.metadata.uid => current = std::borrow::Cow::Owned(live),
+            _ => return Ok(()),
+        }
+    }
+    let message = format!("the finalizers of {name} kept changing while {finalizer} was taken off");
+    Err(kube::Error::Api(Box::new(kube::core::Status::failure(&message, "Conflict").with_code(409))))
 }
 
 fn describe(obj: &kube::api::DynamicObject) -> String {
