@@ -22,6 +22,7 @@ const PATH: &str = "/sustained";
 /// One ConfigMap per Thing, `data.v` from `spec.v`; each call takes `DELAY` seconds, so that a flood
 /// of parents is a backlog the hub takes seconds to drain.
 const HOOK: &str = r#"
+import os
 import time
 DELAY = 0.05
 
@@ -36,8 +37,12 @@ def sustained(request):
     time.sleep(0.4)
     return sync(request)
 
+RELEASE = None  # set by the test that calls `slow`: a file whose existence lets its calls answer
+
 def slow(request):
-    time.sleep(5)
+    deadline = time.time() + 110
+    while not (RELEASE and os.path.exists(RELEASE)) and time.time() < deadline:
+        time.sleep(0.05)
     return {"children": [], "status": {}}
 "#;
 
@@ -252,11 +257,18 @@ async fn changes_made_while_the_hub_was_down_wait_for_turns_of_a_sustained_flood
 
 #[tokio::test]
 async fn a_controller_whose_hook_is_slow_holds_none_of_another_controllers_workers() {
-    let w = World::new("fair-slow", HOOK).await;
+    // The slow hook answers only once this file exists: its calls hold every worker of its controller
+    // for as long as the test wants, whatever the machine's load, and counting them is exact.
+    let release = std::env::temp_dir().join(format!("metahook-fair-slow-{}-release", std::process::id()));
+    let _ = std::fs::remove_file(&release);
+    let hook = format!("{HOOK}\nRELEASE = {:?}\n", release.display().to_string());
+    let w = World::new("fair-slow", &hook).await;
     let fast_ns = TestNamespace::create(&w.client, "fair-slow-fast").await;
-    // The slow controller's parents are labelled `slow`; the fast one's, not.
+    // The slow controller's parents are labelled `slow`; the fast one's, not. Its calls do not time out
+    // while the test holds them, so none of its workers comes back to take another parent.
     let mut slow = controller_spec(&w, "/slow");
     slow["parentResource"]["labelSelector"] = json!({"matchLabels": {"metahook-test": w.label, "speed": "slow"}});
+    slow["hooks"]["sync"]["webhook"]["timeout"] = json!("115s");
     w.controller("CompositeController", &format!("{}-slow", w.label), slow).await;
     let mut fast = controller_spec(&w, "/sync");
     fast["parentResource"]["labelSelector"] = json!({"matchLabels": {"metahook-test": w.label}, "matchExpressions": [{"key": "speed", "operator": "DoesNotExist"}]});
@@ -270,14 +282,16 @@ async fn a_controller_whose_hook_is_slow_holds_none_of_another_controllers_worke
         )
         .await;
     }
-    // Every worker of the slow controller busy for 5 s.
+    // Every worker of the slow controller busy until the release.
     eventually(WAIT, || async { (w.hook.requests("/slow").len() >= 5).then_some(()) }).await;
     thing(&w, &fast_ns.name, "quick", 1).await;
     eventually(WAIT, || async { calls(&w, "/sync").iter().any(|(ns, ..)| *ns == fast_ns.name).then_some(()) }).await;
-    // Served while the slow controller's first round still ran: none of its calls had come back to take
-    // another parent (a second round starts only 5 s after the first).
+    // Served while the slow controller's five calls were all still held: a worker shared between the two
+    // controllers would have left the fast change waiting until the release, and this wait would time out.
     let slow_calls = w.hook.requests("/slow").len();
-    assert!(slow_calls <= 5, "the fast controller's change waited for a slow worker ({slow_calls} slow calls)");
+    assert_eq!(slow_calls, 5, "the slow controller has five workers, each held by its hook");
+    std::fs::write(&release, b"").unwrap();
+    eventually(WAIT, || async { (w.hook.requests("/slow").len() >= 20).then_some(()) }).await;
     let config_maps = support::api(&w.client, "v1", "ConfigMap", Some(&fast_ns.name)).await;
     eventually(WAIT, || async { config_maps.get_opt("quick").await.unwrap() }).await;
 
@@ -289,5 +303,6 @@ async fn a_controller_whose_hook_is_slow_holds_none_of_another_controllers_worke
             .patch(&name, &PatchParams::default(), &Patch::Merge(json!({"metadata": {"finalizers": null}})))
             .await;
     }
+    let _ = std::fs::remove_file(&release);
     w.finish("CompositeController").await;
 }
