@@ -494,3 +494,101 @@ async fn a_controller_whose_parent_type_changed_lets_the_old_types_parents_go() 
     gone(&things, "old", BOUND).await;
     w.finish("CompositeController").await;
 }
+
+/// Issue 67 item 2: a tenant holds its copy of a platform parent's child in its deletion (a finalizer of
+/// its own, then a delete) and takes it out of the parent's selector. The copy is neither the parent's
+/// child any more nor free: only that namespace waits, and the parent says why; the parent's next change
+/// reaches the other namespace's copy (it froze everywhere, retried quietly for ever, before), and once
+/// the tenant lets its copy go the parent's child is made again there.
+#[tokio::test]
+async fn a_tenant_holding_its_copy_in_deletion_freezes_only_its_own_namespace_and_is_told_about() {
+    let w = World::new("tn-hold", HOOK).await;
+    let t1 = Tenant::create(&w.client, "tn-hold-t1").await;
+    let t2 = TestNamespace::create(&w.client, "tn-hold-t2").await;
+    w.composite(cross_namespace_spec(&w)).await;
+    let (n1, n2) = (t1.namespace.name.clone(), t2.name.clone());
+    let children = json!([child("team-config", Some(&n1)), child("team-config", Some(&n2))]);
+    w.thing("platform", json!({"children": children})).await;
+    eventually(WAIT, || config_map(&w, &n1, "team-config")).await;
+    eventually(WAIT, || config_map(&w, &n2, "team-config")).await;
+
+    let cms = tenant_config_maps(&t1).await;
+    let hold = json!({"metadata": {"finalizers": ["tenant.example/hold"]}});
+    cms.patch("team-config", &PatchParams::default(), &Patch::Merge(hold)).await.unwrap();
+    cms.delete("team-config", &DeleteParams::default()).await.unwrap();
+    let unselected = json!({"metadata": {"labels": {"controller-uid": null}}});
+    let held = cms.patch("team-config", &PatchParams::default(), &Patch::Merge(unselected)).await.unwrap();
+    assert!(held.metadata.deletion_timestamp.is_some());
+
+    w.thing("platform", json!({"v": "2", "children": children})).await;
+    eventually(BOUND, || async { config_map(&w, &n2, "team-config").await.filter(|cm| cm.data["data"]["v"] == "2") })
+        .await;
+    let said = eventually(WAIT, || async {
+        let warnings = support::warnings_for(&w.client, &w.ns.name, "platform").await;
+        warnings.into_iter().find(|m| m.contains(&format!("{n1}/team-config")) && m.contains("being deleted"))
+    })
+    .await;
+    assert!(said.contains("tenant.example/hold"), "the parent names what holds the copy: {said}");
+    // One more change of the parent, synced everywhere else: the held copy is not written meanwhile.
+    let before = cms.get("team-config").await.unwrap();
+    assert_eq!(label(&before, "controller-uid"), None, "still out of the parent's selector");
+    w.thing("platform", json!({"v": "3", "children": children})).await;
+    eventually(BOUND, || async { config_map(&w, &n2, "team-config").await.filter(|cm| cm.data["data"]["v"] == "3") })
+        .await;
+    let kept = cms.get("team-config").await.unwrap();
+    assert_eq!(kept.metadata.resource_version, before.metadata.resource_version, "the held copy is not written");
+
+    // Let go: the namespace that waited gets the parent's child back, at the parent's spec.
+    cms.patch("team-config", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"finalizers": null}})))
+        .await
+        .unwrap();
+    let back = eventually(BOUND, || async {
+        config_map(&w, &n1, "team-config").await.filter(|cm| cm.metadata.deletion_timestamp.is_none())
+    })
+    .await;
+    assert_eq!(back.data["data"]["v"], "3");
+    assert_ne!(back.metadata.uid, held.metadata.uid, "made again, not the held one");
+
+    t1.namespace.delete().await;
+    t2.delete().await;
+    w.finish("CompositeController").await;
+}
+
+/// Issue 67 item 2: an object already where a parent's record of children elsewhere goes, which is not
+/// that parent's (it names another parent's UID), is never taken as the parent's record: the parent says
+/// so, nothing of it is written elsewhere, the object is left as it is, and once it is gone the parent's
+/// own record is made and its children with it.
+#[tokio::test]
+async fn an_object_where_a_parents_record_goes_is_not_taken_for_it() {
+    let w = World::new("tn-record", HOOK).await;
+    let t2 = TestNamespace::create(&w.client, "tn-record-t2").await;
+    let n2 = t2.name.clone();
+    // The parent first, then a record under its name naming another UID, then the controller.
+    let parent = w.thing("pp", json!({"children": [child("team-config", Some(&n2))]})).await;
+    let uid = parent.metadata.uid.clone().unwrap();
+    let records = api(&w.client, "metahook.dev/v1alpha1", "ChildRecord", Some(&w.ns.name)).await;
+    let name = format!("{uid}.{}", w.label);
+    let squat = json!({"apiVersion": "metahook.dev/v1alpha1", "kind": "ChildRecord",
+        "metadata": {"name": name, "namespace": w.ns.name},
+        "spec": {"controller": w.label, "parent": {"name": "pp", "uid": "another-parents-uid"}, "children": []}});
+    let squat = records.create(&Default::default(), &serde_json::from_value(squat).unwrap()).await.unwrap();
+    w.composite(cross_namespace_spec(&w)).await;
+
+    let said = eventually(WAIT, || async {
+        let warnings = support::warnings_for(&w.client, &w.ns.name, "pp").await;
+        warnings.into_iter().find(|m| m.contains("is not this parent's"))
+    })
+    .await;
+    assert!(said.contains("another-parents-uid"), "{said}");
+    assert!(config_map(&w, &n2, "team-config").await.is_none(), "nothing written elsewhere without its record");
+    let left = records.get(&name).await.unwrap();
+    assert_eq!(left.metadata.resource_version, squat.metadata.resource_version, "the object is left as it is");
+
+    records.delete(&name, &DeleteParams::default()).await.unwrap();
+    eventually(BOUND, || config_map(&w, &n2, "team-config")).await;
+    let made = records.get(&name).await.unwrap();
+    assert_eq!(made.data["spec"]["parent"]["uid"], uid.as_str(), "the parent's own record");
+
+    t2.delete().await;
+    w.finish("CompositeController").await;
+}

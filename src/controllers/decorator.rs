@@ -27,7 +27,7 @@ use crate::engine::sync::{
 };
 use crate::engine::worker::resync_after;
 use crate::hooks::{ControllerHooks, DecoratorRequest, DecoratorResponse, Endpoint};
-use crate::write::children::{ChildMap, ChildRole, ChildRules, ChildType, desired_children};
+use crate::write::children::{ChildMap, ChildRole, ChildRules, ChildType, Claim, Ignored, desired_children};
 
 pub use crate::api::DECORATOR_ANNOTATION;
 
@@ -467,9 +467,16 @@ impl Kind for Controller {
         Ok(answer.into_decision(response))
     }
 
-    fn ours(&self, target: &DynamicObject, child: &DynamicObject) -> bool {
-        is_attachment_of(child, target.metadata.uid.as_deref().unwrap_or_default(), &self.core.name)
+    fn whose(&self, target: &DynamicObject, child: &DynamicObject) -> Claim {
+        attachment_claim(child, target.metadata.uid.as_deref().unwrap_or_default(), &self.core.name)
     }
+}
+
+/// What `obj`, found under the name of a desired attachment, is to the target of UID `target_uid`:
+/// [`is_attachment_of`]'s answer as a claim, for the sync and `metahook diff` alike.
+#[must_use]
+pub fn attachment_claim(obj: &DynamicObject, target_uid: &str, controller: &str) -> Claim {
+    if is_attachment_of(obj, target_uid, controller) { Claim::Owned } else { Claim::Ignore(Ignored::OtherController) }
 }
 
 /// A merge patch for the labels and annotations the hook wants changed (`None` = delete), or `None`

@@ -63,7 +63,9 @@ use crate::hooks::{
     WireObject, for_hooks,
 };
 use crate::write::apply::holder;
-use crate::write::children::{ChildMap, ChildRole, ChildRules, ChildType, desired_children, request_map};
+use crate::write::children::{
+    ChildMap, ChildRole, ChildRules, ChildType, Claim, Ignored, desired_children, request_map,
+};
 
 /// The label on every output naming its input's map key (the input's UID).
 pub const MAP_KEY_LABEL: &str = "metahook.dev/map-key";
@@ -749,8 +751,8 @@ impl Kind for Controller {
         })
     }
 
-    fn ours(&self, parent: &DynamicObject, child: &DynamicObject) -> bool {
-        controller_uid(child) == parent.metadata.uid.as_deref()
+    fn whose(&self, parent: &DynamicObject, child: &DynamicObject) -> Claim {
+        output_claim(child, parent.metadata.uid.as_deref())
     }
 
     fn input_informers(&self) -> Vec<&Informer> {
@@ -1048,6 +1050,17 @@ fn earliest(a: Option<std::time::Duration>, b: Option<std::time::Duration>) -> O
     match (a, b) {
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
+    }
+}
+
+/// What `child`, found under the name of a desired output, is to the parent of UID `parent_uid`: its
+/// own when the parent is its controller, for the sync and `metahook diff` alike.
+#[must_use]
+pub fn output_claim(child: &DynamicObject, parent_uid: Option<&str>) -> Claim {
+    if parent_uid.is_some() && controller_uid(child) == parent_uid {
+        Claim::Owned
+    } else {
+        Claim::Ignore(Ignored::OtherController)
     }
 }
 

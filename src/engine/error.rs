@@ -238,6 +238,26 @@ pub enum Action {
     Hold,
 }
 
+/// How many failed syncs of one object in a row a quiet retry stays quiet. A state "a retry resolves
+/// without anyone's help" that is still there after this many retries (about 5 s of the default backoff
+/// doubling from 5 ms) is not transient: from then on it is reported, each retry, so that nothing a
+/// tenant can keep in place — a child held in its deletion, a record written behind the hub's back —
+/// freezes a parent without a word.
+pub const QUIET_RETRIES: u32 = 10;
+
+impl Action {
+    /// What the worker does after a failure that `failures` failed syncs of the same object came before
+    /// (in a row): [`Action::RetryQuietly`] only while that count is under [`QUIET_RETRIES`], then
+    /// [`Action::Report`]. The one place that says how long a quiet retry stays quiet.
+    #[must_use]
+    pub fn after(self, failures: u32) -> Self {
+        match self {
+            Self::RetryQuietly if failures >= QUIET_RETRIES => Self::Report,
+            action => action,
+        }
+    }
+}
+
 impl SyncError {
     /// The reason of the Warning Event that reports this error.
     #[must_use]
@@ -304,6 +324,17 @@ mod tests {
         assert!(err.to_string().starts_with("parent .spec.selector: "), "{err}");
         assert_eq!(err.action(), Action::Report);
         assert_eq!(SyncError::Conflict("status").action(), Action::RetryQuietly);
+    }
+
+    #[test]
+    fn a_quiet_retry_that_keeps_coming_back_is_reported() {
+        let stale = SyncError::Conflict("status");
+        assert_eq!(stale.action().after(0), Action::RetryQuietly);
+        assert_eq!(stale.action().after(QUIET_RETRIES - 1), Action::RetryQuietly);
+        assert_eq!(stale.action().after(QUIET_RETRIES), Action::Report);
+        assert_eq!(Action::Hold.after(100), Action::Hold, "only quiet retries are escalated");
+        let later = Action::RetryAfter(std::time::Duration::from_secs(1));
+        assert_eq!(later.after(100), later, "a hook's 429 is its own schedule, not a refusal");
     }
 
     #[test]

@@ -128,9 +128,10 @@ pub(crate) trait Kind: Send + Sync + 'static {
         call: Call<'_>,
         claimed: &Self::Claimed,
     ) -> impl Future<Output = Result<Decision<Self::Before>, SyncError>> + Send;
-    /// Whether `child`, found in the cache under a desired name but not observed, is `obj`'s own (its
-    /// creation's echo was not cached yet) rather than someone else's.
-    fn ours(&self, obj: &DynamicObject, child: &DynamicObject) -> bool;
+    /// What `child`, found in the cache under a desired name but not observed, is to `obj`: its own (its
+    /// creation's echo was not cached yet), its own held in a deletion by someone, or someone else's
+    /// (read by [`crate::write::children::in_the_way`]).
+    fn whose(&self, obj: &DynamicObject, child: &DynamicObject) -> crate::write::children::Claim;
     /// Whether `obj` (of type `resource`) adopts `child` as its own were it to see it: an orphan its
     /// selector selects. A decorator adopts nothing.
     fn adopts(&self, _obj: &DynamicObject, _resource: &ResolvedResource, _child: &DynamicObject) -> bool {
@@ -907,7 +908,7 @@ async fn answer<C: Kind>(
             .flat_map(|children| children.values_mut())
             .for_each(|child| shard.stamp(child, uid));
     }
-    let ours = |child: &DynamicObject| kind.ours(obj, child);
+    let whose = |child: &DynamicObject| kind.whose(obj, child);
     let adopts = |child: &DynamicObject| kind.adopts(obj, resource, child);
     let guard = (!finalizing).then(|| core.settings().deletion_guard).flatten();
     // Under `--cascade=orphan` the children are the user's now (the garbage collector took this parent's
@@ -918,7 +919,7 @@ async fn answer<C: Kind>(
     let narrowed = if *orphaning {
         None
     } else {
-        crate::write::children::narrow(&core.children, observed, &decision.desired, obj, resource, ours)?
+        crate::write::children::narrow(&core.children, observed, &decision.desired, obj, resource, whose)?
     };
     let (observed, desired) = match &narrowed {
         Some(narrowed) => (&narrowed.observed[..], &narrowed.desired[..]),
@@ -938,7 +939,7 @@ async fn answer<C: Kind>(
     let plan = if *orphaning {
         None
     } else {
-        Some(plan(&core.children, observed, desired, obj, guard, total, ours, &adopts)?)
+        Some(plan(&core.children, observed, desired, obj, guard, total, whose, &adopts)?)
     };
 
     // Act.
@@ -1005,7 +1006,7 @@ fn digest_of(value: &Value) -> u64 {
 }
 
 /// The plan of a decision's child writes, refused whole before anything is written: a desired name
-/// taken by an object that is not `obj`'s ([`Plan::new`]; `ours` and `adopts` say what is), or more
+/// taken by an object that is not `obj`'s ([`Plan::new`]; `whose` and `adopts` say what is), or more
 /// deletions than `guard` allows (`None` when finalizing: a finalize hook may delete everything). The
 /// engine's sync and `metahook diff` both plan through it, so a preview refuses what a sync refuses.
 ///
@@ -1019,10 +1020,10 @@ pub(crate) fn plan<'a>(
     obj: &DynamicObject,
     guard: Option<DeletionGuard>,
     total: usize,
-    ours: impl Fn(&DynamicObject) -> bool,
+    whose: impl Fn(&DynamicObject) -> crate::write::children::Claim,
     adopts: crate::write::apply::Adopts<'a>,
 ) -> Result<Plan<'a>, SyncError> {
-    let plan = Plan::new(children, observed, desired, ours, adopts)?.at_home(obj.metadata.namespace.as_deref());
+    let plan = Plan::new(children, observed, desired, whose, adopts)?.at_home(obj.metadata.namespace.as_deref());
     plan.check_guard(guard, obj, total)?;
     Ok(plan)
 }

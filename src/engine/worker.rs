@@ -121,7 +121,8 @@ async fn handle<S: Syncer>(syncer: &S, queue: &WorkQueue<S::Key>, key: &S::Key) 
         }
         Err(err) => err,
     };
-    match err.action() {
+    let failures = queue.failures(key);
+    match err.action().after(failures) {
         Action::RetryAfter(delay) => {
             debug!(?delay, "hook asked to retry later");
             queue.add_after(key.clone(), delay);
@@ -136,12 +137,19 @@ async fn handle<S: Syncer>(syncer: &S, queue: &WorkQueue<S::Key>, key: &S::Key) 
             queue.add_rate_limited(key.clone());
         }
         Action::Report => {
-            warn!("sync failed: {}", with_causes(&err));
+            // A quiet retry that kept coming back says how long it has.
+            let repeated = if err.action() == Action::RetryQuietly {
+                format!(" ({} failed syncs in a row)", failures + 1)
+            } else {
+                String::new()
+            };
+            warn!("sync failed{repeated}: {}", with_causes(&err));
             if matches!(err, SyncError::Plan(PlanError::DeletionGuard { .. })) {
                 syncer.metrics().deletion_guard_refused();
             }
             if let Some(obj) = syncer.object(key) {
-                syncer.events().warning(&reference(&obj), err.event_reason(), format!("Sync error: {err}")).await;
+                let message = format!("Sync error{repeated}: {err}");
+                syncer.events().warning(&reference(&obj), err.event_reason(), message).await;
             }
             queue.add_rate_limited(key.clone());
         }

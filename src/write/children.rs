@@ -125,8 +125,14 @@ pub enum Ignored {
     NotSelected,
     /// In another namespace than the (namespaced) parent.
     OtherNamespace,
-    /// Being deleted (or the parent is): not adopted, not released.
+    /// An orphan being deleted (or the parent is): not adopted.
     Deleting,
+    /// Controlled by the parent, no longer selected, and being deleted (or the parent is): not released
+    /// — whoever deletes it holds it, and a desired child of its name waits for it to go.
+    Leaving,
+    /// Outside the parent's namespace, labelled as its child, but not listed by its record: only says it
+    /// is the parent's (anyone who writes that namespace can write the label).
+    Unlisted,
 }
 
 impl std::fmt::Display for Ignored {
@@ -136,6 +142,8 @@ impl std::fmt::Display for Ignored {
             Self::NotSelected => "no controller, and the parent's selector does not match its labels",
             Self::OtherNamespace => "not in the parent's namespace",
             Self::Deleting => "being deleted",
+            Self::Leaving => "the parent's, no longer selected, and being deleted",
+            Self::Unlisted => "says it is the parent's, but the parent's record of children elsewhere does not list it",
         })
     }
 }
@@ -151,7 +159,7 @@ pub fn claim_of(obj: &DynamicObject, parent: &DynamicObject, parent_ns: Option<&
     let selected = selector.matches(&labels_of(&obj.metadata));
     match controller_uid(obj) {
         Some(uid) if uid == parent_uid && selected => Claim::Owned,
-        Some(uid) if uid == parent_uid && deleting => Claim::Ignore(Ignored::Deleting),
+        Some(uid) if uid == parent_uid && deleting => Claim::Ignore(Ignored::Leaving),
         Some(uid) if uid == parent_uid => Claim::Release,
         Some(_) => Claim::Ignore(Ignored::OtherController),
         None if deleting => Claim::Ignore(Ignored::Deleting),
@@ -218,19 +226,44 @@ fn outside(obj: &DynamicObject, parent: &DynamicObject, parent_resource: &Resolv
     by_label(parent, parent_resource, obj.metadata.namespace.as_deref())
 }
 
-/// Whether `child`, found in a type's cache under a desired name, is `parent`'s own (typically the
-/// echo of its own create, not observed yet): its controller is the parent and, outside the parent's
-/// namespace, the parent's record lists it (`elsewhere`). The one rule the engine's sync and `metahook
-/// diff` both ask.
+/// Whose `obj`, of one of `parent`'s child types, is — the one answer to "is this the parent's child",
+/// which observation ([`claims`]), the namespace narrowing and the plan ([`narrow`], [`Plan::new`],
+/// through [`in_the_way`]) and `metahook diff` all take: [`claim_of`]'s (within `scope`, the namespace
+/// the type's children are claimed in, `None` for anywhere), after the rule for children elsewhere —
+/// outside the parent's namespace, an object that says it is the parent's counts only where its record
+/// lists it (`elsewhere`), else it is [`Ignored::Unlisted`].
 #[must_use]
-pub fn is_own_child(
-    child: &DynamicObject,
+pub fn whose_child(
+    obj: &DynamicObject,
     parent: &DynamicObject,
     parent_resource: &ResolvedResource,
+    scope: Option<&str>,
+    selector: &Selector,
     elsewhere: Elsewhere<'_>,
-) -> bool {
-    controller_uid(child) == parent.metadata.uid.as_deref()
-        && (!outside(child, parent, parent_resource) || elsewhere.claims_object(child))
+) -> Claim {
+    let says_ours = controller_uid(obj).is_some() && controller_uid(obj) == parent.metadata.uid.as_deref();
+    if says_ours && outside(obj, parent, parent_resource) && !elsewhere.claims_object(obj) {
+        return Claim::Ignore(Ignored::Unlisted);
+    }
+    claim_of(obj, parent, scope, selector)
+}
+
+/// What an object of the cache refuses, found under the name of a desired child that is not among the
+/// parent's observed children (`claim`: [`whose_child`]'s, or a kind's own rule): the parent's own,
+/// appeared since the children were observed, is [`PlanError::Stale`] (a quiet retry); the parent's,
+/// held in its deletion by someone, is [`PlanError::Leaving`] (its namespace waits); anything else is
+/// someone else's, [`PlanError::NotOurs`]. Narrowing and planning both read it here.
+#[must_use]
+pub fn in_the_way(kind: &str, key: &ObjectKey, existing: &DynamicObject, claim: Claim) -> PlanError {
+    let (kind, key) = (kind.to_owned(), key.clone());
+    match claim {
+        Claim::Owned | Claim::Release => PlanError::Stale { kind, key },
+        Claim::Ignore(Ignored::Leaving) => {
+            let held_by = existing.metadata.finalizers.iter().flatten().cloned().collect::<Vec<_>>().join(", ");
+            PlanError::Leaving { kind, key, held_by }
+        }
+        Claim::Adopt | Claim::Ignore(_) => PlanError::NotOurs { kind, key, holder: holder(existing) },
+    }
 }
 
 /// What claiming `parent`'s children of `types` decides, from the types' caches (see [`Claims`]); a
@@ -253,12 +286,8 @@ pub fn claims(
         let adopt_ns = if child_type.adopt_elsewhere { None } else { parent_ns };
         let mut owned = ChildMap::new();
         for obj in child_type.informer.controlled_by(parent_uid) {
-            if outside(&obj, parent, parent_resource) && !elsewhere.claims(child_type.resource(), &ObjectKey::of(&obj))
-            {
-                // Someone else's object that only says it is the parent's: none of its business.
-                continue;
-            }
-            match claim_of(&obj, parent, owned_ns, selector) {
+            // Someone else's object that only says it is the parent's is `Unlisted`: none of its business.
+            match whose_child(&obj, parent, parent_resource, owned_ns, selector, elsewhere) {
                 Claim::Owned => {
                     owned.insert(ObjectKey::of(&obj), obj);
                 }
@@ -559,6 +588,15 @@ pub enum PlanError {
     /// (typically the echo of this parent's previous sync): retried quietly with the fresh state.
     #[error("{kind} {key} appeared since the children were observed; retrying")]
     Stale { kind: String, key: ObjectKey },
+    /// A desired child's name is held by the parent's own object that someone is deleting (and keeps
+    /// with a finalizer of theirs) after taking it out of the parent's selector: it is neither the
+    /// parent's child nor free. What whoever may write that namespace can do stops that namespace only;
+    /// the parent says so until the object is gone.
+    #[error(
+        "{kind} {key} is being deleted (finalizers: {held_by}) and is no longer selected by this parent; \
+         nothing is written in its namespace until it is gone"
+    )]
+    Leaving { kind: String, key: ObjectKey, held_by: String },
     /// The controller's safe-delete guard refused the deletions.
     #[error(
         "sync would delete {count} of {total} children ({list}), more than {limit} allows \
@@ -586,8 +624,9 @@ pub struct Narrowed {
 }
 
 /// Leaves out of an answer each namespace other than the parent's where a desired child's name is taken
-/// by an object that is not the parent's: nothing of the answer is written or deleted there, and the
-/// rest of it is (`Ok(Some)`). Whoever may write in one namespace can take a name there, and must not
+/// by an object that is not the parent's, or held by one of its own that someone is deleting
+/// ([`PlanError::Leaving`]): nothing of the answer is written or deleted there, and the rest of it is
+/// (`Ok(Some)`). Whoever may write in one namespace can take a name there, and must not
 /// thereby stop what the hub does for a parent in another. A name taken in the parent's own namespace
 /// (or under a cluster-scoped parent) refuses the whole answer, as in Metacontroller (`Err`); so does a
 /// child of the parent's own that turned up in the cache since it was observed ([`PlanError::Stale`], a
@@ -598,18 +637,15 @@ pub fn narrow(
     desired: &[ChildMap<Value>],
     parent: &DynamicObject,
     parent_resource: &ResolvedResource,
-    ours: impl Fn(&DynamicObject) -> bool,
+    whose: impl Fn(&DynamicObject) -> Claim,
 ) -> Result<Option<Narrowed>, PlanError> {
     let mut refused: BTreeMap<Option<String>, PlanError> = BTreeMap::new();
     for ((child_type, observed), desired) in types.iter().zip(observed).zip(desired) {
         for key in desired.keys().filter(|key| !observed.contains_key(*key)) {
             let Some(existing) = child_type.informer.get(key) else { continue };
-            let kind = child_type.resource().kind().to_owned();
-            if ours(&existing) {
-                return Err(PlanError::Stale { kind, key: key.clone() });
-            }
-            let error = PlanError::NotOurs { kind, key: key.clone(), holder: holder(&existing) };
-            if !by_label(parent, parent_resource, key.namespace.as_deref()) {
+            let error = in_the_way(child_type.resource().kind(), key, &existing, whose(&existing));
+            if matches!(error, PlanError::Stale { .. }) || !by_label(parent, parent_resource, key.namespace.as_deref())
+            {
                 return Err(error);
             }
             refused.entry(key.namespace.clone()).or_insert(error);
@@ -632,25 +668,21 @@ pub fn narrow(
 
 impl<'a> Plan<'a> {
     /// Plans the writes that make `observed` match `desired`, refusing to take over an existing object
-    /// that is not one of the parent's children (it is in the type's cache but was not claimed). `ours`
-    /// tells the parent's own children from others' (a child that turns up in the cache after the
-    /// children were observed is not someone else's); `adopts`, which orphans the parent adopts.
+    /// that is not one of the parent's children (it is in the type's cache but was not claimed). `whose`
+    /// says what such an object is to the parent (see [`in_the_way`]: a child that turns up in the cache
+    /// after the children were observed is not someone else's); `adopts`, which orphans the parent adopts.
     pub fn new(
         types: &'a [ChildType],
         observed: &'a [ChildMap<Arc<DynamicObject>>],
         desired: &'a [ChildMap<Value>],
-        ours: impl Fn(&DynamicObject) -> bool,
+        whose: impl Fn(&DynamicObject) -> Claim,
         adopts: Adopts<'a>,
     ) -> Result<Self, PlanError> {
         let mut deletions = Vec::new();
         for (index, ((child_type, observed), desired)) in types.iter().zip(observed).zip(desired).enumerate() {
             for key in desired.keys().filter(|key| !observed.contains_key(*key)) {
                 if let Some(existing) = child_type.informer.get(key) {
-                    let kind = child_type.resource().kind().to_owned();
-                    if ours(&existing) {
-                        return Err(PlanError::Stale { kind, key: key.clone() });
-                    }
-                    return Err(PlanError::NotOurs { kind, key: key.clone(), holder: holder(&existing) });
+                    return Err(in_the_way(child_type.resource().kind(), key, &existing, whose(&existing)));
                 }
             }
             let gone = observed
@@ -1388,7 +1420,7 @@ mod tests {
         assert_eq!(claim(&object("a", &yes, Some("other"), false)), Claim::Ignore(Ignored::OtherController));
         assert_eq!(claim(&object("b", &yes, None, false)), Claim::Ignore(Ignored::OtherNamespace));
         assert_eq!(claim(&object("a", &yes, None, true)), Claim::Ignore(Ignored::Deleting), "no adopting the dying");
-        assert_eq!(claim(&object("a", &no, Some("parent"), true)), Claim::Ignore(Ignored::Deleting));
+        assert_eq!(claim(&object("a", &no, Some("parent"), true)), Claim::Ignore(Ignored::Leaving));
         assert_eq!(claim(&object("a", &yes, Some("parent"), true)), Claim::Owned, "still a child while it goes");
         // A cluster-scoped parent claims across namespaces.
         assert_eq!(claim_of(&object("b", &yes, None, false), &parent, None, &selector), Claim::Adopt);
@@ -1397,7 +1429,7 @@ mod tests {
         dying.metadata.deletion_timestamp = object("a", &yes, None, true).metadata.deletion_timestamp;
         let claim = |obj: &DynamicObject| claim_of(obj, &dying, Some("a"), &selector);
         assert_eq!(claim(&object("a", &yes, None, false)), Claim::Ignore(Ignored::Deleting));
-        assert_eq!(claim(&object("a", &no, Some("parent"), false)), Claim::Ignore(Ignored::Deleting));
+        assert_eq!(claim(&object("a", &no, Some("parent"), false)), Claim::Ignore(Ignored::Leaving));
     }
 
     /// A `ConfigMap` `namespace/name` labelled as the child elsewhere of the parent of UID `uid`.
@@ -1461,7 +1493,7 @@ mod tests {
         let observed = vec![ChildMap::from([(key(Some("b"), "old"), Arc::new(labelled("b", "old", "parent-uid")))])];
         let desired =
             |keys: &[ObjectKey]| vec![keys.iter().map(|k| (k.clone(), json!({}))).collect::<ChildMap<Value>>()];
-        let ours = |_: &DynamicObject| false;
+        let ours = |_: &DynamicObject| Claim::Ignore(Ignored::OtherController);
         let wanted = desired(&[key(Some("a"), "mine"), key(Some("b"), "taken"), key(Some("c"), "there")]);
         let narrowed = narrow(&types, &observed, &wanted, &parent(), &resource(true), ours).unwrap().unwrap();
         let kept: Vec<&ObjectKey> = narrowed.desired[0].keys().collect();
@@ -1485,12 +1517,55 @@ mod tests {
         ));
     }
 
+    /// Issue 67 item 2: the parent's own copy elsewhere, taken out of its selector and held in its
+    /// deletion by a finalizer of the tenant's, is what one function says everywhere: not observed, and
+    /// in the way of the desired child of its name in that namespace only — never "stale" for the whole
+    /// answer, which retried quietly for ever.
+    #[test]
+    fn the_parents_copy_held_in_deletion_elsewhere_stops_its_namespace_only() {
+        let selector = Selector::from_labels(&BTreeMap::from([("controller-uid".to_owned(), "parent-uid".to_owned())]));
+        let mut held: Value = serde_json::to_value(labelled("b", "copy", "parent-uid")).unwrap();
+        held["metadata"]["labels"].as_object_mut().unwrap().remove("controller-uid");
+        held["metadata"]["deletionTimestamp"] = json!("2024-01-01T00:00:00Z");
+        held["metadata"]["finalizers"] = json!(["tenant.example/hold"]);
+        let held: DynamicObject = serde_json::from_value(held).unwrap();
+        let listed = record(&[("b", "copy")]);
+        let whose = |obj: &DynamicObject| {
+            whose_child(obj, &parent(), &resource(true), None, &selector, Elsewhere::Listed(&listed))
+        };
+        assert_eq!(whose(&held), Claim::Ignore(Ignored::Leaving));
+        let unlisted = labelled("b", "decoy", "parent-uid");
+        assert_eq!(whose(&unlisted), Claim::Ignore(Ignored::Unlisted), "a label alone elsewhere is nobody's word");
+        assert_eq!(whose(&labelled("b", "copy", "parent-uid")), Claim::Owned);
+
+        let types = vec![cross_type(vec![held.clone()])];
+        let Claims { owned, release, .. } =
+            claims(&parent(), &resource(true), &selector, &types, Elsewhere::Listed(&listed));
+        assert!(owned[0].is_empty() && release.is_empty(), "neither observed nor released");
+        let observed = vec![ChildMap::new()];
+        let wanted = vec![ChildMap::from([(key(Some("b"), "copy"), json!({})), (key(Some("c"), "copy"), json!({}))])];
+        let narrowed = narrow(&types, &observed, &wanted, &parent(), &resource(true), whose).unwrap().unwrap();
+        assert_eq!(narrowed.desired[0].keys().collect::<Vec<_>>(), [&key(Some("c"), "copy")]);
+        assert!(
+            matches!(&narrowed.refused[..], [PlanError::Leaving { held_by, .. }] if held_by == "tenant.example/hold"),
+            "{:?}",
+            narrowed.refused
+        );
+        // The same object in the way of the plan (no narrowing: a MapController's, a decorator's) says so.
+        let planned = Plan::new(&types, &observed, &wanted, whose, &|_| false).err();
+        assert!(matches!(planned, Some(PlanError::Leaving { .. })), "{planned:?}");
+        // The parent's own, selected, appeared since it was observed: the quiet retry, for the whole answer.
+        let appeared = vec![cross_type(vec![labelled("b", "copy", "parent-uid")])];
+        let stale = narrow(&appeared, &observed, &wanted, &parent(), &resource(true), whose).err();
+        assert!(matches!(stale, Some(PlanError::Stale { .. })), "{stale:?}");
+    }
+
     #[test]
     fn a_guards_share_is_of_every_child_the_parent_has() {
         let types = vec![cross_type(Vec::new())];
         let observed = vec![ChildMap::from([(key(Some("a"), "x"), Arc::new(labelled("a", "x", "parent-uid")))])];
         let desired = vec![ChildMap::<Value>::new()];
-        let plan = Plan::new(&types, &observed, &desired, |_| false, &|_| false).unwrap();
+        let plan = Plan::new(&types, &observed, &desired, |_| Claim::Owned, &|_| false).unwrap();
         let half = Some(DeletionGuard::Percent(50.0));
         assert!(plan.check_guard(half, &parent(), 1).is_err(), "1 of 1");
         assert!(plan.check_guard(half, &parent(), 10).is_ok(), "1 of the parent's 10, whatever this plan is about");

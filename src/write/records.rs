@@ -45,6 +45,11 @@ pub enum RecordError {
     Write { key: ObjectKey, source: kube::Error },
     #[error("reading the record of children elsewhere {key}: {source}")]
     Read { key: ObjectKey, source: kube::Error },
+    /// The record's name is held by an object that is not this parent's record: a deleted parent's of the
+    /// same name (gone once the hub has dealt with that one's children), or one somebody else wrote.
+    /// Nothing of the parent's is written elsewhere until it is gone.
+    #[error("the record of children elsewhere {key} is not this parent's ({holder}); it was left untouched")]
+    Taken { key: ObjectKey, holder: String },
     /// The record changed since it was read (another writer, or a cache behind): read again.
     #[error("the record of children elsewhere {key} changed since it was read; retrying")]
     Stale { key: ObjectKey },
@@ -83,6 +88,14 @@ impl Record {
             finalized: obj.metadata.finalizers.iter().flatten().any(|f| f == RECORD_FINALIZER),
             deleting: obj.metadata.deletion_timestamp.is_some(),
         }
+    }
+
+    /// Whether it is `parent`'s: it names the parent's UID. Only the hub writes records, but whoever may
+    /// write in the parent's namespace may be allowed to write them too, and a record left by a deleted
+    /// parent of the same name names another UID: neither is this parent's word on its children.
+    #[must_use]
+    pub fn is_of(&self, parent: &DynamicObject) -> bool {
+        !self.parent.uid.is_empty() && parent.metadata.uid.as_deref() == Some(self.parent.uid.as_str())
     }
 
     /// Whether it lists `child`, of type `resource`.
@@ -157,20 +170,22 @@ impl Records {
     }
 
     /// `parent`'s record as the hub knows it: the one it last wrote if the cache does not show that one
-    /// yet, else the cache's. `None`: there is none.
+    /// yet, else the cache's. `None`: there is none, or the object where it would be is not the parent's
+    /// ([`Record::is_of`]; [`Records::create`] then says whose it is).
     #[must_use]
     pub fn of(&self, parent: &DynamicObject) -> Option<Arc<Record>> {
         let key = self.key(parent);
         let cached = self.informer.get(&key).map(|obj| Arc::new(Record::of(&obj)));
         let mut written = self.written.lock().expect("records lock");
-        match written.get(&key) {
+        let known = match written.get(&key) {
             Some(mine) if cached.as_ref().is_none_or(|c| c.version != mine.version) => Some(Arc::clone(mine)),
             Some(_) => {
                 written.remove(&key);
                 cached
             }
             None => cached,
-        }
+        };
+        known.filter(|record| record.is_of(parent))
     }
 
     /// Reads `parent`'s record from the API server (a decision that must not act on a cache behind,
@@ -179,12 +194,14 @@ impl Records {
         let key = self.key(parent);
         let api = self.api(&key);
         let found = api.get_opt(&key.name).await.map_err(|source| RecordError::Read { key: key.clone(), source })?;
-        Ok(found.map(|r| Record::of(&to_dynamic(&r))))
+        Ok(found.map(|r| Record::of(&to_dynamic(&r))).filter(|record| record.is_of(parent)))
     }
 
     /// Creates `parent`'s record listing `children` (empty for a new parent), owned by it and held by
     /// the hub's finalizer; `labels` go on it besides the controller's (the parent's bucket, sharded).
-    /// A record that exists already is read and returned as it is.
+    /// A record that exists already is read and returned as it is when it is the parent's — it names
+    /// the parent's UID and the parent owns it; any other object there is [`RecordError::Taken`], never
+    /// taken over (its list would be read as the parent's word on what is its child elsewhere).
     pub async fn create(
         &self,
         parent: &DynamicObject,
@@ -228,6 +245,11 @@ impl Records {
             Err(kube::Error::Api(s)) if s.code == 409 => {
                 let found =
                     api.get(&key.name).await.map_err(|source| RecordError::Read { key: key.clone(), source })?;
+                let theirs = Record::of(&to_dynamic(&found));
+                if !theirs.is_of(parent) || theirs.owned_by != parent.metadata.uid {
+                    let holder = format!("it names parent UID {:?}", theirs.parent.uid);
+                    return Err(RecordError::Taken { key, holder });
+                }
                 let found = self.remember(&found);
                 if found.finalized || found.deleting { Ok(found) } else { self.hold(&found).await }
             }

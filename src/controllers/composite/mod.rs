@@ -36,7 +36,7 @@ use crate::engine::worker::resync_after;
 use crate::hooks::{ControllerHooks, Endpoint};
 use crate::write::apply::{Applier, ApplyError};
 use crate::write::children::{
-    ChildMap, ChildType, Claim, Elsewhere, by_label, claim, claim_of, is_own_child, resources,
+    ChildMap, ChildType, Claim, Elsewhere, Ignored, by_label, claim, claim_of, resources, whose_child,
 };
 use crate::write::records::Records;
 
@@ -374,13 +374,17 @@ impl Kind for Controller {
         rolling.decide(parent, call.into(), call.observed, revisions).await
     }
 
-    /// The parent's own, as claiming would take it: outside its namespace only if its record lists it
-    /// (else anyone who writes there could make a name the hook asks for look like the parent's, and
-    /// the sync would retry quietly for ever instead of leaving that namespace out).
-    fn ours(&self, parent: &DynamicObject, child: &DynamicObject) -> bool {
+    /// As claiming takes it ([`whose_child`]): outside its namespace the parent's only if its record
+    /// lists it (else anyone who writes there could make a name the hook asks for look like the
+    /// parent's, and the sync would retry quietly for ever instead of leaving that namespace out).
+    fn whose(&self, parent: &DynamicObject, child: &DynamicObject) -> Claim {
+        let Ok(selector) = self.selector_of(parent) else {
+            // Unreachable after a decision (it needed the selector); nothing is the parent's without one.
+            return Claim::Ignore(Ignored::NotSelected);
+        };
         let known = self.core.records.as_deref().map(|records| elsewhere::known(records, parent, &self.core.finalizer));
         let claims = known.as_ref().map_or(Elsewhere::Nothing, elsewhere::Known::elsewhere);
-        is_own_child(child, parent, self.parent.resource(), claims)
+        whose_child(child, parent, self.parent.resource(), None, &selector, claims)
     }
 
     fn adopts(&self, parent: &DynamicObject, resource: &ResolvedResource, child: &DynamicObject) -> bool {

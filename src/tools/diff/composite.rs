@@ -27,7 +27,7 @@ use crate::engine::sync::{Decision, Observed, children_count, plan, refused_name
 use crate::hooks::{Endpoint, HookKind};
 use crate::write::apply::Applier;
 use crate::write::children::{
-    ChildType, Claims, DeletionGuard, Elsewhere, claims, is_own_child, narrow, owner_reference, request_map, resources,
+    ChildType, Claims, DeletionGuard, Elsewhere, claims, narrow, owner_reference, request_map, resources, whose_child,
 };
 use crate::write::records::Record;
 
@@ -207,11 +207,11 @@ impl Preview<'_> {
             Err(e) => return Ok(report.refuse(&e)),
         };
         shard::stamp_as_live(&mut decision.desired, &owned, parent.metadata.uid.as_deref().unwrap_or_default());
-        let ours = |child: &DynamicObject| is_own_child(child, parent, resource, elsewhere);
+        let whose = |child: &DynamicObject| whose_child(child, parent, resource, None, &selector, elsewhere);
         let adopts_anywhere = adopts_elsewhere(self.types);
         let adopts = |child: &DynamicObject| adopts(parent, resource, &selector, child, adopts_anywhere);
         let total = children_count(&owned);
-        let narrowed = match narrow(self.types, &owned, &decision.desired, parent, resource, ours) {
+        let narrowed = match narrow(self.types, &owned, &decision.desired, parent, resource, whose) {
             Ok(narrowed) => narrowed,
             Err(e) => return Ok(report.refuse(&SyncError::Plan(e))),
         };
@@ -219,7 +219,7 @@ impl Preview<'_> {
             Some(narrowed) => (&narrowed.observed[..], &narrowed.desired[..]),
             None => (&owned[..], &decision.desired[..]),
         };
-        let plan = match plan(self.types, in_scope, desired, parent, self.guard, total, ours, &adopts) {
+        let plan = match plan(self.types, in_scope, desired, parent, self.guard, total, whose, &adopts) {
             Ok(plan) => plan,
             Err(e) => return Ok(report.refuse(&e)),
         };

@@ -18,7 +18,7 @@ use crate::api::{DecoratorController, HookVersion, labels_of};
 use crate::cache::discovery::ResolvedResource;
 use crate::cache::informers::ObjectKey;
 use crate::cache::selector::Selector;
-use crate::controllers::decorator::{self, Rule, attachment_method, attachments, is_attachment_of};
+use crate::controllers::decorator::{self, Rule, attachment_method, attachments};
 use crate::engine::error::with_causes;
 use crate::engine::related::ParentScope;
 use crate::engine::status::{StatusWrite, status_to_write};
@@ -135,7 +135,7 @@ impl Preview<'_> {
         };
         shard::stamp_as_live(&mut answer.desired, &observed, target.metadata.uid.as_deref().unwrap_or_default());
         let uid = target.metadata.uid.as_deref().unwrap_or_default();
-        let ours = |child: &DynamicObject| is_attachment_of(child, uid, self.ask.name);
+        let ours = |child: &DynamicObject| decorator::attachment_claim(child, uid, self.ask.name);
         let adopts = |_: &DynamicObject| false;
         let total = children_count(&observed);
         let plan = match plan(self.types, &observed, &answer.desired, target, self.guard, total, ours, &adopts) {

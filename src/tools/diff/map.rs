@@ -201,7 +201,7 @@ impl Preview<'_> {
                 in_scope[index].extend(outputs.into_iter().filter(|(k, _)| !keep.contains(&(index, k.clone()))));
             }
         }
-        let ours = |child: &DynamicObject| controller_uid(child) == uid;
+        let ours = |child: &DynamicObject| crate::controllers::map::output_claim(child, uid);
         let adopts = |_: &DynamicObject| false;
         // The guard's share is of all the parent's outputs, whatever inputs this sync is about.
         let total = children_count(&observed);
