@@ -5,6 +5,10 @@
 //! errors is halted by itself: its parents are synced by the current hook again, nothing it touched is
 //! lost, and the controller says why.
 //!
+//! What a tenant (namespaced rights only) does to its own parents judges nothing of the candidate's
+//! (issue 67): a parent that never reaches a hook is not waited for, and a failure the current hook
+//! gives for the same request too is the parent's.
+//!
 //! Both run after the hub has answered every parent once (its caches warm, every request answered and
 //! applied): a parent that changes sides shows the hook the very request it was last asked, and must be
 //! asked again all the same.
@@ -17,7 +21,7 @@ use std::time::Duration;
 use kube::api::{Patch, PatchParams};
 use metahook::ops::config::Config;
 use serde_json::{Value, json};
-use support::{HookServer, World, eventually};
+use support::{HookServer, Tenant, World, eventually};
 
 const WAIT: Duration = Duration::from_secs(120);
 
@@ -518,4 +522,137 @@ async fn a_failing_candidate_halts_on_a_fleet_of_10_parents_and_stays_halted_aft
 #[tokio::test]
 async fn a_failing_candidate_halts_on_a_fleet_of_40_parents() {
     a_failing_candidate_halts_on_a_small_fleet(40, false).await;
+}
+
+/// A hook whose Thing names its ConfigMap (`spec.child`, else `<name>-cm`; an invalid name is refused
+/// whichever hook answers), labelled with what its `spec.selector` selects, saying `side`; it fails for
+/// the parents `fails` names (`*`: all).
+fn chosen_child_hook(side: &str, fails: &[&str]) -> String {
+    format!(
+        "FAILS = {fails:?}\n\
+         def sync(request):\n    parent = request['parent']\n    name = parent['metadata']['name']\n    \
+         if name in FAILS or '*' in FAILS:\n        raise RuntimeError('broken for ' + name)\n    \
+         spec = parent.get('spec') or {{}}\n    labels = (spec.get('selector') or {{}}).get('matchLabels') or {{}}\n    \
+         return {{'children': [{{'apiVersion': 'v1', 'kind': 'ConfigMap', 'metadata': {{'name': \
+         spec.get('child', name + '-cm'), 'labels': labels}}, 'data': {{'side': '{side}'}}}}]}}\n"
+    )
+}
+
+/// A world whose controller's Things select their children by their own `spec.selector` (no
+/// `generateSelector`), the current hook `w.hook` answering as [`chosen_child_hook`], with a canary of
+/// `candidate` for every parent from the start (`canary`: more of the annotation), and a tenant.
+async fn tenant_world(test: &str, candidate: &HookServer, canary: Value) -> (World, Tenant) {
+    let w = World::new(test, &chosen_child_hook("current", &[])).await;
+    let tenant = Tenant::create(&w.client, &format!("{test}-t")).await;
+    let mut annotation = json!({"url": candidate.url("/sync"), "percent": 100});
+    annotation.as_object_mut().unwrap().extend(canary.as_object().cloned().unwrap_or_default());
+    w.composite_annotated(
+        json!({"metahook.dev/canary": annotation.to_string()}),
+        json!({
+            "parentResource": {"apiVersion": "test.metahook.dev/v1", "resource": "things"},
+            "childResources": [{"apiVersion": "v1", "resource": "configmaps",
+                                "updateStrategy": {"method": "InPlace"}}],
+            "hooks": {"sync": {"webhook": {"url": w.hook.url("/sync")}}},
+        }),
+    )
+    .await;
+    (w, tenant)
+}
+
+/// `spec` of a Thing whose children are those labelled `parent: <name>`.
+fn selecting(name: &str, more: Value) -> Value {
+    let mut spec = json!({"selector": {"matchLabels": {"parent": name}}});
+    spec.as_object_mut().unwrap().extend(more.as_object().cloned().unwrap_or_default());
+    spec
+}
+
+/// The tenant's Thing `name` in its namespace, labelled for the test's controller, with `spec`, applied
+/// as the tenant.
+async fn tenant_thing(w: &World, tenant: &Tenant, name: &str, spec: Value) {
+    let thing = json!({"apiVersion": "test.metahook.dev/v1", "kind": "Thing",
+                       "metadata": {"name": name, "labels": {"metahook-test": w.label}}, "spec": spec});
+    let things = tenant.api("test.metahook.dev/v1", "Thing").await;
+    let params = PatchParams::apply("tenant").force();
+    things.patch(name, &params, &Patch::Apply(&thing)).await.unwrap();
+}
+
+/// How many times `hook` was asked about `parent`.
+fn asked_about(hook: &HookServer, parent: &str) -> usize {
+    asked(hook).iter().filter(|p| *p == parent).count()
+}
+
+/// Issue 67 item 3: a tenant's parent whose `spec.selector` is `{}` fails before any hook is asked;
+/// the small-fleet rule waited for it to be asked, and a candidate that failed every other parent on
+/// its side stayed Running until that parent was deleted. It is halted on its own failures now.
+#[tokio::test]
+async fn a_tenants_parent_that_never_reaches_a_hook_does_not_keep_a_failing_candidate_running() {
+    const PARENTS: usize = 5;
+    let candidate = HookServer::start(&chosen_child_hook("candidate", &["*"])).await;
+    let (w, tenant) = tenant_world("canary-unreached", &candidate, json!({})).await;
+    tenant_thing(&w, &tenant, "tp", json!({"selector": {}})).await;
+    for i in 0..PARENTS {
+        let name = format!("t{i}");
+        w.thing(&name, selecting(&name, json!({}))).await;
+    }
+    let halted = canary_status(&w, |c| c["state"] == "Halted").await;
+    let message = halted["message"].as_str().unwrap();
+    assert!(message.contains(&format!("failed {PARENTS} of {PARENTS} syncs")), "{halted}");
+    assert!(message.contains(&format!("every parent on its side asked ({PARENTS},")), "{halted}");
+    assert_eq!(halted["current"]["syncs"], 0, "tp counted on neither side: {halted}");
+    for i in 0..PARENTS {
+        child_says(&w, &format!("t{i}"), "current").await;
+    }
+    assert_eq!((asked_about(&candidate, "tp"), asked_about(&w.hook, "tp")), (0, 0), "tp reached no hook");
+    tenant.namespace.delete().await;
+    w.finish("CompositeController").await;
+}
+
+/// Issue 67 item 4: a tenant's parent whose child name is invalid is refused whichever hook answers;
+/// each edit of it was a new request and counted again, and three edits halted a healthy candidate.
+/// The current hook is asked the same request in the shadow once per request of that parent (not per
+/// retry), finds the parent's own failure, and nothing of a shadow answer is written: t0, which only
+/// the candidate fails, is counted once and gets no child from the current hook's valid answer.
+#[tokio::test]
+async fn a_tenants_parent_refused_by_both_hooks_does_not_halt_a_healthy_candidate() {
+    const EDITS: usize = 3;
+    let candidate = HookServer::start(&chosen_child_hook("candidate", &["t0"])).await;
+    // t0's failure, 1 of its side's 6, stays below the limit; t0's and tp's first would not.
+    let (w, tenant) = tenant_world("canary-parents-own", &candidate, json!({"maxErrorRatio": 0.2})).await;
+    for i in 1..=5 {
+        let name = format!("t{i}");
+        w.thing(&name, selecting(&name, json!({}))).await;
+        child_says(&w, &name, "candidate").await;
+    }
+    let asked_with = |v: usize| {
+        candidate
+            .requests("/sync")
+            .iter()
+            .any(|r| r["parent"]["metadata"]["name"] == "tp" && r["parent"]["spec"]["v"] == v)
+    };
+    for v in 0..=EDITS {
+        tenant_thing(&w, &tenant, "tp", selecting("tp", json!({"child": "Not_A_Valid_Name", "v": v}))).await;
+        eventually(WAIT, || async { asked_with(v).then_some(()) }).await;
+    }
+    w.thing("t0", selecting("t0", json!({}))).await;
+    eventually(WAIT, || async { (asked_about(&candidate, "t0") >= 2).then_some(()) }).await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+
+    let status = canary_status(&w, |c| c["candidate"]["syncs"].as_u64() >= Some(6)).await;
+    assert_eq!(status["state"], "Running", "{status}");
+    assert_eq!(status["candidate"]["errors"], 1, "t0's failure alone, once: {status}");
+    assert_eq!(asked_about(&w.hook, "tp"), EDITS + 1, "one shadow call per request of tp, none per retry");
+    assert_eq!(asked_about(&w.hook, "t0"), 1, "one shadow call for t0, whose failure counted once");
+    let healthy: usize = (1..=5).map(|i| asked_about(&w.hook, &format!("t{i}"))).sum();
+    assert_eq!(healthy, 0, "no shadow call for a parent the candidate answered");
+    assert!(asked_about(&candidate, "tp") > EDITS, "tp's requests and their retries reached the candidate");
+    assert!(w.config_map("t0-cm").await.is_none(), "the current hook's shadow answer for t0 was written");
+    let tenant_children = tenant.api("v1", "ConfigMap").await.list(&Default::default()).await.unwrap();
+    let of_tp = |cm: &&kube::api::DynamicObject| cm.metadata.labels.as_ref().is_some_and(|l| l.contains_key("parent"));
+    let written: Vec<_> = tenant_children.items.iter().filter(of_tp).collect();
+    assert!(written.is_empty(), "a child of tp was written: {written:?}");
+    for i in 1..=5 {
+        child_says(&w, &format!("t{i}"), "candidate").await;
+    }
+    tenant.namespace.delete().await;
+    w.finish("CompositeController").await;
 }

@@ -51,7 +51,7 @@ use crate::engine::worker::{Synced, Syncer, controller_queue, resync_period, run
 use crate::hooks::{ControllerHooks, Endpoint, HookError, HookEvent, ObjectMaps};
 use crate::write::apply::{Applier, ApplyError};
 use crate::write::children::{
-    ChildMap, ChildType, DeletionGuard, Executed, Plan, WriteObserver, Writes, deleted_version, live_parent,
+    ChildMap, ChildType, DeletionGuard, Executed, Narrowed, Plan, WriteObserver, Writes, deleted_version, live_parent,
     request_map, resources,
 };
 use crate::write::records::Records;
@@ -724,22 +724,22 @@ impl<K: Clone + Eq + Hash + Display + crate::engine::queue::Flowing + Send + Syn
 
 /// What a sync's observe phase found: the object and its finalizer decision, the hook to ask and what
 /// it is asked about, and what the kind claimed besides the children (for `decide`).
-struct Observing<C: Kind> {
-    obj: Arc<DynamicObject>,
-    resource: Arc<ResolvedResource>,
+pub(crate) struct Observing<C: Kind> {
+    pub obj: Arc<DynamicObject>,
+    pub resource: Arc<ResolvedResource>,
     api: Api<DynamicObject>,
-    finalizing: bool,
+    pub finalizing: bool,
     /// The hook to ask: the controller's, or a canary's candidate.
     endpoint: Endpoint,
     /// The side of a canary this sync is on, if one runs.
-    canary: Option<Pick>,
-    observed: Vec<ChildMap<Arc<DynamicObject>>>,
-    claimed: C::Claimed,
+    pub canary: Option<Pick>,
+    pub observed: Vec<ChildMap<Arc<DynamicObject>>>,
+    pub claimed: C::Claimed,
     /// Being deleted with `--cascade=orphan`: the children are the user's to keep, none is written.
-    orphaning: bool,
+    pub orphaning: bool,
     /// The children as the request shows them.
-    children: ObjectMaps,
-    related: ObjectMaps,
+    pub children: ObjectMaps,
+    pub related: ObjectMaps,
 }
 
 /// The observe phase of a sync of `key` (in an `observe` span: a trace shows how long the cache reads,
@@ -854,7 +854,15 @@ pub(crate) async fn sync<C: Kind>(kind: &C, key: &C::Key, reasons: Reasons) -> R
 /// [`sync`] of an object this replica holds; returns when to sync it again, if the hook asked.
 async fn sync_here<C: Kind>(kind: &C, key: &C::Key, reasons: Reasons) -> Result<Option<Duration>, SyncError> {
     let core = kind.core();
-    let observing = observe(kind, key).instrument(info_span!(target: crate::TRACE_SPANS, "observe")).await?;
+    let observing = match observe(kind, key).instrument(info_span!(target: crate::TRACE_SPANS, "observe")).await {
+        Ok(observing) => observing,
+        Err(error) => {
+            if let Some((obj, _)) = kind.object(key) {
+                core.canary.unreached(obj.metadata.uid.as_deref().unwrap_or_default(), &error);
+            }
+            return Err(error);
+        }
+    };
     let Some(observing) = observing else {
         return Ok(None);
     };
@@ -868,10 +876,7 @@ async fn sync_here<C: Kind>(kind: &C, key: &C::Key, reasons: Reasons) -> Result<
     let mut writes = 0;
     let retrying = core.queue.failures(key) > 0 && !reasons.has(Reason::Requested);
     let result = answer(kind, key, &observing, (reasons.asks_again(), retrying), &mut writes).await;
-    if let Some(pick) = &observing.canary {
-        let uid = observing.obj.metadata.uid.as_deref().unwrap_or_default();
-        core.canary.record(pick, (uid, request), &result, writes);
-    }
+    crate::engine::canary::settle(kind, &observing, request, &result, writes).await;
     result
 }
 
@@ -908,23 +913,7 @@ async fn answer<C: Kind>(
             .flat_map(|children| children.values_mut())
             .for_each(|child| shard.stamp(child, uid));
     }
-    let whose = |child: &DynamicObject| kind.whose(obj, child);
-    let adopts = |child: &DynamicObject| kind.adopts(obj, resource, child);
-    let guard = (!finalizing).then(|| core.settings().deletion_guard).flatten();
-    // Under `--cascade=orphan` the children are the user's now (the garbage collector took this parent's
-    // ownerReferences off them): the finalize hook's answer of children is not written, nor checked
-    // against children that are no longer the parent's.
-    let total = children_count(observed);
-    let observed = decision.scope.as_deref().unwrap_or(observed);
-    let narrowed = if *orphaning {
-        None
-    } else {
-        crate::write::children::narrow(&core.children, observed, &decision.desired, obj, resource, whose)?
-    };
-    let (observed, desired) = match &narrowed {
-        Some(narrowed) => (&narrowed.observed[..], &narrowed.desired[..]),
-        None => (observed, &decision.desired[..]),
-    };
+    let narrowed = narrowed(kind, observing, &decision)?;
     if let Some(refused) = narrowed.as_ref().and_then(|n| refused_namespaces(&n.refused, &decision.desired)) {
         // Written around, and said: the sync fails (and backs off) once the rest is written.
         warn!("{}", with_causes(&refused));
@@ -936,11 +925,9 @@ async fn answer<C: Kind>(
             (_, refused) => refused,
         });
     }
-    let plan = if *orphaning {
-        None
-    } else {
-        Some(plan(&core.children, observed, desired, obj, guard, total, whose, &adopts)?)
-    };
+    let adopts = |child: &DynamicObject| kind.adopts(obj, resource, child);
+    let plan = planned(kind, observing, (&decision, narrowed.as_ref()), &adopts)?;
+    let (_, desired) = answered_parts(observing, &decision, narrowed.as_ref());
 
     // Act.
     record_hook_events(&core.hub.events, obj, &decision.events).await;
@@ -1026,6 +1013,59 @@ pub(crate) fn plan<'a>(
     let plan = Plan::new(children, observed, desired, whose, adopts)?.at_home(obj.metadata.namespace.as_deref());
     plan.check_guard(guard, obj, total)?;
     Ok(plan)
+}
+
+/// What of an answer may be written, for the engine's sync and a canary's shadow call alike (the
+/// checks after the hook's own, [`Kind::decide`]): each namespace other than the parent's where a
+/// desired child's name is someone else's is left out ([`crate::write::children::narrow`]). `None`:
+/// all of it, or, under `--cascade=orphan`, none (the children are the user's now: the garbage
+/// collector took this parent's ownerReferences off them, and the finalize hook's answer of children is
+/// neither written nor checked against children that are no longer the parent's).
+pub(crate) fn narrowed<C: Kind>(
+    kind: &C,
+    observing: &Observing<C>,
+    decision: &Decision<C::Before>,
+) -> Result<Option<Narrowed>, SyncError> {
+    let Observing { obj, resource, observed, orphaning, .. } = observing;
+    if *orphaning {
+        return Ok(None);
+    }
+    let observed = decision.scope.as_deref().unwrap_or(observed);
+    let whose = |child: &DynamicObject| kind.whose(obj, child);
+    Ok(crate::write::children::narrow(&kind.core().children, observed, &decision.desired, obj, resource, whose)?)
+}
+
+/// The observed and desired children an answer is written with: what [`narrowed`] left of it.
+fn answered_parts<'a, C: Kind>(
+    observing: &'a Observing<C>,
+    decision: &'a Decision<C::Before>,
+    narrowed: Option<&'a Narrowed>,
+) -> (&'a [ChildMap<Arc<DynamicObject>>], &'a [ChildMap<Value>]) {
+    match narrowed {
+        Some(narrowed) => (&narrowed.observed[..], &narrowed.desired[..]),
+        None => (decision.scope.as_deref().unwrap_or(&observing.observed), &decision.desired[..]),
+    }
+}
+
+/// The plan of an answer's writes ([`plan`]: the writes the cache shows to be allowed, the safe-delete
+/// guard), of what [`narrowed`] left of it, `adopts` saying which orphans the parent adopts
+/// ([`Kind::adopts`]); `None` under `--cascade=orphan` (nothing is written).
+pub(crate) fn planned<'a, C: Kind>(
+    kind: &'a C,
+    observing: &'a Observing<C>,
+    (decision, narrowed): (&'a Decision<C::Before>, Option<&'a Narrowed>),
+    adopts: crate::write::apply::Adopts<'a>,
+) -> Result<Option<Plan<'a>>, SyncError> {
+    let Observing { obj, finalizing, observed, orphaning, .. } = observing;
+    if *orphaning {
+        return Ok(None);
+    }
+    let core = kind.core();
+    let whose = |child: &DynamicObject| kind.whose(obj, child);
+    let guard = (!finalizing).then(|| core.settings().deletion_guard).flatten();
+    let total = children_count(observed);
+    let (observed, desired) = answered_parts(observing, decision, narrowed);
+    Ok(Some(plan(&core.children, observed, desired, obj, guard, total, whose, adopts)?))
 }
 
 /// How many children the observation lists, of every type: what the safe-delete guard's share is of.

@@ -46,6 +46,7 @@
 //! and the log say why. Unlike the other settings annotations it does not stop the controller: a typo in
 //! a rollout's tooling must not stop the controller it rolls out.
 
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
@@ -65,8 +66,10 @@ use crate::engine::metrics::ControllerMetrics;
 use crate::hooks::{Endpoint, HookKind, HookLabels};
 
 mod follow;
+mod shadow;
 
 pub(crate) use self::follow::{controller_api, run};
+pub(crate) use self::shadow::settle;
 
 /// The controller annotation that starts a canary (see the module doc).
 pub const CANARY_ANNOTATION: &str = "metahook.dev/canary";
@@ -223,12 +226,36 @@ pub struct Live {
     candidate: Tally,
     /// Why it halted, once it has.
     halted: OnceLock<String>,
-    /// The parents whose last counted sync failed, by UID, with the request it showed: a retry of the
-    /// same request is not counted again.
-    failing: Mutex<std::collections::HashMap<String, RequestId>>,
-    /// The candidate's parents counted at least once, by UID, while the candidate has fewer than
-    /// `minSyncs` syncs: a side of fewer parents is judged once each was asked ([`Live::judge`]).
-    asked: Mutex<std::collections::HashSet<String>>,
+    /// What the canary knows of each parent, for [`Live::counted`] and [`Live::judge`].
+    parents: Mutex<Parents>,
+}
+
+/// What a canary knows of its parents, by UID.
+#[derive(Debug, Default)]
+struct Parents {
+    /// The parents whose failure was counted, until they succeed: a parent's failures count once,
+    /// whatever its requests (each edit of a broken parent is a new request, and must not count again).
+    failing: HashSet<String>,
+    /// The parents whose last sync said nothing of the candidate: it failed before a sync hook was
+    /// asked (`None`), or the current hook's answer to the same request (`Some`) failed the same way.
+    /// They count for neither side, and the judgment does not wait for them; a retry of that request
+    /// needs no second shadow call.
+    own_failure: HashMap<String, Option<RequestId>>,
+    /// The candidate's parents counted at least once while the candidate has fewer than `minSyncs`
+    /// syncs: a side of fewer parents is judged once each was asked ([`Live::judge`]).
+    asked: HashSet<String>,
+}
+
+/// How one sync of a parent ended, as a canary reads it ([`Live::counted`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    /// It failed before a sync hook was asked (the parent's own `spec.selector`, a related rule): no
+    /// hook's answer is in it.
+    Unreached,
+    /// A sync hook answered, and the sync ended `counted` ([`Verdict::counted`]); for a candidate's
+    /// failure, `stable_fails` says whether the current hook's answer to the same request, asked in
+    /// the shadow, failed the same checks (`None`: not asked).
+    Answered { counted: Counted, stable_fails: Option<bool> },
 }
 
 impl Live {
@@ -241,8 +268,7 @@ impl Live {
             current: Tally::default(),
             candidate: Tally::default(),
             halted: OnceLock::new(),
-            failing: Mutex::default(),
-            asked: Mutex::default(),
+            parents: Mutex::default(),
         }
     }
 
@@ -255,18 +281,48 @@ impl Live {
         self
     }
 
-    /// Whether a sync of the parent `uid` that showed `request` and ended `counted` counts: a failure
-    /// does once until the parent's request changes; a success clears the parent's failure.
-    fn counts(&self, uid: &str, request: Option<RequestId>, counted: Counted) -> bool {
-        let mut failing = self.failing.lock().expect("canary failing lock");
-        match (counted, request) {
-            (Counted::Ok, _) => {
-                failing.remove(uid);
-                true
+    /// What a sync of the parent `uid` on `side` that showed `request` and ended as `outcome` counts
+    /// for its side, if anything: the one reading of what is the candidate's. A sync that failed
+    /// before any sync hook was asked counts for neither side; a candidate's failure the current hook
+    /// gives for the same request too is the parent's, not the candidate's; a parent's failure counts
+    /// once until it succeeds (not once per request: each edit of a broken parent is a new one).
+    fn counted(&self, side: Side, uid: &str, request: Option<RequestId>, outcome: Outcome) -> Option<Counted> {
+        let mut parents = self.parents.lock().expect("canary parents lock");
+        let counted = match outcome {
+            Outcome::Unreached => {
+                parents.own_failure.insert(uid.to_owned(), None);
+                return None;
             }
-            (_, Some(request)) => failing.insert(uid.to_owned(), request) != Some(request),
-            (_, None) => true,
+            Outcome::Answered { counted, stable_fails } => (counted, stable_fails),
+        };
+        match counted {
+            (Counted::Ok, _) => {
+                parents.failing.remove(uid);
+                parents.own_failure.remove(uid);
+                Some(Counted::Ok)
+            }
+            (failed, stable_fails) => {
+                let known_own = request.is_some() && parents.own_failure.get(uid) == Some(&request);
+                if side == Side::Candidate && (stable_fails == Some(true) || known_own) {
+                    parents.own_failure.insert(uid.to_owned(), request);
+                    return None;
+                }
+                parents.own_failure.remove(uid);
+                parents.failing.insert(uid.to_owned()).then_some(failed)
+            }
         }
+    }
+
+    /// Whether a sync of the parent `uid` on `side` that showed `request` and ended `counted` is to be
+    /// asked of the current hook in the shadow ([`Live::counted`] tells the parent's failures from the
+    /// candidate's by it): only a candidate's failure that would count, of a request that is known
+    /// (the same request is asked), and not known already to be the parent's.
+    fn shadows(&self, side: Side, uid: &str, request: Option<RequestId>, counted: Counted) -> bool {
+        if side != Side::Candidate || counted == Counted::Ok || request.is_none() || self.halted().is_some() {
+            return false;
+        }
+        let parents = self.parents.lock().expect("canary parents lock");
+        !parents.failing.contains(uid) && parents.own_failure.get(uid) != Some(&request)
     }
 
     fn halted(&self) -> Option<&str> {
@@ -290,7 +346,7 @@ impl Live {
             return false;
         }
         if self.candidate.syncs.load(Ordering::Relaxed) <= self.spec.min_syncs {
-            self.asked.lock().expect("canary asked lock").insert(uid.to_owned());
+            self.parents.lock().expect("canary parents lock").asked.insert(uid.to_owned());
         }
         self.judge(None)
     }
@@ -300,7 +356,8 @@ impl Live {
     /// candidate's side of fewer parents than that (`parents`: the UIDs of the parents on its side now,
     /// when known), every one of them asked at least once: a parent's failure counts once until its
     /// request changes, so such a side could never reach `minSyncs`, and its parents would stay on a
-    /// failing hook for good (issue 62).
+    /// failing hook for good (issue 62). A parent whose last sync was its own failure
+    /// ([`Parents::own_failure`]) is not waited for: one that never reaches a hook is never asked.
     fn judge(&self, parents: Option<&[&str]>) -> bool {
         if self.halted().is_some() {
             return false;
@@ -315,13 +372,13 @@ impl Live {
         let every_parent = if syncs >= self.spec.min_syncs {
             None
         } else {
-            let asked = self.asked.lock().expect("canary asked lock");
-            match parents {
-                Some(parents) if !parents.is_empty() && parents.iter().all(|uid| asked.contains(*uid)) => {
-                    Some(parents.len())
-                }
-                _ => return false,
+            let known = self.parents.lock().expect("canary parents lock");
+            let waited: Vec<&&str> =
+                parents.into_iter().flatten().filter(|uid| !known.own_failure.contains_key(**uid)).collect();
+            if waited.is_empty() || !waited.iter().all(|uid| known.asked.contains(**uid)) {
+                return false;
             }
+            Some(waited.len())
         };
         let mut why = format!(
             "the candidate failed {errors} of {syncs} syncs (an error ratio of {ratio}), more than maxErrorRatio {}",
@@ -506,24 +563,26 @@ impl Canary {
         Some(Pick { live, side })
     }
 
-    /// Counts a sync of the parent `uid` that asked `pick`'s hook with `request` and ended with `result`
-    /// after `writes` child writes (a failure once until the parent's request changes); halts the canary
-    /// when the candidate's error ratio passes its limit.
-    pub fn record(
-        &self,
-        pick: &Pick,
-        (uid, request): (&str, Option<RequestId>),
-        result: &Result<Option<Duration>, SyncError>,
-        writes: usize,
-    ) {
-        // Counted as the worker reads the result: a quiet retry of the hub's own is nobody's failure.
-        let Some(counted) = Verdict::of(result).counted() else { return };
-        if !pick.live.counts(uid, request, counted) {
-            return;
-        }
+    /// Counts a sync of the parent `uid` that asked `pick`'s hook with `request` and ended as `outcome`
+    /// after `writes` child writes, as [`Live::counted`] reads it; halts the canary when the
+    /// candidate's error ratio passes its limit.
+    fn record(&self, pick: &Pick, (uid, request): (&str, Option<RequestId>), outcome: Outcome, writes: usize) {
+        let Some(counted) = pick.live.counted(pick.side, uid, request, outcome) else { return };
         self.metrics.canary_sync(pick.side.label(), counted.label(), writes);
         if pick.live.count(pick.side, uid, counted, writes) {
             self.changes.send_modify(|n| *n += 1);
+        }
+    }
+
+    /// Notes that a sync of the parent `uid` failed with `error` before any sync hook was asked: it
+    /// counts for neither side, and the judgment does not wait for it ([`Outcome::Unreached`]). What the
+    /// worker retries quietly is not a failure, and changes nothing.
+    pub fn unreached(&self, uid: &str, error: &SyncError) {
+        if Verdict::Failed(error.action()).counted().is_none() {
+            return;
+        }
+        if let Some(pick) = self.pick(uid, false) {
+            self.record(&pick, (uid, None), Outcome::Unreached, 0);
         }
     }
 
@@ -630,17 +689,91 @@ mod tests {
         assert_eq!((status.current.syncs, status.current.errors), (30, 30));
     }
 
+    const FAILED: Outcome = Outcome::Answered { counted: Counted::Error, stable_fails: None };
+    const SUCCEEDED: Outcome = Outcome::Answered { counted: Counted::Ok, stable_fails: None };
+
+    fn request(n: u8) -> Option<RequestId> {
+        Some(RequestId::from_bytes([n; 20]))
+    }
+
+    /// A sync of the candidate's parent `uid` counted as `Canary::record` counts it; whether it halted.
+    fn sync(canary: &Live, uid: &str, request: Option<RequestId>, outcome: Outcome) -> bool {
+        canary.counted(Side::Candidate, uid, request, outcome).is_some_and(|c| canary.count(Side::Candidate, uid, c, 0))
+    }
+
+    /// Issue 67: a parent's failures count once until it succeeds, whatever its requests: each edit of
+    /// a broken parent is a new request, and three edits halted a healthy candidate.
     #[test]
-    fn a_parents_failures_count_once_until_its_request_changes() {
+    fn a_parents_failures_count_once_until_it_succeeds() {
         let canary = live(r#"{"url": "http://candidate/sync", "percent": 10}"#);
-        let (first, second) = (RequestId::from_bytes([1; 20]), RequestId::from_bytes([2; 20]));
-        assert!(canary.counts("a", Some(first), Counted::Error));
-        assert!(!canary.counts("a", Some(first), Counted::Error), "a retry of the same request");
-        assert!(canary.counts("b", Some(first), Counted::Error), "another parent");
-        assert!(canary.counts("a", Some(second), Counted::Error), "a new request");
-        assert!(canary.counts("a", Some(second), Counted::Ok));
-        assert!(canary.counts("a", Some(second), Counted::Error), "failing again after a success");
-        assert!(canary.counts("c", None, Counted::Error) && canary.counts("c", None, Counted::Error), "unknown");
+        let counted = |uid, request| canary.counted(Side::Candidate, uid, request, FAILED);
+        assert_eq!(counted("a", request(1)), Some(Counted::Error));
+        assert_eq!(counted("a", request(1)), None, "a retry of the same request");
+        assert_eq!(counted("a", request(2)), None, "an edit of a failing parent");
+        assert_eq!(counted("b", request(1)), Some(Counted::Error), "another parent");
+        assert_eq!(canary.counted(Side::Candidate, "a", request(2), SUCCEEDED), Some(Counted::Ok));
+        assert_eq!(counted("a", request(3)), Some(Counted::Error), "failing again after a success");
+        assert_eq!((counted("c", None), counted("c", None)), (Some(Counted::Error), None), "no request known");
+        let current = |uid| canary.counted(Side::Current, uid, request(4), FAILED);
+        assert_eq!((current("d"), current("d")), (Some(Counted::Error), None), "on the current side too");
+    }
+
+    /// Issue 67: a candidate's failure the current hook gives for the same request too is the parent's:
+    /// it counts for neither side; the shadow is asked once per request of such a parent, and not for
+    /// a parent whose failure already counted (its failures count once anyway).
+    #[test]
+    fn a_failure_the_current_hook_gives_too_is_the_parents() {
+        let canary = live(r#"{"url": "http://candidate/sync", "percent": 10}"#);
+        let parents_own = Outcome::Answered { counted: Counted::Error, stable_fails: Some(true) };
+        let candidates = Outcome::Answered { counted: Counted::PermanentError, stable_fails: Some(false) };
+        assert!(canary.shadows(Side::Candidate, "t", request(1), Counted::Error));
+        assert!(!canary.shadows(Side::Current, "t", request(1), Counted::Error), "the candidate's failures only");
+        assert!(!canary.shadows(Side::Candidate, "t", request(1), Counted::Ok));
+        assert!(!canary.shadows(Side::Candidate, "t", None, Counted::Error), "no request to ask the same");
+        assert_eq!(canary.counted(Side::Candidate, "t", request(1), parents_own), None);
+        assert!(!canary.shadows(Side::Candidate, "t", request(1), Counted::Error), "known: not asked again");
+        assert_eq!(canary.counted(Side::Candidate, "t", request(1), FAILED), None, "its retry is the parent's too");
+        assert!(canary.shadows(Side::Candidate, "t", request(2), Counted::Error), "an edit is asked");
+        assert_eq!(canary.counted(Side::Candidate, "t", request(2), parents_own), None);
+        assert_eq!(canary.counted(Side::Candidate, "t", request(3), candidates), Some(Counted::PermanentError));
+        assert!(!canary.shadows(Side::Candidate, "t", request(4), Counted::Error), "counted once until it succeeds");
+        assert_eq!(canary.counted(Side::Candidate, "t", request(4), FAILED), None);
+        let status = canary.status();
+        assert_eq!((status.candidate.syncs, status.candidate.errors), (0, 0), "counted by `count` only");
+    }
+
+    /// Issue 67: a parent that never reaches a hook (its `spec.selector` cannot select) counts for
+    /// neither side and is not waited for; nor is one whose failure the current hook gives too.
+    #[test]
+    fn a_parent_that_never_reaches_a_hook_does_not_hold_up_the_judgment() {
+        let waiting = live(r#"{"url": "http://candidate/sync", "percent": 50}"#);
+        for uid in ["a", "b"] {
+            assert!(!sync(&waiting, uid, request(1), FAILED));
+        }
+        assert!(!waiting.judge(Some(&["a", "b", "x"])), "x was not asked yet");
+
+        let canary = live(r#"{"url": "http://candidate/sync", "percent": 50}"#);
+        assert!(!sync(&canary, "x", None, Outcome::Unreached));
+        let parents_own = Outcome::Answered { counted: Counted::Error, stable_fails: Some(true) };
+        assert!(!sync(&canary, "y", request(1), parents_own));
+        for uid in ["a", "b"] {
+            assert!(!sync(&canary, uid, request(1), FAILED));
+        }
+        assert!(canary.judge(Some(&["a", "b", "x", "y"])), "a and b failed; x and y are their own");
+        let status = canary.status();
+        assert!(status.message.contains("failed 2 of 2 syncs"), "{}", status.message);
+        assert!(status.message.contains("every parent on its side asked (2,"), "{}", status.message);
+
+        // Only its own failures: a parent that reaches a hook again is waited for again.
+        let healed = live(r#"{"url": "http://candidate/sync", "percent": 50}"#);
+        assert!(!sync(&healed, "x", None, Outcome::Unreached));
+        assert!(!sync(&healed, "a", request(1), FAILED));
+        assert!(!sync(&healed, "x", request(2), SUCCEEDED));
+        assert!(healed.judge(Some(&["a", "x"])), "1 of 2 failed, both asked");
+        assert!(!live(r#"{"url": "http://candidate/sync", "percent": 50}"#).judge(Some(&["x"])), "none asked");
+        let only_own = live(r#"{"url": "http://candidate/sync", "percent": 50}"#);
+        assert!(!sync(&only_own, "x", None, Outcome::Unreached));
+        assert!(!only_own.judge(Some(&["x"])), "nothing of the candidate's to judge");
     }
 
     #[test]
