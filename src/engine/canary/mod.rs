@@ -692,8 +692,8 @@ mod tests {
     const FAILED: Outcome = Outcome::Answered { counted: Counted::Error, stable_fails: None };
     const SUCCEEDED: Outcome = Outcome::Answered { counted: Counted::Ok, stable_fails: None };
 
-    fn request(n: u8) -> Option<RequestId> {
-        Some(RequestId::from_bytes([n; 20]))
+    fn request(n: u8) -> RequestId {
+        RequestId::from_bytes([n; 20])
     }
 
     /// A sync of the candidate's parent `uid` counted as `Canary::record` counts it; whether it halted.
@@ -707,14 +707,14 @@ mod tests {
     fn a_parents_failures_count_once_until_it_succeeds() {
         let canary = live(r#"{"url": "http://candidate/sync", "percent": 10}"#);
         let counted = |uid, request| canary.counted(Side::Candidate, uid, request, FAILED);
-        assert_eq!(counted("a", request(1)), Some(Counted::Error));
-        assert_eq!(counted("a", request(1)), None, "a retry of the same request");
-        assert_eq!(counted("a", request(2)), None, "an edit of a failing parent");
-        assert_eq!(counted("b", request(1)), Some(Counted::Error), "another parent");
-        assert_eq!(canary.counted(Side::Candidate, "a", request(2), SUCCEEDED), Some(Counted::Ok));
-        assert_eq!(counted("a", request(3)), Some(Counted::Error), "failing again after a success");
+        assert_eq!(counted("a", Some(request(1))), Some(Counted::Error));
+        assert_eq!(counted("a", Some(request(1))), None, "a retry of the same request");
+        assert_eq!(counted("a", Some(request(2))), None, "an edit of a failing parent");
+        assert_eq!(counted("b", Some(request(1))), Some(Counted::Error), "another parent");
+        assert_eq!(canary.counted(Side::Candidate, "a", Some(request(2)), SUCCEEDED), Some(Counted::Ok));
+        assert_eq!(counted("a", Some(request(3))), Some(Counted::Error), "failing again after a success");
         assert_eq!((counted("c", None), counted("c", None)), (Some(Counted::Error), None), "no request known");
-        let current = |uid| canary.counted(Side::Current, uid, request(4), FAILED);
+        let current = |uid| canary.counted(Side::Current, uid, Some(request(4)), FAILED);
         assert_eq!((current("d"), current("d")), (Some(Counted::Error), None), "on the current side too");
     }
 
@@ -726,18 +726,25 @@ mod tests {
         let canary = live(r#"{"url": "http://candidate/sync", "percent": 10}"#);
         let parents_own = Outcome::Answered { counted: Counted::Error, stable_fails: Some(true) };
         let candidates = Outcome::Answered { counted: Counted::PermanentError, stable_fails: Some(false) };
-        assert!(canary.shadows(Side::Candidate, "t", request(1), Counted::Error));
-        assert!(!canary.shadows(Side::Current, "t", request(1), Counted::Error), "the candidate's failures only");
-        assert!(!canary.shadows(Side::Candidate, "t", request(1), Counted::Ok));
+        assert!(canary.shadows(Side::Candidate, "t", Some(request(1)), Counted::Error));
+        assert!(!canary.shadows(Side::Current, "t", Some(request(1)), Counted::Error), "the candidate's failures only");
+        assert!(!canary.shadows(Side::Candidate, "t", Some(request(1)), Counted::Ok));
         assert!(!canary.shadows(Side::Candidate, "t", None, Counted::Error), "no request to ask the same");
-        assert_eq!(canary.counted(Side::Candidate, "t", request(1), parents_own), None);
-        assert!(!canary.shadows(Side::Candidate, "t", request(1), Counted::Error), "known: not asked again");
-        assert_eq!(canary.counted(Side::Candidate, "t", request(1), FAILED), None, "its retry is the parent's too");
-        assert!(canary.shadows(Side::Candidate, "t", request(2), Counted::Error), "an edit is asked");
-        assert_eq!(canary.counted(Side::Candidate, "t", request(2), parents_own), None);
-        assert_eq!(canary.counted(Side::Candidate, "t", request(3), candidates), Some(Counted::PermanentError));
-        assert!(!canary.shadows(Side::Candidate, "t", request(4), Counted::Error), "counted once until it succeeds");
-        assert_eq!(canary.counted(Side::Candidate, "t", request(4), FAILED), None);
+        assert_eq!(canary.counted(Side::Candidate, "t", Some(request(1)), parents_own), None);
+        assert!(!canary.shadows(Side::Candidate, "t", Some(request(1)), Counted::Error), "known: not asked again");
+        assert_eq!(
+            canary.counted(Side::Candidate, "t", Some(request(1)), FAILED),
+            None,
+            "its retry is the parent's too"
+        );
+        assert!(canary.shadows(Side::Candidate, "t", Some(request(2)), Counted::Error), "an edit is asked");
+        assert_eq!(canary.counted(Side::Candidate, "t", Some(request(2)), parents_own), None);
+        assert_eq!(canary.counted(Side::Candidate, "t", Some(request(3)), candidates), Some(Counted::PermanentError));
+        assert!(
+            !canary.shadows(Side::Candidate, "t", Some(request(4)), Counted::Error),
+            "counted once until it succeeds"
+        );
+        assert_eq!(canary.counted(Side::Candidate, "t", Some(request(4)), FAILED), None);
         let status = canary.status();
         assert_eq!((status.candidate.syncs, status.candidate.errors), (0, 0), "counted by `count` only");
     }
@@ -748,16 +755,16 @@ mod tests {
     fn a_parent_that_never_reaches_a_hook_does_not_hold_up_the_judgment() {
         let waiting = live(r#"{"url": "http://candidate/sync", "percent": 50}"#);
         for uid in ["a", "b"] {
-            assert!(!sync(&waiting, uid, request(1), FAILED));
+            assert!(!sync(&waiting, uid, Some(request(1)), FAILED));
         }
         assert!(!waiting.judge(Some(&["a", "b", "x"])), "x was not asked yet");
 
         let canary = live(r#"{"url": "http://candidate/sync", "percent": 50}"#);
         assert!(!sync(&canary, "x", None, Outcome::Unreached));
         let parents_own = Outcome::Answered { counted: Counted::Error, stable_fails: Some(true) };
-        assert!(!sync(&canary, "y", request(1), parents_own));
+        assert!(!sync(&canary, "y", Some(request(1)), parents_own));
         for uid in ["a", "b"] {
-            assert!(!sync(&canary, uid, request(1), FAILED));
+            assert!(!sync(&canary, uid, Some(request(1)), FAILED));
         }
         assert!(canary.judge(Some(&["a", "b", "x", "y"])), "a and b failed; x and y are their own");
         let status = canary.status();
@@ -767,8 +774,8 @@ mod tests {
         // Only its own failures: a parent that reaches a hook again is waited for again.
         let healed = live(r#"{"url": "http://candidate/sync", "percent": 50}"#);
         assert!(!sync(&healed, "x", None, Outcome::Unreached));
-        assert!(!sync(&healed, "a", request(1), FAILED));
-        assert!(!sync(&healed, "x", request(2), SUCCEEDED));
+        assert!(!sync(&healed, "a", Some(request(1)), FAILED));
+        assert!(!sync(&healed, "x", Some(request(2)), SUCCEEDED));
         assert!(healed.judge(Some(&["a", "x"])), "1 of 2 failed, both asked");
         assert!(!live(r#"{"url": "http://candidate/sync", "percent": 50}"#).judge(Some(&["x"])), "none asked");
         let only_own = live(r#"{"url": "http://candidate/sync", "percent": 50}"#);
