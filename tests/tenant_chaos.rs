@@ -10,8 +10,13 @@
 //! MapController (ConfigMap inputs, copied). Three tenants, each a ServiceAccount bound to a Role in
 //! its own namespace, create, change and delete parents (background, foreground, `--cascade=orphan`)
 //! and map inputs; make decoys that copy other parents' UIDs into their labels, some with finalizers
-//! of their own; take their copy of a platform child away, or hold it with a finalizer. Operators
-//! change and delete platform parents, kill the hub, delete and re-apply the controller.
+//! of their own; take their copy of a platform child away, or hold it with a finalizer, or hold it and
+//! delete it with `controller-uid` taken off (issue 67: the parent's elsewhere, neither selected nor
+//! free). The hostile grammar (issue 67): parents whose specs make the hook echo keys from a hostile
+//! alphabet (`): `, `.`, `/`, `~`, quotes, brackets, a newline, unicode, 300 characters, other parents'
+//! UIDs) into their children as fields the type does not declare, and the annotations the hub reads
+//! set to such values on every kind of object a tenant may write. Operators change and delete platform
+//! parents, kill the hub, delete and re-apply the controller.
 //!
 //! After each step, within a bound:
 //! - the hub wrote (or deleted) nothing in a tenant's namespace but what belongs to a parent there, a
@@ -19,7 +24,10 @@
 //!   its decorator selects — never a decoy (the audit log says who wrote what);
 //! - every deleted parent is gone, whatever a tenant did;
 //! - every parent's children match its spec, whatever another tenant did;
-//! - nothing is lost or kept against the delete's options: orphaned children stay, others go.
+//! - nothing is lost or kept against the delete's options: orphaned children stay, others go;
+//! - after a tenant's move, no ConfigMap outside that tenant's namespace differs (labels, annotations,
+//!   data, owners, finalizers, deletion) from what it was before the move: one tenant's moves change
+//!   nothing the hub does for anyone else.
 //!
 //! `make test` runs a short fixed seed; `make chaos SEED=… STEPS=…` runs long ones (`TENANT_SEED`,
 //! `TENANT_STEPS`). A failure names the seed and the step.
@@ -29,7 +37,7 @@ mod support;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams, PropagationPolicy};
+use kube::api::{DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PropagationPolicy};
 use serde_json::{Value, json};
 use support::{AUDITED_NAMESPACE, HookServer, HubAccount, HubProcess, Tenant, TestNamespace, api, apply_value};
 
@@ -39,6 +47,21 @@ const BOUND: Duration = Duration::from_secs(40);
 const PARENT_UID: &str = "metahook.dev/parent-uid";
 const PARENT: &str = "metahook.dev/parent";
 const HOLD: &str = "tenant.example/hold";
+/// Keys and values a tenant may write that a parser of paths, selectors or names could take for
+/// something else.
+const HOSTILE: &[&str] =
+    &["x): .data", ".data", "data.v", "a/b", "~1", "\"quoted\"", "[0]", "{}", "line\nbreak", "ünïcödé ✓", "orphan", ""];
+/// The annotations the hub writes or reads, which a tenant may set on its own objects.
+const HUB_ANNOTATIONS: &[&str] = &[
+    "metahook.dev/applied",
+    "metahook.dev/parent",
+    "metahook.dev/cascade",
+    "metahook.dev/confirm-deletions",
+    "metahook.dev/sync-requested-at",
+    "metahook.dev/map-input",
+    "metacontroller.k8s.io/decorator-controller",
+    "metacontroller.k8s.io/last-applied-configuration",
+];
 
 /// `xsync`: `spec.n` ConfigMaps `<parent>-c<i>` at home with `data.v = spec.v`; a parent in the platform
 /// namespace also a copy `<parent>-team` in each tenant namespace (the hook decides where, from its
@@ -53,7 +76,9 @@ def xsync(request):
     spec = parent.get("spec") or {}
     v = str(spec.get("v", 0))
     name = parent["metadata"]["name"]
-    children = [{"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": f"{name}-c{i}"}, "data": {"v": v}}
+    # A tenant's fields echoed into its children as top-level fields a ConfigMap does not declare.
+    extra = spec.get("extra") or {}
+    children = [dict(extra, apiVersion="v1", kind="ConfigMap", metadata={"name": f"{name}-c{i}"}, data={"v": v})
                 for i in range(int(spec.get("n", 1)))]
     if parent["metadata"].get("namespace") == PLATFORM:
         for ns in TENANTS:
@@ -141,6 +166,15 @@ struct Model {
     controller_deleted: bool,
 }
 
+/// What a step was, for the invariant of the tenants' moves.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Actor {
+    /// Tenant `t` moved: nothing outside its namespace may change because of it.
+    Tenant(usize),
+    /// The operator, or a kill of the hub around a step.
+    Operator,
+}
+
 /// The run: clients, namespaces, hub, controllers.
 struct Chaos {
     admin: kube::Client,
@@ -156,6 +190,8 @@ struct Chaos {
     model: Model,
     /// Audit records of the hub already checked.
     audited: usize,
+    /// Who made the current step's move.
+    actor: Actor,
     seed: u64,
     step: usize,
 }
@@ -228,10 +264,16 @@ impl Chaos {
 
     /// An `x` parent created or changed by whoever `client` is (a tenant, or the platform's admin).
     async fn upsert_parent(&mut self, client: &kube::Client, namespace: &str, name: &str, v: u32, n: u32) {
+        self.upsert_parent_with(client, (namespace, name), (v, n), json!({})).await;
+    }
+
+    /// [`Chaos::upsert_parent`] with `extra`, fields its hook echoes into its children.
+    async fn upsert_parent_with(&mut self, client: &kube::Client, at: (&str, &str), vn: (u32, u32), extra: Value) {
+        let ((namespace, name), (v, n)) = (at, vn);
         let thing = json!({"apiVersion": "test.metahook.dev/v1", "kind": "Thing",
                            "metadata": {"name": name, "namespace": namespace,
                                         "labels": {"metahook-test": self.label, "role": "x"}},
-                           "spec": {"v": v, "n": n}});
+                           "spec": {"v": v, "n": n, "extra": extra}});
         let things = api(client, "test.metahook.dev/v1", "Thing", Some(namespace)).await;
         match things.patch(name, &PatchParams::apply("chaos").force(), &Patch::Apply(&thing)).await {
             Ok(_) => {
@@ -282,13 +324,84 @@ impl Chaos {
         });
     }
 
+    /// A key or value from the hostile alphabet, 300 characters of it, or another parent's UID or name.
+    async fn hostile(&self, rng: &mut Rng) -> String {
+        match rng.below(4) {
+            0 => "k): .data/~[\"\n".repeat(30),
+            1 => {
+                let live: Vec<&(String, String)> = self.model.parents.keys().collect();
+                if live.is_empty() {
+                    return HOSTILE[0].to_owned();
+                }
+                let (pns, pname) = live[rng.below(live.len())].clone();
+                match self.things(&pns).await.get_opt(&pname).await.unwrap() {
+                    Some(p) if rng.chance(50) => p.metadata.uid.unwrap_or_default(),
+                    _ => format!("{pns}/{pname}"),
+                }
+            }
+            _ => HOSTILE[rng.below(HOSTILE.len())].to_owned(),
+        }
+    }
+
+    /// Every ConfigMap of the run's namespaces, what the hub could change of it, by (namespace, name).
+    async fn snapshot(&self) -> BTreeMap<(String, String), Value> {
+        let mut all = BTreeMap::new();
+        let namespaces = std::iter::once(self.platform.name.clone()).chain((0..TENANTS).map(|t| self.tenant_ns(t)));
+        for ns in namespaces {
+            for cm in self.config_maps(&ns).await.list(&ListParams::default()).await.unwrap().items {
+                let m = &cm.metadata;
+                let owners: Vec<&str> = m.owner_references.iter().flatten().map(|r| r.uid.as_str()).collect();
+                let content = json!({"labels": m.labels, "annotations": m.annotations, "data": cm.data.get("data"),
+                                     "owners": owners, "finalizers": m.finalizers,
+                                     "deleting": m.deletion_timestamp.is_some()});
+                all.insert((ns.clone(), m.name.clone().unwrap_or_default()), content);
+            }
+        }
+        all
+    }
+
+    /// After tenant `t`'s move (`said`): every ConfigMap outside its namespace is as it was `before` the
+    /// move (one that was being deleted may have gone), within [`BOUND`].
+    async fn unchanged_elsewhere(&self, t: usize, before: &BTreeMap<(String, String), Value>, said: &str) {
+        let own = self.tenant_ns(t);
+        let start = Instant::now();
+        loop {
+            let now = self.snapshot().await;
+            let changed: Vec<String> = before
+                .iter()
+                .filter(|((ns, _), _)| *ns != own)
+                .filter_map(|(key, was)| match now.get(key) {
+                    Some(is) if is == was => None,
+                    None if was["deleting"] == true => None,
+                    is => Some(format!("{}/{}: {was} -> {}", key.0, key.1, is.map_or("gone".into(), Value::to_string))),
+                })
+                .chain(
+                    now.keys()
+                        .filter(|key| key.0 != own && !before.contains_key(*key))
+                        .map(|(ns, name)| format!("{ns}/{name}: appeared")),
+                )
+                .collect();
+            if changed.is_empty() {
+                return;
+            }
+            if start.elapsed() > BOUND {
+                self.fail(&format!(
+                    "after \"{said}\", a move of tenant {t}'s, outside its namespace: {}",
+                    changed.join("; ")
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    }
+
     /// One random step.
     #[allow(clippy::too_many_lines)]
     async fn step(&mut self, rng: &mut Rng) -> String {
         let t = rng.below(TENANTS);
         let ns = self.tenant_ns(t);
         let tenant_client = self.tenants[t].client.clone();
-        match rng.below(16) {
+        self.actor = Actor::Tenant(t);
+        match rng.below(19) {
             0..=2 => {
                 let name = format!("t{t}-x{}", rng.below(3));
                 let (v, n) = (u32::try_from(rng.below(100)).unwrap(), u32::try_from(1 + rng.below(3)).unwrap());
@@ -409,6 +522,7 @@ impl Chaos {
                 format!("tenant {t} writes its own {name}, for the decorator")
             }
             10 | 11 => {
+                self.actor = Actor::Operator;
                 let admin = self.admin.clone();
                 let platform = self.platform.name.clone();
                 let name = format!("plat-{}", rng.below(2));
@@ -436,6 +550,7 @@ impl Chaos {
             }
             14 => {
                 // The controller deleted (with the hub down, too): applied again once it is gone.
+                self.actor = Actor::Operator;
                 let name = format!("{}-x", self.label);
                 let controllers = api(&self.admin, support::CONTROLLERS, "CompositeController", None).await;
                 if let Err(e) = controllers.delete(&name, &DeleteParams::default()).await {
@@ -444,13 +559,90 @@ impl Chaos {
                 self.model.controller_deleted = true;
                 "operator deletes the controller".into()
             }
-            _ => {
+            15 => {
                 // The decorator's controllers file emptied (a partial reading), then restored.
+                self.actor = Actor::Operator;
                 std::fs::write(&self.controllers_file, "").unwrap();
                 tokio::time::sleep(Duration::from_secs(3)).await;
                 let docs = yaml_doc(&self.d_controller());
                 std::fs::write(&self.controllers_file, docs).unwrap();
                 "operator empties the controllers file and restores it".into()
+            }
+            16 => {
+                // The hostile grammar: a parent whose spec makes its hook echo hostile keys into its
+                // children, as fields a ConfigMap does not declare.
+                let name = format!("t{t}-x{}", rng.below(3));
+                let (v, n) = (u32::try_from(rng.below(100)).unwrap(), u32::try_from(1 + rng.below(3)).unwrap());
+                let mut extra = serde_json::Map::new();
+                for _ in 0..=rng.below(3) {
+                    extra.insert(self.hostile(rng).await, json!(self.hostile(rng).await));
+                }
+                let keys: Vec<String> = extra.keys().map(|k| format!("{k:?}")).collect();
+                self.upsert_parent_with(&tenant_client, (&ns, &name), (v, n), Value::Object(extra)).await;
+                format!("tenant {t} writes parent {name} (v {v}, n {n}) echoing fields {}", keys.join(", "))
+            }
+            17 => {
+                // The annotations the hub reads, at hostile values, on one of the tenant's objects: a
+                // parent, or any ConfigMap in its namespace (a child, a decoy, a platform copy, an input).
+                let (resource, kind) =
+                    if rng.chance(40) { ("test.metahook.dev/v1", "Thing") } else { ("v1", "ConfigMap") };
+                let objects = api(&tenant_client, resource, kind, Some(&ns)).await;
+                let names: Vec<String> = objects
+                    .list(&ListParams::default())
+                    .await
+                    .unwrap()
+                    .items
+                    .into_iter()
+                    .filter_map(|o| o.metadata.name)
+                    .filter(|n| n != "kube-root-ca.crt")
+                    .collect();
+                if names.is_empty() {
+                    return format!("tenant {t} has no {kind} to annotate");
+                }
+                let name = names[rng.below(names.len())].clone();
+                let mut annotations = serde_json::Map::new();
+                for _ in 0..=rng.below(2) {
+                    let key = HUB_ANNOTATIONS[rng.below(HUB_ANNOTATIONS.len())];
+                    annotations.insert(key.to_owned(), json!(self.hostile(rng).await));
+                }
+                let said = format!("tenant {t} annotates {kind} {name} with {}", Value::Object(annotations.clone()));
+                let patch = json!({"metadata": {"annotations": annotations}});
+                match objects.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+                    Ok(_) => {}
+                    Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {}
+                    Err(e) => self.fail(&format!("{said}: {e}")),
+                }
+                said
+            }
+            _ => {
+                // Hold a platform parent's copy in its deletion, not selected any more (issue 67): the
+                // copy is the parent's by record and label, but neither its child nor free.
+                let platform: Vec<String> = self
+                    .model
+                    .parents
+                    .keys()
+                    .filter(|(n, _)| *n == self.platform.name)
+                    .map(|(_, p)| p.clone())
+                    .collect();
+                if platform.is_empty() {
+                    return "no platform parent".into();
+                }
+                let name = format!("{}-team", platform[rng.below(platform.len())]);
+                let cms = api(&tenant_client, "v1", "ConfigMap", Some(&ns)).await;
+                let patch = json!({"metadata": {"finalizers": [HOLD], "labels": {"controller-uid": null}}});
+                match cms.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+                    Ok(_) => {
+                        self.model.held.insert((ns.clone(), name.clone()));
+                        self.model.taken.insert((ns.clone(), name.clone()));
+                    }
+                    Err(kube::Error::Api(e)) if e.code == 404 => return format!("tenant {t} finds no {name}"),
+                    Err(e) => self.fail(&format!("tenant {t} holding {name}: {e}")),
+                }
+                match cms.delete(&name, &DeleteParams::default()).await {
+                    Ok(_) | Err(kube::Error::Api(_)) => {}
+                    Err(e) => self.fail(&format!("tenant {t} deleting {name}: {e}")),
+                }
+                format!("tenant {t} holds {name} in its deletion, controller-uid taken off")
             }
         }
     }
@@ -540,11 +732,14 @@ impl Chaos {
                 let child = self.config_maps(&cns).await.get_opt(&cname).await.unwrap();
                 let v = parent.v.to_string();
                 match child {
-                    Some(c) if c.data["data"]["v"] == v.as_str() => {}
+                    // Exactly what the hook asked for: nothing dropped, no field it echoed that the
+                    // type does not declare.
+                    Some(c)
+                        if c.data["data"] == json!({"v": v}) && c.data.as_object().is_some_and(|o| o.len() == 1) => {}
                     Some(c) if c.metadata.deletion_timestamp.is_some() => {}
                     other => {
-                        let now = other.map(|c| c.data["data"]["v"].clone());
-                        return Err(format!("child {cns}/{cname} of {ns}/{name} is {now:?}, not v {v}"));
+                        let now = other.map(|c| c.data);
+                        return Err(format!("child {cns}/{cname} of {ns}/{name} is {now:?}, not exactly data.v {v}"));
                     }
                 }
             }
@@ -649,6 +844,7 @@ async fn tenants_and_faults_never_stop_freeze_or_reach_another_namespaces_parent
         controllers_file,
         model: Model::default(),
         audited: 0,
+        actor: Actor::Operator,
         seed,
         step: 0,
     };
@@ -667,9 +863,13 @@ async fn tenants_and_faults_never_stop_freeze_or_reach_another_namespaces_parent
     let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
     for step in 0..steps {
         chaos.step = step;
+        let before = chaos.snapshot().await;
         let said = chaos.step(&mut rng).await;
         eprintln!("tenant chaos seed {seed} step {step}: {said}");
         chaos.check(&said).await;
+        if let Actor::Tenant(t) = chaos.actor {
+            chaos.unchanged_elsewhere(t, &before, &said).await;
+        }
     }
     eprintln!("tenant chaos seed {seed}: {steps} steps, every invariant held");
 
