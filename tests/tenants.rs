@@ -554,6 +554,53 @@ async fn a_tenant_holding_its_copy_in_deletion_freezes_only_its_own_namespace_an
     w.finish("CompositeController").await;
 }
 
+/// Issue 67 (attack on the canary): a tenant holding its copy of a platform parent's child makes every
+/// answer for that parent lose the tenant's namespace — under the current hook too. A candidate that
+/// crashes on that parent must not be excused by it: the current hook's answer is only refused in
+/// part, its call does not fail. Before, the crash counted as the parent's own failure, and a failing
+/// candidate whose side was that one parent stayed Running, the parent frozen everywhere.
+#[tokio::test]
+async fn a_tenant_holding_a_copy_does_not_excuse_a_candidate_that_crashes_on_its_parent() {
+    let w = World::new("tn-canary", HOOK).await;
+    let t1 = Tenant::create(&w.client, "tn-canary-t1").await;
+    w.composite(cross_namespace_spec(&w)).await;
+    let n1 = t1.namespace.name.clone();
+    let children = json!([child("home-config", None), child("team-config", Some(&n1))]);
+    w.thing("platform", json!({"children": children})).await;
+    eventually(WAIT, || config_map(&w, &n1, "team-config")).await;
+    let cms = tenant_config_maps(&t1).await;
+    let hold = json!({"metadata": {"finalizers": ["tenant.example/hold"], "labels": {"controller-uid": null}}});
+    cms.patch("team-config", &PatchParams::default(), &Patch::Merge(hold)).await.unwrap();
+    cms.delete("team-config", &DeleteParams::default()).await.unwrap();
+
+    let candidate =
+        support::HookServer::start("def sync(request):\n    raise RuntimeError('broken candidate')\n").await;
+    let canary = json!({"url": candidate.url("/sync"), "percent": 100}).to_string();
+    let controllers = w.controllers("CompositeController").await;
+    let annotate = json!({"metadata": {"annotations": {"metahook.dev/canary": canary}}});
+    controllers.patch(&w.label, &PatchParams::default(), &Patch::Merge(&annotate)).await.unwrap();
+    let halted = eventually(WAIT, || async {
+        let controller = controllers.get(&w.label).await.ok()?;
+        let status = controller.data["status"]["canary"].clone();
+        (status["state"] == "Halted").then_some(status)
+    })
+    .await;
+    assert_eq!(halted["candidate"]["errors"], 1, "the crash is the candidate's: {halted}");
+    assert!(!candidate.requests("/sync").is_empty(), "the candidate was asked");
+    // Back with the current hook, the parent's home child follows its spec again.
+    w.thing("platform", json!({"v": "2", "children": children})).await;
+    eventually(WAIT, || async {
+        config_map(&w, &w.ns.name, "home-config").await.filter(|cm| cm.data["data"]["v"] == "2")
+    })
+    .await;
+
+    cms.patch("team-config", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"finalizers": null}})))
+        .await
+        .unwrap();
+    t1.namespace.delete().await;
+    w.finish("CompositeController").await;
+}
+
 /// Issue 67 item 2: an object already where a parent's record of children elsewhere goes, which is not
 /// that parent's (it names another parent's UID), is never taken as the parent's record: the parent says
 /// so, nothing of it is written elsewhere, the object is left as it is, and once it is gone the parent's

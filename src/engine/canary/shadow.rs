@@ -4,7 +4,10 @@
 //! the parent module because it runs over the engine's sync (`Kind`), as `follow` does.
 //!
 //! The shadow answer is checked and dropped: nothing of it is written, no Event is recorded, no
-//! status or held error is set. It is asked only for a failure that would count against the candidate
+//! status or held error is set. The failures must be of the same kind ([`Failure`]): a candidate whose
+//! hook call fails is not excused by a current hook whose answer is only refused in part — a tenant
+//! holding its copy of a platform parent's child makes every answer for that parent lose a namespace,
+//! and must not make a candidate that crashes on that parent look healthy. It is asked only for a failure that would count against the candidate
 //! ([`super::Live::shadows`]): a parent's later failures (counted once until it succeeds) and retries
 //! of a request already found to be the parent's own are not asked again.
 
@@ -28,21 +31,57 @@ pub(crate) async fn settle<C: Kind>(
     // Counted as the worker reads the result: a quiet retry of the hub's own is nobody's failure.
     let Some(counted) = Verdict::of(result).counted() else { return };
     let uid = observing.obj.metadata.uid.as_deref().unwrap_or_default();
-    let stable_fails = if pick.live.shadows(pick.side, uid, request, counted) {
-        Some(stable_fails(kind, observing).await)
-    } else {
-        None
+    let stable_fails = match result {
+        Err(error) if pick.live.shadows(pick.side, uid, request, counted) => {
+            let shadow = stable_failure(kind, observing).await;
+            Some(shadow.is_some_and(|shadow| Failure::of(error).excused_by(shadow)))
+        }
+        _ => None,
     };
     kind.core().canary.record(pick, (uid, request), Outcome::Answered { counted, stable_fails }, writes);
 }
 
-/// Whether the current sync hook's answer to the request `observing` showed the candidate fails the
-/// checks the engine's sync makes before it writes anything: the hook's own call and the kind's checks
-/// of its answer ([`Kind::decide`], which writes nothing), the namespaces it may write in
-/// ([`narrowed`]) and the plan of its writes ([`planned`]). A hook that asks to be called later, or a
-/// cache still filling, shows nothing: the candidate's failure counts.
-async fn stable_fails<C: Kind>(kind: &C, observing: &Observing<C>) -> bool {
-    let Some(stable) = kind.hook(observing.finalizing) else { return false };
+/// What failed in a sync, to compare a candidate's failure with the current hook's in the shadow.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Failure {
+    /// The hook's call itself: an error status, a timeout, a body that is no answer.
+    Call,
+    /// The answer, refused by the hub's checks before it is written, in whole or a namespace of it (a
+    /// child's name, a name someone else holds, a copy held in its deletion).
+    Refused,
+    /// Anything else (a write the API server refused): the shadow call, which writes nothing, cannot
+    /// show it, and any failure of the current hook's excuses it.
+    Other,
+}
+
+impl Failure {
+    fn of(error: &SyncError) -> Self {
+        match error {
+            SyncError::Hook(_) => Self::Call,
+            SyncError::InvalidResponse(_) | SyncError::Plan(_) | SyncError::Parts(_) => Self::Refused,
+            _ => Self::Other,
+        }
+    }
+
+    /// Whether the current hook's failure `shadow`, for the same request, makes this candidate failure
+    /// the parent's: a failed call only by a failed call; a refused answer by a refused answer or a
+    /// failed call (the parent fails under the current hook anyway); anything else by any failure.
+    fn excused_by(self, shadow: Self) -> bool {
+        match self {
+            Self::Call => shadow == Self::Call,
+            Self::Refused => shadow != Self::Other,
+            Self::Other => true,
+        }
+    }
+}
+
+/// How the current sync hook's answer to the request `observing` showed the candidate fails the
+/// checks the engine's sync makes before it writes anything (`None`: it passes them): the hook's own
+/// call and the kind's checks of its answer ([`Kind::decide`], which writes nothing), the namespaces
+/// it may write in ([`narrowed`]) and the plan of its writes ([`planned`]). A hook that asks to be
+/// called later, or a cache still filling, shows nothing: the candidate's failure counts.
+async fn stable_failure<C: Kind>(kind: &C, observing: &Observing<C>) -> Option<Failure> {
+    let stable = kind.hook(observing.finalizing)?;
     let Observing { obj, resource, finalizing, observed, claimed, children, related, .. } = observing;
     let call = Call {
         endpoint: stable,
@@ -61,10 +100,29 @@ async fn stable_fails<C: Kind>(kind: &C, observing: &Observing<C>) -> bool {
         let left_out = narrowed.is_some_and(|n| !n.refused.is_empty());
         Ok::<_, SyncError>(left_out || decision.refused.is_some())
     };
-    let fails = match checked.await {
-        Ok(refused) => refused,
-        Err(error) => Verdict::Failed(error.action()).counted().is_some_and(|c| c != Counted::Ok),
+    let failure = match checked.await {
+        Ok(refused) => refused.then_some(Failure::Refused),
+        Err(error) => {
+            Verdict::Failed(error.action()).counted().is_some_and(|c| c != Counted::Ok).then(|| Failure::of(&error))
+        }
     };
-    tracing::debug!(parent = ?observing.obj.metadata.name, fails, "the current hook asked in the shadow");
-    fails
+    tracing::debug!(parent = ?observing.obj.metadata.name, ?failure, "the current hook asked in the shadow");
+    failure
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Failure;
+
+    /// A candidate's failed call is excused only by the current hook's failed call: a tenant who makes
+    /// every answer for a parent lose a namespace does not excuse a candidate that crashes on it.
+    #[test]
+    fn a_failure_is_the_parents_only_when_the_current_hook_fails_the_same_way() {
+        assert!(Failure::Call.excused_by(Failure::Call));
+        assert!(!Failure::Call.excused_by(Failure::Refused), "a crash is not excused by a namespace left out");
+        assert!(!Failure::Call.excused_by(Failure::Other));
+        assert!(Failure::Refused.excused_by(Failure::Refused));
+        assert!(Failure::Refused.excused_by(Failure::Call));
+        assert!(Failure::Other.excused_by(Failure::Refused));
+    }
 }
