@@ -75,6 +75,10 @@ def sync(req):
         children.append(cm("decoy", version))
     elif fault == "bad-status":
         status["children"] = "many"
+    elif fault == "array":
+        # A JSON array, not an answer: read as a struct's fields by position it was all defaults —
+        # no children, no status — and deleted every child.
+        return (200, "[]", {"Content-Type": "application/json"})
     elif fault == "huge":
         body = {"status": {"pad": "x" * (20 * 1024 * 1024)}, "children": children}
         return (200, json.dumps(body), {"Content-Type": "application/json"})
@@ -367,6 +371,7 @@ async fn bad_responses_change_nothing_and_say_why() {
         ("taken", "decoy already exists and is not controlled by this parent"),
         ("bad-status", "refused the status"),
         ("huge", "larger than the limit"),
+        ("array", "must be a JSON object"),
     ];
     fleet.parent("healthy", json!({"version": "1"})).await;
     for (fault, _) in &faults {

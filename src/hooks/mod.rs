@@ -426,6 +426,20 @@ pub(crate) fn decode<T: serde::de::DeserializeOwned>(
     mode: UnmarshalMode,
     known: &[&str],
 ) -> Result<T, HookError> {
+    // serde reads a struct from a JSON array too, its fields by position: `[]` would be an answer with
+    // every field left out (no children: delete them all). Every answer is an object.
+    if !value.is_object() {
+        let what = match &value {
+            Value::Array(_) => "an array",
+            Value::String(_) => "a string",
+            Value::Number(_) => "a number",
+            Value::Bool(_) => "a boolean",
+            _ => "null",
+        };
+        let source =
+            <serde_json::Error as serde::de::Error>::custom(format!("the answer must be a JSON object, not {what}"));
+        return Err(HookError::Decode { url: url.to_owned(), source });
+    }
     if mode == UnmarshalMode::Strict
         && let Value::Object(map) = &value
     {
@@ -450,6 +464,22 @@ fn retry_after(headers: &http::HeaderMap) -> Option<Duration> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A body that is not an object is refused, whatever the mode: `[]` read as a struct by position
+    /// was an answer with no children, and deleted every child.
+    #[test]
+    fn an_answer_that_is_not_an_object_is_refused() {
+        for body in
+            [serde_json::json!([]), serde_json::json!([{}]), serde_json::json!("x"), serde_json::json!(1), Value::Null]
+        {
+            for mode in [UnmarshalMode::Strict, UnmarshalMode::Loose] {
+                let err = decode::<CompositeResponse>("u", body.clone(), mode, COMPOSITE_RESPONSE_FIELDS).unwrap_err();
+                assert!(err.to_string().contains("must be a JSON object"), "{body}: {err}");
+                assert!(decode::<DecoratorResponse>("u", body.clone(), mode, DECORATOR_RESPONSE_FIELDS).is_err());
+                assert!(decode::<CustomizeResponse>("u", body.clone(), mode, CUSTOMIZE_RESPONSE_FIELDS).is_err());
+            }
+        }
+    }
 
     #[test]
     fn objects_reach_hooks_as_serde_writes_them_without_managed_fields() {
