@@ -246,6 +246,14 @@ async fn a_failing_candidate_halts_and_its_parents_go_back_to_the_current_hook_w
     // A new value of the annotation starts a new canary (with new counts).
     set_canary(&w, json!({"url": candidate.url("/sync"), "percent": 50, "minSyncs": 21})).await;
     eventually(WAIT, || async { (asked(&candidate).len() > asked_then).then_some(()) }).await;
+    // A canary of a healthy hook (the current one's) after the halts runs, and the last halt's message
+    // goes with it (a merge patch kept it under the new state).
+    set_canary(&w, json!({"url": w.hook.url("/sync"), "percent": 50, "minSyncs": 22})).await;
+    let renewed = canary_status(&w, |c| {
+        c["state"] == "Running" && c["annotation"].as_str().is_some_and(|a| a.contains("\"minSyncs\":22"))
+    })
+    .await;
+    assert!(renewed.get("message").is_none_or(|m| m.is_null() || m == ""), "a stale message: {renewed}");
     w.finish("CompositeController").await;
 }
 

@@ -54,16 +54,6 @@ pub(crate) async fn run<C: Kind>(kind: Arc<C>, cancel: CancellationToken) {
                 () = cancel.cancelled() => return,
             }
         }
-        if let Some(live) = &live
-            && let Some(why) = live.halted()
-            && !announced.as_ref().is_some_and(|a| Arc::ptr_eq(a, live))
-        {
-            announced = Some(Arc::clone(live));
-            warn!(controller = %core.name, "canary halted: {why}");
-            if !canary.from_file {
-                core.hub.events.warning(&canary.controller, "CanaryHalted", format!("Canary halted: {why}")).await;
-            }
-        }
         if let Some(why) = &invalid
             && changes.borrow().ne(&reporter.invalid_announced)
         {
@@ -82,7 +72,19 @@ pub(crate) async fn run<C: Kind>(kind: Arc<C>, cancel: CancellationToken) {
             }
             (None, None) => None,
         };
+        // The halt is recorded in the API first, then said: a hub killed in between must find it there
+        // (a candidate asked again after a restart is what a halt promises not to do).
         reporter.write(&core.name, status).await;
+        if let Some(live) = &live
+            && let Some(why) = live.halted()
+            && !announced.as_ref().is_some_and(|a| Arc::ptr_eq(a, live))
+        {
+            announced = Some(Arc::clone(live));
+            warn!(controller = %core.name, "canary halted: {why}");
+            if !canary.from_file {
+                core.hub.events.warning(&canary.controller, "CanaryHalted", format!("Canary halted: {why}")).await;
+            }
+        }
     }
 }
 
@@ -170,9 +172,17 @@ async fn write_status(api: &Api<DynamicObject>, name: &str, status: Option<&Cana
             last_transition_time: transition,
         });
     }
+    let mut canary = serde_json::to_value(status).unwrap_or_default();
+    if let Some(fields) = canary.as_object_mut() {
+        // A merge patch keeps what it leaves out: a new canary's empty message must take the last
+        // halt's away.
+        for field in ["message", "annotation"] {
+            fields.entry(field).or_insert(serde_json::Value::Null);
+        }
+    }
     let patch = json!({
         "metadata": {"resourceVersion": controller.metadata.resource_version},
-        "status": {"canary": status, "conditions": conditions},
+        "status": {"canary": canary, "conditions": conditions},
     });
     api.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
     Ok(())
