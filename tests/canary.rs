@@ -257,6 +257,38 @@ async fn a_failing_candidate_halts_and_its_parents_go_back_to_the_current_hook_w
     w.finish("CompositeController").await;
 }
 
+/// Attack review (issue 67): a canary's annotation edited without changing its URL or share starts a new
+/// canary with new counts; on a side smaller than `minSyncs` its judgment waits for every parent on its
+/// side to be asked. The edit queued no parent, so parents nothing changed were never asked, and a
+/// candidate failing every parent that was asked stayed Running for as long as the others stayed idle.
+/// The new canary's side is asked again now, and judged.
+#[tokio::test]
+async fn an_edited_canary_asks_its_side_again_and_is_judged_without_waiting_for_idle_parents() {
+    let (w, _) = world("canary-renewed", 4).await;
+    let candidate = HookServer::start(
+        "def sync(request):\n    parent = request['parent']\n    name = parent['metadata']['name']\n    \
+         if (parent.get('spec') or {}).get('broken'):\n        raise RuntimeError('broken for ' + name)\n    \
+         return {'children': [{'apiVersion': 'v1', 'kind': 'ConfigMap', 'metadata': {'name': name + '-cm'}, \
+         'data': {'side': 'candidate'}}]}\n",
+    )
+    .await;
+    set_canary(&w, json!({"url": candidate.url("/sync"), "percent": 100})).await;
+    for i in 0..4 {
+        child_says(&w, &format!("t{i}"), "candidate").await;
+    }
+    // The same URL and share, another limit: a new canary, with new counts.
+    set_canary(&w, json!({"url": candidate.url("/sync"), "percent": 100, "maxErrorRatio": 0.3})).await;
+    canary_status(&w, |c| c["annotation"].as_str().is_some_and(|a| a.contains("maxErrorRatio"))).await;
+    for name in ["t0", "t1"] {
+        w.thing(name, json!({"broken": true})).await;
+    }
+    let halted = canary_status(&w, |c| c["state"] == "Halted").await;
+    let message = halted["message"].as_str().unwrap();
+    assert!(message.contains("the candidate failed 2 of "), "{halted}");
+    assert!(message.contains("every parent on its side asked (4,"), "t2 and t3 asked again: {halted}");
+    w.finish("CompositeController").await;
+}
+
 /// Issue 53 item 4: one parent's quick retries do not halt a canary whose other parents succeed. The
 /// candidate fails for `t0` only; `t0` is retried with backoff (its calls counted: a handful in 10 s,
 /// not one per echo), and its failure counts once while its request is the same: 1 error in 30 syncs,

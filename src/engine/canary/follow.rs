@@ -29,6 +29,10 @@ pub(crate) async fn run<C: Kind>(kind: Arc<C>, cancel: CancellationToken) {
     // Every parent is synced when the controller starts: the sides need no queueing then.
     let (live, _) = canary.view();
     let mut answering = live.as_ref().and_then(|l| l.answering());
+    // The canary whose side was last queued: a new one (the annotation edited) is judged afresh, and
+    // its side's parents are asked again even where its URL and share are the same, or a small fleet's
+    // judgment would wait for parents nothing changes (see `Live::judge`).
+    let mut queued = live.clone();
     let mut announced: Option<Arc<Live>> = None;
     let mut reporter = Reporter::new(canary);
     loop {
@@ -46,9 +50,12 @@ pub(crate) async fn run<C: Kind>(kind: Arc<C>, cancel: CancellationToken) {
         }
         let (live, invalid) = canary.view();
         let now = live.as_ref().and_then(|l| l.answering());
-        if now != answering {
+        let renewed =
+            now.is_some() && live.as_ref().is_some_and(|l| !queued.as_ref().is_some_and(|q| Arc::ptr_eq(q, l)));
+        if now != answering || renewed {
             let below = [&answering, &now].iter().filter_map(|a| a.as_ref().map(|(_, b)| *b)).max().unwrap_or(0);
             answering = now;
+            queued.clone_from(&live);
             tokio::select! {
                 () = requeue(&*kind, below) => {}
                 () = cancel.cancelled() => return,
