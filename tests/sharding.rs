@@ -28,7 +28,7 @@ use kube::Client;
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt as _, watcher};
-use metahook::cache::shard::{BUCKETS, BUCKETS_ANNOTATION, assign, bucket, decode};
+use metahook::cache::shard::{BUCKETS, BUCKETS_ANNOTATION, assign, bucket, decode, share};
 use metahook::write::take_over::{LAST_APPLIED_ANNOTATION, METACONTROLLER_MANAGER};
 use serde_json::{Value, json};
 use support::{TestNamespace, api, apply_value, eventually};
@@ -683,10 +683,26 @@ async fn scenario(test: &str, parents: usize, fraction_bounds: (f64, f64)) {
         fraction * 100.0,
         moved_more_than_once.len()
     );
+    // Should the fraction be out of bounds, say where the parents went and what the newcomer holds: a
+    // share of the buckets far from 1/4 is the ring's, moves between old members are the hand-over's.
+    let transitions = || -> BTreeMap<String, usize> {
+        let mut counts = BTreeMap::new();
+        for name in &moved {
+            let from = before.get(*name).map(|o| o.join("+")).unwrap_or_default();
+            let to = after.get(*name).map(|o| o.join("+")).unwrap_or_default();
+            *counts.entry(format!("{from} -> {to}")).or_insert(0) += 1;
+        }
+        counts
+    };
+    let joined_list: Vec<String> = joined.iter().cloned().collect();
+    let assigned = share(&newcomer, &joined_list).len();
+    let claimed = setup.claims().await.get(&newcomer).map_or(0, BTreeSet::len);
     assert!(
         (fraction_bounds.0..=fraction_bounds.1).contains(&fraction),
-        "{}/{parents} moved, outside {fraction_bounds:?}",
-        moved.len()
+        "{}/{parents} moved, outside {fraction_bounds:?}; the newcomer {newcomer} is assigned {assigned} and \
+         claims {claimed} of {BUCKETS} buckets; members before {three:?}, after {joined:?}; moves: {:?}",
+        moved.len(),
+        transitions()
     );
     assert!(moved_more_than_once.is_empty(), "parents moved more than once: {moved_more_than_once:?}");
     assert!(all_to_newcomer, "a parent moved between old members");
