@@ -284,7 +284,7 @@ async fn an_edited_canary_asks_its_side_again_and_is_judged_without_waiting_for_
     }
     let halted = canary_status(&w, |c| c["state"] == "Halted").await;
     let message = halted["message"].as_str().unwrap();
-    assert!(message.contains("the candidate failed 2 of "), "{halted}");
+    assert!(message.contains("the candidate fails 2 of the 4 parents it answered"), "{halted}");
     assert!(message.contains("every parent on its side asked (4,"), "t2 and t3 asked again: {halted}");
     w.finish("CompositeController").await;
 }
@@ -700,6 +700,54 @@ async fn a_tenants_parent_refused_by_both_hooks_does_not_halt_a_healthy_candidat
     for i in 1..=5 {
         child_says(&w, &format!("t{i}"), "candidate").await;
     }
+    tenant.namespace.delete().await;
+    w.finish("CompositeController").await;
+}
+
+/// Issue 67 (attack review): a tenant edits a parent of its own, which the candidate answers well,
+/// many times before the candidate meets the other parents, which it fails. Counted per sync, those
+/// successes kept the ratio of a candidate failing every other parent below `maxErrorRatio` (5 failures
+/// in 36 syncs), and it stayed Running. Each parent counts once, by its last sync: it halts.
+#[tokio::test]
+async fn a_tenants_flood_of_successes_does_not_keep_a_failing_candidate_running() {
+    const EDITS: usize = 30;
+    const PARENTS: usize = 5;
+    let failing: Vec<String> = (0..PARENTS).map(|i| format!("t{i}")).collect();
+    let names: Vec<&str> = failing.iter().map(String::as_str).collect();
+    let candidate = HookServer::start(&chosen_child_hook("candidate", &names)).await;
+    let (w, tenant) =
+        tenant_world("canary-flood", &candidate, json!({"maxErrorRatio": 0.5, "minSyncs": PARENTS})).await;
+    let asked_with = |v: usize| {
+        candidate
+            .requests("/sync")
+            .iter()
+            .any(|r| r["parent"]["metadata"]["name"] == "tp" && r["parent"]["spec"]["v"] == v)
+    };
+    for v in 0..EDITS {
+        tenant_thing(&w, &tenant, "tp", selecting("tp", json!({"v": v}))).await;
+        eventually(WAIT, || async { asked_with(v).then_some(()) }).await;
+    }
+    let flooded = canary_status(&w, |c| c["candidate"]["syncs"].as_u64() >= Some(EDITS as u64)).await;
+    assert_eq!((flooded["state"].as_str(), flooded["candidate"]["errors"].as_u64()), (Some("Running"), Some(0)));
+    for name in &failing {
+        w.thing(name, selecting(name, json!({}))).await;
+    }
+    let halted = canary_status(&w, |c| c["state"] == "Halted").await;
+    let message = halted["message"].as_str().unwrap();
+    assert!(message.contains("parents it answered"), "{halted}");
+    let syncs = halted["candidate"]["syncs"].as_u64().unwrap();
+    let errors = halted["candidate"]["errors"].as_u64().unwrap();
+    assert!(syncs > EDITS as u64 && errors >= 2, "the flood counted, then the failures: {halted}");
+    assert!(
+        errors * 2 < syncs,
+        "counted per sync the ratio is below 0.5, so only the parents' count halts it: {halted}"
+    );
+    // Nothing lost: the failing parents get the current hook's children, tp keeps the candidate's.
+    for name in &failing {
+        child_says(&w, name, "current").await;
+    }
+    let tp_child = tenant.api("v1", "ConfigMap").await.get_opt("tp-cm").await.unwrap();
+    assert!(tp_child.is_some_and(|cm| cm.data["data"]["side"].is_string()), "tp's child is there");
     tenant.namespace.delete().await;
     w.finish("CompositeController").await;
 }

@@ -19,22 +19,26 @@
 //! change of sides — a canary started, a new percent or URL, a halt, the annotation removed — queues
 //! the parents that move, at `hookChangeResyncQPS` as a new hook version's parents are.
 //!
-//! **Halting.** Once the candidate has been asked `minSyncs` times — or, on a side of fewer parents than
-//! that, once every parent on its side has been asked (a parent's failure counts once until its request
-//! changes, so such a side could never reach `minSyncs`) — an error ratio above
-//! `maxErrorRatio` halts it: its parents go back to the current hook, the controller's status says
-//! `Halted` and why (and a `CanaryHalted` condition), and a Warning Event on the controller says it
-//! too. A halted canary stays halted until its annotation changes (any edit starts a new one, with new
-//! counts) or is removed. Promoting is changing the sync hook's URL in the controller's spec. The halt
-//! is a promise that must outlive the process: the status records it with the annotation's value, and
-//! a controller started again (a restart, a fail-over, a change of its spec) reads it back from there
-//! and starts the same annotation halted, with its counts.
+//! **Halting.** The candidate is judged by its parents, each counted once by its last sync: failing
+//! (a reported error, an answer the hub refused, a write the API server refused) or answered well.
+//! Once it has answered `minSyncs` parents — or, on a side of fewer parents than that, once every
+//! parent on its side has been asked — a share of failing parents above `maxErrorRatio` halts it: its
+//! parents go back to the current hook, the controller's status says `Halted` and why (and a
+//! `CanaryHalted` condition), and a Warning Event on the controller says it too. A halted canary stays
+//! halted until its annotation changes (any edit starts a new one, with new counts) or is removed.
+//! Promoting is changing the sync hook's URL in the controller's spec. The halt is a promise that must
+//! outlive the process: the status records it with the annotation's value, and a controller started
+//! again (a restart, a fail-over, a change of its spec) reads it back from there and starts the same
+//! annotation halted, with its counts.
 //!
 //! **Counting.** A sync counts as the worker reads its result ([`Verdict`]): what the worker retries
 //! quietly (a write that met a newer version than the hub's cache showed, a conflict, a related cache
-//! still filling) and a hook's 429 count on neither side; what it reports is an error. A parent whose
-//! sync fails is retried quickly, with the same request: its failures count once until its request
-//! changes (or it succeeds), so one parent's retries cannot halt a canary whose other parents succeed.
+//! still filling) and a hook's 429 count on neither side; what it reports is an error. Judging by
+//! parents rather than by syncs is what keeps one parent from weighing more than another: a failing
+//! parent retried quickly is one failing parent, and a parent a tenant edits many times a second, the
+//! candidate answering it well each time, is one parent answered well (counted per sync, its successes
+//! hid a candidate failing every other parent). The `syncs` and `errors` tallies still count syncs (a
+//! parent's failures once until it succeeds), for the status and the metrics.
 //!
 //! **Reported** in the controller's `status.canary` while it runs (at most every [`REPORT_EVERY`], only
 //! when the figures changed) and in the `metahook_canary_*` metrics. With sharding each replica counts
@@ -241,9 +245,12 @@ struct Parents {
     /// They count for neither side, and the judgment does not wait for them; a retry of that request
     /// needs no second shadow call.
     own_failure: HashMap<String, Option<RequestId>>,
-    /// The candidate's parents counted at least once while the candidate has fewer than `minSyncs`
-    /// syncs: a side of fewer parents is judged once each was asked ([`Live::judge`]).
-    asked: HashSet<String>,
+    /// The candidate's parents by what their last sync says of the candidate: it failed them (`true`)
+    /// or answered them well (`false`); a parent whose last sync was its own failure is not here. The
+    /// judgment's figures ([`Live::judge`]): each parent counts once, however often it is synced, so
+    /// one parent's syncs — a tenant editing its own parent many times a second — weigh no more than
+    /// any other parent's.
+    latest: HashMap<String, bool>,
 }
 
 /// How one sync of a parent ended, as a canary reads it ([`Live::counted`]).
@@ -288,9 +295,11 @@ impl Live {
     /// once until it succeeds (not once per request: each edit of a broken parent is a new one).
     fn counted(&self, side: Side, uid: &str, request: Option<RequestId>, outcome: Outcome) -> Option<Counted> {
         let mut parents = self.parents.lock().expect("canary parents lock");
+        let candidate = side == Side::Candidate;
         let counted = match outcome {
             Outcome::Unreached => {
                 parents.own_failure.insert(uid.to_owned(), None);
+                parents.latest.remove(uid);
                 return None;
             }
             Outcome::Answered { counted, stable_fails } => (counted, stable_fails),
@@ -299,15 +308,22 @@ impl Live {
             (Counted::Ok, _) => {
                 parents.failing.remove(uid);
                 parents.own_failure.remove(uid);
+                if candidate {
+                    parents.latest.insert(uid.to_owned(), false);
+                }
                 Some(Counted::Ok)
             }
             (failed, stable_fails) => {
                 let known_own = request.is_some() && parents.own_failure.get(uid) == Some(&request);
-                if side == Side::Candidate && (stable_fails == Some(true) || known_own) {
+                if candidate && (stable_fails == Some(true) || known_own) {
                     parents.own_failure.insert(uid.to_owned(), request);
+                    parents.latest.remove(uid);
                     return None;
                 }
                 parents.own_failure.remove(uid);
+                if candidate {
+                    parents.latest.insert(uid.to_owned(), true);
+                }
                 parents.failing.insert(uid.to_owned()).then_some(failed)
             }
         }
@@ -334,9 +350,9 @@ impl Live {
         self.halted().is_none().then(|| (self.endpoint.url().to_owned(), self.buckets))
     }
 
-    /// Counts one sync of `side` (of the parent `uid`); returns whether it halted the canary (see
-    /// [`Live::judge`]).
-    fn count(&self, side: Side, uid: &str, counted: Counted, writes: usize) -> bool {
+    /// Counts one sync of `side` in its tally (what [`Live::counted`] said of it); returns whether it
+    /// halted the canary (see [`Live::judge`]).
+    fn count(&self, side: Side, counted: Counted, writes: usize) -> bool {
         let tally = match side {
             Side::Current => &self.current,
             Side::Candidate => &self.candidate,
@@ -345,43 +361,47 @@ impl Live {
         if side == Side::Current || self.halted().is_some() {
             return false;
         }
-        if self.candidate.syncs.load(Ordering::Relaxed) <= self.spec.min_syncs {
-            self.parents.lock().expect("canary parents lock").asked.insert(uid.to_owned());
-        }
         self.judge(None)
     }
 
-    /// Halts the canary when the candidate's figures are enough to judge and its error ratio is above
-    /// `maxErrorRatio`; returns whether this call halted it. Enough is `minSyncs` syncs, or, on a
-    /// candidate's side of fewer parents than that (`parents`: the UIDs of the parents on its side now,
-    /// when known), every one of them asked at least once: a parent's failure counts once until its
-    /// request changes, so such a side could never reach `minSyncs`, and its parents would stay on a
-    /// failing hook for good (issue 62). A parent whose last sync was its own failure
-    /// ([`Parents::own_failure`]) is not waited for: one that never reaches a hook is never asked.
+    /// Halts the canary when the candidate's figures are enough to judge and the share of its parents
+    /// it fails is above `maxErrorRatio`; returns whether this call halted it. The figures are its
+    /// parents', each counted once by its last sync ([`Parents::latest`]): a parent synced a thousand
+    /// times is one parent, failing or not, so a flood of one parent's successes cannot hide the
+    /// candidate failing the others (nor one parent's retries halt it). Enough is `minSyncs` parents,
+    /// or, on a candidate's side of fewer parents than that (`parents`: the UIDs of the parents on its
+    /// side now, when known), every one of them asked at least once: such a side could never reach
+    /// `minSyncs`, and its parents would stay on a failing hook for good (issue 62). A parent whose
+    /// last sync was its own failure ([`Parents::own_failure`]) is not waited for: one that never
+    /// reaches a hook is never asked.
     fn judge(&self, parents: Option<&[&str]>) -> bool {
         if self.halted().is_some() {
             return false;
         }
-        let syncs = self.candidate.syncs.load(Ordering::Relaxed);
-        let errors = self.candidate.errors.load(Ordering::Relaxed);
+        let known = self.parents.lock().expect("canary parents lock");
+        let judged = known.latest.len();
+        let failing = known.latest.values().filter(|failed| **failed).count();
         #[allow(clippy::cast_precision_loss)]
-        let ratio = errors as f64 / syncs.max(1) as f64;
-        if syncs == 0 || ratio <= self.spec.max_error_ratio {
+        let ratio = failing as f64 / judged.max(1) as f64;
+        if judged == 0 || ratio <= self.spec.max_error_ratio {
             return false;
         }
-        let every_parent = if syncs >= self.spec.min_syncs {
+        let every_parent = if judged as u64 >= self.spec.min_syncs {
             None
         } else {
-            let known = self.parents.lock().expect("canary parents lock");
             let waited: Vec<&&str> =
                 parents.into_iter().flatten().filter(|uid| !known.own_failure.contains_key(**uid)).collect();
-            if waited.is_empty() || !waited.iter().all(|uid| known.asked.contains(**uid)) {
+            if waited.is_empty() || !waited.iter().all(|uid| known.latest.contains_key(**uid)) {
                 return false;
             }
             Some(waited.len())
         };
+        drop(known);
+        let syncs = self.candidate.syncs.load(Ordering::Relaxed);
+        let errors = self.candidate.errors.load(Ordering::Relaxed);
         let mut why = format!(
-            "the candidate failed {errors} of {syncs} syncs (an error ratio of {ratio}), more than maxErrorRatio {}",
+            "the candidate fails {failing} of the {judged} parents it answered (an error ratio of {ratio}), more \
+             than maxErrorRatio {}",
             self.spec.max_error_ratio
         );
         if let Some(parents) = every_parent {
@@ -393,15 +413,18 @@ impl Live {
                 ),
             );
         }
-        why.push_str(": the current hook answers for every parent again");
+        let _ = std::fmt::Write::write_fmt(
+            &mut why,
+            format_args!(" (it failed {errors} of {syncs} syncs): the current hook answers for every parent again"),
+        );
         self.halted.set(why).is_ok()
     }
 
     /// Whether the candidate's side is to be judged by its parents rather than by `minSyncs`: it runs,
-    /// it has been asked, and fewer than `minSyncs` times.
+    /// it has answered parents, and fewer than `minSyncs` of them.
     fn judged_by_parents(&self) -> bool {
-        let syncs = self.candidate.syncs.load(Ordering::Relaxed);
-        self.halted().is_none() && syncs > 0 && syncs < self.spec.min_syncs
+        let judged = self.parents.lock().expect("canary parents lock").latest.len();
+        self.halted().is_none() && judged > 0 && (judged as u64) < self.spec.min_syncs
     }
 
     fn status(&self) -> CanaryStatus {
@@ -569,7 +592,7 @@ impl Canary {
     fn record(&self, pick: &Pick, (uid, request): (&str, Option<RequestId>), outcome: Outcome, writes: usize) {
         let Some(counted) = pick.live.counted(pick.side, uid, request, outcome) else { return };
         self.metrics.canary_sync(pick.side.label(), counted.label(), writes);
-        if pick.live.count(pick.side, uid, counted, writes) {
+        if pick.live.count(pick.side, counted, writes) {
             self.changes.send_modify(|n| *n += 1);
         }
     }
@@ -668,25 +691,67 @@ mod tests {
     }
 
     #[test]
-    fn the_candidate_halts_past_its_error_ratio_once_it_has_enough_syncs() {
+    fn the_candidate_halts_past_its_error_ratio_once_it_has_answered_enough_parents() {
         let canary = live(r#"{"url": "http://candidate/sync", "percent": 10}"#);
         // The current hook's failures are not the candidate's.
-        for _ in 0..30 {
-            assert!(!canary.count(Side::Current, "p", Counted::Error, 0));
+        for i in 0..30 {
+            assert!(!record(&canary, Side::Current, &format!("c{i}"), Counted::Error));
         }
-        // 19 failures of 19: too few syncs to judge.
-        for _ in 0..19 {
-            assert!(!canary.count(Side::Candidate, "p", Counted::Error, 0));
+        // 19 failing parents of 19: too few parents to judge.
+        for i in 0..19 {
+            assert!(!record(&canary, Side::Candidate, &format!("p{i}"), Counted::Error));
         }
         assert_eq!(canary.answering(), Some(("http://candidate/sync".into(), 103)));
-        assert!(canary.count(Side::Candidate, "p", Counted::Ok, 2), "the 20th sync: 19 of 20 failed");
+        assert!(record(&canary, Side::Candidate, "p19", Counted::Ok), "the 20th parent: 19 of 20 fail");
         assert_eq!(canary.answering(), None);
-        assert!(!canary.count(Side::Candidate, "p", Counted::Error, 0), "halts once");
+        assert!(!record(&canary, Side::Candidate, "p20", Counted::Error), "halts once");
         let status = canary.status();
         assert_eq!(status.state, "Halted");
-        assert!(status.message.contains("failed 19 of 20 syncs (an error ratio of 0.95)"), "{}", status.message);
-        assert_eq!((status.candidate.syncs, status.candidate.errors, status.candidate.writes), (21, 20, 2));
+        assert!(
+            status.message.contains("fails 19 of the 20 parents it answered (an error ratio of 0.95)"),
+            "{}",
+            status.message
+        );
+        assert_eq!((status.candidate.syncs, status.candidate.errors), (21, 20));
         assert_eq!((status.current.syncs, status.current.errors), (30, 30));
+    }
+
+    /// Issue 67 (attack review): a tenant editing its own parent many times a second, the candidate
+    /// answering it well each time, counted a success per sync where a failing parent counts once: the
+    /// ratio of a candidate failing the other parents stayed below `maxErrorRatio`. Each parent counts
+    /// once, by its last sync.
+    #[test]
+    fn a_flood_of_one_parents_successes_does_not_hide_the_candidate_failing_the_others() {
+        let canary = live(r#"{"url": "http://candidate/sync", "percent": 50, "minSyncs": 5}"#);
+        for _ in 0..1000 {
+            assert!(!record(&canary, Side::Candidate, "flooded", Counted::Ok), "one parent is not enough parents");
+        }
+        for i in 0..3 {
+            assert!(!record(&canary, Side::Candidate, &format!("p{i}"), Counted::Error), "{} parents", i + 2);
+        }
+        assert!(record(&canary, Side::Candidate, "p3", Counted::Error), "4 of 5 parents fail");
+        let status = canary.status();
+        assert!(status.message.contains("fails 4 of the 5 parents it answered"), "{}", status.message);
+        assert!(status.message.contains("(it failed 4 of 1004 syncs)"), "{}", status.message);
+
+        // A parent that fails, then is answered well, counts as answered well; and failing again, failing.
+        let healing = live(r#"{"url": "http://candidate/sync", "percent": 50, "minSyncs": 2}"#);
+        assert!(!record(&healing, Side::Candidate, "a", Counted::Ok));
+        assert!(!record(&healing, Side::Candidate, "b", Counted::Ok));
+        assert!(record(&healing, Side::Candidate, "b", Counted::Error), "b fails after a success: 1 of 2 parents");
+        let healed = live(r#"{"url": "http://candidate/sync", "percent": 50, "minSyncs": 3, "maxErrorRatio": 0.5}"#);
+        for (uid, counted) in [("a", Counted::Error), ("a", Counted::Ok), ("b", Counted::Ok), ("c", Counted::Ok)] {
+            assert!(!record(&healed, Side::Candidate, uid, counted), "{uid} healed: 0 of 3 fail");
+        }
+        assert!(!record(&healed, Side::Candidate, "b", Counted::Error), "1 of 3");
+        assert!(record(&healed, Side::Candidate, "a", Counted::Error), "2 of 3 fail again");
+    }
+
+    /// A sync of `side`'s parent `uid` ending `counted`, counted as `Canary::record` counts it (no
+    /// request known, no shadow); whether it halted the canary.
+    fn record(canary: &Live, side: Side, uid: &str, counted: Counted) -> bool {
+        let outcome = Outcome::Answered { counted, stable_fails: None };
+        canary.counted(side, uid, None, outcome).is_some_and(|c| canary.count(side, c, 0))
     }
 
     const FAILED: Outcome = Outcome::Answered { counted: Counted::Error, stable_fails: None };
@@ -698,7 +763,7 @@ mod tests {
 
     /// A sync of the candidate's parent `uid` counted as `Canary::record` counts it; whether it halted.
     fn sync(canary: &Live, uid: &str, request: Option<RequestId>, outcome: Outcome) -> bool {
-        canary.counted(Side::Candidate, uid, request, outcome).is_some_and(|c| canary.count(Side::Candidate, uid, c, 0))
+        canary.counted(Side::Candidate, uid, request, outcome).is_some_and(|c| canary.count(Side::Candidate, c, 0))
     }
 
     /// Issue 67: a parent's failures count once until it succeeds, whatever its requests: each edit of
@@ -787,8 +852,8 @@ mod tests {
     fn a_halt_recorded_in_the_status_is_resumed_for_the_same_annotation() {
         let annotation = r#"{"url": "http://candidate/sync", "percent": 10, "minSyncs": 2}"#;
         let halted = live(annotation);
-        assert!(!halted.count(Side::Candidate, "p", Counted::Error, 0));
-        assert!(halted.count(Side::Candidate, "p", Counted::Error, 0));
+        assert!(!record(&halted, Side::Candidate, "p", Counted::Error));
+        assert!(record(&halted, Side::Candidate, "q", Counted::Error));
         let recorded: CanaryStatus = serde_json::from_value(serde_json::to_value(halted.status()).unwrap()).unwrap();
         assert_eq!(recorded.annotation, annotation);
         let resumed = live(annotation).resumed_halted(&recorded);
@@ -799,14 +864,18 @@ mod tests {
     #[test]
     fn a_side_of_fewer_parents_than_min_syncs_is_judged_once_each_was_asked() {
         let canary = live(r#"{"url": "http://candidate/sync", "percent": 50}"#);
-        assert!(!canary.count(Side::Candidate, "a", Counted::Error, 0));
+        assert!(!record(&canary, Side::Candidate, "a", Counted::Error));
         assert!(!canary.judge(Some(&["a", "b"])), "b was not asked yet");
-        assert!(!canary.judge(None), "1 sync of minSyncs 20, and the parents unknown");
-        assert!(!canary.count(Side::Candidate, "b", Counted::Error, 0));
+        assert!(!canary.judge(None), "1 parent of minSyncs 20, and the parents unknown");
+        assert!(!record(&canary, Side::Candidate, "b", Counted::Error));
         assert!(canary.judged_by_parents());
         assert!(canary.judge(Some(&["a", "b"])), "both asked, both failed");
         let status = canary.status();
-        assert!(status.message.contains("failed 2 of 2 syncs (an error ratio of 1)"), "{}", status.message);
+        assert!(
+            status.message.contains("fails 2 of the 2 parents it answered (an error ratio of 1)"),
+            "{}",
+            status.message
+        );
         assert!(
             status.message.contains("every parent on its side asked (2, fewer than minSyncs 20)"),
             "{}",
@@ -817,13 +886,13 @@ mod tests {
         // A healthy side is asked as often, and stays.
         let healthy = live(r#"{"url": "http://candidate/sync", "percent": 50}"#);
         for uid in ["a", "b"] {
-            assert!(!healthy.count(Side::Candidate, uid, Counted::Ok, 1));
+            assert!(!record(&healthy, Side::Candidate, uid, Counted::Ok));
         }
         assert!(!healthy.judge(Some(&["a", "b"])));
         // One failure of two parents is a ratio of 0.5: above 0.1.
         let half = live(r#"{"url": "http://candidate/sync", "percent": 50}"#);
-        assert!(!half.count(Side::Candidate, "a", Counted::Ok, 1));
-        assert!(!half.count(Side::Candidate, "b", Counted::Error, 0));
+        assert!(!record(&half, Side::Candidate, "a", Counted::Ok));
+        assert!(!record(&half, Side::Candidate, "b", Counted::Error));
         assert!(half.judge(Some(&["a", "b"])));
         assert!(!live(r#"{"url": "http://candidate/sync", "percent": 50}"#).judge(Some(&[])), "nothing to judge");
     }
@@ -831,10 +900,12 @@ mod tests {
     #[test]
     fn a_ratio_at_the_limit_does_not_halt() {
         let canary = live(r#"{"url": "http://candidate/sync", "percent": 50, "maxErrorRatio": 0.25, "minSyncs": 4}"#);
-        for counted in [Counted::Ok, Counted::Ok, Counted::Ok, Counted::PermanentError] {
-            assert!(!canary.count(Side::Candidate, "p", counted, 1), "1 of 4 is 0.25: not above");
+        for (uid, counted) in
+            [("a", Counted::Ok), ("b", Counted::Ok), ("c", Counted::Ok), ("d", Counted::PermanentError)]
+        {
+            assert!(!record(&canary, Side::Candidate, uid, counted), "1 of 4 parents is 0.25: not above");
         }
-        assert!(canary.count(Side::Candidate, "p", Counted::PermanentError, 0), "2 of 5 is");
+        assert!(record(&canary, Side::Candidate, "e", Counted::PermanentError), "2 of 5 is");
         let status = canary.status();
         assert_eq!((status.candidate.errors, status.candidate.permanent_errors), (2, 2));
     }
