@@ -330,3 +330,66 @@ async fn a_parent_written_without_a_pause_does_not_hold_a_deleted_controllers_re
     let _ = kubectl_delete(&[&whole.crd]).await;
     w.finish("CompositeController").await;
 }
+
+/// Each parent gets one Gadget (a type of its own group, next to the parents'); the finalize hook lets
+/// go at once.
+const GADGET_HOOK: &str = r#"
+def sync(request):
+    parent = request["parent"]
+    name = parent["metadata"]["name"]
+    return {"children": [{"apiVersion": parent["apiVersion"], "kind": "Gadget",
+                          "metadata": {"name": name + "-gadget"}, "spec": {}}]}
+
+def finalize(request):
+    return {"children": [], "finalized": True}
+"#;
+
+/// Issue 66, the matrix: a child type's CRD deleted while parents exist (the children go with it). A
+/// parent deleted afterwards, and the whole controller deleted with `kubectl delete -f`, each go within
+/// the bound: the release and the finalizing sync have nothing of the missing type to wait for.
+#[tokio::test]
+async fn a_child_types_crd_deleted_while_parents_exist_holds_no_delete() {
+    let w = World::new("lc-childcrd", GADGET_HOOK).await;
+    let mut whole = Whole::new(&w, "childcrd", true);
+    let gadgets = format!("gadgets.{}", whole.group);
+    whole.controller["spec"]["childResources"] = json!([{"apiVersion": format!("{}/v1", whole.group),
+        "resource": "gadgets", "updateStrategy": {"method": "InPlace"}}]);
+    let mut gadget_crd = whole.crd.clone();
+    gadget_crd["metadata"]["name"] = json!(gadgets);
+    gadget_crd["spec"]["names"] = json!({"kind": "Gadget", "plural": "gadgets", "singular": "gadget"});
+    support::install_crds(&w.client, &serde_json::to_string(&gadget_crd).unwrap()).await;
+    support::install_crds(&w.client, &serde_json::to_string(&whole.crd).unwrap()).await;
+    apply_value(&w.client, &whole.controller).await;
+    let widgets = whole.widgets(&w).await;
+    let children = api(&w.client, &format!("{}/v1", whole.group), "Gadget", Some(&w.ns.name)).await;
+    let finalizer = format!("metacontroller.io/compositecontroller-{}", whole.controller_name());
+    for name in ["a", "b"] {
+        apply_value(
+            &w.client,
+            &json!({"apiVersion": format!("{}/v1", whole.group), "kind": "Widget",
+                    "metadata": {"name": name, "namespace": w.ns.name}, "spec": {}}),
+        )
+        .await;
+    }
+    for name in ["a", "b"] {
+        eventually(WAIT, || async { children.get_opt(&format!("{name}-gadget")).await.unwrap() }).await;
+        eventually(WAIT, || async {
+            widgets.get(name).await.unwrap().metadata.finalizers.filter(|f| f.contains(&finalizer))
+        })
+        .await;
+    }
+
+    let crds: Api<CustomResourceDefinition> = Api::all(w.client.clone());
+    crds.delete(&gadgets, &DeleteParams::default()).await.unwrap();
+    eventually(WAIT, || async { crds.get_opt(&gadgets).await.unwrap().is_none().then_some(()) }).await;
+
+    let started = Instant::now();
+    widgets.delete("b", &DeleteParams::default()).await.unwrap();
+    eventually(BOUND, || async { widgets.get_opt("b").await.unwrap().is_none().then_some(()) }).await;
+    eprintln!("a parent whose child type is gone was deleted in {:?}", started.elapsed());
+
+    let took = kubectl_delete(&[&whole.crd, &whole.controller]).await;
+    assert!(took < BOUND, "kubectl delete took {took:?}");
+    assert!(whole.gone(&w).await, "something is left");
+    w.finish("CompositeController").await;
+}

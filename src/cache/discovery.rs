@@ -34,6 +34,15 @@ impl ResolvedResource {
     }
 }
 
+/// Whether an API error says the thing asked about cannot exist (any more): its type is not served (404,
+/// 410: CRD deleted, version removed, never existed) or the object is gone. Such a thing is released,
+/// never waited for, and a list of such a type is empty. The one reading of it, for the release of a
+/// controller ([`crate::controllers::release`]) and for a sync's own reads of its children.
+#[must_use]
+pub fn cannot_exist(err: &kube::Error) -> bool {
+    matches!(err, kube::Error::Api(status) if status.code == 404 || status.code == 410)
+}
+
 /// Why a resource could not be resolved.
 #[derive(Debug, thiserror::Error)]
 pub enum DiscoveryError {

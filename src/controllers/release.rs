@@ -37,13 +37,7 @@ pub const CONTROLLER_FINALIZER: &str = "metahook.dev/release-objects";
 /// The `Ready` condition's reason while a deleted controller waits for its release.
 pub const RELEASING: &str = "Releasing";
 
-/// Whether an API error says the thing asked about cannot exist (any more): its type is not served (404,
-/// 410: CRD deleted, version removed, never existed) or the object is gone. Such a thing is released,
-/// never waited for.
-#[must_use]
-pub fn cannot_exist(err: &kube::Error) -> bool {
-    matches!(err, kube::Error::Api(status) if status.code == 404 || status.code == 410)
-}
+pub use crate::cache::discovery::cannot_exist;
 
 /// Where a release looks: the API, its discovery, and the namespaces the hub is limited to (empty: the
 /// whole cluster; a hub limited to some may list nothing else).

@@ -27,7 +27,7 @@ use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
 use serde_json::json;
 
 use crate::api::APPLIED_ANNOTATION;
-use crate::cache::discovery::ResolvedResource;
+use crate::cache::discovery::{ResolvedResource, cannot_exist};
 use crate::cache::informers::controller_uid;
 use crate::cache::selector::Selector;
 use crate::engine::error::SyncError;
@@ -153,10 +153,17 @@ impl Orphaned<'_> {
         };
         for resource in self.types.iter().filter(|r| r.namespaced) {
             let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), namespace, &resource.api_resource);
-            let listed = api.list(&params).await.map_err(|e| SyncError::Write {
-                what: "a read of the children kept by --cascade=orphan",
-                source: Box::new(e),
-            })?;
+            let listed = match api.list(&params).await {
+                Ok(listed) => listed,
+                // The type is not served any more (its CRD deleted): it has no children to keep.
+                Err(e) if cannot_exist(&e) => continue,
+                Err(e) => {
+                    return Err(SyncError::Write {
+                        what: "a read of the children kept by --cascade=orphan",
+                        source: Box::new(e),
+                    });
+                }
+            };
             if listed.items.iter().any(|child| self.orphaned(child)) {
                 return Ok(true);
             }
