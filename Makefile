@@ -22,7 +22,7 @@ node-down: ## stop the real node and undo what it did to the machine (mounts, cg
 
 # ---- the two commands of the README -------------------------------------------------------------
 
-.PHONY: demo install-check test fmt-check clippy deny doc docs docs-gen unit integration chaos tenant-chaos bench bench-map bench-fair bench-requests bench-hooks crds hook-libs hook-types hook-wire-types image chart-readme failover shards switch-from-metacontroller
+.PHONY: demo install-check test fmt-check clippy deny doc docs docs-gen unit integration chaos tenant-chaos bench bench-map bench-fair bench-requests bench-hooks crds hook-libs hook-types hook-wire-types image chart-readme failover shards switch-from-metacontroller metacontroller-examples
 
 demo: ## the hello-world controller end to end on the local control plane
 	@bash examples-python/hello-world/demo.sh
@@ -132,6 +132,9 @@ chart-readme: ## regenerate the value table of deploy/helm/metahook/README.md fr
 
 failover: cluster-up ## two-replica fail-over, FAILOVER_ROUNDS (default 5) kill -9 rounds; prints take-over times
 	cargo test --locked --test leader -- --ignored --nocapture --test-threads=1
+
+metacontroller-examples: cluster-up ## Metacontroller's own examples, each by its unchanged test.sh, against the hub installed by its chart on the real node (MC_SRC=<clone>, root; EXAMPLES= to pick): PASSED/FAILED, teardown times, leftovers
+	bash tests/metacontroller-examples.sh $(EXAMPLES)
 
 switch-from-metacontroller: cluster-up ## switch from the real Metacontroller (MC_SRC= or MC_BIN=, as for bench): writes per child through the switch and two restarts
 	cargo test --locked --test migrate -- --ignored --nocapture a_switch_from_the_real_metacontroller

@@ -48,6 +48,7 @@ func main() {
 	out := flag.String("out", "", "OCI archive to write")
 	ref := flag.String("ref", "", "image reference recorded as org.opencontainers.image.ref.name")
 	entrypoint := flag.String("entrypoint", "", "entrypoint (one path, no shell)")
+	workdir := flag.String("workdir", "/", "the working directory of the image's process")
 	user := flag.String("user", "65532:65532", "uid:gid the image runs as")
 	arch := flag.String("arch", "", "platform architecture, as OCI (Go's GOARCH) names it: amd64, arm64, ...")
 	variant := flag.String("variant", "", "platform variant (arm: v7, ...)")
@@ -56,7 +57,8 @@ func main() {
 	sbomVersion := flag.String("sbom-version", "", "the application's version")
 	sbomCrates := flag.String("sbom-crates", "", "Rust crates in the binary: name<TAB>version<TAB>license per line")
 	sbomLock := flag.String("sbom-cargo-lock", "", "Cargo.lock, for the crates' checksums")
-	var env, labels list
+	var env, labels, args list
+	flag.Var(&args, "arg", "an argument after the entrypoint, in the entrypoint itself (repeatable)")
 	flag.Var(&env, "env", "environment variable K=V (repeatable)")
 	flag.Var(&labels, "label", "image label K=V (repeatable)")
 	flag.Parse()
@@ -87,10 +89,10 @@ func main() {
 	check(err)
 	cfg = cfg.DeepCopy()
 	cfg.Architecture, cfg.Variant, cfg.OS, cfg.Created = *arch, *variant, "linux", v1.Time{Time: created}
-	cfg.Config.Entrypoint = []string{*entrypoint}
+	cfg.Config.Entrypoint = append([]string{*entrypoint}, args...)
 	cfg.Config.Cmd = nil
 	cfg.Config.User = *user
-	cfg.Config.WorkingDir = "/"
+	cfg.Config.WorkingDir = *workdir
 	cfg.Config.Env = env
 	cfg.Config.Labels = map[string]string{}
 	for _, kv := range labels {

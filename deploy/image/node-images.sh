@@ -48,7 +48,7 @@
 #   deploy/image/node-images.sh OUTDIR
 # Env: VERSION (default: Cargo.toml's), DEB_CACHE, SOURCE_DATE_EPOCH, FORCE=1 (rebuild everything,
 #      tools included), KEEP_ROOTFS=DIR (also leave each root filesystem in DIR/<image>),
-#      GO_BUILD_P (default 2).
+#      GO_BUILD_P (default 2), MC_EXAMPLES=DIR (only the stand-ins for Metacontroller's examples, below).
 # Needs a Debian host (dpkg, apt-get with its package lists: `apt-get update` once), go (the module
 # proxy or a filled module cache), and the Debian mirror for packages not cached yet.
 # Serve them: tests/cluster/bin/registry -addr 127.0.0.1:5000 -image OUTDIR/pause.tar -image ...
@@ -178,6 +178,58 @@ check() {
     die "$name: '$*' failed in its root filesystem"
   log "  $name: chroot check passed: $*"
 }
+
+# ---- Metacontroller's examples' images (MC_EXAMPLES=<its examples/ directory>) ---------------------
+# Only these, then exit: the stand-ins tests/metacontroller-examples.sh runs Metacontroller's own
+# examples on, built as the others are (nothing is pulled). What each example's Pod needs of them:
+#   docker.io/library/python:3.11, :3.11-slim   Debian's python3 (3.11, the same minor version) and a
+#       `python` link to it (the examples run `python /hooks/sync.py`, standard library only); root, as
+#       the official image runs.
+#   docker.io/metacontroller/nodejs-server:0.1  Debian's nodejs and the examples' own server.js
+#       (examples/nodejs, the image's whole source), run as `node /node/server.js` in /node, root.
+# (metacontroller/jsonnetd has no source here: the two service-per-pod examples are not run.)
+if [ -n "${MC_EXAMPLES:-}" ]; then
+  [ -f "$MC_EXAMPLES/nodejs/server.js" ] || die "MC_EXAMPLES=$MC_EXAMPLES has no nodejs/server.js"
+  declare -A PYTHON=()
+  deb_closure PYTHON python3 ca-certificates base-files
+  for tag in 3.11 3.11-slim; do
+    REF=docker.io/library/python:$tag
+    if fresh "mc-python-$tag" "$REF $(versions PYTHON)"; then
+      unchanged "mc-python-$tag" "$REF"
+      continue
+    fi
+    rootfs=$WORK/mc-python-$tag
+    install -d -m 0755 "$rootfs"
+    unpack "$rootfs" PYTHON
+    deb_ca_bundle "$rootfs"
+    deb_accounts "$rootfs"
+    deb_slim "$rootfs"
+    ln -s python3 "$rootfs/usr/bin/python"
+    CHECK_ENV=()
+    check "mc-python-$tag" "$rootfs" python -c 'import json, http.server, io, copy, logging, re, ssl, pathlib, typing'
+    image "mc-python-$tag" "$REF" "$rootfs" -entrypoint python3 -user '' -env "$PATH_ENV" -env PYTHONUNBUFFERED=1 \
+      -env SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt
+  done
+  REF=docker.io/metacontroller/nodejs-server:0.1
+  declare -A NODE=()
+  DEB_SKIP[python3]=1
+  deb_closure NODE nodejs ca-certificates base-files
+  if fresh mc-nodejs-server "$REF $(versions NODE) $(files_hash "$MC_EXAMPLES/nodejs" server.js)"; then
+    unchanged mc-nodejs-server "$REF"
+  else
+    rootfs=$WORK/mc-nodejs-server
+    install -d -m 0755 "$rootfs"
+    unpack "$rootfs" NODE
+    deb_ca_bundle "$rootfs"
+    deb_accounts "$rootfs"
+    deb_slim "$rootfs"
+    install -D -m 0644 "$MC_EXAMPLES/nodejs/server.js" "$rootfs/node/server.js"
+    CHECK_ENV=()
+    check mc-nodejs-server "$rootfs" node --check /node/server.js
+    image mc-nodejs-server "$REF" "$rootfs" -entrypoint node -arg /node/server.js -workdir /node -user '' -env "$PATH_ENV"
+  fi
+  exit 0
+fi
 
 # ---- pause -----------------------------------------------------------------------------------------
 REF=registry.k8s.io/pause:3.10

@@ -5,6 +5,10 @@
 //
 //	registry -addr 127.0.0.1:5000 -image pause.tar -image busybox.tar -image x.tar=example.com/x:1 \
 //	         [-ready-file FILE]
+//	registry -push-to 127.0.0.1:5000 -image more.tar ...
+//
+// With -push-to, the archives are pushed to a registry already serving (the same requests, over HTTP)
+// and the command exits: images a later test needs join the running node's mirror without a restart.
 //
 // Each archive (a tar of an OCI image layout, as deploy/image/node-images.sh and build.sh write
 // them, or `skopeo copy ... oci-archive:`) is pushed, before the first request is served, under the
@@ -55,9 +59,20 @@ func main() {
 	readyFile := flag.String("ready-file", "", "file to write (the address) once every image is pushed and the address listens")
 	var images list
 	flag.Var(&images, "image", "OCI image archive to serve, ARCHIVE or ARCHIVE=REFERENCE (repeatable)")
+	pushTo := flag.String("push-to", "", "push the images to the registry serving at this address (host:port), then exit")
 	flag.Parse()
 	log.SetFlags(log.LstdFlags | log.Lmicroseconds)
 	log.SetPrefix("[registry] ")
+	if *pushTo != "" {
+		pushed := map[string]string{}
+		for _, arg := range images {
+			archive, ref, _ := strings.Cut(arg, "=")
+			if err := load(remote{addr: *pushTo}, archive, ref, pushed); err != nil {
+				log.Fatalf("%s: %v", archive, err)
+			}
+		}
+		return
+	}
 
 	// One line per request, from logged (the package's own log repeats the path and names errors,
 	// which logged adds for failed requests).
@@ -257,6 +272,27 @@ func (p pusher) do(req *http.Request, want int) error {
 		return fmt.Errorf("%s %s: %d %s", req.Method, req.URL, rec.Code, strings.TrimSpace(rec.Body.String()))
 	}
 	return nil
+}
+
+// remote forwards each request to the registry at addr, answering with its reply.
+type remote struct{ addr string }
+
+func (r remote) ServeHTTP(w http.ResponseWriter, req *http.Request) {
+	out, err := http.NewRequestWithContext(req.Context(), req.Method, "http://"+r.addr+req.URL.RequestURI(), req.Body)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadGateway)
+		return
+	}
+	out.ContentLength = req.ContentLength
+	out.Header = req.Header.Clone()
+	resp, err := http.DefaultClient.Do(out)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadGateway)
+		return
+	}
+	defer resp.Body.Close()
+	w.WriteHeader(resp.StatusCode)
+	_, _ = io.Copy(w, resp.Body)
 }
 
 // logged logs each request once answered: method, path and query, status, bytes, time taken, and
