@@ -711,3 +711,32 @@ async fn records_in_the_old_group_are_moved_across_a_restart_and_their_children_
     other.delete().await;
     w.finish("CompositeController").await;
 }
+
+/// Issue 66, the lifecycle matrix: a namespace deleted that holds a parent with children elsewhere. The
+/// hub's finalizer holds the parent until its children elsewhere are deleted; the namespace is being
+/// deleted meanwhile (nothing can be written in it), and its deletion still finishes within the bound,
+/// the child elsewhere gone with its parent, nothing of the hub's left.
+#[tokio::test]
+async fn a_namespace_deleted_with_a_parent_goes_within_the_bound_and_takes_its_children_elsewhere() {
+    const BOUND: Duration = Duration::from_secs(30);
+    let (w, other) = world("xns-nsdel").await;
+    let b = other.name.as_str();
+    let doomed = TestNamespace::create(&w.client, "xns-nsdel-c").await;
+    let thing = json!({"apiVersion": "test.metahook.dev/v1", "kind": "Thing",
+                       "metadata": {"name": "p", "namespace": doomed.name, "labels": {"metahook-test": w.label}},
+                       "spec": {"children": [child("p-a", None), child("p-b", Some(b))]}});
+    support::apply_value(&w.client, &thing).await;
+    exists(&w, b, "p-b").await;
+    exists(&w, &doomed.name, "p-a").await;
+    let things = support::api(&w.client, "test.metahook.dev/v1", "Thing", Some(&doomed.name)).await;
+    eventually(WAIT, || async { things.get("p").await.unwrap().metadata.finalizers.filter(|f| !f.is_empty()) }).await;
+
+    let namespaces: kube::Api<k8s_openapi::api::core::v1::Namespace> = kube::Api::all(w.client.clone());
+    let started = std::time::Instant::now();
+    namespaces.delete(&doomed.name, &DeleteParams::default()).await.unwrap();
+    eventually(BOUND, || async { namespaces.get_opt(&doomed.name).await.unwrap().is_none().then_some(()) }).await;
+    eprintln!("the namespace with a parent holding a child elsewhere went in {:?}", started.elapsed());
+    gone(&w, b, "p-b").await;
+    other.delete().await;
+    w.finish("CompositeController").await;
+}

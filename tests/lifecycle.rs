@@ -393,3 +393,56 @@ async fn a_child_types_crd_deleted_while_parents_exist_holds_no_delete() {
     assert!(whole.gone(&w).await, "something is left");
     w.finish("CompositeController").await;
 }
+
+/// A finalize hook that keeps its parent's child while it finalizes (as a hook that cleans up before it
+/// lets go does), and lets go at once.
+const KEEPING_HOOK: &str = r#"
+def sync(request):
+    name = request["parent"]["metadata"]["name"]
+    return {"children": [{"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name + "-child"},
+                          "data": {"v": "1"}}]}
+
+def finalize(request):
+    answer = sync(request)
+    answer["finalized"] = True
+    return answer
+"#;
+
+/// Issue 66, the lifecycle matrix: a namespace deleted that holds parents whose finalize hook keeps their
+/// child. The namespace's deletion deletes the child; the finalizing sync would create it again, which
+/// the API server refuses in a namespace being deleted (`NamespaceTerminating`). What cannot exist is
+/// not waited for: the namespace goes within the bound.
+#[tokio::test]
+async fn a_namespace_deleted_under_a_finalize_hook_that_keeps_its_children_goes_within_the_bound() {
+    let w = World::new("lc-nsterm", KEEPING_HOOK).await;
+    let whole = Whole::new(&w, "nsterm", true);
+    whole.install(&w, &[]).await;
+    let doomed = support::TestNamespace::create(&w.client, "lc-nsterm-c").await;
+    let widgets = api(&w.client, &format!("{}/v1", whole.group), "Widget", Some(&doomed.name)).await;
+    let finalizer = format!("metacontroller.io/compositecontroller-{}", whole.controller_name());
+    for name in ["a", "b"] {
+        apply_value(
+            &w.client,
+            &json!({"apiVersion": format!("{}/v1", whole.group), "kind": "Widget",
+                    "metadata": {"name": name, "namespace": doomed.name}, "spec": {}}),
+        )
+        .await;
+    }
+    let config_maps = api(&w.client, "v1", "ConfigMap", Some(&doomed.name)).await;
+    for name in ["a", "b"] {
+        eventually(WAIT, || async { config_maps.get_opt(&format!("{name}-child")).await.unwrap() }).await;
+        eventually(WAIT, || async {
+            widgets.get(name).await.unwrap().metadata.finalizers.filter(|f| f.contains(&finalizer))
+        })
+        .await;
+    }
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(w.client.clone());
+    let started = Instant::now();
+    namespaces.delete(&doomed.name, &DeleteParams::default()).await.unwrap();
+    eventually(BOUND, || async { namespaces.get_opt(&doomed.name).await.unwrap().is_none().then_some(()) }).await;
+    eprintln!("the namespace went in {:?}", started.elapsed());
+    let took = kubectl_delete(&[&whole.crd, &whole.controller]).await;
+    assert!(took < BOUND, "kubectl delete took {took:?}");
+    assert!(whole.gone(&w).await, "something is left");
+    w.finish("CompositeController").await;
+}

@@ -24,7 +24,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::Client;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use serde_json::Value;
-use tracing::{Instrument as _, debug, info_span, warn};
+use tracing::{Instrument as _, debug, info, info_span, warn};
 
 use crate::api::{HookVersion, UpdateMethod};
 use crate::cache::discovery::ResolvedResource;
@@ -965,9 +965,21 @@ async fn answer<C: Kind>(
         core.write_object(key, object, patch_metadata(api, obj, &patch)).await?;
     }
 
-    // Record.
-    if !executed.errors.is_empty() {
-        return Err(SyncError::Apply(executed.errors));
+    // Record. A finalizing sync does not wait for what cannot exist any more: a child its answer keeps
+    // in a namespace being deleted cannot be created there again, and that namespace's deletion waits
+    // for this parent, which waits for this sync.
+    let mut errors = executed.errors;
+    if finalizing {
+        errors.retain(|e| {
+            let gone = e.namespace_terminating();
+            if gone {
+                info!("{e}: its namespace is being deleted, finalizing without it");
+            }
+            !gone
+        });
+    }
+    if !errors.is_empty() {
+        return Err(SyncError::Apply(errors));
     }
     if finalizing && decision.finalized {
         core.finish_deletion(key, object.0, obj, (api, resource), *orphaning).await?;

@@ -154,6 +154,16 @@ impl ApplyError {
     pub fn is_stale(&self) -> bool {
         matches!(self, Self::Stale { .. })
     }
+
+    /// Whether the write was refused because the object's namespace is being deleted: the API server's
+    /// `NamespaceTerminating` cause, read from the answer's details (never from its message). Nothing
+    /// can be created in that namespace any more.
+    #[must_use]
+    pub fn namespace_terminating(&self) -> bool {
+        let Self::Apply { source: kube::Error::Api(status), .. } = self else { return false };
+        status.code == 403
+            && status.details.as_ref().is_some_and(|d| d.causes.iter().any(|c| c.reason == "NamespaceTerminating"))
+    }
 }
 
 /// How often the child types' schemas are read again unless told otherwise
@@ -1094,6 +1104,27 @@ pub fn strip_server_fields(mut desired: Value) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The API server's answer to a create in a namespace being deleted, as it sends it.
+    #[test]
+    fn a_refusal_in_a_namespace_being_deleted_is_known_by_its_cause() {
+        let answer = |code: u16, cause: &str| -> ApplyError {
+            let status: kube::core::Status = serde_json::from_value(json!({
+                "status": "Failure", "reason": "Forbidden", "code": code,
+                "message": "configmaps \"x\" is forbidden: unable to create new content in namespace n",
+                "details": {"name": "x", "kind": "configmaps", "causes": [{"reason": cause, "message": "m", "field": "metadata.namespace"}]},
+            }))
+            .unwrap();
+            ApplyError::Apply {
+                kind: "ConfigMap".into(),
+                key: ObjectKey { namespace: Some("n".into()), name: "x".into() },
+                source: kube::Error::Api(Box::new(status)),
+            }
+        };
+        assert!(answer(403, "NamespaceTerminating").namespace_terminating());
+        assert!(!answer(403, "FieldValueForbidden").namespace_terminating(), "another refusal");
+        assert!(!answer(422, "NamespaceTerminating").namespace_terminating(), "not a refusal of rights");
+    }
 
     #[test]
     fn a_name_held_by_another_parents_labelled_child_names_that_parent() {
