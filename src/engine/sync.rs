@@ -508,6 +508,7 @@ impl<K: Clone + Eq + Hash + Display + crate::engine::queue::Flowing + Send + Syn
         let new = match change {
             Change::Deleted(obj) => {
                 self.deletions.forget(obj.metadata.uid.as_deref().unwrap_or_default());
+                self.canary.forget(obj.metadata.uid.as_deref().unwrap_or_default());
                 if let Some(records) = &self.records {
                     // A hub stopped between the parent's finalizer and the record's leaves this to do.
                     if let Some(record) = records.of(obj).filter(|r| r.finalized) {

@@ -345,6 +345,15 @@ impl Live {
         self.halted.get().map(String::as_str)
     }
 
+    /// Forgets the parent `uid`, deleted: what its syncs said no longer counts, so parents made and
+    /// deleted again and again neither weigh in the judgment nor grow what is kept.
+    fn forget(&self, uid: &str) {
+        let mut parents = self.parents.lock().expect("canary parents lock");
+        parents.failing.remove(uid);
+        parents.own_failure.remove(uid);
+        parents.latest.remove(uid);
+    }
+
     /// The candidate's URL and share while it answers for parents; `None` once halted.
     fn answering(&self) -> Option<(String, u16)> {
         self.halted().is_none().then(|| (self.endpoint.url().to_owned(), self.buckets))
@@ -622,6 +631,13 @@ impl Canary {
         true
     }
 
+    /// Forgets the deleted parent `uid` in the canary running now (see [`Live::forget`]).
+    pub fn forget(&self, uid: &str) {
+        if let Some(live) = self.view().0 {
+            live.forget(uid);
+        }
+    }
+
     /// Whether [`Canary::judge_side`] has anything to judge now (so its caller need not list the parents).
     pub fn judges_side(&self) -> bool {
         self.view().0.is_some_and(|live| live.judged_by_parents())
@@ -745,6 +761,22 @@ mod tests {
         }
         assert!(!record(&healed, Side::Candidate, "b", Counted::Error), "1 of 3");
         assert!(record(&healed, Side::Candidate, "a", Counted::Error), "2 of 3 fail again");
+    }
+
+    /// Parents made, answered well and deleted again and again do not stay in the judgment: a candidate
+    /// failing the parents that remain is judged on those.
+    #[test]
+    fn a_deleted_parent_no_longer_counts() {
+        let canary = live(r#"{"url": "http://candidate/sync", "percent": 50, "minSyncs": 3}"#);
+        for i in 0..100 {
+            let uid = format!("churned{i}");
+            assert!(!record(&canary, Side::Candidate, &uid, Counted::Ok));
+            canary.forget(&uid);
+        }
+        assert!(canary.parents.lock().unwrap().latest.is_empty(), "nothing kept of deleted parents");
+        assert!(!record(&canary, Side::Candidate, "a", Counted::Error));
+        assert!(!record(&canary, Side::Candidate, "b", Counted::Error));
+        assert!(record(&canary, Side::Candidate, "c", Counted::Ok), "2 of the 3 parents there fail");
     }
 
     /// A sync of `side`'s parent `uid` ending `counted`, counted as `Canary::record` counts it (no
