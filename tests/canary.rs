@@ -751,3 +751,61 @@ async fn a_tenants_flood_of_successes_does_not_keep_a_failing_candidate_running(
     tenant.namespace.delete().await;
     w.finish("CompositeController").await;
 }
+
+/// The current hook for [`a_tenant_that_makes_the_current_answer_lose_its_namespace_does_not_hide_a_failing_candidate`]:
+/// each Thing's `spec.children` lists its ConfigMaps (`{"name", "namespace"?}`), in other namespaces
+/// too (`crossNamespace`). The candidate answers the same children with a data key the API server
+/// refuses: its every write for the parent fails.
+fn cross_namespace_hook(bad_key: bool) -> String {
+    let key = if bad_key { "bad key!" } else { "v" };
+    format!(
+        "def sync(request):\n    spec = request['parent'].get('spec') or {{}}\n    children = []\n    \
+         for c in spec.get('children', []):\n        metadata = {{'name': c['name']}}\n        \
+         if c.get('namespace'):\n            metadata['namespace'] = c['namespace']\n        \
+         children.append({{'apiVersion': 'v1', 'kind': 'ConfigMap', 'metadata': metadata, 'data': {{'{key}': '1'}}}})\n    \
+         return {{'children': children}}\n"
+    )
+}
+
+/// Attack review (issue 67): a platform parent has a child in a tenant's namespace; the tenant takes
+/// the hub's labels off its copy, so every answer for that parent loses the tenant's namespace (the
+/// copy is someone else's now). The current hook, asked in the shadow, was "refused in part", and that
+/// excused every failure of the candidate's on the parent — even the API server refusing all its
+/// writes in the platform's own namespace — so a candidate failing every platform parent stayed
+/// `Running`. A failure in part never excuses a whole one: it halts.
+#[tokio::test]
+async fn a_tenant_that_makes_the_current_answer_lose_its_namespace_does_not_hide_a_failing_candidate() {
+    let w = World::new("canary-partial", &cross_namespace_hook(false)).await;
+    let tenant = Tenant::create(&w.client, "canary-partial-t").await;
+    let candidate = HookServer::start(&cross_namespace_hook(true)).await;
+    w.composite(json!({
+        "generateSelector": true,
+        "parentResource": {"apiVersion": "test.metahook.dev/v1", "resource": "things"},
+        "childResources": [{"apiVersion": "v1", "resource": "configmaps", "crossNamespace": true,
+                            "updateStrategy": {"method": "InPlace"}}],
+        "hooks": {"sync": {"webhook": {"url": w.hook.url("/sync")}}},
+    }))
+    .await;
+    let t = tenant.namespace.name.as_str();
+    w.thing("p2", json!({"children": [{"name": "p2-home"}, {"name": "p2-in-tenant", "namespace": t}]})).await;
+    let copies = tenant.api("v1", "ConfigMap").await;
+    let copy = eventually(WAIT, || async { copies.get_opt("p2-in-tenant").await.ok().flatten() }).await;
+    let hub_labels: Vec<String> = copy.metadata.labels.unwrap_or_default().into_keys().collect();
+    assert!(!hub_labels.is_empty(), "the hub labels its child elsewhere");
+    // The tenant, with its namespaced rights only, takes the hub's labels off its copy.
+    let stripped: serde_json::Map<String, Value> = hub_labels.iter().map(|k| (k.clone(), Value::Null)).collect();
+    copies
+        .patch("p2-in-tenant", &PatchParams::default(), &Patch::Merge(&json!({"metadata": {"labels": stripped}})))
+        .await
+        .unwrap();
+
+    set_canary(&w, json!({"url": candidate.url("/sync"), "percent": 100, "minSyncs": 5})).await;
+    let halted = canary_status(&w, |c| c["state"] == "Halted").await;
+    let message = halted["message"].as_str().unwrap();
+    assert!(message.contains("fails 1 of the 1 parents it answered"), "{halted}");
+    // Nothing of the candidate's answer landed; the current hook answers again.
+    let home = w.config_map("p2-home").await.expect("p2's child at home");
+    assert_eq!(home.data["data"], json!({"v": "1"}), "the current hook's child, untouched");
+    tenant.namespace.delete().await;
+    w.finish("CompositeController").await;
+}

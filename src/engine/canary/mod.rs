@@ -251,6 +251,21 @@ struct Parents {
     /// one parent's syncs — a tenant editing its own parent many times a second — weigh no more than
     /// any other parent's.
     latest: HashMap<String, bool>,
+    /// How many of [`Parents::latest`] are failing, kept as it changes: the judgment after each sync
+    /// reads it without counting a fleet's parents under the lock.
+    latest_failing: usize,
+}
+
+impl Parents {
+    /// Sets what the last sync of `uid` says of the candidate (`None`: nothing, it is not judged by it).
+    fn set_latest(&mut self, uid: &str, failing: Option<bool>) {
+        let before = match failing {
+            Some(failing) => self.latest.insert(uid.to_owned(), failing),
+            None => self.latest.remove(uid),
+        };
+        self.latest_failing -= usize::from(before == Some(true));
+        self.latest_failing += usize::from(failing == Some(true));
+    }
 }
 
 /// How one sync of a parent ended, as a canary reads it ([`Live::counted`]).
@@ -299,7 +314,7 @@ impl Live {
         let counted = match outcome {
             Outcome::Unreached => {
                 parents.own_failure.insert(uid.to_owned(), None);
-                parents.latest.remove(uid);
+                parents.set_latest(uid, None);
                 return None;
             }
             Outcome::Answered { counted, stable_fails } => (counted, stable_fails),
@@ -309,7 +324,7 @@ impl Live {
                 parents.failing.remove(uid);
                 parents.own_failure.remove(uid);
                 if candidate {
-                    parents.latest.insert(uid.to_owned(), false);
+                    parents.set_latest(uid, Some(false));
                 }
                 Some(Counted::Ok)
             }
@@ -317,12 +332,12 @@ impl Live {
                 let known_own = request.is_some() && parents.own_failure.get(uid) == Some(&request);
                 if candidate && (stable_fails == Some(true) || known_own) {
                     parents.own_failure.insert(uid.to_owned(), request);
-                    parents.latest.remove(uid);
+                    parents.set_latest(uid, None);
                     return None;
                 }
                 parents.own_failure.remove(uid);
                 if candidate {
-                    parents.latest.insert(uid.to_owned(), true);
+                    parents.set_latest(uid, Some(true));
                 }
                 parents.failing.insert(uid.to_owned()).then_some(failed)
             }
@@ -351,7 +366,7 @@ impl Live {
         let mut parents = self.parents.lock().expect("canary parents lock");
         parents.failing.remove(uid);
         parents.own_failure.remove(uid);
-        parents.latest.remove(uid);
+        parents.set_latest(uid, None);
     }
 
     /// The candidate's URL and share while it answers for parents; `None` once halted.
@@ -389,7 +404,7 @@ impl Live {
         }
         let known = self.parents.lock().expect("canary parents lock");
         let judged = known.latest.len();
-        let failing = known.latest.values().filter(|failed| **failed).count();
+        let failing = known.latest_failing;
         #[allow(clippy::cast_precision_loss)]
         let ratio = failing as f64 / judged.max(1) as f64;
         if judged == 0 || ratio <= self.spec.max_error_ratio {
@@ -759,6 +774,7 @@ mod tests {
         for (uid, counted) in [("a", Counted::Error), ("a", Counted::Ok), ("b", Counted::Ok), ("c", Counted::Ok)] {
             assert!(!record(&healed, Side::Candidate, uid, counted), "{uid} healed: 0 of 3 fail");
         }
+        assert_eq!(healed.parents.lock().unwrap().latest_failing, 0, "a's failure, healed, is not counted");
         assert!(!record(&healed, Side::Candidate, "b", Counted::Error), "1 of 3");
         assert!(record(&healed, Side::Candidate, "a", Counted::Error), "2 of 3 fail again");
     }
@@ -773,7 +789,9 @@ mod tests {
             assert!(!record(&canary, Side::Candidate, &uid, Counted::Ok));
             canary.forget(&uid);
         }
-        assert!(canary.parents.lock().unwrap().latest.is_empty(), "nothing kept of deleted parents");
+        let kept = canary.parents.lock().unwrap();
+        assert!(kept.latest.is_empty() && kept.latest_failing == 0, "nothing kept of deleted parents");
+        drop(kept);
         assert!(!record(&canary, Side::Candidate, "a", Counted::Error));
         assert!(!record(&canary, Side::Candidate, "b", Counted::Error));
         assert!(record(&canary, Side::Candidate, "c", Counted::Ok), "2 of the 3 parents there fail");

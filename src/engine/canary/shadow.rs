@@ -4,10 +4,11 @@
 //! the parent module because it runs over the engine's sync (`Kind`), as `follow` does.
 //!
 //! The shadow answer is checked and dropped: nothing of it is written, no Event is recorded, no
-//! status or held error is set. The failures must be of the same kind ([`Failure`]): a candidate whose
-//! hook call fails is not excused by a current hook whose answer is only refused in part — a tenant
-//! holding its copy of a platform parent's child makes every answer for that parent lose a namespace,
-//! and must not make a candidate that crashes on that parent look healthy. It is asked only for a failure that would count against the candidate
+//! status or held error is set. The failures must be of the same kind ([`Failure`]), and a failure in
+//! part never excuses a whole one: a tenant holding its copy of a platform parent's child makes every
+//! answer for that parent lose a namespace, and must not make a candidate that crashes on that parent,
+//! whose answer is refused whole, or whose writes the API server refuses, look healthy (an attack
+//! review kept a candidate whose every write for a platform parent was refused `Running` so). It is asked only for a failure that would count against the candidate
 //! ([`super::Live::shadows`]): a parent's later failures (counted once until it succeeds) and retries
 //! of a request already found to be the parent's own are not asked again.
 
@@ -46,11 +47,14 @@ pub(crate) async fn settle<C: Kind>(
 enum Failure {
     /// The hook's call itself: an error status, a timeout, a body that is no answer.
     Call,
-    /// The answer, refused by the hub's checks before it is written, in whole or a namespace of it (a
-    /// child's name, a name someone else holds, a copy held in its deletion).
+    /// The answer, refused whole by the hub's checks before anything is written (an invalid answer, a
+    /// plan that cannot be made).
     Refused,
+    /// The answer, refused for some namespaces only (a name someone else holds there, a copy held in
+    /// its deletion): the rest of it is written.
+    RefusedInPart,
     /// Anything else (a write the API server refused): the shadow call, which writes nothing, cannot
-    /// show it, and any failure of the current hook's excuses it.
+    /// show it; only a current hook that fails whole excuses it.
     Other,
 }
 
@@ -58,19 +62,22 @@ impl Failure {
     fn of(error: &SyncError) -> Self {
         match error {
             SyncError::Hook(_) => Self::Call,
-            SyncError::InvalidResponse(_) | SyncError::Plan(_) | SyncError::Parts(_) => Self::Refused,
+            SyncError::InvalidResponse(_) | SyncError::Plan(_) => Self::Refused,
+            SyncError::Parts(_) => Self::RefusedInPart,
             _ => Self::Other,
         }
     }
 
     /// Whether the current hook's failure `shadow`, for the same request, makes this candidate failure
-    /// the parent's: a failed call only by a failed call; a refused answer by a refused answer or a
-    /// failed call (the parent fails under the current hook anyway); anything else by any failure.
+    /// the parent's: a failed call only by a failed call; an answer refused whole, or a write refused,
+    /// by a failed call or an answer refused whole (the parent fails whole under the current hook
+    /// too); an answer refused in part by any refusal or failed call. A failure in part never excuses a
+    /// whole one.
     fn excused_by(self, shadow: Self) -> bool {
         match self {
             Self::Call => shadow == Self::Call,
-            Self::Refused => shadow != Self::Other,
-            Self::Other => true,
+            Self::Refused | Self::Other => matches!(shadow, Self::Call | Self::Refused),
+            Self::RefusedInPart => shadow != Self::Other,
         }
     }
 }
@@ -101,7 +108,8 @@ async fn stable_failure<C: Kind>(kind: &C, observing: &Observing<C>) -> Option<F
         Ok::<_, SyncError>(left_out || decision.refused.is_some())
     };
     let failure = match checked.await {
-        Ok(refused) => refused.then_some(Failure::Refused),
+        // The plan was made: what is refused is a part of it.
+        Ok(refused) => refused.then_some(Failure::RefusedInPart),
         Err(error) => {
             Verdict::Failed(error.action()).counted().is_some_and(|c| c != Counted::Ok).then(|| Failure::of(&error))
         }
@@ -124,5 +132,19 @@ mod tests {
         assert!(Failure::Refused.excused_by(Failure::Refused));
         assert!(Failure::Refused.excused_by(Failure::Call));
         assert!(Failure::Other.excused_by(Failure::Refused));
+        assert!(Failure::Other.excused_by(Failure::Call));
+        assert!(Failure::RefusedInPart.excused_by(Failure::RefusedInPart));
+        assert!(Failure::RefusedInPart.excused_by(Failure::Refused));
+    }
+
+    /// Attack review (issue 67): a tenant that makes the current hook's answer for a platform parent
+    /// lose the tenant's namespace excused every failure of the candidate's on that parent, and kept a
+    /// candidate whose writes the API server refused, or whose answer was refused whole, `Running`.
+    #[test]
+    fn a_failure_in_part_never_excuses_a_whole_one() {
+        assert!(!Failure::Other.excused_by(Failure::RefusedInPart), "a refused write");
+        assert!(!Failure::Refused.excused_by(Failure::RefusedInPart), "an answer refused whole");
+        assert!(!Failure::Call.excused_by(Failure::RefusedInPart), "a failed call");
+        assert!(!Failure::Other.excused_by(Failure::Other), "the shadow writes nothing: it shows no write refusal");
     }
 }
