@@ -809,3 +809,64 @@ async fn a_tenant_that_makes_the_current_answer_lose_its_namespace_does_not_hide
     tenant.namespace.delete().await;
     w.finish("CompositeController").await;
 }
+
+/// Attack review (issue 67): the shadow is checked against the observation the candidate's sync
+/// started from; children that sync has just created are in the cache but not in that observation, and
+/// the shadow's plan met them as a stale cache (a quiet retry) — which counted as "the current hook
+/// passes", so a failure both hooks give (a name someone else holds in another namespace, refused in
+/// part) counted against a healthy candidate and halted it. A shadow that cannot tell waits for the
+/// retry, observed afresh: the failure is found to be the parent's, and the canary runs on.
+#[tokio::test]
+async fn a_failure_both_hooks_give_is_not_counted_because_of_the_candidates_own_new_children() {
+    let w = World::new("canary-fresh", &cross_namespace_hook(false)).await;
+    let tenant = Tenant::create(&w.client, "canary-fresh-t").await;
+    let candidate = HookServer::start(&cross_namespace_hook(false)).await;
+    w.composite(json!({
+        "generateSelector": true,
+        "parentResource": {"apiVersion": "test.metahook.dev/v1", "resource": "things"},
+        "childResources": [{"apiVersion": "v1", "resource": "configmaps", "crossNamespace": true,
+                            "updateStrategy": {"method": "InPlace"}}],
+        "hooks": {"sync": {"webhook": {"url": w.hook.url("/sync")}}},
+    }))
+    .await;
+    // A name held in the platform's namespace by someone else.
+    let taken = json!({"apiVersion": "v1", "kind": "ConfigMap",
+                       "metadata": {"name": "taken", "namespace": w.ns.name}, "data": {"owner": "someone"}});
+    support::apply_value(&w.client, &taken).await;
+    for i in 0..4 {
+        let name = format!("t{i}");
+        let home = format!("{name}-home");
+        w.thing(&name, json!({"children": [{"name": home}]})).await;
+        eventually(WAIT, || w.config_map(&home)).await;
+    }
+    set_canary(&w, json!({"url": candidate.url("/sync"), "percent": 100, "minSyncs": 5})).await;
+    for i in 0..4 {
+        let name = format!("t{i}");
+        eventually(WAIT, || async { (asked_about(&candidate, &name) >= 1).then_some(()) }).await;
+    }
+    // The tenant's parent: two new children at home, and one where the name is someone else's.
+    let ns = w.ns.name.clone();
+    tenant_thing(
+        &w,
+        &tenant,
+        "tp",
+        json!({"children": [{"name": "tp-home"}, {"name": "tp-home2"}, {"name": "taken", "namespace": ns}]}),
+    )
+    .await;
+    let copies = tenant.api("v1", "ConfigMap").await;
+    eventually(WAIT, || async { copies.get_opt("tp-home2").await.ok().flatten() }).await;
+    // Asked again (its retry), unless the canary halted before that.
+    eventually(WAIT, || async {
+        let halted = controller_status(&w).await["canary"]["state"] == "Halted";
+        (asked_about(&candidate, "tp") >= 2 || halted).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let status = controller_status(&w).await["canary"].clone();
+    assert_eq!(status["state"], "Running", "a failure both hooks give halted a healthy candidate: {status}");
+    assert_eq!(status["candidate"]["errors"], 0, "{status}");
+    let held = w.config_map("taken").await.expect("someone's ConfigMap");
+    assert_eq!(held.data["data"], json!({"owner": "someone"}), "left untouched");
+    tenant.namespace.delete().await;
+    w.finish("CompositeController").await;
+}

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use super::Outcome;
 use crate::engine::answered::RequestId;
-use crate::engine::error::{Counted, SyncError, Verdict};
+use crate::engine::error::{Action, Counted, SyncError, Verdict};
 use crate::engine::sync::{Call, Kind, Observing, narrowed, planned};
 
 /// Counts the sync of `observing`'s parent that showed `request` and ended with `result` after `writes`
@@ -34,12 +34,31 @@ pub(crate) async fn settle<C: Kind>(
     let uid = observing.obj.metadata.uid.as_deref().unwrap_or_default();
     let stable_fails = match result {
         Err(error) if pick.live.shadows(pick.side, uid, request, counted) => {
-            let shadow = stable_failure(kind, observing).await;
-            Some(shadow.is_some_and(|shadow| Failure::of(error).excused_by(shadow)))
+            match stable_failure(kind, observing).await {
+                Shadow::Passes => Some(false),
+                Shadow::Fails(shadow) => Some(Failure::of(error).excused_by(shadow)),
+                // The shadow could not tell: the parent's retry is asked again, and counted then.
+                Shadow::Unknown => return,
+            }
         }
         _ => None,
     };
     kind.core().canary.record(pick, (uid, request), Outcome::Answered { counted, stable_fails }, writes);
+}
+
+/// What the current hook's answer, asked in the shadow, showed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Shadow {
+    /// It passes the checks: the candidate's failure is the candidate's.
+    Passes,
+    /// It fails them so.
+    Fails(Failure),
+    /// It met a state a retry resolves (`RetryQuietly`): most often a child the candidate's own sync
+    /// has just written, in the cache but not in the observation both answers are checked against.
+    /// Counted as failing, it let a tenant halt a healthy candidate (an attack review: a parent whose
+    /// answer the candidate wrote in part was found "not failing" under the current hook, by the
+    /// candidate's own write); the retry, observed afresh, is asked again.
+    Unknown,
 }
 
 /// What failed in a sync, to compare a candidate's failure with the current hook's in the shadow.
@@ -82,13 +101,13 @@ impl Failure {
     }
 }
 
-/// How the current sync hook's answer to the request `observing` showed the candidate fails the
-/// checks the engine's sync makes before it writes anything (`None`: it passes them): the hook's own
-/// call and the kind's checks of its answer ([`Kind::decide`], which writes nothing), the namespaces
-/// it may write in ([`narrowed`]) and the plan of its writes ([`planned`]). A hook that asks to be
-/// called later, or a cache still filling, shows nothing: the candidate's failure counts.
-async fn stable_failure<C: Kind>(kind: &C, observing: &Observing<C>) -> Option<Failure> {
-    let stable = kind.hook(observing.finalizing)?;
+/// How the current sync hook's answer to the request `observing` showed the candidate fares in the
+/// checks the engine's sync makes before it writes anything: the hook's own call and the kind's checks
+/// of its answer ([`Kind::decide`], which writes nothing), the namespaces it may write in
+/// ([`narrowed`]) and the plan of its writes ([`planned`]). A hook that asks to be called later shows
+/// nothing (the candidate's failure counts); a state a retry resolves is [`Shadow::Unknown`].
+async fn stable_failure<C: Kind>(kind: &C, observing: &Observing<C>) -> Shadow {
+    let Some(stable) = kind.hook(observing.finalizing) else { return Shadow::Passes };
     let Observing { obj, resource, finalizing, observed, claimed, children, related, .. } = observing;
     let call = Call {
         endpoint: stable,
@@ -109,10 +128,13 @@ async fn stable_failure<C: Kind>(kind: &C, observing: &Observing<C>) -> Option<F
     };
     let failure = match checked.await {
         // The plan was made: what is refused is a part of it.
-        Ok(refused) => refused.then_some(Failure::RefusedInPart),
-        Err(error) => {
-            Verdict::Failed(error.action()).counted().is_some_and(|c| c != Counted::Ok).then(|| Failure::of(&error))
-        }
+        Ok(true) => Shadow::Fails(Failure::RefusedInPart),
+        Ok(false) => Shadow::Passes,
+        Err(error) if matches!(error.action(), Action::RetryQuietly) => Shadow::Unknown,
+        Err(error) => match Verdict::Failed(error.action()).counted() {
+            Some(Counted::Error | Counted::PermanentError) => Shadow::Fails(Failure::of(&error)),
+            _ => Shadow::Passes,
+        },
     };
     tracing::debug!(parent = ?observing.obj.metadata.name, ?failure, "the current hook asked in the shadow");
     failure
