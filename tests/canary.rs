@@ -767,17 +767,12 @@ fn cross_namespace_hook(bad_key: bool) -> String {
     )
 }
 
-/// Attack review (issue 67): a platform parent has a child in a tenant's namespace; the tenant takes
-/// the hub's labels off its copy, so every answer for that parent loses the tenant's namespace (the
-/// copy is someone else's now). The current hook, asked in the shadow, was "refused in part", and that
-/// excused every failure of the candidate's on the parent — even the API server refusing all its
-/// writes in the platform's own namespace — so a candidate failing every platform parent stayed
-/// `Running`. A failure in part never excuses a whole one: it halts.
-#[tokio::test]
-async fn a_tenant_that_makes_the_current_answer_lose_its_namespace_does_not_hide_a_failing_candidate() {
-    let w = World::new("canary-partial", &cross_namespace_hook(false)).await;
-    let tenant = Tenant::create(&w.client, "canary-partial-t").await;
-    let candidate = HookServer::start(&cross_namespace_hook(true)).await;
+/// A world whose controller's ConfigMaps are `crossNamespace`, answered by [`cross_namespace_hook`], a
+/// tenant, and a candidate hook (whose writes the API server refuses, with `candidate_fails`).
+async fn cross_namespace_world(test: &str, candidate_fails: bool) -> (World, Tenant, HookServer) {
+    let w = World::new(test, &cross_namespace_hook(false)).await;
+    let tenant = Tenant::create(&w.client, &format!("{test}-t")).await;
+    let candidate = HookServer::start(&cross_namespace_hook(candidate_fails)).await;
     w.composite(json!({
         "generateSelector": true,
         "parentResource": {"apiVersion": "test.metahook.dev/v1", "resource": "things"},
@@ -786,6 +781,18 @@ async fn a_tenant_that_makes_the_current_answer_lose_its_namespace_does_not_hide
         "hooks": {"sync": {"webhook": {"url": w.hook.url("/sync")}}},
     }))
     .await;
+    (w, tenant, candidate)
+}
+
+/// Attack review (issue 67): a platform parent has a child in a tenant's namespace; the tenant takes
+/// the hub's labels off its copy, so every answer for that parent loses the tenant's namespace (the
+/// copy is someone else's now). The current hook, asked in the shadow, was "refused in part", and that
+/// excused every failure of the candidate's on the parent — even the API server refusing all its
+/// writes in the platform's own namespace — so a candidate failing every platform parent stayed
+/// `Running`. A failure in part never excuses a whole one: it halts.
+#[tokio::test]
+async fn a_tenant_that_makes_the_current_answer_lose_its_namespace_does_not_hide_a_failing_candidate() {
+    let (w, tenant, candidate) = cross_namespace_world("canary-partial", true).await;
     let t = tenant.namespace.name.as_str();
     w.thing("p2", json!({"children": [{"name": "p2-home"}, {"name": "p2-in-tenant", "namespace": t}]})).await;
     let copies = tenant.api("v1", "ConfigMap").await;
@@ -818,17 +825,7 @@ async fn a_tenant_that_makes_the_current_answer_lose_its_namespace_does_not_hide
 /// retry, observed afresh: the failure is found to be the parent's, and the canary runs on.
 #[tokio::test]
 async fn a_failure_both_hooks_give_is_not_counted_because_of_the_candidates_own_new_children() {
-    let w = World::new("canary-fresh", &cross_namespace_hook(false)).await;
-    let tenant = Tenant::create(&w.client, "canary-fresh-t").await;
-    let candidate = HookServer::start(&cross_namespace_hook(false)).await;
-    w.composite(json!({
-        "generateSelector": true,
-        "parentResource": {"apiVersion": "test.metahook.dev/v1", "resource": "things"},
-        "childResources": [{"apiVersion": "v1", "resource": "configmaps", "crossNamespace": true,
-                            "updateStrategy": {"method": "InPlace"}}],
-        "hooks": {"sync": {"webhook": {"url": w.hook.url("/sync")}}},
-    }))
-    .await;
+    let (w, tenant, candidate) = cross_namespace_world("canary-fresh", false).await;
     // A name held in the platform's namespace by someone else.
     let taken = json!({"apiVersion": "v1", "kind": "ConfigMap",
                        "metadata": {"name": "taken", "namespace": w.ns.name}, "data": {"owner": "someone"}});
