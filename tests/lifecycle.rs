@@ -230,7 +230,7 @@ async fn metahook_release_lets_deleted_controllers_go_with_no_hub_running() {
         .await
         .unwrap();
     assert!(again.status.success());
-    assert!(String::from_utf8_lossy(&again.stdout).contains("no deleted controller waits"));
+    assert!(String::from_utf8_lossy(&again.stdout).contains("no controller waits for a hub"));
     let _ = crds.delete(&format!("widgets.{}", kept.group), &DeleteParams::default()).await;
     w.start_hub();
     w.finish("CompositeController").await;
@@ -441,6 +441,192 @@ async fn a_namespace_deleted_under_a_finalize_hook_that_keeps_its_children_goes_
     namespaces.delete(&doomed.name, &DeleteParams::default()).await.unwrap();
     eventually(BOUND, || async { namespaces.get_opt(&doomed.name).await.unwrap().is_none().then_some(()) }).await;
     eprintln!("the namespace went in {:?}", started.elapsed());
+    let took = kubectl_delete(&[&whole.crd, &whole.controller]).await;
+    assert!(took < BOUND, "kubectl delete took {took:?}");
+    assert!(whole.gone(&w).await, "something is left");
+    w.finish("CompositeController").await;
+}
+
+/// The types `status.finalizedTypes` of controller `name` records, as `group/version resource`.
+async fn recorded_types(w: &World, name: &str) -> Vec<String> {
+    let controllers = w.controllers("CompositeController").await;
+    let c = controllers.get(name).await.unwrap();
+    c.data["status"]["finalizedTypes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|t| format!("{} {}", t["apiVersion"].as_str().unwrap_or(""), t["resource"].as_str().unwrap_or("")))
+        .collect()
+}
+
+fn holds_finalizer(obj: &DynamicObject, finalizer: &str) -> bool {
+    obj.metadata.finalizers.iter().flatten().any(|f| f == finalizer)
+}
+
+/// Issue 66, the matrix with the hub down: a controller's parent type changed while no hub ran. The old
+/// type's parents carry the controller's finalizer, and nothing in the new spec names their type: only
+/// the controller's status (`status.finalizedTypes`, written before any finalizer was put on) says it was
+/// held. A hub that starts lets go of it (the old parent can be deleted again), and so does `metahook
+/// release` for a type changed back while the hub was down again; the record follows. Before, the old
+/// type's parents kept the finalizer for good, and a delete of one hung.
+#[tokio::test]
+async fn a_parent_type_changed_while_no_hub_ran_is_let_go_of_by_the_next_start_and_by_metahook_release() {
+    let mut w = World::new("lc-retype", HOOK).await;
+    let old = Whole::new(&w, "retype", true);
+    old.install(&w, &["a"]).await;
+    let name = old.controller_name();
+    let finalizer = format!("metacontroller.io/compositecontroller-{name}");
+    let new = Whole::new(&w, "retype-new", true);
+    support::install_crds(&w.client, &serde_json::to_string(&new.crd).unwrap()).await;
+    let (old_type, new_type) = (format!("{}/v1 widgets", old.group), format!("{}/v1 widgets", new.group));
+    assert_eq!(recorded_types(&w, &name).await, vec![old_type.clone()], "recorded before the first finalizer");
+
+    // Retyped while no hub runs.
+    w.stop_hub().await;
+    let mut retyped = old.controller.clone();
+    retyped["spec"]["parentResource"]["apiVersion"] = json!(format!("{}/v1", new.group));
+    apply_value(&w.client, &retyped).await;
+    let new_widgets = new.widgets(&w).await;
+    apply_value(
+        &w.client,
+        &json!({"apiVersion": format!("{}/v1", new.group), "kind": "Widget",
+                "metadata": {"name": "n", "namespace": w.ns.name}, "spec": {}}),
+    )
+    .await;
+    w.start_hub();
+    let old_widgets = old.widgets(&w).await;
+    let started = Instant::now();
+    eventually(BOUND, || async {
+        let a = old_widgets.get("a").await.unwrap();
+        let n = new_widgets.get("n").await.unwrap();
+        (!holds_finalizer(&a, &finalizer) && holds_finalizer(&n, &finalizer)).then_some(())
+    })
+    .await;
+    eventually(BOUND, || async { (recorded_types(&w, &name).await == vec![new_type.clone()]).then_some(()) }).await;
+    eprintln!("the old type was let go of {:?} after the hub started", started.elapsed());
+    eventually(WAIT, || async { w.config_map("n-child").await }).await;
+    old_widgets.delete("a", &DeleteParams::default()).await.unwrap();
+    eventually(BOUND, || async { old_widgets.get_opt("a").await.unwrap().is_none().then_some(()) }).await;
+
+    // Changed back while the hub is down again: `metahook release` lets go of the new type at once.
+    w.stop_hub().await;
+    apply_value(&w.client, &old.controller).await;
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_metahook"))
+        .env("KUBECONFIG", support::kubeconfig_path())
+        .args(["release", &name])
+        .output()
+        .await
+        .expect("running metahook release");
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "metahook release: {:?}\n{said}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(said.contains(&format!("CompositeController {name}: released (1 objects")), "{said}");
+    assert!(!holds_finalizer(&new_widgets.get("n").await.unwrap(), &finalizer), "the new type was let go of");
+    assert!(recorded_types(&w, &name).await.is_empty(), "nothing left recorded: the old type is not held yet");
+    assert!(w.controllers("CompositeController").await.get_opt(&name).await.unwrap().is_some(), "it runs on");
+
+    // The hub holds the old type again, records it, and everything goes with `kubectl delete`.
+    w.start_hub();
+    eventually(BOUND, || async { (recorded_types(&w, &name).await == vec![old_type.clone()]).then_some(()) }).await;
+    let took = kubectl_delete(&[&old.crd, &old.controller, &new.crd]).await;
+    assert!(took < BOUND, "kubectl delete took {took:?}");
+    assert!(old.gone(&w).await && new.gone(&w).await, "something is left");
+    w.finish("CompositeController").await;
+}
+
+/// A hook that follows its controller's spec: a Secret beside the ConfigMap once the controller declares
+/// Secrets; `sync2` answers with another value.
+const FOLLOWING_HOOK: &str = r#"
+def children(request, v):
+    name = request["parent"]["metadata"]["name"]
+    out = [{"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name + "-child"}, "data": {"v": v}}]
+    types = [c["resource"] for c in request["controller"]["spec"].get("childResources", [])]
+    if "secrets" in types:
+        out.append({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name + "-secret"},
+                    "stringData": {"v": v}})
+    return {"children": out}
+
+def sync(request):
+    return children(request, "1")
+
+def sync2(request):
+    return children(request, "2")
+
+def finalize(request):
+    return {"children": [], "finalized": True}
+"#;
+
+/// Issue 66, the matrix with a hub running: a child type added, the sync hook changed, a `relatedLimit`
+/// added. Each edit restarts the controller and takes effect within the bound; none lets go of anything
+/// (the parent keeps the controller's finalizer, the controller keeps the hub's, its status records its
+/// one parent type), and the whole controller still goes with `kubectl delete` within the bound.
+#[tokio::test]
+async fn a_running_controllers_child_types_hooks_and_related_limit_changed_hold_on_and_leave_nothing() {
+    let w = World::new("lc-edit", FOLLOWING_HOOK).await;
+    let mut whole = Whole::new(&w, "edit", true);
+    whole.install(&w, &["a"]).await;
+    let name = whole.controller_name();
+    let finalizer = format!("metacontroller.io/compositecontroller-{name}");
+    let widgets = whole.widgets(&w).await;
+    let controllers = w.controllers("CompositeController").await;
+    let parent_type = format!("{}/v1 widgets", whole.group);
+    let secrets = api(&w.client, "v1", "Secret", Some(&w.ns.name)).await;
+
+    type Edit = fn(&mut Value, &World);
+    let edits: [(&str, Edit); 3] = [
+        ("a child type added", |c, _| {
+            c["spec"]["childResources"]
+                .as_array_mut()
+                .unwrap()
+                .push(json!({"apiVersion": "v1", "resource": "secrets", "updateStrategy": {"method": "InPlace"}}));
+        }),
+        ("the sync hook changed", |c, w| {
+            c["spec"]["hooks"]["sync"] = json!({"webhook": {"url": w.hook.url("/sync2")}})
+        }),
+        ("a relatedLimit added", |c, _| c["spec"]["relatedLimit"] = json!({"namespaces": [], "resources": []})),
+    ];
+    for (what, edit) in edits {
+        edit(&mut whole.controller, &w);
+        apply_value(&w.client, &whole.controller).await;
+        let generation = controllers.get(&name).await.unwrap().metadata.generation;
+        let started = Instant::now();
+        eventually(BOUND, || async {
+            let c = controllers.get(&name).await.unwrap();
+            let ready = c.data["status"]["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|c| c["type"] == "Ready" && c["status"] == "True");
+            (ready && c.data["status"]["observedGeneration"].as_i64() == generation).then_some(())
+        })
+        .await;
+        match what {
+            "a child type added" => {
+                eventually(BOUND, || async { secrets.get_opt("a-secret").await.unwrap() }).await;
+            }
+            "the sync hook changed" => {
+                eventually(BOUND, || async {
+                    let cm = w.config_map("a-child").await?;
+                    let secret = secrets.get_opt("a-secret").await.unwrap()?;
+                    (cm.data["data"]["v"] == "2" && secret.data["data"]["v"] == "Mg==").then_some(())
+                })
+                .await;
+            }
+            _ => {}
+        }
+        eprintln!("{what}: in effect after {:?}", started.elapsed());
+        // Nothing was let go of, then or since.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let (parent, controller) = (widgets.get("a").await.unwrap(), controllers.get(&name).await.unwrap());
+        assert!(holds_finalizer(&parent, &finalizer), "{what}: the parent keeps the controller's finalizer");
+        assert!(holds_finalizer(&controller, CONTROLLER_FINALIZER), "{what}: the controller keeps the hub's");
+        assert_eq!(recorded_types(&w, &name).await, vec![parent_type.clone()], "{what}");
+    }
+
     let took = kubectl_delete(&[&whole.crd, &whole.controller]).await;
     assert!(took < BOUND, "kubectl delete took {took:?}");
     assert!(whole.gone(&w).await, "something is left");

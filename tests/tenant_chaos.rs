@@ -16,7 +16,8 @@
 //! alphabet (`): `, `.`, `/`, `~`, quotes, brackets, a newline, unicode, 300 characters, other parents'
 //! UIDs) into their children as fields the type does not declare, and the annotations the hub reads
 //! set to such values on every kind of object a tenant may write. Operators change and delete platform
-//! parents, kill the hub, delete and re-apply the controller.
+//! parents, kill the hub, delete and re-apply the controller, and edit it (issue 66: a child type
+//! added and taken back, its sync hook moved, a `relatedLimit` added — with the hub up or down).
 //!
 //! After each step, within a bound:
 //! - the hub wrote (or deleted) nothing in a tenant's namespace but what belongs to a parent there, a
@@ -25,6 +26,7 @@
 //! - every deleted parent is gone, whatever a tenant did;
 //! - every parent's children match its spec, whatever another tenant did;
 //! - nothing is lost or kept against the delete's options: orphaned children stay, others go;
+//! - the controller's `status.finalizedTypes` names its one parent type, whatever was edited;
 //! - after a tenant's move, no ConfigMap outside that tenant's namespace differs (labels, annotations,
 //!   data, owners, finalizers, deletion) from what it was before the move: one tenant's moves change
 //!   nothing the hub does for anyone else.
@@ -88,6 +90,9 @@ def xsync(request):
 
 def xfinalize(request):
     return {"children": [], "finalized": True}
+
+# The operator's hook edit: the same answers at another path.
+xsync2 = xsync
 
 def dsync(request):
     return {"labels": {"decorated": "yes"}}
@@ -194,11 +199,18 @@ struct Chaos {
     actor: Actor,
     seed: u64,
     step: usize,
+    /// The operator's edits of `x` in force: a child type added (Secrets, which its hook never asks
+    /// for), its sync hook moved to another path answering the same, a `relatedLimit` added.
+    x_edits: [bool; 3],
 }
 
 impl Chaos {
     fn x_controller(&self) -> Value {
-        json!({"apiVersion": support::CONTROLLERS, "kind": "CompositeController",
+        self.x_controller_with(self.x_edits)
+    }
+
+    fn x_controller_with(&self, edits: [bool; 3]) -> Value {
+        let mut x = json!({"apiVersion": support::CONTROLLERS, "kind": "CompositeController",
                "metadata": {"name": format!("{}-x", self.label), "labels": {"metahook-test": self.label},
                             "annotations": {"metahook.dev/max-deletions-per-sync": "2"}},
                "spec": {
@@ -208,7 +220,20 @@ impl Chaos {
                    "childResources": [{"apiVersion": "v1", "resource": "configmaps", "crossNamespace": true,
                                        "updateStrategy": {"method": "InPlace"}}],
                    "hooks": {"sync": {"webhook": {"url": self.hook.url("/xsync")}},
-                             "finalize": {"webhook": {"url": self.hook.url("/xfinalize")}}}}})
+                             "finalize": {"webhook": {"url": self.hook.url("/xfinalize")}}}}});
+        if edits[0] {
+            x["spec"]["childResources"]
+                .as_array_mut()
+                .unwrap()
+                .push(json!({"apiVersion": "v1", "resource": "secrets", "updateStrategy": {"method": "InPlace"}}));
+        }
+        if edits[1] {
+            x["spec"]["hooks"]["sync"] = json!({"webhook": {"url": self.hook.url("/xsync2")}});
+        }
+        if edits[2] {
+            x["spec"]["relatedLimit"] = json!({"namespaces": [], "resources": []});
+        }
+        x
     }
 
     fn d_controller(&self) -> Value {
@@ -401,7 +426,7 @@ impl Chaos {
         let ns = self.tenant_ns(t);
         let tenant_client = self.tenants[t].client.clone();
         self.actor = Actor::Tenant(t);
-        match rng.below(19) {
+        match rng.below(20) {
             0..=2 => {
                 let name = format!("t{t}-x{}", rng.below(3));
                 let (v, n) = (u32::try_from(rng.below(100)).unwrap(), u32::try_from(1 + rng.below(3)).unwrap());
@@ -614,6 +639,17 @@ impl Chaos {
                 }
                 said
             }
+            18 => {
+                // The operator edits `x` (issue 66's matrix, at random among the tenants' moves, and
+                // while the hub is down when it comes inside a kill): nothing may be let go of, lost
+                // or left held.
+                self.actor = Actor::Operator;
+                let edit = rng.below(3);
+                self.x_edits[edit] = !self.x_edits[edit];
+                apply_value(&self.admin, &self.x_controller()).await;
+                let what = ["a Secret child type", "the sync hook at /xsync2", "a relatedLimit"][edit];
+                format!("operator {} {what} to x", if self.x_edits[edit] { "adds" } else { "takes back" })
+            }
             _ => {
                 // Hold a platform parent's copy in its deletion, not selected any more (issue 67): the
                 // copy is the parent's by record and label, but neither its child nor free.
@@ -699,6 +735,17 @@ impl Chaos {
 
     /// The first invariant that does not hold now, if any.
     async fn violations(&self) -> Result<(), String> {
+        // What `x`'s finalizer may be on, as its status records it: its one parent type, whatever the
+        // operator edited (nothing is left held that no spec names).
+        let controllers = api(&self.admin, support::CONTROLLERS, "CompositeController", None).await;
+        if let Some(x) = controllers.get_opt(&format!("{}-x", self.label)).await.unwrap() {
+            let recorded = &x.data["status"]["finalizedTypes"];
+            if x.metadata.deletion_timestamp.is_none()
+                && *recorded != json!([{"apiVersion": "test.metahook.dev/v1", "resource": "things"}])
+            {
+                return Err(format!("x's status.finalizedTypes is {recorded}, not its one parent type"));
+            }
+        }
         for d in &self.model.deleting {
             if self.things(&d.namespace).await.get_opt(&d.name).await.unwrap().is_some() {
                 return Err(format!("parent {}/{} is still there after its delete", d.namespace, d.name));
@@ -847,9 +894,13 @@ async fn tenants_and_faults_never_stop_freeze_or_reach_another_namespaces_parent
         actor: Actor::Operator,
         seed,
         step: 0,
+        x_edits: [false; 3],
     };
-    // Exactly the roles `metahook rbac` prints for the three controllers.
-    let all = [chaos.x_controller(), chaos.d_controller(), chaos.m_controller()];
+    // Exactly the roles `metahook rbac` prints for the three controllers (and `x` as the operator may
+    // edit it).
+    let mut edited = chaos.x_controller_with([true; 3]);
+    edited["metadata"]["name"] = json!(format!("{}-x-edited", chaos.label));
+    let all = [chaos.x_controller(), chaos.d_controller(), chaos.m_controller(), edited];
     let file = chaos.dir.path().join("all.yaml");
     std::fs::write(&file, all.iter().map(yaml_doc).collect::<Vec<_>>().join("---\n")).unwrap();
     let printed = support::metahook_rbac(&["--base", "-f", file.to_str().unwrap()]);

@@ -751,6 +751,21 @@ pub struct ControllerStatus {
     /// and the current hook did side by side; absent without the annotation.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub canary: Option<CanaryStatus>,
+    /// The types whose objects may carry the controller's finalizer, written by the hub before it puts
+    /// the finalizer on any of them and pruned once it took it off a type no longer in the spec: a
+    /// parent or target type taken out of the spec while no hub ran is still let go of (kept in the API,
+    /// as a promise that must outlive a hub is).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub finalized_types: Vec<FinalizedType>,
+}
+
+/// A type a controller's finalizer may be on (`status.finalizedTypes`).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FinalizedType {
+    pub api_version: String,
+    /// The plural resource name.
+    pub resource: String,
 }
 
 /// A canary of the sync hook: a candidate hook answers for the parents of the first `percent` of buckets.

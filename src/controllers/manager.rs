@@ -42,7 +42,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::api::{CompositeController, ControllerStatus, DecoratorController, MapController};
+use crate::api::{CompositeController, ControllerStatus, DecoratorController, FinalizedType, MapController};
 use crate::controllers::files::{FileControllers, Files};
 use crate::engine::error::StartError;
 use crate::engine::health::ControllerState;
@@ -85,9 +85,24 @@ pub trait Managed:
     }
     /// The controllers of this kind in a reading of the files.
     fn from_files(files: &FileControllers) -> &BTreeMap<String, (String, Arc<Self>)>;
-    /// What the controller holds, to be let go of when it goes ([`crate::controllers::release`]).
+    /// The types its status says the hub ran it on (`status.finalizedTypes`, written before the hub
+    /// puts its finalizer on any object of a type, pruned once it let go of a type the spec no longer names).
+    fn recorded_types(&self) -> Vec<(String, String)> {
+        self.status()
+            .into_iter()
+            .flat_map(|s| &s.finalized_types)
+            .map(|t| (t.api_version.clone(), t.resource.clone()))
+            .collect()
+    }
+    /// What the controller holds, to be let go of when it goes ([`crate::controllers::release`]): the
+    /// types of its spec and those its status records from an earlier spec.
     fn holdings(&self) -> Holdings {
-        let (finalizer, types) = self.finalizer();
+        let (finalizer, mut types) = self.finalizer();
+        for t in self.recorded_types() {
+            if !types.contains(&t) {
+                types.push(t);
+            }
+        }
         Holdings { controller: self.name_any(), finalizer, types, records: self.keeps_records() }
     }
 }
@@ -500,6 +515,13 @@ impl<K: Managed> Controllers<K> {
             let released = release.run(&say).await;
             info!(controller = %name, %kind, released, "the controller let go of its objects");
             if !drop_own {
+                // The controller runs on: what it let go of is no longer recorded as held.
+                let types = &release.holdings.types;
+                if !types.is_empty()
+                    && let Err(err) = forget_types(&hub.client, &say.obj, types).await
+                {
+                    warn!(controller = %name, %kind, "could not prune status.finalizedTypes (the next start lets go of them again): {err}");
+                }
                 return;
             }
             let mut attempt = 0;
@@ -735,10 +757,15 @@ async fn reconcile<K: Managed>(
         info!(controller = %name, kind = %K::kind(&()), file = ?origin, "spec or settings changed; restarting controller");
         let kept_records = running.get(&name).is_some_and(|r| r.keeps_records);
         let types = obj.finalizer().1;
-        let left_types: Vec<(String, String)> = running
+        let mut left_types: Vec<(String, String)> = running
             .get(&name)
             .map(|r| r.finalized_types.iter().filter(|t| !types.contains(t)).cloned().collect())
             .unwrap_or_default();
+        for t in left_in_status(&obj) {
+            if !left_types.contains(&t) {
+                left_types.push(t);
+            }
+        }
         stop(hub, running, &name, Some((&obj, pod, "spec changed, restarting"))).await;
         // A parent (target) type the controller no longer syncs: nothing would take its finalizer off the
         // objects of that type it synced, and they could never be deleted. No child type is
@@ -746,6 +773,14 @@ async fn reconcile<K: Managed>(
         let records = kept_records && !obj.keeps_records();
         if !left_types.is_empty() || records {
             left = Some(Holdings { types: left_types, records, ..obj.holdings() });
+        }
+    } else {
+        // First seen by this hub: a type its status records and its spec no longer names was taken out
+        // while no hub ran (or before this one started), and is let go of as if taken out now.
+        let left_types = left_in_status(&obj);
+        if !left_types.is_empty() {
+            info!(controller = %name, kind = %K::kind(&()), types = ?left_types, "types taken out of the spec while no hub ran; letting go of them");
+            left = Some(Holdings { types: left_types, records: false, ..obj.holdings() });
         }
     }
     let cancel = CancellationToken::new();
@@ -782,9 +817,14 @@ async fn supervise<K: Managed>(
     let mut delay = Duration::from_secs(1);
     // Only the first attempt holds `/readyz` back: a controller that failed reports on itself.
     loop {
+        let start = async {
+            // Recorded before the controller can put its finalizer on any object of these types.
+            record_types(&hub.client, &*obj).await.map_err(StartError::RecordTypes)?;
+            K::start(&hub, Arc::clone(&obj)).await
+        };
         let started = tokio::select! {
             () = cancel.cancelled() => return,
-            started = K::start(&hub, Arc::clone(&obj)) => started,
+            started = start => started,
         };
         match started {
             Ok(controller) => {
@@ -858,6 +898,87 @@ async fn report<K: Managed>(hub: &Hub, obj: &K, ready: bool, reason: &str, messa
     if let Err(err) = api.patch_status(&obj.name_any(), &PatchParams::default(), &Patch::Merge(&patch)).await {
         warn!(controller = %obj.name_any(), "could not update controller status: {err}");
     }
+}
+
+/// The types `obj`'s status records (`status.finalizedTypes`) that its spec no longer names.
+pub(crate) fn left_in_status<K: Managed>(obj: &K) -> Vec<(String, String)> {
+    let current = obj.finalizer().1;
+    obj.recorded_types().into_iter().filter(|t| !current.contains(t)).collect()
+}
+
+/// Rewrites `status.finalizedTypes` of controller `name` (UID `uid`) as `change` makes it from what the
+/// API holds now, with the object's `resourceVersion` as a precondition (a conflict reads it again):
+/// the manager adds types and a finished release prunes them, and neither may undo the other. A
+/// controller read from a file has no status to keep it in (its files are the operator's record);
+/// one deleted or made anew meanwhile is left alone.
+async fn rewrite_types<K: Managed>(
+    client: &kube::Client,
+    name: &str,
+    uid: Option<&str>,
+    change: impl Fn(&K, Vec<(String, String)>) -> Vec<(String, String)>,
+) -> Result<(), kube::Error> {
+    let api: Api<K> = Api::all(client.clone());
+    let mut attempt = 0;
+    loop {
+        let Some(fresh) = api.get_opt(name).await? else { return Ok(()) };
+        if fresh.meta().uid.as_deref() != uid || fresh.meta().deletion_timestamp.is_some() {
+            return Ok(());
+        }
+        let recorded = fresh.recorded_types();
+        let wanted = change(&fresh, recorded.clone());
+        if wanted == recorded {
+            return Ok(());
+        }
+        let types: Vec<FinalizedType> =
+            wanted.into_iter().map(|(api_version, resource)| FinalizedType { api_version, resource }).collect();
+        let patch = json!({
+            "metadata": {"resourceVersion": fresh.meta().resource_version},
+            "status": {"finalizedTypes": types},
+        });
+        match api.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+            Ok(_) => return Ok(()),
+            Err(kube::Error::Api(e)) if e.code == 409 && attempt < 10 => attempt += 1,
+            Err(err) => return Err(err),
+        }
+    }
+}
+
+/// Adds the types `obj`'s finalizer will be on to its `status.finalizedTypes` (keeping those a release
+/// has not let go of yet).
+async fn record_types<K: Managed>(client: &kube::Client, obj: &K) -> Result<(), kube::Error> {
+    if crate::api::from_file(obj.meta()).is_some() {
+        return Ok(());
+    }
+    let current = obj.finalizer().1;
+    if current.iter().all(|t| obj.recorded_types().contains(t)) {
+        return Ok(());
+    }
+    rewrite_types::<K>(client, &obj.name_any(), obj.meta().uid.as_deref(), |_, mut recorded| {
+        for t in &current {
+            if !recorded.contains(t) {
+                recorded.push(t.clone());
+            }
+        }
+        recorded
+    })
+    .await
+}
+
+/// Takes the types a finished release let go of out of `obj`'s `status.finalizedTypes`, except those
+/// its spec names again by now.
+pub(crate) async fn forget_types<K: Managed>(
+    client: &kube::Client,
+    obj: &K,
+    released: &[(String, String)],
+) -> Result<(), kube::Error> {
+    if crate::api::from_file(obj.meta()).is_some() {
+        return Ok(());
+    }
+    rewrite_types::<K>(client, &obj.name_any(), obj.meta().uid.as_deref(), |fresh, recorded| {
+        let current = fresh.finalizer().1;
+        recorded.into_iter().filter(|t| !released.contains(t) || current.contains(t)).collect()
+    })
+    .await
 }
 
 /// Whether the hub's finalizer is on controller object `obj`.

@@ -43,6 +43,10 @@ pub enum StartError {
     /// ([`crate::write::record_migration`]); the start is tried again.
     #[error("{0}")]
     Records(#[source] crate::write::records::RecordError),
+    /// The types the controller's finalizer will be on could not be recorded in its status
+    /// (`status.finalizedTypes`) before it puts the finalizer on any: the start is tried again.
+    #[error("recording the types its finalizer will be on in status.finalizedTypes: {0}")]
+    RecordTypes(#[source] kube::Error),
 }
 
 impl StartError {
@@ -69,6 +73,7 @@ impl StartError {
             Self::CrossNamespace(_) => "UnsupportedCrossNamespace",
             Self::Map(_) => "UnsupportedMapSpec",
             Self::Records(_) => "ChildRecordMigrationFailed",
+            Self::RecordTypes(_) => "CannotRecordTypes",
         }
     }
 }

@@ -17,8 +17,10 @@ use kube::{Client, ResourceExt as _};
 
 use crate::api::{CompositeController, DecoratorController, MapController};
 use crate::cache::discovery::Discovery;
-use crate::controllers::manager::Managed;
-use crate::controllers::release::{CONTROLLER_FINALIZER, Scope, cannot_exist, release, remove_controller_finalizer};
+use crate::controllers::manager::{Managed, forget_types, left_in_status};
+use crate::controllers::release::{
+    CONTROLLER_FINALIZER, Holdings, Scope, cannot_exist, release, remove_controller_finalizer,
+};
 
 /// Arguments of `metahook release`.
 #[derive(Debug, Clone, clap::Args)]
@@ -36,7 +38,7 @@ pub struct ReleaseArgs {
     pub names: Vec<String>,
 }
 
-/// What happened to one deleted controller.
+/// What happened to one deleted controller (or a live one whose spec lost a type while no hub ran).
 #[derive(Debug, PartialEq, Eq)]
 pub struct Line {
     pub kind: String,
@@ -70,7 +72,7 @@ pub fn main(args: &ReleaseArgs) -> ExitCode {
     match result {
         Ok(lines) => {
             if lines.is_empty() {
-                println!("no deleted controller waits for a hub");
+                println!("no controller waits for a hub");
             }
             for line in &lines {
                 println!("{line}");
@@ -126,6 +128,26 @@ async fn release_kind<K: Managed>(scope: &Scope, args: &ReleaseArgs) -> Result<V
             waiting = Some(format!("removing the hub's finalizer: {err}"));
         }
         lines.push(Line { kind: kind.clone(), name, released: outcome.released, waiting });
+    }
+    // A live controller whose spec lost a type while no hub ran: its status still records the type, and
+    // a hub start would let go of it (and prune the record) as this does.
+    let live = |obj: &K| {
+        obj.meta().deletion_timestamp.is_none() && (args.names.is_empty() || args.names.contains(&obj.name_any()))
+    };
+    for obj in listed.iter().filter(|o| live(o)) {
+        let types = left_in_status(obj);
+        if types.is_empty() {
+            continue;
+        }
+        let holdings = Holdings { types: types.clone(), records: false, ..obj.holdings() };
+        let outcome = release(scope, &holdings).await;
+        let mut waiting = (!outcome.done()).then(|| outcome.waiting.to_string());
+        if waiting.is_none()
+            && let Err(err) = forget_types(&scope.client, obj, &types).await
+        {
+            waiting = Some(format!("pruning status.finalizedTypes: {err}"));
+        }
+        lines.push(Line { kind: kind.clone(), name: obj.name_any(), released: outcome.released, waiting });
     }
     Ok(lines)
 }
