@@ -740,3 +740,50 @@ async fn a_namespace_deleted_with_a_parent_goes_within_the_bound_and_takes_its_c
     other.delete().await;
     w.finish("CompositeController").await;
 }
+
+/// Issue 66, the matrix with the hub down: the last `crossNamespace` child type taken out of the spec
+/// while no hub ran. The controller no longer keeps records, so nothing in its spec says its parents'
+/// records carry the hub's finalizer; its status does (`status.keepsRecords`). The next start releases
+/// them as a hub running at the edit would have (cross-namespace.md: the children elsewhere stay, with
+/// their label), and a parent deleted in the foreground afterwards goes within the bound. Before, the
+/// records kept their finalizer for good and such a delete waited on them.
+#[tokio::test]
+async fn the_last_cross_namespace_type_taken_out_while_no_hub_ran_has_its_records_released_at_the_next_start() {
+    const BOUND: Duration = Duration::from_secs(30);
+    let (mut w, other) = world("xns-lastdown").await;
+    let b = other.name.as_str();
+    let things = w.things().await;
+    let records = support::api(&w.client, support::RECORDS, "ChildRecord", Some(&w.ns.name)).await;
+    let controllers = w.controllers("CompositeController").await;
+    w.thing("p", json!({"children": [child("p-far", Some(b)), child("p-here", None)]})).await;
+    exists(&w, b, "p-far").await;
+    let record =
+        eventually(WAIT, || async { records.list(&Default::default()).await.unwrap().items.into_iter().next() }).await;
+    let record_name = record.metadata.name.clone().unwrap();
+    assert!(record.metadata.finalizers.iter().flatten().any(|f| f == "metahook.dev/children-elsewhere"));
+    let status = controllers.get(&w.label).await.unwrap().data["status"].clone();
+    assert_eq!(status["keepsRecords"], true, "recorded before the first record: {status}");
+
+    w.stop_hub().await;
+    let mut spec = controller_spec(&w);
+    spec["childResources"][0].as_object_mut().unwrap().remove("crossNamespace");
+    w.composite(spec).await;
+    w.start_hub();
+    eventually(BOUND, || async {
+        let record = records.get_opt(&record_name).await.unwrap();
+        let held =
+            record.is_some_and(|r| r.metadata.finalizers.iter().flatten().any(|f| f.starts_with("metahook.dev/")));
+        let keeps = controllers.get(&w.label).await.unwrap().data["status"]["keepsRecords"].clone();
+        (!held && keeps.is_null()).then_some(())
+    })
+    .await;
+
+    let params = DeleteParams { propagation_policy: Some(PropagationPolicy::Foreground), ..DeleteParams::default() };
+    things.delete("p", &params).await.unwrap();
+    eventually(BOUND, || async { things.get_opt("p").await.unwrap().is_none().then_some(()) }).await;
+    // Released, as with a hub running at the edit: the child elsewhere stays, its owned one goes.
+    assert!(config_map(&w, b, "p-far").await.is_some(), "the child elsewhere stays");
+    gone(&w, &w.ns.name, "p-here").await;
+    other.delete().await;
+    w.finish("CompositeController").await;
+}

@@ -10,7 +10,7 @@ mod support;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, DeleteParams, DynamicObject};
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams};
 use serde_json::{Value, json};
 use support::{World, api, apply_value, eventually, unique_suffix};
 
@@ -508,22 +508,35 @@ async fn a_parent_type_changed_while_no_hub_ran_is_let_go_of_by_the_next_start_a
     old_widgets.delete("a", &DeleteParams::default()).await.unwrap();
     eventually(BOUND, || async { old_widgets.get_opt("a").await.unwrap().is_none().then_some(()) }).await;
 
-    // Changed back while the hub is down again: `metahook release` lets go of the new type at once.
+    // Changed back while the hub is down again: `metahook release` lets go of the new type at once. A
+    // release limited to some namespaces lets go of them there, and keeps the record: the objects of
+    // the type elsewhere may still hold the finalizer.
     w.stop_hub().await;
     apply_value(&w.client, &old.controller).await;
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_metahook"))
-        .env("KUBECONFIG", support::kubeconfig_path())
-        .args(["release", &name])
-        .output()
-        .await
-        .expect("running metahook release");
-    let said = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "metahook release: {:?}\n{said}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
+    let release = |args: Vec<String>| async move {
+        let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_metahook"))
+            .env("KUBECONFIG", support::kubeconfig_path())
+            .arg("release")
+            .args(&args)
+            .output()
+            .await
+            .expect("running metahook release");
+        let said = String::from_utf8_lossy(&out.stdout).into_owned();
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "metahook release: {:?}\n{said}\n{err}", out.status);
+        said
+    };
+    let elsewhere = support::TestNamespace::create(&w.client, "lc-retype-x").await;
+    let said = release(vec!["--namespaces".into(), elsewhere.name.clone(), name.clone()]).await;
+    assert!(said.contains(&format!("CompositeController {name}: released (0 objects")), "{said}");
+    assert_eq!(
+        recorded_types(&w, &name).await,
+        vec![new_type.clone()],
+        "a release in some namespaces keeps the record"
     );
+    assert!(holds_finalizer(&new_widgets.get("n").await.unwrap(), &finalizer), "n is not in those namespaces");
+    elsewhere.delete().await;
+    let said = release(vec![name.clone()]).await;
     assert!(said.contains(&format!("CompositeController {name}: released (1 objects")), "{said}");
     assert!(!holds_finalizer(&new_widgets.get("n").await.unwrap(), &finalizer), "the new type was let go of");
     assert!(recorded_types(&w, &name).await.is_empty(), "nothing left recorded: the old type is not held yet");
@@ -563,7 +576,8 @@ def finalize(request):
 /// Issue 66, the matrix with a hub running: a child type added, the sync hook changed, a `relatedLimit`
 /// added. Each edit restarts the controller and takes effect within the bound; none lets go of anything
 /// (the parent keeps the controller's finalizer, the controller keeps the hub's, its status records its
-/// one parent type), and the whole controller still goes with `kubectl delete` within the bound.
+/// one parent type, and puts it back when someone wipes it), and the whole controller still goes with
+/// `kubectl delete` within the bound.
 #[tokio::test]
 async fn a_running_controllers_child_types_hooks_and_related_limit_changed_hold_on_and_leave_nothing() {
     let w = World::new("lc-edit", FOLLOWING_HOOK).await;
@@ -626,6 +640,12 @@ async fn a_running_controllers_child_types_hooks_and_related_limit_changed_hold_
         assert!(holds_finalizer(&controller, CONTROLLER_FINALIZER), "{what}: the controller keeps the hub's");
         assert_eq!(recorded_types(&w, &name).await, vec![parent_type.clone()], "{what}");
     }
+    // The record wiped by someone else (a restore that drops status) is put back while the controller
+    // runs: a type change while no hub runs afterwards would otherwise leave its parents held.
+    let wipe = json!({"status": {"finalizedTypes": null}});
+    let wiped = controllers.patch_status(&name, &PatchParams::default(), &Patch::Merge(&wipe)).await.unwrap();
+    assert!(wiped.data["status"]["finalizedTypes"].is_null(), "wiped: {:?}", wiped.data["status"]);
+    eventually(BOUND, || async { (recorded_types(&w, &name).await == vec![parent_type.clone()]).then_some(()) }).await;
 
     let took = kubectl_delete(&[&whole.crd, &whole.controller]).await;
     assert!(took < BOUND, "kubectl delete took {took:?}");

@@ -757,6 +757,12 @@ pub struct ControllerStatus {
     /// as a promise that must outlive a hub is).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub finalized_types: Vec<FinalizedType>,
+    /// Whether the hub keeps records of the controller's children in other namespaces (a child type is
+    /// `crossNamespace`), each held by a finalizer of the hub's: written before the first record, cleared
+    /// once they were released, so a last `crossNamespace` type taken out while no hub ran still has
+    /// its records released.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub keeps_records: bool,
 }
 
 /// A type a controller's finalizer may be on (`status.finalizedTypes`).

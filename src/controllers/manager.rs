@@ -94,8 +94,12 @@ pub trait Managed:
             .map(|t| (t.api_version.clone(), t.resource.clone()))
             .collect()
     }
+    /// Whether its status says the hub kept records for it (`status.keepsRecords`).
+    fn recorded_records(&self) -> bool {
+        self.status().is_some_and(|s| s.keeps_records)
+    }
     /// What the controller holds, to be let go of when it goes ([`crate::controllers::release`]): the
-    /// types of its spec and those its status records from an earlier spec.
+    /// types of its spec and those its status records from an earlier spec, and its records.
     fn holdings(&self) -> Holdings {
         let (finalizer, mut types) = self.finalizer();
         for t in self.recorded_types() {
@@ -103,7 +107,8 @@ pub trait Managed:
                 types.push(t);
             }
         }
-        Holdings { controller: self.name_any(), finalizer, types, records: self.keeps_records() }
+        let records = self.keeps_records() || self.recorded_records();
+        Holdings { controller: self.name_any(), finalizer, types, records }
     }
 }
 
@@ -516,11 +521,11 @@ impl<K: Managed> Controllers<K> {
             info!(controller = %name, %kind, released, "the controller let go of its objects");
             if !drop_own {
                 // The controller runs on: what it let go of is no longer recorded as held.
-                let types = &release.holdings.types;
-                if !types.is_empty()
-                    && let Err(err) = forget_types(&hub.client, &say.obj, types).await
+                let held = &release.holdings;
+                if (!held.types.is_empty() || held.records)
+                    && let Err(err) = forget_types(&release.scope, &say.obj, held).await
                 {
-                    warn!(controller = %name, %kind, "could not prune status.finalizedTypes (the next start lets go of them again): {err}");
+                    warn!(controller = %name, %kind, "could not prune what its status records as held (the next start lets go of it again): {err}");
                 }
                 return;
             }
@@ -752,6 +757,13 @@ async fn reconcile<K: Managed>(
                     announce(hub, pod, &obj, false, "SyncRequested", note).await;
                 }
             }
+            if current.started.get().is_some()
+                && !records_what_it_holds(&obj)
+                && let Err(err) = record_types(&hub.client, &obj).await
+            {
+                // Someone else took it out of the status (a restore that drops status): put back.
+                warn!(controller = %name, kind = %K::kind(&()), "could not put back what its status records as held: {err}");
+            }
             return None;
         }
         info!(controller = %name, kind = %K::kind(&()), file = ?origin, "spec or settings changed; restarting controller");
@@ -770,17 +782,19 @@ async fn reconcile<K: Managed>(
         // A parent (target) type the controller no longer syncs: nothing would take its finalizer off the
         // objects of that type it synced, and they could never be deleted. No child type is
         // `crossNamespace` any more: nothing will deal with the records' finalizers.
-        let records = kept_records && !obj.keeps_records();
+        let records = (kept_records || obj.recorded_records()) && !obj.keeps_records();
         if !left_types.is_empty() || records {
             left = Some(Holdings { types: left_types, records, ..obj.holdings() });
         }
     } else {
-        // First seen by this hub: a type its status records and its spec no longer names was taken out
-        // while no hub ran (or before this one started), and is let go of as if taken out now.
+        // First seen by this hub: a type its status records and its spec no longer names (or records it
+        // no longer keeps) were taken out while no hub ran (or before this one started), and are let go
+        // of as if taken out now.
         let left_types = left_in_status(&obj);
-        if !left_types.is_empty() {
-            info!(controller = %name, kind = %K::kind(&()), types = ?left_types, "types taken out of the spec while no hub ran; letting go of them");
-            left = Some(Holdings { types: left_types, records: false, ..obj.holdings() });
+        let records = obj.recorded_records() && !obj.keeps_records();
+        if !left_types.is_empty() || records {
+            info!(controller = %name, kind = %K::kind(&()), types = ?left_types, records, "taken out of the spec while no hub ran; letting go of them");
+            left = Some(Holdings { types: left_types, records, ..obj.holdings() });
         }
     }
     let cancel = CancellationToken::new();
@@ -906,16 +920,24 @@ pub(crate) fn left_in_status<K: Managed>(obj: &K) -> Vec<(String, String)> {
     obj.recorded_types().into_iter().filter(|t| !current.contains(t)).collect()
 }
 
-/// Rewrites `status.finalizedTypes` of controller `name` (UID `uid`) as `change` makes it from what the
-/// API holds now, with the object's `resourceVersion` as a precondition (a conflict reads it again):
-/// the manager adds types and a finished release prunes them, and neither may undo the other. A
-/// controller read from a file has no status to keep it in (its files are the operator's record);
-/// one deleted or made anew meanwhile is left alone.
-async fn rewrite_types<K: Managed>(
+/// What a controller's status records as held: the types its finalizer may be on, and whether it
+/// keeps records.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Held {
+    types: Vec<(String, String)>,
+    records: bool,
+}
+
+/// Rewrites what the status of controller `name` (UID `uid`) records as held, as `change` makes it from
+/// what the API holds now, with the object's `resourceVersion` as a precondition (a conflict reads it
+/// again): the manager adds and a finished release prunes, and neither may undo the other. A controller
+/// read from a file has no status to keep it in (its files are the operator's record); one deleted or
+/// made anew meanwhile is left alone.
+async fn rewrite_held<K: Managed>(
     client: &kube::Client,
     name: &str,
     uid: Option<&str>,
-    change: impl Fn(&K, Vec<(String, String)>) -> Vec<(String, String)>,
+    change: impl Fn(&K, Held) -> Held,
 ) -> Result<(), kube::Error> {
     let api: Api<K> = Api::all(client.clone());
     let mut attempt = 0;
@@ -924,16 +946,20 @@ async fn rewrite_types<K: Managed>(
         if fresh.meta().uid.as_deref() != uid || fresh.meta().deletion_timestamp.is_some() {
             return Ok(());
         }
-        let recorded = fresh.recorded_types();
+        let recorded = Held { types: fresh.recorded_types(), records: fresh.recorded_records() };
         let wanted = change(&fresh, recorded.clone());
         if wanted == recorded {
             return Ok(());
         }
         let types: Vec<FinalizedType> =
-            wanted.into_iter().map(|(api_version, resource)| FinalizedType { api_version, resource }).collect();
+            wanted.types.into_iter().map(|(api_version, resource)| FinalizedType { api_version, resource }).collect();
         let patch = json!({
             "metadata": {"resourceVersion": fresh.meta().resource_version},
-            "status": {"finalizedTypes": types},
+            // Absent rather than `false` or `[]`: a status that holds nothing says nothing.
+            "status": {
+                "finalizedTypes": if types.is_empty() { serde_json::Value::Null } else { json!(types) },
+                "keepsRecords": if wanted.records { json!(true) } else { serde_json::Value::Null },
+            },
         });
         match api.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch)).await {
             Ok(_) => return Ok(()),
@@ -943,40 +969,49 @@ async fn rewrite_types<K: Managed>(
     }
 }
 
-/// Adds the types `obj`'s finalizer will be on to its `status.finalizedTypes` (keeping those a release
-/// has not let go of yet).
+/// Whether `obj`'s status records all it holds by its spec (a controller read from a file has nothing
+/// to record).
+fn records_what_it_holds<K: Managed>(obj: &K) -> bool {
+    let recorded = obj.recorded_types();
+    crate::api::from_file(obj.meta()).is_some()
+        || (obj.finalizer().1.iter().all(|t| recorded.contains(t)) && (!obj.keeps_records() || obj.recorded_records()))
+}
+
+/// Adds what `obj` will hold to its status — the types its finalizer will be on, and whether it keeps
+/// records — keeping what a release has not let go of yet. Read afresh each time (one GET; a write only
+/// when something is missing): the object a start was given may be older than a status someone wiped.
 async fn record_types<K: Managed>(client: &kube::Client, obj: &K) -> Result<(), kube::Error> {
     if crate::api::from_file(obj.meta()).is_some() {
         return Ok(());
     }
     let current = obj.finalizer().1;
-    if current.iter().all(|t| obj.recorded_types().contains(t)) {
-        return Ok(());
-    }
-    rewrite_types::<K>(client, &obj.name_any(), obj.meta().uid.as_deref(), |_, mut recorded| {
+    let keeps = obj.keeps_records();
+    rewrite_held::<K>(client, &obj.name_any(), obj.meta().uid.as_deref(), |_, mut held| {
         for t in &current {
-            if !recorded.contains(t) {
-                recorded.push(t.clone());
+            if !held.types.contains(t) {
+                held.types.push(t.clone());
             }
         }
-        recorded
+        held.records |= keeps;
+        held
     })
     .await
 }
 
-/// Takes the types a finished release let go of out of `obj`'s `status.finalizedTypes`, except those
-/// its spec names again by now.
-pub(crate) async fn forget_types<K: Managed>(
-    client: &kube::Client,
-    obj: &K,
-    released: &[(String, String)],
-) -> Result<(), kube::Error> {
-    if crate::api::from_file(obj.meta()).is_some() {
+/// Takes what a finished release let go of (`released`: its types, and its records) out of `obj`'s
+/// status, except what its spec holds again by now. Only after a release over the whole cluster
+/// (`scope.namespaces` empty): the record is the cluster's, and a release limited to some namespaces
+/// left the others' objects held.
+pub(crate) async fn forget_types<K: Managed>(scope: &Scope, obj: &K, released: &Holdings) -> Result<(), kube::Error> {
+    if crate::api::from_file(obj.meta()).is_some() || !scope.namespaces.is_empty() {
         return Ok(());
     }
-    rewrite_types::<K>(client, &obj.name_any(), obj.meta().uid.as_deref(), |fresh, recorded| {
+    let client = &scope.client;
+    rewrite_held::<K>(client, &obj.name_any(), obj.meta().uid.as_deref(), |fresh, held| {
         let current = fresh.finalizer().1;
-        recorded.into_iter().filter(|t| !released.contains(t) || current.contains(t)).collect()
+        let types = held.types.into_iter().filter(|t| !released.types.contains(t) || current.contains(t)).collect();
+        let records = held.records && (!released.records || fresh.keeps_records());
+        Held { types, records }
     })
     .await
 }

@@ -129,23 +129,24 @@ async fn release_kind<K: Managed>(scope: &Scope, args: &ReleaseArgs) -> Result<V
         }
         lines.push(Line { kind: kind.clone(), name, released: outcome.released, waiting });
     }
-    // A live controller whose spec lost a type while no hub ran: its status still records the type, and
-    // a hub start would let go of it (and prune the record) as this does.
+    // A live controller whose spec lost a type (or its last `crossNamespace` type) while no hub ran: its
+    // status still records it, and a hub start would let go of it (and prune the record) as this does.
     let live = |obj: &K| {
         obj.meta().deletion_timestamp.is_none() && (args.names.is_empty() || args.names.contains(&obj.name_any()))
     };
     for obj in listed.iter().filter(|o| live(o)) {
         let types = left_in_status(obj);
-        if types.is_empty() {
+        let records = obj.recorded_records() && !obj.keeps_records();
+        if types.is_empty() && !records {
             continue;
         }
-        let holdings = Holdings { types: types.clone(), records: false, ..obj.holdings() };
+        let holdings = Holdings { types, records, ..obj.holdings() };
         let outcome = release(scope, &holdings).await;
         let mut waiting = (!outcome.done()).then(|| outcome.waiting.to_string());
         if waiting.is_none()
-            && let Err(err) = forget_types(&scope.client, obj, &types).await
+            && let Err(err) = forget_types(scope, obj, &holdings).await
         {
-            waiting = Some(format!("pruning status.finalizedTypes: {err}"));
+            waiting = Some(format!("pruning what its status records as held: {err}"));
         }
         lines.push(Line { kind: kind.clone(), name: obj.name_any(), released: outcome.released, waiting });
     }
