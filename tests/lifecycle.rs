@@ -652,3 +652,76 @@ async fn a_running_controllers_child_types_hooks_and_related_limit_changed_hold_
     assert!(whole.gone(&w).await, "something is left");
     w.finish("CompositeController").await;
 }
+
+/// `metahook rbac --base` output for `controllers`, as an operator applies it.
+fn printed_roles(controllers: &[&Value]) -> Vec<Value> {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("controllers.yaml");
+    let docs: Vec<String> = controllers.iter().map(|c| serde_json::to_string(c).unwrap()).collect();
+    std::fs::write(&file, docs.join("\n---\n")).unwrap();
+    support::metahook_rbac(&["--base", "-f", file.to_str().unwrap()])
+}
+
+/// What a release still lets go of is recorded until it is done, whoever wipes the status meanwhile
+/// (helper-11's attack: the status put back named only what the spec holds, and a hub stopped during the
+/// release left the old type's objects held for good). Made deterministic with the hub's rights, as an
+/// operator changes them: the controller's parent type changed together with the new `metahook rbac`
+/// output, which no longer grants the old type, so the release of the old type waits (`Releasing`).
+#[tokio::test]
+async fn what_a_release_still_lets_go_of_stays_recorded_when_the_status_is_wiped_and_the_hub_stops() {
+    let mut w = World::new("lc-inflight", HOOK).await;
+    w.stop_hub().await;
+    let old = Whole::new(&w, "inflight", true);
+    let new = Whole::new(&w, "inflight-new", true);
+    support::install_crds(&w.client, &serde_json::to_string(&new.crd).unwrap()).await;
+    let name = old.controller_name();
+    let finalizer = format!("metacontroller.io/compositecontroller-{name}");
+    let mut retyped = old.controller.clone();
+    retyped["spec"]["parentResource"]["apiVersion"] = json!(format!("{}/v1", new.group));
+    let mut renamed = retyped.clone();
+    renamed["metadata"]["name"] = json!(format!("{name}-b"));
+    let (old_type, new_type) = (format!("{}/v1 widgets", old.group), format!("{}/v1 widgets", new.group));
+
+    // The hub runs as a ServiceAccount with exactly the printed roles, for the controller on either type.
+    let mut account = support::HubAccount::create(&w.client, &w.ns.name, &w.label).await;
+    account.grant(&printed_roles(&[&old.controller, &renamed])).await;
+    let hub = support::Hub::start(&account.client, &w.label);
+    old.install(&w, &["a"]).await;
+    let old_widgets = old.widgets(&w).await;
+
+    // Retyped, with the roles printed for the new spec: the old type may no longer be patched.
+    account.grant(&printed_roles(&[&retyped])).await;
+    apply_value(&w.client, &retyped).await;
+    let controllers = w.controllers("CompositeController").await;
+    let sorted = |mut v: Vec<String>| {
+        v.sort();
+        v
+    };
+    let both = sorted(vec![old_type.clone(), new_type.clone()]);
+    eventually(BOUND, || async { (sorted(recorded_types(&w, &name).await) == both).then_some(()) }).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(holds_finalizer(&old_widgets.get("a").await.unwrap(), &finalizer), "the release waits");
+
+    // Someone wipes the status: what the spec holds and what the release still lets go of come back.
+    let wipe = json!({"status": {"finalizedTypes": null}});
+    controllers.patch_status(&name, &PatchParams::default(), &Patch::Merge(&wipe)).await.unwrap();
+    eventually(BOUND, || async { (sorted(recorded_types(&w, &name).await) == both).then_some(()) }).await;
+
+    // The hub stops mid-release; the rights come back; the next start lets go of the old type.
+    hub.stop().await;
+    account.grant(&printed_roles(&[&old.controller, &renamed])).await;
+    let hub = support::Hub::start(&account.client, &w.label);
+    eventually(BOUND, || async {
+        let a = old_widgets.get("a").await.unwrap();
+        (!holds_finalizer(&a, &finalizer) && recorded_types(&w, &name).await == vec![new_type.clone()]).then_some(())
+    })
+    .await;
+
+    hub.stop().await;
+    w.start_hub();
+    let took = kubectl_delete(&[&old.crd, &retyped, &new.crd]).await;
+    assert!(took < BOUND, "kubectl delete took {took:?}");
+    assert!(old.gone(&w).await && new.gone(&w).await, "something is left");
+    account.delete().await;
+    w.finish("CompositeController").await;
+}

@@ -25,6 +25,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt::Debug;
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -436,6 +437,8 @@ struct Releasing {
     holdings: Holdings,
     /// Whether the hub's finalizer comes off the controller object once all is released.
     drop_own: bool,
+    /// Set once everything is let go of (before the status is pruned): from then on it holds nothing.
+    released: Arc<AtomicBool>,
     task: JoinHandle<()>,
 }
 
@@ -515,9 +518,16 @@ impl<K: Managed> Controllers<K> {
         let say = SayWaiting { hub: hub.clone(), pod: self.pod.clone(), obj: obj.clone() };
         let release = Release { scope, holdings: holdings.clone() };
         let task_uid = uid.clone();
+        let released_flag = Arc::new(AtomicBool::new(false));
+        let done = Arc::clone(&released_flag);
         let task = tokio::spawn(async move {
             let kind = K::kind(&());
+            if !drop_own && let Err(err) = record_types(&hub.client, &say.obj, Some(&release.holdings)).await {
+                // Released all the same; a crash before it is done leaves what the status lacks held.
+                warn!(controller = %name, %kind, "could not record what it lets go of in its status: {err}");
+            }
             let released = release.run(&say).await;
+            done.store(true, Ordering::SeqCst);
             info!(controller = %name, %kind, released, "the controller let go of its objects");
             if !drop_own {
                 // The controller runs on: what it let go of is no longer recorded as held.
@@ -551,7 +561,7 @@ impl<K: Managed> Controllers<K> {
                 }
             }
         });
-        self.releasing.insert(obj.name_any(), Releasing { uid, holdings, drop_own, task });
+        self.releasing.insert(obj.name_any(), Releasing { uid, holdings, drop_own, released: released_flag, task });
     }
 
     async fn event(&mut self, event: Result<watcher::Event<K>, watcher::Error>, relisted: &mut Option<Vec<String>>) {
@@ -691,9 +701,34 @@ impl<K: Managed> Controllers<K> {
                 let nothing = Holdings { types: Vec::new(), records: false, ..obj.holdings() };
                 self.let_go(&obj, left.unwrap_or(nothing), false, true);
             }
+            self.keep_recorded(&obj).await;
         } else {
             stop(&self.hub, &mut self.running, name, None).await;
         }
+    }
+
+    /// Puts back in a running controller's status what it holds — by its spec, and by a release of it
+    /// still under way — when the object shows a status without it (someone else wiped it: a restore
+    /// that drops status). A controller still starting records it itself, before its first sync.
+    async fn keep_recorded(&self, obj: &K) {
+        let name = obj.name_any();
+        if self.running.get(&name).is_none_or(|r| r.started.get().is_none()) {
+            return;
+        }
+        let releasing = self.releasing_now(obj);
+        if !records_what_it_holds(obj, releasing.as_ref())
+            && let Err(err) = record_types(&self.hub.client, obj, releasing.as_ref()).await
+        {
+            warn!(controller = %name, kind = %K::kind(&()), "could not put back what its status records as held: {err}");
+        }
+    }
+
+    /// What a release of controller object `obj` still lets go of while the controller runs on.
+    fn releasing_now(&self, obj: &K) -> Option<Holdings> {
+        self.releasing
+            .get(&obj.name_any())
+            .filter(|r| !r.released.load(Ordering::SeqCst) && !r.drop_own && r.uid == obj.meta().uid)
+            .map(|r| r.holdings.clone())
     }
 }
 
@@ -756,13 +791,6 @@ async fn reconcile<K: Managed>(
                     let note = format!("Sync requested at {at}: queued {queued} objects");
                     announce(hub, pod, &obj, false, "SyncRequested", note).await;
                 }
-            }
-            if current.started.get().is_some()
-                && !records_what_it_holds(&obj)
-                && let Err(err) = record_types(&hub.client, &obj).await
-            {
-                // Someone else took it out of the status (a restore that drops status): put back.
-                warn!(controller = %name, kind = %K::kind(&()), "could not put back what its status records as held: {err}");
             }
             return None;
         }
@@ -833,7 +861,7 @@ async fn supervise<K: Managed>(
     loop {
         let start = async {
             // Recorded before the controller can put its finalizer on any object of these types.
-            record_types(&hub.client, &*obj).await.map_err(StartError::RecordTypes)?;
+            record_types(&hub.client, &*obj, None).await.map_err(StartError::RecordTypes)?;
             K::start(&hub, Arc::clone(&obj)).await
         };
         let started = tokio::select! {
@@ -969,25 +997,33 @@ async fn rewrite_held<K: Managed>(
     }
 }
 
-/// Whether `obj`'s status records all it holds by its spec (a controller read from a file has nothing
-/// to record).
-fn records_what_it_holds<K: Managed>(obj: &K) -> bool {
+/// Whether `obj`'s status records all it holds by its spec and, with `releasing`, what a release still
+/// lets go of (a controller read from a file has nothing to record).
+fn records_what_it_holds<K: Managed>(obj: &K, releasing: Option<&Holdings>) -> bool {
     let recorded = obj.recorded_types();
+    let types = obj.finalizer().1.into_iter().chain(releasing.into_iter().flat_map(|h| h.types.clone()));
+    let records = obj.keeps_records() || releasing.is_some_and(|h| h.records);
     crate::api::from_file(obj.meta()).is_some()
-        || (obj.finalizer().1.iter().all(|t| recorded.contains(t)) && (!obj.keeps_records() || obj.recorded_records()))
+        || (types.into_iter().all(|t| recorded.contains(&t)) && (!records || obj.recorded_records()))
 }
 
-/// Adds what `obj` will hold to its status — the types its finalizer will be on, and whether it keeps
-/// records — keeping what a release has not let go of yet. Read afresh each time (one GET; a write only
-/// when something is missing): the object a start was given may be older than a status someone wiped.
-async fn record_types<K: Managed>(client: &kube::Client, obj: &K) -> Result<(), kube::Error> {
+/// Adds what `obj` holds to its status — the types its finalizer will be on, and whether it keeps
+/// records, by its spec and, with `releasing`, by a release still under way — keeping what is recorded
+/// already. Read afresh each time (one GET; a write only when something is missing): the object a
+/// start was given may be older than a status someone wiped.
+async fn record_types<K: Managed>(
+    client: &kube::Client,
+    obj: &K,
+    releasing: Option<&Holdings>,
+) -> Result<(), kube::Error> {
     if crate::api::from_file(obj.meta()).is_some() {
         return Ok(());
     }
-    let current = obj.finalizer().1;
-    let keeps = obj.keeps_records();
+    let mut adding = obj.finalizer().1;
+    adding.extend(releasing.into_iter().flat_map(|h| h.types.clone()));
+    let keeps = obj.keeps_records() || releasing.is_some_and(|h| h.records);
     rewrite_held::<K>(client, &obj.name_any(), obj.meta().uid.as_deref(), |_, mut held| {
-        for t in &current {
+        for t in &adding {
             if !held.types.contains(t) {
                 held.types.push(t.clone());
             }
