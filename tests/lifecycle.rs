@@ -71,6 +71,18 @@ impl Whole {
         self.controller["metadata"]["name"].as_str().unwrap().to_owned()
     }
 
+    /// The finalizer the controller puts on its parents (with a finalize hook).
+    fn finalizer(&self) -> String {
+        format!("metacontroller.io/compositecontroller-{}", self.controller_name())
+    }
+
+    /// Makes Widget `name` in `namespace`, a parent of this type.
+    async fn make_widget(&self, w: &World, namespace: &str, name: &str) {
+        let widget = json!({"apiVersion": format!("{}/v1", self.group), "kind": "Widget",
+                            "metadata": {"name": name, "namespace": namespace}, "spec": {}});
+        apply_value(&w.client, &widget).await;
+    }
+
     /// Installs the CRD and the controller, makes `parents` Widgets and waits for each one's child (and
     /// for the controller's finalizer on it, with a finalize hook).
     async fn install(&self, w: &World, parents: &[&str]) {
@@ -78,15 +90,10 @@ impl Whole {
         apply_value(&w.client, &self.controller).await;
         let widgets = self.widgets(w).await;
         for name in parents {
-            apply_value(
-                &w.client,
-                &json!({"apiVersion": format!("{}/v1", self.group), "kind": "Widget",
-                        "metadata": {"name": name, "namespace": w.ns.name}, "spec": {}}),
-            )
-            .await;
+            self.make_widget(w, &w.ns.name, name).await;
         }
         let finalizes = self.controller["spec"]["hooks"].get("finalize").is_some();
-        let finalizer = format!("metacontroller.io/compositecontroller-{}", self.controller_name());
+        let finalizer = self.finalizer();
         for name in parents {
             eventually(WAIT, || async { w.config_map(&format!("{name}-child")).await }).await;
             if finalizes {
@@ -246,7 +253,7 @@ async fn a_controller_deselected_and_selected_again_is_let_go_of_then_held_again
     let whole = Whole::new(&w, "sel", true);
     whole.install(&w, &["a"]).await;
     let name = whole.controller_name();
-    let finalizer = format!("metacontroller.io/compositecontroller-{name}");
+    let finalizer = whole.finalizer();
     let widgets = whole.widgets(&w).await;
     let controllers = w.controllers("CompositeController").await;
     let holds = |obj: &DynamicObject, f: &str| obj.metadata.finalizers.iter().flatten().any(|x| x == f);
@@ -362,14 +369,9 @@ async fn a_child_types_crd_deleted_while_parents_exist_holds_no_delete() {
     apply_value(&w.client, &whole.controller).await;
     let widgets = whole.widgets(&w).await;
     let children = api(&w.client, &format!("{}/v1", whole.group), "Gadget", Some(&w.ns.name)).await;
-    let finalizer = format!("metacontroller.io/compositecontroller-{}", whole.controller_name());
+    let finalizer = whole.finalizer();
     for name in ["a", "b"] {
-        apply_value(
-            &w.client,
-            &json!({"apiVersion": format!("{}/v1", whole.group), "kind": "Widget",
-                    "metadata": {"name": name, "namespace": w.ns.name}, "spec": {}}),
-        )
-        .await;
+        whole.make_widget(&w, &w.ns.name, name).await;
     }
     for name in ["a", "b"] {
         eventually(WAIT, || async { children.get_opt(&format!("{name}-gadget")).await.unwrap() }).await;
@@ -419,14 +421,9 @@ async fn a_namespace_deleted_under_a_finalize_hook_that_keeps_its_children_goes_
     whole.install(&w, &[]).await;
     let doomed = support::TestNamespace::create(&w.client, "lc-nsterm-c").await;
     let widgets = api(&w.client, &format!("{}/v1", whole.group), "Widget", Some(&doomed.name)).await;
-    let finalizer = format!("metacontroller.io/compositecontroller-{}", whole.controller_name());
+    let finalizer = whole.finalizer();
     for name in ["a", "b"] {
-        apply_value(
-            &w.client,
-            &json!({"apiVersion": format!("{}/v1", whole.group), "kind": "Widget",
-                    "metadata": {"name": name, "namespace": doomed.name}, "spec": {}}),
-        )
-        .await;
+        whole.make_widget(&w, &doomed.name, name).await;
     }
     let config_maps = api(&w.client, "v1", "ConfigMap", Some(&doomed.name)).await;
     for name in ["a", "b"] {
@@ -475,7 +472,7 @@ async fn a_parent_type_changed_while_no_hub_ran_is_let_go_of_by_the_next_start_a
     let old = Whole::new(&w, "retype", true);
     old.install(&w, &["a"]).await;
     let name = old.controller_name();
-    let finalizer = format!("metacontroller.io/compositecontroller-{name}");
+    let finalizer = old.finalizer();
     let new = Whole::new(&w, "retype-new", true);
     support::install_crds(&w.client, &serde_json::to_string(&new.crd).unwrap()).await;
     let (old_type, new_type) = (format!("{}/v1 widgets", old.group), format!("{}/v1 widgets", new.group));
@@ -487,12 +484,7 @@ async fn a_parent_type_changed_while_no_hub_ran_is_let_go_of_by_the_next_start_a
     retyped["spec"]["parentResource"]["apiVersion"] = json!(format!("{}/v1", new.group));
     apply_value(&w.client, &retyped).await;
     let new_widgets = new.widgets(&w).await;
-    apply_value(
-        &w.client,
-        &json!({"apiVersion": format!("{}/v1", new.group), "kind": "Widget",
-                "metadata": {"name": "n", "namespace": w.ns.name}, "spec": {}}),
-    )
-    .await;
+    new.make_widget(&w, &w.ns.name, "n").await;
     w.start_hub();
     let old_widgets = old.widgets(&w).await;
     let started = Instant::now();
@@ -584,7 +576,7 @@ async fn a_running_controllers_child_types_hooks_and_related_limit_changed_hold_
     let mut whole = Whole::new(&w, "edit", true);
     whole.install(&w, &["a"]).await;
     let name = whole.controller_name();
-    let finalizer = format!("metacontroller.io/compositecontroller-{name}");
+    let finalizer = whole.finalizer();
     let widgets = whole.widgets(&w).await;
     let controllers = w.controllers("CompositeController").await;
     let parent_type = format!("{}/v1 widgets", whole.group);
@@ -675,7 +667,7 @@ async fn what_a_release_still_lets_go_of_stays_recorded_when_the_status_is_wiped
     let new = Whole::new(&w, "inflight-new", true);
     support::install_crds(&w.client, &serde_json::to_string(&new.crd).unwrap()).await;
     let name = old.controller_name();
-    let finalizer = format!("metacontroller.io/compositecontroller-{name}");
+    let finalizer = old.finalizer();
     let mut retyped = old.controller.clone();
     retyped["spec"]["parentResource"]["apiVersion"] = json!(format!("{}/v1", new.group));
     let mut renamed = retyped.clone();
