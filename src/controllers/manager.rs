@@ -74,6 +74,8 @@ pub trait Managed:
     fn configure(running: &Self::Running, annotations: Option<&BTreeMap<String, String>>) -> Result<(), String>;
     /// The finalizer this controller puts on the objects it syncs, and the types it may be on.
     fn finalizer(&self) -> (String, Vec<(String, String)>);
+    /// The types (apiVersion, plural) of the children it makes.
+    fn child_types(&self) -> Vec<(String, String)>;
     /// What whoever may create its parents (targets) can make its customize hook read (`None`: it has
     /// none).
     fn related_reach(_running: &Self::Running) -> Option<crate::engine::related::Reach> {
@@ -109,7 +111,7 @@ pub trait Managed:
             }
         }
         let records = self.keeps_records() || self.recorded_records();
-        Holdings { controller: self.name_any(), finalizer, types, records }
+        Holdings { controller: self.name_any(), finalizer, types, records, children: self.child_types() }
     }
 }
 
@@ -140,6 +142,9 @@ impl Managed for CompositeController {
             format!("metacontroller.io/compositecontroller-{}", self.name_any()),
             vec![(parent.api_version.clone(), parent.resource.clone())],
         )
+    }
+    fn child_types(&self) -> Vec<(String, String)> {
+        self.spec.child_resources.iter().map(|c| (c.api_version.clone(), c.resource.clone())).collect()
     }
     fn keeps_records(&self) -> bool {
         self.spec.child_resources.iter().any(crate::api::ChildResourceRule::cross_namespace)
@@ -176,6 +181,9 @@ impl Managed for DecoratorController {
     fn finalizer(&self) -> (String, Vec<(String, String)>) {
         let types = self.spec.resources.iter().map(|r| (r.api_version.clone(), r.resource.clone())).collect();
         (crate::controllers::decorator::finalizer_name(&self.name_any()), types)
+    }
+    fn child_types(&self) -> Vec<(String, String)> {
+        self.spec.attachments.iter().map(|c| (c.api_version.clone(), c.resource.clone())).collect()
     }
     fn related_reach(running: &Self::Running) -> Option<crate::engine::related::Reach> {
         running.related_reach()
@@ -214,6 +222,9 @@ impl Managed for MapController {
             crate::controllers::map::finalizer_name(&self.name_any()),
             vec![(parent.api_version.clone(), parent.resource.clone())],
         )
+    }
+    fn child_types(&self) -> Vec<(String, String)> {
+        self.spec.output_resources.iter().map(|o| (o.api_version.clone(), o.resource.clone())).collect()
     }
     fn from_files(files: &FileControllers) -> &BTreeMap<String, (String, Arc<Self>)> {
         &files.maps

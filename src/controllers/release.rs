@@ -17,8 +17,14 @@
 //! The same functions serve `metahook release` ([`crate::tools::release`]), which does what a hub start
 //! would release, then exits, for a cluster where no hub runs any more.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::time::Duration;
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::api::DynamicObject;
+use kube::core::ApiResource;
 
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::core::ClusterResourceScope;
@@ -59,6 +65,9 @@ pub struct Holdings {
     pub types: Vec<(String, String)>,
     /// Whether its records of children elsewhere are released too.
     pub records: bool,
+    /// Its child types (apiVersion, plural): where the children of a released parent type whose CRD went
+    /// are looked for ([`sweep_children`]).
+    pub children: Vec<(String, String)>,
 }
 
 /// What a release still waits for: one cause per type or object that could not be dealt with.
@@ -104,7 +113,194 @@ pub async fn release(scope: &Scope, holdings: &Holdings) -> Outcome {
     for (api_version, resource) in &holdings.types {
         release_type(scope, &holdings.finalizer, api_version, resource, &mut outcome).await;
     }
+    sweep_children(scope, holdings, &mut outcome).await;
     outcome
+}
+
+/// The name of the CRD that would serve `resource` of `api_version` (`<plural>.<group>`); `None` for a
+/// group that cannot be a CRD's (the core group, the built-in groups without a dot).
+#[must_use]
+pub fn crd_name(api_version: &str, resource: &str) -> Option<String> {
+    let (group, _) = api_version.rsplit_once('/')?;
+    group.contains('.').then(|| format!("{resource}.{group}"))
+}
+
+/// The controlling owners a sweep looks at: those of a released parent type whose CRD is being deleted
+/// (its kind, as the CRD says) or gone (any kind of its group).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Doomed {
+    group: String,
+    kind: Option<String>,
+}
+
+impl Doomed {
+    fn may_own(&self, owner: &OwnerReference) -> bool {
+        group_of(&owner.api_version) == self.group && self.kind.as_ref().is_none_or(|k| k == &owner.kind)
+    }
+}
+
+fn group_of(api_version: &str) -> &str {
+    api_version.rsplit_once('/').map_or("", |(group, _)| group)
+}
+
+/// Whether the objects of a released parent type are all gone or going, read from the type's CRD (the
+/// authority), never inferred from a failed list. `None`: they may exist (a built-in type, a CRD that
+/// stays, or a hub that may not read the CRD: a role printed before `metahook rbac` granted it, said in
+/// the log).
+async fn doomed(scope: &Scope, api_version: &str, resource: &str) -> Result<Option<Doomed>, kube::Error> {
+    let Some(name) = crd_name(api_version, resource) else { return Ok(None) };
+    let group = group_of(api_version).to_owned();
+    match Api::<CustomResourceDefinition>::all(scope.client.clone()).get_opt(&name).await {
+        Ok(Some(crd)) if crd.metadata.deletion_timestamp.is_some() => {
+            Ok(Some(Doomed { group, kind: Some(crd.spec.names.kind) }))
+        }
+        Ok(Some(_)) => Ok(None),
+        Ok(None) => Ok(Some(Doomed { group, kind: None })),
+        Err(kube::Error::Api(status)) if status.code == 403 => {
+            warn!(crd = %name, "may not read the parent type's CRD: the children its parents leave are the garbage collector's");
+            Ok(None)
+        }
+        Err(err) => Err(err),
+    }
+}
+
+/// Where each owner type is served now, asked once per sweep: (group, kind) → the type and its scope.
+type Served = HashMap<(String, String), Option<(ApiResource, kube::discovery::Scope)>>;
+
+/// Whether `child`'s controlling `owner` can no longer exist: its kind is not served (its CRD went,
+/// every object with it), no object of its name and UID is there, or it is there but its CRD is being
+/// deleted (it goes with it). Asked child by child, so that a CRD created again meanwhile, whose new
+/// objects are alive, keeps their children.
+async fn owner_gone(
+    client: &Client,
+    child: &DynamicObject,
+    owner: &OwnerReference,
+    served: &mut Served,
+) -> Result<bool, kube::Error> {
+    let group = group_of(&owner.api_version).to_owned();
+    let key = (group.clone(), owner.kind.clone());
+    if !served.contains_key(&key) {
+        let found = match kube::discovery::oneshot::group(client, &group).await {
+            Ok(found) => found
+                .resources_by_stability()
+                .into_iter()
+                .find(|(ar, _)| ar.kind == owner.kind)
+                .map(|(ar, c)| (ar, c.scope)),
+            Err(kube::Error::Discovery(_)) => None,
+            Err(err) if cannot_exist(&err) => None,
+            Err(err) => return Err(err),
+        };
+        served.insert(key.clone(), found);
+    }
+    let Some((ar, scope)) = served[&key].clone() else { return Ok(true) };
+    let api: Api<DynamicObject> = match (scope, child.namespace()) {
+        (kube::discovery::Scope::Namespaced, Some(ns)) => Api::namespaced_with(client.clone(), &ns, &ar),
+        _ => Api::all_with(client.clone(), &ar),
+    };
+    match api.get_opt(&owner.name).await? {
+        Some(live) if live.uid().as_deref() == Some(owner.uid.as_str()) => {
+            let crd =
+                Api::<CustomResourceDefinition>::all(client.clone()).get_opt(&format!("{}.{group}", ar.plural)).await?;
+            Ok(crd.is_some_and(|c| c.metadata.deletion_timestamp.is_some()))
+        }
+        _ => Ok(true),
+    }
+}
+
+/// Deletes the children whose controlling owner was of a released parent type that can no longer exist.
+///
+/// Kubernetes' garbage collector deletes a child once its owner is gone, but only for an owner type it
+/// watches, and it starts watching a new CRD at its next discovery pass (every 30 s): the children of a
+/// parent type whose CRD was created and deleted within that time (a controller installed, tried and
+/// torn down with `kubectl delete -k`) are never collected. The hub made them; as the garbage collector
+/// would, it deletes them (UID precondition), only once the type's CRD says its objects went or go
+/// ([`doomed`]), and only a child whose own owner is gone or going ([`owner_gone`]).
+async fn sweep_children(scope: &Scope, holdings: &Holdings, outcome: &mut Outcome) {
+    let mut dooms = Vec::new();
+    for (api_version, resource) in &holdings.types {
+        match doomed(scope, api_version, resource).await {
+            Ok(Some(doom)) => dooms.push(doom),
+            Ok(None) => {}
+            Err(err) => outcome.waiting.0.push(format!("reading the CRD of {resource}.{api_version}: {err}")),
+        }
+    }
+    if dooms.is_empty() {
+        return;
+    }
+    let mut served = Served::new();
+    for (api_version, resource) in &holdings.children {
+        let what = format!("{resource}.{api_version}");
+        let resolved = match scope.discovery.resolve(api_version, resource).await {
+            Ok(resolved) => resolved,
+            Err(DiscoveryError::NotFound { .. } | DiscoveryError::BadApiVersion { .. }) => continue,
+            Err(DiscoveryError::Api { source, .. }) if cannot_exist(&source) => continue,
+            Err(err) => {
+                outcome.waiting.0.push(format!("{what}: {err}"));
+                continue;
+            }
+        };
+        for api in apis(scope, &resolved) {
+            let items = match api.list(&ListParams::default()).await {
+                Ok(list) => list.items,
+                Err(err) if cannot_exist(&err) => continue,
+                Err(err) => {
+                    outcome.waiting.0.push(format!("listing {what}: {err}"));
+                    continue;
+                }
+            };
+            for child in items {
+                let Some(owner) = child.owner_references().iter().find(|o| o.controller == Some(true)).cloned() else {
+                    continue;
+                };
+                if !dooms.iter().any(|d| d.may_own(&owner)) {
+                    continue;
+                }
+                match owner_gone(&scope.client, &child, &owner, &mut served).await {
+                    Ok(true) => {}
+                    Ok(false) => continue,
+                    Err(err) => {
+                        outcome.waiting.0.push(format!("the owner of {} {}: {err}", resolved.kind(), describe(&child)));
+                        continue;
+                    }
+                }
+                match delete_child(&api_for(&scope.client, &resolved, &child), &child).await {
+                    Ok(()) => {
+                        outcome.released += 1;
+                        info!(child = %describe(&child), kind = %resolved.kind(), owner = %owner.name, controller = %holdings.controller, "deleted a child whose parent went with its CRD (the garbage collector may never have watched that type)");
+                    }
+                    Err(err) => {
+                        outcome.waiting.0.push(format!("deleting {} {}: {err}", resolved.kind(), describe(&child)));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Deletes `child` if it is still that object (UID precondition); gone or replaced is done.
+async fn delete_child(api: &Api<DynamicObject>, child: &DynamicObject) -> Result<(), kube::Error> {
+    let params = kube::api::DeleteParams {
+        preconditions: Some(kube::api::Preconditions { uid: child.uid(), resource_version: None }),
+        propagation_policy: Some(kube::api::PropagationPolicy::Background),
+        ..kube::api::DeleteParams::default()
+    };
+    match api.delete(&child.name_any(), &params).await {
+        Ok(_) => Ok(()),
+        Err(err) if cannot_exist(&err) => Ok(()),
+        // Another object of that name now (the precondition failed): not this child.
+        Err(kube::Error::Api(status)) if status.code == 409 => Ok(()),
+        Err(err) => Err(err),
+    }
+}
+
+/// One `Api` per namespace the scope is limited to (a namespaced type), else one for the whole cluster.
+fn apis(scope: &Scope, resolved: &crate::cache::discovery::ResolvedResource) -> Vec<Api<kube::api::DynamicObject>> {
+    match scope.namespaces.as_slice() {
+        namespaces if resolved.namespaced && !namespaces.is_empty() => {
+            namespaces.iter().map(|ns| Api::namespaced_with(scope.client.clone(), ns, &resolved.api_resource)).collect()
+        }
+        _ => vec![Api::all_with(scope.client.clone(), &resolved.api_resource)],
+    }
 }
 
 /// Takes `finalizer` off every object of one type (in the scope's namespaces) that carries it.
@@ -117,14 +313,8 @@ async fn release_type(scope: &Scope, finalizer: &str, api_version: &str, resourc
         Err(DiscoveryError::Api { source, .. }) if cannot_exist(&source) => return,
         Err(err) => return outcome.waiting.0.push(format!("{what}: {err}")),
     };
-    let apis: Vec<Api<kube::api::DynamicObject>> = match scope.namespaces.as_slice() {
-        namespaces if resolved.namespaced && !namespaces.is_empty() => {
-            namespaces.iter().map(|ns| Api::namespaced_with(scope.client.clone(), ns, &resolved.api_resource)).collect()
-        }
-        _ => vec![Api::all_with(scope.client.clone(), &resolved.api_resource)],
-    };
     let mut items = Vec::new();
-    for api in apis {
+    for api in apis(scope, &resolved) {
         match api.list(&ListParams::default()).await {
             Ok(list) => items.extend(list.items),
             // The CRD was deleted since discovery answered (its objects with it), or the version is
@@ -269,6 +459,30 @@ mod tests {
 
     fn api_error(code: u16) -> kube::Error {
         kube::Error::Api(Box::new(kube::core::Status::failure("x", "x").with_code(code)))
+    }
+
+    #[test]
+    fn a_parent_types_crd_is_named_from_its_plural_and_group_and_a_built_in_group_has_none() {
+        assert_eq!(crd_name("example.com/v1", "widgets").as_deref(), Some("widgets.example.com"));
+        assert_eq!(crd_name("v1", "configmaps"), None);
+        assert_eq!(crd_name("apps/v1", "statefulsets"), None);
+    }
+
+    #[test]
+    fn a_sweep_looks_only_at_owners_of_the_doomed_group_and_kind() {
+        let owner = |api_version: &str, kind: &str| OwnerReference {
+            api_version: api_version.to_owned(),
+            kind: kind.to_owned(),
+            ..OwnerReference::default()
+        };
+        let going = Doomed { group: "example.com".to_owned(), kind: Some("Widget".to_owned()) };
+        assert!(going.may_own(&owner("example.com/v1", "Widget")));
+        assert!(going.may_own(&owner("example.com/v2", "Widget")), "any version of the kind");
+        assert!(!going.may_own(&owner("example.com/v1", "Gizmo")), "another kind of the group stays");
+        assert!(!going.may_own(&owner("other.com/v1", "Widget")));
+        let gone = Doomed { group: "example.com".to_owned(), kind: None };
+        assert!(gone.may_own(&owner("example.com/v1", "Gizmo")), "asked owner by owner");
+        assert!(!gone.may_own(&owner("apps/v1", "StatefulSet")));
     }
 
     #[test]

@@ -412,7 +412,36 @@ pub fn controller_rules(controller: &ControllerObject, related: &[(String, Strin
     for related in controller.related_limit().and_then(|l| l.resources.as_ref()).into_iter().flatten() {
         grants.add(&related.api_version, &related.resource, READ);
     }
-    grants.rules()
+    let mut rules = grants.rules();
+    rules.extend(parent_crd_rule(controller));
+    rules
+}
+
+/// `get` on the CRDs of the controller's parent types, by name: when a release meets a parent type
+/// whose CRD is deleted, the hub reads the CRD to know that every parent of it went, and deletes the
+/// children the garbage collector may never see go ([`crate::controllers::release`]). `None` when no
+/// parent type can be a CRD (a CRD's group has a dot; the built-in groups without one are not CRDs).
+fn parent_crd_rule(controller: &ControllerObject) -> Option<PolicyRule> {
+    let types: Vec<(&str, &str)> = match controller {
+        ControllerObject::Composite(cc) => {
+            vec![(cc.spec.parent_resource.api_version.as_str(), cc.spec.parent_resource.resource.as_str())]
+        }
+        ControllerObject::Decorator(dc) => {
+            dc.spec.resources.iter().map(|r| (r.api_version.as_str(), r.resource.as_str())).collect()
+        }
+        ControllerObject::Map(mc) => {
+            vec![(mc.spec.parent_resource.api_version.as_str(), mc.spec.parent_resource.resource.as_str())]
+        }
+    };
+    let names: BTreeSet<String> =
+        types.into_iter().filter_map(|(v, r)| crate::controllers::release::crd_name(v, r)).collect();
+    (!names.is_empty()).then(|| PolicyRule {
+        api_groups: Some(vec!["apiextensions.k8s.io".to_owned()]),
+        resources: Some(vec!["customresourcedefinitions".to_owned()]),
+        resource_names: Some(names.into_iter().collect()),
+        verbs: vec!["get".to_owned()],
+        ..PolicyRule::default()
+    })
 }
 
 /// What whoever may create a controller's parents can make its customize hook read through the hub,
@@ -687,6 +716,26 @@ mod tests {
 
     fn hub() -> ServiceAccount {
         "metahook/hub".parse().unwrap()
+    }
+
+    #[test]
+    fn a_parent_types_crd_is_readable_by_name_only_and_a_built_in_parent_type_asks_for_none() {
+        let cc =
+            composite("metadata: {name: web}\nspec:\n  parentResource: {apiVersion: example.com/v1, resource: webs}\n");
+        let rules = controller_rules(&cc, &[]);
+        let crd = rules.iter().find(|r| r.resources.as_deref() == Some(&["customresourcedefinitions".to_owned()][..]));
+        let crd = crd.unwrap_or_else(|| panic!("no rule for the parent's CRD: {rules:?}"));
+        assert_eq!(crd.api_groups.as_deref(), Some(&["apiextensions.k8s.io".to_owned()][..]));
+        assert_eq!(crd.resource_names.as_deref(), Some(&["webs.example.com".to_owned()][..]));
+        assert_eq!(crd.verbs, ["get"]);
+        for parent in ["v1, resource: configmaps", "apps/v1, resource: statefulsets"] {
+            let cc = composite(&format!("metadata: {{name: c}}\nspec:\n  parentResource: {{apiVersion: {parent}}}\n"));
+            let rules = controller_rules(&cc, &[]);
+            assert!(
+                rules.iter().all(|r| r.api_groups.as_deref() != Some(&["apiextensions.k8s.io".to_owned()][..])),
+                "{rules:?}"
+            );
+        }
     }
 
     #[test]
