@@ -12,12 +12,10 @@ use std::time::{Duration, Instant};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams};
 use serde_json::{Value, json};
+use support::teardown::{self, BOUND, kubectl_delete};
 use support::{World, api, apply_value, eventually, unique_suffix};
 
 const WAIT: Duration = Duration::from_secs(60);
-/// What an operator's delete may take with a hub running (the issue's bound); the hub needs about a
-/// second here.
-const BOUND: Duration = Duration::from_secs(30);
 const CONTROLLER_FINALIZER: &str = "metahook.dev/release-objects";
 
 /// Each parent gets one ConfigMap; the finalize hook lets go at once.
@@ -125,27 +123,6 @@ impl Whole {
     }
 }
 
-/// `kubectl delete -f` of `docs` (a file of them, in this order), as an operator tears a controller down;
-/// returns how long it took (kubectl waits until every object is gone). A process of its own, awaited:
-/// the test's hub runs on this thread.
-async fn kubectl_delete(docs: &[&Value]) -> Duration {
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("all.yaml");
-    let text: Vec<String> = docs.iter().map(|d| serde_json::to_string(d).unwrap()).collect();
-    std::fs::write(&file, text.join("\n---\n")).unwrap();
-    let started = Instant::now();
-    let status = tokio::process::Command::new(support::repo_root().join("tests/cluster/bin/kubectl"))
-        .env("KUBECONFIG", support::kubeconfig_path())
-        .args(["delete", "--timeout=120s", "-f"])
-        .arg(&file)
-        .status()
-        .await
-        .expect("running kubectl");
-    let took = started.elapsed();
-    assert!(status.success(), "kubectl delete -f failed: {status}");
-    took
-}
-
 /// Issue 66, item 1: Metacontroller's examples' teardown, `kubectl delete -k` of the whole directory,
 /// in each order the files can come, with and without the controller's finalizer on the parents. Each
 /// returns within the bound and leaves nothing. Before: the ones whose CRD went before the hub's
@@ -160,17 +137,24 @@ async fn a_whole_controller_deleted_with_kubectl_returns_within_the_bound_in_any
         let (a, b) = (format!("{case}-a"), format!("{case}-b"));
         whole.install(&w, &[&a, &b]).await;
         let took = match case {
-            "reversed" => kubectl_delete(&[&whole.controller, &whole.crd]).await,
+            "reversed" => kubectl_delete(&[&whole.controller, &whole.crd], false).await,
             "crd-alone" => {
-                let first = kubectl_delete(&[&whole.crd]).await;
-                first + kubectl_delete(&[&whole.controller]).await
+                let first = kubectl_delete(&[&whole.crd], false).await;
+                first + kubectl_delete(&[&whole.controller], false).await
             }
-            _ => kubectl_delete(&[&whole.crd, &whole.controller]).await,
+            _ => kubectl_delete(&[&whole.crd, &whole.controller], false).await,
         };
         assert!(took < BOUND, "{case}: kubectl delete took {took:?}");
-        // The parents went with their CRD; their children are the garbage collector's (which, for a type
-        // it began to watch moments before, can take its time: not the hub's to wait for).
         assert!(whole.gone(&w).await, "{case}: something is left");
+        // The parents went with their CRD. Their children are the garbage collector's, which watches a
+        // new CRD only from its next discovery pass (30 s): when the CRD goes before (or with) the
+        // controller, the hub's release sees it go and deletes them; when the controller goes first,
+        // the hub has let go before the parents went.
+        if case != "reversed" {
+            let namespaces = [w.ns.name.clone()];
+            teardown::assert_nothing_left(&w.client, std::slice::from_ref(&whole.controller), &namespaces, &w.label)
+                .await;
+        }
         eprintln!("{case}: kubectl delete returned in {took:?}");
     }
     w.finish("CompositeController").await;
@@ -203,6 +187,9 @@ async fn metahook_release_lets_deleted_controllers_go_with_no_hub_running() {
         assert!(controllers.get_opt(&whole.controller_name()).await.unwrap().is_some(), "waits for a hub");
     }
 
+    // The dropped type's parent went with its CRD; its child stays: the garbage collector never watched
+    // a type that lived a few seconds.
+    assert!(w.config_map("b-child").await.is_some(), "the garbage collector took the child");
     let names = [kept.controller_name(), dropped.controller_name()];
     let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_metahook"))
         .env("KUBECONFIG", support::kubeconfig_path())
@@ -222,6 +209,9 @@ async fn metahook_release_lets_deleted_controllers_go_with_no_hub_running() {
         assert!(said.contains(&format!("CompositeController {name}: released")), "{said}");
         assert!(controllers.get_opt(name).await.unwrap().is_none(), "{name} is gone");
     }
+    // The release read the dropped type's CRD gone, and deleted the child its parent left.
+    assert!(w.config_map("b-child").await.is_none(), "the child of a parent whose CRD went is left");
+    assert!(w.config_map("a-child").await.is_some(), "the kept type's child stays");
     // The kept type's parent lost the controller's finalizer: it goes at once when deleted.
     let widgets = kept.widgets(&w).await;
     let widget = widgets.get("a").await.unwrap();
@@ -289,7 +279,7 @@ async fn a_controller_deselected_and_selected_again_is_let_go_of_then_held_again
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert!(holds(&widgets.get("a").await.unwrap(), &finalizer), "the parent keeps the finalizer");
 
-    let took = kubectl_delete(&[&whole.crd, &whole.controller]).await;
+    let took = kubectl_delete(&[&whole.crd, &whole.controller], false).await;
     assert!(took < BOUND, "kubectl delete took {took:?}");
     assert!(whole.gone(&w).await);
     w.finish("CompositeController").await;
@@ -334,7 +324,7 @@ async fn a_parent_written_without_a_pause_does_not_hold_a_deleted_controllers_re
     let writes = writer.await.unwrap();
     assert!(writes > 20, "the parent was written throughout ({writes} writes)");
     eprintln!("released under {writes} writes to the parent");
-    let _ = kubectl_delete(&[&whole.crd]).await;
+    let _ = kubectl_delete(&[&whole.crd], false).await;
     w.finish("CompositeController").await;
 }
 
@@ -390,7 +380,7 @@ async fn a_child_types_crd_deleted_while_parents_exist_holds_no_delete() {
     eventually(BOUND, || async { widgets.get_opt("b").await.unwrap().is_none().then_some(()) }).await;
     eprintln!("a parent whose child type is gone was deleted in {:?}", started.elapsed());
 
-    let took = kubectl_delete(&[&whole.crd, &whole.controller]).await;
+    let took = kubectl_delete(&[&whole.crd, &whole.controller], false).await;
     assert!(took < BOUND, "kubectl delete took {took:?}");
     assert!(whole.gone(&w).await, "something is left");
     w.finish("CompositeController").await;
@@ -438,7 +428,7 @@ async fn a_namespace_deleted_under_a_finalize_hook_that_keeps_its_children_goes_
     namespaces.delete(&doomed.name, &DeleteParams::default()).await.unwrap();
     eventually(BOUND, || async { namespaces.get_opt(&doomed.name).await.unwrap().is_none().then_some(()) }).await;
     eprintln!("the namespace went in {:?}", started.elapsed());
-    let took = kubectl_delete(&[&whole.crd, &whole.controller]).await;
+    let took = kubectl_delete(&[&whole.crd, &whole.controller], false).await;
     assert!(took < BOUND, "kubectl delete took {took:?}");
     assert!(whole.gone(&w).await, "something is left");
     w.finish("CompositeController").await;
@@ -537,7 +527,7 @@ async fn a_parent_type_changed_while_no_hub_ran_is_let_go_of_by_the_next_start_a
     // The hub holds the old type again, records it, and everything goes with `kubectl delete`.
     w.start_hub();
     eventually(BOUND, || async { (recorded_types(&w, &name).await == vec![old_type.clone()]).then_some(()) }).await;
-    let took = kubectl_delete(&[&old.crd, &old.controller, &new.crd]).await;
+    let took = kubectl_delete(&[&old.crd, &old.controller, &new.crd], false).await;
     assert!(took < BOUND, "kubectl delete took {took:?}");
     assert!(old.gone(&w).await && new.gone(&w).await, "something is left");
     w.finish("CompositeController").await;
@@ -639,7 +629,7 @@ async fn a_running_controllers_child_types_hooks_and_related_limit_changed_hold_
     assert!(wiped.data["status"]["finalizedTypes"].is_null(), "wiped: {:?}", wiped.data["status"]);
     eventually(BOUND, || async { (recorded_types(&w, &name).await == vec![parent_type.clone()]).then_some(()) }).await;
 
-    let took = kubectl_delete(&[&whole.crd, &whole.controller]).await;
+    let took = kubectl_delete(&[&whole.crd, &whole.controller], false).await;
     assert!(took < BOUND, "kubectl delete took {took:?}");
     assert!(whole.gone(&w).await, "something is left");
     w.finish("CompositeController").await;
@@ -711,7 +701,7 @@ async fn what_a_release_still_lets_go_of_stays_recorded_when_the_status_is_wiped
 
     hub.stop().await;
     w.start_hub();
-    let took = kubectl_delete(&[&old.crd, &retyped, &new.crd]).await;
+    let took = kubectl_delete(&[&old.crd, &retyped, &new.crd], false).await;
     assert!(took < BOUND, "kubectl delete took {took:?}");
     assert!(old.gone(&w).await && new.gone(&w).await, "something is left");
     account.delete().await;

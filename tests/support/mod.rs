@@ -6,6 +6,8 @@
 //! they create, which their own hub is told to run (target label selector).
 #![allow(dead_code)]
 
+pub mod teardown;
+
 use std::future::Future;
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -664,6 +666,12 @@ pub struct Example {
     pub controllers: Vec<(String, String)>,
     /// Namespaces the test made besides `ns`, deleted by [`Example::finish`].
     pub namespaces: Vec<String>,
+    /// The API groups of the CRDs in the example's directory: each test gets them under a group of its
+    /// own (`<label>.<group>`), so that its teardown can delete them as the example's users do while
+    /// other tests of the same example run.
+    groups: Vec<String>,
+    /// Every document the test applied, in order: its teardown deletes them all together.
+    applied: std::sync::Mutex<Vec<Value>>,
 }
 
 impl Example {
@@ -681,15 +689,58 @@ impl Example {
         let label = ns.name.clone();
         let hook = ExampleHook::start_with_env(dir, program, args, env).await;
         let hub = Hub::start(&client, &label);
-        Self { client, dir: dir.to_owned(), ns, label, hook, hub, controllers: Vec::new(), namespaces: Vec::new() }
+        let groups = crd_groups(dir);
+        let (controllers, namespaces, applied) = (Vec::new(), Vec::new(), std::sync::Mutex::default());
+        Self { client, dir: dir.to_owned(), ns, label, hook, hub, controllers, namespaces, groups, applied }
     }
 
-    /// The documents of one of the example's files, prepared for this test (see [`example_docs`]).
+    /// The documents of one of the example's files, prepared for this test (see [`example_docs`]), the
+    /// example's own API groups made the test's (see [`Example::api_version`]).
     pub fn docs(&self, file: &str) -> Vec<Value> {
-        example_docs(&format!("{}/{file}", self.dir), self.hook.port, &self.label, &self.ns.name)
+        let mut docs = example_docs(&format!("{}/{file}", self.dir), self.hook.port, &self.label, &self.ns.name);
+        for doc in &mut docs {
+            self.own_groups(doc);
+        }
+        docs
     }
 
+    /// `api_version` as this test has it: a group of the example's CRDs becomes `<label>.<group>`.
+    pub fn api_version(&self, api_version: &str) -> String {
+        match api_version.split_once('/') {
+            Some((group, version)) if self.groups.iter().any(|g| g == group) => {
+                format!("{}.{group}/{version}", self.label)
+            }
+            _ => api_version.to_owned(),
+        }
+    }
+
+    /// Every `apiVersion` in `doc` (the object's, a controller's parent and child types, ...) and a CRD's
+    /// group and name, moved to the test's groups.
+    fn own_groups(&self, doc: &mut Value) {
+        match doc {
+            Value::Object(map) => {
+                for (key, value) in map.iter_mut() {
+                    match (key.as_str(), value.as_str()) {
+                        ("apiVersion", Some(version)) => *value = json!(self.api_version(version)),
+                        _ => self.own_groups(value),
+                    }
+                }
+            }
+            Value::Array(items) => items.iter_mut().for_each(|item| self.own_groups(item)),
+            _ => {}
+        }
+        if doc["kind"] == "CustomResourceDefinition"
+            && let Some(group) = doc["spec"]["group"].as_str().filter(|g| self.groups.iter().any(|o| o == g))
+        {
+            let group = format!("{}.{group}", self.label);
+            doc["metadata"]["name"] = json!(format!("{}.{group}", doc["spec"]["names"]["plural"].as_str().unwrap()));
+            doc["spec"]["group"] = json!(group);
+        }
+    }
+
+    /// Applies `docs` (CRDs first), and remembers them for the teardown.
     pub async fn apply(&self, docs: &[Value]) {
+        self.applied.lock().unwrap().extend(docs.iter().cloned());
         apply_docs(&self.client, docs).await;
     }
 
@@ -700,7 +751,7 @@ impl Example {
 
     /// The `kind` objects in `namespace` (`None`: cluster-wide).
     pub async fn api_in(&self, api_version: &str, kind: &str, namespace: Option<&str>) -> Api<DynamicObject> {
-        api(&self.client, api_version, kind, namespace).await
+        api(&self.client, &self.api_version(api_version), kind, namespace).await
     }
 
     /// A namespace for this test, `<test namespace>-<suffix>`, with `labels` (plus the test's label).
@@ -714,11 +765,42 @@ impl Example {
         name
     }
 
-    /// Stops the hub, then deletes the test's controllers and namespaces (and with them what the
-    /// controllers made there). Cluster-scoped objects are the test's to delete before. The examples'
-    /// CRDs stay installed, as the shared test CRDs do: a quick re-run would otherwise race with their
-    /// deletion.
+    /// Tears the example down as its users do, Metacontroller's examples' way: `kubectl delete -f` of
+    /// everything the test applied from its directory (its samples, then CRDs, controllers and the rest
+    /// in the order applied, so the parents' CRD goes before its controller), with the hub running. Asserts that it returned
+    /// within [`teardown::BOUND`] and left nothing of the hub's behind ([`teardown::left_behind`]).
+    /// Then stops the hub and deletes the test's namespaces.
     pub async fn finish(self) {
+        let applied = std::mem::take(&mut *self.applied.lock().unwrap());
+        let mut whole: Vec<&Value> = Vec::new();
+        for doc in &applied {
+            let key = |d: &Value| {
+                (
+                    d["apiVersion"].clone(),
+                    d["kind"].clone(),
+                    d["metadata"]["namespace"].clone(),
+                    d["metadata"]["name"].clone(),
+                )
+            };
+            if !whole.iter().any(|seen| key(seen) == key(doc)) {
+                whole.push(doc);
+            }
+        }
+        // The samples (objects of the example's own types) first, as Metacontroller's examples delete
+        // theirs before `kubectl delete -k` of the rest: after its CRD went, kubectl could not map them.
+        let own = format!("{}.", self.label);
+        whole.sort_by_key(|d| !d["apiVersion"].as_str().is_some_and(|v| v.starts_with(&own)));
+        let controllers: Vec<Value> = whole
+            .iter()
+            .filter(|d| CONTROLLER_KINDS.contains(&d["kind"].as_str().unwrap_or_default()))
+            .map(|d| (*d).clone())
+            .collect();
+        let took = teardown::kubectl_delete(&whole, true).await;
+        assert!(took < teardown::BOUND, "{}: kubectl delete of the whole example took {took:?}", self.dir);
+        let mut namespaces = vec![self.ns.name.clone()];
+        namespaces.extend(self.namespaces.iter().cloned());
+        teardown::assert_nothing_left(&self.client, &controllers, &namespaces, &self.label).await;
+        eprintln!("{}: kubectl delete of the whole example returned in {took:?}, nothing left", self.dir);
         self.hub.stop().await;
         for (kind, name) in &self.controllers {
             let controllers = api(&self.client, CONTROLLERS, kind, None).await;
@@ -730,6 +812,24 @@ impl Example {
         }
         self.ns.delete().await;
     }
+}
+
+/// The API groups of the CRDs in the example directory `dir`'s manifests.
+fn crd_groups(dir: &str) -> Vec<String> {
+    let mut groups = Vec::new();
+    for entry in std::fs::read_dir(repo_root().join(dir)).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "yaml") {
+            let text = std::fs::read_to_string(&path).unwrap();
+            for doc in yaml::from_documents::<Value>(&text).unwrap_or_default() {
+                if let Some(group) = doc["spec"]["group"].as_str().filter(|_| doc["kind"] == "CustomResourceDefinition")
+                {
+                    groups.push(group.to_owned());
+                }
+            }
+        }
+    }
+    groups
 }
 
 /// The YAML documents of an example file, ready for a test: hook URLs point at `port` (examples use
