@@ -107,6 +107,14 @@ impl Discovery {
         Ok(resolved)
     }
 
+    /// What `resource` of `api_version` resolved to when it was last asked, however long ago: a type
+    /// no longer served (its CRD deleted) is still known here by its kind, to a hub that ran it.
+    #[must_use]
+    pub fn known(&self, api_version: &str, resource: &str) -> Option<Arc<ResolvedResource>> {
+        let key = (api_version.to_owned(), resource.to_owned());
+        self.cache.lock().expect("discovery lock").get(&key).map(|(hit, _)| Arc::clone(hit))
+    }
+
     /// Resolves `kind` in `group` (`""`: the core group) at the group's preferred version, as a record
     /// names a type (group and kind, no version): `None` when the API server serves no such type (the
     /// group or the kind is gone), so no object of it can exist. Not cached: it is asked for types a

@@ -17,14 +17,13 @@
 //! The same functions serve `metahook release` ([`crate::tools::release`]), which does what a hub start
 //! would release, then exits, for a cluster where no hub runs any more.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::time::Duration;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::DynamicObject;
-use kube::core::ApiResource;
+use std::sync::Arc;
 
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::core::ClusterResourceScope;
@@ -33,7 +32,7 @@ use serde::de::DeserializeOwned;
 use serde_json::json;
 use tracing::{info, warn};
 
-use crate::cache::discovery::{Discovery, DiscoveryError};
+use crate::cache::discovery::{Discovery, DiscoveryError, ResolvedResource};
 use crate::engine::sync::api_for;
 
 /// The finalizer on every controller object of the API the hub runs: a deleted controller stays until a
@@ -66,7 +65,7 @@ pub struct Holdings {
     /// Whether its records of children elsewhere are released too.
     pub records: bool,
     /// Its child types (apiVersion, plural): where the children of a released parent type whose CRD went
-    /// are looked for ([`sweep_children`]).
+    /// are looked for (`sweep_children`).
     pub children: Vec<(String, String)>,
 }
 
@@ -118,44 +117,35 @@ pub async fn release(scope: &Scope, holdings: &Holdings) -> Outcome {
 }
 
 /// The name of the CRD that would serve `resource` of `api_version` (`<plural>.<group>`); `None` for a
-/// group that cannot be a CRD's (the core group, the built-in groups without a dot).
+/// group that cannot be a CRD's: the core group, the built-in groups without a dot, and Kubernetes'
+/// own `*.k8s.io` groups (`networking.k8s.io`, `rbac.authorization.k8s.io`: a CRD there needs the
+/// API approval annotation, and their types are built in).
 #[must_use]
 pub fn crd_name(api_version: &str, resource: &str) -> Option<String> {
     let (group, _) = api_version.rsplit_once('/')?;
-    group.contains('.').then(|| format!("{resource}.{group}"))
+    (group.contains('.') && !group.ends_with(".k8s.io")).then(|| format!("{resource}.{group}"))
 }
 
-/// The controlling owners a sweep looks at: those of a released parent type whose CRD is being deleted
-/// (its kind, as the CRD says) or gone (any kind of its group).
+/// What a parent type's CRD says of its objects, read at one moment.
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct Doomed {
-    group: String,
-    kind: Option<String>,
+enum CrdState {
+    /// No such CRD: none of its objects exists.
+    Gone,
+    /// Being deleted: every object of it goes (`kind`, as the CRD says).
+    Deleting { kind: String },
+    /// It stays (created again, perhaps): its objects are alive unless found gone one by one.
+    Stays,
 }
 
-impl Doomed {
-    fn may_own(&self, owner: &OwnerReference) -> bool {
-        group_of(&owner.api_version) == self.group && self.kind.as_ref().is_none_or(|k| k == &owner.kind)
-    }
-}
-
-fn group_of(api_version: &str) -> &str {
-    api_version.rsplit_once('/').map_or("", |(group, _)| group)
-}
-
-/// Whether the objects of a released parent type are all gone or going, read from the type's CRD (the
-/// authority), never inferred from a failed list. `None`: they may exist (a built-in type, a CRD that
-/// stays, or a hub that may not read the CRD: a role printed before `metahook rbac` granted it, said in
-/// the log).
-async fn doomed(scope: &Scope, api_version: &str, resource: &str) -> Result<Option<Doomed>, kube::Error> {
-    let Some(name) = crd_name(api_version, resource) else { return Ok(None) };
-    let group = group_of(api_version).to_owned();
-    match Api::<CustomResourceDefinition>::all(scope.client.clone()).get_opt(&name).await {
+/// Reads the CRD `name`; `None` when the hub may not (a role printed before `metahook rbac` granted
+/// it; said in the log): its objects' children are then the garbage collector's.
+async fn crd_state(scope: &Scope, name: &str) -> Result<Option<CrdState>, kube::Error> {
+    match Api::<CustomResourceDefinition>::all(scope.client.clone()).get_opt(name).await {
+        Ok(None) => Ok(Some(CrdState::Gone)),
         Ok(Some(crd)) if crd.metadata.deletion_timestamp.is_some() => {
-            Ok(Some(Doomed { group, kind: Some(crd.spec.names.kind) }))
+            Ok(Some(CrdState::Deleting { kind: crd.spec.names.kind }))
         }
-        Ok(Some(_)) => Ok(None),
-        Ok(None) => Ok(Some(Doomed { group, kind: None })),
+        Ok(Some(_)) => Ok(Some(CrdState::Stays)),
         Err(kube::Error::Api(status)) if status.code == 403 => {
             warn!(crd = %name, "may not read the parent type's CRD: the children its parents leave are the garbage collector's");
             Ok(None)
@@ -164,46 +154,87 @@ async fn doomed(scope: &Scope, api_version: &str, resource: &str) -> Result<Opti
     }
 }
 
-/// Where each owner type is served now, asked once per sweep: (group, kind) → the type and its scope.
-type Served = HashMap<(String, String), Option<(ApiResource, kube::discovery::Scope)>>;
+/// A released parent type whose objects are all gone or going, by its CRD: the only owners a sweep
+/// looks at are of exactly this type (group and kind), never another kind of its group (another CRD's,
+/// whose objects may exist while not served).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Doomed {
+    /// The CRD's name, read again after each list of children (see [`sweep_children`]).
+    crd: String,
+    /// The type, as the hub resolved it while it ran the controller.
+    parent: Arc<ResolvedResource>,
+}
 
-/// Whether `child`'s controlling `owner` can no longer exist: its kind is not served (its CRD went,
-/// every object with it), no object of its name and UID is there, or it is there but its CRD is being
-/// deleted (it goes with it). Asked child by child, so that a CRD created again meanwhile, whose new
-/// objects are alive, keeps their children.
+impl Doomed {
+    fn owns(&self, owner: &OwnerReference) -> bool {
+        owner.controller == Some(true)
+            && group_of(&owner.api_version) == self.parent.api_resource.group
+            && owner.kind == self.parent.api_resource.kind
+    }
+}
+
+fn group_of(api_version: &str) -> &str {
+    api_version.rsplit_once('/').map_or("", |(group, _)| group)
+}
+
+/// Whether a released parent type's objects are all gone or going: its CRD deleted, and the type no
+/// longer served (a type served another way, an aggregated API's, is not a CRD's), or its CRD being
+/// deleted. Its kind is the one the hub resolved while it ran the controller ([`Discovery::known`]):
+/// a process that never resolved it (a hub started after the CRD went, `metahook release`) cannot
+/// tell its children, and leaves them to the garbage collector.
+async fn doomed(scope: &Scope, api_version: &str, resource: &str) -> Result<Option<Doomed>, kube::Error> {
+    let Some(crd) = crd_name(api_version, resource) else { return Ok(None) };
+    match crd_state(scope, &crd).await? {
+        None | Some(CrdState::Stays) => return Ok(None),
+        Some(CrdState::Deleting { .. }) => {}
+        Some(CrdState::Gone) => {
+            let gv: kube::core::GroupVersion = match api_version.parse() {
+                Ok(gv) => gv,
+                Err(_) => return Ok(None),
+            };
+            match kube::discovery::oneshot::pinned_group(&scope.client, &gv).await {
+                Ok(group) if group.versioned_resources(&gv.version).iter().any(|(ar, _)| ar.plural == resource) => {
+                    return Ok(None);
+                }
+                Err(err) if !cannot_exist(&err) && !matches!(err, kube::Error::Discovery(_)) => return Err(err),
+                _ => {}
+            }
+        }
+    }
+    let Some(parent) = scope.discovery.known(api_version, resource) else {
+        info!(crd = %crd, "the parent type's CRD went before this process resolved it: the children its parents leave are the garbage collector's");
+        return Ok(None);
+    };
+    Ok(Some(Doomed { crd, parent }))
+}
+
+/// Whether `child`'s controlling `owner`, of a doomed type whose CRD is `now` (read after the child was
+/// listed), is gone or going. Gone or being deleted, the CRD took every object of it. Present again
+/// (created anew since), the owner is looked up by name and UID: a new parent's child stays.
 async fn owner_gone(
-    client: &Client,
+    scope: &Scope,
+    doom: &Doomed,
+    now: &CrdState,
     child: &DynamicObject,
     owner: &OwnerReference,
-    served: &mut Served,
 ) -> Result<bool, kube::Error> {
-    let group = group_of(&owner.api_version).to_owned();
-    let key = (group.clone(), owner.kind.clone());
-    if !served.contains_key(&key) {
-        let found = match kube::discovery::oneshot::group(client, &group).await {
-            Ok(found) => found
-                .resources_by_stability()
-                .into_iter()
-                .find(|(ar, _)| ar.kind == owner.kind)
-                .map(|(ar, c)| (ar, c.scope)),
-            Err(kube::Error::Discovery(_)) => None,
-            Err(err) if cannot_exist(&err) => None,
-            Err(err) => return Err(err),
-        };
-        served.insert(key.clone(), found);
-    }
-    let Some((ar, scope)) = served[&key].clone() else { return Ok(true) };
-    let api: Api<DynamicObject> = match (scope, child.namespace()) {
-        (kube::discovery::Scope::Namespaced, Some(ns)) => Api::namespaced_with(client.clone(), &ns, &ar),
-        _ => Api::all_with(client.clone(), &ar),
-    };
-    match api.get_opt(&owner.name).await? {
-        Some(live) if live.uid().as_deref() == Some(owner.uid.as_str()) => {
-            let crd =
-                Api::<CustomResourceDefinition>::all(client.clone()).get_opt(&format!("{}.{group}", ar.plural)).await?;
-            Ok(crd.is_some_and(|c| c.metadata.deletion_timestamp.is_some()))
+    match now {
+        CrdState::Gone | CrdState::Deleting { .. } => Ok(true),
+        CrdState::Stays => {
+            let ar = &doom.parent.api_resource;
+            let api: Api<DynamicObject> = match child.namespace() {
+                Some(ns) if doom.parent.namespaced => Api::namespaced_with(scope.client.clone(), &ns, ar),
+                _ => Api::all_with(scope.client.clone(), ar),
+            };
+            match api.get_opt(&owner.name).await {
+                Ok(Some(live)) => Ok(live.uid().as_deref() != Some(owner.uid.as_str())),
+                Ok(None) => Ok(true),
+                // The type changed shape when it came back (another kind, scope or version): its new
+                // objects are not this owner.
+                Err(err) if cannot_exist(&err) => Ok(false),
+                Err(err) => Err(err),
+            }
         }
-        _ => Ok(true),
     }
 }
 
@@ -214,28 +245,31 @@ async fn owner_gone(
 /// parent type whose CRD was created and deleted within that time (a controller installed, tried and
 /// torn down with `kubectl delete -k`) are never collected. The hub made them; as the garbage collector
 /// would, it deletes them (UID precondition), only once the type's CRD says its objects went or go
-/// ([`doomed`]), and only a child whose own owner is gone or going ([`owner_gone`]).
+/// ([`doomed`]), and only a child whose controlling owner is of exactly that type and is gone or going
+/// by the CRD as read after that child was listed ([`owner_gone`]): a CRD created again meanwhile keeps
+/// its new parents' children.
+///
+/// A cleanup, not a promise the release waits on: what the API server refuses (403) is said in the log
+/// and left to the garbage collector; only what may pass (a timeout, a 5xx) is tried again.
 async fn sweep_children(scope: &Scope, holdings: &Holdings, outcome: &mut Outcome) {
     let mut dooms = Vec::new();
     for (api_version, resource) in &holdings.types {
         match doomed(scope, api_version, resource).await {
             Ok(Some(doom)) => dooms.push(doom),
             Ok(None) => {}
-            Err(err) => outcome.waiting.0.push(format!("reading the CRD of {resource}.{api_version}: {err}")),
+            Err(err) => retry_or_log(outcome, &format!("reading the CRD of {resource}.{api_version}"), &err),
         }
     }
     if dooms.is_empty() {
         return;
     }
-    let mut served = Served::new();
     for (api_version, resource) in &holdings.children {
         let what = format!("{resource}.{api_version}");
         let resolved = match scope.discovery.resolve(api_version, resource).await {
             Ok(resolved) => resolved,
             Err(DiscoveryError::NotFound { .. } | DiscoveryError::BadApiVersion { .. }) => continue,
-            Err(DiscoveryError::Api { source, .. }) if cannot_exist(&source) => continue,
-            Err(err) => {
-                outcome.waiting.0.push(format!("{what}: {err}"));
+            Err(DiscoveryError::Api { source, .. }) => {
+                retry_or_log(outcome, &what, &source);
                 continue;
             }
         };
@@ -244,36 +278,72 @@ async fn sweep_children(scope: &Scope, holdings: &Holdings, outcome: &mut Outcom
                 Ok(list) => list.items,
                 Err(err) if cannot_exist(&err) => continue,
                 Err(err) => {
-                    outcome.waiting.0.push(format!("listing {what}: {err}"));
+                    retry_or_log(outcome, &format!("listing {what}"), &err);
                     continue;
                 }
             };
-            for child in items {
-                let Some(owner) = child.owner_references().iter().find(|o| o.controller == Some(true)).cloned() else {
-                    continue;
-                };
-                if !dooms.iter().any(|d| d.may_own(&owner)) {
+            for doom in &dooms {
+                let orphans: Vec<&DynamicObject> =
+                    items.iter().filter(|child| child.owner_references().iter().any(|o| doom.owns(o))).collect();
+                if orphans.is_empty() {
                     continue;
                 }
-                match owner_gone(&scope.client, &child, &owner, &mut served).await {
-                    Ok(true) => {}
-                    Ok(false) => continue,
+                // Read after the list: what it says holds for every child the list showed.
+                let now = match crd_state(scope, &doom.crd).await {
+                    Ok(Some(now)) => now,
+                    Ok(None) => continue,
                     Err(err) => {
-                        outcome.waiting.0.push(format!("the owner of {} {}: {err}", resolved.kind(), describe(&child)));
+                        retry_or_log(outcome, &format!("reading the CRD {}", doom.crd), &err);
                         continue;
                     }
-                }
-                match delete_child(&api_for(&scope.client, &resolved, &child), &child).await {
-                    Ok(()) => {
-                        outcome.released += 1;
-                        info!(child = %describe(&child), kind = %resolved.kind(), owner = %owner.name, controller = %holdings.controller, "deleted a child whose parent went with its CRD (the garbage collector may never have watched that type)");
+                };
+                for child in orphans {
+                    let Some(owner) = child.owner_references().iter().find(|o| doom.owns(o)) else { continue };
+                    match owner_gone(scope, doom, &now, child, owner).await {
+                        Ok(true) => {}
+                        Ok(false) => continue,
+                        Err(err) => {
+                            retry_or_log(
+                                outcome,
+                                &format!("the owner of {} {}", resolved.kind(), describe(child)),
+                                &err,
+                            );
+                            continue;
+                        }
                     }
-                    Err(err) => {
-                        outcome.waiting.0.push(format!("deleting {} {}: {err}", resolved.kind(), describe(&child)));
+                    match delete_child(&api_for(&scope.client, &resolved, child), child).await {
+                        Ok(()) => {
+                            outcome.released += 1;
+                            info!(child = %describe(child), kind = %resolved.kind(), owner = %owner.name, controller = %holdings.controller, "deleted a child whose parent went with its CRD (the garbage collector may never have watched that type)");
+                        }
+                        Err(err) => {
+                            retry_or_log(outcome, &format!("deleting {} {}", resolved.kind(), describe(child)), &err);
+                        }
                     }
                 }
             }
         }
+    }
+}
+
+/// A sweep's failure: waited on (the release is tried again) when another try may pass, else said in
+/// the log and left (a refusal of the API server's, 403 or 4xx, does not hold a controller's delete).
+fn retry_or_log(outcome: &mut Outcome, what: &str, err: &kube::Error) {
+    match &err {
+        kube::Error::Api(status) if (400..500).contains(&status.code) && status.code != 429 => {
+            warn!(what, error = %err, "a child its parent's deleted CRD left is left to the garbage collector");
+        }
+        _ => outcome.waiting.0.push(format!("{what}: {err}")),
+    }
+}
+
+/// One `Api` per namespace the scope is limited to (a namespaced type), else one for the whole cluster.
+fn apis(scope: &Scope, resolved: &crate::cache::discovery::ResolvedResource) -> Vec<Api<kube::api::DynamicObject>> {
+    match scope.namespaces.as_slice() {
+        namespaces if resolved.namespaced && !namespaces.is_empty() => {
+            namespaces.iter().map(|ns| Api::namespaced_with(scope.client.clone(), ns, &resolved.api_resource)).collect()
+        }
+        _ => vec![Api::all_with(scope.client.clone(), &resolved.api_resource)],
     }
 }
 
@@ -290,16 +360,6 @@ async fn delete_child(api: &Api<DynamicObject>, child: &DynamicObject) -> Result
         // Another object of that name now (the precondition failed): not this child.
         Err(kube::Error::Api(status)) if status.code == 409 => Ok(()),
         Err(err) => Err(err),
-    }
-}
-
-/// One `Api` per namespace the scope is limited to (a namespaced type), else one for the whole cluster.
-fn apis(scope: &Scope, resolved: &crate::cache::discovery::ResolvedResource) -> Vec<Api<kube::api::DynamicObject>> {
-    match scope.namespaces.as_slice() {
-        namespaces if resolved.namespaced && !namespaces.is_empty() => {
-            namespaces.iter().map(|ns| Api::namespaced_with(scope.client.clone(), ns, &resolved.api_resource)).collect()
-        }
-        _ => vec![Api::all_with(scope.client.clone(), &resolved.api_resource)],
     }
 }
 
@@ -466,23 +526,32 @@ mod tests {
         assert_eq!(crd_name("example.com/v1", "widgets").as_deref(), Some("widgets.example.com"));
         assert_eq!(crd_name("v1", "configmaps"), None);
         assert_eq!(crd_name("apps/v1", "statefulsets"), None);
+        assert_eq!(crd_name("networking.k8s.io/v1", "networkpolicies"), None, "Kubernetes' own groups are built in");
+        assert_eq!(crd_name("rbac.authorization.k8s.io/v1", "roles"), None);
     }
 
     #[test]
-    fn a_sweep_looks_only_at_owners_of_the_doomed_group_and_kind() {
-        let owner = |api_version: &str, kind: &str| OwnerReference {
+    fn a_sweep_looks_only_at_controlling_owners_of_exactly_the_doomed_type() {
+        let owner = |api_version: &str, kind: &str, controller: bool| OwnerReference {
             api_version: api_version.to_owned(),
             kind: kind.to_owned(),
+            controller: Some(controller),
             ..OwnerReference::default()
         };
-        let going = Doomed { group: "example.com".to_owned(), kind: Some("Widget".to_owned()) };
-        assert!(going.may_own(&owner("example.com/v1", "Widget")));
-        assert!(going.may_own(&owner("example.com/v2", "Widget")), "any version of the kind");
-        assert!(!going.may_own(&owner("example.com/v1", "Gizmo")), "another kind of the group stays");
-        assert!(!going.may_own(&owner("other.com/v1", "Widget")));
-        let gone = Doomed { group: "example.com".to_owned(), kind: None };
-        assert!(gone.may_own(&owner("example.com/v1", "Gizmo")), "asked owner by owner");
-        assert!(!gone.may_own(&owner("apps/v1", "StatefulSet")));
+        let widgets = kube::core::ApiResource {
+            group: "example.com".to_owned(),
+            version: "v1".to_owned(),
+            api_version: "example.com/v1".to_owned(),
+            kind: "Widget".to_owned(),
+            plural: "widgets".to_owned(),
+        };
+        let parent = Arc::new(ResolvedResource { api_resource: widgets, namespaced: true, has_status: true });
+        let doom = Doomed { crd: "widgets.example.com".to_owned(), parent };
+        assert!(doom.owns(&owner("example.com/v1", "Widget", true)));
+        assert!(doom.owns(&owner("example.com/v2", "Widget", true)), "any version of the kind");
+        assert!(!doom.owns(&owner("example.com/v1", "Widget", false)), "not the controlling owner");
+        assert!(!doom.owns(&owner("example.com/v1", "Gizmo", true)), "another CRD's kind of the group stays");
+        assert!(!doom.owns(&owner("other.com/v1", "Widget", true)));
     }
 
     #[test]

@@ -417,6 +417,10 @@ pub fn controller_rules(controller: &ControllerObject, related: &[(String, Strin
     rules
 }
 
+fn is_crd_rule(rule: &PolicyRule) -> bool {
+    rule.resources.as_deref() == Some(&["customresourcedefinitions".to_owned()][..])
+}
+
 /// `get` on the CRDs of the controller's parent types, by name: when a release meets a parent type
 /// whose CRD is deleted, the hub reads the CRD to know that every parent of it went, and deletes the
 /// children the garbage collector may never see go ([`crate::controllers::release`]). `None` when no
@@ -603,6 +607,10 @@ pub fn render(request: &RbacRequest) -> Result<String, RbacError> {
             if request.namespaces.is_empty() {
                 docs.push(typed(&aggregated_role(&name, rules)));
             } else {
+                // A CRD is cluster-scoped, which a Role cannot grant, and a hub limited to namespaces
+                // holds nothing cluster-wide but its base role: it leaves the children a deleted
+                // parent CRD's objects leave to the garbage collector (its sweep says so in the log).
+                let rules: Vec<_> = rules.into_iter().filter(|r| !is_crd_rule(r)).collect();
                 for (role, binding) in namespaced_roles(&name, &rules, &request.namespaces, &hub) {
                     docs.push(typed(&role));
                     docs.push(typed(&binding));
