@@ -582,7 +582,12 @@ fn chosen_child_hook(side: &str, fails: &[&str]) -> String {
 /// `generateSelector`), the current hook `w.hook` answering as [`chosen_child_hook`], with a canary of
 /// `candidate` for every parent from the start (`canary`: more of the annotation), and a tenant.
 async fn tenant_world(test: &str, candidate: &HookServer, canary: Value) -> (World, Tenant) {
-    let w = World::new(test, &chosen_child_hook("current", &[])).await;
+    tenant_world_answering(test, &chosen_child_hook("current", &[]), candidate, canary).await
+}
+
+/// [`tenant_world`] with the current hook answering as `current` (a hook's handlers).
+async fn tenant_world_answering(test: &str, current: &str, candidate: &HookServer, canary: Value) -> (World, Tenant) {
+    let w = World::new(test, current).await;
     let tenant = Tenant::create(&w.client, &format!("{test}-t")).await;
     let mut annotation = json!({"url": candidate.url("/sync"), "percent": 100});
     annotation.as_object_mut().unwrap().extend(canary.as_object().cloned().unwrap_or_default());
@@ -698,6 +703,72 @@ async fn a_tenants_parent_refused_by_both_hooks_does_not_halt_a_healthy_candidat
     let written: Vec<_> = tenant_children.items.iter().filter(of_tp).collect();
     assert!(written.is_empty(), "a child of tp was written: {written:?}");
     for i in 1..=5 {
+        child_says(&w, &format!("t{i}"), "candidate").await;
+    }
+    tenant.namespace.delete().await;
+    w.finish("CompositeController").await;
+}
+
+/// A hook whose Thing's ConfigMap (`<name>-cm`, labelled with what its `spec.selector` selects) holds
+/// the Thing's `spec.v` and says `side`.
+fn versioned_child_hook(side: &str) -> String {
+    format!(
+        "def sync(request):\n    parent = request['parent']\n    spec = parent.get('spec') or {{}}\n    \
+         labels = (spec.get('selector') or {{}}).get('matchLabels') or {{}}\n    \
+         return {{'children': [{{'apiVersion': 'v1', 'kind': 'ConfigMap', 'metadata': {{'name': \
+         parent['metadata']['name'] + '-cm', 'labels': labels}}, \
+         'data': {{'side': '{side}', 'v': str(spec.get('v', 0))}}}}]}}\n"
+    )
+}
+
+/// Issue 67, attack review F2: a tenant makes its own children `immutable`, then edits their parents,
+/// so that every update of those children is refused by the API server whichever hook answers.
+/// Counted against the candidate, two such parents of six halted a healthy candidate (0.33 of its
+/// parents failing, above 0.2). The current hook's answer for the same request, dry-run on the server,
+/// is refused alike: those failures are the parents' own, and the candidate runs on with none counted.
+#[tokio::test]
+async fn a_tenants_immutable_children_do_not_halt_a_healthy_candidate() {
+    let candidate = HookServer::start(&versioned_child_hook("candidate")).await;
+    let canary = json!({"maxErrorRatio": 0.2});
+    let (w, tenant) =
+        tenant_world_answering("canary-immutable", &versioned_child_hook("current"), &candidate, canary).await;
+    for i in 1..=4 {
+        let name = format!("t{i}");
+        w.thing(&name, selecting(&name, json!({"v": 0}))).await;
+        child_says(&w, &name, "candidate").await;
+    }
+    let tenant_maps = tenant.api("v1", "ConfigMap").await;
+    let frozen = ["tp1", "tp2"];
+    for name in frozen {
+        tenant_thing(&w, &tenant, name, selecting(name, json!({"v": 0}))).await;
+        let child = format!("{name}-cm");
+        eventually(WAIT, || async {
+            tenant_maps.get_opt(&child).await.unwrap().filter(|cm| cm.data["data"]["v"] == "0")
+        })
+        .await;
+        let patch = Patch::Merge(json!({"immutable": true}));
+        tenant_maps.patch(&child, &PatchParams::default(), &patch).await.unwrap();
+    }
+    let asked_with = |hook: &HookServer, name: &str| {
+        hook.requests("/sync").iter().any(|r| r["parent"]["metadata"]["name"] == name && r["parent"]["spec"]["v"] == 1)
+    };
+    for name in frozen {
+        tenant_thing(&w, &tenant, name, selecting(name, json!({"v": 1}))).await;
+    }
+    // Each edit is asked of the candidate (whose write is refused) and, in the shadow, of the current hook.
+    for name in frozen {
+        eventually(WAIT, || async { (asked_with(&candidate, name) && asked_with(&w.hook, name)).then_some(()) }).await;
+    }
+    tokio::time::sleep(Duration::from_secs(5)).await;
+
+    let status = canary_status(&w, |c| c["candidate"]["syncs"].as_u64() >= Some(6)).await;
+    assert_eq!(status["state"], "Running", "{status}");
+    assert_eq!(status["candidate"]["errors"], 0, "the refused writes are the parents' own: {status}");
+    for name in frozen {
+        let child = tenant_maps.get(&format!("{name}-cm")).await.unwrap();
+        assert_eq!(child.data["data"], json!({"side": "candidate", "v": "0"}), "the immutable child is as it was");
+    }
+    for i in 1..=4 {
         child_says(&w, &format!("t{i}"), "candidate").await;
     }
     tenant.namespace.delete().await;

@@ -673,6 +673,25 @@ impl Applier {
         PatchParams::apply(&self.field_manager).force()
     }
 
+    /// A server-side dry run of `desired` as an in-place update of `observed`, with the body
+    /// [`Applier::apply`] sends (pruned as it prunes, annotated, UID and version preconditions): nothing
+    /// is written or remembered. A canary's shadow asks it of the current hook's answer where the
+    /// candidate's write was refused, because only a write shows such a refusal (an `immutable`
+    /// `ConfigMap` whose `data` both answers change): refused the same, the failure is the parent's.
+    pub async fn dry_run_update(
+        &self,
+        resource: &ResolvedResource,
+        desired: &Value,
+        observed: &DynamicObject,
+    ) -> Result<(), kube::Error> {
+        let key = key_of(desired);
+        let (desired, _) = self.fitted(resource, desired);
+        let body = with_precondition_uid(&annotated(&desired, &hash(&desired)), observed);
+        let body = with_precondition_version(body, observed);
+        let api = self.api(resource, key.namespace.as_deref());
+        api.patch(&key.name, &self.params().dry_run(), &Patch::Apply(body)).await.map(drop)
+    }
+
     /// `desired` pruned against its type's schema as last read (see [`crate::write::unknown_fields`]),
     /// and the fields dropped from it; as it is when the hub is strict or the schema is not known.
     fn fitted<'d>(

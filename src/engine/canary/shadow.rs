@@ -4,7 +4,9 @@
 //! the parent module because it runs over the engine's sync (`Kind`), as `follow` does.
 //!
 //! The shadow answer is checked and dropped: nothing of it is written, no Event is recorded, no
-//! status or held error is set. The failures must be of the same kind ([`Failure`]), and a failure in
+//! status or held error is set. Where the candidate's update of a child was refused by the API server
+//! as invalid, the current answer's update of that child is sent as a server-side dry run (a tenant's
+//! `immutable` child refuses both): only a write shows such a refusal. The failures must be of the same kind ([`Failure`]), and a failure in
 //! part never excuses a whole one: a tenant holding its copy of a platform parent's child makes every
 //! answer for that parent lose a namespace, and must not make a candidate that crashes on that parent,
 //! whose answer is refused whole, or whose writes the API server refuses, look healthy (an attack
@@ -34,7 +36,7 @@ pub(crate) async fn settle<C: Kind>(
     let uid = observing.obj.metadata.uid.as_deref().unwrap_or_default();
     let stable_fails = match result {
         Err(error) if pick.live.shadows(pick.side, uid, request, counted) => {
-            match stable_failure(kind, observing).await {
+            match stable_failure(kind, observing, error).await {
                 Shadow::Passes => Some(false),
                 Shadow::Fails(shadow) => Some(Failure::of(error).excused_by(shadow)),
                 // The shadow could not tell: the parent's retry is asked again, and counted then.
@@ -72,9 +74,14 @@ enum Failure {
     /// The answer, refused for some namespaces only (a name someone else holds there, a copy held in
     /// its deletion): the rest of it is written.
     RefusedInPart,
-    /// Anything else (a write the API server refused): the shadow call, which writes nothing, cannot
-    /// show it; only a current hook that fails whole excuses it.
+    /// Anything else (a write the API server refused): the shadow call, which writes nothing, shows it
+    /// only by a dry run of the writes the candidate's were refused for ([`WriteRefused`](Self::WriteRefused));
+    /// else only a current hook that fails whole excuses it.
     Other,
+    /// The current hook's answer, asked in the shadow, would be refused by the API server where the
+    /// candidate's write was (a server-side dry run of the same child's update): the parent's own, as a
+    /// tenant's `immutable` child whose data both answers change.
+    WriteRefused,
 }
 
 impl Failure {
@@ -95,8 +102,9 @@ impl Failure {
     fn excused_by(self, shadow: Self) -> bool {
         match self {
             Self::Call => shadow == Self::Call,
-            Self::Refused | Self::Other => matches!(shadow, Self::Call | Self::Refused),
-            Self::RefusedInPart => shadow != Self::Other,
+            Self::Refused => matches!(shadow, Self::Call | Self::Refused),
+            Self::Other | Self::WriteRefused => matches!(shadow, Self::Call | Self::Refused | Self::WriteRefused),
+            Self::RefusedInPart => !matches!(shadow, Self::Other | Self::WriteRefused),
         }
     }
 }
@@ -104,9 +112,11 @@ impl Failure {
 /// How the current sync hook's answer to the request `observing` showed the candidate fares in the
 /// checks the engine's sync makes before it writes anything: the hook's own call and the kind's checks
 /// of its answer ([`Kind::decide`], which writes nothing), the namespaces it may write in
-/// ([`narrowed`]) and the plan of its writes ([`planned`]). A hook that asks to be called later shows
-/// nothing (the candidate's failure counts); a state a retry resolves is [`Shadow::Unknown`].
-async fn stable_failure<C: Kind>(kind: &C, observing: &Observing<C>) -> Shadow {
+/// ([`narrowed`]) and the plan of its writes ([`planned`]); and, where the candidate's `error` is
+/// updates the API server refused as invalid, a dry run of the current answer's updates of the same
+/// children ([`refused_alike`]). A hook that asks to be called later shows nothing (the candidate's
+/// failure counts); a state a retry resolves is [`Shadow::Unknown`].
+async fn stable_failure<C: Kind>(kind: &C, observing: &Observing<C>, error: &SyncError) -> Shadow {
     let Some(stable) = kind.hook(observing.finalizing) else { return Shadow::Passes };
     let Observing { obj, resource, finalizing, observed, claimed, children, related, .. } = observing;
     let call = Call {
@@ -123,13 +133,16 @@ async fn stable_failure<C: Kind>(kind: &C, observing: &Observing<C>) -> Shadow {
         let narrowed = narrowed(kind, observing, &decision)?;
         let adopts = |child: &kube::api::DynamicObject| kind.adopts(obj, resource, child);
         planned(kind, observing, (&decision, narrowed.as_ref()), &adopts)?;
-        let left_out = narrowed.is_some_and(|n| !n.refused.is_empty());
-        Ok::<_, SyncError>(left_out || decision.refused.is_some())
+        let left_out = narrowed.as_ref().is_some_and(|n| !n.refused.is_empty());
+        if left_out || decision.refused.is_some() {
+            return Ok(Shadow::Fails(Failure::RefusedInPart));
+        }
+        let desired = narrowed.as_ref().map_or(&decision.desired[..], |n| &n.desired[..]);
+        Ok::<_, SyncError>(refused_alike(kind, observing, desired, error).await)
     };
     let failure = match checked.await {
-        // The plan was made: what is refused is a part of it.
-        Ok(true) => Shadow::Fails(Failure::RefusedInPart),
-        Ok(false) => Shadow::Passes,
+        // The plan was made: what is refused is a part of it, or what a dry run of its writes showed.
+        Ok(shadow) => shadow,
         Err(error) if matches!(error.action(), Action::RetryQuietly) => Shadow::Unknown,
         Err(error) => match Verdict::Failed(error.action()).counted() {
             Some(Counted::Error | Counted::PermanentError) => Shadow::Fails(Failure::of(&error)),
@@ -138,6 +151,49 @@ async fn stable_failure<C: Kind>(kind: &C, observing: &Observing<C>) -> Shadow {
     };
     tracing::debug!(parent = ?observing.obj.metadata.name, ?failure, "the current hook asked in the shadow");
     failure
+}
+
+/// Whether the current hook's answer (`desired`, by child type) would have its writes refused where the
+/// candidate's were: for each update the API server refused the candidate as invalid (422: an immutable
+/// field), the current answer's version of that child, when it changes the child too, is sent as a
+/// server-side dry run. Refused as invalid as well: [`Failure::WriteRefused`]. The current answer
+/// leaving the child as it is, or accepted: [`Shadow::Passes`]. A dry run that meets a changed child
+/// (409) or fails otherwise cannot tell: [`Shadow::Unknown`]. Any other candidate failure: passes.
+async fn refused_alike<C: Kind>(
+    kind: &C,
+    observing: &Observing<C>,
+    desired: &[crate::write::children::ChildMap<serde_json::Value>],
+    error: &SyncError,
+) -> Shadow {
+    let SyncError::Apply(errors) = error else { return Shadow::Passes };
+    let core = kind.core();
+    let mut refused_too = false;
+    for failed in errors {
+        let crate::write::apply::ApplyError::Apply { kind: failed_kind, key, source: kube::Error::Api(status) } =
+            failed
+        else {
+            continue;
+        };
+        if status.code != 422 {
+            continue;
+        }
+        for (index, resource) in core.child_resources.iter().enumerate() {
+            if resource.kind() != failed_kind {
+                continue;
+            }
+            let (Some(wanted), Some(child)) =
+                (desired.get(index).and_then(|d| d.get(key)), observing.observed.get(index).and_then(|o| o.get(key)))
+            else {
+                continue;
+            };
+            match core.hub.applier.dry_run_update(resource, wanted, child).await {
+                Ok(()) => {}
+                Err(kube::Error::Api(status)) if status.code == 422 => refused_too = true,
+                Err(_) => return Shadow::Unknown,
+            }
+        }
+    }
+    if refused_too { Shadow::Fails(Failure::WriteRefused) } else { Shadow::Passes }
 }
 
 #[cfg(test)]
@@ -168,5 +224,16 @@ mod tests {
         assert!(!Failure::Refused.excused_by(Failure::RefusedInPart), "an answer refused whole");
         assert!(!Failure::Call.excused_by(Failure::RefusedInPart), "a failed call");
         assert!(!Failure::Other.excused_by(Failure::Other), "the shadow writes nothing: it shows no write refusal");
+        assert!(!Failure::RefusedInPart.excused_by(Failure::WriteRefused), "a part is not excused by a whole");
+    }
+
+    /// Attack review F2 (issue 67): a tenant's own children made `immutable` refuse every update of
+    /// them, whichever hook answers; the current hook's answer, dry-run, is refused the same way, and
+    /// the candidate's refused write is the parent's.
+    #[test]
+    fn a_write_refused_alike_in_the_shadows_dry_run_is_the_parents() {
+        assert!(Failure::Other.excused_by(Failure::WriteRefused));
+        assert!(!Failure::Call.excused_by(Failure::WriteRefused), "a crash is not excused by a refused write");
+        assert!(!Failure::Refused.excused_by(Failure::WriteRefused), "an answer refused whole is the candidate's");
     }
 }
