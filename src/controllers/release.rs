@@ -131,8 +131,8 @@ pub fn crd_name(api_version: &str, resource: &str) -> Option<String> {
 enum CrdState {
     /// No such CRD: none of its objects exists.
     Gone,
-    /// Being deleted: every object of it goes (`kind`, as the CRD says).
-    Deleting { kind: String },
+    /// Being deleted: every object of it goes.
+    Deleting,
     /// It stays (created again, perhaps): its objects are alive unless found gone one by one.
     Stays,
 }
@@ -142,9 +142,7 @@ enum CrdState {
 async fn crd_state(scope: &Scope, name: &str) -> Result<Option<CrdState>, kube::Error> {
     match Api::<CustomResourceDefinition>::all(scope.client.clone()).get_opt(name).await {
         Ok(None) => Ok(Some(CrdState::Gone)),
-        Ok(Some(crd)) if crd.metadata.deletion_timestamp.is_some() => {
-            Ok(Some(CrdState::Deleting { kind: crd.spec.names.kind }))
-        }
+        Ok(Some(crd)) if crd.metadata.deletion_timestamp.is_some() => Ok(Some(CrdState::Deleting)),
         Ok(Some(_)) => Ok(Some(CrdState::Stays)),
         Err(kube::Error::Api(status)) if status.code == 403 => {
             warn!(crd = %name, "may not read the parent type's CRD: the children its parents leave are the garbage collector's");
@@ -186,7 +184,7 @@ async fn doomed(scope: &Scope, api_version: &str, resource: &str) -> Result<Opti
     let Some(crd) = crd_name(api_version, resource) else { return Ok(None) };
     match crd_state(scope, &crd).await? {
         None | Some(CrdState::Stays) => return Ok(None),
-        Some(CrdState::Deleting { .. }) => {}
+        Some(CrdState::Deleting) => {}
         Some(CrdState::Gone) => {
             let gv: kube::core::GroupVersion = match api_version.parse() {
                 Ok(gv) => gv,
@@ -219,7 +217,7 @@ async fn owner_gone(
     owner: &OwnerReference,
 ) -> Result<bool, kube::Error> {
     match now {
-        CrdState::Gone | CrdState::Deleting { .. } => Ok(true),
+        CrdState::Gone | CrdState::Deleting => Ok(true),
         CrdState::Stays => {
             let ar = &doom.parent.api_resource;
             let api: Api<DynamicObject> = match child.namespace() {
