@@ -888,6 +888,33 @@ async fn a_tenant_that_makes_the_current_answer_lose_its_namespace_does_not_hide
     w.finish("CompositeController").await;
 }
 
+/// Attack review of the shadow's dry run (issue 67, helper-14): a platform parent has a child in a
+/// tenant's namespace; the tenant changes its copy and makes it `immutable`, so the current hook's
+/// update of it is refused too. That one refusal excused the whole parent, even the candidate's own
+/// invalid write of the platform's child at home, which the current answer leaves as it is: a candidate
+/// failing every platform parent stayed `Running` for minutes. Every refused write of the candidate's
+/// must be refused alike to be the parent's: it halts.
+#[tokio::test]
+async fn a_tenants_immutable_copy_does_not_hide_a_candidates_own_invalid_writes() {
+    let (w, tenant, candidate) = cross_namespace_world("canary-frozen-copy", true).await;
+    let t = tenant.namespace.name.as_str();
+    w.thing("p2", json!({"children": [{"name": "p2-home"}, {"name": "p2-in-tenant", "namespace": t}]})).await;
+    let copies = tenant.api("v1", "ConfigMap").await;
+    eventually(WAIT, || async { copies.get_opt("p2-in-tenant").await.ok().flatten() }).await;
+    // The tenant, with its namespaced rights only, changes its copy and freezes it.
+    let freeze = json!({"data": {"v": "tampered"}, "immutable": true});
+    copies.patch("p2-in-tenant", &PatchParams::default(), &Patch::Merge(&freeze)).await.unwrap();
+
+    set_canary(&w, json!({"url": candidate.url("/sync"), "percent": 100, "minSyncs": 5})).await;
+    let halted = canary_status(&w, |c| c["state"] == "Halted").await;
+    let message = halted["message"].as_str().unwrap();
+    assert!(message.contains("fails 1 of the 1 parents it answered"), "{halted}");
+    let home = w.config_map("p2-home").await.expect("p2's child at home");
+    assert_eq!(home.data["data"], json!({"v": "1"}), "the current hook's child, untouched");
+    tenant.namespace.delete().await;
+    w.finish("CompositeController").await;
+}
+
 /// Attack review (issue 67): the shadow is checked against the observation the candidate's sync
 /// started from; children that sync has just created are in the cache but not in that observation, and
 /// the shadow's plan met them as a stale cache (a quiet retry) — which counted as "the current hook

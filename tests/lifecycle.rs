@@ -796,3 +796,35 @@ async fn the_release_sweeps_only_children_of_the_deleted_parent_type_and_waits_o
     w.start_hub();
     w.finish("CompositeController").await;
 }
+
+/// Attack review of the sweep (helper-14): a parent held in its deletion by someone's finalizer while
+/// its CRD is being deleted still exists, and may need its children meanwhile (another controller's
+/// finalizer, a backup tool): the controller's delete sweeps no child of it, and does not wait for it.
+#[tokio::test]
+async fn a_parent_held_by_someones_finalizer_keeps_its_children_when_its_crd_and_controller_go() {
+    let w = World::new("lc-held-parent", HOOK).await;
+    let whole = Whole::new(&w, "held", false);
+    whole.install(&w, &["h"]).await;
+    let widgets = whole.widgets(&w).await;
+    let hold = json!({"metadata": {"finalizers": ["example.com/hold"]}});
+    widgets.patch("h", &PatchParams::default(), &Patch::Merge(&hold)).await.unwrap();
+    let crds: Api<CustomResourceDefinition> = Api::all(w.client.clone());
+    let crd = format!("widgets.{}", whole.group);
+    crds.delete(&crd, &DeleteParams::default()).await.unwrap();
+    eventually(WAIT, || async { widgets.get("h").await.unwrap().metadata.deletion_timestamp }).await;
+
+    let controllers = w.controllers("CompositeController").await;
+    let started = Instant::now();
+    controllers.delete(&whole.controller_name(), &DeleteParams::default()).await.unwrap();
+    eventually(BOUND, || async {
+        controllers.get_opt(&whole.controller_name()).await.unwrap().is_none().then_some(())
+    })
+    .await;
+    eprintln!("the controller went in {:?}", started.elapsed());
+    assert!(w.config_map("h-child").await.is_some(), "the held parent's child was swept");
+
+    let release = json!({"metadata": {"finalizers": null}});
+    widgets.patch("h", &PatchParams::default(), &Patch::Merge(&release)).await.unwrap();
+    eventually(WAIT, || async { crds.get_opt(&crd).await.unwrap().is_none().then_some(()) }).await;
+    w.finish("CompositeController").await;
+}

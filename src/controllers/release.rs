@@ -206,34 +206,47 @@ async fn doomed(scope: &Scope, api_version: &str, resource: &str) -> Result<Opti
     Ok(Some(Doomed { crd, parent }))
 }
 
-/// Whether `child`'s controlling `owner`, of a doomed type whose CRD is `now` (read after the child was
-/// listed), is gone or going. Gone or being deleted, the CRD took every object of it. Present again
-/// (created anew since), the owner is looked up by name and UID: a new parent's child stays.
-async fn owner_gone(
+/// Where a child's controlling owner is, for a sweep.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Owner {
+    /// No object of its name and UID exists: the child is garbage, as the garbage collector says.
+    Gone,
+    /// It exists and is not going (a CRD created anew), or is held in its deletion by someone's
+    /// finalizer (which may need the child meanwhile), or the type cannot be read: the child stays.
+    Stays,
+    /// Its CRD is being deleted and it has not gone yet, held by nobody: the release looks again.
+    Going,
+}
+
+/// Where `child`'s controlling `owner`, of a doomed type whose CRD is `now` (read after the child was
+/// listed), is. Gone, the CRD took every object of it. Otherwise (being deleted, or created anew), the
+/// owner is looked up by name and UID through the type as served now (by group and kind, whatever
+/// its version): a parent held by a finalizer of someone's, or a new parent, keeps its child.
+async fn owner_of(
     scope: &Scope,
     doom: &Doomed,
     now: &CrdState,
     child: &DynamicObject,
     owner: &OwnerReference,
-) -> Result<bool, kube::Error> {
-    match now {
-        CrdState::Gone | CrdState::Deleting => Ok(true),
-        CrdState::Stays => {
-            let ar = &doom.parent.api_resource;
-            let api: Api<DynamicObject> = match child.namespace() {
-                Some(ns) if doom.parent.namespaced => Api::namespaced_with(scope.client.clone(), &ns, ar),
-                _ => Api::all_with(scope.client.clone(), ar),
-            };
-            match api.get_opt(&owner.name).await {
-                Ok(Some(live)) => Ok(live.uid().as_deref() != Some(owner.uid.as_str())),
-                Ok(None) => Ok(true),
-                // The type changed shape when it came back (another kind, scope or version): its new
-                // objects are not this owner.
-                Err(err) if cannot_exist(&err) => Ok(false),
-                Err(err) => Err(err),
-            }
-        }
+) -> Result<Owner, kube::Error> {
+    if *now == CrdState::Gone {
+        return Ok(Owner::Gone);
     }
+    let parent = &doom.parent.api_resource;
+    let Some(served) = scope.discovery.resolve_kind(&parent.group, &parent.kind).await? else {
+        return Ok(Owner::Stays);
+    };
+    let api: Api<DynamicObject> = match child.namespace() {
+        Some(ns) if served.namespaced => Api::namespaced_with(scope.client.clone(), &ns, &served.api_resource),
+        _ => Api::all_with(scope.client.clone(), &served.api_resource),
+    };
+    Ok(match api.get_opt(&owner.name).await? {
+        Some(live) if live.uid().as_deref() == Some(owner.uid.as_str()) => match now {
+            CrdState::Deleting if live.finalizers().is_empty() => Owner::Going,
+            _ => Owner::Stays,
+        },
+        _ => Owner::Gone,
+    })
 }
 
 /// Deletes the children whose controlling owner was of a released parent type that can no longer exist.
@@ -243,9 +256,10 @@ async fn owner_gone(
 /// parent type whose CRD was created and deleted within that time (a controller installed, tried and
 /// torn down with `kubectl delete -k`) are never collected. The hub made them; as the garbage collector
 /// would, it deletes them (UID precondition), only once the type's CRD says its objects went or go
-/// ([`doomed`]), and only a child whose controlling owner is of exactly that type and is gone or going
-/// by the CRD as read after that child was listed ([`owner_gone`]): a CRD created again meanwhile keeps
-/// its new parents' children.
+/// ([`doomed`]), and only a child whose controlling owner is of exactly that type and is gone by the
+/// CRD as read after that child was listed, or by name and UID ([`owner_of`]): a CRD created again
+/// meanwhile keeps its new parents' children, and a parent someone's finalizer holds keeps its own
+/// until it goes (a parent the CRD's deletion has not reached yet is looked at again).
 ///
 /// A cleanup, not a promise the release waits on: what the API server refuses (403) is said in the log
 /// and left to the garbage collector; only what may pass (a timeout, a 5xx) is tried again.
@@ -297,9 +311,17 @@ async fn sweep_children(scope: &Scope, holdings: &Holdings, outcome: &mut Outcom
                 };
                 for child in orphans {
                     let Some(owner) = child.owner_references().iter().find(|o| doom.owns(o)) else { continue };
-                    match owner_gone(scope, doom, &now, child, owner).await {
-                        Ok(true) => {}
-                        Ok(false) => continue,
+                    match owner_of(scope, doom, &now, child, owner).await {
+                        Ok(Owner::Gone) => {}
+                        Ok(Owner::Stays) => continue,
+                        Ok(Owner::Going) => {
+                            let what = format!("{} {}", resolved.kind(), describe(child));
+                            outcome
+                                .waiting
+                                .0
+                                .push(format!("{what} waits for its parent {} to go with its CRD", owner.name));
+                            continue;
+                        }
                         Err(err) => {
                             retry_or_log(
                                 outcome,

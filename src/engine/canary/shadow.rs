@@ -154,11 +154,13 @@ async fn stable_failure<C: Kind>(kind: &C, observing: &Observing<C>, error: &Syn
 }
 
 /// Whether the current hook's answer (`desired`, by child type) would have its writes refused where the
-/// candidate's were: for each update the API server refused the candidate as invalid (422: an immutable
-/// field), the current answer's version of that child, when it changes the child too, is sent as a
-/// server-side dry run. Refused as invalid as well: [`Failure::WriteRefused`]. The current answer
-/// leaving the child as it is, or accepted: [`Shadow::Passes`]. A dry run that meets a changed child
-/// (409) or fails otherwise cannot tell: [`Shadow::Unknown`]. Any other candidate failure: passes.
+/// candidate's were: the candidate's failure must be updates the API server refused as invalid (422:
+/// an immutable field), every one of them; for each, the current answer's version of that child is
+/// sent as a server-side dry run. Every one refused as invalid as well: [`Failure::WriteRefused`]. Any
+/// other failure of the candidate's, a child the current answer leaves out or leaves as it is, or one
+/// dry run accepted: [`Shadow::Passes`] (one child a tenant froze must not excuse the candidate's own
+/// invalid write of another: an attack review kept a candidate failing every platform parent `Running`
+/// so). A dry run that meets a changed child (409) or fails otherwise cannot tell: [`Shadow::Unknown`].
 async fn refused_alike<C: Kind>(
     kind: &C,
     observing: &Observing<C>,
@@ -166,34 +168,32 @@ async fn refused_alike<C: Kind>(
     error: &SyncError,
 ) -> Shadow {
     let SyncError::Apply(errors) = error else { return Shadow::Passes };
+    if errors.is_empty() {
+        return Shadow::Passes;
+    }
     let core = kind.core();
-    let mut refused_too = false;
     for failed in errors {
         let crate::write::apply::ApplyError::Apply { kind: failed_kind, key, source: kube::Error::Api(status) } =
             failed
         else {
-            continue;
+            return Shadow::Passes;
         };
         if status.code != 422 {
-            continue;
+            return Shadow::Passes;
         }
-        for (index, resource) in core.child_resources.iter().enumerate() {
-            if resource.kind() != failed_kind {
-                continue;
-            }
-            let (Some(wanted), Some(child)) =
-                (desired.get(index).and_then(|d| d.get(key)), observing.observed.get(index).and_then(|o| o.get(key)))
-            else {
-                continue;
-            };
-            match core.hub.applier.dry_run_update(resource, wanted, child).await {
-                Ok(()) => {}
-                Err(kube::Error::Api(status)) if status.code == 422 => refused_too = true,
-                Err(_) => return Shadow::Unknown,
-            }
+        let found = core.child_resources.iter().enumerate().find_map(|(index, resource)| {
+            let wanted = desired.get(index)?.get(key)?;
+            let child = observing.observed.get(index)?.get(key)?;
+            (resource.kind() == failed_kind).then_some((resource, wanted, child))
+        });
+        let Some((resource, wanted, child)) = found else { return Shadow::Passes };
+        match core.hub.applier.dry_run_update(resource, wanted, child).await {
+            Err(kube::Error::Api(status)) if status.code == 422 => {}
+            Ok(()) => return Shadow::Passes,
+            Err(_) => return Shadow::Unknown,
         }
     }
-    if refused_too { Shadow::Fails(Failure::WriteRefused) } else { Shadow::Passes }
+    Shadow::Fails(Failure::WriteRefused)
 }
 
 #[cfg(test)]
