@@ -11,30 +11,16 @@ use std::time::Duration;
 
 use kube::api::{DeleteParams, Patch, PatchParams, PropagationPolicy};
 use serde_json::{Value, json};
+use support::elsewhere::{
+    HOOK, PARENT, PARENT_UID, annotation, child, config_map, config_map_with_v, cross_namespace_spec, label,
+};
+use support::replicas::Replicas;
 use support::{TestNamespace, World, eventually};
 
 const WAIT: Duration = Duration::from_secs(60);
-const PARENT_UID: &str = "metahook.dev/parent-uid";
-const PARENT: &str = "metahook.dev/parent";
-
-/// Each Thing's `spec.children` lists its ConfigMaps: `{"name", "namespace"?, "v"?}`; the status counts
-/// the children the request showed.
-const HOOK: &str = r#"
-def sync(request):
-    spec = request["parent"].get("spec") or {}
-    children = []
-    for c in spec.get("children", []):
-        metadata = {"name": c["name"]}
-        if c.get("namespace"):
-            metadata["namespace"] = c["namespace"]
-        children.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata, "data": {"v": str(c.get("v", "1"))}})
-    seen = sorted(request["children"].get("ConfigMap.v1", {}).keys())
-    return {"children": children, "status": {"seen": seen}}
-"#;
-
 /// The world: a controller of Things whose ConfigMaps are `crossNamespace`, and a second namespace.
 async fn world(test: &str) -> (World, TestNamespace) {
-    world_with(test, controller_spec).await
+    world_with(test, cross_namespace_spec).await
 }
 
 /// [`world`] with the controller `spec` makes.
@@ -45,42 +31,20 @@ async fn world_with(test: &str, spec: impl Fn(&World) -> Value) -> (World, TestN
     (w, other)
 }
 
-/// A controller of Things whose ConfigMaps are `crossNamespace`.
-fn controller_spec(w: &World) -> Value {
-    json!({
-        "generateSelector": true,
-        "parentResource": {"apiVersion": "test.metahook.dev/v1", "resource": "things"},
-        "childResources": [{"apiVersion": "v1", "resource": "configmaps", "crossNamespace": true,
-                            "updateStrategy": {"method": "InPlace"}}],
-        "hooks": {"sync": {"webhook": {"url": w.hook.url("/sync")}}},
-    })
-}
-
-/// [`controller_spec`] whose parents adopt selected orphans in every namespace (`adoptAcrossNamespaces`,
-/// the controller author's opt-in).
+/// [`cross_namespace_spec`] whose parents adopt selected orphans in every namespace
+/// (`adoptAcrossNamespaces`, the controller author's opt-in).
 fn adopting_everywhere_spec(w: &World) -> Value {
-    let mut spec = controller_spec(w);
+    let mut spec = cross_namespace_spec(w);
     spec["childResources"][0]["adoptAcrossNamespaces"] = json!(true);
     spec
 }
 
-/// [`controller_spec`] without `generateSelector`: each parent's own `spec.selector` selects its children
-/// (as whoever may create a parent writes it).
+/// [`cross_namespace_spec`] without `generateSelector`: each parent's own `spec.selector` selects its
+/// children (as whoever may create a parent writes it).
 fn parent_selector_spec(w: &World) -> Value {
-    let mut spec = controller_spec(w);
+    let mut spec = cross_namespace_spec(w);
     spec.as_object_mut().unwrap().remove("generateSelector");
     spec
-}
-
-fn child(name: &str, namespace: Option<&str>) -> Value {
-    match namespace {
-        Some(ns) => json!({"name": name, "namespace": ns}),
-        None => json!({"name": name}),
-    }
-}
-
-async fn config_map(w: &World, namespace: &str, name: &str) -> Option<kube::api::DynamicObject> {
-    support::api(&w.client, "v1", "ConfigMap", Some(namespace)).await.get_opt(name).await.unwrap()
 }
 
 async fn exists(w: &World, namespace: &str, name: &str) -> kube::api::DynamicObject {
@@ -89,14 +53,6 @@ async fn exists(w: &World, namespace: &str, name: &str) -> kube::api::DynamicObj
 
 async fn gone(w: &World, namespace: &str, name: &str) {
     eventually(WAIT, || async { config_map(w, namespace, name).await.is_none().then_some(()) }).await;
-}
-
-fn label<'a>(obj: &'a kube::api::DynamicObject, key: &str) -> Option<&'a str> {
-    obj.metadata.labels.as_ref()?.get(key).map(String::as_str)
-}
-
-fn annotation<'a>(obj: &'a kube::api::DynamicObject, key: &str) -> Option<&'a str> {
-    obj.metadata.annotations.as_ref()?.get(key).map(String::as_str)
 }
 
 #[tokio::test]
@@ -125,7 +81,7 @@ async fn a_child_elsewhere_carries_its_parents_uid_and_is_put_back_and_deleted_l
     let cms = support::api(&w.client, "v1", "ConfigMap", Some(b)).await;
     let drift = json!({"data": {"v": "drifted"}});
     cms.patch("p1-b", &PatchParams::default(), &Patch::Merge(&drift)).await.unwrap();
-    eventually(WAIT, || async { config_map(&w, b, "p1-b").await.filter(|cm| cm.data["data"]["v"] == "1") }).await;
+    config_map_with_v(&w, b, "p1-b", "1", WAIT).await;
     cms.delete("p1-b", &DeleteParams::default()).await.unwrap();
     let again = eventually(WAIT, || async {
         config_map(&w, b, "p1-b").await.filter(|cm| cm.metadata.uid != there.metadata.uid)
@@ -172,11 +128,7 @@ async fn a_name_held_elsewhere_by_anyone_else_refuses_that_namespace_only_and_a_
     let p3 = w.thing("p3", json!({"children": [child("p3-b", Some(b))]})).await;
     let held = exists(&w, b, "p3-b").await;
     w.thing("p4", json!({"children": [child("p4-a", None), child("p3-b", Some(b))]})).await;
-    let refused = eventually(WAIT, || async {
-        let warnings = support::warnings_for(&w.client, &w.ns.name, "p4").await;
-        warnings.into_iter().find(|m| m.contains("p3-b"))
-    })
-    .await;
+    let refused = support::warning_eventually(&w.client, &w.ns.name, "p4", WAIT, |m| m.contains("p3-b")).await;
     // The refusal names the parent that holds it (issue 53 item 8).
     assert!(refused.contains(&format!("the child of parent {}/p3", w.ns.name)), "{refused}");
     let still = cms.get("p3-b").await.unwrap();
@@ -228,7 +180,7 @@ async fn a_deleted_parent_takes_its_children_elsewhere_even_if_the_hub_was_down_
     assert!(config_map(&w, b, "p6-b").await.is_some(), "the child elsewhere is still there");
     w.start_hub();
     gone(&w, b, "p6-b").await;
-    eventually(WAIT, || async { things.get_opt("p6").await.unwrap().is_none().then_some(()) }).await;
+    support::gone(&things, "p6", WAIT).await;
 
     // `--cascade=orphan`: the parent goes, its children stay, no longer anyone's.
     w.thing("p7", json!({"children": [child("p7-a", None), child("p7-b", Some(b))]})).await;
@@ -236,7 +188,7 @@ async fn a_deleted_parent_takes_its_children_elsewhere_even_if_the_hub_was_down_
     exists(&w, &w.ns.name, "p7-a").await;
     let orphan = DeleteParams { propagation_policy: Some(PropagationPolicy::Orphan), ..DeleteParams::default() };
     things.delete("p7", &orphan).await.unwrap();
-    eventually(WAIT, || async { things.get_opt("p7").await.unwrap().is_none().then_some(()) }).await;
+    support::gone(&things, "p7", WAIT).await;
     let kept = config_map(&w, b, "p7-b").await.expect("kept under --cascade=orphan");
     assert_eq!((label(&kept, PARENT_UID), annotation(&kept, PARENT)), (None, None), "{:?}", kept.metadata);
     let kept_here = config_map(&w, &w.ns.name, "p7-a").await.expect("kept under --cascade=orphan");
@@ -331,7 +283,7 @@ async fn an_orphaning_delete_keeps_the_children_elsewhere_across_a_hub_killed_be
         .await;
         tokio::time::sleep(Duration::from_millis(1800)).await;
         hub = Some(support::HubProcess::start(&w.label));
-        eventually(WAIT, || async { things.get_opt(name).await.unwrap().is_none().then_some(()) }).await;
+        support::gone(&things, name, WAIT).await;
         tokio::time::sleep(Duration::from_secs(1)).await;
         let after = config_map(&w, b, &there).await.unwrap_or_else(|| panic!("{there} kept under --cascade=orphan"));
         assert_eq!(after.metadata.uid, kept.metadata.uid, "{there}: the same object");
@@ -354,8 +306,7 @@ async fn a_childs_namespace_deleted_and_made_again_gets_its_child_back_and_nothi
     exists(&w, &b, "p8-b").await;
     let namespaces: kube::Api<k8s_openapi::api::core::v1::Namespace> = kube::Api::all(w.client.clone());
     namespaces.delete(&b, &DeleteParams::default()).await.unwrap();
-    eventually(Duration::from_secs(120), || async { namespaces.get_opt(&b).await.unwrap().is_none().then_some(()) })
-        .await;
+    support::gone(&namespaces, &b, Duration::from_secs(120)).await;
     // The sync fails while the namespace is missing (an Event names it); the child here stays as it was.
     eventually(WAIT, || async {
         let warnings = support::warnings_for(&w.client, &w.ns.name, "p8").await;
@@ -406,37 +357,16 @@ async fn with_sharding_the_replica_holding_the_parent_keeps_and_deletes_its_chil
     w.stop_hub().await;
     let other = TestNamespace::create(&w.client, "xns-shards-b").await;
     let b = other.name.clone();
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("metahook.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            "targetLabelSelector: metahook-test={label}\nmetricsAddress: \"\"\nleaderElection:\n  leaseName: {label}\n  \
-             leaseNamespace: {ns}\n  leaseDuration: 6\n  renewDeadline: 4\n  retryPeriod: 1\nsharding:\n  enabled: true\n  \
-             ring: {label}\n  rebalanceInterval: 1\n",
-            label = w.label,
-            ns = w.ns.name,
-        ),
-    )
-    .unwrap();
-    let replicas: Vec<tokio::process::Child> = ["hub-a", "hub-b"]
-        .iter()
-        .map(|name| {
-            let log = std::fs::File::create(dir.path().join(format!("{name}.log"))).unwrap();
-            tokio::process::Command::new(env!("CARGO_BIN_EXE_metahook"))
-                .args(["run", "--config"])
-                .arg(&config)
-                .arg("--kubeconfig")
-                .arg(support::kubeconfig_path())
-                .env("POD_NAME", name)
-                .stdout(log.try_clone().unwrap())
-                .stderr(log)
-                .kill_on_drop(true)
-                .spawn()
-                .expect("starting metahook run")
-        })
-        .collect();
-    w.composite(controller_spec(&w)).await;
+    let ring = Replicas::new(&format!(
+        "targetLabelSelector: metahook-test={label}\nmetricsAddress: \"\"\nleaderElection:\n  leaseName: {label}\n  \
+         leaseNamespace: {ns}\n  leaseDuration: 6\n  renewDeadline: 4\n  retryPeriod: 1\nsharding:\n  enabled: true\n  \
+         ring: {label}\n  rebalanceInterval: 1\n",
+        label = w.label,
+        ns = w.ns.name,
+    ));
+    let replicas: Vec<tokio::process::Child> =
+        ["hub-a", "hub-b"].iter().map(|name| ring.start(name, &[], &[])).collect();
+    w.composite(cross_namespace_spec(&w)).await;
     let bucket_label = format!("parent.shard.metahook.dev/{}", w.label);
     let mut uids = Vec::new();
     for i in 0..PARENTS {
@@ -560,10 +490,10 @@ async fn children_elsewhere_of_a_type_taken_out_of_the_spec_go_with_their_parent
 
     // The parent deleted: everything of it elsewhere goes, of either type, and its record.
     things.delete("r1", &DeleteParams::background()).await.unwrap();
-    eventually(WAIT, || async { things.get_opt("r1").await.unwrap().is_none().then_some(()) }).await;
+    support::gone(&things, "r1", WAIT).await;
     gone(&w, b, "r-cm").await;
     gone(&w, &w.ns.name, "r-here").await;
-    eventually(WAIT, || async { secrets.get_opt("r-secret").await.unwrap().is_none().then_some(()) }).await;
+    support::gone(&secrets, "r-secret", WAIT).await;
     eventually(WAIT, || async {
         records.get_opt(&record.metadata.name.clone().unwrap()).await.unwrap().is_none().then_some(())
     })
@@ -734,7 +664,7 @@ async fn a_namespace_deleted_with_a_parent_goes_within_the_bound_and_takes_its_c
     let namespaces: kube::Api<k8s_openapi::api::core::v1::Namespace> = kube::Api::all(w.client.clone());
     let started = std::time::Instant::now();
     namespaces.delete(&doomed.name, &DeleteParams::default()).await.unwrap();
-    eventually(BOUND, || async { namespaces.get_opt(&doomed.name).await.unwrap().is_none().then_some(()) }).await;
+    support::gone(&namespaces, &doomed.name, BOUND).await;
     eprintln!("the namespace with a parent holding a child elsewhere went in {:?}", started.elapsed());
     gone(&w, b, "p-b").await;
     other.delete().await;
@@ -765,7 +695,7 @@ async fn the_last_cross_namespace_type_taken_out_while_no_hub_ran_has_its_record
     assert_eq!(status["keepsRecords"], true, "recorded before the first record: {status}");
 
     w.stop_hub().await;
-    let mut spec = controller_spec(&w);
+    let mut spec = cross_namespace_spec(&w);
     spec["childResources"][0].as_object_mut().unwrap().remove("crossNamespace");
     w.composite(spec).await;
     w.start_hub();
@@ -780,7 +710,7 @@ async fn the_last_cross_namespace_type_taken_out_while_no_hub_ran_has_its_record
 
     let params = DeleteParams { propagation_policy: Some(PropagationPolicy::Foreground), ..DeleteParams::default() };
     things.delete("p", &params).await.unwrap();
-    eventually(BOUND, || async { things.get_opt("p").await.unwrap().is_none().then_some(()) }).await;
+    support::gone(&things, "p", BOUND).await;
     // Released, as with a hub running at the edit: the child elsewhere stays, its owned one goes.
     assert!(config_map(&w, b, "p-far").await.is_some(), "the child elsewhere stays");
     gone(&w, &w.ns.name, "p-here").await;

@@ -13,57 +13,57 @@ use std::time::Duration;
 
 use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams, PropagationPolicy};
 use serde_json::{Value, json};
+use support::elsewhere::{HOOK, PARENT, PARENT_UID, child, config_map, config_map_with_v, cross_namespace_spec, label};
 use support::{Tenant, TestNamespace, World, api, apply_value, eventually};
 
 const WAIT: Duration = Duration::from_secs(60);
 /// How long a parent that nothing holds may take to go, or a change to reach its child: far above what
 /// the hub needs (well under a second here), far below the 60 s and more the failures showed.
 const BOUND: Duration = Duration::from_secs(30);
-const PARENT_UID: &str = "metahook.dev/parent-uid";
-const PARENT: &str = "metahook.dev/parent";
 
-/// Each Thing's `spec.children` lists its ConfigMaps: `{"name", "namespace"?}`, each with `data.v` from
-/// the Thing's `spec.v`.
-const HOOK: &str = r#"
-def sync(request):
-    spec = request["parent"].get("spec") or {}
-    children = []
-    for c in spec.get("children", []):
-        metadata = {"name": c["name"]}
-        if c.get("namespace"):
-            metadata["namespace"] = c["namespace"]
-        children.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata,
-                         "data": {"v": str(spec.get("v", "1"))}})
-    return {"children": children, "status": {"children": len(children)}}
-
-def finalize(request):
-    return {"children": [], "finalized": True}
-"#;
-
-/// A controller of Things whose ConfigMaps are `crossNamespace`.
-fn cross_namespace_spec(w: &World) -> Value {
-    json!({
-        "generateSelector": true,
-        "parentResource": {"apiVersion": "test.metahook.dev/v1", "resource": "things"},
-        "childResources": [{"apiVersion": "v1", "resource": "configmaps", "crossNamespace": true,
-                            "updateStrategy": {"method": "InPlace"}}],
-        "hooks": {"sync": {"webhook": {"url": w.hook.url("/sync")}}},
-    })
+/// The world most tests here start from: the cross-namespace controller, a tenant `<test>-t1` and a
+/// namespace `<test>-t2` that no tenant holds, with their names.
+struct Tenants {
+    w: World,
+    t1: Tenant,
+    t2: TestNamespace,
+    n1: String,
+    n2: String,
+    /// The tenant's ConfigMaps, acting as the tenant.
+    cms: kube::Api<DynamicObject>,
 }
 
-fn child(name: &str, namespace: Option<&str>) -> Value {
-    match namespace {
-        Some(ns) => json!({"name": name, "namespace": ns}),
-        None => json!({"name": name}),
+impl Tenants {
+    async fn new(test: &str) -> Self {
+        let w = World::new(test, HOOK).await;
+        let t1 = Tenant::create(&w.client, &format!("{test}-t1")).await;
+        let t2 = TestNamespace::create(&w.client, &format!("{test}-t2")).await;
+        w.composite(cross_namespace_spec(&w)).await;
+        let (n1, n2) = (t1.namespace.name.clone(), t2.name.clone());
+        let cms = tenant_config_maps(&t1).await;
+        Self { w, t1, t2, n1, n2, cms }
     }
 }
 
-async fn config_map(w: &World, namespace: &str, name: &str) -> Option<DynamicObject> {
-    api(&w.client, "v1", "ConfigMap", Some(namespace)).await.get_opt(name).await.unwrap()
+/// A world with one tenant (`tenant`, its namespace) beside it, and the tenant's ConfigMaps.
+async fn world_and_tenant(test: &str, tenant: &str) -> (World, Tenant, kube::Api<DynamicObject>) {
+    let w = World::new(test, HOOK).await;
+    let tenant = Tenant::create(&w.client, tenant).await;
+    let cms = tenant_config_maps(&tenant).await;
+    (w, tenant, cms)
 }
 
-fn label<'a>(obj: &'a DynamicObject, key: &str) -> Option<&'a str> {
-    obj.metadata.labels.as_ref()?.get(key).map(String::as_str)
+/// Deletes the tenant's namespace, then the world.
+async fn finish_tenant(w: World, tenant: Tenant) {
+    tenant.namespace.delete().await;
+    w.finish("CompositeController").await;
+}
+
+/// Deletes the tenant's namespace and the other, then the world.
+async fn finish(w: World, t1: Tenant, t2: TestNamespace) {
+    t1.namespace.delete().await;
+    t2.delete().await;
+    w.finish("CompositeController").await;
 }
 
 /// A ConfigMap of the tenant's that says it is `parent`'s child: the parent's UID in both labels a child
@@ -82,70 +82,84 @@ async fn tenant_config_maps(tenant: &Tenant) -> kube::Api<DynamicObject> {
     tenant.api("v1", "ConfigMap").await
 }
 
-async fn gone(api: &kube::Api<DynamicObject>, name: &str, within: Duration) {
-    eventually(within, || async { api.get_opt(name).await.unwrap().is_none().then_some(()) }).await;
+/// [`cross_namespace_spec`] with a finalize hook: the controller puts its finalizer on every parent.
+fn finalizing_spec(w: &World) -> Value {
+    let mut spec = cross_namespace_spec(w);
+    spec["hooks"]["finalize"] = json!({"webhook": {"url": w.hook.url("/finalize")}});
+    spec
+}
+
+/// Waits up to `within` until the Thing `name` holds the test's controller's finalizer (`want`) or no
+/// longer does.
+async fn holds_finalizer(w: &World, things: &kube::Api<DynamicObject>, name: &str, want: bool, within: Duration) {
+    let finalizer = format!("metacontroller.io/compositecontroller-{}", w.label);
+    eventually(within, || async {
+        let thing = things.get(name).await.unwrap();
+        (thing.metadata.finalizers.iter().flatten().any(|f| *f == finalizer) == want).then_some(())
+    })
+    .await;
+}
+
+/// A platform parent with its `team-config` in both namespaces `n1` and `n2`, once both are written;
+/// returns its `spec.children`.
+async fn platform(w: &World, n1: &str, n2: &str) -> Value {
+    let children = json!([child("team-config", Some(n1)), child("team-config", Some(n2))]);
+    w.thing("platform", json!({"children": children})).await;
+    eventually(WAIT, || config_map(w, n1, "team-config")).await;
+    eventually(WAIT, || config_map(w, n2, "team-config")).await;
+    children
 }
 
 /// Issue 61 item 1: a tenant's ConfigMap labelled with another namespace's parent's UID, holding a
 /// finalizer of its own, neither holds that parent's deletion nor is touched by the hub.
 #[tokio::test]
 async fn a_decoy_labelled_with_another_namespaces_parent_neither_holds_its_deletion_nor_is_touched() {
-    let w = World::new("tn-decoy", HOOK).await;
-    let tenant = Tenant::create(&w.client, "tn-decoy-a").await;
+    let (w, tenant, cms) = world_and_tenant("tn-decoy", "tn-decoy-a").await;
     w.composite(cross_namespace_spec(&w)).await;
     let vp = w.thing("vp", json!({"children": [child("vp-a", None)]})).await;
     eventually(WAIT, || config_map(&w, &w.ns.name, "vp-a")).await;
 
-    let cms = tenant_config_maps(&tenant).await;
     let placed = cms
         .create(&Default::default(), &serde_json::from_value(decoy("decoy", &vp, &["tenant.example/keep"])).unwrap())
         .await
         .unwrap();
     // A change of vp, so that its sync sees the decoy (the decoy's own event queues vp too).
     w.thing("vp", json!({"v": "2", "children": [child("vp-a", None)]})).await;
-    eventually(WAIT, || async { config_map(&w, &w.ns.name, "vp-a").await.filter(|cm| cm.data["data"]["v"] == "2") })
-        .await;
+    config_map_with_v(&w, &w.ns.name, "vp-a", "2", WAIT).await;
     let things = w.things().await;
     things.delete("vp", &DeleteParams::background()).await.unwrap();
-    gone(&things, "vp", BOUND).await;
+    support::gone(&things, "vp", BOUND).await;
 
     let after = cms.get("decoy").await.unwrap();
     assert!(after.metadata.deletion_timestamp.is_none(), "the hub deleted the tenant's decoy");
     assert_eq!(after.metadata.resource_version, placed.metadata.resource_version, "the decoy was written");
 
-    cms.patch("decoy", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"finalizers": null}})))
-        .await
-        .unwrap();
-    tenant.namespace.delete().await;
-    w.finish("CompositeController").await;
+    support::drop_finalizers(&cms, "decoy").await;
+    finish_tenant(w, tenant).await;
 }
 
 /// Issue 61 item 2: ten decoys in a tenant's namespace do not make the safe-delete guard refuse every
 /// sync of another namespace's parent: its own change reaches its child.
 #[tokio::test]
 async fn decoys_do_not_freeze_another_namespaces_parent_under_the_safe_delete_guard() {
-    let w = World::new("tn-guard", HOOK).await;
-    let tenant = Tenant::create(&w.client, "tn-guard-a").await;
+    let (w, tenant, cms) = world_and_tenant("tn-guard", "tn-guard-a").await;
     w.composite_annotated(json!({"metahook.dev/max-deletions-per-sync": "1"}), cross_namespace_spec(&w)).await;
     let vp = w.thing("vp", json!({"children": [child("vp-a", None)]})).await;
     eventually(WAIT, || config_map(&w, &w.ns.name, "vp-a")).await;
-    let cms = tenant_config_maps(&tenant).await;
     for i in 0..10 {
         let decoy = decoy(&format!("decoy-{i}"), &vp, &[]);
         cms.create(&Default::default(), &serde_json::from_value(decoy).unwrap()).await.unwrap();
     }
     tokio::time::sleep(Duration::from_secs(2)).await;
     w.thing("vp", json!({"v": "2", "children": [child("vp-a", None)]})).await;
-    eventually(BOUND, || async { config_map(&w, &w.ns.name, "vp-a").await.filter(|cm| cm.data["data"]["v"] == "2") })
-        .await;
+    config_map_with_v(&w, &w.ns.name, "vp-a", "2", BOUND).await;
     let warnings = support::warnings_for(&w.client, &w.ns.name, "vp").await;
     assert!(warnings.iter().all(|m| !m.contains("sync would delete")), "{warnings:?}");
     for i in 0..10 {
         let left = cms.get(&format!("decoy-{i}")).await.unwrap();
         assert_eq!(left.data["data"]["v"], "decoy", "decoy-{i} untouched");
     }
-    tenant.namespace.delete().await;
-    w.finish("CompositeController").await;
+    finish_tenant(w, tenant).await;
 }
 
 /// Issue 61 item 3: a platform parent has `team-config` in two tenants' namespaces; the first tenant
@@ -153,25 +167,15 @@ async fn decoys_do_not_freeze_another_namespaces_parent_under_the_safe_delete_gu
 /// still reaches the second tenant's copy; the first's is left as it is, and the parent says why.
 #[tokio::test]
 async fn a_tenant_taking_its_copy_away_does_not_freeze_the_parents_children_in_other_namespaces() {
-    let w = World::new("tn-take", HOOK).await;
-    let t1 = Tenant::create(&w.client, "tn-take-t1").await;
-    let t2 = TestNamespace::create(&w.client, "tn-take-t2").await;
-    w.composite(cross_namespace_spec(&w)).await;
-    let (n1, n2) = (t1.namespace.name.clone(), t2.name.clone());
-    let children = json!([child("team-config", Some(&n1)), child("team-config", Some(&n2))]);
-    w.thing("platform", json!({"children": children})).await;
-    eventually(WAIT, || config_map(&w, &n1, "team-config")).await;
-    eventually(WAIT, || config_map(&w, &n2, "team-config")).await;
+    let Tenants { w, t1, t2, n1, n2, cms } = Tenants::new("tn-take").await;
+    let children = platform(&w, &n1, &n2).await;
 
-    let cms = tenant_config_maps(&t1).await;
     let taken = json!({"metadata": {"labels": {PARENT_UID: null}}});
     let taken = cms.patch("team-config", &PatchParams::default(), &Patch::Merge(taken)).await.unwrap();
     w.thing("platform", json!({"v": "2", "children": children})).await;
-    eventually(BOUND, || async { config_map(&w, &n2, "team-config").await.filter(|cm| cm.data["data"]["v"] == "2") })
-        .await;
-    let refused = eventually(WAIT, || async {
-        let warnings = support::warnings_for(&w.client, &w.ns.name, "platform").await;
-        warnings.into_iter().find(|m| m.contains(&format!("{n1}/team-config")))
+    config_map_with_v(&w, &n2, "team-config", "2", BOUND).await;
+    let refused = support::warning_eventually(&w.client, &w.ns.name, "platform", WAIT, |m| {
+        m.contains(&format!("{n1}/team-config"))
     })
     .await;
     assert!(refused.contains("namespaces refused"), "{refused}");
@@ -179,9 +183,7 @@ async fn a_tenant_taking_its_copy_away_does_not_freeze_the_parents_children_in_o
     assert_eq!(kept.metadata.resource_version, taken.metadata.resource_version, "the taken copy is left as it is");
     assert_eq!(label(&kept, PARENT_UID), None);
 
-    t1.namespace.delete().await;
-    t2.delete().await;
-    w.finish("CompositeController").await;
+    finish(w, t1, t2).await;
 }
 
 /// v2 hooks; the customize hook reads the Secret the parent's `spec.source` names (Metacontroller's own
@@ -242,7 +244,7 @@ async fn a_related_rule_reaching_another_namespace_is_warned_about_and_refused_u
 
     // The controller's author bounds it: the parent's own namespace only.
     things.delete("reader", &DeleteParams::default()).await.unwrap();
-    gone(&things, "reader", WAIT).await;
+    support::gone(&things, "reader", WAIT).await;
     w.composite(spec(Some(json!({"namespaces": [], "resources": [{"apiVersion": "v1", "resource": "secrets"}]}))))
         .await;
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -250,11 +252,9 @@ async fn a_related_rule_reaching_another_namespace_is_warned_about_and_refused_u
                         "metadata": {"name": "reader2", "labels": {"metahook-test": w.label}},
                         "spec": {"source": {"namespace": w.ns.name, "name": "db-credentials"}}});
     things.create(&Default::default(), &serde_json::from_value(parent).unwrap()).await.unwrap();
-    let refused = eventually(WAIT, || async {
-        let warnings = support::warnings_for(&w.client, &tenant.namespace.name, "reader2").await;
-        warnings.into_iter().find(|m| m.contains("relatedLimit"))
-    })
-    .await;
+    let refused =
+        support::warning_eventually(&w.client, &tenant.namespace.name, "reader2", WAIT, |m| m.contains("relatedLimit"))
+            .await;
     assert!(refused.contains(&w.ns.name), "{refused}");
     let status = things.get("reader2").await.unwrap().data["status"].clone();
     assert!(!status.to_string().contains("aHVudGVyMg"), "the Secret's data reached the status: {status}");
@@ -268,20 +268,14 @@ async fn a_related_rule_reaching_another_namespace_is_warned_about_and_refused_u
 #[tokio::test]
 async fn a_controller_deleted_while_the_hub_is_down_lets_its_parents_go() {
     let mut w = World::new("tn-ctl-gone", HOOK).await;
-    let mut spec = cross_namespace_spec(&w);
-    spec["hooks"]["finalize"] = json!({"webhook": {"url": w.hook.url("/finalize")}});
+    let spec = finalizing_spec(&w);
     w.composite(spec).await;
-    let finalizer = format!("metacontroller.io/compositecontroller-{}", w.label);
     let things = w.things().await;
     for name in ["p1", "p2"] {
         w.thing(name, json!({"children": [child(&format!("{name}-a"), None)]})).await;
     }
     for name in ["p1", "p2"] {
-        eventually(WAIT, || async {
-            let thing = things.get(name).await.unwrap();
-            thing.metadata.finalizers.filter(|f| f.contains(&finalizer))
-        })
-        .await;
+        holds_finalizer(&w, &things, name, true, WAIT).await;
     }
     let controllers = w.controllers("CompositeController").await;
     // The hub's own finalizer is on the controller before any parent gets the controller's.
@@ -294,13 +288,9 @@ async fn a_controller_deleted_while_the_hub_is_down_lets_its_parents_go() {
     assert!(controllers.get_opt(&w.label).await.unwrap().is_some(), "the controller waits for a hub");
     w.start_hub();
     things.delete("p1", &DeleteParams::background()).await.unwrap();
-    gone(&things, "p1", BOUND).await;
-    eventually(BOUND, || async {
-        let thing = things.get("p2").await.unwrap();
-        (!thing.metadata.finalizers.iter().flatten().any(|f| *f == finalizer)).then_some(())
-    })
-    .await;
-    gone(&controllers, &w.label, BOUND).await;
+    support::gone(&things, "p1", BOUND).await;
+    holds_finalizer(&w, &things, "p2", false, BOUND).await;
+    support::gone(&controllers, &w.label, BOUND).await;
     w.finish("CompositeController").await;
 }
 
@@ -327,7 +317,7 @@ async fn an_orphaning_delete_of_a_parent_whose_children_are_all_elsewhere_keeps_
     })
     .await;
     w.start_hub();
-    gone(&things, "p", BOUND).await;
+    support::gone(&things, "p", BOUND).await;
     for name in ["p-b1", "p-b2"] {
         let kept =
             config_map(&w, &b.name, name).await.unwrap_or_else(|| panic!("{name} deleted under --cascade=orphan"));
@@ -346,16 +336,11 @@ async fn an_orphaning_delete_of_a_parent_whose_children_are_all_elsewhere_keeps_
 /// children everywhere else are written (issue 61, a review's finding: this froze the whole answer).
 #[tokio::test]
 async fn a_squat_that_says_it_is_the_parents_child_elsewhere_refuses_only_its_namespace() {
-    let w = World::new("tn-squat", HOOK).await;
-    let t1 = Tenant::create(&w.client, "tn-squat-t1").await;
-    let t2 = TestNamespace::create(&w.client, "tn-squat-t2").await;
-    w.composite(cross_namespace_spec(&w)).await;
-    let (n1, n2) = (t1.namespace.name.clone(), t2.name.clone());
+    let Tenants { w, t1, t2, n1, n2, cms } = Tenants::new("tn-squat").await;
     let pp =
         w.thing("pp", json!({"children": [child("team-config", Some(&n1)), child("team-config", Some(&n2))]})).await;
     eventually(WAIT, || config_map(&w, &n2, "team-config")).await;
     let uid = pp.metadata.uid.clone().unwrap();
-    let cms = tenant_config_maps(&t1).await;
     let labelled = json!({"apiVersion": "v1", "kind": "ConfigMap",
         "metadata": {"name": "team-extra", "labels": {PARENT_UID: uid, "controller-uid": uid}}, "data": {"v": "mine"}});
     cms.create(&Default::default(), &serde_json::from_value(labelled).unwrap()).await.unwrap();
@@ -375,23 +360,18 @@ async fn a_squat_that_says_it_is_the_parents_child_elsewhere_refuses_only_its_na
     ]);
     w.thing("pp", json!({"v": "2", "children": children})).await;
     for name in ["team-config", "team-extra", "team-owned"] {
-        eventually(BOUND, || async { config_map(&w, &n2, name).await.filter(|cm| cm.data["data"]["v"] == "2") }).await;
+        config_map_with_v(&w, &n2, name, "2", BOUND).await;
     }
-    let refused = eventually(WAIT, || async {
-        let warnings = support::warnings_for(&w.client, &w.ns.name, "pp").await;
-        warnings.into_iter().find(|m| m.contains("namespaces refused") && m.contains(&n1))
+    let refused = support::warning_eventually(&w.client, &w.ns.name, "pp", WAIT, |m| {
+        m.contains("namespaces refused") && m.contains(&n1)
     })
     .await;
     assert!(!refused.contains(&uid), "the refusal names no UID: {refused}");
     for name in ["team-extra", "team-owned"] {
         assert_eq!(cms.get(name).await.unwrap().data["data"]["v"], "mine", "{name} untouched");
     }
-    cms.patch("team-owned", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"finalizers": null}})))
-        .await
-        .unwrap();
-    t1.namespace.delete().await;
-    t2.delete().await;
-    w.finish("CompositeController").await;
+    support::drop_finalizers(&cms, "team-owned").await;
+    finish(w, t1, t2).await;
 }
 
 /// A write a tenant makes fail in its namespace (its copy made `immutable`) holds back that namespace's
@@ -399,11 +379,7 @@ async fn a_squat_that_says_it_is_the_parents_child_elsewhere_refuses_only_its_na
 /// finding: it was held for good).
 #[tokio::test]
 async fn a_tenant_making_its_copy_immutable_holds_back_only_its_namespaces_deletions() {
-    let w = World::new("tn-immutable", HOOK).await;
-    let t1 = Tenant::create(&w.client, "tn-immutable-t1").await;
-    let t2 = TestNamespace::create(&w.client, "tn-immutable-t2").await;
-    w.composite(cross_namespace_spec(&w)).await;
-    let (n1, n2) = (t1.namespace.name.clone(), t2.name.clone());
+    let Tenants { w, t1, t2, n1, n2, cms } = Tenants::new("tn-immutable").await;
     w.thing(
         "pi",
         json!({"children": [child("pi-config", Some(&n1)), child("pi-old", Some(&n2)), child("pi-keep", Some(&n2))]}),
@@ -411,15 +387,12 @@ async fn a_tenant_making_its_copy_immutable_holds_back_only_its_namespaces_delet
     .await;
     eventually(WAIT, || config_map(&w, &n2, "pi-old")).await;
     eventually(WAIT, || config_map(&w, &n1, "pi-config")).await;
-    let cms = tenant_config_maps(&t1).await;
     cms.patch("pi-config", &PatchParams::default(), &Patch::Merge(json!({"immutable": true}))).await.unwrap();
     w.thing("pi", json!({"v": "2", "children": [child("pi-config", Some(&n1)), child("pi-keep", Some(&n2))]})).await;
     eventually(BOUND, || async { config_map(&w, &n2, "pi-old").await.is_none().then_some(()) }).await;
-    eventually(BOUND, || async { config_map(&w, &n2, "pi-keep").await.filter(|cm| cm.data["data"]["v"] == "2") }).await;
+    config_map_with_v(&w, &n2, "pi-keep", "2", BOUND).await;
     assert_eq!(cms.get("pi-config").await.unwrap().data["data"]["v"], "1", "the tenant's immutable copy");
-    t1.namespace.delete().await;
-    t2.delete().await;
-    w.finish("CompositeController").await;
+    finish(w, t1, t2).await;
 }
 
 /// A parent's record whose finalizer was taken off (its controller stopped keeping records for a while)
@@ -427,13 +400,9 @@ async fn a_tenant_making_its_copy_immutable_holds_back_only_its_namespaces_delet
 /// a parent being deleted (a review's finding: the decoy was deleted).
 #[tokio::test]
 async fn a_released_record_is_held_again_and_a_foreground_delete_deletes_no_decoy() {
-    let w = World::new("tn-rerecord", HOOK).await;
-    let t1 = Tenant::create(&w.client, "tn-rerecord-t1").await;
-    let t2 = TestNamespace::create(&w.client, "tn-rerecord-t2").await;
-    w.composite(cross_namespace_spec(&w)).await;
+    let Tenants { w, t1, t2, cms, .. } = Tenants::new("tn-rerecord").await;
     let pe = w.thing("pe", json!({"children": [child("pe-cm", Some(&t2.name))]})).await;
     eventually(WAIT, || config_map(&w, &t2.name, "pe-cm")).await;
-    let cms = tenant_config_maps(&t1).await;
     cms.create(&Default::default(), &serde_json::from_value(decoy("decoy-e", &pe, &["tenant.example/keep"])).unwrap())
         .await
         .unwrap();
@@ -457,15 +426,11 @@ async fn a_released_record_is_held_again_and_a_foreground_delete_deletes_no_deco
     eventually(WAIT, || held(true)).await;
     let things = w.things().await;
     things.delete("pe", &DeleteParams::foreground()).await.unwrap();
-    gone(&things, "pe", BOUND).await;
+    support::gone(&things, "pe", BOUND).await;
     let after = cms.get("decoy-e").await.unwrap();
     assert!(after.metadata.deletion_timestamp.is_none(), "the hub deleted a decoy");
-    cms.patch("decoy-e", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"finalizers": null}})))
-        .await
-        .unwrap();
-    t1.namespace.delete().await;
-    t2.delete().await;
-    w.finish("CompositeController").await;
+    support::drop_finalizers(&cms, "decoy-e").await;
+    finish(w, t1, t2).await;
 }
 
 /// A controller whose parent type is changed takes its finalizer off the parents of the type it left:
@@ -473,25 +438,16 @@ async fn a_released_record_is_held_again_and_a_foreground_delete_deletes_no_deco
 #[tokio::test]
 async fn a_controller_whose_parent_type_changed_lets_the_old_types_parents_go() {
     let w = World::new("tn-retype", HOOK).await;
-    let mut spec = cross_namespace_spec(&w);
-    spec["hooks"]["finalize"] = json!({"webhook": {"url": w.hook.url("/finalize")}});
+    let mut spec = finalizing_spec(&w);
     w.composite(spec.clone()).await;
-    let finalizer = format!("metacontroller.io/compositecontroller-{}", w.label);
     let things = w.things().await;
     w.thing("old", json!({"children": [child("old-a", None)]})).await;
-    eventually(WAIT, || async {
-        things.get("old").await.unwrap().metadata.finalizers.filter(|f| f.contains(&finalizer))
-    })
-    .await;
+    holds_finalizer(&w, &things, "old", true, WAIT).await;
     spec["parentResource"]["resource"] = json!("catsets");
     w.composite(spec).await;
-    eventually(BOUND, || async {
-        let thing = things.get("old").await.unwrap();
-        (!thing.metadata.finalizers.iter().flatten().any(|f| *f == finalizer)).then_some(())
-    })
-    .await;
+    holds_finalizer(&w, &things, "old", false, BOUND).await;
     things.delete("old", &DeleteParams::background()).await.unwrap();
-    gone(&things, "old", BOUND).await;
+    support::gone(&things, "old", BOUND).await;
     w.finish("CompositeController").await;
 }
 
@@ -502,17 +458,9 @@ async fn a_controller_whose_parent_type_changed_lets_the_old_types_parents_go() 
 /// the tenant lets its copy go the parent's child is made again there.
 #[tokio::test]
 async fn a_tenant_holding_its_copy_in_deletion_freezes_only_its_own_namespace_and_is_told_about() {
-    let w = World::new("tn-hold", HOOK).await;
-    let t1 = Tenant::create(&w.client, "tn-hold-t1").await;
-    let t2 = TestNamespace::create(&w.client, "tn-hold-t2").await;
-    w.composite(cross_namespace_spec(&w)).await;
-    let (n1, n2) = (t1.namespace.name.clone(), t2.name.clone());
-    let children = json!([child("team-config", Some(&n1)), child("team-config", Some(&n2))]);
-    w.thing("platform", json!({"children": children})).await;
-    eventually(WAIT, || config_map(&w, &n1, "team-config")).await;
-    eventually(WAIT, || config_map(&w, &n2, "team-config")).await;
+    let Tenants { w, t1, t2, n1, n2, cms } = Tenants::new("tn-hold").await;
+    let children = platform(&w, &n1, &n2).await;
 
-    let cms = tenant_config_maps(&t1).await;
     let hold = json!({"metadata": {"finalizers": ["tenant.example/hold"]}});
     cms.patch("team-config", &PatchParams::default(), &Patch::Merge(hold)).await.unwrap();
     cms.delete("team-config", &DeleteParams::default()).await.unwrap();
@@ -521,11 +469,9 @@ async fn a_tenant_holding_its_copy_in_deletion_freezes_only_its_own_namespace_an
     assert!(held.metadata.deletion_timestamp.is_some());
 
     w.thing("platform", json!({"v": "2", "children": children})).await;
-    eventually(BOUND, || async { config_map(&w, &n2, "team-config").await.filter(|cm| cm.data["data"]["v"] == "2") })
-        .await;
-    let said = eventually(WAIT, || async {
-        let warnings = support::warnings_for(&w.client, &w.ns.name, "platform").await;
-        warnings.into_iter().find(|m| m.contains(&format!("{n1}/team-config")) && m.contains("being deleted"))
+    config_map_with_v(&w, &n2, "team-config", "2", BOUND).await;
+    let said = support::warning_eventually(&w.client, &w.ns.name, "platform", WAIT, |m| {
+        m.contains(&format!("{n1}/team-config")) && m.contains("being deleted")
     })
     .await;
     assert!(said.contains("tenant.example/hold"), "the parent names what holds the copy: {said}");
@@ -533,15 +479,12 @@ async fn a_tenant_holding_its_copy_in_deletion_freezes_only_its_own_namespace_an
     let before = cms.get("team-config").await.unwrap();
     assert_eq!(label(&before, "controller-uid"), None, "still out of the parent's selector");
     w.thing("platform", json!({"v": "3", "children": children})).await;
-    eventually(BOUND, || async { config_map(&w, &n2, "team-config").await.filter(|cm| cm.data["data"]["v"] == "3") })
-        .await;
+    config_map_with_v(&w, &n2, "team-config", "3", BOUND).await;
     let kept = cms.get("team-config").await.unwrap();
     assert_eq!(kept.metadata.resource_version, before.metadata.resource_version, "the held copy is not written");
 
     // Let go: the namespace that waited gets the parent's child back, at the parent's spec.
-    cms.patch("team-config", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"finalizers": null}})))
-        .await
-        .unwrap();
+    support::drop_finalizers(&cms, "team-config").await;
     let back = eventually(BOUND, || async {
         config_map(&w, &n1, "team-config").await.filter(|cm| cm.metadata.deletion_timestamp.is_none())
     })
@@ -549,9 +492,7 @@ async fn a_tenant_holding_its_copy_in_deletion_freezes_only_its_own_namespace_an
     assert_eq!(back.data["data"]["v"], "3");
     assert_ne!(back.metadata.uid, held.metadata.uid, "made again, not the held one");
 
-    t1.namespace.delete().await;
-    t2.delete().await;
-    w.finish("CompositeController").await;
+    finish(w, t1, t2).await;
 }
 
 /// Issue 67 (attack on the canary): a tenant holding its copy of a platform parent's child makes every
@@ -561,14 +502,12 @@ async fn a_tenant_holding_its_copy_in_deletion_freezes_only_its_own_namespace_an
 /// candidate whose side was that one parent stayed Running, the parent frozen everywhere.
 #[tokio::test]
 async fn a_tenant_holding_a_copy_does_not_excuse_a_candidate_that_crashes_on_its_parent() {
-    let w = World::new("tn-canary", HOOK).await;
-    let t1 = Tenant::create(&w.client, "tn-canary-t1").await;
+    let (w, t1, cms) = world_and_tenant("tn-canary", "tn-canary-t1").await;
     w.composite(cross_namespace_spec(&w)).await;
     let n1 = t1.namespace.name.clone();
     let children = json!([child("home-config", None), child("team-config", Some(&n1))]);
     w.thing("platform", json!({"children": children})).await;
     eventually(WAIT, || config_map(&w, &n1, "team-config")).await;
-    let cms = tenant_config_maps(&t1).await;
     let hold = json!({"metadata": {"finalizers": ["tenant.example/hold"], "labels": {"controller-uid": null}}});
     cms.patch("team-config", &PatchParams::default(), &Patch::Merge(hold)).await.unwrap();
     cms.delete("team-config", &DeleteParams::default()).await.unwrap();
@@ -589,16 +528,10 @@ async fn a_tenant_holding_a_copy_does_not_excuse_a_candidate_that_crashes_on_its
     assert!(!candidate.requests("/sync").is_empty(), "the candidate was asked");
     // Back with the current hook, the parent's home child follows its spec again.
     w.thing("platform", json!({"v": "2", "children": children})).await;
-    eventually(WAIT, || async {
-        config_map(&w, &w.ns.name, "home-config").await.filter(|cm| cm.data["data"]["v"] == "2")
-    })
-    .await;
+    config_map_with_v(&w, &w.ns.name, "home-config", "2", WAIT).await;
 
-    cms.patch("team-config", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"finalizers": null}})))
-        .await
-        .unwrap();
-    t1.namespace.delete().await;
-    w.finish("CompositeController").await;
+    support::drop_finalizers(&cms, "team-config").await;
+    finish_tenant(w, t1).await;
 }
 
 /// Issue 67 item 2: an object already where a parent's record of children elsewhere goes, which is not
@@ -621,11 +554,8 @@ async fn an_object_where_a_parents_record_goes_is_not_taken_for_it() {
     let squat = records.create(&Default::default(), &serde_json::from_value(squat).unwrap()).await.unwrap();
     w.composite(cross_namespace_spec(&w)).await;
 
-    let said = eventually(WAIT, || async {
-        let warnings = support::warnings_for(&w.client, &w.ns.name, "pp").await;
-        warnings.into_iter().find(|m| m.contains("is not this parent's"))
-    })
-    .await;
+    let said =
+        support::warning_eventually(&w.client, &w.ns.name, "pp", WAIT, |m| m.contains("is not this parent's")).await;
     assert!(said.contains("another-parents-uid"), "{said}");
     assert!(config_map(&w, &n2, "team-config").await.is_none(), "nothing written elsewhere without its record");
     let left = records.get(&name).await.unwrap();

@@ -6,6 +6,8 @@
 //! they create, which their own hub is told to run (target label selector).
 #![allow(dead_code)]
 
+pub mod elsewhere;
+pub mod replicas;
 pub mod teardown;
 
 use std::future::Future;
@@ -157,6 +159,25 @@ pub async fn install_metahook_crds(client: &Client) {
     }
 }
 
+/// A client for the control plane, the metahook CRDs installed, and a namespace of `test`'s own: where
+/// a test that runs its hub its own way (a process, another account, replicas) starts.
+pub async fn with_crds(test: &str) -> (Client, TestNamespace) {
+    let client = client().await;
+    install_metahook_crds(&client).await;
+    let ns = TestNamespace::create(&client, test).await;
+    (client, ns)
+}
+
+/// [`with_crds`] with the test CRDs (`Thing` and its kin) installed too, before the namespace: what a
+/// [`World`] starts from.
+pub async fn with_test_crds(test: &str) -> (Client, TestNamespace) {
+    let client = client().await;
+    install_metahook_crds(&client).await;
+    install_crds(&client, include_str!("../fixtures/test-crds.yaml")).await;
+    let ns = TestNamespace::create(&client, test).await;
+    (client, ns)
+}
+
 /// Polls `check` until it returns `Some`, or panics after `timeout`.
 pub async fn eventually<T, F, Fut>(timeout: Duration, mut check: F) -> T
 where
@@ -171,6 +192,14 @@ where
         assert!(tokio::time::Instant::now() < deadline, "condition not met within {timeout:?}");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// Waits up to `within` until `name` is gone from `api`: deleted, its finalizers all taken off.
+pub async fn gone<K>(api: &Api<K>, name: &str, within: Duration)
+where
+    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    eventually(within, || async { api.get_opt(name).await.unwrap().is_none().then_some(()) }).await;
 }
 
 /// A real Python hook process serving the functions in `handlers` (see tests/hooks/hookserver.py).
@@ -240,6 +269,20 @@ pub async fn port_line(child: &mut tokio::process::Child) -> u16 {
         .unwrap()
         .expect("hook server exited before printing its port");
     line.strip_prefix("PORT ").and_then(|p| p.trim().parse().ok()).expect("PORT line")
+}
+
+/// Starts `tests/hooks/transport_hook.py` with the JSON config file `config` (killed on drop): the
+/// process and the port it announced. The hook-transport tests and `make bench-hooks` both use it.
+pub async fn start_transport_hook(config: &std::path::Path) -> (tokio::process::Child, u16) {
+    let mut child = tokio::process::Command::new("python3")
+        .arg(repo_root().join("tests/hooks/transport_hook.py"))
+        .arg(config)
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("starting python3 transport_hook.py");
+    let port = port_line(&mut child).await;
+    (child, port)
 }
 
 /// A plain HTTP GET of `path` on a hub's metrics/health address: (status code, body).
@@ -380,6 +423,24 @@ pub async fn warnings_for(client: &Client, namespace: &str, name: &str) -> Vec<S
         .filter(|e| e.type_.as_deref() == Some("Warning"))
         .map(|e| format!("{}: {}", e.reason.unwrap_or_default(), e.note.unwrap_or_default()))
         .collect()
+}
+
+/// The first Warning Event on `namespace/name` (as [`warnings_for`] words it) that `matches`, waited for up
+/// to `within`: what a test reads when the hub is to say why it refused or held something.
+pub async fn warning_eventually(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    within: Duration,
+    matches: impl Fn(&str) -> bool,
+) -> String {
+    eventually(within, || async { warnings_for(client, namespace, name).await.into_iter().find(|m| matches(m)) }).await
+}
+
+/// Takes every finalizer off `name` (a test's own, put there to hold the object), so that its namespace
+/// can go.
+pub async fn drop_finalizers(api: &Api<DynamicObject>, name: &str) {
+    api.patch(name, &PatchParams::default(), &Patch::Merge(json!({"metadata": {"finalizers": null}}))).await.unwrap();
 }
 
 /// The documents `metahook rbac ARGS...` prints (the binary this test build made).
@@ -553,6 +614,11 @@ impl Pki {
 
     pub fn path(&self, file: &str) -> String {
         self.dir.path().join(file).to_string_lossy().into_owned()
+    }
+
+    /// The directory the certificates are in (gone with the `Pki`), for files that go with them.
+    pub fn dir(&self) -> &std::path::Path {
+        self.dir.path()
     }
 
     pub fn pem(&self, file: &str) -> String {
@@ -888,10 +954,7 @@ pub struct World {
 
 impl World {
     pub async fn new(test: &str, handlers: &str) -> Self {
-        let client = client().await;
-        install_metahook_crds(&client).await;
-        install_crds(&client, include_str!("../fixtures/test-crds.yaml")).await;
-        let ns = TestNamespace::create(&client, test).await;
+        let (client, ns) = with_test_crds(test).await;
         let hook = HookServer::start(handlers).await;
         let label = ns.name.clone();
         let hub = Some(Hub::start(&client, &label));
@@ -917,6 +980,25 @@ impl World {
     /// A hub on `client` (e.g. one a [`WatchCut`] made) with `config`, after [`World::stop_hub`].
     pub fn start_hub_with(&mut self, client: &Client, config: metahook::ops::config::Config) {
         self.hub = Some(Hub::start_with_config(client, &self.label, config));
+    }
+
+    /// [`World::stop_hub`], then a hub on the test's own client with `config` (its metrics address, its
+    /// rates): what a test that reads the hub's figures starts from.
+    pub async fn restart_hub_with(&mut self, config: metahook::ops::config::Config) {
+        self.stop_hub().await;
+        let client = self.client.clone();
+        self.start_hub_with(&client, config);
+    }
+
+    /// The plainest CompositeController spec: Things owning `InPlace` ConfigMaps, synced by the test
+    /// hook's `path` (`/sync` for most). Tests that measure or report on a controller start from it.
+    pub fn in_place_spec(&self, path: &str) -> Value {
+        json!({
+            "generateSelector": true,
+            "parentResource": {"apiVersion": "test.metahook.dev/v1", "resource": "things"},
+            "childResources": [{"apiVersion": "v1", "resource": "configmaps", "updateStrategy": {"method": "InPlace"}}],
+            "hooks": {"sync": {"webhook": {"url": self.hook.url(path)}}},
+        })
     }
 
     /// Applies a `kind` controller (`CompositeController`, `DecoratorController`) called `name`, labelled
