@@ -50,17 +50,9 @@ fn asked(hook: &HookServer) -> Vec<String> {
 /// answered by it; returns the Things' buckets by name.
 async fn world(test: &str, parents: usize) -> (World, BTreeMap<String, u16>) {
     let mut w = World::new(test, &hook("current", false)).await;
-    w.stop_hub().await;
-    let client = w.client.clone();
     let config = Config { hook_change_resync_qps: 100.0, metrics_address: String::new(), ..Config::default() };
-    w.start_hub_with(&client, config);
-    w.composite(json!({
-        "generateSelector": true,
-        "parentResource": {"apiVersion": "test.metahook.dev/v1", "resource": "things"},
-        "childResources": [{"apiVersion": "v1", "resource": "configmaps", "updateStrategy": {"method": "InPlace"}}],
-        "hooks": {"sync": {"webhook": {"url": w.hook.url("/sync")}}},
-    }))
-    .await;
+    w.restart_hub_with(config).await;
+    w.composite(w.in_place_spec("/sync")).await;
     let mut buckets = BTreeMap::new();
     for i in 0..parents {
         let name = format!("t{i}");
@@ -324,9 +316,7 @@ async fn a_decorators_canary_decorates_the_targets_of_its_buckets() {
     const TARGETS: usize = 40;
     let label_hook = |side: &str| format!("def sync(request):\n    return {{'labels': {{'side': '{side}'}}}}\n");
     let mut w = World::new("canary-decorator", &label_hook("current")).await;
-    w.stop_hub().await;
-    let client = w.client.clone();
-    w.start_hub_with(&client, Config { metrics_address: String::new(), ..Config::default() });
+    w.restart_hub_with(Config { metrics_address: String::new(), ..Config::default() }).await;
     w.decorator(json!({
         "resources": [{"apiVersion": "test.metahook.dev/v1", "resource": "things"}],
         "hooks": {"sync": {"webhook": {"url": w.hook.url("/sync")}}},

@@ -76,7 +76,7 @@ def malformed(req):
 /// and their status.
 async fn world(test: &str) -> World {
     let w = World::new(test, HOOK).await;
-    w.composite(controller(&w, "/sync")).await;
+    w.composite(w.in_place_spec("/sync")).await;
     for name in ["t1", "t2"] {
         w.thing(name, json!({})).await;
     }
@@ -91,16 +91,6 @@ async fn world(test: &str) -> World {
         .await;
     }
     w
-}
-
-/// The controller's spec with its sync hook at `path` of the test's hook server.
-fn controller(w: &World, path: &str) -> Value {
-    json!({
-        "generateSelector": true,
-        "parentResource": {"apiVersion": "test.metahook.dev/v1", "resource": "things"},
-        "childResources": [{"apiVersion": "v1", "resource": "configmaps", "updateStrategy": {"method": "InPlace"}}],
-        "hooks": {"sync": {"webhook": {"url": w.hook.url(path)}}},
-    })
 }
 
 /// `metahook diff <controller> -o json --hook-url <path> ARGS...` with `kubeconfig`: its exit code and
@@ -212,7 +202,7 @@ async fn diff_predicts_exactly_the_writes_the_hub_then_makes() {
     assert_eq!(versions(&w).await, before, "diff wrote nothing: every child's resourceVersion is unchanged");
 
     // The hub, switched to the candidate, writes what diff predicted, no more.
-    w.composite(controller(&w, "/candidate")).await;
+    w.composite(w.in_place_spec("/candidate")).await;
     eventually(WAIT, || async {
         let now = versions(&w).await;
         (now.contains_key("t2-c") && !now.contains_key("t1-b") && now.get("t1-a") != before.get("t1-a")).then_some(())
@@ -353,7 +343,7 @@ async fn diff_makes_no_write_the_audit_log_would_show() {
 async fn the_safe_delete_guard_refuses_a_parent_in_the_report() {
     let w = world("diff-guard").await;
     let (t1, t2) = (format!("{}/t1", w.ns.name), format!("{}/t2", w.ns.name));
-    w.composite_annotated(json!({"metahook.dev/max-deletions-per-sync": "0"}), controller(&w, "/sync")).await;
+    w.composite_annotated(json!({"metahook.dev/max-deletions-per-sync": "0"}), w.in_place_spec("/sync")).await;
     let before = versions(&w).await;
 
     let (code, report) = diff(&w, "/candidate", &support::kubeconfig_path(), &["--qps", "0"]).await;
@@ -420,7 +410,7 @@ async fn adoption_and_release_are_previewed_as_the_hub_then_claims() {
     assert_eq!(versions(&w).await, before, "diff adopted and released nothing itself");
 
     // The hub, switched to the candidate, adopts and releases the same.
-    w.composite(controller(&w, "/claimed")).await;
+    w.composite(w.in_place_spec("/claimed")).await;
     w.start_hub();
     let cms = w.config_maps().await;
     let controller_of = |cm: &kube::api::DynamicObject| {
@@ -717,7 +707,7 @@ async fn a_rolling_update_is_previewed_as_its_next_step() {
 #[tokio::test]
 async fn a_status_written_without_a_subresource_is_previewed_as_the_hub_writes_it() {
     let w = World::new("diff-statusless", HOOK).await;
-    let mut spec = controller(&w, "/sync");
+    let mut spec = w.in_place_spec("/sync");
     spec["parentResource"]["resource"] = json!("statuslessthings");
     w.composite(spec.clone()).await;
     let things = support::api(&w.client, "test.metahook.dev/v1", "StatuslessThing", Some(&w.ns.name)).await;

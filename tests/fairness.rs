@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use kube::api::{Patch, PatchParams};
-use serde_json::{Value, json};
+use serde_json::json;
 use support::{TestNamespace, World, apply_value, eventually};
 
 const WAIT: Duration = Duration::from_secs(120);
@@ -45,15 +45,6 @@ def slow(request):
         time.sleep(0.05)
     return {"children": [], "status": {}}
 "#;
-
-fn controller_spec(w: &World, path: &str) -> Value {
-    json!({
-        "generateSelector": true,
-        "parentResource": {"apiVersion": "test.metahook.dev/v1", "resource": "things"},
-        "childResources": [{"apiVersion": "v1", "resource": "configmaps", "updateStrategy": {"method": "InPlace"}}],
-        "hooks": {"sync": {"webhook": {"url": w.hook.url(path)}}},
-    })
-}
 
 /// A Thing `name` in `namespace`, labelled for the test's controller.
 async fn thing(w: &World, namespace: &str, name: &str, v: u32) {
@@ -106,7 +97,7 @@ fn flood_calls_before_on(
 async fn a_change_in_another_namespace_waits_for_a_turn_of_a_flood_not_for_the_flood() {
     let w = World::new("fair-flood", HOOK).await;
     let other = TestNamespace::create(&w.client, "fair-flood-other").await;
-    w.composite(controller_spec(&w, "/sync")).await;
+    w.composite(w.in_place_spec("/sync")).await;
     thing(&w, &other.name, "probe", 1).await;
     eventually(WAIT, || async { calls(&w, "/sync").iter().any(|(ns, ..)| *ns == other.name).then_some(()) }).await;
 
@@ -141,7 +132,7 @@ async fn a_change_in_another_namespace_waits_for_a_turn_of_a_flood_not_for_the_f
 async fn a_restarts_relist_stands_behind_a_change_seen_live() {
     let mut w = World::new("fair-relist", HOOK).await;
     let other = TestNamespace::create(&w.client, "fair-relist-other").await;
-    w.composite(controller_spec(&w, "/sync")).await;
+    w.composite(w.in_place_spec("/sync")).await;
     thing(&w, &other.name, "probe", 1).await;
     let many = w.ns.name.clone();
     let creates = (0..300).map(|i| {
@@ -181,7 +172,7 @@ async fn changes_made_while_the_hub_was_down_wait_for_turns_of_a_sustained_flood
     const PROBES: usize = 10;
     let mut w = World::new("fair-sustained", HOOK).await;
     let other = TestNamespace::create(&w.client, "fair-sustained-other").await;
-    w.composite(controller_spec(&w, PATH)).await;
+    w.composite(w.in_place_spec(PATH)).await;
     let flood = w.ns.name.clone();
     for i in 0..20 {
         thing(&w, &flood, &format!("s{i}"), 0).await;
@@ -266,11 +257,11 @@ async fn a_controller_whose_hook_is_slow_holds_none_of_another_controllers_worke
     let fast_ns = TestNamespace::create(&w.client, "fair-slow-fast").await;
     // The slow controller's parents are labelled `slow`; the fast one's, not. Its calls do not time out
     // while the test holds them, so none of its workers comes back to take another parent.
-    let mut slow = controller_spec(&w, "/slow");
+    let mut slow = w.in_place_spec("/slow");
     slow["parentResource"]["labelSelector"] = json!({"matchLabels": {"metahook-test": w.label, "speed": "slow"}});
     slow["hooks"]["sync"]["webhook"]["timeout"] = json!("115s");
     w.controller("CompositeController", &format!("{}-slow", w.label), slow).await;
-    let mut fast = controller_spec(&w, "/sync");
+    let mut fast = w.in_place_spec("/sync");
     fast["parentResource"]["labelSelector"] = json!({"matchLabels": {"metahook-test": w.label}, "matchExpressions": [{"key": "speed", "operator": "DoesNotExist"}]});
     w.controller("CompositeController", &format!("{}-fast", w.label), fast).await;
     for i in 0..20 {

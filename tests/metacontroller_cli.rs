@@ -147,10 +147,7 @@ fn start_with_env(program: &std::path::Path, args: &[String], env: &[(&str, &str
 /// would: the probes, the metrics, a controller syncing, and the log.
 async fn starts_as_metacontroller(test: &str, source: &str, args: &[&str]) {
     let _ports = PORTS.lock().await;
-    let client = support::client().await;
-    support::install_metahook_crds(&client).await;
-    support::install_crds(&client, include_str!("fixtures/test-crds.yaml")).await;
-    let ns = TestNamespace::create(&client, test).await;
+    let (client, ns) = support::with_test_crds(test).await;
     let hook = HookServer::start(GREETER).await;
     let label = ns.name.clone();
     let world = World { client, ns, hook, hub: None, label };
@@ -186,14 +183,7 @@ async fn starts_as_metacontroller(test: &str, source: &str, args: &[&str]) {
     assert!(body.contains("metahook_controllers"), "{source}: {body}");
     assert_eq!(http_get(&metrics_address, "/healthz").await.unwrap().0, 404, "{source}: probes are not on 9999");
 
-    world
-        .composite(json!({
-            "generateSelector": true,
-            "parentResource": {"apiVersion": "test.metahook.dev/v1", "resource": "things"},
-            "childResources": [{"apiVersion": "v1", "resource": "configmaps", "updateStrategy": {"method": "InPlace"}}],
-            "hooks": {"sync": {"webhook": {"url": world.hook.url("/sync")}}},
-        }))
-        .await;
+    world.composite(world.in_place_spec("/sync")).await;
     world.thing("one", json!({"greeting": "hello from metacontroller's manifest"})).await;
     let cm = eventually(WAIT, || async { world.config_map("one-cm").await }).await;
     assert_eq!(cm.data["data"]["greeting"], "hello from metacontroller's manifest", "{source}");

@@ -85,13 +85,7 @@ async fn a_hub_serves_controller_runtime_client_go_and_process_metrics_and_shows
     let client = metahook::ops::client::connect(config).unwrap();
     let address = free_address();
     w.start_hub_with(&client, Config { metrics_address: address.clone(), ..Config::default() });
-    w.composite(json!({
-        "generateSelector": true,
-        "parentResource": {"apiVersion": "test.metahook.dev/v1", "resource": "things"},
-        "childResources": [{"apiVersion": "v1", "resource": "configmaps", "updateStrategy": {"method": "InPlace"}}],
-        "hooks": {"sync": {"webhook": {"url": w.hook.url("/sync")}}},
-    }))
-    .await;
+    w.composite(w.in_place_spec("/sync")).await;
     w.thing("fast", json!({})).await;
     eventually(WAIT, || async { w.config_map("fast-cm").await }).await;
 
@@ -429,9 +423,7 @@ impl Drop for Killed {
 async fn prometheus_scrapes_https_metrics_with_a_token_as_the_charts_service_monitor_asks() {
     let root = support::repo_root();
     run("bash", &[root.join("tests/prometheus/build.sh").to_str().unwrap()]);
-    let client = support::client().await;
-    support::install_metahook_crds(&client).await;
-    let ns = TestNamespace::create(&client, "metrics-tls").await;
+    let (client, ns) = support::with_crds("metrics-tls").await;
 
     // The chart with HTTPS metrics, scrapes by token, a ServiceMonitor and Prometheus's reader binding.
     let release = ns.name.clone();

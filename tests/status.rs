@@ -67,17 +67,9 @@ async fn sync_error_on(w: &World, name: &str) {
 #[tokio::test]
 async fn status_shows_ready_parents_rates_latency_and_the_last_error_with_its_parent() {
     let mut w = World::new("status", HOOK).await;
-    w.stop_hub().await;
     let address = free_address();
-    let client = w.client.clone();
-    w.start_hub_with(&client, Config { metrics_address: address.clone(), ..Config::default() });
-    w.composite(json!({
-        "generateSelector": true,
-        "parentResource": {"apiVersion": "test.metahook.dev/v1", "resource": "things"},
-        "childResources": [{"apiVersion": "v1", "resource": "configmaps", "updateStrategy": {"method": "InPlace"}}],
-        "hooks": {"sync": {"webhook": {"url": w.hook.url("/sync")}}},
-    }))
-    .await;
+    w.restart_hub_with(Config { metrics_address: address.clone(), ..Config::default() }).await;
+    w.composite(w.in_place_spec("/sync")).await;
     w.thing("a", json!({"n": 0})).await;
     w.thing("b", json!({})).await;
     eventually(WAIT, || async { w.config_map("b-cm").await }).await;
@@ -167,13 +159,7 @@ async fn status_sums_sharded_replicas_and_names_a_replica_that_does_not_answer()
         })
         .collect();
     let urls: Vec<String> = addresses.iter().map(|a| format!("http://{a}/metrics")).collect();
-    w.composite(json!({
-        "generateSelector": true,
-        "parentResource": {"apiVersion": "test.metahook.dev/v1", "resource": "things"},
-        "childResources": [{"apiVersion": "v1", "resource": "configmaps", "updateStrategy": {"method": "InPlace"}}],
-        "hooks": {"sync": {"webhook": {"url": w.hook.url("/sync")}}},
-    }))
-    .await;
+    w.composite(w.in_place_spec("/sync")).await;
     for i in 0..PARENTS {
         w.thing(&format!("t{i}"), json!({"n": 0})).await;
     }

@@ -72,10 +72,8 @@ def sync(req):
 async fn world(test: &str, unknown_fields: UnknownFields) -> World {
     let mut w = World::new(test, HOOK).await;
     support::install_crds(&w.client, &declaring_crd("test.metahook.dev", "StrictThing", &[])).await;
-    w.stop_hub().await;
-    let client = w.client.clone();
     let config = Config { child_unknown_fields: unknown_fields, metrics_address: String::new(), ..Config::default() };
-    w.start_hub_with(&client, config);
+    w.restart_hub_with(config).await;
     w.composite(json!({
         "generateSelector": true,
         "parentResource": {"apiVersion": "test.metahook.dev/v1", "resource": "things"},
@@ -131,9 +129,7 @@ async fn a_child_with_a_field_its_schema_does_not_declare_is_made_without_it_and
     };
     let before = versions().await;
     w.thing("mpi", json!({"round": 2})).await;
-    w.stop_hub().await;
-    let client = w.client.clone();
-    w.start_hub_with(&client, Config { metrics_address: String::new(), ..Config::default() });
+    w.restart_hub_with(Config { metrics_address: String::new(), ..Config::default() }).await;
     let asked = w.hook.requests("/sync").len();
     eventually(WAIT, || async { (w.hook.requests("/sync").len() > asked).then_some(()) }).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
