@@ -14,8 +14,6 @@
 mod support;
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use futures::{StreamExt as _, TryStreamExt as _};
@@ -23,6 +21,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::Client;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, WatchEvent, WatchParams};
 use serde_json::json;
+use support::replicas::Replicas;
 use support::{HookServer, TestNamespace, api, apply_value, eventually};
 
 const WAIT: Duration = Duration::from_secs(90);
@@ -80,6 +79,16 @@ fn hook(hold: Option<&Hold<'_>>) -> String {
 /// The parent whose v2 sync the paused-leader test holds open, so that the pause lands mid-sync.
 const HELD_PARENT: &str = "p6";
 
+/// The replicas' configuration: one worker, leader election on the test's own Lease (its namespace
+/// `label`) with short leases.
+fn config(label: &str, ns: &str) -> String {
+    format!(
+        "workers: 1\ndiscoveryInterval: 2\ntargetLabelSelector: metahook-test={label}\nmetricsAddress: \"\"\n\
+         leaderElection:\n  enabled: true\n  leaseName: {label}\n  leaseNamespace: {ns}\n  \
+         leaseDuration: {LEASE_DURATION}\n  renewDeadline: {RENEW_DEADLINE}\n  retryPeriod: {RETRY_PERIOD}\n",
+    )
+}
+
 struct Replica {
     name: &'static str,
     child: tokio::process::Child,
@@ -103,7 +112,7 @@ struct Setup {
     ns: TestNamespace,
     label: String,
     hook: HookServer,
-    dir: tempfile::TempDir,
+    replicas: Replicas,
 }
 
 impl Setup {
@@ -112,14 +121,11 @@ impl Setup {
     }
 
     async fn with_hook(test: &str, hook: &str) -> Self {
-        let client = support::client().await;
-        support::install_metahook_crds(&client).await;
-        support::install_crds(&client, include_str!("fixtures/test-crds.yaml")).await;
-        let ns = TestNamespace::create(&client, test).await;
+        let (client, ns) = support::with_test_crds(test).await;
         let hook = HookServer::start(hook).await;
         let label = ns.name.clone();
-        let setup = Self { client, ns, label, hook, dir: tempfile::tempdir().unwrap() };
-        std::fs::write(setup.config_path(), setup.config()).unwrap();
+        let replicas = Replicas::new(&config(&label, &ns.name));
+        let setup = Self { client, ns, label, hook, replicas };
         apply_value(&setup.client, &json!({
             "apiVersion": "metacontroller.k8s.io/v1alpha1", "kind": "CompositeController",
             "metadata": {"name": setup.label, "labels": {"metahook-test": setup.label}},
@@ -137,42 +143,15 @@ impl Setup {
         setup
     }
 
-    fn config_path(&self) -> PathBuf {
-        self.dir.path().join("metahook.yaml")
-    }
-
-    fn config(&self) -> String {
-        format!(
-            "workers: 1\ndiscoveryInterval: 2\ntargetLabelSelector: metahook-test={label}\nmetricsAddress: \"\"\n\
-             leaderElection:\n  enabled: true\n  leaseName: {label}\n  leaseNamespace: {ns}\n  \
-             leaseDuration: {LEASE_DURATION}\n  renewDeadline: {RENEW_DEADLINE}\n  retryPeriod: {RETRY_PERIOD}\n",
-            label = self.label,
-            ns = self.ns.name,
-        )
-    }
-
     fn start(&self, name: &'static str) -> Replica {
-        let log = std::fs::File::create(self.dir.path().join(format!("{name}.log"))).unwrap();
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let address = format!("127.0.0.1:{port}");
-        let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_metahook"))
-            .args(["run", "--metrics-address", &address, "--config"])
-            .arg(self.config_path())
-            .arg("--kubeconfig")
-            .arg(kubeconfig())
-            .env("POD_NAME", name)
-            .env("METAHOOK_LOG", "info")
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .stdin(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("starting metahook run");
+        let child = self.replicas.start(name, &["--metrics-address", &address], &[("METAHOOK_LOG", "info")]);
         Replica { name, child, address }
     }
 
     fn log(&self, replica: &str) -> String {
-        std::fs::read_to_string(self.dir.path().join(format!("{replica}.log"))).unwrap_or_default()
+        self.replicas.log(replica)
     }
 
     /// The replica (POD_NAME) holding the Lease, if any.
@@ -237,11 +216,6 @@ impl Setup {
 async fn leader_status(address: &str, lease: &str) -> Option<String> {
     let (_, metrics) = support::http_get(address, "/metrics").await?;
     metrics.lines().find(|l| l.starts_with("leader_election_master_status") && l.contains(lease)).map(str::to_owned)
-}
-
-fn kubeconfig() -> PathBuf {
-    std::env::var_os("METAHOOK_TEST_KUBECONFIG")
-        .map_or_else(|| support::repo_root().join(".cluster/kubeconfig"), PathBuf::from)
 }
 
 /// Every write to a child from now on: (name, data version) in resourceVersion order.

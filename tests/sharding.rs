@@ -31,6 +31,7 @@ use kube::runtime::{WatchStreamExt as _, watcher};
 use metahook::cache::shard::{BUCKETS, BUCKETS_ANNOTATION, assign, bucket, decode, share};
 use metahook::write::take_over::{LAST_APPLIED_ANNOTATION, METACONTROLLER_MANAGER};
 use serde_json::{Value, json};
+use support::replicas::Replicas;
 use support::{TestNamespace, api, apply_value, eventually};
 
 /// Short, so a test waits seconds, not the 15 s default; the same ratios as client-go's defaults.
@@ -88,6 +89,17 @@ print("PORT %d" % server.server_address[1], flush=True)
 server.serve_forever()
 "#;
 
+/// The sharded replicas' configuration: the ring, its Lease and the leases are the test's own (its
+/// namespace `label`), so tests running at once never share members; short leases and rebalance.
+fn ring_config(label: &str, ns: &str) -> String {
+    format!(
+        "discoveryInterval: 2\ntargetLabelSelector: metahook-test={label}\nmetricsAddress: \"\"\n\
+         leaderElection:\n  leaseName: {label}\n  leaseNamespace: {ns}\n  \
+         leaseDuration: {LEASE_DURATION}\n  renewDeadline: {RENEW_DEADLINE}\n  retryPeriod: {RETRY_PERIOD}\n\
+         sharding:\n  enabled: true\n  ring: {label}\n  rebalanceInterval: {REBALANCE_INTERVAL}\n",
+    )
+}
+
 struct Replica {
     name: String,
     child: tokio::process::Child,
@@ -115,8 +127,10 @@ struct Setup {
     client: Client,
     ns: TestNamespace,
     label: String,
-    dir: tempfile::TempDir,
+    /// Holds the hook's script and its log of calls.
+    _dir: tempfile::TempDir,
     hook_log: PathBuf,
+    replicas: Replicas,
     _hook: tokio::process::Child,
     parents: usize,
     /// The parents and their children as watched (see [`Watched`]).
@@ -158,10 +172,7 @@ impl Drop for Watched {
 
 impl Setup {
     async fn new(test: &str, parents: usize) -> Self {
-        let client = support::client().await;
-        support::install_metahook_crds(&client).await;
-        support::install_crds(&client, include_str!("fixtures/test-crds.yaml")).await;
-        let ns = TestNamespace::create(&client, test).await;
+        let (client, ns) = support::with_test_crds(test).await;
         let dir = tempfile::tempdir().unwrap();
         let script = dir.path().join("hook.py");
         std::fs::write(&script, HOOK).unwrap();
@@ -177,8 +188,9 @@ impl Setup {
         let label = ns.name.clone();
         let things_seen = Watched::new(&client, &ns.name, "test.metahook.dev/v1", "Thing").await;
         let children_seen = Watched::new(&client, &ns.name, "v1", "ConfigMap").await;
-        let setup = Self { client, ns, label, dir, hook_log, _hook: hook, parents, things_seen, children_seen };
-        std::fs::write(setup.config_path(), setup.config()).unwrap();
+        let replicas = Replicas::new(&ring_config(&label, &ns.name));
+        let setup =
+            Self { client, ns, label, _dir: dir, hook_log, replicas, _hook: hook, parents, things_seen, children_seen };
         apply_value(&setup.client, &json!({
             "apiVersion": "metacontroller.k8s.io/v1alpha1", "kind": "CompositeController",
             "metadata": {"name": setup.label, "labels": {"metahook-test": setup.label}},
@@ -195,38 +207,8 @@ impl Setup {
         setup
     }
 
-    fn config_path(&self) -> PathBuf {
-        self.dir.path().join("metahook.yaml")
-    }
-
-    /// The ring is the test's own (its namespace name), so tests running at once never share members.
-    fn config(&self) -> String {
-        format!(
-            "discoveryInterval: 2\ntargetLabelSelector: metahook-test={label}\nmetricsAddress: \"\"\n\
-             leaderElection:\n  leaseName: {label}\n  leaseNamespace: {ns}\n  \
-             leaseDuration: {LEASE_DURATION}\n  renewDeadline: {RENEW_DEADLINE}\n  retryPeriod: {RETRY_PERIOD}\n\
-             sharding:\n  enabled: true\n  ring: {label}\n  rebalanceInterval: {REBALANCE_INTERVAL}\n",
-            label = self.label,
-            ns = self.ns.name,
-        )
-    }
-
     fn start(&self, name: &str) -> Replica {
-        let log = std::fs::File::create(self.dir.path().join(format!("{name}.log"))).unwrap();
-        let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_metahook"))
-            .args(["run", "--config"])
-            .arg(self.config_path())
-            .arg("--kubeconfig")
-            .arg(support::kubeconfig_path())
-            .env("POD_NAME", name)
-            .env("METAHOOK_LOG", "info")
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .stdin(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("starting metahook run");
-        Replica { name: name.to_owned(), child }
+        Replica { name: name.to_owned(), child: self.replicas.start(name, &[], &[("METAHOOK_LOG", "info")]) }
     }
 
     /// The label of a parent's own bucket.
@@ -391,7 +373,7 @@ impl Setup {
     }
 
     fn log(&self, replica: &str) -> String {
-        std::fs::read_to_string(self.dir.path().join(format!("{replica}.log"))).unwrap_or_default()
+        self.replicas.log(replica)
     }
 
     async fn finish(self, replicas: Vec<Replica>) {
@@ -854,10 +836,7 @@ async fn children_written_before_the_ring_are_labelled_and_kept() {
     .await;
     // The coordinator says so once it has been through every ConfigMap without the label.
     eventually(Duration::from_secs(60), || async {
-        let logs: Vec<String> = ["hub-a", "hub-b"]
-            .iter()
-            .map(|n| std::fs::read_to_string(setup.dir.path().join(format!("{n}.log"))).unwrap_or_default())
-            .collect();
+        let logs: Vec<String> = ["hub-a", "hub-b"].iter().map(|n| setup.log(n)).collect();
         logs.iter().any(|log| log.contains("labelled children written before the ring")).then_some(())
     })
     .await;
@@ -966,12 +945,7 @@ async fn orphans_are_adopted_by_the_replica_holding_their_parent() {
     // The object p11's selector does not select: never written, its parent's create refused, said.
     let foreign = foreign.expect("p11's child");
     let refused = "already exists and is not controlled by this parent";
-    let logs = || -> String {
-        ["hub-a", "hub-b"]
-            .iter()
-            .map(|n| std::fs::read_to_string(setup.dir.path().join(format!("{n}.log"))).unwrap_or_default())
-            .collect()
-    };
+    let logs = || -> String { ["hub-a", "hub-b"].iter().map(|n| setup.log(n)).collect() };
     eventually(Duration::from_secs(30), || async {
         logs().lines().any(|l| l.contains(refused) && l.contains("p11")).then_some(())
     })
@@ -1077,19 +1051,17 @@ struct Nested {
     ns: TestNamespace,
     label: String,
     hook: support::HookServer,
-    dir: tempfile::TempDir,
+    replicas: Replicas,
     parents: usize,
 }
 
 impl Nested {
     async fn new(test: &str, parents: usize) -> Self {
-        let client = support::client().await;
-        support::install_metahook_crds(&client).await;
-        support::install_crds(&client, include_str!("fixtures/test-crds.yaml")).await;
-        let ns = TestNamespace::create(&client, test).await;
+        let (client, ns) = support::with_test_crds(test).await;
         let hook = support::HookServer::start(NESTED).await;
         let label = ns.name.clone();
-        let nested = Self { client, ns, label, hook, dir: tempfile::tempdir().unwrap(), parents };
+        let replicas = Replicas::new(&ring_config(&label, &ns.name));
+        let nested = Self { client, ns, label, hook, replicas, parents };
         let test_label = json!({"matchLabels": {"metahook-test": nested.label}});
         let inner_label = json!({"matchLabels": {"metahook-test": nested.label, "level": "inner"}});
         let composite = |name: &str, parent: &str, child: Value, selector: &Value, path: &str| {
@@ -1127,39 +1099,12 @@ impl Nested {
         nested
     }
 
-    /// The sharded replicas' configuration: the namespace's own ring, leases and a short rebalance.
-    fn config(&self) -> std::path::PathBuf {
-        let path = self.dir.path().join("metahook.yaml");
-        let text = format!(
-            "discoveryInterval: 2\ntargetLabelSelector: metahook-test={label}\nmetricsAddress: \"\"\n\
-             leaderElection:\n  leaseName: {label}\n  leaseNamespace: {label}\n  \
-             leaseDuration: {LEASE_DURATION}\n  renewDeadline: {RENEW_DEADLINE}\n  retryPeriod: {RETRY_PERIOD}\n\
-             sharding:\n  enabled: true\n  ring: {label}\n  rebalanceInterval: {REBALANCE_INTERVAL}\n",
-            label = self.label,
-        );
-        std::fs::write(&path, text).unwrap();
-        path
-    }
-
     fn start(&self, name: &str) -> Replica {
-        let log = std::fs::File::create(self.dir.path().join(format!("{name}.log"))).unwrap();
-        let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_metahook"))
-            .args(["run", "--config"])
-            .arg(self.config())
-            .arg("--kubeconfig")
-            .arg(support::kubeconfig_path())
-            .env("POD_NAME", name)
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .stdin(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("starting metahook run");
-        Replica { name: name.to_owned(), child }
+        Replica { name: name.to_owned(), child: self.replicas.start(name, &[], &[]) }
     }
 
     fn log(&self, replica: &str) -> String {
-        std::fs::read_to_string(self.dir.path().join(format!("{replica}.log"))).unwrap_or_default()
+        self.replicas.log(replica)
     }
 
     /// The parents at `version` (created or moved), and one Layer made by a user, no owner.
@@ -1302,6 +1247,16 @@ impl Nested {
     }
 }
 
+/// The parents of both worlds at `version`; how long until both converged (each within 120 s).
+async fn change_both(single: &Nested, ring: &Nested, version: &str) -> Duration {
+    single.parents_at(version).await;
+    ring.parents_at(version).await;
+    let started = Instant::now();
+    single.wait_converged(version, Duration::from_secs(120)).await;
+    ring.wait_converged(version, Duration::from_secs(120)).await;
+    started.elapsed()
+}
+
 /// Corner 1 of the promises issue: one shard label had two meanings. A Layer is the child of `outer`
 /// (labelled with its parent's bucket) and the parent of `inner` and the decorator's target (found by
 /// its own bucket): with one label, each replica's rebalance moved it back and forth for good. With
@@ -1315,12 +1270,8 @@ async fn nested_controllers_and_a_decorator_converge_with_three_replicas_as_with
     let ring = Nested::new("shard-nested-ring", parents).await;
     let hub = support::HubProcess::start(&single.label);
     let mut replicas: Vec<Replica> = ["hub-a", "hub-b", "hub-c"].iter().map(|n| ring.start(n)).collect();
-    single.parents_at("v1").await;
-    ring.parents_at("v1").await;
-    let started = Instant::now();
-    single.wait_converged("v1", Duration::from_secs(120)).await;
-    ring.wait_converged("v1", Duration::from_secs(120)).await;
-    println!("nested: 3 replicas converged {:.1} s after the parents", started.elapsed().as_secs_f64());
+    let took = change_both(&single, &ring, "v1").await;
+    println!("nested: 3 replicas converged {:.1} s after the parents", took.as_secs_f64());
     assert_eq!(ring.state().await, single.state().await, "3 replicas left the world one hub leaves");
 
     let quiet = Duration::from_secs(3 * REBALANCE_INTERVAL);
@@ -1333,12 +1284,8 @@ async fn nested_controllers_and_a_decorator_converge_with_three_replicas_as_with
     let killed = replicas.remove(1);
     println!("killing {}", killed.name);
     killed.kill().await;
-    single.parents_at("v2").await;
-    ring.parents_at("v2").await;
-    let started = Instant::now();
-    single.wait_converged("v2", Duration::from_secs(120)).await;
-    ring.wait_converged("v2", Duration::from_secs(120)).await;
-    println!("nested: after a kill -9, converged {:.1} s after the change", started.elapsed().as_secs_f64());
+    let took = change_both(&single, &ring, "v2").await;
+    println!("nested: after a kill -9, converged {:.1} s after the change", took.as_secs_f64());
     assert_eq!(ring.state().await, single.state().await, "after the kill, as one hub leaves it");
     let written = ring.writes_once_settled(quiet, Duration::from_secs(60)).await;
     assert!(written.is_empty(), "writes in {quiet:?} after the hand-over settled: {written:?}");
