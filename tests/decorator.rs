@@ -122,7 +122,7 @@ async fn opting_out_finalizes_and_deleting_the_decorator_releases_its_finalizers
     assert!(
         w.hook.requests("/sync").iter().any(|r| r["finalizing"] == true && r["object"]["metadata"]["name"] == "leaves")
     );
-    eventually(WAIT, || async { cms.get_opt("leaves-att").await.unwrap().is_none().then_some(()) }).await;
+    support::gone(&cms, "leaves-att", WAIT).await;
 
     w.controllers("DecoratorController").await.delete(&w.label, &DeleteParams::default()).await.unwrap();
     eventually(WAIT, || async {
@@ -187,11 +187,8 @@ async fn a_permanent_hook_error_on_a_target_is_one_event_and_no_write() {
     }))
     .await;
     let thing = w.thing("t", json!({"note": "bad"})).await;
-    let warning = eventually(WAIT, || async {
-        let warnings = support::warnings_for(&w.client, &w.ns.name, "t").await;
-        warnings.into_iter().find(|w| w.starts_with("HookPermanentError: "))
-    })
-    .await;
+    let warning =
+        support::warning_eventually(&w.client, &w.ns.name, "t", WAIT, |w| w.starts_with("HookPermanentError: ")).await;
     assert!(warning.contains("spec.note must not be bad"), "{warning}");
     let calls = w.hook.requests("/sync").len();
     tokio::time::sleep(Duration::from_secs(5)).await;
@@ -228,11 +225,8 @@ async fn a_decorator_answer_setting_the_parent_label_is_refused_and_writes_nothi
     }))
     .await;
     let thing = w.thing("t", json!({"claim": "0d4c8f4e-some-parents-uid"})).await;
-    let warning = eventually(WAIT, || async {
-        let warnings = support::warnings_for(&w.client, &w.ns.name, "t").await;
-        warnings.into_iter().find(|m| m.contains("metahook.dev/parent-uid"))
-    })
-    .await;
+    let warning =
+        support::warning_eventually(&w.client, &w.ns.name, "t", WAIT, |m| m.contains("metahook.dev/parent-uid")).await;
     assert!(warning.contains("hub's to set"), "{warning}");
     tokio::time::sleep(Duration::from_secs(2)).await;
     let after = w.things().await.get("t").await.unwrap();

@@ -73,14 +73,7 @@ impl Hook {
         config["log"] = json!(log);
         let config_file = dir.path().join("config.json");
         std::fs::write(&config_file, config.to_string()).unwrap();
-        let mut child = tokio::process::Command::new("python3")
-            .arg(support::repo_root().join("tests/hooks/transport_hook.py"))
-            .arg(&config_file)
-            .stdout(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("starting python3 transport_hook.py");
-        let port = support::port_line(&mut child).await;
+        let (child, port) = support::start_transport_hook(&config_file).await;
         Self { port, log, _dir: dir, _child: child }
     }
 
@@ -110,10 +103,7 @@ struct Setup {
 impl Setup {
     async fn new(test: &str, config: metahook::ops::config::Config) -> Self {
         capture_logs();
-        let client = support::client().await;
-        support::install_metahook_crds(&client).await;
-        support::install_crds(&client, include_str!("fixtures/test-crds.yaml")).await;
-        let ns = TestNamespace::create(&client, test).await;
+        let (client, ns) = support::with_test_crds(test).await;
         let label = ns.name.clone();
         let hub = Some(support::Hub::start_with_config(&client, &label, config));
         Self { client, ns, label, hub }

@@ -172,9 +172,7 @@ async fn a_hub_limited_to_two_namespaces_syncs_there_on_their_roles_and_never_li
 
 #[tokio::test]
 async fn a_controller_with_a_cluster_scoped_parent_is_refused_by_a_hub_limited_to_namespaces() {
-    let client = support::client().await;
-    support::install_metahook_crds(&client).await;
-    let ns = TestNamespace::create(&client, "ns-limited-cluster-parent").await;
+    let (client, ns) = support::with_crds("ns-limited-cluster-parent").await;
     let label = ns.name.clone();
     let config =
         metahook::ops::config::Config { namespaces: vec![ns.name.clone()], ..metahook::ops::config::Config::default() };
@@ -197,11 +195,9 @@ async fn a_controller_with_a_cluster_scoped_parent_is_refused_by_a_hub_limited_t
     assert_eq!(condition["reason"], "ClusterScopedResource", "{condition}");
     let message = condition["message"].as_str().unwrap();
     assert!(message.contains("namespaces") && message.contains(&ns.name), "{message}");
-    let warning = eventually(WAIT, || async {
-        let warnings = support::warnings_for(&client, "default", &label).await;
-        warnings.into_iter().find(|w| w.starts_with("ClusterScopedResource: "))
-    })
-    .await;
+    let warning =
+        support::warning_eventually(&client, "default", &label, WAIT, |w| w.starts_with("ClusterScopedResource: "))
+            .await;
     assert!(warning.contains("parent resource namespaces"), "{warning}");
 
     hub.stop().await;
@@ -267,9 +263,8 @@ async fn related_rules_reaching_outside_a_namespaced_hubs_namespaces_fail_the_sy
         ("cluster-scoped", format!("a cluster-scoped type, but this hub watches only namespaces {}", w.ns.name)),
         ("namespace-selector", "namespaceSelector reads Namespaces".to_owned()),
     ] {
-        let warning = eventually(WAIT, || async {
-            let warnings = support::warnings_for(&w.client, &w.ns.name, parent).await;
-            warnings.into_iter().find(|e| e.starts_with("SyncError: ") && e.contains(&expected))
+        let warning = support::warning_eventually(&w.client, &w.ns.name, parent, WAIT, |e| {
+            e.starts_with("SyncError: ") && e.contains(&expected)
         })
         .await;
         assert!(warning.contains("related resources"), "{warning}");

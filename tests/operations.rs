@@ -14,9 +14,7 @@ use kube::{Client, ResourceExt};
 use metahook::ops::yaml;
 use metahook::tools::rbac::AGGREGATE_LABEL;
 use serde_json::{Value, json};
-use support::{
-    ExampleHook, HookServer, TestNamespace, World, api, apply_docs, apply_value, events_on, eventually, example_docs,
-};
+use support::{ExampleHook, HookServer, World, api, apply_docs, apply_value, events_on, eventually, example_docs};
 use tokio_util::sync::CancellationToken;
 
 const WAIT: Duration = Duration::from_secs(90);
@@ -51,9 +49,7 @@ async fn ready_condition(client: &Client, name: &str) -> Option<Value> {
 
 #[tokio::test]
 async fn a_hub_with_only_the_printed_roles_runs_an_example_and_reports_a_forbidden_child_type() {
-    let client = support::client().await;
-    support::install_metahook_crds(&client).await;
-    let ns = TestNamespace::create(&client, "rbac_token").await;
+    let (client, ns) = support::with_crds("rbac_token").await;
     let label = ns.name.clone();
     let hook = ExampleHook::start("examples-python/hello-world", "python3", &["hook.py"]).await;
     let mut docs = Vec::new();
@@ -311,10 +307,7 @@ async fn the_sync_requested_at_annotation_syncs_a_parent_or_every_parent_at_once
 
 #[tokio::test]
 async fn json_logs_carry_controller_object_and_sync_id_on_every_line_of_a_sync() {
-    let client = support::client().await;
-    support::install_metahook_crds(&client).await;
-    support::install_crds(&client, include_str!("fixtures/test-crds.yaml")).await;
-    let ns = TestNamespace::create(&client, "json_logs").await;
+    let (client, ns) = support::with_test_crds("json_logs").await;
     let label = ns.name.clone();
     let hook = HookServer::start("def sync(req):\n    raise Exception('broken on purpose')\n").await;
     apply_value(

@@ -17,9 +17,7 @@ const EXAMPLE: &str = "examples-python/mtls";
 
 #[tokio::test]
 async fn a_hub_reads_its_hooks_tls_secrets_with_the_printed_credential_roles_and_not_without() {
-    let client = support::client().await;
-    support::install_metahook_crds(&client).await;
-    let ns = TestNamespace::create(&client, "rbac-credentials").await;
+    let (client, ns) = support::with_crds("rbac-credentials").await;
     let label = ns.name.clone();
     let pki = Pki::new();
     let hook = ExampleHook::start_with_env(EXAMPLE, "python3", &["hook.py"], &pki.hook_env()).await;
@@ -64,9 +62,8 @@ async fn a_hub_reads_its_hooks_tls_secrets_with_the_printed_credential_roles_and
     note["metadata"]["labels"] = json!({"metahook-test": label});
     apply_value(&client, &note).await;
 
-    let warning = eventually(WAIT, || async {
-        let warnings = support::warnings_for(&client, &ns.name, "release").await;
-        warnings.into_iter().find(|w| w.starts_with("SyncError: ") && w.contains("forbidden"))
+    let warning = support::warning_eventually(&client, &ns.name, "release", WAIT, |w| {
+        w.starts_with("SyncError: ") && w.contains("forbidden")
     })
     .await;
     assert!(warning.contains(&format!("system:serviceaccount:{}:hub", ns.name)), "{warning}");
@@ -287,9 +284,9 @@ async fn every_feature_runs_under_exactly_the_role_metahook_rbac_prints_for_it()
             .await;
         }
         parents.delete("p", &DeleteParams::default()).await.unwrap();
-        eventually(WAIT, || async { parents.get_opt("p").await.unwrap().is_none().then_some(()) }).await;
+        support::gone(&parents, "p", WAIT).await;
         if scenario.elsewhere {
-            eventually(WAIT, || async { there.get_opt("p-b").await.unwrap().is_none().then_some(()) }).await;
+            support::gone(&there, "p-b", WAIT).await;
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
         let denied: Vec<String> = support::audit_records(&account.user())
