@@ -39,6 +39,15 @@ fn label(obj: &DynamicObject, key: &str) -> Option<String> {
 /// The test's MapController: parents are Things labelled `role: parent` (and for this test); inputs
 /// ConfigMaps; outputs ConfigMaps and Things.
 async fn map_controller(w: &World, hooks: Value) -> DynamicObject {
+    let outputs = json!([
+        {"apiVersion": "v1", "resource": "configmaps", "updateStrategy": {"method": "InPlace"}},
+        {"apiVersion": "test.metahook.dev/v1", "resource": "things", "updateStrategy": {"method": "InPlace"}},
+    ]);
+    map_controller_with(w, outputs, hooks).await
+}
+
+/// [`map_controller`] with other `outputs` (its `outputResources`).
+async fn map_controller_with(w: &World, outputs: Value, hooks: Value) -> DynamicObject {
     w.controller(
         "MapController",
         &w.label,
@@ -46,10 +55,7 @@ async fn map_controller(w: &World, hooks: Value) -> DynamicObject {
             "parentResource": {"apiVersion": "test.metahook.dev/v1", "resource": "things",
                                "labelSelector": {"matchLabels": {"metahook-test": w.label, "role": "parent"}}},
             "inputResources": [{"apiVersion": "v1", "resource": "configmaps"}],
-            "outputResources": [
-                {"apiVersion": "v1", "resource": "configmaps", "updateStrategy": {"method": "InPlace"}},
-                {"apiVersion": "test.metahook.dev/v1", "resource": "things", "updateStrategy": {"method": "InPlace"}},
-            ],
+            "outputResources": outputs,
             "hooks": hooks,
         }),
     )
@@ -195,12 +201,12 @@ async fn each_input_is_mapped_once_to_its_tagged_outputs_and_changes_removals_an
     })
     .await;
     cms.delete("d", &DeleteParams::default()).await.unwrap();
-    eventually(WAIT, || async { cms.get_opt("d-copy").await.unwrap().is_none().then_some(()) }).await;
+    support::gone(&cms, "d-copy", WAIT).await;
 
     // An input removed: its outputs are detached, and deleted (no tombstone hook).
     cms.delete("b", &DeleteParams::default()).await.unwrap();
-    eventually(WAIT, || async { cms.get_opt("b-copy").await.unwrap().is_none().then_some(()) }).await;
-    eventually(WAIT, || async { things.get_opt("b-thing").await.unwrap().is_none().then_some(()) }).await;
+    support::gone(&cms, "b-copy", WAIT).await;
+    support::gone(&things, "b-thing", WAIT).await;
     eventually(WAIT, || async {
         let p = things.get("p").await.unwrap();
         (p.data["status"]["inputs"]["configmaps"]["total"] == 1
@@ -211,7 +217,7 @@ async fn each_input_is_mapped_once_to_its_tagged_outputs_and_changes_removals_an
     assert!(cms.get_opt("a-copy").await.unwrap().is_some(), "the other input's outputs stay");
     // An input that is no longer selected is detached too.
     input(&w, "a", json!({"role": "gone"}), json!({"v": "2"})).await;
-    eventually(WAIT, || async { cms.get_opt("a-copy").await.unwrap().is_none().then_some(()) }).await;
+    support::gone(&cms, "a-copy", WAIT).await;
     elsewhere.delete().await;
     w.finish("MapController").await;
 }
@@ -235,11 +241,9 @@ async fn a_refused_answer_writes_nothing_for_its_input_while_the_others_go_on_an
     input(&w, "bad", json!({"break": "yes"}), json!({"v": "2"})).await;
     input(&w, "good", json!({}), json!({"v": "2"})).await;
     eventually(WAIT, || async { cms.get("good-copy").await.ok().filter(|c| c.data["data"]["v"] == "2") }).await;
-    let warning = eventually(WAIT, || async {
-        let warnings = support::warnings_for(&w.client, &w.ns.name, "p").await;
-        warnings.into_iter().find(|m| m.contains("bad") && m.contains("Secret"))
-    })
-    .await;
+    let warning =
+        support::warning_eventually(&w.client, &w.ns.name, "p", WAIT, |m| m.contains("bad") && m.contains("Secret"))
+            .await;
     assert!(warning.contains("1 of 2 inputs refused"), "{warning}");
     // Issue 62: a MapController has outputs, and says so.
     assert!(warning.contains("v1/Secret is not a declared output resource"), "{warning}");
@@ -275,32 +279,27 @@ def tombstone(req):
     return {"outputs": kept}
 "#;
 
+/// The input `x` and the parent, once the hook of [`SNAPSHOTS`] has both `x-keep` and `x-drop`
+/// written: the input and `x-keep`.
+async fn keep_and_drop_x(w: &World, cms: &kube::Api<DynamicObject>) -> (DynamicObject, DynamicObject) {
+    let x = input(w, "x", json!({}), json!({})).await;
+    parent(w).await;
+    let kept = eventually(WAIT, || async { cms.get_opt("x-keep").await.unwrap() }).await;
+    eventually(WAIT, || async { cms.get_opt("x-drop").await.unwrap() }).await;
+    (x, kept)
+}
+
 #[tokio::test]
 async fn a_tombstone_answer_keeps_detached_outputs_and_a_hub_killed_mid_way_loses_and_duplicates_nothing() {
     let mut w = World::new("map-tombstone", SNAPSHOTS).await;
     w.stop_hub().await;
-    w.controller(
-        "MapController",
-        &w.label,
-        json!({
-            "parentResource": {"apiVersion": "test.metahook.dev/v1", "resource": "things",
-                               "labelSelector": {"matchLabels": {"metahook-test": w.label, "role": "parent"}}},
-            "inputResources": [{"apiVersion": "v1", "resource": "configmaps"}],
-            "outputResources": [{"apiVersion": "v1", "resource": "configmaps"}],
-            "hooks": {"map": {"webhook": {"url": w.hook.url("/map")}},
-                      "tombstone": {"webhook": {"url": w.hook.url("/tombstone")}}},
-        }),
-    )
-    .await;
+    tombstone_controller(&w).await;
     let mut hub = Some(support::HubProcess::start(&w.label));
     let cms = w.config_maps().await;
-    input(&w, "x", json!({}), json!({})).await;
-    parent(&w).await;
-    let kept = eventually(WAIT, || async { cms.get_opt("x-keep").await.unwrap() }).await;
-    eventually(WAIT, || async { cms.get_opt("x-drop").await.unwrap() }).await;
+    let (_, kept) = keep_and_drop_x(&w, &cms).await;
     let x = cms.get("x").await.unwrap();
     cms.delete("x", &DeleteParams::default()).await.unwrap();
-    eventually(WAIT, || async { cms.get_opt("x-drop").await.unwrap().is_none().then_some(()) }).await;
+    support::gone(&cms, "x-drop", WAIT).await;
     let tombstone = eventually(WAIT, || async { w.hook.requests("/tombstone").into_iter().next() }).await;
     assert_eq!(tombstone["mapKey"], json!(x.metadata.uid));
     let still = cms.get("x-keep").await.unwrap();
@@ -388,7 +387,7 @@ async fn a_finalize_hook_holds_the_parent_until_it_answers() {
         .patch("p", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {"poke": "1"}}})))
         .await
         .unwrap();
-    eventually(WAIT, || async { things.get_opt("p").await.unwrap().is_none().then_some(()) }).await;
+    support::gone(&things, "p", WAIT).await;
     w.finish("MapController").await;
 }
 
@@ -532,19 +531,9 @@ def tombstone(req):
 
 /// The test's MapController over ConfigMap inputs and outputs, with a tombstone hook.
 async fn tombstone_controller(w: &World) {
-    w.controller(
-        "MapController",
-        &w.label,
-        json!({
-            "parentResource": {"apiVersion": "test.metahook.dev/v1", "resource": "things",
-                               "labelSelector": {"matchLabels": {"metahook-test": w.label, "role": "parent"}}},
-            "inputResources": [{"apiVersion": "v1", "resource": "configmaps"}],
-            "outputResources": [{"apiVersion": "v1", "resource": "configmaps"}],
-            "hooks": {"map": {"webhook": {"url": w.hook.url("/map")}},
-                      "tombstone": {"webhook": {"url": w.hook.url("/tombstone")}}},
-        }),
-    )
-    .await;
+    let hooks = json!({"map": {"webhook": {"url": w.hook.url("/map")}},
+                       "tombstone": {"webhook": {"url": w.hook.url("/tombstone")}}});
+    map_controller_with(w, json!([{"apiVersion": "v1", "resource": "configmaps"}]), hooks).await;
 }
 
 /// Issue 62: an input deleted and created again under the same name is a new input (a new UID), and
@@ -558,22 +547,15 @@ async fn a_re_created_input_waits_for_the_output_the_tombstone_keeps_and_gets_it
     let w = World::new("map-re-created", SNAPSHOTS).await;
     tombstone_controller(&w).await;
     let cms = w.config_maps().await;
-    let first = input(&w, "x", json!({}), json!({})).await;
-    parent(&w).await;
-    let kept = eventually(WAIT, || async { cms.get_opt("x-keep").await.unwrap() }).await;
-    eventually(WAIT, || async { cms.get_opt("x-drop").await.unwrap() }).await;
+    let (first, kept) = keep_and_drop_x(&w, &cms).await;
     cms.delete("x", &DeleteParams::default()).await.unwrap();
-    eventually(WAIT, || async { cms.get_opt("x-drop").await.unwrap().is_none().then_some(()) }).await;
+    support::gone(&cms, "x-drop", WAIT).await;
 
     // x again: a new input, asking for x-keep (kept for the first x) and x-drop (free).
     let before = map_calls(&w, "x");
     let second = input(&w, "x", json!({}), json!({})).await;
     assert_ne!(second.metadata.uid, first.metadata.uid);
-    let said = eventually(WAIT, || async {
-        let warnings = support::warnings_for(&w.client, &w.ns.name, "p").await;
-        warnings.into_iter().find(|m| m.starts_with("OutputKept:"))
-    })
-    .await;
+    let said = support::warning_eventually(&w.client, &w.ns.name, "p", WAIT, |m| m.starts_with("OutputKept:")).await;
     assert!(said.contains("x-keep") && said.contains(first.metadata.uid.as_deref().unwrap()), "{said}");
     tokio::time::sleep(Duration::from_secs(8)).await;
     let calls = map_calls(&w, "x") - before;
@@ -613,11 +595,9 @@ async fn a_failed_tombstone_call_is_counted_as_a_group_of_detached_outputs_not_a
     }
     let c = cms.get("c").await.unwrap();
     cms.delete("c", &DeleteParams::default()).await.unwrap();
-    let warning = eventually(WAIT, || async {
-        let warnings = support::warnings_for(&w.client, &w.ns.name, "p").await;
-        warnings.into_iter().find(|m| m.contains("the tombstone hook is broken"))
-    })
-    .await;
+    let warning =
+        support::warning_eventually(&w.client, &w.ns.name, "p", WAIT, |m| m.contains("the tombstone hook is broken"))
+            .await;
     let group = format!(
         "1 of 1 groups of detached outputs refused, left as they are: detached outputs of {}",
         c.metadata.uid.unwrap()

@@ -93,6 +93,12 @@ fn check(cases: &[Case]) {
     }
 }
 
+/// The arguments for the render fixtures' controller (`tests/fixtures/render/controller.yaml`) with the
+/// parent `parent` and the hook `hook` given by `hook_flag` (`--hook-cmd` or `--hook`).
+fn fixture<'a>(parent: &'a str, hook_flag: &'a str, hook: &'a str) -> [&'a str; 6] {
+    ["--controller", "tests/fixtures/render/controller.yaml", "--parent", parent, hook_flag, hook]
+}
+
 /// hello-world's controller, sample and hook, with observed Pods of every kind the hub's claim rules know.
 const HELLO_WORLD_OBSERVED: &[&str] = &[
     "--controller",
@@ -126,14 +132,7 @@ fn python_hook_renders_desired_children_status_and_diff_against_observed() {
 #[test]
 fn node_hook_renders_with_v2_keys_and_its_status() {
     check(&[Case {
-        args: &[
-            "--controller",
-            "tests/fixtures/render/controller.yaml",
-            "--parent",
-            "tests/fixtures/render/parent.yaml",
-            "--hook-cmd",
-            "node tests/fixtures/render/hook.mjs",
-        ],
+        args: &fixture("tests/fixtures/render/parent.yaml", "--hook-cmd", "node tests/fixtures/render/hook.mjs"),
         stdout: &[
             "# create ConfigMap shop/w-0",
             "# create ConfigMap shop/w-1",
@@ -147,14 +146,7 @@ fn node_hook_renders_with_v2_keys_and_its_status() {
 #[test]
 fn invalid_response_exits_non_zero_with_the_reason() {
     check(&[Case {
-        args: &[
-            "--controller",
-            "tests/fixtures/render/controller.yaml",
-            "--parent",
-            "tests/fixtures/render/parent-bad.yaml",
-            "--hook-cmd",
-            "node tests/fixtures/render/hook.mjs",
-        ],
+        args: &fixture("tests/fixtures/render/parent-bad.yaml", "--hook-cmd", "node tests/fixtures/render/hook.mjs"),
         exit: Some(1),
         stderr: &["v1/Secret is not a declared child resource"],
         empty_stdout: true, // nothing is rendered from an invalid response
@@ -226,14 +218,7 @@ fn an_unreachable_hook_is_reported_with_the_root_cause() {
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let url = format!("http://127.0.0.1:{port}/sync");
     check(&[Case {
-        args: &[
-            "--controller",
-            "tests/fixtures/render/controller.yaml",
-            "--parent",
-            "tests/fixtures/render/parent.yaml",
-            "--hook",
-            &url,
-        ],
+        args: &fixture("tests/fixtures/render/parent.yaml", "--hook", &url),
         exit: Some(1),
         // The cause, not only "error sending request".
         stderr: &[&url, "Connection refused"],

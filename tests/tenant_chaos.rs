@@ -419,6 +419,31 @@ impl Chaos {
         }
     }
 
+    /// The name of the tenant's copy (`<parent>-team`) of a platform parent picked at random, if there
+    /// is a platform parent.
+    fn platform_copy(&self, rng: &mut Rng) -> Option<String> {
+        let platform: Vec<&String> =
+            self.model.parents.keys().filter(|(n, _)| *n == self.platform.name).map(|(_, p)| p).collect();
+        (!platform.is_empty()).then(|| format!("{}-team", platform[rng.below(platform.len())]))
+    }
+
+    /// Deletes the parent `namespace/name` with a propagation picked at random; says so, as `doing`
+    /// ("tenant 1 deletes parent") with the parent's name and the propagation.
+    async fn delete_parent_at_random(
+        &mut self,
+        rng: &mut Rng,
+        client: &kube::Client,
+        (namespace, name): (&str, &str),
+        doing: &str,
+    ) -> String {
+        let how = [PropagationPolicy::Background, PropagationPolicy::Foreground, PropagationPolicy::Orphan]
+            [rng.below(3)]
+        .clone();
+        let said = format!("{doing} {name} ({how:?})");
+        self.delete_parent(client, namespace, name, how).await;
+        said
+    }
+
     /// One random step.
     #[allow(clippy::too_many_lines)]
     async fn step(&mut self, rng: &mut Rng) -> String {
@@ -435,12 +460,8 @@ impl Chaos {
             }
             3 => {
                 let name = format!("t{t}-x{}", rng.below(3));
-                let how = [PropagationPolicy::Background, PropagationPolicy::Foreground, PropagationPolicy::Orphan]
-                    [rng.below(3)]
-                .clone();
-                let said = format!("tenant {t} deletes parent {name} ({how:?})");
-                self.delete_parent(&tenant_client, &ns, &name, how).await;
-                said
+                self.delete_parent_at_random(rng, &tenant_client, (&ns, &name), &format!("tenant {t} deletes parent"))
+                    .await
             }
             4 | 5 => {
                 // A decoy: one of the tenant's ConfigMaps claiming to be another parent's child.
@@ -471,17 +492,9 @@ impl Chaos {
             }
             6 => {
                 // Take the copy of a platform parent away, or hold it with a finalizer.
-                let platform: Vec<String> = self
-                    .model
-                    .parents
-                    .keys()
-                    .filter(|(n, _)| *n == self.platform.name)
-                    .map(|(_, p)| p.clone())
-                    .collect();
-                if platform.is_empty() {
+                let Some(name) = self.platform_copy(rng) else {
                     return "no platform parent".into();
-                }
-                let name = format!("{}-team", platform[rng.below(platform.len())]);
+                };
                 let cms = api(&tenant_client, "v1", "ConfigMap", Some(&ns)).await;
                 let hold = rng.chance(50);
                 let patch = if hold {
@@ -556,12 +569,8 @@ impl Chaos {
                     self.upsert_parent(&admin, &platform, &name, v, n).await;
                     format!("operator writes platform parent {name} (v {v}, n {n})")
                 } else {
-                    let how = [PropagationPolicy::Background, PropagationPolicy::Foreground, PropagationPolicy::Orphan]
-                        [rng.below(3)]
-                    .clone();
-                    let said = format!("operator deletes platform parent {name} ({how:?})");
-                    self.delete_parent(&admin, &platform, &name, how).await;
-                    said
+                    self.delete_parent_at_random(rng, &admin, (&platform, &name), "operator deletes platform parent")
+                        .await
                 }
             }
             12 | 13 => {
@@ -653,17 +662,9 @@ impl Chaos {
             _ => {
                 // Hold a platform parent's copy in its deletion, not selected any more (issue 67): the
                 // copy is the parent's by record and label, but neither its child nor free.
-                let platform: Vec<String> = self
-                    .model
-                    .parents
-                    .keys()
-                    .filter(|(n, _)| *n == self.platform.name)
-                    .map(|(_, p)| p.clone())
-                    .collect();
-                if platform.is_empty() {
+                let Some(name) = self.platform_copy(rng) else {
                     return "no platform parent".into();
-                }
-                let name = format!("{}-team", platform[rng.below(platform.len())]);
+                };
                 let cms = api(&tenant_client, "v1", "ConfigMap", Some(&ns)).await;
                 let patch = json!({"metadata": {"finalizers": [HOLD], "labels": {"controller-uid": null}}});
                 match cms.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
