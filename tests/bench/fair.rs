@@ -27,7 +27,10 @@
 //!
 //! Run by `cargo test` with no arguments it does a smoke-sized run (N=60, short phases).
 
+mod kinds;
 mod metacontroller;
+mod procs;
+mod run;
 // Only its restart: the request counts are for the other benchmarks.
 #[allow(dead_code)]
 mod plane;
@@ -45,38 +48,15 @@ use kube::Client;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use kube::runtime::watcher;
 use metacontroller::Metacontroller;
+use procs::Hook;
 use serde_json::{Value, json};
-use tokio::io::AsyncBufReadExt as _;
-
-const CRD: &str = r"
-apiVersion: apiextensions.k8s.io/v1
-kind: CustomResourceDefinition
-metadata: {name: fairthings.bench.metahook.dev}
-spec:
-  group: bench.metahook.dev
-  names: {kind: FairThing, plural: fairthings, singular: fairthing}
-  scope: Namespaced
-  versions:
-  - name: v1
-    served: true
-    storage: true
-    subresources: {status: {}}
-    schema:
-      openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}
-";
 
 const CHILDREN: usize = 3;
 const PROBES: usize = 20;
 const TIMEOUT: Duration = Duration::from_secs(1800);
 
 fn fair_things() -> kube::core::ApiResource {
-    kube::core::ApiResource {
-        group: "bench.metahook.dev".into(),
-        version: "v1".into(),
-        api_version: "bench.metahook.dev/v1".into(),
-        kind: "FairThing".into(),
-        plural: "fairthings".into(),
-    }
+    kinds::resource("FairThing")
 }
 
 struct Settings {
@@ -92,10 +72,8 @@ struct Settings {
 
 impl Settings {
     fn from_env() -> Self {
-        let full = std::env::args().any(|a| a == "--full");
-        let num = |key: &str, default: usize| std::env::var(key).ok().and_then(|v| v.parse().ok()).unwrap_or(default);
-        let own_cluster = std::env::var_os("METAHOOK_TEST_KUBECONFIG").is_none();
-        let fresh = full && own_cluster && std::env::var("FRESH").map_or(true, |v| v != "0");
+        let (full, num) = (run::full(), run::number);
+        let fresh = run::fresh(full);
         if full {
             let sustained = Some(Duration::from_secs(60));
             Self { n: num("N", 10_000), slow: Duration::from_secs(30), sustained, idle_probes: 10, fresh }
@@ -153,36 +131,11 @@ impl Running {
 
     /// SIGTERM, as a rolling upgrade would, and wait for it to go.
     async fn stop(mut self) {
-        if let Some(pid) = self.child.id() {
-            let _ = std::process::Command::new("kill").arg("-TERM").arg(pid.to_string()).status();
-        }
-        if tokio::time::timeout(Duration::from_secs(10), self.child.wait()).await.is_err() {
-            let _ = self.child.kill().await;
-        }
+        procs::terminate(&mut self.child).await;
     }
-}
-
-/// The hook process.
-struct Hook {
-    port: u16,
-    http: reqwest::Client,
-    _child: tokio::process::Child,
 }
 
 impl Hook {
-    async fn start() -> Self {
-        let mut child = tokio::process::Command::new("node")
-            .arg(support::repo_root().join("tests/bench/fair-hook.mjs"))
-            .stdout(std::process::Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("starting node tests/bench/fair-hook.mjs");
-        let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
-        let line = lines.next_line().await.unwrap().expect("the hook printed its port");
-        let port = line.strip_prefix("PORT ").and_then(|p| p.trim().parse().ok()).expect("a PORT line");
-        Self { port, http: reqwest::Client::new(), _child: child }
-    }
-
     fn url(&self, path: &str) -> String {
         format!("http://127.0.0.1:{}{path}", self.port)
     }
@@ -383,7 +336,7 @@ async fn run(settings: &Settings, hook: &Arc<Hook>, name: &str, program: &Progra
         plane::restart().await;
     }
     let client = Client::try_from(support::config().await).expect("a client for the control plane");
-    support::install_crds(&client, CRD).await;
+    support::install_crds(&client, &kinds::crd("FairThing")).await;
     match program {
         Program::Metacontroller(Metacontroller { crds: Some(crds), .. }) => {
             support::install_crds(&client, &std::fs::read_to_string(crds).unwrap()).await;
@@ -600,7 +553,7 @@ fn table(settings: &Settings, results: &[Figures]) -> String {
 #[tokio::main]
 async fn main() {
     let settings = Settings::from_env();
-    let hook = Arc::new(Hook::start().await);
+    let hook = Arc::new(Hook::start("fair-hook.mjs").await);
     let hub_bin =
         std::env::var_os("HUB_BIN").map_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_metahook")), PathBuf::from);
     let mut systems = vec![("metahook".to_owned(), Program::Hub(hub_bin))];

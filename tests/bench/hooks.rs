@@ -6,39 +6,25 @@
 //! Calls are sequential, each one a full `sync` request/response as a controller makes it (a parent,
 //! an empty children map), so the figures are what one worker sees per call.
 
-use std::path::PathBuf;
-use std::process::Stdio;
+#[path = "../support/mod.rs"]
+mod support;
+
 use std::time::{Duration, Instant};
 
 use metahook::api::Hook;
 use metahook::hooks::{CompositeRequest, HookClient, HookClientConfig, HookKind, HookLabels, ObjectMaps};
 use serde_json::{Value, json};
-use tokio::io::AsyncBufReadExt as _;
 
 /// Calls per case, unless [`BUDGET`] runs out first (a slow case still gets enough calls for a p99).
 const CALLS: usize = 2000;
 const BUDGET: Duration = Duration::from_secs(10);
 const WARMUP: usize = 20;
 
-fn repo_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
 /// Starts the Python hook with `config`; returns the process (killed on drop) and its port.
 async fn start_hook(config: &Value, dir: &std::path::Path) -> (tokio::process::Child, u16) {
     let file = dir.join(format!("hook-{}-{}.json", config["tls"].is_object(), config["nagle"] == true));
     std::fs::write(&file, config.to_string()).unwrap();
-    let mut child = tokio::process::Command::new("python3")
-        .arg(repo_root().join("tests/hooks/transport_hook.py"))
-        .arg(&file)
-        .stdout(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("starting python3");
-    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
-    let line = lines.next_line().await.unwrap().expect("PORT line");
-    let port = line.strip_prefix("PORT ").and_then(|p| p.trim().parse().ok()).expect("PORT line");
-    (child, port)
+    support::start_transport_hook(&file).await
 }
 
 struct Figures {
@@ -91,24 +77,15 @@ fn hook(url: String, ca: Option<String>) -> Hook {
 
 #[tokio::main]
 async fn main() {
-    let dir = tempfile::tempdir().unwrap();
-    let pki = std::process::Command::new("bash")
-        .arg(repo_root().join("tests/hooks/make_pki.sh"))
-        .current_dir(dir.path())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .expect("running openssl");
-    assert!(pki.success(), "making certificates with openssl failed");
-    let path = |f: &str| dir.path().join(f).to_string_lossy().into_owned();
-    let tls = json!({"cert": path("server.crt"), "key": path("server.key")});
+    let pki = support::Pki::new();
+    let tls = json!({"cert": pki.path("server.crt"), "key": pki.path("server.key")});
     let hooks = [
-        start_hook(&json!({}), dir.path()).await,
-        start_hook(&json!({"tls": tls}), dir.path()).await,
-        start_hook(&json!({"nagle": true}), dir.path()).await,
-        start_hook(&json!({"tls": tls, "nagle": true}), dir.path()).await,
+        start_hook(&json!({}), pki.dir()).await,
+        start_hook(&json!({"tls": tls}), pki.dir()).await,
+        start_hook(&json!({"nagle": true}), pki.dir()).await,
+        start_hook(&json!({"tls": tls, "nagle": true}), pki.dir()).await,
     ];
-    let ca = std::fs::read_to_string(dir.path().join("ca.crt")).unwrap();
+    let ca = pki.pem("ca.crt");
     let url = |i: usize, scheme: &str| format!("{scheme}://127.0.0.1:{}/sync", hooks[i].1);
 
     println!("hook client per-call overhead: up to {CALLS} sequential sync calls per case (at most {BUDGET:?}),");

@@ -45,9 +45,11 @@
 //! phases) so it never rots; `make bench` runs the full size. Figures are printed, never asserted: the
 //! machine is shared and noisy. What it does assert is that every system converged.
 
+mod kinds;
 mod mcmix;
 mod metacontroller;
 mod plane;
+mod procs;
 #[path = "../support/mod.rs"]
 mod support;
 
@@ -62,26 +64,10 @@ use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use kube::runtime::watcher;
 use kube::{Client, ResourceExt as _};
 use metacontroller::Metacontroller;
+use procs::Hook;
 use serde::Serialize;
 use serde_json::{Value, json};
 use tokio::io::AsyncBufReadExt as _;
-
-const CRD: &str = r"
-apiVersion: apiextensions.k8s.io/v1
-kind: CustomResourceDefinition
-metadata: {name: benchthings.bench.metahook.dev}
-spec:
-  group: bench.metahook.dev
-  names: {kind: BenchThing, plural: benchthings, singular: benchthing}
-  scope: Namespaced
-  versions:
-  - name: v1
-    served: true
-    storage: true
-    subresources: {status: {}}
-    schema:
-      openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}
-";
 
 const CHILDREN: usize = 3;
 const WORKERS: usize = 5;
@@ -227,11 +213,11 @@ async fn main() {
     }
     let settings = Settings::from_env();
     let mut client = support::client().await;
-    support::install_crds(&client, CRD).await;
+    support::install_crds(&client, &kinds::crd("BenchThing")).await;
     support::install_metahook_crds(&client).await;
     let out = support::repo_root().join("target/bench");
     std::fs::create_dir_all(&out).unwrap();
-    let hook = Hook::start().await;
+    let hook = Hook::start("hook.mjs").await;
     eprintln!(
         "[bench] N={} idle={:?} resync={}s hub={} control plane: {}",
         settings.n,
@@ -391,7 +377,7 @@ async fn fresh_control_plane(settings: &Settings, system: System) -> Client {
     phase(system, "a fresh control plane");
     plane::restart().await;
     let client = Client::try_from(support::config().await).expect("a client for the fresh control plane");
-    support::install_crds(&client, CRD).await;
+    support::install_crds(&client, &kinds::crd("BenchThing")).await;
     match system.controller_crds(settings) {
         Some(crds) => support::install_crds(&client, &std::fs::read_to_string(crds).unwrap()).await,
         None => support::install_metahook_crds(&client).await,
@@ -705,13 +691,7 @@ sharding: {{enabled: true, ring: {label}}}
 
 /// The parents' type.
 fn bench_things() -> kube::core::ApiResource {
-    kube::core::ApiResource {
-        group: "bench.metahook.dev".into(),
-        version: "v1".into(),
-        api_version: "bench.metahook.dev/v1".into(),
-        kind: "BenchThing".into(),
-        plural: "benchthings".into(),
-    }
+    kinds::resource("BenchThing")
 }
 
 struct Bench {
@@ -1513,38 +1493,11 @@ impl ControllerRun {
 
     /// SIGTERM, as a rolling upgrade would, and wait for it to go.
     async fn stop(mut self) {
-        if let Some(pid) = self.child.id() {
-            let _ = std::process::Command::new("kill").arg("-TERM").arg(pid.to_string()).status();
-        }
-        if tokio::time::timeout(Duration::from_secs(10), self.child.wait()).await.is_err() {
-            let _ = self.child.kill().await;
-        }
+        procs::terminate(&mut self.child).await;
     }
-}
-
-struct Hook {
-    port: u16,
-    pid: u32,
-    http: reqwest::Client,
-    _child: tokio::process::Child,
 }
 
 impl Hook {
-    async fn start() -> Self {
-        let mut child = tokio::process::Command::new("node")
-            .arg(support::repo_root().join("tests/bench/hook.mjs"))
-            .stdout(std::process::Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("starting node tests/bench/hook.mjs");
-        let stdout = child.stdout.take().unwrap();
-        let mut lines = tokio::io::BufReader::new(stdout).lines();
-        let line = lines.next_line().await.unwrap().expect("hook printed its port");
-        let port = line.strip_prefix("PORT ").and_then(|p| p.trim().parse().ok()).expect("PORT line");
-        let pid = child.id().unwrap_or(0);
-        Self { port, pid, http: reqwest::Client::new(), _child: child }
-    }
-
     async fn get(&self, path: &str) -> Value {
         let url = format!("http://127.0.0.1:{}{path}", self.port);
         self.http.get(url).send().await.unwrap().json().await.unwrap()

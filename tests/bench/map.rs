@@ -24,7 +24,14 @@
 //!
 //! Run by `cargo test` with no arguments it does a smoke-sized run (N=20, 2 changes, one control plane).
 
+// Only the CRD: the one parent is applied as JSON.
+#[allow(dead_code)]
+mod kinds;
 mod plane;
+// Only its hook: the hubs run in process.
+#[allow(dead_code)]
+mod procs;
+mod run;
 #[path = "../support/mod.rs"]
 mod support;
 
@@ -34,25 +41,8 @@ use std::time::{Duration, Instant};
 use futures::{StreamExt as _, stream};
 use kube::Client;
 use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use procs::Hook;
 use serde_json::{Value, json};
-use tokio::io::AsyncBufReadExt as _;
-
-const CRD: &str = r"
-apiVersion: apiextensions.k8s.io/v1
-kind: CustomResourceDefinition
-metadata: {name: benchmaps.bench.metahook.dev}
-spec:
-  group: bench.metahook.dev
-  names: {kind: BenchMap, plural: benchmaps, singular: benchmap}
-  scope: Namespaced
-  versions:
-  - name: v1
-    served: true
-    storage: true
-    subresources: {status: {}}
-    schema:
-      openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}
-";
 
 const INPUT_LABEL: &str = "bench-map-input";
 const TIMEOUT: Duration = Duration::from_secs(900);
@@ -138,10 +128,8 @@ struct Settings {
 
 impl Settings {
     fn from_env() -> Self {
-        let full = std::env::args().any(|a| a == "--full");
-        let num = |key: &str, default: usize| std::env::var(key).ok().and_then(|v| v.parse().ok()).unwrap_or(default);
-        let own_cluster = std::env::var_os("METAHOOK_TEST_KUBECONFIG").is_none();
-        let fresh = full && own_cluster && std::env::var("FRESH").map_or(true, |v| v != "0");
+        let (full, num) = (run::full(), run::number);
+        let fresh = run::fresh(full);
         if full {
             Self { n: num("N", 1000), changes: num("CHANGES", 10).max(1), fresh }
         } else {
@@ -150,27 +138,7 @@ impl Settings {
     }
 }
 
-/// The hook process and its counters.
-struct Hook {
-    port: u16,
-    http: reqwest::Client,
-    _child: tokio::process::Child,
-}
-
 impl Hook {
-    async fn start() -> Self {
-        let mut child = tokio::process::Command::new("node")
-            .arg(support::repo_root().join("tests/bench/map-hook.mjs"))
-            .stdout(std::process::Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("starting node tests/bench/map-hook.mjs");
-        let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
-        let line = lines.next_line().await.unwrap().expect("the hook printed its port");
-        let port = line.strip_prefix("PORT ").and_then(|p| p.trim().parse().ok()).expect("a PORT line");
-        Self { port, http: reqwest::Client::new(), _child: child }
-    }
-
     fn url(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
     }
@@ -227,7 +195,7 @@ async fn control_plane(settings: &Settings, system: System) -> Client {
         plane::restart().await;
     }
     let client = Client::try_from(support::config().await).expect("a client for the control plane");
-    support::install_crds(&client, CRD).await;
+    support::install_crds(&client, &kinds::crd("BenchMap")).await;
     support::install_metahook_crds(&client).await;
     client
 }
@@ -401,7 +369,7 @@ async fn main() {
     // The in-process hubs' warnings (a failing sync shows here); `BENCH_HUB_LOG=debug` for more.
     let filter = std::env::var("BENCH_HUB_LOG").unwrap_or_else(|_| "warn".into());
     let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
-    let hook = Hook::start().await;
+    let hook = Hook::start("map-hook.mjs").await;
     let mut results = Vec::new();
     // `SYSTEMS=map,composite+customize`: only those.
     let only = std::env::var("SYSTEMS").ok().filter(|s| !s.is_empty());
