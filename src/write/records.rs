@@ -26,7 +26,7 @@ use std::sync::{Arc, Mutex};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::Client;
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
-use serde_json::json;
+use serde_json::{Value, json};
 
 use crate::api::record::{ChildRecord, ChildRecordSpec, RecordedChild, RecordedParent};
 use crate::cache::discovery::ResolvedResource;
@@ -257,13 +257,11 @@ impl Records {
         }
     }
 
-    /// Puts the hub's finalizer back on `record`, if it is still the version read (a conflict is
-    /// [`RecordError::Stale`]).
-    pub async fn hold(&self, record: &Record) -> Result<Arc<Record>, RecordError> {
-        let patch = json!({"metadata": {"uid": record.uid, "resourceVersion": record.version,
-                                        "finalizers": [RECORD_FINALIZER]}});
+    /// Merges `patch` (which pins the record's `uid` and `resourceVersion`) into `record`: the record
+    /// as written, or [`RecordError::Stale`] when it changed or went since it was read.
+    async fn patch_read(&self, record: &Record, patch: &Value) -> Result<Arc<Record>, RecordError> {
         let api = self.api(&record.key);
-        match api.patch(&record.key.name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+        match api.patch(&record.key.name, &PatchParams::default(), &Patch::Merge(patch)).await {
             Ok(written) => Ok(self.remember(&written)),
             Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 || s.code == 422 => {
                 self.written.lock().expect("records lock").remove(&record.key);
@@ -271,6 +269,14 @@ impl Records {
             }
             Err(source) => Err(RecordError::Write { key: record.key.clone(), source }),
         }
+    }
+
+    /// Puts the hub's finalizer back on `record`, if it is still the version read (a conflict is
+    /// [`RecordError::Stale`]).
+    pub async fn hold(&self, record: &Record) -> Result<Arc<Record>, RecordError> {
+        let patch = json!({"metadata": {"uid": record.uid, "resourceVersion": record.version,
+                                        "finalizers": [RECORD_FINALIZER]}});
+        self.patch_read(record, &patch).await
     }
 
     /// Replaces the children `record` lists with `children`, if the record is still the version read
@@ -282,15 +288,7 @@ impl Records {
         let children: Vec<&RecordedChild> = children.iter().collect();
         let patch = json!({"metadata": {"uid": record.uid, "resourceVersion": record.version},
                            "spec": {"children": children}});
-        let api = self.api(&record.key);
-        match api.patch(&record.key.name, &PatchParams::default(), &Patch::Merge(&patch)).await {
-            Ok(written) => Ok(self.remember(&written)),
-            Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 || s.code == 422 => {
-                self.written.lock().expect("records lock").remove(&record.key);
-                Err(RecordError::Stale { key: record.key.clone() })
-            }
-            Err(source) => Err(RecordError::Write { key: record.key.clone(), source }),
-        }
+        self.patch_read(record, &patch).await
     }
 
     /// Takes the hub's finalizer off `record` (see [`release_record`]).
