@@ -14,7 +14,7 @@ use super::live::{Live, Namespaces};
 use super::related::Related;
 use super::report::{ChildChange, ParentReport, Report, RevisionChange};
 use super::{candidate, record_plan, shard};
-use crate::api::{CompositeController, HookVersion, labels_of};
+use crate::api::{CompositeController, HookVersion};
 use crate::cache::informers::{Informer, ObjectKey};
 use crate::cache::selector::Selector;
 use crate::controllers::composite::rollouts::{Pending, Rollouts};
@@ -43,23 +43,9 @@ pub(super) async fn diff(
     let hooks = spec.hooks.as_ref();
     let hook = hooks.and_then(|h| h.sync.as_ref()).ok_or_else(|| DiffError::Controller("has no sync hook".into()))?;
     let parent_rule = &spec.parent_resource;
-    let parent_resource = live.resolve("parent", &parent_rule.api_version, &parent_rule.resource).await?;
-    let parent_selector = match &parent_rule.label_selector {
-        Some(s) => Selector::from_label_selector(s).map_err(|e| DiffError::Controller(with_causes(&e)))?,
-        None => Selector::everything(),
-    };
-    let mut parents: Vec<Arc<DynamicObject>> = live
-        .cache(&parent_resource, &Namespaces::Anywhere)
-        .await?
-        .list(None)
-        .into_iter()
-        .filter(|p| {
-            let labels = labels_of(&p.metadata);
-            parent_selector.matches(&labels) && selector.is_none_or(|s| s.matches(&labels))
-        })
-        .collect();
-    // In a stable order, so two previews compare line by line.
-    parents.sort_by_key(|p| ObjectKey::of(p));
+    let (parent_resource, parents) = live
+        .parents(&parent_rule.api_version, &parent_rule.resource, parent_rule.label_selector.as_ref(), selector)
+        .await?;
     let namespaces = Namespaces::of(&parents, parent_resource.namespaced);
     let types = if parents.is_empty() {
         Vec::new()

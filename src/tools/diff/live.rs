@@ -8,15 +8,19 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::api::{Api, DynamicObject, ListParams};
 use kube::{Client, Resource as _};
 
 use super::args::DiffError;
 use crate::api::{
     ChildResourceRule, CompositeController, DecoratorController, EndpointConfig, Hook, MapController, UpdateMethod,
+    labels_of,
 };
 use crate::cache::discovery::{Discovery, ResolvedResource};
-use crate::cache::informers::Informer;
+use crate::cache::informers::{Informer, ObjectKey};
+use crate::cache::selector::Selector;
+use crate::engine::error::with_causes;
 use crate::hooks::{Endpoint, HookClient, HookClientConfig, HookKind, HookLabels};
 use crate::write::apply::Applier;
 use crate::write::children::ChildType;
@@ -80,6 +84,35 @@ impl Live {
             resource: format!("{resource}.{api_version}"),
             source: Box::new(source),
         })
+    }
+
+    /// The parents to preview: the objects of `api_version`/`resource` that both the controller's
+    /// `label_selector` and the command's `selector` select, with their type. In a stable order, so two
+    /// previews compare line by line.
+    pub(super) async fn parents(
+        &self,
+        api_version: &str,
+        resource: &str,
+        label_selector: Option<&LabelSelector>,
+        selector: Option<&Selector>,
+    ) -> Result<(Arc<ResolvedResource>, Vec<Arc<DynamicObject>>), DiffError> {
+        let parent_resource = self.resolve("parent", api_version, resource).await?;
+        let parent_selector = match label_selector {
+            Some(s) => Selector::from_label_selector(s).map_err(|e| DiffError::Controller(with_causes(&e)))?,
+            None => Selector::everything(),
+        };
+        let mut parents: Vec<Arc<DynamicObject>> = self
+            .cache(&parent_resource, &Namespaces::Anywhere)
+            .await?
+            .list(None)
+            .into_iter()
+            .filter(|p| {
+                let labels = labels_of(&p.metadata);
+                parent_selector.matches(&labels) && selector.is_none_or(|s| s.matches(&labels))
+            })
+            .collect();
+        parents.sort_by_key(|p| ObjectKey::of(p));
+        Ok((parent_resource, parents))
     }
 
     /// Every object of `resource` in `namespace` (`None`: everywhere), page by page, as a cache holds

@@ -15,7 +15,7 @@ use super::args::{DiffArgs, DiffError};
 use super::live::{Live, Namespaces};
 use super::report::{ParentReport, Report};
 use super::{candidate, record_plan, shard};
-use crate::api::{MapController, OutputResourceRule, labels_of};
+use crate::api::{MapController, OutputResourceRule};
 use crate::cache::discovery::ResolvedResource;
 use crate::cache::informers::{Informer, ObjectKey, controller_uid};
 use crate::cache::selector::Selector;
@@ -40,22 +40,9 @@ pub(super) async fn diff(
     let name = mc.metadata.name.clone().unwrap_or_default();
     let hook = spec.hooks.map.as_ref().ok_or_else(|| DiffError::Controller("has no map hook".into()))?;
     let parent_rule = &spec.parent_resource;
-    let parent_resource = live.resolve("parent", &parent_rule.api_version, &parent_rule.resource).await?;
-    let parent_selector = match &parent_rule.label_selector {
-        Some(s) => Selector::from_label_selector(s).map_err(|e| DiffError::Controller(with_causes(&e)))?,
-        None => Selector::everything(),
-    };
-    let mut parents: Vec<Arc<DynamicObject>> = live
-        .cache(&parent_resource, &Namespaces::Anywhere)
-        .await?
-        .list(None)
-        .into_iter()
-        .filter(|p| {
-            let labels = labels_of(&p.metadata);
-            parent_selector.matches(&labels) && selector.is_none_or(|s| s.matches(&labels))
-        })
-        .collect();
-    parents.sort_by_key(|p| ObjectKey::of(p));
+    let (parent_resource, parents) = live
+        .parents(&parent_rule.api_version, &parent_rule.resource, parent_rule.label_selector.as_ref(), selector)
+        .await?;
     let namespaces = Namespaces::of(&parents, parent_resource.namespaced);
     let mut inputs = Vec::new();
     for rule in &spec.input_resources {
