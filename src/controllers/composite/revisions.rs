@@ -224,7 +224,16 @@ mod tests {
                   \"cmd\":\"a\\u003cb \\u0026\\u0026 c\\u003ed\",\"ctl\":\"\\u0001\\b\\f\\n\\r\\t\\u001f\u{7f}\",\
                   \"sep\":\"x\\u2028y\\u2029z\",\"uni\":\"café 😀 /\"}}";
         assert_eq!(canonical_json(&patch), go);
-        let resource = ResolvedResource {
+        let resource = catsets();
+        assert_eq!(
+            revision_name(&resource, "uid-1", &patch),
+            "catsets.ctl.example.com-dfbc2bd0f5cd086ca1b55f473e07d583ca11c56a"
+        );
+    }
+
+    /// A parent type whose revisions' names the tests pin: `catsets.ctl.example.com`.
+    fn catsets() -> ResolvedResource {
+        ResolvedResource {
             api_resource: kube::core::ApiResource {
                 group: "ctl.example.com".into(),
                 version: "v1".into(),
@@ -234,11 +243,7 @@ mod tests {
             },
             namespaced: true,
             has_status: true,
-        };
-        assert_eq!(
-            revision_name(&resource, "uid-1", &patch),
-            "catsets.ctl.example.com-dfbc2bd0f5cd086ca1b55f473e07d583ca11c56a"
-        );
+        }
     }
 
     fn stored(name: &str, patch: &Value) -> Arc<DynamicObject> {
@@ -271,17 +276,7 @@ mod tests {
 
     #[test]
     fn revision_names_are_stable_and_depend_on_uid_and_patch() {
-        let resource = ResolvedResource {
-            api_resource: kube::core::ApiResource {
-                group: "ctl.example.com".into(),
-                version: "v1".into(),
-                api_version: "ctl.example.com/v1".into(),
-                kind: "CatSet".into(),
-                plural: "catsets".into(),
-            },
-            namespaced: true,
-            has_status: true,
-        };
+        let resource = catsets();
         let a = revision_name(&resource, "uid-1", &json!({"spec": {"b": 1, "a": 2}}));
         assert!(a.starts_with("catsets.ctl.example.com-") && a.len() == "catsets.ctl.example.com-".len() + 40);
         assert_eq!(a, revision_name(&resource, "uid-1", &json!({"spec": {"a": 2, "b": 1}})), "key order is irrelevant");

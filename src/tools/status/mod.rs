@@ -298,22 +298,8 @@ mod tests {
     use super::*;
 
     fn report(kind: &str, name: &str) -> ControllerReport {
-        ControllerReport {
-            kind: kind.to_owned(),
-            name: name.to_owned(),
-            file: None,
-            ready: Ready { status: "True".into(), reason: String::new(), message: String::new() },
-            parents: Some(0),
-            syncs_per_minute: None,
-            errors: None,
-            errors_per_minute: None,
-            hook_latency_seconds: Latency::default(),
-            by_source: Vec::new(),
-            last_error: None,
-            related: None,
-            waiting: Vec::new(),
-            problems: Vec::new(),
-        }
+        let ready = Ready { status: "True".into(), reason: String::new(), message: String::new() };
+        ControllerReport { parents: Some(0), ..ControllerReport::bare(kind, name, ready) }
     }
 
     #[test]

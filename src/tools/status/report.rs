@@ -150,6 +150,29 @@ pub struct ParentRef {
 /// The longest note the table shows; JSON has it whole.
 const NOTE_WIDTH: usize = 100;
 
+#[cfg(test)]
+impl ControllerReport {
+    /// A controller in the tests' reports: `ready` and nothing measured, listed or said yet.
+    pub(crate) fn bare(kind: &str, name: &str, ready: Ready) -> Self {
+        Self {
+            kind: kind.to_owned(),
+            name: name.to_owned(),
+            file: None,
+            ready,
+            parents: None,
+            syncs_per_minute: None,
+            errors: None,
+            errors_per_minute: None,
+            hook_latency_seconds: Latency::default(),
+            by_source: Vec::new(),
+            last_error: None,
+            related: None,
+            waiting: Vec::new(),
+            problems: Vec::new(),
+        }
+    }
+}
+
 impl Report {
     /// The JSON document, pretty-printed.
     #[must_use]
@@ -389,21 +412,10 @@ mod tests {
             waiting: Vec::new(),
             problems: Vec::new(),
         };
+        let ready = Ready { status: "False".into(), reason: "Forbidden".into(), message: "cannot list".into() };
         let labels = ControllerReport {
-            file: None,
-            kind: "DecoratorController".into(),
-            name: "labels".into(),
-            ready: Ready { status: "False".into(), reason: "Forbidden".into(), message: "cannot list".into() },
-            parents: None,
-            syncs_per_minute: None,
-            errors: None,
-            errors_per_minute: None,
-            hook_latency_seconds: Latency::default(),
-            by_source: Vec::new(),
-            last_error: None,
-            related: None,
-            waiting: Vec::new(),
             problems: vec!["cannot list its parents: listing v1/secrets: forbidden".into()],
+            ..ControllerReport::bare("DecoratorController", "labels", ready)
         };
         Report {
             controllers: vec![web, labels],
