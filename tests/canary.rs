@@ -59,9 +59,7 @@ async fn world(test: &str, parents: usize) -> (World, BTreeMap<String, u16>) {
         let thing = w.thing(&name, json!({})).await;
         buckets.insert(name, metahook::cache::shard::bucket(thing.metadata.uid.as_deref().unwrap()));
     }
-    for name in buckets.keys() {
-        child_says(&w, name, "current").await;
-    }
+    children_say(&w, buckets.keys(), "current").await;
     (w, buckets)
 }
 
@@ -71,6 +69,13 @@ async fn child_says(w: &World, parent: &str, side: &str) {
         w.config_map(&format!("{parent}-cm")).await.filter(|cm| cm.data["data"]["side"] == side)
     })
     .await;
+}
+
+/// [`child_says`] for each of `parents`.
+async fn children_say<'a>(w: &World, parents: impl IntoIterator<Item = &'a String>, side: &str) {
+    for parent in parents {
+        child_says(w, parent, side).await;
+    }
 }
 
 /// Sets (or, with `Null`, removes) the controller's canary annotation.
@@ -104,12 +109,16 @@ fn share(buckets: &BTreeMap<String, u16>, percent: f64) -> BTreeSet<String> {
     buckets.iter().filter(|(_, b)| f64::from(**b) < below).map(|(name, _)| name.clone()).collect()
 }
 
+/// The candidate hook (`hook("candidate", failing)`) and the parents of `buckets` in its `percent`.
+async fn candidate(buckets: &BTreeMap<String, u16>, failing: bool, percent: f64) -> (HookServer, BTreeSet<String>) {
+    (HookServer::start(&hook("candidate", failing)).await, share(buckets, percent))
+}
+
 #[tokio::test]
 async fn the_candidate_answers_for_its_tenth_of_the_parents_and_only_those() {
     const PARENTS: usize = 200;
     let (w, buckets) = world("canary-share", PARENTS).await;
-    let candidate = HookServer::start(&hook("candidate", false)).await;
-    let canary = share(&buckets, 10.0);
+    let (candidate, canary) = candidate(&buckets, false, 10.0).await;
     // About 20 of 200 (10.06 % of buckets): far from none and far from all.
     assert!((5..=45).contains(&canary.len()), "{} parents in the canary's buckets", canary.len());
 
@@ -154,9 +163,7 @@ async fn the_candidate_answers_for_its_tenth_of_the_parents_and_only_those() {
 
     // The annotation removed: the current hook answers for every parent again, the status is cleared.
     set_canary(&w, Value::Null).await;
-    for name in &canary {
-        child_says(&w, name, "current").await;
-    }
+    children_say(&w, &canary, "current").await;
     canary_status(&w, Value::is_null).await;
     let before = asked(&candidate).len();
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -168,8 +175,7 @@ async fn the_candidate_answers_for_its_tenth_of_the_parents_and_only_those() {
 async fn a_failing_candidate_halts_and_its_parents_go_back_to_the_current_hook_with_nothing_lost() {
     const PARENTS: usize = 60;
     let (w, buckets) = world("canary-halt", PARENTS).await;
-    let candidate = HookServer::start(&hook("candidate", true)).await;
-    let canary = share(&buckets, 50.0);
+    let (candidate, canary) = candidate(&buckets, true, 50.0).await;
     assert!((15..=45).contains(&canary.len()), "{} parents in the canary's buckets", canary.len());
     let children = w.config_maps().await;
     let uids = |list: kube::api::ObjectList<kube::api::DynamicObject>| -> BTreeMap<String, String> {
@@ -317,11 +323,7 @@ async fn a_decorators_canary_decorates_the_targets_of_its_buckets() {
     let label_hook = |side: &str| format!("def sync(request):\n    return {{'labels': {{'side': '{side}'}}}}\n");
     let mut w = World::new("canary-decorator", &label_hook("current")).await;
     w.restart_hub_with(Config { metrics_address: String::new(), ..Config::default() }).await;
-    w.decorator(json!({
-        "resources": [{"apiVersion": "test.metahook.dev/v1", "resource": "things"}],
-        "hooks": {"sync": {"webhook": {"url": w.hook.url("/sync")}}},
-    }))
-    .await;
+    w.decorator(w.things_decorator_spec()).await;
     let mut buckets = BTreeMap::new();
     for i in 0..TARGETS {
         let thing = w.thing(&format!("d{i}"), json!({})).await;
@@ -442,8 +444,7 @@ async fn a_healthy_candidate_under_write_traffic_stays_running_with_no_errors() 
     let (mut w, buckets) = world("canary-write-load", PARENTS).await;
     w.stop_hub().await;
     let metrics = start_hub_with_metrics(&mut w);
-    let candidate = HookServer::start(&hook("candidate", false)).await;
-    let canary = share(&buckets, 50.0);
+    let (candidate, canary) = candidate(&buckets, false, 50.0).await;
     assert!((8..=32).contains(&canary.len()), "{} parents in the canary's buckets", canary.len());
     let before = quiet_retries(&metrics).await;
 
@@ -473,17 +474,14 @@ async fn a_healthy_candidate_under_write_traffic_stays_running_with_no_errors() 
 async fn a_failing_candidate_under_write_traffic_halts() {
     const PARENTS: usize = 40;
     let (w, buckets) = world("canary-write-load-fails", PARENTS).await;
-    let candidate = HookServer::start(&hook("candidate", true)).await;
-    let canary = share(&buckets, 50.0);
+    let (candidate, canary) = candidate(&buckets, true, 50.0).await;
     let writer = Writer::start(&w, PARENTS).await;
     set_canary(&w, json!({"url": candidate.url("/sync"), "percent": 50})).await;
     let halted = canary_status(&w, |c| c["state"] == "Halted").await;
     writer.stop().await;
     assert!(halted["message"].as_str().unwrap().contains("more than maxErrorRatio 0.1"), "{halted}");
     assert_eq!(halted["current"]["errors"], 0, "the current hook answered every call: {halted}");
-    for name in &canary {
-        child_says(&w, name, "current").await;
-    }
+    children_say(&w, &canary, "current").await;
     eprintln!("{} of {PARENTS} parents in the canary; halted under write traffic: {halted}", canary.len());
     w.finish("CompositeController").await;
 }
@@ -508,9 +506,7 @@ async fn a_failing_candidate_halts_on_a_small_fleet(parents: usize, restart: boo
     // A healthy candidate asked about every parent on its side is not halted by this rule.
     let healthy = HookServer::start(&hook("candidate", false)).await;
     set_canary(&w, json!({"url": healthy.url("/sync"), "percent": percent})).await;
-    for name in &canary {
-        child_says(&w, name, "candidate").await;
-    }
+    children_say(&w, &canary, "candidate").await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     let running = canary_status(&w, |c| c["candidate"]["syncs"].as_u64() >= Some(canary.len() as u64)).await;
     assert_eq!((running["state"].as_str(), running["candidate"]["errors"].as_u64()), (Some("Running"), Some(0)));
@@ -522,9 +518,7 @@ async fn a_failing_candidate_halts_on_a_small_fleet(parents: usize, restart: boo
     assert!(message.contains("more than maxErrorRatio 0.1"), "{halted}");
     assert!(message.contains(&format!("every parent on its side asked ({},", canary.len())), "{halted}");
     assert!(halted["candidate"]["syncs"].as_u64() >= Some(canary.len() as u64), "each asked: {halted}");
-    for name in &canary {
-        child_says(&w, name, "current").await;
-    }
+    children_say(&w, &canary, "current").await;
     eprintln!("{parents} parents, {} on the candidate's side: {halted}", canary.len());
     if restart {
         tokio::time::sleep(Duration::from_secs(1)).await;
@@ -804,9 +798,7 @@ async fn a_tenants_flood_of_successes_does_not_keep_a_failing_candidate_running(
         "counted per sync the ratio is below 0.5, so only the parents' count halts it: {halted}"
     );
     // Nothing lost: the failing parents get the current hook's children, tp keeps the candidate's.
-    for name in &failing {
-        child_says(&w, name, "current").await;
-    }
+    children_say(&w, &failing, "current").await;
     let tp_child = tenant.api("v1", "ConfigMap").await.get_opt("tp-cm").await.unwrap();
     assert!(tp_child.is_some_and(|cm| cm.data["data"]["side"].is_string()), "tp's child is there");
     tenant.namespace.delete().await;

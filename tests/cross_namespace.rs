@@ -31,6 +31,12 @@ async fn world_with(test: &str, spec: impl Fn(&World) -> Value) -> (World, TestN
     (w, other)
 }
 
+/// Deletes the second namespace, then the world.
+async fn finish(w: World, other: TestNamespace) {
+    other.delete().await;
+    w.finish("CompositeController").await;
+}
+
 /// [`cross_namespace_spec`] whose parents adopt selected orphans in every namespace
 /// (`adoptAcrossNamespaces`, the controller author's opt-in).
 fn adopting_everywhere_spec(w: &World) -> Value {
@@ -94,8 +100,7 @@ async fn a_child_elsewhere_carries_its_parents_uid_and_is_put_back_and_deleted_l
     gone(&w, b, "p1-b").await;
     assert_eq!(config_map(&w, &w.ns.name, "p1-a").await.unwrap().metadata.uid, here.metadata.uid);
 
-    other.delete().await;
-    w.finish("CompositeController").await;
+    finish(w, other).await;
 }
 
 #[tokio::test]
@@ -158,8 +163,7 @@ async fn a_name_held_elsewhere_by_anyone_else_refuses_that_namespace_only_and_a_
     assert_eq!(adopted.metadata.uid, orphan.metadata.uid, "adopted in place, not recreated");
     assert_eq!(label(&adopted, PARENT_UID), Some(p5_uid.as_str()));
 
-    other.delete().await;
-    w.finish("CompositeController").await;
+    finish(w, other).await;
 }
 
 #[tokio::test]
@@ -199,8 +203,7 @@ async fn a_deleted_parent_takes_its_children_elsewhere_even_if_the_hub_was_down_
     .await;
     drop(kept_here);
 
-    other.delete().await;
-    w.finish("CompositeController").await;
+    finish(w, other).await;
 }
 
 /// Issue 53 item 1: a parent's selector reaches no other namespace. A tenant's parent selecting
@@ -234,8 +237,7 @@ async fn a_parents_selector_adopts_and_deletes_nothing_in_another_namespace() {
     assert_eq!(still.metadata.resource_version, victim.metadata.resource_version, "not even labelled");
     assert_eq!(label(&still, PARENT_UID), None);
 
-    other.delete().await;
-    w.finish("CompositeController").await;
+    finish(w, other).await;
 }
 
 /// Issue 53 item 3: `--cascade=orphan` is recorded in the API, not only in the hub's memory. A hub
@@ -293,8 +295,7 @@ async fn an_orphaning_delete_keeps_the_children_elsewhere_across_a_hub_killed_be
     }
     drop(hub);
 
-    other.delete().await;
-    w.finish("CompositeController").await;
+    finish(w, other).await;
 }
 
 #[tokio::test]
@@ -357,13 +358,9 @@ async fn with_sharding_the_replica_holding_the_parent_keeps_and_deletes_its_chil
     w.stop_hub().await;
     let other = TestNamespace::create(&w.client, "xns-shards-b").await;
     let b = other.name.clone();
-    let ring = Replicas::new(&format!(
-        "targetLabelSelector: metahook-test={label}\nmetricsAddress: \"\"\nleaderElection:\n  leaseName: {label}\n  \
-         leaseNamespace: {ns}\n  leaseDuration: 6\n  renewDeadline: 4\n  retryPeriod: 1\nsharding:\n  enabled: true\n  \
-         ring: {label}\n  rebalanceInterval: 1\n",
-        label = w.label,
-        ns = w.ns.name,
-    ));
+    let sharded = support::replicas::sharded_config(&w.label, &w.ns.name, 1);
+    let ring =
+        Replicas::new(&format!("targetLabelSelector: metahook-test={}\nmetricsAddress: \"\"\n{sharded}", w.label));
     let replicas: Vec<tokio::process::Child> =
         ["hub-a", "hub-b"].iter().map(|name| ring.start(name, &[], &[])).collect();
     w.composite(cross_namespace_spec(&w)).await;
@@ -402,8 +399,7 @@ async fn with_sharding_the_replica_holding_the_parent_keeps_and_deletes_its_chil
         eventually(WAIT, || async { things.get_opt(&format!("s{i}")).await.unwrap().is_none().then_some(()) }).await;
     }
     drop(replicas);
-    other.delete().await;
-    w.finish("CompositeController").await;
+    finish(w, other).await;
 }
 
 /// Each Thing's `spec.children` lists its children: `{"name", "namespace"?, "kind"?}` (a ConfigMap, or a
@@ -502,8 +498,7 @@ async fn children_elsewhere_of_a_type_taken_out_of_the_spec_go_with_their_parent
     let still = secrets.get_opt("r-decoy").await.unwrap().expect("the decoy stays");
     assert_eq!(still.metadata.resource_version, decoy.metadata.resource_version, "the decoy untouched");
 
-    other.delete().await;
-    w.finish("CompositeController").await;
+    finish(w, other).await;
 }
 
 /// A parent as a hub before issue 66 left it: its finalizer, its child elsewhere `child` (labelled and
@@ -638,8 +633,7 @@ async fn records_in_the_old_group_are_moved_across_a_restart_and_their_children_
     let still = config_map(&w, b, "m1-decoy").await.expect("the decoy stays");
     assert_eq!(still.metadata.resource_version, decoy.metadata.resource_version, "the decoy untouched");
 
-    other.delete().await;
-    w.finish("CompositeController").await;
+    finish(w, other).await;
 }
 
 /// Issue 66, the lifecycle matrix: a namespace deleted that holds a parent with children elsewhere. The
@@ -667,8 +661,7 @@ async fn a_namespace_deleted_with_a_parent_goes_within_the_bound_and_takes_its_c
     support::gone(&namespaces, &doomed.name, BOUND).await;
     eprintln!("the namespace with a parent holding a child elsewhere went in {:?}", started.elapsed());
     gone(&w, b, "p-b").await;
-    other.delete().await;
-    w.finish("CompositeController").await;
+    finish(w, other).await;
 }
 
 /// Issue 66, the matrix with the hub down: the last `crossNamespace` child type taken out of the spec
@@ -714,6 +707,5 @@ async fn the_last_cross_namespace_type_taken_out_while_no_hub_ran_has_its_record
     // Released, as with a hub running at the edit: the child elsewhere stays, its owned one goes.
     assert!(config_map(&w, b, "p-far").await.is_some(), "the child elsewhere stays");
     gone(&w, &w.ns.name, "p-here").await;
-    other.delete().await;
-    w.finish("CompositeController").await;
+    finish(w, other).await;
 }

@@ -181,11 +181,7 @@ def sync(req):
 #[tokio::test]
 async fn a_permanent_hook_error_on_a_target_is_one_event_and_no_write() {
     let w = World::new("dec-permanent", REFUSING).await;
-    w.decorator(json!({
-        "resources": [{"apiVersion": "test.metahook.dev/v1", "resource": "things"}],
-        "hooks": {"sync": {"webhook": {"url": w.hook.url("/sync")}}},
-    }))
-    .await;
+    w.decorator(w.things_decorator_spec()).await;
     let thing = w.thing("t", json!({"note": "bad"})).await;
     let warning =
         support::warning_eventually(&w.client, &w.ns.name, "t", WAIT, |w| w.starts_with("HookPermanentError: ")).await;
@@ -219,11 +215,7 @@ def sync(req):
 #[tokio::test]
 async fn a_decorator_answer_setting_the_parent_label_is_refused_and_writes_nothing() {
     let w = World::new("dec-parent-label", CLAIMING).await;
-    w.decorator(json!({
-        "resources": [{"apiVersion": "test.metahook.dev/v1", "resource": "things"}],
-        "hooks": {"sync": {"webhook": {"url": w.hook.url("/sync")}}},
-    }))
-    .await;
+    w.decorator(w.things_decorator_spec()).await;
     let thing = w.thing("t", json!({"claim": "0d4c8f4e-some-parents-uid"})).await;
     let warning =
         support::warning_eventually(&w.client, &w.ns.name, "t", WAIT, |m| m.contains("metahook.dev/parent-uid")).await;

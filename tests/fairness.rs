@@ -93,22 +93,30 @@ fn flood_calls_before_on(
     Some(all[since..since + at].iter().filter(|(ns, _, _)| ns == flood).count())
 }
 
-#[tokio::test]
-async fn a_change_in_another_namespace_waits_for_a_turn_of_a_flood_not_for_the_flood() {
-    let w = World::new("fair-flood", HOOK).await;
-    let other = TestNamespace::create(&w.client, "fair-flood-other").await;
+/// The world of the flood tests: the controller, over the test's own namespace (the flood's) and
+/// `<test>-other`, where the probe parent `probe` is, at version 1.
+async fn world_and_probe(test: &str) -> (World, TestNamespace) {
+    let w = World::new(test, HOOK).await;
+    let other = TestNamespace::create(&w.client, &format!("{test}-other")).await;
     w.composite(w.in_place_spec("/sync")).await;
     thing(&w, &other.name, "probe", 1).await;
+    (w, other)
+}
+
+/// `n` parents `<prefix><i>` at version 1 in the test's own namespace, created all at once.
+async fn flood_of(w: &World, prefix: &str, n: usize) {
+    let creates = (0..n).map(|i| async move { thing(w, &w.ns.name, &format!("{prefix}{i}"), 1).await });
+    futures::future::join_all(creates).await;
+}
+
+#[tokio::test]
+async fn a_change_in_another_namespace_waits_for_a_turn_of_a_flood_not_for_the_flood() {
+    let (w, other) = world_and_probe("fair-flood").await;
     eventually(WAIT, || async { calls(&w, "/sync").iter().any(|(ns, ..)| *ns == other.name).then_some(()) }).await;
 
     // 400 parents at once in the flood's namespace, 50 ms a call, 5 workers: a backlog of seconds.
     let flood = w.ns.name.clone();
-    let creates = (0..400).map(|i| {
-        let w = &w;
-        let flood = flood.clone();
-        async move { thing(w, &flood, &format!("f{i}"), 1).await }
-    });
-    futures::future::join_all(creates).await;
+    flood_of(&w, "f", 400).await;
     // Some of the flood served, most still waiting: then the change.
     eventually(WAIT, || async {
         (calls(&w, "/sync").iter().filter(|(ns, ..)| *ns == flood).count() >= 20).then_some(())
@@ -130,17 +138,9 @@ async fn a_change_in_another_namespace_waits_for_a_turn_of_a_flood_not_for_the_f
 
 #[tokio::test]
 async fn a_restarts_relist_stands_behind_a_change_seen_live() {
-    let mut w = World::new("fair-relist", HOOK).await;
-    let other = TestNamespace::create(&w.client, "fair-relist-other").await;
-    w.composite(w.in_place_spec("/sync")).await;
-    thing(&w, &other.name, "probe", 1).await;
+    let (mut w, other) = world_and_probe("fair-relist").await;
     let many = w.ns.name.clone();
-    let creates = (0..300).map(|i| {
-        let w = &w;
-        let many = many.clone();
-        async move { thing(w, &many, &format!("r{i}"), 1).await }
-    });
-    futures::future::join_all(creates).await;
+    flood_of(&w, "r", 300).await;
     let cms = w.config_maps().await;
     eventually(WAIT, || async {
         let listed = cms.list(&Default::default()).await.ok()?;

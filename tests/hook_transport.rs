@@ -62,19 +62,37 @@ fn assert_nowhere(secrets: &[&str], events: &str) {
 struct Hook {
     port: u16,
     log: PathBuf,
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
     _child: tokio::process::Child,
 }
 
 impl Hook {
-    async fn start(mut config: Value) -> Self {
+    async fn start(config: Value) -> Self {
+        Self::start_in(tempfile::tempdir().unwrap(), config).await
+    }
+
+    /// A hook that requires the bearer token `token` (read from a file of its own at each call, see
+    /// [`Hook::require_token`]), with more `config`.
+    async fn requiring_token(token: &str, mut config: Value) -> Self {
         let dir = tempfile::tempdir().unwrap();
+        let token_file = dir.path().join("token");
+        std::fs::write(&token_file, token).unwrap();
+        config["auth"] = json!({"bearer_file": token_file});
+        Self::start_in(dir, config).await
+    }
+
+    async fn start_in(dir: tempfile::TempDir, mut config: Value) -> Self {
         let log = dir.path().join("requests.jsonl");
         config["log"] = json!(log);
         let config_file = dir.path().join("config.json");
         std::fs::write(&config_file, config.to_string()).unwrap();
         let (child, port) = support::start_transport_hook(&config_file).await;
-        Self { port, log, _dir: dir, _child: child }
+        Self { port, log, dir, _child: child }
+    }
+
+    /// From now on the hook of [`Hook::requiring_token`] requires `token` instead.
+    fn require_token(&self, token: &str) {
+        std::fs::write(self.dir.path().join("token"), token).unwrap();
     }
 
     fn url(&self, scheme: &str) -> String {
@@ -151,6 +169,11 @@ impl Setup {
 
     async fn wait_greeting(&self, parent: &str, greeting: &str) {
         eventually(WAIT, || async { (self.greeting(parent).await.as_deref() == Some(greeting)).then_some(()) }).await;
+    }
+
+    /// A hook's `authorization`: the bearer token under `token` in the test namespace's Secret `secret`.
+    fn token_in(&self, secret: &str) -> Value {
+        json!({"secretRef": {"name": secret, "namespace": self.ns.name, "key": "token"}})
     }
 
     /// Creates or replaces a Secret in the test namespace.
@@ -294,16 +317,13 @@ async fn mutual_tls_works_with_an_x509_v1_client_certificate_as_openssl_x509_req
 
 #[tokio::test]
 async fn bearer_token_from_a_secret_is_sent_and_a_wrong_one_is_refused_without_leaking_it() {
-    let dir = tempfile::tempdir().unwrap();
-    let token_file = dir.path().join("token");
     let (right, wrong) = ("right-token-7f3a9c", "wrong-token-51be02");
-    std::fs::write(&token_file, right).unwrap();
-    let hook = Hook::start(json!({"auth": {"bearer_file": token_file}})).await;
+    let hook = Hook::requiring_token(right, json!({})).await;
     let t = Setup::new("bearer-token", config()).await;
     t.secret("right", &[("token", right)]).await;
     t.secret("wrong", &[("token", wrong)]).await;
     for id in ["right", "wrong"] {
-        let authorization = json!({"secretRef": {"name": id, "namespace": t.ns.name, "key": "token"}});
+        let authorization = t.token_in(id);
         t.controller(id, json!({"url": hook.url("http"), "authorization": authorization}), json!({})).await;
         t.thing(&format!("{id}-thing"), id, "hello").await;
     }
@@ -393,18 +413,15 @@ async fn url_userinfo_is_sent_as_basic_auth_unless_the_hook_sets_a_header_and_ne
 
 #[tokio::test]
 async fn credentials_where_the_hub_cuts_a_quoted_body_are_scrubbed_before_the_cut() {
-    let dir = tempfile::tempdir().unwrap();
-    let token_file = dir.path().join("token");
     let (right, wrong) = ("Xk3v-right-token-ab12", "Zq7w-wrong-token-cd34");
-    std::fs::write(&token_file, right).unwrap();
     // 1024 characters are quoted; the echoed token starts 9 before that, so a body cut first would
     // end in the first 9 characters of it, which no longer match the scrub.
     let echo = "bad credentials: Bearer ";
     let pad = 1024 - 9 - echo.len();
-    let hook = Hook::start(json!({"auth": {"bearer_file": token_file}, "pad": pad})).await;
+    let hook = Hook::requiring_token(right, json!({"pad": pad})).await;
     let t = Setup::new("quoted-body-cut", config()).await;
     t.secret("wrong", &[("token", wrong)]).await;
-    let authorization = json!({"secretRef": {"name": "wrong", "namespace": t.ns.name, "key": "token"}});
+    let authorization = t.token_in("wrong");
     t.controller("cut", json!({"url": hook.url("http"), "authorization": authorization}), json!({})).await;
     t.thing("one", "cut", "hello").await;
 
@@ -425,17 +442,14 @@ async fn credentials_where_the_hub_cuts_a_quoted_body_are_scrubbed_before_the_cu
 #[tokio::test]
 async fn endpoint_configs_supply_tls_and_auth_by_host_to_hooks_that_set_none() {
     let pki = Pki::new();
-    let dir = tempfile::tempdir().unwrap();
-    let token_file = dir.path().join("token");
     let token = "endpoint-token-c41d";
-    std::fs::write(&token_file, token).unwrap();
     let tls = json!({"cert": pki.path("server.crt"), "key": pki.path("server.key")});
-    let hook = Hook::start(json!({"tls": tls, "auth": {"bearer_file": token_file}})).await;
+    let hook = Hook::requiring_token(token, json!({"tls": tls})).await;
     let t = Setup::new("endpoint-configs", config()).await;
     t.ca_config_map("hook-ca", &pki.pem("ca.crt")).await;
     t.secret("token", &[("token", token)]).await;
     t.secret("decoy", &[("token", "decoy-token-0000")]).await;
-    let auth = |secret: &str| json!({"secretRef": {"name": secret, "namespace": t.ns.name, "key": "token"}});
+    let auth = |secret: &str| t.token_in(secret);
     let endpoint_configs = json!([
         {"host": "127.0.0.1:1", "authorization": auth("decoy")},
         {"host": format!("127.0.0.1:{}", hook.port),
@@ -452,21 +466,18 @@ async fn endpoint_configs_supply_tls_and_auth_by_host_to_hooks_that_set_none() {
 
 #[tokio::test]
 async fn rotated_token_is_used_without_touching_the_controller() {
-    let dir = tempfile::tempdir().unwrap();
-    let token_file = dir.path().join("token");
     let (old, new) = ("old-token-2b7e11", "new-token-98af3d");
-    std::fs::write(&token_file, old).unwrap();
-    let hook = Hook::start(json!({"auth": {"bearer_file": token_file}})).await;
+    let hook = Hook::requiring_token(old, json!({})).await;
     let t = Setup::new("token-rotation", config()).await;
     t.secret("token", &[("token", old)]).await;
-    let authorization = json!({"secretRef": {"name": "token", "namespace": t.ns.name, "key": "token"}});
+    let authorization = t.token_in("token");
     let cc =
         t.controller("rotating", json!({"url": hook.url("http"), "authorization": authorization}), json!({})).await;
     t.thing("one", "rotating", "hello").await;
     t.wait_greeting("one", "hello").await;
 
     // The hook now wants the new token, and the Secret carries it; the controller is not edited.
-    std::fs::write(&token_file, new).unwrap();
+    hook.require_token(new);
     t.secret("token", &[("token", new)]).await;
     t.thing("one", "rotating", "bonjour").await;
     t.wait_greeting("one", "bonjour").await;
@@ -657,7 +668,7 @@ async fn metacontrollers_webhook_auth_hook_is_read_to_its_close_and_a_cut_answer
     t.ca_config_map("hook-ca", &pki.pem("ca.crt")).await;
     let endpoint = json!([{"host": format!("127.0.0.1:{port}"),
         "caBundle": {"configMapRef": {"name": "hook-ca", "namespace": t.ns.name}},
-        "authorization": {"secretRef": {"name": "token", "namespace": t.ns.name, "key": "token"}},
+        "authorization": t.token_in("token"),
         "clientTLS": {"secretRef": {"name": "client-cert", "namespace": t.ns.name}}}]);
     let extra = json!({"endpointConfigs": endpoint});
     t.controller("whole", json!({"url": format!("https://127.0.0.1:{port}/sync")}), extra.clone()).await;

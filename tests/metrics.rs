@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::ServiceAccount;
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, RoleRef, Subject};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule};
 use kube::api::{Api, DeleteParams, ObjectMeta, PostParams};
 use metahook::ops::config::{Config, MetricsAuth};
 use serde_json::json;
@@ -190,21 +190,7 @@ async fn with_kubernetes_auth_only_a_service_account_allowed_to_get_metrics_read
         ..ClusterRole::default()
     };
     Api::<ClusterRole>::all(client.clone()).create(&PostParams::default(), &role).await.unwrap();
-    let binding = ClusterRoleBinding {
-        metadata: ObjectMeta { name: Some(reader.clone()), ..ObjectMeta::default() },
-        role_ref: RoleRef {
-            api_group: Some("rbac.authorization.k8s.io".into()),
-            kind: "ClusterRole".into(),
-            name: reader.clone(),
-        },
-        subjects: Some(vec![Subject {
-            kind: "ServiceAccount".into(),
-            name: "scraper".into(),
-            namespace: Some(ns.name.clone()),
-            ..Subject::default()
-        }]),
-    };
-    Api::<ClusterRoleBinding>::all(client.clone()).create(&PostParams::default(), &binding).await.unwrap();
+    support::bind_cluster_role(&client, &reader, &ns.name, "scraper").await;
     let scraper = token_for(&client, &ns.name, "scraper").await;
     let stranger = token_for(&client, &ns.name, "stranger").await;
 

@@ -8,7 +8,7 @@ mod support;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ServiceAccount;
-use k8s_openapi::api::rbac::v1::{AggregationRule, ClusterRole, ClusterRoleBinding, RoleRef, Subject};
+use k8s_openapi::api::rbac::v1::{AggregationRule, ClusterRole, ClusterRoleBinding};
 use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use metahook::ops::yaml;
@@ -121,21 +121,7 @@ async fn a_hub_with_only_the_printed_roles_runs_an_example_and_reports_a_forbidd
     for role in &printed {
         roles.create(&PostParams::default(), role).await.unwrap();
     }
-    let binding: ClusterRoleBinding = ClusterRoleBinding {
-        metadata: ObjectMeta { name: Some(format!("{label}-hub")), ..ObjectMeta::default() },
-        role_ref: RoleRef {
-            api_group: Some("rbac.authorization.k8s.io".into()),
-            kind: "ClusterRole".into(),
-            name: format!("{label}-hub"),
-        },
-        subjects: Some(vec![Subject {
-            kind: "ServiceAccount".into(),
-            name: "hub".into(),
-            namespace: Some(ns.name.clone()),
-            ..Subject::default()
-        }]),
-    };
-    Api::<ClusterRoleBinding>::all(client.clone()).create(&PostParams::default(), &binding).await.unwrap();
+    support::bind_cluster_role(&client, &format!("{label}-hub"), &ns.name, "hub").await;
     eventually(WAIT, || async { support::http_get(&address, "/readyz").await.filter(|(c, _)| *c == 200) }).await;
 
     // The example works with exactly those permissions.

@@ -1064,30 +1064,19 @@ impl Nested {
         let nested = Self { client, ns, label, hook, replicas, parents };
         let test_label = json!({"matchLabels": {"metahook-test": nested.label}});
         let inner_label = json!({"matchLabels": {"metahook-test": nested.label, "level": "inner"}});
-        let composite = |name: &str, parent: &str, child: Value, selector: &Value, path: &str| {
+        // Each level's controller is `<label>-<level>`, its hook at `/<level>`.
+        let composite = |level: &str, parent: &str, child: Value, selector: &Value| {
             json!({"apiVersion": "metacontroller.k8s.io/v1alpha1", "kind": "CompositeController",
-                   "metadata": {"name": name, "labels": {"metahook-test": nested.label}},
+                   "metadata": {"name": format!("{}-{level}", nested.label), "labels": {"metahook-test": nested.label}},
                    "spec": {"generateSelector": true,
                             "parentResource": {"apiVersion": "test.metahook.dev/v1", "resource": parent,
                                                "labelSelector": selector},
                             "childResources": [child],
-                            "hooks": {"sync": {"webhook": {"url": nested.hook.url(path)}}}}})
+                            "hooks": {"sync": {"webhook": {"url": nested.hook.url(&format!("/{level}"))}}}}})
         };
         let in_place = |api_version: &str, resource: &str| json!({"apiVersion": api_version, "resource": resource, "updateStrategy": {"method": "InPlace"}});
-        let outer = composite(
-            &format!("{}-outer", nested.label),
-            "things",
-            in_place("test.metahook.dev/v1", "layers"),
-            &test_label,
-            "/outer",
-        );
-        let inner = composite(
-            &format!("{}-inner", nested.label),
-            "layers",
-            in_place("v1", "configmaps"),
-            &inner_label,
-            "/inner",
-        );
+        let outer = composite("outer", "things", in_place("test.metahook.dev/v1", "layers"), &test_label);
+        let inner = composite("inner", "layers", in_place("v1", "configmaps"), &inner_label);
         let decorator = json!({"apiVersion": "metacontroller.k8s.io/v1alpha1", "kind": "DecoratorController",
             "metadata": {"name": format!("{}-decorate", nested.label), "labels": {"metahook-test": nested.label}},
             "spec": {"resources": [{"apiVersion": "test.metahook.dev/v1", "resource": "layers", "labelSelector": inner_label}],
@@ -1431,15 +1420,7 @@ def map(req):
         })
         .await;
     }
-    let outputs: Vec<String> = cms
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .filter_map(|c| c.metadata.name)
-        .filter(|n| n.ends_with("-out"))
-        .collect();
+    let outputs: Vec<String> = support::names(&cms).await.into_iter().filter(|n| n.ends_with("-out")).collect();
     assert_eq!(outputs.len(), 16, "one output per input, none doubled: {outputs:?}");
     let replicas_seen: BTreeSet<String> = hook
         .requests_with_headers("/map")

@@ -143,12 +143,7 @@ async fn status_sums_sharded_replicas_and_names_a_replica_that_does_not_answer()
     const PARENTS: usize = 24;
     let mut w = World::new("status-shards", HOOK).await;
     w.stop_hub().await;
-    let sharded = format!(
-        "leaderElection:\n  leaseName: {label}\n  leaseNamespace: {ns}\n  leaseDuration: 6\n  renewDeadline: 4\n  \
-         retryPeriod: 1\nsharding:\n  enabled: true\n  ring: {label}\n  rebalanceInterval: 2\n",
-        label = w.label,
-        ns = w.ns.name,
-    );
+    let sharded = support::replicas::sharded_config(&w.label, &w.ns.name, 2);
     let addresses = [free_address(), free_address()];
     let _replicas: Vec<HubProcess> = addresses
         .iter()

@@ -621,15 +621,8 @@ impl Chaos {
                 let (resource, kind) =
                     if rng.chance(40) { ("test.metahook.dev/v1", "Thing") } else { ("v1", "ConfigMap") };
                 let objects = api(&tenant_client, resource, kind, Some(&ns)).await;
-                let names: Vec<String> = objects
-                    .list(&ListParams::default())
-                    .await
-                    .unwrap()
-                    .items
-                    .into_iter()
-                    .filter_map(|o| o.metadata.name)
-                    .filter(|n| n != "kube-root-ca.crt")
-                    .collect();
+                let names: Vec<String> =
+                    support::names(&objects).await.into_iter().filter(|n| n != "kube-root-ca.crt").collect();
                 if names.is_empty() {
                     return format!("tenant {t} has no {kind} to annotate");
                 }

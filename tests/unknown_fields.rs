@@ -74,17 +74,18 @@ async fn world(test: &str, unknown_fields: UnknownFields) -> World {
     support::install_crds(&w.client, &declaring_crd("test.metahook.dev", "StrictThing", &[])).await;
     let config = Config { child_unknown_fields: unknown_fields, metrics_address: String::new(), ..Config::default() };
     w.restart_hub_with(config).await;
-    w.composite(json!({
-        "generateSelector": true,
-        "parentResource": {"apiVersion": "test.metahook.dev/v1", "resource": "things"},
-        "childResources": [
-            {"apiVersion": "apps/v1", "resource": "statefulsets", "updateStrategy": {"method": "InPlace"}},
-            {"apiVersion": "test.metahook.dev/v1", "resource": "strictthings", "updateStrategy": {"method": "InPlace"}},
-            {"apiVersion": "v1", "resource": "configmaps", "updateStrategy": {"method": "InPlace"}},
-        ],
-        "hooks": {"sync": {"webhook": {"url": w.hook.url("/sync")}}},
-    }))
-    .await;
+    // The plain controller, with three child types: a built-in, the CRD above and ConfigMaps.
+    let mut spec = w.in_place_spec("/sync");
+    let in_place = |api_version, resource| {
+        json!({"apiVersion": api_version, "resource": resource,
+               "updateStrategy": {"method": "InPlace"}})
+    };
+    spec["childResources"] = json!([
+        in_place("apps/v1", "statefulsets"),
+        in_place("test.metahook.dev/v1", "strictthings"),
+        in_place("v1", "configmaps")
+    ]);
+    w.composite(spec).await;
     w
 }
 

@@ -159,6 +159,18 @@ pub async fn install_metahook_crds(client: &Client) {
     }
 }
 
+/// Binds the ClusterRole `role` to the ServiceAccount `namespace/account` with a ClusterRoleBinding of
+/// the role's name: what a test gives the account it acts or scrapes as.
+pub async fn bind_cluster_role(client: &Client, role: &str, namespace: &str, account: &str) {
+    use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
+    let binding = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "metadata": {"name": role},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+        "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": namespace}]});
+    let binding: ClusterRoleBinding = serde_json::from_value(binding).unwrap();
+    Api::<ClusterRoleBinding>::all(client.clone()).create(&PostParams::default(), &binding).await.unwrap();
+}
+
 /// A client for the control plane, the metahook CRDs installed, and a namespace of `test`'s own: where
 /// a test that runs its hub its own way (a process, another account, replicas) starts.
 pub async fn with_crds(test: &str) -> (Client, TestNamespace) {
@@ -192,6 +204,11 @@ where
         assert!(tokio::time::Instant::now() < deadline, "condition not met within {timeout:?}");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// The names of the objects `api` lists now.
+pub async fn names(api: &Api<DynamicObject>) -> Vec<String> {
+    api.list(&Default::default()).await.unwrap().items.into_iter().filter_map(|o| o.metadata.name).collect()
 }
 
 /// Waits up to `within` until `name` is gone from `api`: deleted, its finalizers all taken off.
@@ -998,6 +1015,14 @@ impl World {
             "parentResource": {"apiVersion": "test.metahook.dev/v1", "resource": "things"},
             "childResources": [{"apiVersion": "v1", "resource": "configmaps", "updateStrategy": {"method": "InPlace"}}],
             "hooks": {"sync": {"webhook": {"url": self.hook.url(path)}}},
+        })
+    }
+
+    /// The plainest DecoratorController spec: the test's Things, decorated by the test hook's `/sync`.
+    pub fn things_decorator_spec(&self) -> Value {
+        json!({
+            "resources": [{"apiVersion": "test.metahook.dev/v1", "resource": "things"}],
+            "hooks": {"sync": {"webhook": {"url": self.hook.url("/sync")}}},
         })
     }
 

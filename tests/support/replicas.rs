@@ -51,3 +51,13 @@ impl Replicas {
         std::fs::read_to_string(self.dir.path().join(format!("{name}.log"))).unwrap_or_default()
     }
 }
+
+/// The config lines of a sharded replica: leader election and the ring on the test's own Lease and
+/// ring (`label`, in `namespace`), with 6 s leases, and a rebalance every `rebalance_s` seconds.
+pub fn sharded_config(label: &str, namespace: &str, rebalance_s: u64) -> String {
+    format!(
+        "leaderElection:\n  leaseName: {label}\n  leaseNamespace: {namespace}\n  leaseDuration: 6\n  \
+         renewDeadline: 4\n  retryPeriod: 1\nsharding:\n  enabled: true\n  ring: {label}\n  \
+         rebalanceInterval: {rebalance_s}\n"
+    )
+}
