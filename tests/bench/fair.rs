@@ -67,18 +67,16 @@ struct Settings {
     sustained: Option<Duration>,
     /// Probe changes at idle, before the flood.
     idle_probes: usize,
-    fresh: bool,
 }
 
 impl Settings {
     fn from_env() -> Self {
-        let (full, num) = (run::full(), run::number);
-        let fresh = run::fresh(full);
-        if full {
+        let num = run::number;
+        if run::full() {
             let sustained = Some(Duration::from_secs(60));
-            Self { n: num("N", 10_000), slow: Duration::from_secs(30), sustained, idle_probes: 10, fresh }
+            Self { n: num("N", 10_000), slow: Duration::from_secs(30), sustained, idle_probes: 10 }
         } else {
-            Self { n: num("N", 60), slow: Duration::from_secs(6), sustained: None, idle_probes: 3, fresh: false }
+            Self { n: num("N", 60), slow: Duration::from_secs(6), sustained: None, idle_probes: 3 }
         }
     }
 }
@@ -331,7 +329,7 @@ where
 }
 
 async fn run(settings: &Settings, hook: &Arc<Hook>, name: &str, program: &Program) -> Figures {
-    if settings.fresh {
+    if run::fresh() {
         eprintln!("[bench-fair] {name}: a fresh control plane");
         plane::restart().await;
     }
@@ -495,7 +493,7 @@ async fn run(settings: &Settings, hook: &Arc<Hook>, name: &str, program: &Progra
     }
 
     running.stop().await;
-    if !settings.fresh {
+    if !run::fresh() {
         let controllers = support::api(&client, "metacontroller.k8s.io/v1alpha1", "CompositeController", None).await;
         for suffix in ["fast", "slow"] {
             let name = format!("{label}-{suffix}");
@@ -562,7 +560,7 @@ async fn main() {
     }
     match Metacontroller::from_env(&support::repo_root().join("target")) {
         Some(mc) => systems.push(("metacontroller".to_owned(), Program::Metacontroller(mc))),
-        None if std::env::args().any(|a| a == "--full") => eprintln!("{}", metacontroller::HOW_TO_GET),
+        None if run::full() => eprintln!("{}", metacontroller::HOW_TO_GET),
         None => {}
     }
     if let Ok(only) = std::env::var("SYSTEMS") {
@@ -573,10 +571,5 @@ async fn main() {
     for (name, program) in &systems {
         results.push(run(&settings, &hook, name, program).await);
     }
-    let table = table(&settings, &results);
-    println!("{table}");
-    let out = support::repo_root().join(format!("target/bench/fair-{}.md", settings.n));
-    std::fs::create_dir_all(out.parent().unwrap()).unwrap();
-    std::fs::write(&out, &table).unwrap();
-    eprintln!("[bench-fair] written to {}", out.display());
+    run::report("fair", settings.n, &table(&settings, &results));
 }

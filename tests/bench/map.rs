@@ -123,17 +123,15 @@ impl System {
 struct Settings {
     n: usize,
     changes: usize,
-    fresh: bool,
 }
 
 impl Settings {
     fn from_env() -> Self {
-        let (full, num) = (run::full(), run::number);
-        let fresh = run::fresh(full);
-        if full {
-            Self { n: num("N", 1000), changes: num("CHANGES", 10).max(1), fresh }
+        let num = run::number;
+        if run::full() {
+            Self { n: num("N", 1000), changes: num("CHANGES", 10).max(1) }
         } else {
-            Self { n: num("N", 20), changes: num("CHANGES", 2).max(1), fresh: false }
+            Self { n: num("N", 20), changes: num("CHANGES", 2).max(1) }
         }
     }
 }
@@ -189,8 +187,8 @@ async fn outputs(configmaps: &Api<DynamicObject>) -> BTreeMap<String, (String, S
 }
 
 /// A fresh control plane (the repository's own, started anew), or the running one.
-async fn control_plane(settings: &Settings, system: System) -> Client {
-    if settings.fresh {
+async fn control_plane(system: System) -> Client {
+    if run::fresh() {
         eprintln!("[bench-map] {}: a fresh control plane", system.name());
         plane::restart().await;
     }
@@ -216,7 +214,7 @@ struct Figures {
 }
 
 async fn run(settings: &Settings, hook: &Hook, system: System) -> Figures {
-    let client = control_plane(settings, system).await;
+    let client = control_plane(system).await;
     let ns = support::TestNamespace::create(&client, "bench-map").await;
     let configmaps: Api<DynamicObject> = support::api(&client, "v1", "ConfigMap", Some(&ns.name)).await;
     eprintln!("[bench-map] {}: {} inputs", system.name(), settings.n);
@@ -380,10 +378,5 @@ async fn main() {
         let figures = run(&settings, &hook, system).await;
         results.push((system, figures));
     }
-    let table = table(&settings, &results);
-    println!("{table}");
-    let out = support::repo_root().join(format!("target/bench/map-{}.md", settings.n));
-    std::fs::create_dir_all(out.parent().unwrap()).unwrap();
-    std::fs::write(&out, &table).unwrap();
-    eprintln!("[bench-map] written to {}", out.display());
+    run::report("map", settings.n, &table(&settings, &results));
 }
