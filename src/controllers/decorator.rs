@@ -117,17 +117,8 @@ impl Answer {
     /// What the engine writes for this answer (`response`: the hook's, for resync, finalized, Events).
     pub(crate) fn into_decision(self, response: DecoratorResponse) -> Decision<()> {
         let Self { desired, status, metadata_patch } = self;
-        Decision {
-            desired,
-            status,
-            metadata: metadata_patch,
-            resync: resync_after(response.resync_after_seconds),
-            finalized: response.finalized,
-            events: response.events,
-            before: None,
-            scope: None,
-            refused: None,
-        }
+        let resync = resync_after(response.resync_after_seconds);
+        Decision::whole(desired, status, metadata_patch, resync, response.finalized, response.events)
     }
 }
 

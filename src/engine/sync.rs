@@ -278,6 +278,22 @@ pub(crate) struct Decision<B> {
     pub refused: Option<SyncError>,
 }
 
+impl<B> Decision<B> {
+    /// A hook's answer taken whole: `desired`, `status` and `metadata` as answered, with the hook's
+    /// `resync`, `finalized` and `events`; nothing written before the children, every observed child in
+    /// scope, nothing refused.
+    pub(crate) fn whole(
+        desired: Vec<ChildMap<Value>>,
+        status: Option<Value>,
+        metadata: Option<Value>,
+        resync: Option<Duration>,
+        finalized: bool,
+        events: Vec<HookEvent>,
+    ) -> Self {
+        Self { desired, status, metadata, resync, finalized, events, before: None, scope: None, refused: None }
+    }
+}
+
 /// Writes that go before the children's.
 pub(crate) trait Before: Send + Sync {
     /// Whether persisting writes anything.

@@ -43,17 +43,8 @@ pub struct Answer {
 impl Answer {
     pub(crate) fn into_decision<B>(self) -> Decision<B> {
         let Self { desired, status, response } = self;
-        Decision {
-            desired,
-            status: Some(status),
-            metadata: None,
-            resync: resync_after(response.resync_after_seconds),
-            finalized: response.finalized,
-            events: response.events,
-            before: None,
-            scope: None,
-            refused: None,
-        }
+        let resync = resync_after(response.resync_after_seconds);
+        Decision::whole(desired, Some(status), None, resync, response.finalized, response.events)
     }
 }
 
