@@ -13,14 +13,13 @@ use super::args::{DiffArgs, DiffError};
 use super::live::{Live, Namespaces};
 use super::related::Related;
 use super::report::{ChildChange, ParentReport, Report, RevisionChange};
-use super::{candidate, record_plan, shard};
+use super::{candidate, candidate_hook, record_plan, shard};
 use crate::api::{CompositeController, HookVersion};
 use crate::cache::informers::{Informer, ObjectKey};
 use crate::cache::selector::Selector;
 use crate::controllers::composite::rollouts::{Pending, Rollouts};
 use crate::controllers::composite::{self, Answer, Rolling, adopts, adopts_elsewhere, child_selector};
 use crate::engine::error::SyncError;
-use crate::engine::error::with_causes;
 use crate::engine::related::ParentScope;
 use crate::engine::status::{StatusWrite, status_to_write};
 use crate::engine::sync::{Decision, Observed, children_count, plan, refused_namespaces};
@@ -77,15 +76,11 @@ pub(super) async fn diff(
         };
 
     let cc_json = serde_json::to_value(cc).unwrap_or(Value::Null);
-    let (hook, _server) =
-        crate::tools::render::hook::hook_to_call(hook, args.hook_url.as_deref(), args.hook_cmd.as_deref())
-            .await
-            .map_err(|e| DiffError::Hook(with_causes(&e)))?;
+    let (hook, _server) = candidate_hook(hook, args).await?;
     let endpoint = live.endpoint(&hook, &spec.endpoint_configs, "CompositeController", &name, HookKind::Sync)?;
-    let customize = hooks
-        .and_then(|h| h.customize.as_ref())
-        .map(|h| live.endpoint(h, &spec.endpoint_configs, "CompositeController", &name, HookKind::Customize))
-        .transpose()?;
+    let customize = hooks.and_then(|h| h.customize.as_ref());
+    let customize =
+        live.endpoint_if(customize, &spec.endpoint_configs, "CompositeController", &name, HookKind::Customize)?;
     let mut related = Related::new(live, customize, &cc_json, cc.spec.related_limit.as_ref());
     let applier = live.applier();
     let guard = DeletionGuard::from_annotations(cc.metadata.annotations.as_ref()).map_err(DiffError::Controller)?;

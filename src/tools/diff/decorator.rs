@@ -13,7 +13,7 @@ use super::args::{DiffArgs, DiffError};
 use super::live::{Live, Namespaces};
 use super::related::Related;
 use super::report::{ParentReport, Report};
-use super::{candidate, record_plan, shard};
+use super::{candidate, candidate_hook, record_plan, shard};
 use crate::api::{DecoratorController, HookVersion, labels_of};
 use crate::cache::discovery::ResolvedResource;
 use crate::cache::informers::ObjectKey;
@@ -71,17 +71,11 @@ pub(super) async fn diff(
     let attachment_resources = resources(&attachment_types);
 
     let dc_json = serde_json::to_value(dc).unwrap_or(Value::Null);
-    let (hook, _server) =
-        crate::tools::render::hook::hook_to_call(hook, args.hook_url.as_deref(), args.hook_cmd.as_deref())
-            .await
-            .map_err(|e| DiffError::Hook(with_causes(&e)))?;
+    let (hook, _server) = candidate_hook(hook, args).await?;
     let endpoint = live.endpoint(&hook, &spec.endpoint_configs, "DecoratorController", &name, HookKind::Sync)?;
-    let customize = spec
-        .hooks
-        .customize
-        .as_ref()
-        .map(|h| live.endpoint(h, &spec.endpoint_configs, "DecoratorController", &name, HookKind::Customize))
-        .transpose()?;
+    let customize = spec.hooks.customize.as_ref();
+    let customize =
+        live.endpoint_if(customize, &spec.endpoint_configs, "DecoratorController", &name, HookKind::Customize)?;
     let mut related = Related::new(live, customize, &dc_json, dc.spec.related_limit.as_ref());
     let applier = live.applier();
     let guard = DeletionGuard::from_annotations(dc.metadata.annotations.as_ref()).map_err(DiffError::Controller)?;

@@ -193,6 +193,18 @@ impl Live {
             .map_err(|e| DiffError::Hook(crate::engine::error::with_causes(&e)))
     }
 
+    /// [`Live::endpoint`] of a hook the controller may leave out (its customize or tombstone hook).
+    pub(super) fn endpoint_if(
+        &self,
+        hook: Option<&Hook>,
+        endpoint_configs: &[EndpointConfig],
+        kind: &str,
+        name: &str,
+        role: HookKind,
+    ) -> Result<Option<Endpoint>, DiffError> {
+        hook.map(|hook| self.endpoint(hook, endpoint_configs, kind, name, role)).transpose()
+    }
+
     /// An applier that is only asked whether a child is current ([`Applier::is_current`]), never to
     /// write: with the hub's default field manager, it judges as the hub's does.
     pub(super) fn applier(&self) -> Applier {

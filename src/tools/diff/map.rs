@@ -14,7 +14,7 @@ use serde_json::Value;
 use super::args::{DiffArgs, DiffError};
 use super::live::{Live, Namespaces};
 use super::report::{ParentReport, Report};
-use super::{candidate, record_plan, shard};
+use super::{candidate, candidate_hook, record_plan, shard};
 use crate::api::{MapController, OutputResourceRule};
 use crate::cache::discovery::ResolvedResource;
 use crate::cache::informers::{Informer, ObjectKey, controller_uid};
@@ -53,17 +53,10 @@ pub(super) async fn diff(
     let types = live.child_types(&output_rules, "output", |method| method, &namespaces).await?;
     let output_resources = resources(&types);
     let mc_json = serde_json::to_value(mc).unwrap_or(Value::Null);
-    let (hook, _server) =
-        crate::tools::render::hook::hook_to_call(hook, args.hook_url.as_deref(), args.hook_cmd.as_deref())
-            .await
-            .map_err(|e| DiffError::Hook(with_causes(&e)))?;
+    let (hook, _server) = candidate_hook(hook, args).await?;
     let endpoint = live.endpoint(&hook, &spec.endpoint_configs, "MapController", &name, HookKind::Map)?;
-    let tombstone = spec
-        .hooks
-        .tombstone
-        .as_ref()
-        .map(|h| live.endpoint(h, &spec.endpoint_configs, "MapController", &name, HookKind::Tombstone))
-        .transpose()?;
+    let tombstone = spec.hooks.tombstone.as_ref();
+    let tombstone = live.endpoint_if(tombstone, &spec.endpoint_configs, "MapController", &name, HookKind::Tombstone)?;
     let ask = Ask {
         controller: &mc_json,
         parent_resource: &parent_resource,

@@ -90,6 +90,17 @@ pub async fn diff(args: &DiffArgs) -> Result<Report, DiffError> {
     }
 }
 
+/// The hook the preview asks: the candidate `args` names (`--hook-url`, `--hook-cmd`), else the
+/// controller's `hook`; with the server `--hook-cmd` started, kept alive by the handle.
+async fn candidate_hook(
+    hook: &crate::api::Hook,
+    args: &DiffArgs,
+) -> Result<(crate::api::Hook, Option<crate::tools::render::hook::HookProcess>), DiffError> {
+    crate::tools::render::hook::hook_to_call(hook, args.hook_url.as_deref(), args.hook_cmd.as_deref())
+        .await
+        .map_err(|e| DiffError::Hook(with_causes(&e)))
+}
+
 /// What the report calls the hook it asked.
 fn candidate(args: &DiffArgs) -> String {
     match (&args.hook_url, &args.hook_cmd) {
