@@ -97,7 +97,7 @@ struct Running {
 impl Running {
     fn start(program: &Program, label: &str) -> Self {
         let dir = tempfile::tempdir().unwrap();
-        let kubeconfig = support::repo_root().join(".cluster/kubeconfig");
+        let kubeconfig = support::kubeconfig_path();
         let free = || std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let child = match program {
             Program::Hub(bin) => {

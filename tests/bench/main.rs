@@ -1431,7 +1431,7 @@ impl ControllerRun {
         let name = format!("bench-mc-{}", HUBS_STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
         let log = support::repo_root().join(format!("target/bench/{name}.log"));
         let child = tokio::process::Command::new(bin)
-            .arg(format!("--kubeconfig={}", support::repo_root().join(".cluster/kubeconfig").display()))
+            .arg(format!("--kubeconfig={}", support::kubeconfig_path().display()))
             .args(Metacontroller::args(label, metrics_port, health_port))
             .stdout(std::fs::File::create(&log).unwrap())
             .stderr(std::fs::OpenOptions::new().append(true).open(&log).unwrap())
@@ -1454,7 +1454,7 @@ impl ControllerRun {
             ),
         )
         .unwrap();
-        let kubeconfig = support::repo_root().join(".cluster/kubeconfig");
+        let kubeconfig = support::kubeconfig_path();
         let name = format!("bench-hub-{}", HUBS_STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
         let child = tokio::process::Command::new(bin)
             .args(["run", "--config"])
